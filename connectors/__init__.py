@@ -1,0 +1,1 @@
+"""Edges: JSON producer, CDC adapters (Canal, Debezium, Maxwell), backfill/replay."""

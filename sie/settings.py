@@ -1,0 +1,89 @@
+"""One typed settings object for every SIE process.
+
+The environment is read once, at the entry point (``Settings()`` in the CLI),
+and the frozen object is passed down; no module reads ``os.environ`` on its own.
+Every field can be overridden by an environment variable ``SIE_<FIELD>``
+(e.g. ``SIE_BOOTSTRAP_SERVERS``).  Kafka security settings are passed through
+unchanged to librdkafka so the same CLI works against a secured production
+cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """SIE configuration. Env prefix ``SIE_``; nested dicts as JSON."""
+
+    model_config = SettingsConfigDict(env_prefix="SIE_", frozen=True, extra="ignore")
+
+    # --- Kafka connection -------------------------------------------------
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers (SIE_BOOTSTRAP_SERVERS)."
+    )
+    security_protocol: str | None = Field(
+        None, description="librdkafka security.protocol: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL."
+    )
+    sasl_mechanism: str | None = Field(None, description="sasl.mechanism, e.g. PLAIN, SCRAM-SHA-512.")
+    sasl_username: str | None = Field(None, description="sasl.username.")
+    sasl_password: str | None = Field(None, description="sasl.password.")
+    ssl_ca_location: str | None = Field(None, description="ssl.ca.location (CA bundle path).")
+    ssl_certificate_location: str | None = Field(None, description="ssl.certificate.location.")
+    ssl_key_location: str | None = Field(None, description="ssl.key.location.")
+    kafka_extra: dict[str, str] = Field(
+        default_factory=dict,
+        description="Any other librdkafka property, as JSON (SIE_KAFKA_EXTRA='{\"ssl.endpoint.identification.algorithm\":\"none\"}').",
+    )
+
+    # --- Topics -------------------------------------------------------------
+    topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
+    replication_factor: int | None = Field(
+        None, description="Replication of SIE's topics; default: 3 when the cluster has >= 3 brokers, else 1."
+    )
+    request_partitions: int = Field(6, description="Default partition count of a model's request/result topics.")
+
+    # --- Local Kafka (sie kafka up) -----------------------------------------
+    kafka_version: str = Field("4.1.1", description="Apache Kafka version resolved from Maven Central.")
+    kafka_cache_dir: Path = Field(
+        Path.home() / ".cache" / "sie" / "kafka", description="Where Maven copies the broker jars, once per machine."
+    )
+    kafka_data_dir: Path = Field(
+        REPO_ROOT / ".cache" / "kafka-run", description="Broker data and logs for `sie kafka up`."
+    )
+    kafka_heap: str = Field("512m", description="Heap per local broker.")
+
+    @field_validator("kafka_extra", mode="before")
+    @classmethod
+    def _parse_extra(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    def kafka_client_config(self, **overrides: Any) -> dict[str, Any]:
+        """librdkafka configuration shared by every producer, consumer and admin client."""
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        passthrough = {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+        }
+        config.update({k: v for k, v in passthrough.items() if v is not None})
+        config.update(self.kafka_extra)
+        config.update(overrides)
+        return config
+
+    def with_overrides(self, **changes: Any) -> "Settings":
+        """A copy with some fields changed (CLI options override env)."""
+        return self.model_copy(update={k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,1 @@
+"""Stream processors: the exactly-once scorer and the control plane."""

@@ -1,0 +1,1 @@
+"""Execution plane: node agent, worker supervision, backends, GPU probe."""
