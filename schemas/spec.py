@@ -1,0 +1,125 @@
+"""The ModelService spec: load a YAML file or a dict into the normalised, frozen ``ModelService``.
+
+Two document styles are accepted as written in the SIE article
+(``examples/article/``): the flat model-spec (``name``, ``backend: sglang``,
+``min_gpu_memory_mb``, ``slas``) and the Kubernetes-style
+``apiVersion: sie.lmsys.org/v1, kind: ModelService``.  ``docs/contracts.md``
+lists every field of both.  Errors raise ``sie.errors.SpecError`` (subclass
+``InvalidSpec``) listing every problem, one per line, as
+``<field path>: <reason> (got <value>)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from schemas.spec_models import (
+    BACKEND_TYPES,
+    FIELD_TYPES,
+    BackendSpec,
+    FieldSpec,
+    IOSchema,
+    KafkaInput,
+    ModelService,
+    Resources,
+    Scheduling,
+    Sla,
+    SpecTopics,
+)
+from schemas.spec_parse import InvalidSpec, build_spec, parse_quantity
+
+__all__ = [
+    "BACKEND_TYPES",
+    "FIELD_TYPES",
+    "BackendSpec",
+    "FieldSpec",
+    "IOSchema",
+    "InvalidSpec",
+    "KafkaInput",
+    "ModelService",
+    "Resources",
+    "Scheduling",
+    "Sla",
+    "SpecTopics",
+    "load_spec",
+    "load_specs",
+    "parse_quantity",
+    "parse_spec",
+    "read_yaml_documents",
+]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml_documents(text: str, source: str) -> list[Any]:
+    """Every YAML document in ``text``; a syntax error becomes an InvalidSpec naming the line."""
+    try:
+        return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidSpec(source, [f"yaml ({where}): {problem}"]) from None
+
+
+def parse_spec(
+    doc: dict, source: str = "<dict>", base_dir: Path | None = None, topic_prefix: str = "sie"
+) -> ModelService:
+    """Normalise one document (either style). Relative artifact paths resolve against ``base_dir``.
+
+    ``topic_prefix`` (``Settings.topic_prefix``) gives the default model topics
+    and consumer group when the spec does not override them.
+    """
+    return build_spec(doc, source=source, base_dir=base_dir, topic_prefix=topic_prefix)
+
+
+def load_specs(path: str | Path, topic_prefix: str = "sie") -> list[ModelService]:
+    """Every ModelService in a YAML file (documents separated by ``---``)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidSpec(str(path), [f"file: cannot read {path}: {exc.strerror or exc}"]) from None
+    docs = read_yaml_documents(text, str(path))
+    if not docs:
+        raise InvalidSpec(str(path), ["document: the file holds no YAML document"])
+    specs = []
+    problems: list[str] = []
+    for i, doc in enumerate(docs):
+        source = str(path) if len(docs) == 1 else f"{path}#{i + 1}"
+        try:
+            specs.append(build_spec(doc, source=source, base_dir=path.resolve().parent, topic_prefix=topic_prefix))
+        except InvalidSpec as exc:
+            problems.extend(exc.problems if len(docs) == 1 else [f"[document {i + 1}] {p}" for p in exc.problems])
+    if problems:
+        raise InvalidSpec(str(path), problems)
+    return specs
+
+
+def load_spec(path: str | Path, topic_prefix: str = "sie") -> ModelService:
+    """The single ModelService in a YAML file (error if the file holds several)."""
+    specs = load_specs(path, topic_prefix=topic_prefix)
+    if len(specs) != 1:
+        raise InvalidSpec(str(path), [f"document: expected one ModelService, found {len(specs)}; use load_specs"])
+    return specs[0]

@@ -1,0 +1,173 @@
+"""The normalised ModelService: one frozen shape for both accepted document styles.
+
+Readers of a spec (control plane, agent, scorer, CLI) only ever see these
+classes; the two YAML styles (flat article model-spec, Kubernetes-style
+``kind: ModelService``) are reduced to them by ``schemas.spec_parse``.  The
+models check only invariants that must hold wherever a spec is read back
+(e.g. from the ``specs`` topic on another machine); checks that depend on the
+machine that wrote the spec (artifact file exists) live in the parser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FieldType = Literal["string", "int", "float", "bool"]
+UnknownFieldPolicy = Literal["reject", "ignore", "allow"]
+BackendType = Literal["torch", "python", "sglang"]
+TorchFormat = Literal["torchscript", "export", "safetensors"]
+PriorityLevel = Literal["P0", "P1", "P2"]
+
+BACKEND_TYPES: tuple[str, ...] = ("torch", "python", "sglang")
+FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
+PRIORITY_LEVELS: tuple[str, ...] = ("P0", "P1", "P2")
+SERVICE_TYPES_KNOWN: tuple[str, ...] = ("scoring", "ner", "classification", "embedding", "generation")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FieldSpec(_Frozen):
+    """One field of a request's ``inputs`` or of a result's ``outputs``."""
+
+    name: str
+    type: FieldType
+    required: bool = True
+    nullable: bool = False
+    max_length: int | None = None
+    range: tuple[float, float] | None = None
+    description: str | None = None
+
+
+class IOSchema(_Frozen):
+    """Ordered fields (the torch backend maps inputs to tensor columns in this order).
+
+    ``unknown_fields``: ``reject`` = a field not declared is a schema violation;
+    ``ignore`` = dropped from the validated dict; ``allow`` = passed through
+    unvalidated (used when a spec declares no schema at all).
+    """
+
+    fields: tuple[FieldSpec, ...] = ()
+    unknown_fields: UnknownFieldPolicy = "reject"
+
+    def field(self, name: str) -> FieldSpec | None:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        return None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+class BackendSpec(_Frozen):
+    """How a replica runs the model."""
+
+    type: BackendType
+    artifact: Path | None = None
+    format: TorchFormat | None = None
+    module_class: str | None = None
+    module_kwargs: dict[str, Any] = Field(default_factory=dict)
+    callable: str | None = None
+    model_path: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    device: str = "auto"
+
+
+class Resources(_Frozen):
+    """What one replica needs.
+
+    ``gpu_memory_mb`` is the memory the replica needs on each GPU it uses
+    (0 = CPU-only).  ``gpus`` = whole GPUs reserved (0 = share a GPU by memory).
+    ``memory_mb`` = host memory (0 = not declared).
+    """
+
+    gpu_memory_mb: int = Field(0, ge=0)
+    gpus: int = Field(0, ge=0)
+    cpu: float = Field(1.0, ge=0)
+    memory_mb: int = Field(0, ge=0)
+
+
+class Scheduling(_Frozen):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tier: str | None = None
+
+
+class Sla(_Frozen):
+    p99_latency_ms: float | None = None
+    max_queue_time_ms: float | None = None
+    min_qps: float | None = None
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _replicas_ordered(self) -> "Sla":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class SpecTopics(_Frozen):
+    """The data-path topics of a model (resolved: defaults or the spec's overrides)."""
+
+    requests: str
+    results: str
+    dead_letters: str
+    backfill: str
+
+    @property
+    def backfill_results(self) -> str:
+        """Same name as ``schemas.topics.ModelTopics`` uses."""
+        return self.backfill
+
+
+class KafkaInput(_Frozen):
+    """The article's ``kafka_input`` block, kept as written (SIE's own cluster settings win)."""
+
+    bootstrap_servers: str | None = None
+    topic: str | None = None
+    group_id: str | None = None
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    value_deserializer: Literal["json"] = "json"
+
+
+class ModelService(_Frozen):
+    """A model the cluster should serve; normalised, frozen, JSON round-trippable."""
+
+    name: str
+    version: str
+    priority_level: PriorityLevel = "P1"
+    service_type: str = "scoring"
+    backend: BackendSpec
+    resources: Resources = Field(default_factory=Resources)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    input_schema: IOSchema = Field(default_factory=IOSchema)
+    output_schema: IOSchema = Field(default_factory=IOSchema)
+    sla: Sla = Field(default_factory=Sla)
+    max_concurrent_requests: int | None = Field(None, ge=1)
+    topics: SpecTopics
+    group_id: str
+    kafka_input: KafkaInput | None = None
+    example_input: dict[str, Any] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    description: str | None = None
+    source: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def to_document(self) -> dict[str, Any]:
+        """JSON-able normalised form (what ``sie apply`` publishes on the specs topic)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> "ModelService":
+        """Inverse of ``to_document`` (no file-system checks: the reader may be another machine)."""
+        return cls.model_validate(doc)

@@ -1,0 +1,196 @@
+"""Per-message validation of request ``inputs`` (and model ``outputs``) against an IOSchema.
+
+The scorer validates every record on the hot path, so the schema is compiled
+once into a tuple of small per-field check functions; no pydantic model is
+built per message.  Rules (JSON semantics, as ``json.loads``/``orjson`` give):
+
+- ``bool`` is not an ``int`` (``True`` for an int field is a violation);
+- ``int`` values are accepted for ``float`` fields and converted to float;
+- NaN and +/-Infinity are rejected for float fields;
+- ``required`` fields must be present; ``nullable`` fields may be ``null``;
+- ``max_length`` bounds strings (characters), ``range`` bounds numbers (inclusive);
+- unknown fields: ``reject`` -> violation, ``ignore`` -> dropped, ``allow`` -> kept.
+
+A violation raises ``SchemaViolation`` whose ``str`` is one line,
+``inputs.amount: must be a number (got 'abc')``; the scorer dead-letters the
+record with reason ``schema_violation`` and that line as detail.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from schemas.spec_models import FieldSpec, IOSchema
+
+_MISSING = object()
+_REPR_LIMIT = 60
+
+Validator = Callable[[Any], dict]
+_Check = Callable[[Any], Any]  # returns the clean value or raises _Bad
+
+
+class SchemaViolation(ValueError):
+    """A record's inputs/outputs do not match the schema (poison input: dead-letter, never retry)."""
+
+    dlq_reason = "schema_violation"
+
+    def __init__(self, field: str, reason: str, value: Any = _MISSING, prefix: str = "inputs") -> None:
+        self.field = field
+        self.reason = reason
+        self.value = None if value is _MISSING else value
+        self.prefix = prefix
+        path = f"{prefix}.{field}" if field else prefix
+        got = "" if value is _MISSING else f" (got {_short_repr(value)})"
+        super().__init__(f"{path}: {reason}{got}")
+
+
+class _Bad(Exception):
+    """Internal: a check failed; carries the reason (the caller adds field and value)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def _string_check(spec: FieldSpec) -> _Check:
+    max_len = spec.max_length
+
+    def check(v: Any) -> Any:
+        if type(v) is not str and not isinstance(v, str):
+            raise _Bad("must be a string")
+        if max_len is not None and len(v) > max_len:
+            raise _Bad(f"longer than max_length {max_len} ({len(v)} characters)")
+        return v
+
+    return check
+
+
+def _bool_check(spec: FieldSpec) -> _Check:
+    def check(v: Any) -> Any:
+        if v is True or v is False:
+            return v
+        raise _Bad("must be a boolean")
+
+    return check
+
+
+def _range_reason(spec: FieldSpec) -> str:
+    lo, hi = spec.range  # type: ignore[misc]
+    return f"out of range [{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def _int_check(spec: FieldSpec) -> _Check:
+    bounds = spec.range
+    if bounds is None:
+
+        def check(v: Any) -> Any:
+            if type(v) is int:
+                return v
+            raise _Bad("must be an integer")
+
+        return check
+    lo, hi = bounds
+    out_of_range = _range_reason(spec)
+
+    def check_ranged(v: Any) -> Any:
+        if type(v) is not int:
+            raise _Bad("must be an integer")
+        if v < lo or v > hi:
+            raise _Bad(out_of_range)
+        return v
+
+    return check_ranged
+
+
+def _float_check(spec: FieldSpec) -> _Check:
+    bounds = spec.range
+    lo, hi = bounds if bounds is not None else (-math.inf, math.inf)
+    out_of_range = _range_reason(spec) if bounds is not None else ""
+    isfinite = math.isfinite
+
+    def check(v: Any) -> Any:
+        t = type(v)
+        if t is float:
+            if not isfinite(v):
+                raise _Bad("must be a finite number (NaN/Infinity not allowed)")
+        elif t is int:
+            try:
+                v = float(v)
+            except OverflowError:
+                raise _Bad("number too large for a float") from None
+        else:
+            raise _Bad("must be a number")
+        if v < lo or v > hi:
+            raise _Bad(out_of_range)
+        return v
+
+    return check
+
+
+_FACTORIES: dict[str, Callable[[FieldSpec], _Check]] = {
+    "string": _string_check,
+    "int": _int_check,
+    "float": _float_check,
+    "bool": _bool_check,
+}
+
+
+def compile_field(spec: FieldSpec) -> _Check:
+    """The check of one field (not null-aware); exposed for the parser and tests."""
+    return _FACTORIES[spec.type](spec)
+
+
+def compile_validator(io_schema: IOSchema, prefix: str = "inputs") -> Validator:
+    """Compile ``io_schema`` into ``validate(payload) -> clean dict`` (raises SchemaViolation).
+
+    ``prefix`` names the payload in messages: ``inputs`` for requests,
+    ``outputs`` for what a backend returns.
+    """
+    plan = tuple((f.name, f.required, f.nullable, compile_field(f)) for f in io_schema.fields)
+    declared = frozenset(f.name for f in io_schema.fields)
+    policy = io_schema.unknown_fields
+    missing = _MISSING
+
+    def validate(payload: Any) -> dict:
+        if type(payload) is not dict and not isinstance(payload, dict):
+            raise SchemaViolation("", "must be a JSON object", payload, prefix)
+        out: dict = {}
+        get = payload.get
+        for name, required, nullable, check in plan:
+            v = get(name, missing)
+            if v is missing:
+                if required:
+                    raise SchemaViolation(name, "required field missing", prefix=prefix)
+                continue
+            if v is None:
+                if nullable:
+                    out[name] = None
+                    continue
+                raise SchemaViolation(name, "must not be null", v, prefix)
+            try:
+                out[name] = check(v)
+            except _Bad as bad:
+                raise SchemaViolation(name, bad.reason, v, prefix) from None
+        if len(out) != len(payload) or policy == "allow":
+            extra = [k for k in payload if k not in declared]
+            if extra:
+                if policy == "reject":
+                    raise SchemaViolation(
+                        str(extra[0]), f"unknown field (declared: {', '.join(sorted(declared)) or 'none'})",
+                        payload[extra[0]], prefix,
+                    )
+                if policy == "allow":
+                    for k in extra:
+                        out[k] = payload[k]
+        return out
+
+    return validate
