@@ -1,0 +1,1 @@
+"""Demo fraud models: a small MLP (torch backend) and a transparent rules scorer (python backend)."""

@@ -1,0 +1,46 @@
+"""Model backends behind one small interface (see ``base.py``).
+
+    from workers.backends import backend_config_from_spec, create_backend
+    backend = create_backend(backend_config_from_spec(spec)); backend.load(); backend.infer([...])
+
+``torch`` is imported only when a torch backend is created, so python-backend scorers start fast. The sglang
+backend registers itself (``register_backend("sglang", ...)``) from its own module.
+"""
+
+from workers.backends.base import (
+    Backend,
+    BackendConfig,
+    BackendError,
+    FieldRef,
+    InferenceError,
+    backend_config_from_spec,
+    create_backend,
+    import_object,
+    register_backend,
+    registered_backends,
+)
+from workers.backends.python_backend import PythonBackend
+
+
+def _torch_backend(config: BackendConfig) -> Backend:
+    from workers.backends.torch_backend import TorchBackend
+
+    return TorchBackend(config)
+
+
+register_backend("torch", _torch_backend)
+register_backend("python", PythonBackend)
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "BackendError",
+    "FieldRef",
+    "InferenceError",
+    "PythonBackend",
+    "backend_config_from_spec",
+    "create_backend",
+    "import_object",
+    "register_backend",
+    "registered_backends",
+]
