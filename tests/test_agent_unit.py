@@ -1,0 +1,299 @@
+"""Supervisor state machine with a fake process wrapper and a fake clock: no Kafka, no processes, no sleeps."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from workers.process import LaunchSpec, describe_exit
+from workers.replica import DesiredReplica, ExitInfo, ReplicaState
+from workers.supervisor import Supervisor, SupervisorPolicy
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeHandle:
+    """A process the test drives: it emits events, exits, and records the signals it got."""
+
+    def __init__(self, pid: int, spec: LaunchSpec) -> None:
+        self.pid = pid
+        self.spec = spec
+        self.signals: list[str] = []
+        self._events: list[dict[str, Any]] = []
+        self._exit: ExitInfo | None = None
+
+    # test controls
+    def emit(self, **event: Any) -> None:
+        self._events.append(event)
+
+    def exit(self, returncode: int) -> None:
+        self._exit = describe_exit(returncode)
+
+    # ProcessHandle
+    def poll(self) -> ExitInfo | None:
+        return self._exit
+
+    def events(self) -> list[dict[str, Any]]:
+        drained, self._events = self._events, []
+        return drained
+
+    def terminate(self) -> None:
+        self.signals.append("TERM")
+
+    def kill(self) -> None:
+        self.signals.append("KILL")
+
+    def log_tail(self, lines: int = 5) -> str:
+        return ""
+
+
+class FakeLauncher:
+    def __init__(self) -> None:
+        self.started: list[FakeHandle] = []
+        self.fail_next: Exception | None = None
+
+    def start(self, spec: LaunchSpec) -> FakeHandle:
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        handle = FakeHandle(100 + len(self.started), spec)
+        self.started.append(handle)
+        return handle
+
+    @property
+    def last(self) -> FakeHandle:
+        return self.started[-1]
+
+
+def replica(index: int = 0, spec_json: str = '{"v": 1}', epoch: int = 1) -> DesiredReplica:
+    return DesiredReplica(
+        replica_id=f"fraud-scorer-{index}", model="fraud-scorer", version="1.0.0", spec_json=spec_json, epoch=epoch
+    )
+
+
+@pytest.fixture
+def env() -> tuple[Supervisor, FakeLauncher, FakeClock]:
+    clock, launcher = FakeClock(), FakeLauncher()
+    policy = SupervisorPolicy(
+        backoff_initial_s=1, backoff_max_s=4, max_crashes=3, crash_window_s=60,
+        startup_timeout_s=20, liveness_timeout_s=10, drain_grace_s=5,
+    )
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("worker", d.replica_id)), clock, policy)
+    return sup, launcher, clock
+
+
+def states(changes: list[Any]) -> list[str]:
+    return [c.state.value for c in changes]
+
+
+def start_ready(sup: Supervisor, launcher: FakeLauncher, desired: list[DesiredReplica]) -> None:
+    sup.set_desired(desired)
+    sup.update()
+    for handle in launcher.started[-len(desired):]:
+        handle.emit(event="ready")
+    sup.update()
+
+
+def test_start_then_ready_one_step_per_update(env: Any) -> None:
+    sup, launcher, _ = env
+    sup.set_desired([replica()])
+    assert states(sup.update()) == ["PENDING", "STARTING"]
+    assert len(launcher.started) == 1 and launcher.last.spec.argv == ("worker", "fraud-scorer-0")
+    assert states(sup.update()) == []  # no event yet: still STARTING, nothing to report
+    launcher.last.emit(event="ready")
+    changes = sup.update()
+    assert states(changes) == ["READY"] and changes[0].pid == 100
+
+
+def test_same_assignment_twice_changes_nothing(env: Any) -> None:
+    sup, launcher, _ = env
+    start_ready(sup, launcher, [replica()])
+    sup.set_desired([replica()])
+    sup.set_desired([replica(epoch=2)])  # replayed by a new leader: new epoch, same target
+    assert sup.update() == []
+    assert len(launcher.started) == 1 and launcher.last.signals == []
+    assert sup.table.current("fraud-scorer-0").desired.epoch == 2
+
+
+def test_crash_restarts_with_exponential_backoff_then_failed(env: Any) -> None:
+    sup, launcher, clock = env
+    start_ready(sup, launcher, [replica()])
+    launcher.last.exit(-signal.SIGKILL)
+    changes = sup.update()
+    assert states(changes) == ["CRASHED"]
+    assert changes[0].signal == signal.SIGKILL
+    assert "killed by SIGKILL (OOM killer or operator)" in changes[0].reason and "restarting in 1s" in changes[0].reason
+
+    clock.advance(0.9)
+    assert sup.update() == [] and len(launcher.started) == 1  # backoff not over yet
+    clock.advance(0.2)
+    changes = sup.update()
+    assert states(changes) == ["STARTING"] and changes[0].restarts == 1 and len(launcher.started) == 2
+
+    launcher.last.exit(3)
+    changes = sup.update()
+    assert changes[0].exit_code == 3 and "exited with code 3; restarting in 2s" in changes[0].reason
+    clock.advance(1.5)
+    assert sup.update() == []
+    clock.advance(0.6)
+    assert states(sup.update()) == ["STARTING"]
+
+    launcher.last.exit(1)
+    changes = sup.update()
+    assert states(changes) == ["FAILED"] and "crashed 3 times within 60s" in changes[0].reason
+    clock.advance(1000)
+    assert sup.update() == [] and len(launcher.started) == 3  # FAILED is terminal
+
+
+def test_crashes_outside_the_window_do_not_accumulate(env: Any) -> None:
+    sup, launcher, clock = env
+    start_ready(sup, launcher, [replica()])
+    for _ in range(5):
+        launcher.last.exit(-signal.SIGKILL)
+        assert states(sup.update()) == ["CRASHED"]
+        clock.advance(61)
+        assert states(sup.update()) == ["STARTING"]
+    assert sup.table.current("fraud-scorer-0").restarts == 5
+
+
+def test_backoff_is_capped() -> None:
+    policy = SupervisorPolicy(backoff_initial_s=1, backoff_max_s=30)
+    assert [policy.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_worker_error_event_is_the_crash_reason(env: Any) -> None:
+    sup, launcher, _ = env
+    sup.set_desired([replica()])
+    sup.update()
+    launcher.last.emit(event="error", detail="readiness: output field 'fraud_probability' missing")
+    launcher.last.exit(1)
+    changes = sup.update()
+    assert states(changes) == ["CRASHED"]
+    assert changes[0].reason.startswith("readiness: output field 'fraud_probability' missing (exited with code 1)")
+
+
+def test_removed_replica_is_drained_then_stopped(env: Any) -> None:
+    sup, launcher, clock = env
+    start_ready(sup, launcher, [replica(0), replica(1)])
+    worker0 = launcher.started[0]
+    sup.set_desired([replica(1)])
+    changes = sup.update()
+    assert [(c.replica_id, c.state.value) for c in changes] == [("fraud-scorer-0", "DRAINING")]
+    assert worker0.signals == ["TERM"]
+    clock.advance(1)
+    assert sup.update() == []  # still draining within the grace period
+    worker0.exit(0)
+    changes = sup.update()
+    assert states(changes) == ["STOPPED"] and changes[0].reason == "drained"
+    assert sup.table.current("fraud-scorer-0") is None and len(sup.table) == 1
+    assert launcher.started[1].signals == []
+
+
+def test_drain_escalates_to_sigkill_after_grace(env: Any) -> None:
+    sup, launcher, clock = env
+    start_ready(sup, launcher, [replica()])
+    sup.set_desired([])
+    sup.update()
+    clock.advance(5.1)
+    sup.update()
+    assert launcher.last.signals == ["TERM", "KILL"]
+    launcher.last.exit(-signal.SIGKILL)
+    changes = sup.update()
+    assert states(changes) == ["STOPPED"] and "drain took longer than 5s" in changes[0].reason
+    assert sup.all_stopped() and len(sup.table) == 0
+
+
+def test_hung_worker_is_killed_and_restarted(env: Any) -> None:
+    sup, launcher, clock = env
+    start_ready(sup, launcher, [replica()])
+    for _ in range(3):  # progress lines keep it alive
+        clock.advance(5)
+        launcher.last.emit(event="progress", records=7)
+        assert sup.update() == []
+    clock.advance(10.5)
+    sup.update()
+    assert launcher.last.signals == ["KILL"]
+    launcher.last.exit(-signal.SIGKILL)
+    changes = sup.update()
+    assert states(changes) == ["CRASHED"] and changes[0].reason.startswith("hung: no progress report for 10s")
+    assert changes[0].records == 7
+
+
+def test_startup_timeout_kills(env: Any) -> None:
+    sup, launcher, clock = env
+    sup.set_desired([replica()])
+    sup.update()
+    clock.advance(20.5)
+    sup.update()
+    assert launcher.last.signals == ["KILL"]
+    launcher.last.exit(-signal.SIGKILL)
+    assert "not ready within 20s" in sup.update()[0].reason
+
+
+def test_changed_target_drains_old_before_starting_new(env: Any) -> None:
+    sup, launcher, _ = env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    changes = sup.update()
+    assert [c.state.value for c in changes] == ["PENDING", "DRAINING"]
+    assert len(launcher.started) == 1  # the new one waits for the old one's GPU memory
+    assert sup.update() == [] and len(launcher.started) == 1
+    old.exit(0)
+    assert states(sup.update()) == ["STOPPED", "STARTING"] and len(launcher.started) == 2
+
+
+def test_launch_failure_counts_as_crash(env: Any) -> None:
+    sup, launcher, _ = env
+    launcher.fail_next = OSError("No such file or directory: 'python'")
+    sup.set_desired([replica()])
+    changes = sup.update()
+    assert states(changes) == ["PENDING", "CRASHED"]
+    assert "could not start worker: No such file" in changes[1].reason
+
+
+def test_unexpected_clean_exit_is_a_crash(env: Any) -> None:
+    sup, launcher, _ = env
+    start_ready(sup, launcher, [replica()])
+    launcher.last.exit(0)
+    changes = sup.update()
+    assert states(changes) == ["CRASHED"] and changes[0].exit_code == 0
+
+
+def test_unassigned_failed_replica_is_forgotten(env: Any) -> None:
+    sup, launcher, _ = env
+    sup.set_desired([replica()])
+    sup.update()
+    for _ in range(3):
+        launcher.last.exit(1)
+        sup.update()
+        sup.table.current("fraud-scorer-0").next_start_at = 0  # skip the backoff; tested above
+        sup.update()
+    assert sup.table.current("fraud-scorer-0").state == ReplicaState.FAILED
+    sup.set_desired([])
+    assert states(sup.update()) == ["STOPPED"] and len(sup.table) == 0
+
+
+@pytest.mark.parametrize(
+    ("returncode", "cause", "code", "sig"),
+    [
+        (-9, "killed by SIGKILL (OOM killer or operator)", None, 9),
+        (-15, "killed by SIGTERM", None, 15),
+        (0, "exited with code 0", 0, None),
+        (2, "exited with code 2", 2, None),
+    ],
+)
+def test_describe_exit(returncode: int, cause: str, code: int | None, sig: int | None) -> None:
+    info = describe_exit(returncode)
+    assert (info.cause, info.exit_code, info.signal) == (cause, code, sig)

@@ -1,0 +1,148 @@
+"""Replica state: the Enum, the frozen desired replica, and the one container of actual replicas.
+
+Why three separate shapes (Ray Serve's pattern): the desired replica is a value
+(frozen, comparable) so "apply the same assignment twice" is a set comparison
+that changes nothing; the actual replica is the only mutable thing and lives in
+one container the supervisor queries by state, so every question the agent
+asks ("what is READY?", "what must be reported?") has one answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ReplicaState(str, enum.Enum):
+    """Lifecycle of one replica on one node (names are the ReplicaStatus values on Kafka).
+
+    PENDING  -> desired, no process yet (first start or waiting for its restart backoff)
+    STARTING -> process launched, loading the model and running the readiness inference
+    READY    -> readiness inference passed; the scorer consumes requests
+    DRAINING -> SIGTERM sent: the scorer commits its current batch and leaves the group
+    STOPPED  -> exited after a drain (terminal; removed from the table once reported)
+    CRASHED  -> exited or was killed without being asked; restarted after a backoff
+    FAILED   -> crashed too often within the crash window (terminal; the control plane
+                moves the replica to another node)
+    """
+
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    READY = "READY"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+    CRASHED = "CRASHED"
+    FAILED = "FAILED"
+
+    @property
+    def has_process(self) -> bool:
+        return self in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
+
+
+@dataclass(frozen=True)
+class DesiredReplica:
+    """One replica this node should run, as the control plane asked for it.
+
+    ``spec_json`` is the canonical JSON of the ModelService document; two desired
+    replicas with the same id but a different spec (a new model version, new
+    resources) are different targets, and the old process is drained before the
+    new one starts.  ``gpu_indices`` are node-local GPU indices (empty = CPU).
+    """
+
+    replica_id: str
+    model: str
+    version: str
+    spec_json: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_memory_mb: int = 0
+    epoch: int = 0
+
+    @property
+    def target_hash(self) -> str:
+        """Short identity of what the process runs: restart iff this changes (the epoch is not part of it)."""
+        digest = hashlib.sha256()
+        digest.update(self.spec_json.encode())
+        digest.update(repr((self.gpu_indices, self.gpu_memory_mb)).encode())
+        return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a worker process ended, decoded from its waitpid status."""
+
+    exit_code: int | None
+    signal: int | None
+    cause: str
+
+
+@dataclass
+class ActualReplica:
+    """What this node is actually doing for one replica id (mutable, owned by the supervisor)."""
+
+    desired: DesiredReplica
+    state: ReplicaState = ReplicaState.PENDING
+    handle: Any = None  # workers.process.ProcessHandle while a process exists
+    restarts: int = 0
+    crash_times: list[float] = field(default_factory=list)
+    next_start_at: float = 0.0
+    started_at: float = 0.0
+    last_progress_at: float = 0.0
+    drain_deadline: float = 0.0
+    records: int = 0
+    reason: str = ""
+    exit: ExitInfo | None = None
+    #: the last ``{"event": "error"}`` detail of the current process (quoted in its crash reason)
+    worker_error: str | None = None
+    #: set when the replica is no longer desired (or its target changed): drain, then forget it
+    retiring: bool = False
+
+    @property
+    def replica_id(self) -> str:
+        return self.desired.replica_id
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self.handle, "pid", None)
+
+
+class ReplicaTable:
+    """The one container of actual replicas, keyed by replica id.
+
+    A replica being retired and its successor (same id, new target) can exist at
+    once, so the table holds a list per id; ``current(id)`` is the newest.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, list[ActualReplica]] = {}
+
+    def add(self, replica: ActualReplica) -> None:
+        self._by_id.setdefault(replica.replica_id, []).append(replica)
+
+    def remove(self, replica: ActualReplica) -> None:
+        entries = self._by_id.get(replica.replica_id, [])
+        if replica in entries:
+            entries.remove(replica)
+        if not entries:
+            self._by_id.pop(replica.replica_id, None)
+
+    def current(self, replica_id: str) -> ActualReplica | None:
+        """The newest non-retiring replica for an id."""
+        for replica in reversed(self._by_id.get(replica_id, [])):
+            if not replica.retiring:
+                return replica
+        return None
+
+    def all(self) -> list[ActualReplica]:
+        return [r for entries in self._by_id.values() for r in entries]
+
+    def in_state(self, *states: ReplicaState) -> list[ActualReplica]:
+        return [r for r in self.all() if r.state in states]
+
+    def __iter__(self) -> Iterator[ActualReplica]:
+        return iter(self.all())
+
+    def __len__(self) -> int:
+        return len(self.all())

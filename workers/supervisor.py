@@ -1,0 +1,277 @@
+"""Worker supervision: desired replicas vs actual processes, one step per ``update()``.
+
+The reconcile is level-triggered (Kubernetes/Ray Serve style): ``set_desired``
+records the full target set (applying the same set twice changes nothing) and
+``update()`` moves each replica at most one step and never blocks:
+
+    PENDING --launch--> STARTING --ready event--> READY
+    STARTING/READY --exit or kill--> CRASHED --backoff elapsed--> STARTING   (restarts += 1)
+    CRASHED (N-th crash within the window) --> FAILED                          (terminal)
+    any with a process, no longer desired --SIGTERM--> DRAINING --exit--> STOPPED (forgotten)
+    DRAINING past the grace period --SIGKILL--> (exit) --> STOPPED
+
+Readiness is the worker's own report of a real inference (``{"event": "ready"}``);
+liveness is progress lines (``{"event": "progress"}``) arriving at least every
+``liveness_timeout_s``: a silent worker is hung and is killed (and restarted).
+Time comes from an injected clock; every process side effect goes through an
+injected ``ProcessLauncher``, so all of this is unit-tested with fakes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from workers.process import LaunchSpec, ProcessLauncher
+from workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+
+class MonotonicClock:
+    """The real clock."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@dataclass(frozen=True)
+class SupervisorPolicy:
+    """Timeouts and restart policy (seconds). Defaults suit a model that loads in well under a minute."""
+
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+    #: this many crashes within ``crash_window_s`` mark the replica FAILED
+    max_crashes: int = 3
+    crash_window_s: float = 300.0
+    #: generous: loading a model and running the readiness inference can take minutes on a GPU
+    startup_timeout_s: float = 300.0
+    #: conservative: a false kill costs a cold start (progress lines come every second)
+    liveness_timeout_s: float = 30.0
+    #: SIGTERM -> SIGKILL after this long (the scorer commits its batch and leaves the group first)
+    drain_grace_s: float = 15.0
+
+    def backoff(self, crashes: int) -> float:
+        """Delay before the restart that follows the ``crashes``-th crash: 1 s, 2 s, 4 s ... capped."""
+        return min(self.backoff_max_s, self.backoff_initial_s * (2 ** max(0, crashes - 1)))
+
+
+@dataclass(frozen=True)
+class ReplicaSnapshot:
+    """A replica's reportable state (what ReplicaStatus and ReplicaReport carry)."""
+
+    replica_id: str
+    model: str
+    version: str
+    state: ReplicaState
+    pid: int | None
+    restarts: int
+    records: int
+    reason: str
+    exit_code: int | None
+    signal: int | None
+    target_hash: str
+    gpu_indices: tuple[int, ...]
+
+
+CommandBuilder = Callable[[DesiredReplica], LaunchSpec]
+
+
+class Supervisor:
+    """Owns the replica table; the agent calls ``set_desired`` on each assignment and ``update`` in its loop."""
+
+    def __init__(
+        self,
+        launcher: ProcessLauncher,
+        command_builder: CommandBuilder,
+        clock: Clock | None = None,
+        policy: SupervisorPolicy | None = None,
+    ) -> None:
+        self._launcher = launcher
+        self._build = command_builder
+        self._clock = clock or MonotonicClock()
+        self.policy = policy or SupervisorPolicy()
+        self.table = ReplicaTable()
+        self._changes: list[ReplicaSnapshot] = []
+        self._kill_reasons: dict[int, str] = {}
+
+    # -- target ----------------------------------------------------------------
+    def set_desired(self, replicas: Iterable[DesiredReplica]) -> None:
+        """Record the full desired set. Idempotent: the same set again changes nothing."""
+        desired: dict[str, DesiredReplica] = {}
+        for replica in replicas:
+            desired[replica.replica_id] = replica
+        for actual in self.table.all():
+            if actual.retiring:
+                continue
+            want = desired.get(actual.replica_id)
+            if want is None or want.target_hash != actual.desired.target_hash:
+                actual.retiring = True
+                log.info("replica %s: %s", actual.replica_id, "no longer assigned" if want is None else "target changed")
+            elif want != actual.desired:
+                actual.desired = want  # same process target, new epoch: nothing to do
+        now = self._clock.monotonic()
+        for replica_id, want in desired.items():
+            if self.table.current(replica_id) is None:
+                actual = ActualReplica(desired=want, next_start_at=now, reason="assigned")
+                self.table.add(actual)
+                self._record(actual)
+
+    def desired(self) -> list[DesiredReplica]:
+        return [r.desired for r in self.table.all() if not r.retiring]
+
+    # -- loop ----------------------------------------------------------------------
+    def update(self) -> list[ReplicaSnapshot]:
+        """Move every replica one step; return the state changes since the last call (to publish)."""
+        now = self._clock.monotonic()
+        for replica in self.table.all():
+            try:
+                self._step(replica, now)
+            except Exception as exc:  # one broken replica must not stop the others
+                log.exception("replica %s: supervision step failed", replica.replica_id)
+                replica.reason = f"supervisor error: {exc}"
+        changes, self._changes = self._changes, []
+        return changes
+
+    def snapshots(self) -> list[ReplicaSnapshot]:
+        return [self._snapshot(r) for r in self.table.all()]
+
+    def all_stopped(self) -> bool:
+        return not any(r.state.has_process for r in self.table.all())
+
+    # -- one step ------------------------------------------------------------------
+    def _step(self, replica: ActualReplica, now: float) -> None:
+        if replica.state.has_process:
+            self._consume_events(replica, now)
+            exit_info = replica.handle.poll()
+            if exit_info is not None:
+                self._on_exit(replica, exit_info, now)
+                return
+            self._check_process(replica, now)
+            return
+        if replica.retiring:  # PENDING / CRASHED / FAILED with no process: nothing to drain
+            self._transition(replica, ReplicaState.STOPPED, "no longer assigned")
+            self.table.remove(replica)
+            return
+        if replica.state in (ReplicaState.PENDING, ReplicaState.CRASHED) and now >= replica.next_start_at:
+            if self._predecessor_running(replica):
+                return  # same id, old target still draining: don't double the memory on the GPU
+            self._launch(replica, now)
+
+    def _consume_events(self, replica: ActualReplica, now: float) -> None:
+        for event in replica.handle.events():
+            kind = event.get("event")
+            replica.last_progress_at = now
+            if "records" in event and isinstance(event["records"], int):
+                replica.records = event["records"]
+            if kind == "ready" and replica.state == ReplicaState.STARTING:
+                self._transition(replica, ReplicaState.READY, "readiness inference passed")
+            elif kind == "error":
+                replica.worker_error = str(event.get("detail", "worker reported an error"))
+
+    def _check_process(self, replica: ActualReplica, now: float) -> None:
+        policy = self.policy
+        if replica.retiring and replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+            replica.handle.terminate()
+            replica.drain_deadline = now + policy.drain_grace_s
+            self._transition(replica, ReplicaState.DRAINING, "draining: SIGTERM sent")
+        elif replica.state == ReplicaState.DRAINING:
+            if now >= replica.drain_deadline and replica.pid not in self._kill_reasons:
+                self._kill(replica, f"drain took longer than {policy.drain_grace_s:g}s")
+        elif replica.state == ReplicaState.STARTING:
+            if now - replica.started_at > policy.startup_timeout_s and replica.pid not in self._kill_reasons:
+                self._kill(replica, f"not ready within {policy.startup_timeout_s:g}s (readiness inference never passed)")
+        elif replica.state == ReplicaState.READY:
+            if now - replica.last_progress_at > policy.liveness_timeout_s and replica.pid not in self._kill_reasons:
+                self._kill(replica, f"hung: no progress report for {policy.liveness_timeout_s:g}s")
+
+    def _kill(self, replica: ActualReplica, why: str) -> None:
+        log.warning("replica %s (pid %s): %s; sending SIGKILL", replica.replica_id, replica.pid, why)
+        self._kill_reasons[replica.pid] = why
+        replica.handle.kill()
+
+    def _on_exit(self, replica: ActualReplica, exit_info: ExitInfo, now: float) -> None:
+        replica.exit = exit_info
+        kill_reason = self._kill_reasons.pop(replica.pid, None)
+        replica.handle = None
+        if replica.state == ReplicaState.DRAINING:
+            why = "drained" if exit_info.exit_code == 0 else f"drained ({kill_reason or exit_info.cause})"
+            self._transition(replica, ReplicaState.STOPPED, why)
+            self.table.remove(replica)
+            return
+        if kill_reason is not None:
+            cause = f"{kill_reason} ({exit_info.cause})"
+        elif replica.worker_error:
+            cause = f"{replica.worker_error} ({exit_info.cause})"  # the worker's own error event says why
+        else:
+            cause = exit_info.cause
+        self._on_crash(replica, cause, now)
+
+    def _on_crash(self, replica: ActualReplica, cause: str, now: float) -> None:
+        policy = self.policy
+        replica.crash_times = [t for t in replica.crash_times if now - t < policy.crash_window_s] + [now]
+        crashes = len(replica.crash_times)
+        if crashes >= policy.max_crashes:
+            self._transition(
+                replica, ReplicaState.FAILED, f"crashed {crashes} times within {policy.crash_window_s:g}s; last: {cause}"
+            )
+            return
+        delay = policy.backoff(crashes)
+        replica.next_start_at = now + delay
+        self._transition(replica, ReplicaState.CRASHED, f"{cause}; restarting in {delay:g}s")
+
+    def _launch(self, replica: ActualReplica, now: float) -> None:
+        is_restart = replica.state == ReplicaState.CRASHED
+        try:
+            replica.handle = self._launcher.start(self._build(replica.desired))
+        except Exception as exc:  # OSError, or a spec the command builder rejects
+            replica.handle = None
+            self._on_crash(replica, f"could not start worker: {exc}", now)
+            return
+        if is_restart:
+            replica.restarts += 1
+        replica.started_at = replica.last_progress_at = now
+        replica.exit = None
+        replica.worker_error = None
+        self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
+
+    def _predecessor_running(self, replica: ActualReplica) -> bool:
+        return any(
+            other is not replica and other.replica_id == replica.replica_id and other.state.has_process
+            for other in self.table.all()
+        )
+
+    # -- reporting -----------------------------------------------------------------
+    def _transition(self, replica: ActualReplica, state: ReplicaState, reason: str) -> None:
+        log.info("replica %s: %s -> %s (%s)", replica.replica_id, replica.state.value, state.value, reason)
+        replica.state = state
+        replica.reason = reason
+        self._record(replica)
+
+    def _record(self, replica: ActualReplica) -> None:
+        self._changes.append(self._snapshot(replica))
+
+    @staticmethod
+    def _snapshot(replica: ActualReplica) -> ReplicaSnapshot:
+        exit_info = replica.exit
+        return ReplicaSnapshot(
+            replica_id=replica.replica_id,
+            model=replica.desired.model,
+            version=replica.desired.version,
+            state=replica.state,
+            pid=replica.pid,
+            restarts=replica.restarts,
+            records=replica.records,
+            reason=replica.reason,
+            exit_code=exit_info.exit_code if exit_info else None,
+            signal=exit_info.signal if exit_info else None,
+            target_hash=replica.desired.target_hash,
+            gpu_indices=replica.desired.gpu_indices,
+        )
