@@ -1,0 +1,260 @@
+"""Topic provisioning: make SIE's topics exist as ``schemas.topics`` describes them.
+
+``ensure_topics`` reconciles, Kubernetes-style: it reads what exists, creates
+what is missing, fixes what is safe to fix (``cleanup.policy``) and reports
+what is not (partition counts: shrinking is impossible and growing would move
+keys between partitions, breaking compacted state and per-key order).  Running
+it twice changes nothing the second time.
+
+Replication: ``replication_factor`` argument, else ``settings.replication_factor``,
+else 3 when the cluster has >= 3 brokers, else 1.  Topics replicated 3 times
+get ``min.insync.replicas=2`` so an acks=all write survives one broker loss.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from schemas.topics import TopicSpec
+from sie.errors import ConfigError, KafkaUnavailable, SieError
+from sie.settings import Settings
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient, ClusterMetadata
+
+
+class Action(str, Enum):
+    CREATED = "created"
+    EXISTING = "existing"
+    FIXED = "fixed"
+
+
+@dataclass(frozen=True)
+class TopicOutcome:
+    """What ``ensure_topics`` found or did for one topic."""
+
+    name: str
+    partitions: int
+    replication: int
+    policy: str
+    action: Action
+    notes: tuple[str, ...] = ()  # mismatches it reported or fixed
+
+
+@dataclass(frozen=True)
+class EnsureReport:
+    topics: tuple[TopicOutcome, ...]
+
+    @property
+    def created(self) -> list[str]:
+        return [t.name for t in self.topics if t.action is Action.CREATED]
+
+    @property
+    def fixed(self) -> list[str]:
+        return [t.name for t in self.topics if t.action is Action.FIXED]
+
+    @property
+    def existing(self) -> list[str]:
+        return [t.name for t in self.topics if t.action is Action.EXISTING]
+
+    @property
+    def mismatches(self) -> list[str]:
+        return [f"{t.name}: {note}" for t in self.topics for note in t.notes]
+
+    def table(self) -> str:
+        """A plain-text table: topic, partitions, replication, policy, action (+ notes)."""
+        header = ("topic", "partitions", "replication", "policy", "action")
+        rows = [(t.name, str(t.partitions), str(t.replication), t.policy,
+                 t.action.value + (f" ({'; '.join(t.notes)})" if t.notes else "")) for t in self.topics]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
+
+
+# ---- cluster helpers -----------------------------------------------------------------------------
+def admin_client(settings: Settings) -> "AdminClient":
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(settings.kafka_client_config())
+
+
+def wait_for_cluster(settings: Settings, timeout: float = 30.0) -> "ClusterMetadata":
+    """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise."""
+    from confluent_kafka import KafkaException
+
+    admin = admin_client(settings)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            if time.monotonic() >= deadline:
+                raise KafkaUnavailable(
+                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s ({exc}): "
+                    "start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
+                ) from exc
+
+
+def cluster_broker_count(settings: Settings, timeout: float = 10.0) -> int:
+    return len(wait_for_cluster(settings, timeout).brokers)
+
+
+def resolve_replication(settings: Settings, broker_count: int, replication_factor: int | None = None) -> int:
+    rf = replication_factor or settings.replication_factor or (3 if broker_count >= 3 else 1)
+    if rf > broker_count:
+        raise ConfigError(
+            f"replication factor {rf} needs >= {rf} brokers but {settings.bootstrap_servers} has {broker_count}: "
+            "set SIE_REPLICATION_FACTOR or start `sie kafka up --brokers 3`"
+        )
+    return rf
+
+
+def min_insync_for(replication: int) -> int | None:
+    return 2 if replication >= 3 else None
+
+
+def topic_configs(settings: Settings, topic: str, timeout: float = 10.0) -> dict[str, str]:
+    """Effective config of a topic (``cleanup.policy``, ``min.insync.replicas``, ...)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = admin_client(settings)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def wait_for_topics(settings: Settings, topics: Iterable[str], timeout: float = 30.0) -> None:
+    """Until every partition of each topic has a leader, so a producer's first send does not fail."""
+    admin = admin_client(settings)
+    pending = set(topics)
+    deadline = time.monotonic() + timeout
+    while pending:
+        md = admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+        pending = {
+            t for t in pending
+            if t not in md.topics or md.topics[t].error is not None
+            or any(p.leader < 0 for p in md.topics[t].partitions.values())
+        }
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise KafkaUnavailable(f"topics {sorted(pending)} have no leader after {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+def delete_topics(settings: Settings, topics: Sequence[str], timeout: float = 30.0) -> list[str]:
+    """Delete topics; ones that do not exist are skipped.  Returns the names deleted."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not topics:
+        return []
+    futures = admin_client(settings).delete_topics(list(topics), operation_timeout=timeout, request_timeout=timeout)
+    deleted = []
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+            deleted.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise SieError(f"deleting topic {name}: {exc.args[0].str()}") from exc
+    return deleted
+
+
+# ---- provisioning --------------------------------------------------------------------------------
+def ensure_topics(
+    settings: Settings,
+    topics: Sequence[TopicSpec],
+    replication_factor: int | None = None,
+    timeout: float = 30.0,
+) -> EnsureReport:
+    """Create missing topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    md = wait_for_cluster(settings, timeout)
+    rf = resolve_replication(settings, len(md.brokers), replication_factor)
+    min_isr = min_insync_for(rf)
+    admin = admin_client(settings)
+
+    missing = [t for t in topics if t.name not in md.topics]
+    created: set[str] = set()
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(t.name, num_partitions=t.partitions, replication_factor=rf, config=t.topic_config(min_isr))
+             for t in missing],
+            operation_timeout=timeout, request_timeout=timeout,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=timeout)
+                created.add(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent ensure won the race
+                    raise SieError(f"creating topic {name}: {exc.args[0].str()}") from exc
+        wait_for_topics(settings, [t.name for t in missing], timeout)
+        md = admin.list_topics(timeout=timeout)
+
+    outcomes = []
+    for spec in topics:
+        wanted_policy = spec.topic_config(None)["cleanup.policy"]
+        meta = md.topics[spec.name]
+        partitions = len(meta.partitions)
+        replication = len(next(iter(meta.partitions.values())).replicas) if meta.partitions else 0
+        if spec.name in created:
+            outcomes.append(TopicOutcome(spec.name, partitions, replication, wanted_policy, Action.CREATED))
+            continue
+        notes: list[str] = []
+        if partitions < spec.partitions:
+            notes.append(f"has {partitions} partitions, wants {spec.partitions} (not changed: "
+                         "adding partitions moves keys; recreate the topic if that is acceptable)")
+        elif partitions > spec.partitions:
+            notes.append(f"has {partitions} partitions, more than the {spec.partitions} wanted (kept)")
+        policy = topic_configs(settings, spec.name, timeout).get("cleanup.policy", "delete")
+        action = Action.EXISTING
+        if policy != wanted_policy:
+            _set_topic_config(admin, spec.name, {"cleanup.policy": wanted_policy}, timeout)
+            notes.append(f"cleanup.policy was {policy}, set to {wanted_policy}")
+            action, policy = Action.FIXED, wanted_policy
+        outcomes.append(TopicOutcome(spec.name, partitions, replication, policy, action, tuple(notes)))
+    return EnsureReport(tuple(outcomes))
+
+
+def _set_topic_config(admin: "AdminClient", topic: str, values: dict[str, str], timeout: float) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    resource = ConfigResource(
+        ResourceType.TOPIC, topic,
+        incremental_configs=[ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in values.items()],
+    )
+    for fut in admin.incremental_alter_configs([resource], request_timeout=timeout).values():
+        fut.result(timeout=timeout)
+
+
+def model_topic_specs(topic_names: Sequence[str], partitions: int) -> list[TopicSpec]:
+    """A model's data-path topics: requests, results, dead letters, backfill - all the same partition count.
+
+    Results and dead letters share the request topic's partition count so a
+    request's outputs land on the same partition number as its input.
+    """
+    if partitions < 1:
+        raise ConfigError(f"partitions: must be >= 1 (got {partitions})")
+    return [TopicSpec(name, partitions, compacted=False, purpose="model data path") for name in dict.fromkeys(topic_names)]
+
+
+def ensure_model_topics(
+    settings: Settings,
+    spec_topics_names: Sequence[str] | Any,
+    partitions: int,
+    replication_factor: int | None = None,
+) -> EnsureReport:
+    """Ensure a model's request/result/dlq/backfill topics.
+
+    Accepts the names as a list, or a ``schemas.topics.ModelTopics``.
+    """
+    names = spec_topics_names
+    if not isinstance(names, (list, tuple)):
+        names = [names.requests, names.results, names.dead_letters, names.backfill_results]
+    return ensure_topics(settings, model_topic_specs([n for n in names if n], partitions), replication_factor)

@@ -1,0 +1,45 @@
+"""``sie topics ensure|list``: SIE's system topics on the configured cluster."""
+
+from __future__ import annotations
+
+import click
+
+from sie.settings import Settings
+
+
+@click.group("topics")
+def command() -> None:
+    """Create and inspect SIE's topics (names and policies from schemas/topics.py)."""
+
+
+@command.command("ensure")
+@click.option("--replication-factor", type=int, default=None,
+              help="Default: SIE_REPLICATION_FACTOR, else 3 on >= 3 brokers, else 1.")
+@click.option("--prefix", default=None, help="System topic prefix [default: SIE_TOPIC_PREFIX, i.e. sie].")
+@click.pass_obj
+def ensure(settings: Settings, replication_factor: int | None, prefix: str | None) -> None:
+    """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
+    from schemas.topics import system_topics
+    from sie.admin import ensure_topics
+
+    report = ensure_topics(settings, system_topics(prefix or settings.topic_prefix), replication_factor)
+    click.echo(report.table())
+    click.echo(f"{len(report.created)} created, {len(report.fixed)} fixed, {len(report.existing)} existing "
+               f"on {settings.bootstrap_servers}")
+
+
+@command.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Include Kafka's internal topics (__consumer_offsets, ...).")
+@click.pass_obj
+def list_topics(settings: Settings, show_all: bool) -> None:
+    """List topics with partitions and replication."""
+    from sie.admin import wait_for_cluster
+
+    md = wait_for_cluster(settings, timeout=10)
+    click.echo(f"{len(md.brokers)} broker(s) at {settings.bootstrap_servers}")
+    for name in sorted(md.topics):
+        if name.startswith("__") and not show_all:
+            continue
+        parts = md.topics[name].partitions
+        rf = len(next(iter(parts.values())).replicas) if parts else 0
+        click.echo(f"  {name}  partitions={len(parts)}  replication={rf}")
