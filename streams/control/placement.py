@@ -1,0 +1,764 @@
+"""Placement: which replica runs on which node and GPU (SIE's ``binpack`` strategy).
+
+Decisions (WHY in brackets):
+
+- Best fit by GPU memory: a shared-GPU replica goes to the GPU whose free memory after placement is
+  smallest [keeps big holes for big models: the article's 58% -> 89% utilisation]. Ties go to the
+  node that sorts first, then the lowest GPU index, so empty GPUs are filled node by node [``binpack``:
+  fill a node before the next].
+- ``gpus = N > 0`` takes N entirely free GPUs on one node, each with >= ceil(gpu_memory_mb / N) MiB; the
+  node left with the fewest entirely free GPUs wins [keeps whole nodes free for big tensor-parallel
+  models]. Its ``gpu_memory_mb`` is the full capacity of those GPUs (nobody else may use them).
+- CPU-only models (no GPU memory, no GPUs) go to the node with the least CPU left after placement.
+  Every replica also needs ``cpu`` (vs ``NodeState.cpu_count``) and ``memory_mb`` (vs
+  ``NodeState.memory_mb`` when reported) on its node.
+- nodeSelector: exact match on node labels. For ``nvidia.com/gpu.product`` a node WITHOUT that label
+  matches when one of its GPUs' product names contains every token of the wanted value
+  (case-insensitive, "nvidia" ignored): ``A100-80gb`` matches ``NVIDIA A100-SXM4-80GB`` [agents report
+  NVML product names; the article's specs use short names]. A present label is always compared exactly.
+- Tiers (label ``sie.io/tier``): tier-0 nodes host only P0 models. A P0 model may run anywhere but
+  PREFERS tier-0 nodes (it only spills to other nodes when tier-0 is full) [tier-0 exists for the
+  low-latency models]. ``scheduling.tier`` is a hard constraint: only nodes of that tier.
+- Anti-affinity (soft): replicas of one model go to different nodes. Only when no other node fits, a
+  replica may share a node (another GPU preferred over the same GPU); the placement carries a ``note``.
+  Anti-affinity outranks the tier-0 preference [availability first].
+- Order: P0, P1, P2; within a priority larger first (whole GPUs, GPU memory, CPU, host memory), then
+  replica id (first-fit-decreasing; deterministic whatever the input order).
+- Stability: a current placement that is still valid (node online and eligible, GPUs healthy, room)
+  is kept before anything new is placed [no churn when a model arrives]. No preemption: a P0 replica
+  that does not fit is reported unplaced, P2 replicas are not evicted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_left, insort
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
+from typing import Iterable, Mapping, Sequence, Union
+
+from streams.control.demand import ReplicaDemand
+from streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
+
+UNSCHEDULABLE = "unschedulable: "
+TIER0_ONLY_P0 = "tier-0 nodes host only P0 models"
+_CPU_EPSILON = 1e-9
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one replica runs. ``gpu_memory_mb`` is what it holds on its GPU(s); ``note`` explains a
+    relaxed rule (anti-affinity)."""
+
+    replica_id: str
+    model: str
+    version: str
+    node: str
+    gpu_indices: tuple[int, ...]
+    gpu_memory_mb: int
+    whole_gpus: bool = False
+    note: str | None = None
+
+    @property
+    def slot(self) -> tuple[str, tuple[int, ...]]:
+        return (self.node, self.gpu_indices)
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """A replica that could not be placed; ``reason`` starts with ``unschedulable:``."""
+
+    replica_id: str
+    model: str
+    version: str
+    reason: str
+
+
+# The current placement given to a full pass: replica id -> Placement or (node, gpu indices).
+Current = Mapping[str, Union[Placement, tuple[str, Sequence[int]]]]
+
+
+@dataclass(frozen=True)
+class PlanStats:
+    replicas_placed: int
+    replicas_unplaced: int
+    gpus_healthy: int
+    gpus_in_use: int
+    nodes_in_use: int
+    gpu_memory_placed_mb: int
+    gpu_memory_capacity_in_use_mb: int
+    relaxed_anti_affinity: int
+
+    @property
+    def utilisation(self) -> float:
+        """GPU memory held by replicas / capacity of the GPUs hosting at least one replica."""
+        cap = self.gpu_memory_capacity_in_use_mb
+        return self.gpu_memory_placed_mb / cap if cap else 0.0
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """The placer's output: one outcome per wanted replica. Compare plans with ``==``."""
+
+    placements: Mapping[str, Placement]
+    unplaced: Mapping[str, Unplaced]
+    inventory: ClusterInventory
+
+    def outcome(self, replica_id: str) -> Placement | Unplaced:
+        found = self.placements.get(replica_id) or self.unplaced.get(replica_id)
+        if found is None:
+            raise KeyError(f"replica {replica_id!r} is not in this plan")
+        return found
+
+    def current(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The ``current`` argument for the next full pass."""
+        return {rid: p.slot for rid, p in self.placements.items()}
+
+    @cached_property
+    def by_node(self) -> Mapping[str, tuple[Placement, ...]]:
+        """Per-node assignment lists (what the controller publishes to each agent), sorted by replica id.
+        Every inventory node is present, an empty tuple meaning "run nothing"."""
+        out: dict[str, list[Placement]] = {n.name: [] for n in self.inventory.nodes}
+        for p in self.placements.values():
+            out.setdefault(p.node, []).append(p)
+        return MappingProxyType({k: tuple(sorted(v, key=lambda p: p.replica_id)) for k, v in out.items()})
+
+    def assignments(self, node: str) -> tuple[Placement, ...]:
+        return self.by_node.get(node, ())
+
+    @cached_property
+    def stats(self) -> PlanStats:
+        capacity = {
+            (n.name, g.index): g.capacity_mb for n in self.inventory.nodes if n.online for g in n.gpus if g.healthy
+        }
+        held: Counter[tuple[str, int]] = Counter()
+        for p in self.placements.values():
+            for gi in p.gpu_indices:
+                key = (p.node, gi)
+                held[key] += capacity.get(key, 0) if p.whole_gpus else p.gpu_memory_mb
+        return PlanStats(
+            replicas_placed=len(self.placements),
+            replicas_unplaced=len(self.unplaced),
+            gpus_healthy=len(capacity),
+            gpus_in_use=len(held),
+            nodes_in_use=len({p.node for p in self.placements.values()}),
+            gpu_memory_placed_mb=sum(held.values()),
+            gpu_memory_capacity_in_use_mb=sum(capacity.get(k, 0) for k in held),
+            relaxed_anti_affinity=sum(1 for p in self.placements.values() if p.note),
+        )
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    """What an incremental event changed: ``removed`` holds the old placements that no longer exist
+    (model removed, or the replica is now unplaced); ``moved`` holds the new placements of moved ones."""
+
+    placed: tuple[Placement, ...] = ()
+    moved: tuple[Placement, ...] = ()
+    removed: tuple[Placement, ...] = ()
+    unplaced: tuple[Unplaced, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.placed or self.moved or self.removed or self.unplaced)
+
+
+@dataclass(frozen=True)
+class PlanUpdate:
+    plan: PlacementPlan
+    diff: PlanDiff
+
+
+# ------------------------------------------------------------------------------------------- matching
+
+
+def _tokens(text: str) -> frozenset[str]:
+    return frozenset(t for t in re.split(r"[\s_\-/]+", text.lower()) if t and t != "nvidia")
+
+
+def _product_matches(want: str, product: str) -> bool:
+    wanted = _tokens(want)
+    return bool(wanted) and wanted <= _tokens(product)
+
+
+def _label_value(node: NodeState, key: str) -> str | None:
+    """The node's value for a selector key (the GPU products for the product key when the label is missing)."""
+    value = node.labels.get(key)
+    if value is None and key == GPU_PRODUCT_LABEL and node.gpus:
+        value = "+".join(sorted({g.product for g in node.gpus}))
+    return value
+
+
+def _key_matches(node: NodeState, key: str, want: str) -> bool:
+    have = node.labels.get(key)
+    if have is not None:
+        return have == want
+    if key == GPU_PRODUCT_LABEL:
+        return any(_product_matches(want, g.product) for g in node.gpus)
+    return False
+
+
+def selector_matches(selector: Iterable[tuple[str, str]], node: NodeState) -> bool:
+    return all(_key_matches(node, k, v) for k, v in selector)
+
+
+def _tier_allows(demand: ReplicaDemand, node: NodeState) -> bool:
+    if node.tier == TIER0 and demand.priority != "P0":
+        return False
+    return demand.tier is None or node.tier == demand.tier
+
+
+def node_eligible(demand: ReplicaDemand, node: NodeState) -> bool:
+    """Static eligibility (selector + tier rules); ignores liveness and free capacity."""
+    return _tier_allows(demand, node) and selector_matches(demand.node_selector, node)
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])} and {len(names) - 3} more"
+
+
+def _selector_reason(selector: tuple[tuple[str, str], ...], online: Sequence[NodeState]) -> str:
+    for key, want in selector:
+        if any(_key_matches(n, key, want) for n in online):
+            continue
+        groups: dict[str | None, list[str]] = {}
+        for n in online:
+            groups.setdefault(_label_value(n, key), []).append(n.name)
+        parts = []
+        for value in sorted(groups, key=lambda v: (v is None, v or "")):
+            names = groups[value]
+            verb = "has" if len(names) == 1 else "have"
+            parts.append(f"{_names(names)} {verb} {value}" if value is not None else f"{_names(names)} {verb} no {key}")
+        return f"no online node matches nodeSelector {key}={want} (nodes: {'; '.join(parts)})"
+    wanted = ",".join(f"{k}={v}" for k, v in selector)
+    return f"no online node matches nodeSelector {wanted} (each key matches some node, none matches all)"
+
+
+def _asks_tier0(tier: str | None, selector: Mapping[str, str]) -> str | None:
+    if tier == TIER0:
+        return "scheduling.tier=tier-0"
+    if selector.get(TIER_LABEL) == TIER0:
+        return f"nodeSelector {TIER_LABEL}={TIER0}"
+    return None
+
+
+def validate_tier_request(spec, inventory: ClusterInventory) -> str | None:
+    """Reason to refuse (HTTP 409 Conflict) a P1/P2 ModelService that asks for tier-0 nodes, else None.
+
+    It asks for tier-0 by ``scheduling.tier: tier-0``, a ``sie.io/tier: tier-0`` selector, or a
+    nodeSelector that only tier-0 nodes of the inventory match.
+    """
+    priority = spec.priority_level
+    if priority == "P0":
+        return None
+    selector = dict(spec.scheduling.node_selector or {})
+    via = _asks_tier0(spec.scheduling.tier, selector)
+    if via is None and selector:
+        matching = [n for n in inventory.nodes if selector_matches(selector.items(), n)]
+        if matching and all(n.tier == TIER0 for n in matching):
+            via = "nodeSelector " + ",".join(f"{k}={v}" for k, v in sorted(selector.items())) + " matches only tier-0 nodes"
+    if via is None:
+        return None
+    return f"{TIER0_ONLY_P0}: {spec.name} is {priority} and asks for tier-0 nodes ({via})"
+
+
+def _order_key(d: ReplicaDemand) -> tuple:
+    return (d.priority_rank, -d.gpus, -d.gpu_memory_mb, -d.cpu, -d.memory_mb, d.model, d.index)
+
+
+def _ordered(demands: Iterable[ReplicaDemand]) -> list[ReplicaDemand]:
+    return sorted(demands, key=_order_key)
+
+
+def _unique(demands: Iterable[ReplicaDemand]) -> list[ReplicaDemand]:
+    out: dict[str, ReplicaDemand] = {}
+    for d in demands:
+        if d.replica_id in out and out[d.replica_id] != d:
+            raise ValueError(f"replica {d.replica_id!r} is demanded twice with different resources")
+        out[d.replica_id] = d
+    return list(out.values())
+
+
+# ------------------------------------------------------------------------------------------ allocator
+
+
+class _Gpu:
+    __slots__ = ("node", "index", "capacity", "free", "held", "models")
+
+    def __init__(self, node: str, index: int, capacity: int) -> None:
+        self.node, self.index, self.capacity, self.free = node, index, capacity, capacity
+        self.held: dict[str, int] = {}  # replica id -> MiB
+        self.models: Counter[str] = Counter()
+
+
+class _Pool:
+    """Nodes with identical labels and GPU products: eligibility is decided once per pool, and each pool
+    keeps its GPUs in a list sorted by (free MiB, node, index) so best fit is a bisect, not a scan."""
+
+    __slots__ = ("sample", "names", "index")
+
+    def __init__(self, sample: NodeState) -> None:
+        self.sample = sample
+        self.names: list[str] = []
+        self.index: list[tuple[int, str, int]] = []
+
+
+class _Node:
+    __slots__ = ("state", "pool", "cpu_free", "mem_free", "gpus", "models")
+
+    def __init__(self, state: NodeState, pool: _Pool) -> None:
+        self.state, self.pool = state, pool
+        self.cpu_free = float(state.cpu_count)
+        self.mem_free: int | None = state.memory_mb or None
+        self.gpus = {g.index: _Gpu(state.name, g.index, g.capacity_mb) for g in state.gpus if g.healthy}
+        self.models: Counter[str] = Counter()
+
+    def fits_host(self, d: ReplicaDemand) -> bool:
+        return self.cpu_free + _CPU_EPSILON >= d.cpu and (self.mem_free is None or self.mem_free >= d.memory_mb)
+
+
+def _pool_key(state: NodeState) -> tuple:
+    return (tuple(sorted(state.labels.items())), tuple(sorted({g.product for g in state.gpus})))
+
+
+class _Allocator:
+    """Mutable free-capacity bookkeeping behind ``place`` and ``Placer`` (never exposed)."""
+
+    def __init__(self, inventory: ClusterInventory) -> None:
+        self.inventory = inventory
+        self.nodes: dict[str, _Node] = {}
+        self.pools: dict[tuple, _Pool] = {}
+        self.placements: dict[str, Placement] = {}
+        self.unplaced: dict[str, Unplaced] = {}
+        self.demands: dict[str, ReplicaDemand] = {}
+        self._eligible_cache: dict[tuple, list[tuple[int, _Pool]]] = {}
+        for state in inventory.nodes:
+            if state.online:
+                self.add_node(state)
+
+    def plan(self) -> PlacementPlan:
+        return PlacementPlan(
+            MappingProxyType(dict(self.placements)), MappingProxyType(dict(self.unplaced)), self.inventory
+        )
+
+    # -- nodes and GPUs
+
+    def add_node(self, state: NodeState) -> None:
+        key = _pool_key(state)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = _Pool(state)
+            self._eligible_cache.clear()
+        insort(pool.names, state.name)
+        node = self.nodes[state.name] = _Node(state, pool)
+        for g in node.gpus.values():
+            insort(pool.index, (g.free, g.node, g.index))
+
+    def drop_node(self, name: str) -> list[str]:
+        node = self.nodes.get(name)
+        if node is None:
+            return []
+        released = sorted(rid for rid, p in self.placements.items() if p.node == name)
+        for rid in released:
+            self.release(rid)
+        pool = node.pool
+        for g in node.gpus.values():
+            self._index_remove(pool, g)
+        pool.names.remove(name)
+        del self.nodes[name]
+        if not pool.names:
+            del self.pools[_pool_key(pool.sample)]
+            self._eligible_cache.clear()
+        return released
+
+    def fail_gpu(self, name: str, index: int) -> list[str]:
+        node = self.nodes.get(name)
+        g = node.gpus.get(index) if node else None
+        if g is None:
+            return []
+        released = sorted(g.held)
+        for rid in released:
+            self.release(rid)
+        self._index_remove(node.pool, g)
+        del node.gpus[index]
+        return released
+
+    def _index_remove(self, pool: _Pool, g: _Gpu) -> None:
+        entry = (g.free, g.node, g.index)
+        i = bisect_left(pool.index, entry)
+        assert pool.index[i] == entry, f"GPU index out of sync at {g.node}/{g.index}"
+        del pool.index[i]
+
+    def _set_free(self, node: _Node, g: _Gpu, free: int) -> None:
+        self._index_remove(node.pool, g)
+        g.free = free
+        insort(node.pool.index, (g.free, g.node, g.index))
+
+    # -- commit / release
+
+    def release(self, rid: str) -> None:
+        p = self.placements.pop(rid)
+        d = self.demands.pop(rid)
+        node = self.nodes[p.node]
+        node.cpu_free += d.cpu
+        if node.mem_free is not None:
+            node.mem_free += d.memory_mb
+        node.models[d.model] -= 1
+        for gi in p.gpu_indices:
+            g = node.gpus.get(gi)
+            if g is not None:
+                g.models[d.model] -= 1
+                self._set_free(node, g, g.free + g.held.pop(rid))
+
+    def _commit(self, d: ReplicaDemand, node: _Node, gpus: Sequence[_Gpu]) -> Placement:
+        note = None
+        if node.models[d.model]:
+            where = f"GPU {node.state.name}/{gpus[0].index}" if any(g.models[d.model] for g in gpus) else f"node {node.state.name}"
+            note = f"anti-affinity relaxed: shares {where} with another replica of {d.model} (no other node fits)"
+        whole = d.gpus > 0
+        for g in gpus:
+            take = g.free if whole else d.gpu_memory_mb
+            g.held[d.replica_id] = take
+            g.models[d.model] += 1
+            self._set_free(node, g, g.free - take)
+        node.cpu_free -= d.cpu
+        if node.mem_free is not None:
+            node.mem_free -= d.memory_mb
+        node.models[d.model] += 1
+        p = Placement(
+            replica_id=d.replica_id,
+            model=d.model,
+            version=d.version,
+            node=node.state.name,
+            gpu_indices=tuple(g.index for g in gpus),
+            gpu_memory_mb=sum(g.held[d.replica_id] for g in gpus),
+            whole_gpus=whole,
+            note=note,
+        )
+        self.placements[d.replica_id] = p
+        self.demands[d.replica_id] = d
+        self.unplaced.pop(d.replica_id, None)
+        return p
+
+    def _fail(self, d: ReplicaDemand, reason: str) -> Unplaced:
+        u = Unplaced(d.replica_id, d.model, d.version, UNSCHEDULABLE + reason)
+        self.unplaced[d.replica_id] = u
+        return u
+
+    # -- keep an existing placement
+
+    def keep(self, d: ReplicaDemand, node_name: str, gpu_indices: Sequence[int]) -> Placement | None:
+        """Re-commit a current placement if it is still valid; None when it must be re-placed."""
+        node = self.nodes.get(node_name)
+        if node is None or d.replica_id in self.placements:
+            return None
+        if not node_eligible(d, node.state) or not node.fits_host(d):
+            return None
+        gpus = [node.gpus.get(i) for i in gpu_indices]
+        if any(g is None for g in gpus) or len(set(gpu_indices)) != len(gpus):
+            return None
+        if d.gpus > 0:
+            per = math.ceil(d.gpu_memory_mb / d.gpus)
+            ok = len(gpus) == d.gpus and all(not g.held and g.capacity >= per and g.capacity > 0 for g in gpus)
+        elif d.gpu_memory_mb > 0:
+            ok = len(gpus) == 1 and gpus[0].free >= d.gpu_memory_mb
+        else:
+            ok = not gpus
+        return self._commit(d, node, gpus) if ok else None
+
+    # -- search
+
+    def _eligible(self, d: ReplicaDemand) -> list[tuple[int, _Pool]]:
+        key = (d.priority, d.tier, d.node_selector)
+        pools = self._eligible_cache.get(key)
+        if pools is None:
+            pools = sorted(
+                (
+                    (1 if d.priority == "P0" and pool.sample.tier != TIER0 else 0, pool)
+                    for pool in self.pools.values()
+                    if node_eligible(d, pool.sample)
+                ),
+                key=lambda t: (t[0], t[1].names[0]),
+            )
+            self._eligible_cache[key] = pools
+        return pools
+
+    def place(self, d: ReplicaDemand) -> Placement | Unplaced:
+        pools = self._eligible(d)
+        if not pools:
+            return self._fail(d, self._explain_no_node(d))
+        if d.gpus > 0:
+            return self._place_whole(d, pools)
+        if d.gpu_memory_mb > 0:
+            return self._place_shared(d, pools)
+        return self._place_cpu(d, pools)
+
+    def _place_shared(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> Placement | Unplaced:
+        need, model = d.gpu_memory_mb, d.model
+        probe = (need, "", -1)
+        best: tuple | None = None
+        for pref, pool in pools:
+            if best is not None and best[0] == 0 and best[1] < pref:
+                break  # a non-preferred pool cannot beat an anti-affine candidate in a preferred one
+            idx = pool.index
+            for j in range(bisect_left(idx, probe), len(idx)):
+                free, name, gi = idx[j]
+                node = self.nodes[name]
+                if not node.fits_host(d):
+                    continue
+                level = 0 if not node.models[model] else (2 if node.gpus[gi].models[model] else 1)
+                cand = (level, pref, free - need, name, gi)
+                if best is None or cand < best:
+                    best = cand
+                if level == 0:
+                    break  # sorted by free: the first anti-affine GPU is this pool's best fit
+        if best is None:
+            return self._fail(d, self._explain_gpu_memory(d, pools))
+        node = self.nodes[best[3]]
+        return self._commit(d, node, [node.gpus[best[4]]])
+
+    def _explain_gpu_memory(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> str:
+        need = d.gpu_memory_mb
+        largest: tuple[int, str, int] | None = None
+        for _, pool in pools:
+            if pool.index:
+                top = pool.index[-1][0]
+                entry = pool.index[bisect_left(pool.index, (top, "", -1))]
+                if largest is None or (-entry[0], entry[1], entry[2]) < (-largest[0], largest[1], largest[2]):
+                    largest = entry
+        if largest is None:
+            return f"needs {need} MiB GPU memory; no healthy GPU on eligible nodes"
+        if largest[0] >= need:
+            return self._explain_host(d, pools, what=f"{need} MiB GPU memory")
+        return f"needs {need} MiB GPU memory; largest free is {largest[0]} MiB on {largest[1]}/{largest[2]}"
+
+    def _place_whole(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> Placement | Unplaced:
+        per = math.ceil(d.gpu_memory_mb / d.gpus)
+        best: tuple | None = None
+        chosen: list[_Gpu] = []
+        most = (0, "")
+        for pref, pool in pools:
+            for name in pool.names:
+                node = self.nodes[name]
+                free = [g for g in node.gpus.values() if not g.held and g.capacity >= per and g.capacity > 0]
+                if len(free) > most[0]:
+                    most = (len(free), name)
+                if len(free) < d.gpus or not node.fits_host(d):
+                    continue
+                cand = (0 if not node.models[d.model] else 1, pref, len(free) - d.gpus, name)
+                if best is None or cand < best:
+                    best = cand
+                    chosen = sorted(free, key=lambda g: (g.capacity, g.index))[: d.gpus]
+        if best is None:
+            each = f" with >= {per} MiB each" if per else ""
+            if most[0] >= d.gpus:
+                return self._fail(d, self._explain_host(d, pools, what=f"{d.gpus} whole free GPU(s){each}"))
+            where = f" on {most[1]}" if most[0] else ""
+            return self._fail(
+                d, f"needs {d.gpus} whole free GPU(s){each} on one node; most on one node is {most[0]}{where}"
+            )
+        return self._commit(d, self.nodes[best[3]], sorted(chosen, key=lambda g: g.index))
+
+    def _place_cpu(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> Placement | Unplaced:
+        best: tuple | None = None
+        for pref, pool in pools:
+            for name in pool.names:
+                node = self.nodes[name]
+                if node.fits_host(d):
+                    cand = (0 if not node.models[d.model] else 1, pref, node.cpu_free - d.cpu, name)
+                    if best is None or cand < best:
+                        best = cand
+        if best is None:
+            return self._fail(d, self._explain_host(d, pools, what=None))
+        return self._commit(d, self.nodes[best[3]], [])
+
+    def _explain_host(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]], what: str | None) -> str:
+        nodes = [self.nodes[n] for _, pool in pools for n in pool.names]
+        cpu_node = min(nodes, key=lambda n: (-n.cpu_free, n.state.name))
+        if cpu_node.cpu_free + _CPU_EPSILON < d.cpu:
+            return f"needs {d.cpu:g} CPU; most free is {cpu_node.cpu_free:g} on {cpu_node.state.name}"
+        enforced = [n for n in nodes if n.mem_free is not None]
+        if d.memory_mb and len(enforced) == len(nodes) and all(n.mem_free < d.memory_mb for n in enforced):
+            mem_node = min(enforced, key=lambda n: (-n.mem_free, n.state.name))
+            return f"needs {d.memory_mb} MiB host memory; most free is {mem_node.mem_free} MiB on {mem_node.state.name}"
+        parts = ([what] if what else []) + [f"{d.cpu:g} CPU"] + ([f"{d.memory_mb} MiB host memory"] if d.memory_mb else [])
+        return f"needs {', '.join(parts)} on one node; no eligible node has all of them free"
+
+    def _explain_no_node(self, d: ReplicaDemand) -> str:
+        online = [n for n in self.inventory.nodes if n.online]
+        if not online:
+            return "no online nodes"
+        if d.priority != "P0" and _asks_tier0(d.tier, d.selector):
+            return TIER0_ONLY_P0
+        matching = [n for n in online if selector_matches(d.node_selector, n)]
+        if not matching:
+            return _selector_reason(d.node_selector, online)
+        if d.tier is not None and not any(n.tier == d.tier for n in matching):
+            return f"no online node in {d.tier} matches the nodeSelector" if d.node_selector else f"no online node in {d.tier}"
+        if d.priority != "P0" and all(n.tier == TIER0 for n in matching):
+            return TIER0_ONLY_P0
+        return "no eligible online node"
+
+
+# -------------------------------------------------------------------------------------------- passes
+
+
+def _slot(value: Placement | tuple[str, Sequence[int]]) -> tuple[str, tuple[int, ...]]:
+    if isinstance(value, Placement):
+        return value.slot
+    node, gpus = value
+    return node, tuple(gpus)
+
+
+def _full_pass(demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None) -> _Allocator:
+    alloc = _Allocator(inventory)
+    pending = []
+    for d in _ordered(_unique(demands)):
+        cur = current.get(d.replica_id) if current else None
+        if cur is None or alloc.keep(d, *_slot(cur)) is None:
+            pending.append(d)
+    for d in pending:
+        alloc.place(d)
+    return alloc
+
+
+def place(
+    demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None = None
+) -> PlacementPlan:
+    """Full placement pass: keep the still-valid ``current`` placements, then place the rest in priority
+    order. Same inputs (in any order) -> equal plan."""
+    return _full_pass(demands, inventory, current).plan()
+
+
+class Placer:
+    """Holds the last plan and applies events to it incrementally (no full re-pass).
+
+    Each event releases what it invalidates, then re-places the released replicas together with every
+    replica still unplaced, in priority order; the result equals a full ``place()`` with the previous
+    plan as ``current``. Every method returns a ``PlanUpdate`` (new plan + diff).
+    """
+
+    def __init__(self, inventory: ClusterInventory | None = None) -> None:
+        self._alloc = _Allocator(inventory or ClusterInventory())
+        self._wanted: dict[str, ReplicaDemand] = {}
+        self._plan = self._alloc.plan()
+
+    @property
+    def plan(self) -> PlacementPlan:
+        return self._plan
+
+    @property
+    def inventory(self) -> ClusterInventory:
+        return self._alloc.inventory
+
+    def demands(self) -> list[ReplicaDemand]:
+        return _ordered(self._wanted.values())
+
+    def place_all(
+        self,
+        demands: Iterable[ReplicaDemand],
+        inventory: ClusterInventory | None = None,
+        current: Current | None = None,
+    ) -> PlacementPlan:
+        """Full pass; ``current`` defaults to this placer's last plan (stability across passes)."""
+        demands = _unique(demands)
+        self._alloc = _full_pass(demands, inventory or self._alloc.inventory, self._plan.placements if current is None else current)
+        self._wanted = {d.replica_id: d for d in demands}
+        self._plan = self._alloc.plan()
+        return self._plan
+
+    def add_model(self, demands: Iterable[ReplicaDemand]) -> PlanUpdate:
+        """Add a model, or replace its demands (new version, scale up/down): replicas that keep their id
+        stay where they are if that is still valid."""
+        demands = _unique(demands)
+        models = {d.model for d in demands}
+        if len(models) != 1:
+            raise ValueError(f"add_model: demands must belong to exactly one model (got {sorted(models) or 'none'})")
+        (name,) = models
+        previous = {rid: self._alloc.placements.get(rid) for rid in self._model_ids(name)}
+        self._forget(previous)
+        pending = []
+        for d in _ordered(demands):
+            self._wanted[d.replica_id] = d
+            old = previous.get(d.replica_id)
+            if old is None or self._alloc.keep(d, *old.slot) is None:
+                pending.append(d.replica_id)
+        return self._settle(set(previous) | set(pending))
+
+    def remove_model(self, name: str) -> PlanUpdate:
+        ids = self._model_ids(name)
+        self._forget(ids)
+        return self._settle(set(ids))
+
+    def node_down(self, name: str) -> PlanUpdate:
+        """A node went offline (heartbeat timeout): its replicas move; those that can't get a reason."""
+        self._alloc.inventory = self._alloc.inventory.set_online(name, False)
+        return self._settle(set(self._alloc.drop_node(name)))
+
+    def node_up(self, node: NodeState) -> PlanUpdate:
+        """A node registered or reported new state (labels, GPU health): replicas on it stay if still valid."""
+        before = self._alloc.placements
+        kept = sorted(
+            (self._alloc.demands[rid] for rid, p in before.items() if p.node == node.name), key=_order_key
+        )
+        slots = {d.replica_id: before[d.replica_id].slot for d in kept}
+        released = self._alloc.drop_node(node.name)
+        self._alloc.inventory = self._alloc.inventory.with_node(node)
+        if node.online:
+            self._alloc.add_node(node)
+            for d in kept:
+                self._alloc.keep(d, *slots[d.replica_id])
+        return self._settle(set(released))
+
+    def gpu_failed(self, node: str, index: int) -> PlanUpdate:
+        """A GPU became unhealthy: the replicas on it (whole-GPU ones with all their GPUs) move."""
+        self._alloc.inventory = self._alloc.inventory.set_gpu_health(node, index, False)
+        return self._settle(set(self._alloc.fail_gpu(node, index)))
+
+    def gpu_recovered(self, node: str, index: int) -> PlanUpdate:
+        return self.node_up(self._alloc.inventory.node(node).with_gpu_health(index, True))
+
+    # -- internals
+
+    def _model_ids(self, name: str) -> list[str]:
+        return sorted(rid for rid, d in self._wanted.items() if d.model == name)
+
+    def _forget(self, ids: Iterable[str]) -> None:
+        for rid in ids:
+            if rid in self._alloc.placements:
+                self._alloc.release(rid)
+            self._alloc.unplaced.pop(rid, None)
+            self._wanted.pop(rid, None)
+
+    def _settle(self, touched: set[str]) -> PlanUpdate:
+        """Place every wanted replica that is not placed (released ones and earlier unplaced ones)."""
+        touched |= set(self._alloc.unplaced)
+        for d in _ordered(self._wanted[rid] for rid in touched if rid in self._wanted and rid not in self._alloc.placements):
+            self._alloc.place(d)
+        old, new = self._plan, self._alloc.plan()
+        self._plan = new
+        return PlanUpdate(new, _diff(old, new, touched))
+
+
+def _diff(old: PlacementPlan, new: PlacementPlan, touched: Iterable[str]) -> PlanDiff:
+    placed, moved, removed, unplaced = [], [], [], []
+    for rid in sorted(touched):
+        before, after = old.placements.get(rid), new.placements.get(rid)
+        if after is not None:
+            if before is None:
+                placed.append(after)
+            elif before != after:
+                moved.append(after)
+        else:
+            if before is not None:
+                removed.append(before)
+            u = new.unplaced.get(rid)
+            if u is not None and old.unplaced.get(rid) != u:
+                unplaced.append(u)
+    return PlanDiff(tuple(placed), tuple(moved), tuple(removed), tuple(unplaced))
