@@ -1,0 +1,110 @@
+"""Canal flatMessage (``canal.mq.flatMessage=true``) -> RowChange.
+
+Traps handled here (see docs in connectors/cdc/__init__.py):
+* ``data`` is an ARRAY: a multi-row statement gives several rows in one message;
+  ``old`` is aligned with it by index and holds only the changed columns.
+* every value is a string (or null); ``mysqlType``/``sqlType`` say how to cast.
+* ``isDdl`` is not trusted alone: ``type`` decides (only INSERT/UPDATE/DELETE carry rows).
+* ``id`` is a batch id shared by several messages, and ``es`` has second
+  precision, so neither identifies a change.  The replay-stable ``ref`` is
+  ``<es>.<digest>`` where the digest covers the op and the raw row (and its
+  ``old``), so a replay or a canal duplicate yields the same request id while
+  two different changes of one row in the same second do not collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from connectors.cdc.casting import canal_casters, cast_row
+from connectors.cdc.model import (
+    DEFAULT_OPTIONS,
+    CdcDecodeError,
+    CdcErrorReason,
+    DecodeOptions,
+    DecodeResult,
+    Op,
+    RowChange,
+    SkipReason,
+    load_json_object,
+    require,
+)
+
+FORMAT = "canal-json"
+
+_ROW_OPS = {"INSERT": Op.INSERT, "UPDATE": Op.UPDATE, "DELETE": Op.DELETE}
+_NON_ROW = {
+    **dict.fromkeys(
+        ("CREATE", "ALTER", "ERASE", "QUERY", "TRUNCATE", "RENAME", "CINDEX", "DINDEX"), SkipReason.DDL
+    ),
+    "MHEARTBEAT": SkipReason.HEARTBEAT,
+    "GTID": SkipReason.TRANSACTION_MARKER,
+    "XACOMMIT": SkipReason.TRANSACTION_MARKER,
+    "XAROLLBACK": SkipReason.TRANSACTION_MARKER,
+}
+
+
+def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions = DEFAULT_OPTIONS) -> DecodeResult:
+    """Decode one canal flatMessage.  The Kafka key is ignored (canal sends null)."""
+    doc = load_json_object(value)
+    kind = require(doc, "type", str, FORMAT)
+    op = _ROW_OPS.get(kind.upper())
+    if op is None:
+        skip = _NON_ROW.get(kind.upper())
+        if skip is None:
+            if doc.get("isDdl") is True:
+                return DecodeResult(skipped=SkipReason.DDL)
+            raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown type {kind!r}")
+        return DecodeResult(skipped=skip)
+
+    database = require(doc, "database", str, FORMAT)
+    table = require(doc, "table", str, FORMAT)
+    qualified = f"{database}.{table}"
+    data = require(doc, "data", list, FORMAT)
+    if not data:
+        return DecodeResult(skipped=SkipReason.EMPTY)
+    old = doc.get("old")
+    if op is Op.UPDATE:
+        if not isinstance(old, list) or len(old) != len(data):
+            got = "missing" if old is None else (f"{len(old)} entries" if isinstance(old, list) else type(old).__name__)
+            raise CdcDecodeError(
+                CdcErrorReason.MALFORMED_EVENT,
+                f"{qualified}: UPDATE 'old' must be an array aligned with 'data' ({len(data)} rows), got {got}",
+            )
+    pk_names = doc.get("pkNames") or ()
+    if not isinstance(pk_names, list):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'pkNames' must be an array or null")
+    casters = canal_casters(qualified, doc.get("mysqlType"), doc.get("sqlType"), options.tinyint1_as_bool)
+    es = doc.get("es")
+    ts_ms = es if isinstance(es, int) else None
+    gtid = doc.get("gtid")
+    batch = doc.get("id")
+    position = f"batch={batch},es={es}" + (f",gtid={gtid}" if gtid else "")
+
+    rows = []
+    for i, raw in enumerate(data):
+        if not isinstance(raw, dict):
+            raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: data[{i}] is not an object")
+        image = cast_row(raw, casters, qualified)
+        raw_old = None
+        if op is Op.UPDATE:
+            raw_old = old[i]  # type: ignore[index]
+            if not isinstance(raw_old, dict):
+                raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: old[{i}] is not an object")
+            changed = frozenset(raw_old)
+            # the before image: cast only the changed columns, reuse the rest of the after image
+            before = {**image, **cast_row(raw_old, {c: casters[c] for c in raw_old if c in casters}, qualified)}
+            after = image
+        elif op is Op.DELETE:
+            before, after, changed = image, None, None
+        else:
+            before, after, changed = None, image, None
+        pk = {name: image.get(name) for name in pk_names}
+        digest = hashlib.blake2b(orjson.dumps((kind, raw, raw_old)), digest_size=6).hexdigest()
+        rows.append(
+            RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, f"{es}.{digest}")
+        )
+    return DecodeResult(rows=tuple(rows))

@@ -1,0 +1,364 @@
+"""Value casting: source encodings -> Python values -> model input types.
+
+Canonical forms (the same whichever CDC tool produced the row, so one model
+works behind canal, Debezium or Maxwell):
+
+* integers -> ``int``; DECIMAL/NUMERIC -> ``float`` (scoring wants floats; a
+  DECIMAL(65,30) loses digits beyond double precision, by design);
+  FLOAT/DOUBLE -> ``float``; ``tinyint(1)`` and ``bit(1)`` -> ``bool``
+  (MySQL's BOOLEAN is tinyint(1); canal ``tinyint1_as_bool=False`` keeps ints;
+  Debezium sends tinyint(1) as INT16 unless its own converter is configured,
+  and we keep what it sends).
+* DATE -> ``"YYYY-MM-DD"``; DATETIME/TIMESTAMP -> zoneless ISO-8601
+  ``"YYYY-MM-DDTHH:MM:SS[.ffffff]"`` (canal text and Debezium epoch values are
+  both UTC-wall-clock, so they agree); Debezium ``ZonedTimestamp`` keeps its
+  ISO string with offset; TIME -> ``"HH:MM:SS[.ffffff]"``.  MySQL zero dates
+  (``0000-00-00``) -> None.  Temporal values become epoch milliseconds only
+  when a model input field is numeric (see ``coercer``).
+* NULL -> None; everything else stays a string.
+
+Two families of casters are compiled once and cached: canal casters from
+``mysqlType``/``sqlType`` maps, Debezium casters from the value schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import date, datetime, timezone
+from typing import Any, Callable
+
+from connectors.cdc.model import CdcDecodeError, CdcErrorReason
+
+Caster = Callable[[Any], Any]
+
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_EPOCH = datetime(1970, 1, 1)
+_MAX_CACHE = 4096
+
+
+# --------------------------------------------------------------------------- canal (strings)
+
+def _to_bool_text(v: str) -> bool:
+    if v == "1" or v == "\x01":
+        return True
+    if v == "0" or v == "\x00" or v == "":
+        return False
+    return int(v) != 0
+
+
+def _to_datetime_text(v: str) -> str | None:
+    if v.startswith("0000-00-00"):
+        return None
+    return datetime.fromisoformat(v).isoformat()
+
+
+def _to_date_text(v: str) -> str | None:
+    if v.startswith("0000-00-00"):
+        return None
+    return date.fromisoformat(v).isoformat()
+
+
+_INT_TYPES = {"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"}
+_FLOAT_TYPES = {"decimal", "numeric", "dec", "fixed", "float", "double", "real", "double precision"}
+_BASE_RE = re.compile(r"^\s*([a-z ]+?)\s*(?:\((\d+)(?:\s*,\s*\d+)?\))?(?:\s+(?:unsigned|signed|zerofill))*\s*$")
+
+# java.sql.Types -> caster, used when mysqlType is absent for a column.
+_SQLTYPE_CASTERS: dict[int, Caster | None] = {
+    -7: _to_bool_text, 16: _to_bool_text,           # BIT, BOOLEAN
+    -6: int, 5: int, 4: int, -5: int,               # TINYINT SMALLINT INTEGER BIGINT
+    6: float, 7: float, 8: float, 2: float, 3: float,  # FLOAT REAL DOUBLE NUMERIC DECIMAL
+    91: _to_date_text, 93: _to_datetime_text,       # DATE TIMESTAMP
+}
+
+
+def canal_caster_for(mysql_type: str | None, sql_type: int | None, tinyint1_as_bool: bool) -> Caster | None:
+    """Caster for one canal column (None = keep the string)."""
+    if mysql_type:
+        m = _BASE_RE.match(mysql_type.lower())
+        if m:
+            base, width = m.group(1), m.group(2)
+            if base in ("tinyint", "bit") and width == "1":
+                if base == "bit" or tinyint1_as_bool:
+                    return _to_bool_text
+                return int
+            if base == "bool" or base == "boolean":
+                return _to_bool_text
+            if base == "bit":
+                return int
+            if base in _INT_TYPES:
+                return int
+            if base in _FLOAT_TYPES:
+                return float
+            if base == "datetime" or base == "timestamp":
+                return _to_datetime_text
+            if base == "date":
+                return _to_date_text
+            return None  # char/varchar/text/enum/set/json/binary/time: keep text
+    if sql_type is not None:
+        return _SQLTYPE_CASTERS.get(sql_type)
+    return None
+
+
+_canal_cache: dict[tuple, dict[str, tuple[str, Caster]]] = {}
+
+
+def canal_casters(
+    table: str, mysql_types: dict[str, str] | None, sql_types: dict[str, int] | None, tinyint1_as_bool: bool
+) -> dict[str, tuple[str, Caster]]:
+    """``{column: (declared type, caster)}`` for the columns that need casting; cached
+    by the type maps (canal repeats them in every message)."""
+    key = (
+        table,
+        tuple(mysql_types.items()) if mysql_types else None,
+        tuple(sql_types.items()) if sql_types else None,
+        tinyint1_as_bool,
+    )
+    casters = _canal_cache.get(key)
+    if casters is None:
+        casters = {}
+        for col in set(mysql_types or ()) | set(sql_types or ()):
+            mt = (mysql_types or {}).get(col)
+            st = (sql_types or {}).get(col)
+            fn = canal_caster_for(mt, st if isinstance(st, int) else None, tinyint1_as_bool)
+            if fn is not None:
+                casters[col] = (mt or f"java.sql.Types {st}", fn)
+        if len(_canal_cache) >= _MAX_CACHE:
+            _canal_cache.clear()
+        _canal_cache[key] = casters
+    return casters
+
+
+def cast_row(row: dict[str, Any], casters: dict[str, tuple[str, Caster]], table: str) -> dict[str, Any]:
+    """A copy of ``row`` with casters applied; a failure is a ``cast_error`` naming the column."""
+    out = dict(row)
+    for col, (declared, fn) in casters.items():
+        v = out.get(col)
+        if v is None:
+            continue
+        try:
+            out[col] = fn(v)
+        except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+            raise CdcDecodeError(
+                CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {str(v)[:60]!r} as {declared} ({exc})"
+            ) from None
+    return out
+
+
+# --------------------------------------------------------------------------- Debezium (schema-driven)
+
+def decode_decimal_bytes(b64: str, scale: int) -> float:
+    """Debezium ``precise`` decimal: base64 of the big-endian two's-complement
+    unscaled integer.  Python's int/int division is correctly rounded."""
+    unscaled = int.from_bytes(base64.b64decode(b64, validate=True), "big", signed=True)
+    return unscaled / (10**scale) if scale >= 0 else float(unscaled * 10 ** (-scale))
+
+
+def _variable_scale_decimal(v: dict[str, Any]) -> float:
+    return decode_decimal_bytes(v["value"], int(v["scale"]))
+
+
+def _days_to_date(v: int) -> str:
+    return date.fromordinal(_EPOCH_ORDINAL + int(v)).isoformat()
+
+
+def _micros_to_datetime(us: int) -> str:
+    days, rem = divmod(int(us), 86_400_000_000)
+    d = date.fromordinal(_EPOCH_ORDINAL + days)
+    secs, micro = divmod(rem, 1_000_000)
+    h, secs = divmod(secs, 3600)
+    m, s = divmod(secs, 60)
+    return datetime(d.year, d.month, d.day, h, m, s, micro).isoformat()
+
+
+def _micros_to_time(us: int) -> str:
+    sign = "-" if us < 0 else ""
+    secs, micro = divmod(abs(int(us)), 1_000_000)
+    h, secs = divmod(secs, 3600)
+    m, s = divmod(secs, 60)
+    text = f"{sign}{h:02d}:{m:02d}:{s:02d}"
+    return f"{text}.{micro:06d}" if micro else text
+
+
+def _bits(v: str) -> int:
+    return int.from_bytes(base64.b64decode(v, validate=True), "little")
+
+
+_DEBEZIUM_NAMED: dict[str, Caster | None] = {
+    "io.debezium.time.Date": _days_to_date,
+    "org.apache.kafka.connect.data.Date": _days_to_date,
+    "io.debezium.time.Timestamp": lambda v: _micros_to_datetime(int(v) * 1000),
+    "org.apache.kafka.connect.data.Timestamp": lambda v: _micros_to_datetime(int(v) * 1000),
+    "io.debezium.time.MicroTimestamp": _micros_to_datetime,
+    "io.debezium.time.NanoTimestamp": lambda v: _micros_to_datetime(int(v) // 1000),
+    "io.debezium.time.ZonedTimestamp": None,  # already ISO-8601 with offset
+    "io.debezium.time.Time": lambda v: _micros_to_time(int(v) * 1000),
+    "org.apache.kafka.connect.data.Time": lambda v: _micros_to_time(int(v) * 1000),
+    "io.debezium.time.MicroTime": _micros_to_time,
+    "io.debezium.time.NanoTime": lambda v: _micros_to_time(int(v) // 1000),
+    "io.debezium.data.VariableScaleDecimal": _variable_scale_decimal,
+    "io.debezium.data.Bits": _bits,
+}
+_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+
+_debezium_cache: dict[tuple, dict[str, tuple[str, Caster]]] = {}
+
+
+def debezium_casters(table: str, fields: list[dict[str, Any]]) -> dict[str, tuple[str, Caster]]:
+    """Casters for a Debezium row struct's ``fields`` (from the schema wrapper).
+
+    Only semantic types need work (decimals, temporals, bits); plain int/float/
+    string/boolean JSON values are already right.  Cached by a fingerprint of
+    (column, semantic name, scale) so a schema change gets new casters."""
+    key = (table, tuple((f.get("field"), f.get("name"), str(f.get("parameters"))) for f in fields if f.get("name")))
+    casters = _debezium_cache.get(key)
+    if casters is None:
+        casters = {}
+        for f in fields:
+            name = f.get("name")
+            col = f.get("field")
+            if not name or not col:
+                continue
+            if name == _DECIMAL:
+                params = f.get("parameters") or {}
+                try:
+                    scale = int(params.get("scale", "0"))
+                except (TypeError, ValueError):
+                    raise CdcDecodeError(
+                        CdcErrorReason.MALFORMED_EVENT, f"{table}.{col}: Decimal schema has a bad scale {params!r}"
+                    ) from None
+                casters[col] = (f"Decimal(scale={scale})", _scaled_decoder(scale))
+            elif name in _DEBEZIUM_NAMED:
+                fn = _DEBEZIUM_NAMED[name]
+                if fn is not None:
+                    casters[col] = (name, fn)
+        if len(_debezium_cache) >= _MAX_CACHE:
+            _debezium_cache.clear()
+        _debezium_cache[key] = casters
+    return casters
+
+
+def _scaled_decoder(scale: int) -> Caster:
+    def decode(v: Any) -> Any:
+        if isinstance(v, (int, float)):  # decimal.handling.mode=double with a stale schema name
+            return float(v)
+        return decode_decimal_bytes(v, scale)
+
+    return decode
+
+
+def scale_casters(table: str, columns: dict[str, int]) -> dict[str, tuple[str, Caster]]:
+    """Casters from connector config ``decimal_scales`` (schemaless Debezium)."""
+    return {col: (f"Decimal(scale={scale}) from decimal_scales", _scaled_decoder(scale)) for col, scale in columns.items()}
+
+
+# --------------------------------------------------------------------------- model input coercion
+
+_B64_RE = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
+
+
+def _temporal_to_epoch_ms(text: str) -> int | None:
+    """ISO date/datetime text (zoned or not; zoneless read as UTC) -> epoch ms, else None."""
+    if len(text) < 10 or text[4] != "-" or text[7] != "-":
+        return None
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        try:
+            d = date.fromisoformat(text)
+        except ValueError:
+            return None
+        dt = datetime(d.year, d.month, d.day)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def _text_to_number(v: str, where: str, kind: str) -> float:
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    ms = _temporal_to_epoch_ms(v)
+    if ms is not None:
+        return ms
+    if _B64_RE.match(v) and len(v) >= 4:
+        raise CdcDecodeError(
+            CdcErrorReason.CAST_ERROR,
+            f"{where}: {v!r} looks like a Debezium base64 'precise' decimal and its scale is unknown; "
+            f"set decimal.handling.mode=string or double on the Debezium connector, keep value schemas "
+            f"enabled, or set decimal_scales: {{<db.table.column>: <scale>}} in the connector spec",
+        )
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {v[:60]!r} to {kind}")
+
+
+def _coerce_float(v: Any, where: str) -> Any:
+    if v is None or type(v) is float:
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        return float(_text_to_number(v, where, "float"))
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {type(v).__name__} to float")
+
+
+def _coerce_int(v: Any, where: str) -> Any:
+    if v is None or type(v) is int:
+        return v
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            v = _text_to_number(v, where, "int")
+            if type(v) is int:
+                return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {v!r} to int without losing digits")
+
+
+def _coerce_bool(v: Any, where: str) -> Any:
+    if v is None or type(v) is bool:
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("1", "true", "t", "yes", "y"):
+            return True
+        if low in ("0", "false", "f", "no", "n"):
+            return False
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {str(v)[:60]!r} to bool")
+
+
+def _coerce_string(v: Any, where: str) -> Any:
+    if v is None or type(v) is str:
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {type(v).__name__} to string")
+
+
+COERCERS: dict[str, Callable[[Any, str], Any]] = {
+    "float": _coerce_float,
+    "int": _coerce_int,
+    "bool": _coerce_bool,
+    "string": _coerce_string,
+}
+
+
+def coercer(field_type: str | None) -> Callable[[Any, str], Any] | None:
+    """Coercer into a model input field type (schemas.spec FieldSpec.type): numbers
+    from numeric text, booleans from 0/1, epoch ms from ISO temporal text.
+    ``None`` type -> no coercion."""
+    if field_type is None:
+        return None
+    try:
+        return COERCERS[field_type]
+    except KeyError:
+        raise ValueError(f"unknown model field type {field_type!r}; known: {sorted(COERCERS)}") from None

@@ -1,0 +1,191 @@
+"""Debezium JSON (JsonConverter, with or without ``schemas.enable``) -> RowChange.
+
+* The value is ``{"schema", "payload"}`` when schemas are enabled, else the
+  envelope itself: ``{"before", "after", "source", "op", "ts_ms", "transaction"}``.
+* The key (primary key struct, also possibly schema-wrapped) gives the pk
+  columns and their order.  A null key = table without a primary key.
+* A null value is a tombstone (after a delete, or the middle of a primary-key
+  change: delete + tombstone + create); skipped.
+* Records that are not row changes on the same or neighbouring topics:
+  transaction metadata (``status`` BEGIN/END), heartbeats (only ``ts_ms``),
+  schema-change events (``ddl``/``tableChanges``); ``op`` t (truncate) and m
+  (logical message).  Each is skipped with its own reason.
+* Casting needs the schema: ``precise`` decimals are base64 strings whose
+  scale is in the schema; temporal columns are epoch numbers whose unit is
+  only in the schema name.  Without a schema, ``decimal_scales`` from the
+  connector spec decodes the listed decimal columns, and temporals stay numbers.
+* ``ref``/``position``: ``file:pos:row`` (MySQL binlog; ``row`` separates the
+  rows of one multi-row event), ``lsn:<n>`` (Postgres), else ``ts:<source.ts_ms>``.
+  ``database`` is ``source.schema`` when present (Postgres/SQL Server), else ``source.db``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from connectors.cdc.casting import cast_row, debezium_casters, scale_casters
+from connectors.cdc.model import (
+    DEFAULT_OPTIONS,
+    CdcDecodeError,
+    CdcErrorReason,
+    DecodeOptions,
+    DecodeResult,
+    Op,
+    RowChange,
+    SkipReason,
+    load_json_object,
+    require,
+)
+
+FORMAT = "debezium-json"
+
+_OPS = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.READ}
+_SKIP_OPS = {"t": SkipReason.TRUNCATE, "m": SkipReason.CONTROL_EVENT}
+
+
+def _unwrap(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(payload, schema) for a schema-wrapped document, else (doc, None)."""
+    if "payload" in doc and "schema" in doc and len(doc) == 2:
+        payload = doc["payload"]
+        schema = doc["schema"] if isinstance(doc["schema"], dict) else None
+        return payload, schema
+    return doc, None
+
+
+def _key_pk(key: bytes | None) -> dict[str, Any] | None:
+    """Primary key struct from the record key; None when absent or unreadable
+    (e.g. a StringConverter key): the pk then comes from the connector spec."""
+    if not key:
+        return None
+    try:
+        doc = orjson.loads(key)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(doc, dict):
+        payload, _ = _unwrap(doc)
+        if isinstance(payload, dict):
+            return payload
+    return None
+
+
+def _row_fields(schema: dict[str, Any] | None, which: str) -> list[dict[str, Any]] | None:
+    if schema is None:
+        return None
+    for f in schema.get("fields") or ():
+        if f.get("field") == which and isinstance(f.get("fields"), list):
+            return f["fields"]
+    return None
+
+
+def _classify_non_row(payload: dict[str, Any]) -> SkipReason | None:
+    if "status" in payload and "event_count" in payload or payload.get("status") in ("BEGIN", "END"):
+        return SkipReason.TRANSACTION_MARKER
+    if "ddl" in payload or "tableChanges" in payload or "databaseName" in payload:
+        return SkipReason.DDL
+    if set(payload) <= {"ts_ms", "serverName"}:
+        return SkipReason.HEARTBEAT
+    return None
+
+
+def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptions = DEFAULT_OPTIONS) -> DecodeResult:
+    """Decode one Debezium record (key and value as produced by JsonConverter)."""
+    if value is None or value == b"":
+        return DecodeResult(skipped=SkipReason.TOMBSTONE)
+    doc = load_json_object(value)
+    payload, schema = _unwrap(doc)
+    if payload is None:
+        return DecodeResult(skipped=SkipReason.TOMBSTONE)
+    if not isinstance(payload, dict):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} payload must be an object")
+    code = payload.get("op")
+    if code is None:
+        skip = _classify_non_row(payload)
+        if skip is not None:
+            return DecodeResult(skipped=skip)
+        hint = (
+            " (looks like a flattened row: the ExtractNewRecordState SMT is on; format debezium-json needs the envelope)"
+            if "before" not in payload and "after" not in payload
+            else ""
+        )
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has no 'op'{hint}")
+    if not isinstance(code, str):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event 'op' must be a string, got {code!r}")
+    op = _OPS.get(code)
+    if op is None:
+        skip = _SKIP_OPS.get(code)
+        if skip is not None:
+            return DecodeResult(skipped=skip)
+        raise CdcDecodeError(
+            CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown op {code!r} (expected c, u, d, r, t or m)"
+        )
+
+    source = require(payload, "source", dict, FORMAT)
+    database = source.get("schema") or source.get("db")
+    table = source.get("table")
+    if not isinstance(database, str) or not isinstance(table, str):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} source must name 'db' (or 'schema') and 'table'")
+    qualified = f"{database}.{table}"
+    before_raw = payload.get("before")
+    after_raw = payload.get("after")
+    if op is Op.DELETE:
+        if not isinstance(before_raw, dict):
+            raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: delete event without a 'before' image")
+    elif not isinstance(after_raw, dict):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: {op.value} event without an 'after' image")
+    if before_raw is not None and not isinstance(before_raw, dict):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'before' must be an object or null")
+
+    fields = _row_fields(schema, "after" if after_raw is not None else "before")
+    if fields is not None:
+        casters = debezium_casters(qualified, fields)
+    else:
+        casters = _configured_scales(qualified, options.decimal_scales)
+    after = cast_row(after_raw, casters, qualified) if after_raw is not None else None
+    before = cast_row(before_raw, casters, qualified) if before_raw is not None else None
+
+    changed = None
+    if op is Op.UPDATE and before_raw is not None and after_raw is not None:
+        changed = frozenset(
+            [c for c, v in after_raw.items() if before_raw.get(c, _MISSING) != v]
+            + [c for c in before_raw if c not in after_raw]
+        )
+
+    image = before if op is Op.DELETE else after
+    key_pk = _key_pk(key)
+    if key_pk is not None:
+        pk = {c: image.get(c, v) for c, v in key_pk.items()}  # type: ignore[union-attr]
+    else:
+        pk = {}
+
+    ts = source.get("ts_ms")
+    ts_ms = ts if isinstance(ts, int) else payload.get("ts_ms")
+    if source.get("file") is not None and source.get("pos") is not None:
+        position = f"{source['file']}:{source['pos']}:{source.get('row', 0)}"
+    elif source.get("lsn") is not None:
+        position = f"lsn:{source['lsn']}"
+    else:
+        position = f"ts:{ts_ms}"
+    return DecodeResult(
+        rows=(RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, position),)
+    )
+
+
+_MISSING = object()
+_scale_cache: dict[tuple, dict] = {}
+
+
+def _configured_scales(qualified: str, decimal_scales: dict[str, int]) -> dict:
+    if not decimal_scales:
+        return {}
+    cache_key = (qualified, tuple(decimal_scales.items()))
+    casters = _scale_cache.get(cache_key)
+    if casters is None:
+        prefix = qualified + "."
+        cols = {k[len(prefix):]: s for k, s in decimal_scales.items() if k.startswith(prefix)}
+        casters = scale_casters(qualified, cols)
+        if len(_scale_cache) >= 4096:
+            _scale_cache.clear()
+        _scale_cache[cache_key] = casters
+    return casters

@@ -1,0 +1,285 @@
+"""RowChange -> SIE scoring requests, and the per-record converter the Kafka stage calls.
+
+Request record (produced to the model's request topic):
+
+* key   ``"<db>.<table>:<pk>"`` (see ``model.format_pk``): all changes of one row
+  land on one partition in order, and results keyed by it upsert.
+* value ``{"id": ..., "inputs": {field: value}, "metadata": {"cdc": {"format",
+  "db", "table", "op", "pk", "ts_ms", "position"}}}`` where ``id`` comes from
+  ``id_template`` (default ``{db}.{table}:{pk}:{ref}:{op}``) and ``ref`` is the
+  replay-stable change identity from the decoder: replaying the source topic
+  yields byte-identical requests, so downstream dedupe/upsert works.
+
+Per record the outcome is all-or-nothing: either every selected row becomes a
+request, or the record is dead-lettered with one ``CdcDecodeError``.  Rows that
+are filtered out (table, operation, unchanged update) are counted, not lost.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+import orjson
+
+from connectors.cdc.canal import decode_canal
+from connectors.cdc.casting import coercer
+from connectors.cdc.config import CdcConnectorSpec, ConnectorSpecError
+from connectors.cdc.debezium import decode_debezium
+from connectors.cdc.maxwell import decode_maxwell
+from connectors.cdc.model import (
+    CdcDecodeError,
+    CdcErrorReason,
+    DecodeOptions,
+    DecodeResult,
+    Op,
+    RowChange,
+    SkipReason,
+    format_pk,
+)
+
+DECODERS: dict[str, Callable[[bytes | None, bytes | None, DecodeOptions], DecodeResult]] = {
+    "canal-json": decode_canal,
+    "debezium-json": decode_debezium,
+    "maxwell-json": decode_maxwell,
+}
+
+
+class ConvertedRequest(NamedTuple):
+    """One scoring request ready to produce: ``key``/``value`` bytes plus the id and source row."""
+
+    key: bytes
+    value: bytes
+    request_id: str
+    row: RowChange
+
+
+class ConversionOutcome(NamedTuple):
+    """Result of converting one source record.
+
+    ``error`` set -> dead-letter the record (``error.reason``/``error.detail``);
+    ``requests`` empty and no error -> nothing to produce (see ``skipped``:
+    ``{reason: count}``); both can be non-empty when some rows of a multi-row
+    message were filtered out."""
+
+    requests: list[ConvertedRequest]
+    skipped: dict[str, int]
+    error: CdcDecodeError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class _Plan:
+    """The compiled connector spec: table matcher, op filter, mapping, coercers."""
+
+    def __init__(self, spec: CdcConnectorSpec, field_types: Mapping[str, str] | None) -> None:
+        self.spec = spec
+        self.patterns = tuple(spec.tables)
+        self._table_ok: dict[tuple[str, str], bool] = {}
+        ops = set(spec.operations)
+        self.ops = frozenset(
+            [Op(o) for o in ops] + ([Op.READ] if "insert" in ops else [])
+        )
+        self.mapping: dict[str, str] | None
+        if spec.mapping is not None:
+            self.mapping = dict(spec.mapping)
+        elif field_types is not None:
+            self.mapping = {f: f for f in field_types}
+        else:
+            self.mapping = None  # every column, same names
+        self.columns = frozenset(self.mapping.values()) if self.mapping is not None else None
+        types = field_types or {}
+        self.fields: tuple[tuple[str, str, Any], ...] = tuple(
+            (field, column, coercer(types.get(field))) for field, column in (self.mapping or {}).items()
+        )
+        self.primary_keys = {t: tuple(cols) for t, cols in spec.primary_keys.items()}
+        self.template = spec.id_template
+        self.fast_id = spec.id_template == "{db}.{table}:{pk}:{ref}:{op}"
+        self.options = DecodeOptions(spec.tinyint1_as_bool, dict(spec.decimal_scales))
+
+    def table_selected(self, db: str, table: str) -> bool:
+        key = (db, table)
+        ok = self._table_ok.get(key)
+        if ok is None:
+            name = f"{db}.{table}"
+            ok = any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+            if len(self._table_ok) > 65536:
+                self._table_ok.clear()
+            self._table_ok[key] = ok
+        return ok
+
+    def select(self, row: RowChange) -> SkipReason | None:
+        if not self.table_selected(row.database, row.table):
+            return SkipReason.TABLE_NOT_SELECTED
+        if row.op not in self.ops:
+            return SkipReason.OPERATION_NOT_SELECTED
+        if (
+            row.op is Op.UPDATE
+            and self.spec.skip_unchanged_updates
+            and row.changed_columns is not None
+            and (not row.changed_columns if self.columns is None else self.columns.isdisjoint(row.changed_columns))
+        ):
+            return SkipReason.UNCHANGED_UPDATE
+        return None
+
+    def request(self, row: RowChange) -> ConvertedRequest:
+        image = row.image
+        qualified = f"{row.database}.{row.table}"
+        pk = row.pk
+        configured = self.primary_keys.get(qualified)
+        if configured is not None:
+            pk = {c: image.get(c) for c in configured}
+        if not pk:
+            raise CdcDecodeError(
+                CdcErrorReason.MISSING_PRIMARY_KEY,
+                f"{qualified}: the event carries no primary key (canal pkNames null, Debezium null key, "
+                f"Maxwell key without pk.*); set primary_keys: {{{qualified}: [<column>, ...]}} "
+                f"in connector {self.spec.name!r}",
+            )
+        pk_text = format_pk(pk)
+        key = f"{qualified}:{pk_text}"
+        op = row.op.value
+        if self.fast_id:
+            request_id = f"{key}:{row.ref}:{op}"
+        else:
+            request_id = self.template.format(
+                db=row.database, table=row.table, pk=pk_text, op=op, ref=row.ref,
+                position=row.position, ts_ms=row.ts_ms, connector=self.spec.name,
+            )
+        if self.mapping is None:
+            inputs = dict(image)
+        else:
+            inputs = {}
+            for field, column, coerce in self.fields:
+                try:
+                    value = image[column]
+                except KeyError:
+                    raise CdcDecodeError(
+                        CdcErrorReason.SCHEMA_MISMATCH,
+                        f"{qualified}: mapped column {column!r} (model input {field!r}) is missing from the "
+                        f"{op} row image; columns present: {sorted(image)[:30]}; fix mapping in connector "
+                        f"{self.spec.name!r} or the table",
+                    ) from None
+                inputs[field] = value if coerce is None else coerce(value, f"{qualified}.{column} -> inputs.{field}")
+        value = orjson.dumps(
+            {
+                "id": request_id,
+                "inputs": inputs,
+                "metadata": {
+                    "cdc": {
+                        "format": row.source_format,
+                        "db": row.database,
+                        "table": row.table,
+                        "op": op,
+                        "pk": pk,
+                        "ts_ms": row.ts_ms,
+                        "position": row.position,
+                    }
+                },
+            },
+            option=orjson.OPT_NON_STR_KEYS,
+        )
+        return ConvertedRequest(key.encode(), value, request_id, row)
+
+    def convert_rows(self, rows: Iterable[RowChange], skipped: Counter) -> list[ConvertedRequest]:
+        out = []
+        for row in rows:
+            reason = self.select(row)
+            if reason is not None:
+                skipped[reason.value] += 1
+                continue
+            out.append(self.request(row))
+        return out
+
+
+def _check_mapping(spec: CdcConnectorSpec, field_types: Mapping[str, str] | None) -> None:
+    if field_types is None or spec.mapping is None:
+        return
+    unknown = sorted(set(spec.mapping) - set(field_types))
+    if unknown:
+        raise ConnectorSpecError(
+            f"connector {spec.name!r}: connector.mapping: model {spec.model!r} has no input field(s) {unknown}; "
+            f"its fields are {sorted(field_types)}"
+        )
+
+
+def rows_to_requests(
+    rows: Iterable[RowChange], spec: CdcConnectorSpec, field_types: Mapping[str, str] | None = None
+) -> list[ConvertedRequest]:
+    """Filter and convert decoded rows (raises ``CdcDecodeError`` on the first bad row).
+    For a stream of records use ``CdcConverter`` (compiles the spec once, counts outcomes)."""
+    _check_mapping(spec, field_types)
+    return _Plan(spec, field_types).convert_rows(rows, Counter())
+
+
+class CdcConverter:
+    """Per-record conversion for the Kafka stage: ``convert(key, value)`` never raises
+    for bad input; it returns a ``ConversionOutcome`` and updates ``stats()``.
+
+    ``field_types`` (model input field -> "string"|"int"|"float"|"bool", e.g.
+    ``{f.name: f.type for f in model.input_schema.fields}``) enables coercion of
+    values to the model's types, a default mapping of the model's fields, and a
+    construction-time check that the mapping names real fields.
+    """
+
+    def __init__(
+        self,
+        spec: CdcConnectorSpec,
+        field_types: Mapping[str, str] | None = None,
+        *,
+        request_topic: str | None = None,
+    ) -> None:
+        _check_mapping(spec, field_types)
+        self.spec = spec
+        self._plan = _Plan(spec, field_types)
+        self._decode = DECODERS[spec.format]
+        if request_topic is None:
+            request_topic = spec.request_topic
+        if request_topic is None:
+            from schemas.topics import ModelTopics
+
+            request_topic = ModelTopics.default_for(spec.model).requests
+        self.request_topic = request_topic
+        self._stats: Counter = Counter()
+
+    def decode(self, key: bytes | None, value: bytes | None) -> DecodeResult:
+        """Decode only (raises ``CdcDecodeError``)."""
+        return self._decode(key, value, self._plan.options)
+
+    def convert(self, key: bytes | None, value: bytes | None) -> ConversionOutcome:
+        stats = self._stats
+        stats["records"] += 1
+        skipped: Counter = Counter()
+        try:
+            result = self._decode(key, value, self._plan.options)
+            if result.skipped is not None:
+                skipped[result.skipped.value] += 1
+                requests: list[ConvertedRequest] = []
+            else:
+                requests = self._plan.convert_rows(result.rows, skipped)
+        except CdcDecodeError as exc:
+            return self._failed(exc)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+            # an unexpected shape deep inside an event (e.g. a row that is a string):
+            # poison input, not a crash of the stage
+            return self._failed(
+                CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"unexpected {type(exc).__name__}: {exc}")
+            )
+        stats["requests"] += len(requests)
+        for reason, n in skipped.items():
+            stats[f"skipped.{reason}"] += n
+        stats["records_converted" if requests else "records_skipped"] += 1
+        return ConversionOutcome(requests, dict(skipped))
+
+    def _failed(self, exc: CdcDecodeError) -> ConversionOutcome:
+        self._stats["records_failed"] += 1
+        self._stats[f"errors.{exc.reason.value}"] += 1
+        return ConversionOutcome([], {}, exc)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: records, records_converted/_skipped/_failed, requests,
+        ``skipped.<reason>`` (rows/records), ``errors.<reason>`` (records)."""
+        return dict(self._stats)
