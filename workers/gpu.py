@@ -31,7 +31,7 @@ class GpuInfo:
     memory_used_mb: int
     memory_free_mb: int
     utilization_pct: float
-    temperature_c: int
+    temperature_c: float
     simulated: bool = False
     healthy: bool = True
 
@@ -68,15 +68,15 @@ def _probe_one(nvml: Any, index: int) -> GpuInfo:
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         total, used, free = memory.total // _MIB, memory.used // _MIB, memory.free // _MIB
     except nvml.NVMLError:
-        return GpuInfo(index, uuid, product, 0, 0, 0, 0.0, 0, simulated=False, healthy=False)
+        return GpuInfo(index, uuid, product, 0, 0, 0, 0.0, 0.0, simulated=False, healthy=False)
     try:
         utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except nvml.NVMLError:  # not supported on some products (e.g. MIG instances): unknown, not unhealthy
         utilization = 0.0
     try:
-        temperature = int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+        temperature = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
     except nvml.NVMLError:
-        temperature = 0
+        temperature = 0.0
     return GpuInfo(index, uuid, product, int(total), int(used), int(free), utilization, temperature)
 
 
@@ -101,7 +101,7 @@ def probe_gpus(nvml: Any | None = None) -> list[GpuInfo]:
             try:
                 gpus.append(_probe_one(nvml, index))
             except nvml.NVMLError:
-                gpus.append(GpuInfo(index, f"GPU-unknown-{index}", "unknown", 0, 0, 0, 0.0, 0, healthy=False))
+                gpus.append(GpuInfo(index, f"GPU-unknown-{index}", "unknown", 0, 0, 0, 0.0, 0.0, healthy=False))
         return gpus
     finally:
         try:
@@ -173,7 +173,7 @@ def parse_simulated_gpus(text: str, node: str | None = None) -> list[GpuInfo]:
                     memory_used_mb=0,
                     memory_free_mb=memory_mb,
                     utilization_pct=0.0,
-                    temperature_c=0,
+                    temperature_c=0.0,
                     simulated=True,
                     healthy=True,
                 )
