@@ -1,0 +1,191 @@
+"""Avro system records: round trips, single-object framing, evolution by fingerprint, corrupt input."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+import pytest
+from fastavro import parse_schema, schemaless_writer
+
+from schemas import avro_codec
+from schemas.avro_codec import HISTORY_DIR, MAGIC, RECORDS, AvroCodecError, Codec, crc64_avro, decode, encode
+
+GPU = {
+    "index": 0, "uuid": "GPU-1234", "product": "NVIDIA A100-SXM4-80GB", "memory_total_mb": 81920,
+    "memory_used_mb": 1024, "memory_free_mb": 80896, "utilization_pct": 12.5, "temperature_c": 41.0,
+    "simulated": False, "healthy": True,
+}
+SAMPLES: dict[str, dict] = {
+    "ModelSpecRecord": {"name": "fraud-scorer", "version": "1.0.0", "spec_json": json.dumps({"name": "fraud-scorer"}),
+                        "applied_at_ms": 1_700_000_000_000, "deleted": False},
+    "NodeRegistration": {"node": "node-a", "labels": {"tier": "tier-0", "zone": "eu"}, "tier": "tier-0", "cpu_count": 16,
+                         "memory_mb": 131072, "gpus": [GPU, {**GPU, "index": 1, "uuid": "GPU-5678"}], "simulated": False,
+                         "agent_version": "0.1.0", "started_at_ms": 1},
+    "Heartbeat": {"node": "node-a", "ts_ms": 2, "seq": 7, "gpus": [GPU],
+                  "replicas": [{"replica_id": "fraud-scorer-1.0.0-0", "model": "fraud-scorer", "version": "1.0.0",
+                                "state": "READY", "pid": 4242, "restarts": 1, "reason": None}]},
+    "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
+                   "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "gpu_indices": [0, 1],
+                                 "gpu_memory_mb": 12288, "spec_json": "{}"}]},
+    "ReplicaStatus": {"replica_id": "r1", "node": "node-a", "model": "m", "version": "1", "state": "CRASHED",
+                      "reason": "OOM killed", "exit_code": None, "signal": 9, "restarts": 2, "ts_ms": 5},
+    "ControlEvent": {"ts_ms": 6, "kind": "unschedulable", "model": "m", "replica_id": None, "node": None,
+                     "detail": "no node with 12288 MB free GPU memory"},
+    "LeaderEpoch": {"instance_id": "cp-1", "epoch": 9, "ts_ms": 7},
+}
+
+
+def test_samples_cover_every_record():
+    assert set(SAMPLES) == set(RECORDS)
+
+
+@pytest.mark.parametrize("name", RECORDS)
+def test_round_trip(name):
+    data = encode(name, SAMPLES[name])
+    assert data[:2] == MAGIC
+    assert data[2:10] == avro_codec.default_codec().fingerprint(name)
+    assert decode(data) == SAMPLES[name]
+    assert decode(data, expected=name) == SAMPLES[name]
+    assert decode(data, expected=f"sie.v1.{name}") == SAMPLES[name]
+
+
+def test_defaults_fill_omitted_fields():
+    record = {"replica_id": "r", "node": "n", "model": "m", "version": "1", "state": "READY", "ts_ms": 1}
+    assert decode(encode("ReplicaStatus", record)) == {**record, "reason": None, "exit_code": None, "signal": None,
+                                                       "restarts": 0}
+
+
+def test_schemas_are_namespaced_and_self_contained():
+    for name in RECORDS:
+        s = avro_codec.schema(name)
+        assert s["namespace"] == "sie.v1" and s["name"] == name
+        parse_schema(copy.deepcopy(s))  # parses without the shared named types: they are inlined
+
+
+def test_crc64_avro_matches_spec_vector():
+    # Known value: fingerprint of the canonical form of the primitive schema "int"
+    assert crc64_avro(b'"int"').hex() == "8f5c393f1ad57572"
+
+
+def test_wrong_record_type_expected():
+    with pytest.raises(AvroCodecError, match="expected a Heartbeat record, got LeaderEpoch"):
+        decode(encode("LeaderEpoch", SAMPLES["LeaderEpoch"]), expected="Heartbeat")
+
+
+def test_unknown_record_name():
+    with pytest.raises(AvroCodecError, match="unknown record 'Bogus'"):
+        encode("Bogus", {})
+
+
+def test_encode_errors_name_the_field():
+    with pytest.raises(AvroCodecError, match=r"cannot encode LeaderEpoch: .*epoch"):
+        encode("LeaderEpoch", {"instance_id": "a", "epoch": "three", "ts_ms": 1})
+    with pytest.raises(AvroCodecError, match=r"no value and no default for epoch"):
+        encode("LeaderEpoch", {"instance_id": "a", "ts_ms": 1})
+
+
+# ---------------------------------------------------------------- corrupt input
+
+
+@pytest.mark.parametrize(
+    ("data", "pattern"),
+    [
+        (b"", "not an SIE Avro record"),
+        (b'{"json": true}', "not an SIE Avro record"),
+        (MAGIC + b"\x00" * 8 + b"\x02", "unknown writer schema fingerprint 0000000000000000"),
+    ],
+)
+def test_corrupt_headers(data, pattern):
+    with pytest.raises(AvroCodecError, match=pattern):
+        decode(data)
+
+
+def test_truncated_body():
+    data = encode("Heartbeat", SAMPLES["Heartbeat"])
+    with pytest.raises(AvroCodecError, match=r"corrupt Heartbeat record"):
+        decode(data[:-5])
+
+
+def test_trailing_bytes():
+    data = encode("LeaderEpoch", SAMPLES["LeaderEpoch"])
+    with pytest.raises(AvroCodecError, match=r"trailing bytes"):
+        decode(data + b"\x00\x01")
+
+
+def test_garbage_body():
+    header = encode("ModelSpecRecord", SAMPLES["ModelSpecRecord"])[:10]
+    with pytest.raises(AvroCodecError, match=r"corrupt ModelSpecRecord record"):
+        decode(header + b"\xff" * 40)
+
+
+def test_not_bytes():
+    with pytest.raises(AvroCodecError, match="expected bytes"):
+        decode("text")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- evolution
+
+
+def _encode_with(schema: dict, record: dict) -> bytes:
+    buf = io.BytesIO()
+    buf.write(MAGIC + avro_codec.fingerprint(schema))
+    schemaless_writer(buf, parse_schema(copy.deepcopy(schema)), record)
+    return buf.getvalue()
+
+
+def test_old_writer_new_reader_gets_default_for_added_field():
+    codec = Codec()
+    old = copy.deepcopy(codec.schema("ControlEvent"))
+    old["fields"] = [f for f in old["fields"] if f["name"] != "node"]  # "node" was added later, with a default
+    old_record = {k: v for k, v in SAMPLES["ControlEvent"].items() if k != "node"}
+    data = _encode_with(old, old_record)
+    with pytest.raises(AvroCodecError, match="unknown writer schema fingerprint"):
+        codec.decode(data)  # not known yet: clear error, not garbage
+    codec.register_writer(old)
+    assert codec.decode(data, expected="ControlEvent") == {**old_record, "node": None}
+
+
+def test_history_directory_is_loaded(tmp_path):
+    old = copy.deepcopy(Codec().schema("ReplicaStatus"))
+    old["fields"] = [f for f in old["fields"] if f["name"] not in ("signal", "exit_code")]
+    (tmp_path / "ReplicaStatus.v0.avsc").write_text(json.dumps(old))
+    codec = Codec(history_dir=tmp_path)
+    record = {k: v for k, v in SAMPLES["ReplicaStatus"].items() if k not in ("signal", "exit_code")}
+    assert codec.decode(_encode_with(old, record)) == {**record, "signal": None, "exit_code": None}
+
+
+def test_new_enum_symbol_reads_as_unknown():
+    codec = Codec()
+    newer = copy.deepcopy(codec.schema("ReplicaStatus"))
+    state = next(f for f in newer["fields"] if f["name"] == "state")
+    state["type"]["symbols"].append("HIBERNATING")
+    codec.register_writer(newer)
+    record = {**SAMPLES["ReplicaStatus"], "state": "HIBERNATING"}
+    assert codec.decode(_encode_with(newer, record))["state"] == "UNKNOWN"
+
+
+def test_removed_field_without_default_is_not_readable():
+    """Why the rules forbid it: a reader field with no default cannot be filled from an old record."""
+    codec = Codec()
+    old = copy.deepcopy(codec.schema("LeaderEpoch"))
+    old["fields"] = [f for f in old["fields"] if f["name"] != "epoch"]
+    codec.register_writer(old)
+    with pytest.raises(AvroCodecError, match="cannot read this LeaderEpoch .* with the current schema"):
+        codec.decode(_encode_with(old, {"instance_id": "a", "ts_ms": 1}))
+
+
+def test_current_schemas_are_frozen_in_history():
+    """Changing a .avsc without `python -m schemas.avro_codec --freeze` fails here."""
+    assert Codec().unfrozen() == []
+
+
+@pytest.mark.parametrize("path", sorted(HISTORY_DIR.glob("*.avsc")), ids=lambda p: p.name)
+def test_every_historic_writer_is_readable_now(path):
+    old = json.loads(path.read_text())
+    name = old["name"]
+    old_fields = {f["name"] for f in old["fields"]}
+    record = {k: v for k, v in SAMPLES[name].items() if k in old_fields}
+    decoded = Codec().decode(_encode_with(old, record), expected=name)
+    assert {k: decoded[k] for k in record} == record
