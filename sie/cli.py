@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "sie.commands.kafka",
     "sie.commands.topics",
     "sie.commands.spec",
+    "sie.commands.agent",
 ]
 
 

@@ -1,0 +1,91 @@
+"""`sie agent --node NAME`: run the node agent in the foreground.
+
+Registers this node's inventory, follows the node's assignment on Kafka, runs
+one worker process per assigned replica (each the same exactly-once scorer as
+`sie score`), heartbeats, and drains every worker on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from sie.settings import Settings
+
+
+def _parse_labels(text: str | None) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not key=value (e.g. --labels zone=a,gpu=a100)", param_hint="--labels")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+@click.command("agent")
+@click.option("--node", required=True, help="Node name: the key of this node's records on Kafka (stable across restarts).")
+@click.option("--labels", help="Node labels for spec.scheduling.nodeSelector, e.g. zone=a,disk=ssd.")
+@click.option("--tier", help="Node pool tier, e.g. tier-0 (only P0 models are placed there).")
+@click.option("--simulate-gpus", help="Pretend to have these GPUs, e.g. 2xA100-80GB (marked simulated).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), help="Serve Prometheus /metrics here (0 = any).")
+@click.option("--heartbeat-s", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Heartbeat interval.")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where worker specs and logs go [default: .cache/agent/<node>].")
+@click.option("--max-crashes", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Crashes within --crash-window-s that mark a replica FAILED.")
+@click.option("--crash-window-s", type=click.FloatRange(min=1), default=300.0, show_default=True)
+@click.option("--backoff-max-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Cap of the restart backoff (1 s, 2 s, 4 s, ...).")
+@click.option("--startup-timeout-s", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Time a worker gets to pass its readiness inference.")
+@click.option("--liveness-timeout-s", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="A READY worker silent this long is hung: killed and restarted.")
+@click.option("--drain-grace-s", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              help="SIGTERM -> SIGKILL escalation when a worker is drained.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
+@click.pass_obj
+def command(settings: Settings, node: str, labels: str | None, tier: str | None, simulate_gpus: str | None,
+            metrics_port: int | None, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
+            crash_window_s: float, backoff_max_s: float, startup_timeout_s: float, liveness_timeout_s: float,
+            drain_grace_s: float, log_level: str) -> None:
+    """Run the node agent for NODE until SIGTERM/SIGINT (which drains its workers).
+
+    Killing the agent with SIGKILL kills its workers too (PR_SET_PDEATHSIG): that
+    is how a lost node looks; a restarted agent starts them again from the assignment.
+    """
+    from workers.agent import Agent, AgentConfig
+    from workers.gpu import parse_simulated_gpus
+    from workers.supervisor import SupervisorPolicy
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if simulate_gpus:
+        parse_simulated_gpus(simulate_gpus, node=node)  # ConfigError now, not in the loop
+    policy = SupervisorPolicy(
+        backoff_max_s=backoff_max_s, max_crashes=max_crashes, crash_window_s=crash_window_s,
+        startup_timeout_s=startup_timeout_s, liveness_timeout_s=liveness_timeout_s, drain_grace_s=drain_grace_s,
+    )
+    config = AgentConfig(
+        node=node, labels=_parse_labels(labels), tier=tier, simulate_gpus=simulate_gpus, heartbeat_s=heartbeat_s,
+        metrics_port=metrics_port, policy=policy,
+        **({"work_dir": work_dir} if work_dir is not None else {}),
+    )
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        click.echo(f"{signal.Signals(signum).name}: draining workers", err=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    agent = Agent(config, settings)
+    agent.run(stop)
+    click.echo(f"agent {node} stopped")

@@ -1,0 +1,66 @@
+"""How the agent turns a desired replica into a worker command line (the supervisor's CommandBuilder).
+
+The spec travels in the assignment as JSON; it is written to the agent's work
+directory (one file per target hash) and the worker reads it with
+``--spec-file``: no size limit on argv, and the file is there for an operator
+to inspect next to the replica's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from sie.settings import REPO_ROOT
+from workers.process import LaunchSpec
+from workers.replica import DesiredReplica
+
+
+class WorkerCommandBuilder:
+    """Builds ``python -m workers.worker_main`` launches; GPU visibility via CUDA_VISIBLE_DEVICES."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        base_env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        progress_interval_s: float = 1.0,
+        real_gpus: bool = True,
+    ) -> None:
+        self.work_dir = work_dir
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.python = python
+        self.progress_interval_s = progress_interval_s
+        #: False with simulated GPUs: the indices name GPUs that do not exist, so hide CUDA entirely
+        self.real_gpus = real_gpus
+
+    def replica_dir(self, replica_id: str) -> Path:
+        return self.work_dir / replica_id
+
+    def __call__(self, desired: DesiredReplica) -> LaunchSpec:
+        directory = self.replica_dir(desired.replica_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        spec_file = directory / f"spec-{desired.target_hash}.json"
+        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
+        spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
+        env = dict(self.base_env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in desired.gpu_indices) if self.real_gpus else ""
+        env["SIE_REPLICA_ID"] = desired.replica_id
+        return LaunchSpec(
+            name=desired.replica_id,
+            argv=(
+                self.python, "-m", "workers.worker_main",
+                "--spec-file", str(spec_file),
+                "--replica-id", desired.replica_id,
+                "--progress-interval", str(self.progress_interval_s),
+                "--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
+                "--gpu-memory-mb", str(desired.gpu_memory_mb),
+            ),
+            env=env,
+            log_path=directory / "worker.log",
+        )

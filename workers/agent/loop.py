@@ -1,0 +1,291 @@
+"""The node agent: register, follow this node's assignment, supervise workers, heartbeat, report.
+
+One loop, in the thread that called ``run()`` (it must stay alive as long as the
+workers: PR_SET_PDEATHSIG fires when the spawning thread exits):
+
+    1. consume ``assignments`` (all partitions, from the beginning), keep the
+       latest record whose key is this node and whose epoch is not older than
+       the newest seen; hand its full replica set to the supervisor
+       (level-triggered: a duplicate or replay changes nothing);
+    2. ``supervisor.update()``: each replica moves one step; every state change
+       is published on ``replica-status`` (key = replica id);
+    3. every ``heartbeat_s``: a Heartbeat (GPU metrics + a ReplicaReport per
+       replica) on ``heartbeats`` (key = node) and the /metrics gauges.
+
+Each subsystem runs in its own try/except: a broker hiccup while heartbeating
+does not stop supervision, and failures are counted in
+``sie_agent_loop_errors_total``.  On stop (SIGTERM/SIGINT to ``sie agent``) the
+agent drains every worker (SIGTERM -> the scorer commits its batch and leaves
+the group) and publishes their STOPPED status before exiting.  If the agent is
+SIGKILLed instead, the kernel kills its workers (node loss) and a restarted
+agent starts them afresh from the assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sie.settings import REPO_ROOT, Settings
+from workers.agent import messages
+from workers.agent.launch import WorkerCommandBuilder
+from workers.metrics import AgentMetrics
+from workers.process import ProcessLauncher, SubprocessLauncher
+from workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
+
+log = logging.getLogger("sie.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One node agent's configuration (``sie agent`` options)."""
+
+    node: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    tier: str | None = None
+    simulate_gpus: str | None = None
+    heartbeat_s: float = 2.0
+    metrics_port: int | None = None
+    work_dir: Path = REPO_ROOT / ".cache" / "agent"
+    policy: SupervisorPolicy = field(default_factory=SupervisorPolicy)
+    #: longest time one loop pass waits for assignment records (bounds reaction time to worker events)
+    loop_interval_s: float = 0.1
+    worker_progress_interval_s: float = 1.0
+    #: extra time after the drain grace for workers to exit when the agent stops
+    shutdown_extra_s: float = 5.0
+
+    @property
+    def node_work_dir(self) -> Path:
+        return self.work_dir / self.node
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Agent:
+    """Collaborators are passed in (no god object): settings, launcher, clock, inventory probe."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        settings: Settings,
+        launcher: ProcessLauncher | None = None,
+        clock: Clock | None = None,
+        inventory_probe: Callable[[], Any] | None = None,
+    ) -> None:
+        from workers.gpu import host_inventory
+
+        self.config = config
+        self.settings = settings
+        self._clock = clock or MonotonicClock()
+        self._probe = inventory_probe or (lambda: host_inventory(config.simulate_gpus, hostname=None))
+        self.inventory = self._probe()
+        self.commands = WorkerCommandBuilder(
+            config.node_work_dir,
+            progress_interval_s=config.worker_progress_interval_s,
+            real_gpus=not config.simulate_gpus,
+        )
+        self.supervisor = Supervisor(launcher or SubprocessLauncher(), self.commands, self._clock, config.policy)
+        self.metrics = AgentMetrics(config.node)
+        self.metrics_port: int | None = None
+        self._topics = {
+            name: f"{settings.topic_prefix}.{name}" for name in ("nodes", "heartbeats", "assignments", "replica-status")
+        }
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._epoch = -1
+        self._seq = 0
+        self._next_heartbeat = 0.0
+        self._started_at_ms = _now_ms()
+        self.ready = threading.Event()  # set once registered and consuming (tests wait on it)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set, then drain every worker and return."""
+        self._open()
+        try:
+            if self.config.metrics_port is not None:
+                self.metrics_port = self.metrics.serve(self.config.metrics_port)
+                log.info("agent %s: /metrics on port %s", self.config.node, self.metrics_port)
+            self._register()
+            self.ready.set()
+            while not stop.is_set():
+                self.run_once()
+            self._shutdown()
+        finally:
+            self._close()
+
+    def run_once(self) -> None:
+        """One pass: assignments, supervision, heartbeat (each isolated)."""
+        self._guard("assignments", self._poll_assignments)
+        self._guard("supervisor", self._supervise)
+        if self._clock.monotonic() >= self._next_heartbeat:
+            self._next_heartbeat = self._clock.monotonic() + self.config.heartbeat_s
+            self._guard("heartbeat", self._heartbeat)
+        self._guard("producer", lambda: self._producer.poll(0))
+
+    def _guard(self, subsystem: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("agent %s: %s pass failed", self.config.node, subsystem)
+            self.metrics.loop_errors.labels(self.config.node, subsystem).inc()
+
+    # -- Kafka -----------------------------------------------------------------------
+    def _open(self) -> None:
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        node = self.config.node
+        self._producer = Producer(
+            self.settings.kafka_client_config(
+                **{
+                    "client.id": f"sie.agent.{node}",
+                    "enable.idempotence": True,  # retries never duplicate a status change
+                    "acks": "all",
+                    "linger.ms": 5,
+                }
+            )
+        )
+        # No consumer group: every agent reads the whole (compacted) topic itself and filters by key,
+        # so there is no rebalance and no committed offset to lose; a restart re-reads the latest state.
+        self._consumer = Consumer(
+            self.settings.kafka_client_config(
+                **{
+                    "group.id": f"sie.agent.{node}",  # required by librdkafka; never joined (assign, no commit)
+                    "client.id": f"sie.agent.{node}.assignments",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    # only committed assignments (the leader publishes transactionally)
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": False,
+                }
+            )
+        )
+        topic = self._topics["assignments"]
+        metadata = self._consumer.list_topics(topic, timeout=10)
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            from sie.errors import KafkaUnavailable
+
+            raise KafkaUnavailable(
+                f"topic {topic!r} not found at {self.settings.bootstrap_servers}: run `sie topics ensure` first"
+            )
+        from confluent_kafka import OFFSET_BEGINNING
+
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(info.partitions)])
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+        if self._producer is not None:
+            remaining = self._producer.flush(10)
+            if remaining:
+                log.warning("agent %s: %d status records not delivered at exit", self.config.node, remaining)
+
+    def _produce(self, topic_name: str, key: str, record_name: str, record: dict[str, Any]) -> None:
+        from schemas.avro_codec import encode
+
+        self._producer.produce(self._topics[topic_name], key=key.encode(), value=encode(record_name, record))
+
+    # -- steps -----------------------------------------------------------------------
+    def _register(self) -> None:
+        cfg = self.config
+        record = messages.node_registration(cfg.node, cfg.labels, cfg.tier, self.inventory, self._started_at_ms)
+        self._produce("nodes", cfg.node, "NodeRegistration", record)
+        self._producer.flush(10)
+        self.metrics.observe_inventory(self.inventory, cfg.tier)
+        log.info(
+            "agent %s: registered (%d CPUs, %d MiB, %d GPUs%s)",
+            cfg.node, self.inventory.cpu_count, self.inventory.memory_mb, len(self.inventory.gpus),
+            ", simulated" if cfg.simulate_gpus else "",
+        )
+
+    def _poll_assignments(self) -> None:
+        from schemas.avro_codec import decode
+
+        node = self.config.node.encode()
+        latest: dict[str, Any] | None = None
+        tombstone = False
+        for msg in self._consumer.consume(num_messages=500, timeout=self.config.loop_interval_s):
+            if msg.error() is not None:
+                log.warning("agent %s: assignments consumer: %s", self.config.node, msg.error())
+                continue
+            if msg.key() != node:
+                continue
+            if msg.value() is None:  # tombstone: the control plane forgot this node
+                latest, tombstone = None, True
+                continue
+            try:
+                record = decode(msg.value())
+            except Exception as exc:
+                log.error("agent %s: undecodable assignment at %s[%d]@%d: %s",
+                          self.config.node, msg.topic(), msg.partition(), msg.offset(), exc)
+                continue
+            epoch = int(record.get("epoch", 0))
+            if epoch < self._epoch:
+                log.warning("agent %s: ignoring assignment of old leader epoch %d (< %d)", self.config.node, epoch, self._epoch)
+                continue
+            self._epoch = epoch
+            latest, tombstone = record, False
+        if latest is not None:
+            desired = messages.desired_from_assignment(latest)
+            log.info("agent %s: assignment epoch %d: %s", self.config.node, self._epoch, [d.replica_id for d in desired])
+            self.supervisor.set_desired(desired)
+            self.metrics.assignments.labels(self.config.node).inc()
+        elif tombstone:
+            self.supervisor.set_desired([])
+
+    def _supervise(self) -> None:
+        start = time.perf_counter()
+        changes = self.supervisor.update()
+        self.metrics.update_seconds.labels(self.config.node).observe(time.perf_counter() - start)
+        for snapshot in changes:
+            self._publish_status(snapshot)
+
+    def _publish_status(self, snapshot: ReplicaSnapshot) -> None:
+        self.metrics.observe_transition(snapshot)
+        record = messages.replica_status(self.config.node, snapshot, _now_ms())
+        self._produce("replica-status", snapshot.replica_id, "ReplicaStatus", record)
+
+    def _heartbeat(self) -> None:
+        snapshots = self.supervisor.snapshots()
+        gpus = self._gpu_metrics(snapshots)
+        self._seq += 1
+        record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots)
+        self._produce("heartbeats", self.config.node, "Heartbeat", record)
+        self.metrics.heartbeats.labels(self.config.node).inc()
+        self.metrics.observe_gpus(gpus)
+        self.metrics.observe_replicas(snapshots)
+
+    def _gpu_metrics(self, snapshots: list[ReplicaSnapshot]) -> list[Any]:
+        """Fresh NVML readings; simulated GPUs report the budgets of the replicas running on them as used."""
+        if not self.config.simulate_gpus:
+            return list(self._probe().gpus)
+        used: dict[int, int] = {}
+        for actual in self.supervisor.table.all():
+            if actual.state.has_process:
+                for index in actual.desired.gpu_indices:
+                    used[index] = used.get(index, 0) + actual.desired.gpu_memory_mb
+        return [
+            replace(g, memory_used_mb=min(g.memory_total_mb, used.get(g.index, 0)),
+                    memory_free_mb=max(0, g.memory_total_mb - used.get(g.index, 0)))
+            for g in self.inventory.gpus
+        ]
+
+    def _shutdown(self) -> None:
+        """Drain every worker, publishing each state change, within the drain grace (+ a margin)."""
+        log.info("agent %s: stopping; draining %d replicas", self.config.node, len(self.supervisor.table))
+        self.supervisor.set_desired([])
+        deadline = self._clock.monotonic() + self.config.policy.drain_grace_s + self.config.shutdown_extra_s
+        while self._clock.monotonic() < deadline:
+            self._guard("supervisor", self._supervise)
+            if len(self.supervisor.table) == 0:
+                break
+            time.sleep(0.05)  # production loop pacing (not test synchronisation)
+        self._guard("heartbeat", self._heartbeat)

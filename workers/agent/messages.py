@@ -1,0 +1,94 @@
+"""The agent's Kafka records as dicts shaped like the Avro schemas (schemas/avro/*.avsc).
+
+The one module that knows the field names of NodeRegistration, Heartbeat,
+ReplicaReport, ReplicaStatus and (reading) Assignment/ReplicaAssignment, so a
+schema change touches one file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from workers.replica import DesiredReplica
+from workers.supervisor import ReplicaSnapshot
+
+AGENT_VERSION = "sie-agent/0.1"
+
+
+def gpu_record(gpu: Any) -> dict[str, Any]:
+    record = dataclasses.asdict(gpu)
+    record["temperature_c"] = float(record["temperature_c"])
+    record["utilization_pct"] = float(record["utilization_pct"])
+    return record
+
+
+def node_registration(
+    node: str, labels: Mapping[str, str], tier: str | None, inventory: Any, started_at_ms: int
+) -> dict[str, Any]:
+    return {
+        "node": node,
+        "labels": dict(labels),
+        "tier": tier,
+        "cpu_count": int(inventory.cpu_count),
+        "memory_mb": int(inventory.memory_mb),
+        "gpus": [gpu_record(g) for g in inventory.gpus],
+        "simulated": any(g.simulated for g in inventory.gpus),
+        "agent_version": AGENT_VERSION,
+        "started_at_ms": started_at_ms,
+    }
+
+
+def replica_report(snapshot: ReplicaSnapshot) -> dict[str, Any]:
+    return {
+        "replica_id": snapshot.replica_id,
+        "model": snapshot.model,
+        "version": snapshot.version,
+        "state": snapshot.state.value,
+        "pid": snapshot.pid,
+        "restarts": snapshot.restarts,
+        "reason": snapshot.reason or None,
+    }
+
+
+def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot]) -> dict[str, Any]:
+    return {
+        "node": node,
+        "ts_ms": ts_ms,
+        "seq": seq,
+        "gpus": [gpu_record(g) for g in gpus],
+        "replicas": [replica_report(s) for s in snapshots],
+    }
+
+
+def replica_status(node: str, snapshot: ReplicaSnapshot, ts_ms: int) -> dict[str, Any]:
+    return {
+        "replica_id": snapshot.replica_id,
+        "node": node,
+        "model": snapshot.model,
+        "version": snapshot.version,
+        "state": snapshot.state.value,
+        "reason": snapshot.reason or None,
+        "exit_code": snapshot.exit_code,
+        "signal": snapshot.signal,
+        "restarts": snapshot.restarts,
+        "ts_ms": ts_ms,
+    }
+
+
+def desired_from_assignment(record: Mapping[str, Any]) -> list[DesiredReplica]:
+    """The replicas an Assignment asks for (duplicated replica ids: the last one wins)."""
+    epoch = int(record.get("epoch", 0))
+    by_id: dict[str, DesiredReplica] = {}
+    for item in record.get("replicas") or ():
+        by_id[item["replica_id"]] = DesiredReplica(
+            replica_id=item["replica_id"],
+            model=item["model"],
+            version=item["version"],
+            spec_json=item["spec_json"],
+            gpu_indices=tuple(int(i) for i in item.get("gpu_indices") or ()),
+            gpu_memory_mb=int(item.get("gpu_memory_mb") or 0),
+            epoch=epoch,
+        )
+    return list(by_id.values())

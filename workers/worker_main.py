@@ -1,0 +1,193 @@
+"""One replica's worker process: load the backend, prove readiness with a real inference, run the scorer.
+
+    python -m workers.worker_main --spec-file SPEC.json --replica-id fraud-scorer-0 --status-fd 5
+
+The agent starts one of these per replica (``workers.process`` gives it
+PR_SET_PDEATHSIG and the status pipe).  It runs the SAME exactly-once scorer as
+``sie score`` with instance = replica id, i.e. transactional.id
+``sie.scorer.<model>.<replica_id>``: a replica restarted here or moved to another
+node fences its zombie predecessor.
+
+Status protocol (one JSON object per line on ``--status-fd``; stdout/stderr go to
+the replica's log file):
+
+    {"event": "loading", "pid": 123}                       backend load started
+    {"event": "ready", "latency_ms": 1.2, "outputs": {...}}  readiness inference passed
+    {"event": "progress", "records": N}                     every --progress-interval s (liveness)
+    {"event": "draining"}                                   SIGTERM received
+    {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
+    {"event": "stopped", "records": N}                      clean exit (0) after a drain
+
+Settings (Kafka connection, topic prefix) come from SIE_* environment variables,
+read once here at the entry point; the agent passes its environment through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger("sie.worker")
+
+
+class StatusWriter:
+    """Writes status lines to the agent (or nowhere, when run by hand without --status-fd)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self._stream is None:
+            log.info("status %s %s", event, fields)
+            return
+        line = json.dumps({"event": event, **fields}, default=str)
+        with self._lock:
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (BrokenPipeError, OSError):
+                pass  # the agent is gone; PDEATHSIG will end us
+
+
+class CountingBackend:
+    """Delegates to the loaded backend and counts scored records (the progress the agent watches)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.device = getattr(inner, "device", "cpu")
+        self.records = 0
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Already loaded (and proven by the readiness inference): loading twice would double the memory."""
+
+    def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        outputs = self._inner.infer(inputs)
+        with self._lock:
+            self.records += len(inputs)
+        return outputs
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _progress_loop(status: StatusWriter, counter: CountingBackend, interval: float, stop: threading.Event) -> None:
+    while not stop.wait(interval):
+        status.emit("progress", records=counter.records)
+
+
+def _load_spec(path: Path) -> Any:
+    from schemas.spec import ModelService
+
+    with open(path, encoding="utf-8") as f:
+        return ModelService.from_document(json.load(f))
+
+
+def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
+    """The spec's backend config plus what only the agent knows: the GPUs reserved and the memory budget.
+
+    (A server backend such as SGLang needs the physical GPU index for NVML and the
+    absolute budget to compute its memory fraction; CUDA_VISIBLE_DEVICES already
+    narrows what torch sees.)
+    """
+    from workers.backends import backend_config_from_spec
+
+    config = backend_config_from_spec(spec)
+    indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
+    extra = {"gpu_indices": indices, "gpu_memory_mb": args.gpu_memory_mb, "replica_id": args.replica_id}
+    return dataclasses.replace(config, config={**config.config, **extra})
+
+
+def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
+    """Load, prove readiness, score until SIGTERM. Returns the exit code."""
+    from sie.settings import Settings
+    from sie.admin import ensure_model_topics
+    from streams.scorer import ScorerConfig, run_scorer
+    from workers.backends import create_backend
+    from workers.readiness import readiness_inference
+
+    stop_event = threading.Event()
+
+    def _on_term(signum: int, _frame: Any) -> None:
+        status.emit("draining", signal=signal.Signals(signum).name)
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+
+    settings = Settings()
+    spec = _load_spec(args.spec_file)
+    status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
+    backend = create_backend(_backend_config(spec, args))
+    try:
+        backend.load()
+        result = readiness_inference(backend, spec)
+        counter = CountingBackend(backend)
+        if stop_event.is_set():  # asked to stop while loading: nothing consumed, nothing to commit
+            status.emit("stopped", records=0)
+            return 0
+        topics = spec.topics
+        ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters], settings.request_partitions)
+
+        progress_stop = threading.Event()
+        progress = threading.Thread(
+            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop),
+            name="progress", daemon=True,
+        )
+
+        def on_ready(_scorer: Any) -> None:
+            # READY = the readiness inference passed AND the scorer is subscribed (Kafka reachable).
+            status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs)
+            progress.start()
+
+        config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port)
+        try:
+            summary = run_scorer(config, lambda *_a, **_k: counter, stop_event, on_ready=on_ready)
+        finally:
+            progress_stop.set()
+        log.info("scorer stopped: %s", summary.line() if hasattr(summary, "line") else summary)
+    finally:
+        backend.close()
+    status.emit("stopped", records=counter.records)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m workers.worker_main", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec-file", type=Path, required=True, help="ModelService document (JSON, to_document form)")
+    parser.add_argument("--replica-id", required=True, help="stable replica id, e.g. fraud-scorer-0")
+    parser.add_argument("--status-fd", type=int, default=None, help="fd of the status pipe to the agent")
+    parser.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
+    parser.add_argument("--gpu-indices", default="", help="node-local (NVML) indices of the GPUs reserved, e.g. 0,1")
+    parser.add_argument("--gpu-memory-mb", type=int, default=0, help="absolute GPU memory budget of this replica")
+    parser.add_argument("--metrics-port", type=int, default=None, help="scorer /metrics port (default: none)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stream = os.fdopen(args.status_fd, "w", buffering=1, encoding="utf-8") if args.status_fd is not None else None
+    status = StatusWriter(stream)
+    try:
+        return run_worker(args, status)
+    except Exception as exc:  # SieError (bad spec/artifact/readiness) or anything unexpected: report, exit 1
+        log.exception("worker %s failed", args.replica_id)
+        status.emit("error", detail=str(exc) or type(exc).__name__)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
