@@ -1,0 +1,93 @@
+"""`sie score -f SPEC`: run one exactly-once scorer for a model in the foreground.
+
+The command only wires things together (settings, spec, topics, backend,
+signals); the scorer itself is the library function
+``streams.scorer.run_scorer``, which the node agent runs too.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from sie.settings import Settings
+
+
+@click.command("score")
+@click.option("-f", "--file", "spec_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="ModelService spec (YAML or JSON).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Records per batch (= per transaction and per backend.infer call).")
+@click.option("--max-wait-ms", type=click.IntRange(min=0), default=20, show_default=True,
+              help="How long a started batch may wait to fill up.")
+@click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus /metrics here.")
+@click.option("--instance", help="Stable, unique replica name: transactional.id = sie.scorer.<model>.<instance>. "
+                                 "Default: <hostname>-<replica>.")
+@click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Replica index used in the default --instance.")
+@click.option("--bootstrap-servers", help="Kafka bootstrap servers (overrides SIE_BOOTSTRAP_SERVERS).")
+@click.option("--partitions", type=click.IntRange(min=1), help="Partitions of model topics created if missing "
+                                                                "(default: SIE_REQUEST_PARTITIONS).")
+@click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True,
+              help="Consumer group session timeout: how fast a dead scorer's partitions move.")
+@click.option("--expired-to", type=click.Choice(["result", "dead_letter"]), default="result", show_default=True,
+              help="Where requests older than sla.max_queue_time_ms go.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+@click.pass_obj
+def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: int, metrics_port: int | None,
+            instance: str | None, replica: int, bootstrap_servers: str | None, partitions: int | None,
+            session_timeout_ms: int, expired_to: str, log_level: str) -> None:
+    """Score a model's request topic exactly once until SIGTERM/SIGINT.
+
+    Ensures the model's topics exist, loads the backend, prints `ready ...`
+    once subscribed, finishes and commits the current batch on SIGTERM, and
+    prints a summary line on exit.
+    """
+    from schemas.spec import load_spec
+    from sie.admin import ensure_model_topics
+    from streams.scorer import ScorerConfig, default_instance, run_scorer
+    from workers.backends import backend_config_from_spec, create_backend
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
+    spec = load_spec(spec_file)
+    topics = spec.topics
+    ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters],
+                        partitions or settings.request_partitions)
+    config = ScorerConfig(
+        settings=settings, spec=spec, instance=instance or default_instance(replica), max_batch=max_batch,
+        max_wait_ms=max_wait_ms, metrics_port=metrics_port, session_timeout_ms=session_timeout_ms,
+        expired_to=expired_to,  # type: ignore[arg-type]
+    )
+
+    def load_backend(model_spec):
+        backend = create_backend(backend_config_from_spec(model_spec))
+        backend.load()
+        return backend
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame) -> None:
+        click.echo(f"{signal.Signals(signum).name}: finishing the current batch", err=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    def ready(_scorer) -> None:
+        click.echo(f"ready: scoring {spec.model_id} from {topics.requests} -> {topics.results} "
+                   f"(dlq {topics.dead_letters}) as {config.transactional_id}"
+                   + (f", metrics on :{metrics_port}" if metrics_port else ""))
+        sys.stdout.flush()
+
+    started = time.monotonic()
+    summary = run_scorer(config, load_backend, stop, on_ready=ready)
+    click.echo(f"stopped after {time.monotonic() - started:.1f}s: {summary.line()}")

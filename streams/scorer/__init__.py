@@ -1,0 +1,28 @@
+"""The exactly-once scorer: a model's request topic -> micro-batched inference -> results / dead letters.
+
+    from streams.scorer import ScorerConfig, RoutingTable, run_scorer
+    summary = run_scorer(config, backend_factory, stop_event)
+
+See ``loop.py`` for the batch cycle, ``transaction.py`` for the ordered commit
+and ``docs/scoring.md`` for the wire contract.
+"""
+
+from streams.scorer.codec import Codec, Poison, Request, default_id
+from streams.scorer.config import ScorerConfig, default_instance
+from streams.scorer.errors import (
+    BackendUnavailable,
+    DeadLetterReason,
+    ProducerFatal,
+    ScorerError,
+    ScorerFenced,
+    TxnAbortable,
+)
+from streams.scorer.loop import Scorer, ScorerSummary, run_scorer
+from streams.scorer.metrics import ScorerMetrics
+from streams.scorer.routing import BUCKETS, RouteEntry, RoutingTable
+
+__all__ = [
+    "BUCKETS", "BackendUnavailable", "Codec", "DeadLetterReason", "Poison", "ProducerFatal", "Request",
+    "RouteEntry", "RoutingTable", "Scorer", "ScorerConfig", "ScorerError", "ScorerFenced", "ScorerMetrics",
+    "ScorerSummary", "TxnAbortable", "default_id", "default_instance", "run_scorer",
+]

@@ -1,0 +1,134 @@
+"""ScorerConfig: every knob of one scorer process, frozen, read once at the entry point.
+
+The librdkafka dictionaries are built here, in one place, with a comment on each
+key that matters for exactly-once, liveness or bounded memory.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from sie.errors import ConfigError
+from sie.settings import Settings
+
+if TYPE_CHECKING:  # schemas.spec imports pydantic models; only needed for typing here
+    from schemas.spec import ModelService
+
+_INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+
+
+def default_instance(replica_index: int = 0) -> str:
+    """``<hostname>-<replica>``: stable across restarts of the same replica, distinct between replicas."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()) or "host"
+    return f"{host}-{replica_index}"
+
+
+@dataclass(frozen=True)
+class ScorerConfig:
+    """Configuration of one scorer (one model, one instance).
+
+    ``instance`` must be stable for a replica (a restarted replica reuses it, so
+    its new producer fences the dead one's open transaction) and unique among
+    live replicas (two live scorers sharing a ``transactional.id`` fence each other).
+    """
+
+    settings: Settings
+    spec: "ModelService"
+    instance: str
+    max_batch: int = 256  # records per consume/infer/transaction cycle
+    max_wait_ms: int = 20  # how long a non-empty batch may wait to fill up
+    poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
+    max_request_bytes: int = 1024 * 1024  # larger record values are dead-lettered as too_large
+    max_json_depth: int = 64  # deeper JSON nesting is a schema_violation (orjson can't write >254)
+    expired_to: Literal["result", "dead_letter"] = "result"  # where requests older than sla.max_queue_time_ms go
+    metrics_port: int | None = None  # Prometheus /metrics port; None = no HTTP server
+    session_timeout_ms: int = 10_000  # a SIGKILLed scorer's partitions move after this long
+    max_poll_interval_ms: int = 300_000  # one batch (consume -> commit) must finish within this
+    transaction_timeout_ms: int = 60_000  # > worst batch time, <= broker transaction.max.timeout.ms
+    fetch_queue_kbytes: int = 16_384  # prefetch bound: memory stays bounded whatever the backlog
+    retriable_attempts: int = 8  # bounded retries of one Kafka call on a retriable error
+    retry_backoff_s: float = 0.1
+    backend_backoff_max_s: float = 5.0  # cap of the backoff while the backend is down
+    fatal_limit: int = 5  # consecutive fatal producer errors before giving up (ScorerFenced)
+    lag_interval_s: float = 5.0  # how often sie_consumer_lag is refreshed
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("max_batch", self.max_batch >= 1, ">= 1"),
+            ("max_wait_ms", self.max_wait_ms >= 0, ">= 0"),
+            ("poll_timeout_ms", self.poll_timeout_ms >= 1, ">= 1"),
+            ("max_request_bytes", self.max_request_bytes >= 1, ">= 1"),
+            ("max_json_depth", 1 <= self.max_json_depth <= 250, "between 1 and 250"),
+            ("session_timeout_ms", self.session_timeout_ms >= 1000, ">= 1000"),
+            ("transaction_timeout_ms", self.transaction_timeout_ms >= 1000, ">= 1000"),
+            ("fetch_queue_kbytes", self.fetch_queue_kbytes >= 64, ">= 64"),
+            ("retriable_attempts", self.retriable_attempts >= 1, ">= 1"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"scorer.{name}: must be {rule} (got {getattr(self, name)!r})")
+        if self.expired_to not in ("result", "dead_letter"):
+            raise ConfigError(f"scorer.expired_to: must be 'result' or 'dead_letter' (got {self.expired_to!r})")
+        if not _INSTANCE_RE.match(self.instance):
+            raise ConfigError(
+                f"scorer.instance: must match {_INSTANCE_RE.pattern} (got {self.instance!r}); pass --instance NAME"
+            )
+
+    # --- derived names ----------------------------------------------------------
+    @property
+    def transactional_id(self) -> str:
+        return f"sie.scorer.{self.spec.name}.{self.instance}"
+
+    @property
+    def group_id(self) -> str:
+        return self.spec.group_id
+
+    @property
+    def auto_offset_reset(self) -> str:
+        kafka_input = getattr(self.spec, "kafka_input", None)
+        return getattr(kafka_input, "auto_offset_reset", None) or "earliest"
+
+    # --- librdkafka configuration -------------------------------------------------
+    def consumer_config(self) -> dict[str, Any]:
+        return self.settings.kafka_client_config(
+            **{
+                "group.id": self.group_id,
+                "client.id": f"{self.transactional_id}.consumer",
+                # Offsets are committed only inside the producer's transaction.
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # Never see results of aborted transactions (librdkafka's default; explicit on purpose).
+                "isolation.level": "read_committed",
+                "auto.offset.reset": self.auto_offset_reset,
+                # Classic group protocol, eager assignor: on_revoke sees every partition go at once.
+                "partition.assignment.strategy": "range",
+                "session.timeout.ms": self.session_timeout_ms,
+                "heartbeat.interval.ms": max(500, self.session_timeout_ms // 4),
+                "max.poll.interval.ms": self.max_poll_interval_ms,
+                # Bounded prefetch: memory stays flat whatever the backlog.
+                "queued.max.messages.kbytes": self.fetch_queue_kbytes,
+                "queued.min.messages": max(1000, 4 * self.max_batch),
+                "fetch.wait.max.ms": 50,
+                "enable.partition.eof": False,
+            }
+        )
+
+    def producer_config(self) -> dict[str, Any]:
+        return self.settings.kafka_client_config(
+            **{
+                "client.id": f"{self.transactional_id}.producer",
+                # Stable per instance: a restarted replica fences its dead predecessor.
+                "transactional.id": self.transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                # Results of one batch leave together; commit_transaction flushes anyway.
+                "linger.ms": 5,
+                "transaction.timeout.ms": self.transaction_timeout_ms,
+                # Many short transactions hit CONCURRENT_TRANSACTIONS; retry quickly (confluent-kafka-python #967).
+                "retry.backoff.ms": 20,
+                "queue.buffering.max.messages": max(100_000, 4 * self.max_batch),
+            }
+        )

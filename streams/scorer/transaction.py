@@ -1,0 +1,243 @@
+"""The transactional producer and the per-batch checkpoint (KIP-447 consume-transform-produce).
+
+``Checkpoint`` is one batch's transaction.  Its ``commit()`` runs four numbered
+steps, and the code below carries the same numbers:
+
+1. Offsets: for every partition in the batch, *last processed offset + 1*
+   (computed from the records themselves, so a record consumed but not
+   processed can never be committed).
+2. ``send_offsets_to_transaction(offsets, consumer_group_metadata())``: the
+   offsets join the transaction.  The group metadata carries the consumer's
+   generation, so a zombie that lost its partitions in a rebalance is rejected
+   by the group coordinator (KIP-447 fencing) instead of committing twice.
+3. ``commit_transaction()``: flushes every result and dead letter produced in
+   the batch, then atomically makes them *and* the offsets visible to
+   ``read_committed`` readers.  If any record failed to be delivered the
+   commit fails with an abortable error, so nothing is half-written.
+4. ``poll(0)``: serve delivery events so librdkafka's queues stay empty.
+
+Errors (``call``): ``retriable()`` -> the same call again, a bounded number of
+times; ``txn_requires_abort()`` -> ``TxnAbortable``; ``fatal()`` ->
+``ProducerFatal``.  After an abort or a producer re-creation the consumer is
+rewound to the *committed* offsets (``rewind``), read back from Kafka, because
+after an unknown commit outcome (timeout, fencing) only Kafka knows whether the
+batch made it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
+
+from sie.errors import KafkaUnavailable
+from streams.scorer.errors import ProducerFatal, TxnAbortable
+
+log = logging.getLogger("sie.scorer")
+
+_CALL_TIMEOUT_S = 30.0
+
+
+def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
+         sleep: Callable[[float], Any] = time.sleep) -> Any:
+    """Run one Kafka call with the documented error policy (see module docstring)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None:
+                raise TxnAbortable(f"{what}: {exc}") from exc
+            if err.fatal():
+                raise ProducerFatal(f"{what}: {err.str()} (fatal)") from exc
+            if err.txn_requires_abort():
+                raise TxnAbortable(f"{what}: {err.str()}") from exc
+            if err.retriable() and attempt < attempts:
+                log.warning("%s: %s (retriable, attempt %d/%d)", what, err.str(), attempt, attempts)
+                sleep(backoff_s * attempt)
+                continue
+            raise TxnAbortable(f"{what}: {err.str()} (after {attempt} attempt(s))") from exc
+    raise AssertionError("unreachable")
+
+
+class TransactionalProducer:
+    """One ``transactional.id``, one librdkafka producer at a time; re-created after fatal errors."""
+
+    def __init__(self, config: dict[str, Any], factory: Callable[[dict[str, Any]], Any],
+                 attempts: int, backoff_s: float, stop: threading.Event) -> None:
+        self._config = config
+        self._factory = factory
+        self._attempts = attempts
+        self._backoff = backoff_s
+        self._stop = stop
+        self._producer: Any = None
+
+    @property
+    def transactional_id(self) -> str:
+        return str(self._config.get("transactional.id"))
+
+    def start(self, patience_s: float | None = None) -> None:
+        """Create the producer and ``init_transactions()``; this fences any earlier producer of our id.
+
+        Retries while the cluster is unreachable (until ``patience_s`` or a stop request).
+        """
+        deadline = None if patience_s is None else time.monotonic() + patience_s
+        delay = self._backoff
+        while True:
+            self._producer = self._factory(self._config)
+            try:
+                self._producer.init_transactions(_CALL_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                self._discard()
+                out_of_time = deadline is not None and time.monotonic() >= deadline
+                if err is None or not err.retriable() or out_of_time or self._stop.is_set():
+                    raise KafkaUnavailable(
+                        f"init_transactions for transactional.id {self.transactional_id}: "
+                        f"{err.str() if err else exc}; check bootstrap servers and that the broker is up") from exc
+                log.warning("init_transactions: %s; retrying", err.str())
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def restart(self) -> None:
+        """Drop the unusable producer and start a fresh one (``init_transactions`` aborts what was open)."""
+        self._discard()
+        self.start()
+
+    def _discard(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.purge(in_queue=True, in_flight=False)
+            except Exception:  # an unusable producer may refuse even this; it is dropped anyway
+                pass
+            self._producer = None
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(5.0)
+            self._producer = None
+
+    # --- transaction calls ------------------------------------------------------
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        return call(fn, what, self._attempts, self._backoff)
+
+    def begin(self) -> None:
+        self._call(self._producer.begin_transaction, "begin_transaction")
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
+                headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Queue one record; waits for room if librdkafka's queue is full (never drops)."""
+        p = self._producer
+        while True:
+            try:
+                if headers is None:
+                    p.produce(topic, value, key, partition)
+                else:
+                    p.produce(topic, value, key, partition, headers=headers)
+                return
+            except BufferError:
+                p.poll(0.05)
+            except KafkaException as exc:  # e.g. the transaction entered an error state
+                err = exc.args[0]
+                if err.fatal():
+                    raise ProducerFatal(f"produce to {topic}: {err.str()}") from exc
+                raise TxnAbortable(f"produce to {topic}: {err.str()}") from exc
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        self._call(lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, _CALL_TIMEOUT_S),
+                   "send_offsets_to_transaction")
+
+    def commit(self) -> None:
+        self._call(lambda: self._producer.commit_transaction(_CALL_TIMEOUT_S), "commit_transaction")
+
+    def abort(self) -> None:
+        """Abort the open transaction; any failure here means the producer must be re-created."""
+        try:
+            self._call(lambda: self._producer.abort_transaction(_CALL_TIMEOUT_S), "abort_transaction")
+        except TxnAbortable as exc:
+            raise ProducerFatal(str(exc)) from exc
+
+    def poll(self) -> None:
+        self._producer.poll(0)
+
+
+class Checkpoint:
+    """One batch's transaction: records produced, offsets tracked, committed in order (module docstring)."""
+
+    __slots__ = ("_producer", "_consumer", "_last", "_first", "produced")
+
+    def __init__(self, producer: TransactionalProducer, consumer: Any) -> None:
+        self._producer = producer
+        self._consumer = consumer
+        self._last: dict[tuple[str, int], int] = {}
+        self._first: dict[tuple[str, int], int] = {}
+        self.produced = 0
+
+    def begin(self) -> None:
+        self._producer.begin()
+
+    def track(self, topic: str, partition: int, offset: int) -> None:
+        """Mark a record processed (records of one partition arrive in offset order)."""
+        tp = (topic, partition)
+        if tp not in self._first:
+            self._first[tp] = offset
+        self._last[tp] = offset
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
+                headers: list[tuple[str, bytes]] | None = None) -> None:
+        self._producer.produce(topic, value, key, partition, headers)
+        self.produced += 1
+
+    def offsets(self) -> list[TopicPartition]:
+        """Step 1: the offsets to commit, last processed + 1 per partition."""
+        return [TopicPartition(t, p, off + 1) for (t, p), off in self._last.items()]
+
+    def commit(self) -> None:
+        # 1. Offsets = last processed + 1, from the records of this batch.
+        offsets = self.offsets()
+        # 2. Offsets join the transaction, stamped with the group generation (zombie fencing).
+        self._producer.send_offsets(offsets, self._consumer.consumer_group_metadata())
+        # 3. Flush results + dead letters and commit them atomically with the offsets.
+        self._producer.commit()
+        # 4. Serve delivery events.
+        self._producer.poll()
+
+    def first_offsets(self) -> dict[tuple[str, int], int]:
+        return dict(self._first)
+
+
+def rewind(consumer: Any, first_offsets: dict[tuple[str, int], int], stop: threading.Event,
+           backoff_s: float = 0.1) -> bool:
+    """Seek the batch's partitions back to the group's committed offsets.
+
+    The committed offset (not our own bookkeeping) is the truth after an abort or
+    an unknown commit outcome.  A partition never committed falls back to the
+    batch's first offset (nothing of it was committed).  Partitions no longer
+    assigned are skipped: their new owner reads from the committed offset.
+    Retries while the coordinator is unreachable; returns False only if asked to stop.
+    """
+    assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+    tps = [TopicPartition(t, p) for (t, p) in first_offsets if (t, p) in assigned]
+    if not tps:
+        return True
+    delay = backoff_s
+    while True:
+        try:
+            committed = consumer.committed(tps, timeout=_CALL_TIMEOUT_S)
+            break
+        except KafkaException as exc:
+            log.warning("committed(): %s; retrying before rewinding", exc)
+            if stop.wait(delay):
+                return False
+            delay = min(delay * 2, 5.0)
+    for tp in committed:
+        target = tp.offset if tp.offset >= 0 and tp.offset != OFFSET_INVALID else first_offsets[(tp.topic, tp.partition)]
+        try:
+            consumer.seek(TopicPartition(tp.topic, tp.partition, target))
+        except KafkaException as exc:  # revoked meanwhile: the next owner starts from the committed offset
+            log.warning("seek %s[%d] to %d: %s", tp.topic, tp.partition, target, exc)
+    return True

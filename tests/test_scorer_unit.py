@@ -1,0 +1,368 @@
+"""Scorer unit tests: codec, routing, dead-letter headers, poison classification and the
+transaction/recovery logic of the run loop against fake Kafka clients (no broker)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, TopicPartition
+
+from sie.errors import ConfigError
+from sie.settings import Settings
+from streams.scorer import (
+    BUCKETS,
+    Codec,
+    DeadLetterReason,
+    Poison,
+    RouteEntry,
+    RoutingTable,
+    Scorer,
+    ScorerConfig,
+)
+from tests.scorer_fixtures import POISON_X, echo, echo_spec
+
+NOW_MS = 1_700_000_000_000
+
+
+def make_codec(max_bytes: int = 1024, depth: int = 8) -> Codec:
+    from schemas.validation import compile_validator
+
+    return Codec("echo", compile_validator(echo_spec().input_schema), max_bytes, depth)
+
+
+def parse(codec: Codec, value: bytes | None, key: bytes | None = None, offset: int = 7):
+    return codec.parse("req", 3, offset, key, value, NOW_MS)
+
+
+# --- codec ---------------------------------------------------------------------------------------
+
+def test_missing_id_defaults_to_topic_partition_offset():
+    req = parse(make_codec(), b'{"inputs": {"x": 1}}', offset=42)
+    assert req.id == "req:3:42"
+    assert req.inputs == {"x": 1.0}
+
+
+def test_integer_id_becomes_string_and_extra_keys_pass_through():
+    codec = make_codec()
+    req = parse(codec, b'{"id": 17, "inputs": {"x": 2.5}, "metadata": {"trace": "t1"}, "tenant": "acme"}', b"k1")
+    value = orjson.loads(codec.result(req, "1.0.0", {"y": 5.0}, 12.5, 3.25, 64))
+    assert value == {
+        "id": "17", "model": "echo", "version": "1.0.0", "status": "ok", "outputs": {"y": 5.0},
+        "source": {"topic": "req", "partition": 3, "offset": 7},
+        "timings": {"queue_ms": 12.5, "inference_ms": 3.25, "batch_size": 64},
+        "metadata": {"trace": "t1"}, "tenant": "acme",
+    }
+
+
+def test_expired_result_says_why_and_keeps_metadata():
+    codec = make_codec()
+    req = parse(codec, b'{"id": "a", "inputs": {"x": 1}, "metadata": {"m": 1}}')
+    value = orjson.loads(codec.expired(req, "1.0.0", 31_000.0, 30_000))
+    assert value["status"] == "expired" and value["outputs"] is None
+    assert "31000 ms > sla.max_queue_time_ms 30000" in value["error"]
+    assert value["metadata"] == {"m": 1} and value["id"] == "a"
+
+
+DEEP = b'{"inputs": {"x": 1}, "metadata": ' + b"[" * 20 + b"]" * 20 + b"}"
+
+
+@pytest.mark.parametrize("value, reason, detail", [
+    (None, DeadLetterReason.INVALID_JSON, "value: empty"),
+    (b"", DeadLetterReason.INVALID_JSON, "value: empty"),
+    (b'{"inputs": {"x": 1}, "pad": "' + b"a" * 2000 + b'"}', DeadLetterReason.TOO_LARGE, "bytes > max_request_bytes 1024"),
+    (b'{"inputs": {"x": 1}', DeadLetterReason.INVALID_JSON, "value: not valid JSON"),
+    (b'{"inputs": {"x": NaN}}', DeadLetterReason.INVALID_JSON, "value: not valid JSON"),
+    (b'{"inputs": {"x": Infinity}}', DeadLetterReason.INVALID_JSON, "value: not valid JSON"),
+    (b"\xff\xfe\x00garbage", DeadLetterReason.INVALID_JSON, "value: not valid JSON"),
+    (b"[1, 2]", DeadLetterReason.SCHEMA_VIOLATION, "request: must be a JSON object (got array)"),
+    (b'"text"', DeadLetterReason.SCHEMA_VIOLATION, "request: must be a JSON object (got string)"),
+    (DEEP, DeadLetterReason.SCHEMA_VIOLATION, "> max_json_depth 8"),
+    (b'{"id": "a"}', DeadLetterReason.SCHEMA_VIOLATION, "inputs: required JSON object (missing)"),
+    (b'{"inputs": [1]}', DeadLetterReason.SCHEMA_VIOLATION, "inputs: required JSON object (got array)"),
+    (b'{"inputs": {"x": "abc"}}', DeadLetterReason.SCHEMA_VIOLATION, "inputs.x: must be a number"),
+    (b'{"inputs": {}}', DeadLetterReason.SCHEMA_VIOLATION, "inputs.x: required field missing"),
+    (b'{"inputs": {"x": 1, "z": 2}}', DeadLetterReason.SCHEMA_VIOLATION, "inputs.z"),
+    (b'{"id": [1], "inputs": {"x": 1}}', DeadLetterReason.SCHEMA_VIOLATION, "id: must be a non-empty string"),
+    (b'{"id": true, "inputs": {"x": 1}}', DeadLetterReason.SCHEMA_VIOLATION, "id: must be a non-empty string"),
+    (b'{"inputs": {"x": 1}, "status": "ok"}', DeadLetterReason.SCHEMA_VIOLATION, "request.status: reserved"),
+])
+def test_poison_is_classified_with_a_detail_naming_the_field(value, reason, detail):
+    verdict = parse(make_codec(), value)
+    assert isinstance(verdict, Poison), verdict
+    assert verdict.reason is reason
+    assert detail in verdict.detail
+
+
+def test_dead_letter_headers_name_source_model_version_and_drop_stale_sie_headers():
+    codec = make_codec()
+    headers = codec.dead_letter_headers(DeadLetterReason.SCHEMA_VIOLATION, "inputs.x: must be a number",
+                                        "req", 3, 7, "1.0.0", [("trace", b"t"), ("sie.reason", b"old")])
+    assert headers == [
+        ("trace", b"t"),
+        ("sie.reason", b"schema_violation"), ("sie.detail", b"inputs.x: must be a number"),
+        ("sie.source.topic", b"req"), ("sie.source.partition", b"3"), ("sie.source.offset", b"7"),
+        ("sie.model", b"echo"), ("sie.version", b"1.0.0"),
+    ]
+
+
+# --- routing -------------------------------------------------------------------------------------
+
+def test_routing_is_deterministic_and_respects_weights():
+    table = RoutingTable((RouteEntry("1", 9_000, "a"), RouteEntry("2", 1_000, "b")))
+    keys = [f"entity-{i}".encode() for i in range(20_000)]
+    first = [table.route(k, "ignored").version for k in keys]
+    assert first == [table.route(k, "other").version for k in keys]  # key wins over id, stable
+    share = Counter(first)["2"] / len(keys)
+    assert 0.08 < share < 0.12
+    # without a key the request id decides
+    assert table.route(None, "r-1").version == table.route(b"", "r-1").version
+
+
+def test_zero_weight_version_gets_nothing_and_single_table_gets_everything():
+    table = RoutingTable((RouteEntry("old", 0, None), RouteEntry("new", BUCKETS, None)))
+    assert {table.route(str(i).encode(), "x").version for i in range(2_000)} == {"new"}
+    assert RoutingTable.single("1.0.0", None).route(None, "any").version == "1.0.0"
+
+
+@pytest.mark.parametrize("entries, message", [
+    ((), "at least one version"),
+    ((RouteEntry("1", 5_000, None),), "sum to 10000"),
+    ((RouteEntry("1", 5_000, None), RouteEntry("1", 5_000, None)), "unique"),
+    ((RouteEntry("1", -1, None), RouteEntry("2", 10_001, None)), ">= 0"),
+])
+def test_bad_routing_tables_are_rejected(entries, message):
+    with pytest.raises(ConfigError, match=message):
+        RoutingTable(entries)
+
+
+def test_config_rejects_bad_values_naming_the_field():
+    with pytest.raises(ConfigError, match="scorer.max_batch: must be >= 1"):
+        ScorerConfig(settings=Settings(), spec=echo_spec(), instance="i", max_batch=0)
+    with pytest.raises(ConfigError, match="scorer.instance"):
+        ScorerConfig(settings=Settings(), spec=echo_spec(), instance="a b")
+    cfg = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="host-1")
+    assert cfg.transactional_id == "sie.scorer.echo-x.host-1"
+    assert cfg.consumer_config()["isolation.level"] == "read_committed"
+    assert cfg.consumer_config()["enable.auto.commit"] is False
+    assert cfg.producer_config()["transactional.id"] == "sie.scorer.echo-x.host-1"
+
+
+# --- run loop against fake clients -----------------------------------------------------------------
+
+class FakeMessage:
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                 ts: int = NOW_MS) -> None:
+        self._t, self._p, self._o, self._k, self._v, self._ts = topic, partition, offset, key, value, ts
+
+    def topic(self): return self._t
+    def partition(self): return self._p
+    def offset(self): return self._o
+    def key(self): return self._k
+    def value(self): return self._v
+    def timestamp(self): return (TIMESTAMP_CREATE_TIME, self._ts)
+    def headers(self): return None
+    def error(self): return None
+
+
+class FakeConsumer:
+    """One partition; consume() serves from the position; stops the scorer once everything is committed."""
+
+    def __init__(self, topic: str, values: list[bytes | None], stop: threading.Event, **ts: int) -> None:
+        self.topic = topic
+        self.log = [FakeMessage(topic, 0, i, f"k{i}".encode(), v, ts.get("ts", NOW_MS)) for i, v in enumerate(values)]
+        self.position_ = 0
+        self.committed_offset: int | None = None
+        self.stop = stop
+        self.seeks: list[int] = []
+
+    def subscribe(self, topics, on_assign, on_revoke, on_lost):
+        on_assign(self, [TopicPartition(self.topic, 0)])
+
+    def consume(self, n, timeout):
+        batch = self.log[self.position_:self.position_ + n]
+        self.position_ += len(batch)
+        if not batch and self.committed_offset == len(self.log):
+            self.stop.set()
+        return batch
+
+    def assignment(self): return [TopicPartition(self.topic, 0)]
+    def position(self, tps): return [TopicPartition(self.topic, 0, self.position_)]
+    def get_watermark_offsets(self, tp, cached=False): return (0, len(self.log))
+    def consumer_group_metadata(self): return "group-metadata"
+    def list_topics(self, timeout=None): raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    def committed(self, tps, timeout=None):
+        off = -1001 if self.committed_offset is None else self.committed_offset
+        return [TopicPartition(self.topic, 0, off)]
+
+    def seek(self, tp):
+        self.seeks.append(tp.offset)
+        self.position_ = tp.offset
+
+    def close(self): pass
+
+
+def kafka_error(code: int, **flags: bool) -> KafkaException:
+    return KafkaException(KafkaError(code, "injected", **flags))
+
+
+class FakeProducer:
+    """Transactional producer: records become visible only on commit; faults injected per call name."""
+
+    def __init__(self, consumer: FakeConsumer, faults: dict[str, list[Exception]]) -> None:
+        self.consumer = consumer
+        self.faults = faults
+        self.pending: list[tuple] = []
+        self.visible: list[tuple] = []
+        self.offsets: Any = None
+        self.commits = 0
+        self.aborts = 0
+
+    def _fault(self, name: str) -> None:
+        queue = self.faults.get(name)
+        if queue:
+            raise queue.pop(0)
+
+    def init_transactions(self, timeout=None): self._fault("init")
+    def begin_transaction(self): self.pending = []
+    def produce(self, topic, value, key, partition=-1, headers=None): self.pending.append((topic, value, key, headers))
+
+    def send_offsets_to_transaction(self, offsets, metadata, timeout=None):
+        assert metadata == "group-metadata"
+        self.offsets = offsets
+
+    def commit_transaction(self, timeout=None):
+        self._fault("commit")
+        self.visible += self.pending
+        self.consumer.committed_offset = self.offsets[0].offset
+        self.commits += 1
+
+    def abort_transaction(self, timeout=None):
+        self.pending = []
+        self.aborts += 1
+
+    def poll(self, timeout=0): return 0
+    def flush(self, timeout=None): return 0
+    def purge(self, **kw): pass
+
+
+class FlakyBackend:
+    """echo, but fails the next ``outage`` calls whatever the rows (a transient outage)."""
+
+    def __init__(self, outage: int = 0) -> None:
+        self.outage = outage
+        self.calls = 0
+
+    def infer(self, rows):
+        self.calls += 1
+        if self.outage > 0:
+            self.outage -= 1
+            raise RuntimeError("CUDA error: device busy")
+        return echo(rows)
+
+
+def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, **consumer_kw):
+    spec = spec or echo_spec()
+    stop = threading.Event()
+    consumer = FakeConsumer(spec.topics.requests, values, stop, **consumer_kw)
+    producers: list[FakeProducer] = []
+
+    def make_producer(_cfg):
+        producers.append(FakeProducer(consumer, faults or {}))
+        return producers[-1]
+
+    config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0", max_batch=max_batch, max_wait_ms=0,
+                          retry_backoff_s=0.0)
+    scorer = Scorer(config, RoutingTable.single(spec.version, backend or FlakyBackend()),
+                    consumer_factory=lambda _cfg: consumer, producer_factory=make_producer)
+    summary = scorer.run(stop)
+    visible = [t for p in producers for t in p.visible]
+    return summary, visible, consumer, producers, scorer, spec
+
+
+def by_topic(visible, topic):
+    return [t for t in visible if t[0] == topic]
+
+
+def req(i: int, x: float | None = None) -> bytes:
+    return orjson.dumps({"id": f"r{i}", "inputs": {"x": float(i) if x is None else x}})
+
+
+def test_each_request_gets_one_result_and_offsets_are_last_plus_one():
+    summary, visible, consumer, producers, scorer, spec = run_fake([req(i) for i in range(250)], max_batch=100)
+    results = [orjson.loads(v) for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
+    assert [r["id"] for r in results] == [f"r{i}" for i in range(250)]
+    assert all(r["outputs"] == {"y": 2.0 * i} for i, r in enumerate(results))
+    assert [k for _t, _v, k, _h in by_topic(visible, spec.topics.results)][:2] == [b"k0", b"k1"]  # key kept
+    assert producers[0].commits == 3 and consumer.committed_offset == 250
+    assert summary.results == 250 and summary.dead_letters == 0
+    assert scorer.metrics.value("sie_records_out_total", {"status": "ok"}) == 250
+    assert scorer.metrics.value("inference_latency_seconds_count", {
+        "model_id": spec.model_id, "service_type": "scoring", "priority_level": "P1"}) == 3
+
+
+def test_poison_row_is_isolated_and_only_it_is_dead_lettered():
+    values = [req(i) for i in range(10)]
+    values[4] = req(4, x=POISON_X)
+    values[7] = b"{not json"
+    summary, visible, *_rest, spec = run_fake(values)
+    dlq = by_topic(visible, spec.topics.dead_letters)
+    assert sorted(dict(h)["sie.reason"] for _t, _v, _k, h in dlq) == [b"inference_error", b"invalid_json"]
+    poison = next(d for d in dlq if dict(d[3])["sie.reason"] == b"inference_error")
+    assert poison[1] == values[4] and poison[2] == b"k4"  # original bytes unchanged
+    assert b"cannot score" in dict(poison[3])["sie.detail"]
+    assert len(by_topic(visible, spec.topics.results)) == 8
+    assert summary.dead_letters == 2
+
+
+def test_transient_outage_is_retried_not_dead_lettered():
+    backend = FlakyBackend(outage=40)  # fails every call of the first batch, bisection and probe included
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(8)], backend=backend)
+    assert by_topic(visible, spec.topics.dead_letters) == []
+    assert sorted(orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)) == \
+        sorted(f"r{i}" for i in range(8))
+    assert summary.aborts >= 1 and consumer.seeks and consumer.seeks[0] == 0  # rewound to the first record
+
+
+def test_abortable_commit_rewinds_to_committed_offset_and_rescores_once():
+    faults = {"commit": [kafka_error(KafkaError._STATE, txn_requires_abort=True)]}
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
+                                                                max_batch=10)
+    ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(30))  # none missing, none twice
+    assert summary.aborts == 1 and producers[0].aborts == 1
+
+
+def test_fatal_commit_recreates_the_producer_and_keeps_exactly_once():
+    faults = {"commit": [kafka_error(KafkaError._FENCED, fatal=True)]}
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
+                                                                max_batch=10)
+    ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(30))
+    assert len(producers) == 2 and summary.producer_restarts == 1
+
+
+def test_retriable_commit_error_is_retried_in_place():
+    faults = {"commit": [kafka_error(KafkaError._TIMED_OUT, retriable=True)]}
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(5)], faults=faults)
+    assert len(by_topic(visible, spec.topics.results)) == 5
+    assert summary.aborts == 0 and producers[0].commits == 1
+
+
+def test_old_requests_get_an_expired_result():
+    spec = echo_spec(max_queue_time_ms=1_000)
+    summary, visible, *_rest = run_fake([req(1)], spec=spec, ts=1)  # timestamp in 1970
+    (result,) = [orjson.loads(v) for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
+    assert result["status"] == "expired" and summary.expired == 1
+
+
+def test_set_routing_switches_version_between_batches():
+    spec = echo_spec()
+    summary, visible, consumer, producers, scorer, _spec = run_fake([req(1)], spec=spec)
+    table = RoutingTable((RouteEntry("1.0.0", 0, None), RouteEntry("2.0.0", BUCKETS, FlakyBackend())))
+    scorer.set_routing(table)
+    assert scorer.routing is table
