@@ -44,6 +44,7 @@ RECORDS = (
     "ReplicaStatus",
     "ControlEvent",
     "LeaderEpoch",
+    "ModelStatus",
 )
 
 

@@ -38,6 +38,7 @@ _SYSTEM = [
     ("replica-status", 3, False, "replica state changes reported by agents, key = replica id", {}),
     ("events", 1, False, "control-plane decisions and failures (placements, evictions, unschedulable)", {}),
     ("control-leader", 1, True, "control-plane leadership epochs, key = cluster", {}),
+    ("model-status", 1, True, "desired vs actual per model published by the leading control plane, key = model", {}),
 ]
 
 
