@@ -79,12 +79,16 @@ class Agent:
         clock: Clock | None = None,
         inventory_probe: Callable[[], Any] | None = None,
     ) -> None:
-        from workers.gpu import host_inventory
+        from workers.gpu import host_inventory, parse_simulated_gpus, probe_gpus
 
         self.config = config
         self.settings = settings
         self._clock = clock or MonotonicClock()
-        self._probe = inventory_probe or (lambda: host_inventory(config.simulate_gpus, hostname=None))
+        if inventory_probe is None:
+            # simulated GPU UUIDs embed the NODE name: two agents on one machine never share a GPU uuid
+            gpus = (lambda: parse_simulated_gpus(config.simulate_gpus, node=config.node)) if config.simulate_gpus else probe_gpus
+            inventory_probe = lambda: host_inventory(probe=gpus)  # noqa: E731
+        self._probe = inventory_probe
         self.inventory = self._probe()
         self.commands = WorkerCommandBuilder(
             config.node_work_dir,

@@ -1,0 +1,191 @@
+"""The node agent on the real broker with real worker processes (no control plane: assignments are produced here).
+
+Assignment for node n1 -> worker READY (seen on replica-status) -> requests scored -> SIGKILL the worker ->
+CRASHED with the signal, restarted, READY again -> empty assignment -> drained and STOPPED.
+Uses the python rules model (examples/fraud-rules.yaml): no torch import, a worker is ready in ~1-2 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from schemas.avro_codec import decode, encode
+from schemas.spec import load_spec
+from schemas.topics import system_topics
+from sie.admin import ensure_topics
+from sie.settings import REPO_ROOT, Settings
+from tests.helpers import consume_all, produce_json, wait_until
+from workers.agent import Agent, AgentConfig
+from workers.supervisor import SupervisorPolicy
+
+pytestmark = pytest.mark.kafka
+
+
+class TopicTail:
+    """Reads a topic from the beginning in a background thread, decoding Avro values (for assertions)."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.records: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer(settings.kafka_client_config(**{
+            "group.id": f"tail-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        }))
+        partitions = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        self._consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(100, timeout=0.1):
+                if msg.error() is None and msg.value() is not None:
+                    with self._lock:
+                        self.records.append((msg.key().decode(), decode(msg.value())))
+
+    def values(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [v for _, v in self.records]
+
+    def find(self, **match: Any) -> list[dict[str, Any]]:
+        return [v for v in self.values() if all(v.get(k) == want for k, want in match.items())]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._consumer.close()
+
+
+@pytest.fixture
+def cluster(kafka_settings: Settings, tmp_path: Any) -> Iterator[dict[str, Any]]:
+    """Unique system topic prefix + unique model topics, so parallel runs never meet."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    settings = kafka_settings.with_overrides(topic_prefix=prefix)
+    ensure_topics(settings, system_topics(prefix), replication_factor=1)
+    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc["topics"] = {
+        "requests": f"{prefix}.model.fraud-rules.requests",
+        "results": f"{prefix}.model.fraud-rules.results",
+        "dead_letters": f"{prefix}.model.fraud-rules.dlq",
+        "backfill": f"{prefix}.model.fraud-rules.backfill",
+    }
+    doc["group_id"] = f"{prefix}.scorer.fraud-rules"
+    tails = {name: TopicTail(settings, f"{prefix}.{name}") for name in ("replica-status", "heartbeats", "nodes")}
+    try:
+        yield {"settings": settings, "prefix": prefix, "spec_doc": doc, "tails": tails, "work_dir": tmp_path}
+    finally:
+        for tail in tails.values():
+            tail.close()
+
+
+def publish_assignment(settings: Settings, node: str, epoch: int, replicas: list[dict[str, Any]]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(settings.kafka_client_config(**{"acks": "all"}))
+    record = {"node": node, "epoch": epoch, "issued_at_ms": int(time.time() * 1000), "replicas": replicas}
+    producer.produce(f"{settings.topic_prefix}.assignments", key=node.encode(), value=encode("Assignment", record))
+    assert producer.flush(10) == 0
+
+
+def replica_assignment(doc: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    return {
+        "replica_id": f"fraud-rules-{index}", "model": "fraud-rules", "version": doc["version"],
+        "gpu_indices": [], "gpu_memory_mb": 0, "spec_json": json.dumps(doc),
+    }
+
+
+def run_agent(config: AgentConfig, settings: Settings) -> tuple[Agent, threading.Event, threading.Thread]:
+    agent = Agent(config, settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    thread.start()
+    wait_until(agent.ready.is_set, timeout=20, message="agent registered")
+    return agent, stop, thread
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_agent_runs_restarts_and_drains_a_replica(cluster: dict[str, Any]) -> None:
+    settings, doc, tails = cluster["settings"], cluster["spec_doc"], cluster["tails"]
+    status = tails["replica-status"]
+    publish_assignment(settings, "n1", 1, [replica_assignment(doc)])
+    config = AgentConfig(
+        node="n1", labels={"zone": "a"}, tier="tier-0", simulate_gpus="2xA100-80GB", heartbeat_s=0.5,
+        work_dir=cluster["work_dir"],
+        policy=SupervisorPolicy(backoff_initial_s=0.2, startup_timeout_s=60, liveness_timeout_s=15, drain_grace_s=15),
+    )
+    agent, stop, thread = run_agent(config, settings)
+    try:
+        # registration: inventory with simulated GPUs, labels and tier
+        reg = wait_until(lambda: tails["nodes"].find(node="n1"), timeout=10, message="NodeRegistration")[0]
+        assert reg["simulated"] and len(reg["gpus"]) == 2 and reg["gpus"][0]["memory_total_mb"] == 80 * 1024
+        assert reg["labels"] == {"zone": "a"} and reg["tier"] == "tier-0" and reg["cpu_count"] >= 1
+
+        # READY only after a real inference + the scorer subscribed
+        wait_until(lambda: status.find(replica_id="fraud-rules-0", state="READY"), timeout=60,
+                   message=lambda: f"READY status; seen {status.values()}")
+        assert [v["state"] for v in status.values()][:3] == ["PENDING", "STARTING", "READY"]
+
+        # requests get results
+        example = doc["example_input"]
+        produce_json(settings, doc["topics"]["requests"],
+                     [{"id": f"r-{i}", "inputs": {**example, "amount": 10.0 + i}} for i in range(20)])
+        results = consume_all(settings, doc["topics"]["results"], expected=20, timeout=30)
+        assert len(results) == 20
+        assert all(0.0 <= r.json()["outputs"]["risk_score"] <= 1.0 for r in results)
+
+        # heartbeat carries the replica with its pid
+        def ready_pid() -> int | None:
+            for beat in reversed(tails["heartbeats"].find(node="n1")):
+                for rep in beat["replicas"]:
+                    if rep["replica_id"] == "fraud-rules-0" and rep["state"] == "READY" and rep["pid"]:
+                        return rep["pid"]
+            return None
+
+        pid = wait_until(ready_pid, timeout=10, message="heartbeat with a READY replica")
+        assert pid_alive(pid)
+
+        # SIGKILL the worker: CRASHED with the signal and cause, restarted, READY again
+        os.kill(pid, signal.SIGKILL)
+        crashed = wait_until(lambda: status.find(replica_id="fraud-rules-0", state="CRASHED"), timeout=15,
+                             message="CRASHED status")[0]
+        assert crashed["signal"] == signal.SIGKILL and "killed by SIGKILL (OOM killer or operator)" in crashed["reason"]
+        wait_until(lambda: [v for v in status.find(replica_id="fraud-rules-0", state="READY") if v["restarts"] == 1],
+                   timeout=60, message="READY again after the restart")
+        new_pid = wait_until(lambda: (p := ready_pid()) != pid and p, timeout=10, message="heartbeat with the new pid")
+        assert pid_alive(new_pid)
+
+        # the same assignment replayed (new epoch) changes nothing
+        publish_assignment(settings, "n1", 2, [replica_assignment(doc)])
+        wait_until(lambda: agent.supervisor.table.current("fraud-rules-0").desired.epoch == 2, timeout=10,
+                   message="epoch 2 applied")
+        assert agent.supervisor.table.current("fraud-rules-0").pid == new_pid
+
+        # empty assignment: drained (SIGTERM, exit 0) and STOPPED
+        publish_assignment(settings, "n1", 2, [])
+        stopped = wait_until(lambda: status.find(replica_id="fraud-rules-0", state="STOPPED"), timeout=30,
+                             message="STOPPED status")[0]
+        assert stopped["reason"] == "drained" and stopped["exit_code"] == 0
+        assert status.find(replica_id="fraud-rules-0", state="DRAINING")
+        assert not pid_alive(new_pid)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
