@@ -151,7 +151,8 @@ def delete_topics(settings: Settings, topics: Sequence[str], timeout: float = 30
 
     if not topics:
         return []
-    futures = admin_client(settings).delete_topics(list(topics), operation_timeout=timeout, request_timeout=timeout)
+    admin = admin_client(settings)  # keep a reference: a destroyed client fails its pending futures
+    futures = admin.delete_topics(list(topics), operation_timeout=timeout, request_timeout=timeout)
     deleted = []
     for name, fut in futures.items():
         try:

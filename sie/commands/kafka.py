@@ -26,6 +26,18 @@ def command() -> None:
     """Run Apache Kafka (KRaft) locally from Maven Central jars (Java 17 + Maven needed once)."""
 
 
+@command.command("fetch")
+@click.pass_obj
+def fetch(settings: Settings) -> None:
+    """Download the broker jars from Maven Central (once per machine; skipped when present)."""
+    from sie.kafka.fetch import ensure_jars, jars_present
+
+    if jars_present(settings):
+        click.echo(f"Apache Kafka {settings.kafka_version} already fetched")
+    lib = ensure_jars(settings, echo=click.echo)
+    click.echo(f"jars: {lib}")
+
+
 @command.command("up")
 @click.option("--brokers", type=click.Choice(["1", "3"]), default="1", show_default=True,
               help="1 combined node, or 3 nodes (rf 3 / min ISR 2 internal topics).")

@@ -2,6 +2,6 @@
 
 from sie.kafka.fetch import ensure_jars, require_tool
 from sie.kafka.layout import ClusterLayout, NodeLayout
-from sie.kafka.local import LocalKafka, port_in_use, probe_brokers
+from sie.kafka.local import LocalKafka, free_base_port, port_in_use, probe_brokers
 
-__all__ = ["ClusterLayout", "LocalKafka", "NodeLayout", "ensure_jars", "port_in_use", "probe_brokers", "require_tool"]
+__all__ = ["ClusterLayout", "LocalKafka", "NodeLayout", "ensure_jars", "free_base_port", "port_in_use", "probe_brokers", "require_tool"]

@@ -91,6 +91,21 @@ def port_in_use(port: int, host: str = HOST) -> bool:
     return False
 
 
+def free_base_port(count: int, low: int = 20000, high: int = 32000, attempts: int = 200) -> int:
+    """A base port with ``count`` consecutive free ports, for test clusters.
+
+    Picked at random below Linux's ephemeral range (32768+), so outgoing
+    connections never grab a port the cluster will want.
+    """
+    import random
+
+    for _ in range(attempts):
+        base = random.randrange(low, high - count)
+        if not any(port_in_use(p) for p in range(base, base + count)):
+            return base
+    raise ConfigError(f"no {count} consecutive free ports between {low} and {high}")
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     if not path.is_file():
         return f"(no log at {path})"

@@ -1,0 +1,88 @@
+"""Real Kafka for the test session (never a fake).
+
+- ``bootstrap_servers`` / ``kafka_settings`` (session): the broker named by
+  ``SIE_BOOTSTRAP_SERVERS`` when set (CI, the shared dev broker); otherwise a
+  1-broker ``LocalKafka`` on free loopback ports in a temp dir, stopped at the end.
+- ``kafka_cluster3`` (session, started on first use): 3 brokers on free ports,
+  for fault tests; tests using it are marked ``cluster3`` automatically.
+- ``private_kafka`` (function): a fresh single broker the test may kill/restart.
+
+Brokers started here are not detached: Ctrl-C in the terminal stops them too.
+Tests that use any of these fixtures get the ``kafka`` marker automatically,
+so ``-m "not kafka"`` runs the pure unit tests alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sie.kafka.local import LocalKafka, free_base_port
+from sie.settings import Settings
+
+_KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _KAFKA_FIXTURES:
+            item.add_marker(pytest.mark.kafka)
+        if "kafka_cluster3" in names:
+            item.add_marker(pytest.mark.cluster3)
+
+
+@pytest.fixture(scope="session")
+def base_settings() -> Settings:
+    """The environment, read once for the whole session."""
+    return Settings()
+
+
+def _start_local(base_settings: Settings, brokers: int, data_dir: Path) -> LocalKafka:
+    kafka = LocalKafka(base_settings, brokers=brokers, base_port=free_base_port(2 * brokers),
+                       data_dir=data_dir, detach=False)
+    kafka.up(timeout=180 if brokers == 3 else 90)
+    return kafka
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("SIE_BOOTSTRAP_SERVERS"):
+        from sie.admin import wait_for_cluster
+
+        wait_for_cluster(base_settings, timeout=30)
+        yield base_settings.bootstrap_servers
+        return
+    kafka = _start_local(base_settings, 1, tmp_path_factory.mktemp("kafka-session"))
+    try:
+        yield kafka.bootstrap_servers
+    finally:
+        kafka.down()
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(base_settings: Settings, bootstrap_servers: str) -> Settings:
+    return base_settings.with_overrides(bootstrap_servers=bootstrap_servers)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster3(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A 3-broker cluster of its own; ``kafka_cluster3.settings_for_clients()`` points at it."""
+    kafka = _start_local(base_settings, 3, tmp_path_factory.mktemp("kafka-cluster3"))
+    try:
+        yield kafka
+    finally:
+        kafka.down()
+
+
+@pytest.fixture()
+def private_kafka(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A fresh single broker for this test alone (kill_broker/stop_broker/start_broker are fair game)."""
+    kafka = _start_local(base_settings, 1, tmp_path_factory.mktemp("kafka-private"))
+    try:
+        yield kafka
+    finally:
+        kafka.down(timeout=10)
