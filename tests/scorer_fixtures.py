@@ -71,3 +71,121 @@ def load_echo_backend(spec):
     backend = create_backend(backend_config_from_spec(spec))
     backend.load()
     return backend
+
+
+# --- processes and proofs for the Kafka tests ---------------------------------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ScorerProcess:
+    """``python -m sie score`` as a child process (the real CLI), with its output in a file."""
+
+    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str) -> None:
+        self.log_path = log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
+               "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
+               "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"scorer exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        return "ready:" in self.output()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code
+
+    def ensure_dead(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+
+
+class CommittedReader:
+    """An assigned read_committed consumer that counts what the scorer has committed so far."""
+
+    def __init__(self, settings, topic: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self._consumer = Consumer(settings.kafka_client_config(**{
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
+        md = self._consumer.list_topics(topic, timeout=10)
+        self._consumer.assign([TopicPartition(topic, p, -2) for p in md.topics[topic].partitions])
+        self.records: list = []
+
+    def count(self) -> int:
+        while True:
+            msgs = self._consumer.consume(5000, 0.2)
+            good = [m for m in msgs if m.error() is None]
+            self.records.extend(good)
+            if len(msgs) < 5000:
+                return len(self.records)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def request_id_of_dead_letter(value: bytes | None, headers: dict[str, bytes]) -> str:
+    """The id a dead-lettered request had (its own "id", else the deterministic default)."""
+    try:
+        import orjson
+
+        doc = orjson.loads(value) if value else None
+        if isinstance(doc, dict) and isinstance(doc.get("id"), (str, int)) and not isinstance(doc.get("id"), bool):
+            return str(doc["id"])
+    except Exception:
+        pass
+    return "{}:{}:{}".format(headers["sie.source.topic"].decode(), headers["sie.source.partition"].decode(),
+                             headers["sie.source.offset"].decode())
+
+
+def exactly_once_report(results: list, dead_letters: list, expected_ids: set[str]) -> dict[str, Any]:
+    """Counts of missing / duplicated / unexpected ids over results + dead letters."""
+    import orjson
+
+    seen = Counter(orjson.loads(m.value())["id"] for m in results)
+    seen.update(request_id_of_dead_letter(m.value(), dict(m.headers() or [])) for m in dead_letters)
+    return {
+        "missing": sorted(expected_ids - set(seen))[:10],
+        "missing_count": len(expected_ids - set(seen)),
+        "duplicates": sorted(i for i, c in seen.items() if c > 1)[:10],
+        "duplicate_count": sum(c - 1 for c in seen.values() if c > 1),
+        "unexpected": sorted(set(seen) - expected_ids)[:10],
+    }
+
+
+def produce_requests(settings, topic: str, values: list[tuple[bytes | None, bytes | None]]) -> None:
+    """Fast bulk produce of raw (key, value) pairs (acks=all, idempotent)."""
+    from confluent_kafka import Producer
+
+    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
+                                                        "linger.ms": 20}))
+    for key, value in values:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0, "requests not delivered"

@@ -1,0 +1,250 @@
+"""The scorer against a real broker: what read_committed readers see.
+
+Every test ends with the same proof: a read_committed consumer of the result
+and dead-letter topics finds every request id exactly once (zero missing,
+zero duplicates), whatever happened on the way (poison, SIGKILL, rebalances,
+a broker restart).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sie.admin import ensure_model_topics
+from streams.scorer import ScorerConfig, run_scorer
+from tests.helpers import consume_all, wait_until
+from tests.scorer_fixtures import (
+    POISON_X,
+    CommittedReader,
+    ScorerProcess,
+    echo_spec,
+    exactly_once_report,
+    load_echo_backend,
+    produce_requests,
+    write_echo_spec,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
+    return [(f"k{i % 997}".encode(), orjson.dumps({"id": f"{prefix}{i}", "inputs": {"x": float(i)},
+                                                   "metadata": {"n": i}})) for i in range(n)]
+
+
+class ScorerThread:
+    """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
+
+    def __init__(self, settings, spec, instance: str = "t0", **overrides) -> None:
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.summary = None
+        self.error: BaseException | None = None
+        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
+                                   session_timeout_ms=6000, **overrides)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.summary = run_scorer(self.config, load_echo_backend, self.stop,
+                                      on_ready=lambda _s: self.ready.set())
+        except BaseException as exc:  # surfaced by close()
+            self.error = exc
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "scorer did not stop within 30s"
+        if self.error:
+            raise self.error
+        return self.summary
+
+
+def topics_for(settings, spec, partitions: int = 4) -> None:
+    t = spec.topics
+    ensure_model_topics(settings, [t.requests, t.results, t.dead_letters], partitions)
+
+
+def prove_exactly_once(settings, spec, ids: set[str], timeout: float = 60.0) -> tuple[list, list]:
+    results = CommittedReader(settings, spec.topics.results)
+    dlq = CommittedReader(settings, spec.topics.dead_letters)
+    try:
+        wait_until(lambda: results.count() + dlq.count() >= len(ids), timeout,
+                   message=lambda: f"{len(ids)} outputs (have {len(results.records)} + {len(dlq.records)})")
+        results.count(), dlq.count()  # and nothing more arrives late
+        report = exactly_once_report(results.records, dlq.records, ids)
+        assert report["missing_count"] == 0 and report["duplicate_count"] == 0 and not report["unexpected"], report
+        return results.records, dlq.records
+    finally:
+        results.close()
+        dlq.close()
+
+
+def test_happy_path_one_result_per_request_same_key_and_partition(kafka_settings):
+    spec = echo_spec()
+    topics_for(kafka_settings, spec)
+    reqs = requests(3000)
+    produce_requests(kafka_settings, spec.topics.requests, reqs)
+    scorer = ScorerThread(kafka_settings, spec)
+    try:
+        results, dead = prove_exactly_once(kafka_settings, spec, {f"r{i}" for i in range(3000)})
+    finally:
+        summary = scorer.close()
+    assert dead == []
+    for m in results:
+        doc = orjson.loads(m.value())
+        i = int(doc["id"][1:])
+        assert doc["status"] == "ok" and doc["outputs"] == {"y": 2.0 * i} and doc["metadata"] == {"n": i}
+        assert m.key() == f"k{i % 997}".encode()
+        assert doc["source"]["partition"] == m.partition()  # results land on the request's partition number
+        assert doc["version"] == "1.0.0" and doc["timings"]["batch_size"] >= 1
+    assert summary.results == 3000 and summary.dead_letters == 0
+
+
+POISON = [
+    (b"{not json", "invalid_json", "value: not valid JSON"),
+    (b'{"id": "p-types", "inputs": {"x": "abc"}}', "schema_violation", "inputs.x"),
+    (b'{"id": "p-missing"}', "schema_violation", "inputs: required"),
+    (b'{"id": "p-big", "inputs": {"x": 1}, "pad": "' + b"a" * 3000 + b'"}', "too_large", "max_request_bytes"),
+    (b'{"id": "p-nan", "inputs": {"x": NaN}}', "invalid_json", "not valid JSON"),
+    (b'{"id": "p-inf", "inputs": {"x": Infinity}}', "invalid_json", "not valid JSON"),
+    (b'{"id": "p-deep", "inputs": {"x": 1}, "metadata": ' + b"[" * 100 + b"]" * 100 + b"}",
+     "schema_violation", "max_json_depth"),
+    (b"\x00\xff\xfe binary", "invalid_json", "not valid JSON"),
+    (b"", "invalid_json", "value: empty"),
+    (None, "invalid_json", "value: empty"),
+    (b'[1, 2, 3]', "schema_violation", "must be a JSON object"),
+    (orjson.dumps({"id": "p-model", "inputs": {"x": POISON_X}}), "inference_error", "cannot score"),
+]
+
+
+def test_poison_lands_in_the_dlq_with_reason_and_valid_requests_are_scored(kafka_settings):
+    spec = echo_spec()
+    topics_for(kafka_settings, spec, partitions=2)
+    valid = requests(400)
+    mixed: list[tuple[bytes | None, bytes | None]] = []
+    for i, kv in enumerate(valid):
+        mixed.append(kv)
+        if i % 33 == 0 and i // 33 < len(POISON):
+            mixed.append((f"poison-{i // 33}".encode(), POISON[i // 33][0]))
+    produce_requests(kafka_settings, spec.topics.requests, mixed)
+    scorer = ScorerThread(kafka_settings, spec, max_request_bytes=2048)
+    try:
+        dlq_all = consume_all(kafka_settings, spec.topics.dead_letters, expected=len(POISON), timeout=60)
+        results = consume_all(kafka_settings, spec.topics.results, expected=400, timeout=60)
+    finally:
+        summary = scorer.close()
+    assert sorted(orjson.loads(r.value)["id"] for r in results) == sorted(f"r{i}" for i in range(400))
+    assert len(dlq_all) == len(POISON)
+    by_key = {r.key: r for r in dlq_all}
+    for n, (value, reason, detail) in enumerate(POISON):
+        letter = by_key[f"poison-{n}".encode()]
+        assert letter.value == value or (value in (b"", None) and not letter.value), n  # bytes unchanged
+        assert letter.headers["sie.reason"] == reason.encode(), (n, letter.headers)
+        assert detail in letter.headers["sie.detail"].decode(), (n, letter.headers["sie.detail"])
+        assert letter.headers["sie.model"] == spec.name.encode()
+        assert letter.headers["sie.version"] == b"1.0.0"
+        assert letter.headers["sie.source.topic"] == spec.topics.requests.encode()
+        assert int(letter.headers["sie.source.offset"]) >= 0
+    assert summary.dead_letters == len(POISON) and summary.results == 400
+
+
+def _mixed_workload(n: int, poison_every: int = 500) -> tuple[list[tuple[bytes, bytes]], set[str]]:
+    values, ids = [], set()
+    for i in range(n):
+        if i % poison_every == 0:
+            values.append((f"k{i}".encode(), orjson.dumps({"id": f"p{i}", "inputs": {"x": "bad"}})))
+            ids.add(f"p{i}")
+        else:
+            values.append((f"k{i % 1009}".encode(), orjson.dumps({"id": f"r{i}", "inputs": {"x": float(i)}})))
+            ids.add(f"r{i}")
+    return values, ids
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, tmp_path):
+    spec_path = write_echo_spec(tmp_path)
+    from schemas.spec import load_spec
+
+    spec = load_spec(spec_path)
+    topics_for(kafka_settings, spec)
+    total = 50_000
+    values, ids = _mixed_workload(total)
+    produce_requests(kafka_settings, spec.topics.requests, values)
+    reader = CommittedReader(kafka_settings, spec.topics.results)
+    rng = random.Random(7)
+    kills = 0
+    proc = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "crash", tmp_path)
+    try:
+        for _ in range(5):
+            start = reader.count()
+            step = rng.randint(2_000, 6_000)
+            wait_until(lambda: reader.count() >= start + step, 60, interval=0.02,
+                       message=lambda: f"results past {start + step} (have {len(reader.records)})")
+            proc.kill()
+            kills += 1
+            proc = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "crash", tmp_path)
+        prove_exactly_once(kafka_settings, spec, ids, timeout=90)
+    finally:
+        reader.close()
+        code = proc.terminate() if proc.proc.poll() is None else proc.proc.returncode
+    assert kills == 5
+    assert code == 0, proc.output()[-2000:]
+
+
+@pytest.mark.timeout(240)
+def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settings, tmp_path):
+    spec_path = write_echo_spec(tmp_path)
+    from schemas.spec import load_spec
+
+    spec = load_spec(spec_path)
+    topics_for(kafka_settings, spec)
+    values, ids = _mixed_workload(30_000)
+    reader = CommittedReader(kafka_settings, spec.topics.results)
+    a = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "a", tmp_path)
+    b = None
+    try:
+        wait_until(a.ready, 60, message="scorer a ready")
+        produce_requests(kafka_settings, spec.topics.requests, values[:10_000])
+        wait_until(lambda: reader.count() >= 3_000, 60, message="first results")
+        b = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "b", tmp_path)
+        produce_requests(kafka_settings, spec.topics.requests, values[10_000:20_000])
+        wait_until(lambda: reader.count() >= 12_000, 60, message="results with two scorers")
+        assert b.terminate() == 0, b.output()[-2000:]  # scale down: b commits, leaves the group
+        assert "stopped after" in b.output()
+        produce_requests(kafka_settings, spec.topics.requests, values[20_000:])
+        prove_exactly_once(kafka_settings, spec, ids, timeout=90)
+    finally:
+        reader.close()
+        for p in (a, b):
+            if p is not None:
+                p.ensure_dead()
+    assert "ready:" in b.output()
+
+
+@pytest.mark.timeout(300)
+def test_broker_restart_mid_stream_recovers_by_itself(private_kafka, tmp_path):
+    settings = private_kafka.settings_for_clients()
+    spec = echo_spec()
+    topics_for(settings, spec)
+    values, ids = _mixed_workload(20_000)
+    produce_requests(settings, spec.topics.requests, values[:10_000])
+    scorer = ScorerThread(settings, spec)
+    reader = CommittedReader(settings, spec.topics.results)
+    try:
+        wait_until(lambda: reader.count() >= 2_000, 60, message="results before the restart")
+        reader.close()
+        node = private_kafka.layout.nodes[0].node_id
+        private_kafka.kill_broker(node)
+        private_kafka.start_broker(node)
+        produce_requests(settings, spec.topics.requests, values[10_000:])
+        prove_exactly_once(settings, spec, ids, timeout=120)
+    finally:
+        summary = scorer.close()
+    assert summary.records_in >= 20_000 - 2_000
