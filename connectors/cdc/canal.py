@@ -84,11 +84,15 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
     batch = doc.get("id")
     position = f"batch={batch},es={es}" + (f",gtid={gtid}" if gtid else "")
 
+    columns = options.columns
+    if columns is not None and pk_names:
+        columns = columns.union(pk_names)
+
     rows = []
     for i, raw in enumerate(data):
         if not isinstance(raw, dict):
             raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: data[{i}] is not an object")
-        image = cast_row(raw, casters, qualified)
+        image = cast_row(raw, casters, qualified, columns)
         raw_old = None
         if op is Op.UPDATE:
             raw_old = old[i]  # type: ignore[index]
@@ -96,7 +100,7 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
                 raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: old[{i}] is not an object")
             changed = frozenset(raw_old)
             # the before image: cast only the changed columns, reuse the rest of the after image
-            before = {**image, **cast_row(raw_old, {c: casters[c] for c in raw_old if c in casters}, qualified)}
+            before = {**image, **cast_row(raw_old, casters, qualified, columns if columns is not None else frozenset(raw_old))}
             after = image
         elif op is Op.DELETE:
             before, after, changed = image, None, None

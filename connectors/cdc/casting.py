@@ -130,10 +130,21 @@ def canal_casters(
     return casters
 
 
-def cast_row(row: dict[str, Any], casters: dict[str, tuple[str, Caster]], table: str) -> dict[str, Any]:
-    """A copy of ``row`` with casters applied; a failure is a ``cast_error`` naming the column."""
-    out = dict(row)
-    for col, (declared, fn) in casters.items():
+def cast_row(
+    row: dict[str, Any],
+    casters: dict[str, tuple[str, Caster]],
+    table: str,
+    columns: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """A copy of ``row`` (only ``columns`` when given) with casters applied; a
+    failure is a ``cast_error`` naming the column."""
+    if columns is None:
+        out = dict(row)
+        todo = casters.items()
+    else:
+        out = {c: row[c] for c in columns if c in row}
+        todo = [(c, casters[c]) for c in out if c in casters]
+    for col, (declared, fn) in todo:
         v = out.get(col)
         if v is None:
             continue

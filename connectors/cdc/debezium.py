@@ -142,8 +142,12 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
         casters = debezium_casters(qualified, fields)
     else:
         casters = _configured_scales(qualified, options.decimal_scales)
-    after = cast_row(after_raw, casters, qualified) if after_raw is not None else None
-    before = cast_row(before_raw, casters, qualified) if before_raw is not None else None
+    columns = options.columns
+    key_pk = _key_pk(key)
+    if columns is not None and key_pk:
+        columns = columns.union(key_pk)
+    after = cast_row(after_raw, casters, qualified, columns) if after_raw is not None else None
+    before = cast_row(before_raw, casters, qualified, columns) if before_raw is not None else None
 
     changed = None
     if op is Op.UPDATE and before_raw is not None and after_raw is not None:
@@ -153,7 +157,6 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
         )
 
     image = before if op is Op.DELETE else after
-    key_pk = _key_pk(key)
     if key_pk is not None:
         pk = {c: image.get(c, v) for c, v in key_pk.items()}  # type: ignore[union-attr]
     else:

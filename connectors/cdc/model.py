@@ -72,7 +72,8 @@ class CdcDecodeError(Exception):
 
 
 class RowChange(NamedTuple):
-    """One changed row, values already cast to Python types.
+    """One changed row, values already cast to Python types (images hold only the
+    projected columns when ``DecodeOptions.columns`` is set).
 
     A NamedTuple (immutable, cheap to build: the hot path creates one per row).
     ``before``/``after``: full images where the source has them (canal/maxwell
@@ -119,10 +120,15 @@ class DecodeOptions(NamedTuple):
         is ``tinyint(1)``); set False to keep ints.
     decimal_scales: ``{"db.table.column": scale}`` for Debezium ``precise``
         decimals when the record has no schema wrapper.
+    columns: when set, canal and Debezium images keep (and cast) only these
+        columns plus the event's primary key columns: casting is most of the
+        per-row cost and real tables are wide while a model reads a few
+        columns.  ``changed_columns`` still covers every column.
     """
 
     tinyint1_as_bool: bool = True
     decimal_scales: dict[str, int] = {}
+    columns: frozenset[str] | None = None
 
 
 DEFAULT_OPTIONS = DecodeOptions()

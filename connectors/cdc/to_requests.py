@@ -98,7 +98,10 @@ class _Plan:
         self.primary_keys = {t: tuple(cols) for t, cols in spec.primary_keys.items()}
         self.template = spec.id_template
         self.fast_id = spec.id_template == "{db}.{table}:{pk}:{ref}:{op}"
-        self.options = DecodeOptions(spec.tinyint1_as_bool, dict(spec.decimal_scales))
+        projection = None
+        if self.columns is not None:
+            projection = self.columns.union(*self.primary_keys.values())
+        self.options = DecodeOptions(spec.tinyint1_as_bool, dict(spec.decimal_scales), projection)
 
     def table_selected(self, db: str, table: str) -> bool:
         key = (db, table)
@@ -184,12 +187,12 @@ class _Plan:
         )
         return ConvertedRequest(key.encode(), value, request_id, row)
 
-    def convert_rows(self, rows: Iterable[RowChange], skipped: Counter) -> list[ConvertedRequest]:
+    def convert_rows(self, rows: Iterable[RowChange], skipped: dict[str, int]) -> list[ConvertedRequest]:
         out = []
         for row in rows:
             reason = self.select(row)
             if reason is not None:
-                skipped[reason.value] += 1
+                skipped[reason.value] = skipped.get(reason.value, 0) + 1
                 continue
             out.append(self.request(row))
         return out
@@ -212,7 +215,7 @@ def rows_to_requests(
     """Filter and convert decoded rows (raises ``CdcDecodeError`` on the first bad row).
     For a stream of records use ``CdcConverter`` (compiles the spec once, counts outcomes)."""
     _check_mapping(spec, field_types)
-    return _Plan(spec, field_types).convert_rows(rows, Counter())
+    return _Plan(spec, field_types).convert_rows(rows, {})
 
 
 class CdcConverter:
@@ -252,11 +255,11 @@ class CdcConverter:
     def convert(self, key: bytes | None, value: bytes | None) -> ConversionOutcome:
         stats = self._stats
         stats["records"] += 1
-        skipped: Counter = Counter()
+        skipped: dict[str, int] = {}
         try:
             result = self._decode(key, value, self._plan.options)
             if result.skipped is not None:
-                skipped[result.skipped.value] += 1
+                skipped[result.skipped.value] = 1
                 requests: list[ConvertedRequest] = []
             else:
                 requests = self._plan.convert_rows(result.rows, skipped)
@@ -272,7 +275,7 @@ class CdcConverter:
         for reason, n in skipped.items():
             stats[f"skipped.{reason}"] += n
         stats["records_converted" if requests else "records_skipped"] += 1
-        return ConversionOutcome(requests, dict(skipped))
+        return ConversionOutcome(requests, skipped)
 
     def _failed(self, exc: CdcDecodeError) -> ConversionOutcome:
         self._stats["records_failed"] += 1
