@@ -1,0 +1,472 @@
+"""The reconcile loop: desired (specs -> demands -> placement) vs published assignments, close the gap.
+
+``Controller.reconcile(now)`` is level-triggered (Kubernetes style): it ignores what changed and
+re-derives everything from the ``ClusterState`` snapshot, so running it twice changes nothing, and a
+restarted control plane reaches the same decision.  Order of one pass:
+
+1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down;
+2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
+3. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
+   assignment of every node, so healthy replicas keep their node and GPU (no restart after a
+   control-plane restart or failover);
+4. assignments: a node's Assignment is published only when its replica set differs from the last one
+   published for it (the epoch is not part of the comparison);
+5. events and ModelStatus (status only when it changed);
+6. publish everything of the pass in ONE transaction, and only while leading.
+
+Each step runs in its own try/except: a failing step becomes a subsystem error in ``health`` and a
+metric, never a crashed loop.  Side effects go through ``Publisher`` (a fake in unit tests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+from streams.control.demand import ReplicaDemand, demands_from_spec
+from streams.control.inventory import ClusterInventory
+from streams.control.placement import Placement, PlacementPlan, place
+from streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
+from streams.control.status import ModelStatus, build_status
+
+log = logging.getLogger(__name__)
+
+#: label used internally to keep a replica away from the nodes it FAILED on (never published)
+AVOID_LABEL_PREFIX = "sie.control/avoid."
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Timings and policy of the control plane (``control-plane-config.yaml`` + CLI options).
+
+    ``node_timeout_s``: a node silent this long is offline and its replicas move (protocol: 6 s).
+    ``failure_cooldown_s``: after a replica reports FAILED on a node, it is kept off that node this long.
+    ``reconcile_interval_s``: how often the loop runs (it also runs soon after a change is seen).
+    ``strategy``: only ``binpack`` exists (the article's default).
+    """
+
+    node_timeout_s: float = 6.0
+    failure_cooldown_s: float = 300.0
+    reconcile_interval_s: float = 1.0
+    strategy: str = "binpack"
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> "ControlConfig":
+        """Read the article's control-plane-config.yaml (``scheduling.strategy``,
+        ``monitoring.interval_seconds``) plus SIE's ``control:`` section; unknown keys are ignored."""
+        import yaml
+
+        from sie.errors import ConfigError
+
+        try:
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read the control-plane config: {exc}") from None
+        values: dict[str, Any] = {}
+        strategy = (doc.get("scheduling") or {}).get("strategy")
+        if strategy is not None:
+            if strategy != "binpack":
+                raise ConfigError(f"{path}: scheduling.strategy: only 'binpack' is supported (got {strategy!r})")
+            values["strategy"] = strategy
+        control = doc.get("control") or {}
+        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s"):
+            if key in control:
+                try:
+                    values[key] = float(control[key])
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------- side effects
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    """One record to publish: ``topic`` is the system topic suffix (``assignments``, ``events`` ...);
+    ``value`` None = tombstone."""
+
+    topic: str
+    key: str
+    record: str
+    value: Mapping[str, Any] | None
+
+
+class Publisher(Protocol):
+    """Publishes one pass's records atomically (one transaction); raises ``Fenced`` when a newer
+    leader took over, any other exception when the publish failed and must be retried."""
+
+    def publish(self, records: Sequence[OutRecord]) -> None: ...
+
+
+class Leadership(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def step_down(self, reason: str) -> None: ...
+
+
+class Fenced(Exception):
+    """A newer leader's transactional producer fenced ours: stop publishing now."""
+
+
+@dataclass
+class StaticLeadership:
+    """Leadership decided by the caller (unit tests, single-instance runs without a group)."""
+
+    leader: bool = True
+    current_epoch: int = 1
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader
+
+    @property
+    def epoch(self) -> int:
+        return self.current_epoch
+
+    def step_down(self, reason: str) -> None:
+        self.leader = False
+        self.reasons.append(reason)
+
+
+# ------------------------------------------------------------------------------------------ result
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What one pass decided (published or not) and how long each step took."""
+
+    at: float
+    leader: bool
+    published: tuple[OutRecord, ...]
+    plan: PlacementPlan | None
+    statuses: Mapping[str, ModelStatus]
+    errors: Mapping[str, str]
+    durations: Mapping[str, float]
+    skipped: str | None = None
+
+    def of(self, topic: str) -> list[OutRecord]:
+        return [r for r in self.published if r.topic == topic]
+
+
+# -------------------------------------------------------------------------------------- controller
+
+
+def _avoid_label(replica_id: str) -> str:
+    return AVOID_LABEL_PREFIX + replica_id
+
+
+class Controller:
+    """Desired vs actual for the whole cluster; one ``reconcile(now)`` = one bounded pass."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        publisher: Publisher,
+        leadership: Leadership,
+        config: ControlConfig = ControlConfig(),
+        metrics: Any | None = None,
+    ) -> None:
+        self.state = state
+        self.publisher = publisher
+        self.leadership = leadership
+        self.config = config
+        self.metrics = metrics
+        # (replica id, node) -> (until, reason): keep that replica off that node
+        self.exclusions: dict[tuple[str, str], tuple[float, str]] = {}
+        # what this process published and the feeder may not have read back yet: node -> assignment
+        self._published: dict[str, AssignmentInfo] = {}
+        self._status_published: dict[str, ModelStatus] = {}
+        self._status_loaded = False
+        self._unplaced_reported: dict[str, str] = {}
+        self._node_online: dict[str, bool] = {}
+        self._gpu_healthy: dict[tuple[str, int], bool] = {}
+        self._led_last_pass = False
+        self.last_report: ReconcileReport | None = None
+        self.statuses: dict[str, ModelStatus] = {}
+
+    # -- the pass ----------------------------------------------------------------------------------
+
+    def reconcile(self, now: float) -> ReconcileReport:
+        started = time.perf_counter()
+        durations: dict[str, float] = {}
+        errors: dict[str, str] = {}
+        leader = self.leadership.is_leader
+        if leader and not self._led_last_pass:
+            # new term: forget what a previous term of ours published; the topic is the truth now
+            self._published.clear()
+            self._unplaced_reported.clear()
+        self._led_last_pass = leader
+        snap = self.state.snapshot()
+        out: list[OutRecord] = []
+        plan: PlacementPlan | None = None
+        statuses: dict[str, ModelStatus] = {}
+
+        def step(name: str, fn: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn()
+            except Exception as exc:  # one failing subsystem must not stop the loop
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                log.exception("reconcile step %s failed", name)
+                return None
+            finally:
+                durations[name] = time.perf_counter() - t0
+
+        step("failures", lambda: self._record_failures(snap, now, out))
+        inventory = step("nodes", lambda: self._inventory(snap, now, out))
+        if inventory is not None:
+            published = self._published_view(snap)
+            plan = step("placement", lambda: self._place(snap, inventory, published))
+            if plan is not None:
+                step("assignments", lambda: self._assignments(snap, plan, published, out))
+                step("events", lambda: self._placement_events(plan, published, inventory, now, out))
+        if plan is not None:
+            statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
+        published_records: tuple[OutRecord, ...] = ()
+        if leader and out:
+            t0 = time.perf_counter()
+            try:
+                self.publisher.publish(self._stamp(out, now))
+                published_records = tuple(out)
+                self._remember(out, statuses)
+            except Fenced as exc:
+                self.leadership.step_down(f"fenced while publishing: {exc}")
+                errors["publish"] = f"fenced: {exc}"
+            except Exception as exc:
+                errors["publish"] = f"{type(exc).__name__}: {exc}"
+                log.warning("publish failed (retried next pass): %s", exc)
+            durations["publish"] = time.perf_counter() - t0
+        elif leader:
+            self._remember([], statuses)
+        self.statuses = statuses or self.statuses
+        durations["total"] = time.perf_counter() - started
+        report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations)
+        self.last_report = report
+        if self.metrics is not None:
+            try:
+                self.metrics.observe(report, snap, now, self.config.node_timeout_s)
+            except Exception:  # metrics are best effort
+                log.exception("metrics update failed")
+        return report
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def _record_failures(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
+        """FAILED on the node the replica is assigned to -> exclusion (replica, node) for the cool-down."""
+        assigned = {(a.replica_id, node) for node, info in self._published_view(snap).items() for a in info.replicas}
+        for report in self.state.drain_failures():
+            key = (report.replica_id, report.node)
+            until = report.at + self.config.failure_cooldown_s
+            if key not in assigned or until <= now or key in self.exclusions:
+                continue
+            reason = report.reason or "crashed too often"
+            self.exclusions[key] = (until, reason)
+            out.append(self._event(now, "replica_failed", report.model, report.replica_id, report.node,
+                                   f"replica FAILED on {report.node}: {reason}; kept off it for {self.config.failure_cooldown_s:g}s"))
+        for key, (until, _) in list(self.exclusions.items()):
+            if until <= now:
+                del self.exclusions[key]
+
+    def _inventory(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
+        inventory = snap.inventory(now, self.config.node_timeout_s)
+        for node in inventory.nodes:
+            was = self._node_online.get(node.name)
+            if was is not None and was != node.online:
+                kind = "node_online" if node.online else "node_offline"
+                detail = (f"node {node.name} is back" if node.online
+                          else f"node {node.name} offline: no heartbeat for > {self.config.node_timeout_s:g}s")
+                out.append(self._event(now, kind, None, None, node.name, detail))
+            self._node_online[node.name] = node.online
+            for g in node.gpus:
+                key = (node.name, g.index)
+                was_ok = self._gpu_healthy.get(key)
+                if was_ok is not None and was_ok != g.healthy:
+                    kind = "gpu_recovered" if g.healthy else "gpu_failed"
+                    out.append(self._event(now, kind, None, None, node.name, f"gpu {node.name}/{g.index} ({g.product}) {'healthy again' if g.healthy else 'reported unhealthy'}"))
+                self._gpu_healthy[key] = g.healthy
+        if not self.exclusions:
+            return inventory
+        # exclusions -> an avoid label on every node the replica may still use (see _place)
+        avoid: dict[str, dict[str, str]] = {}
+        excluded: dict[str, set[str]] = {}
+        for rid, node in self.exclusions:
+            excluded.setdefault(rid, set()).add(node)
+        for node in inventory.nodes:
+            avoid[node.name] = {_avoid_label(rid): "ok" for rid, nodes in excluded.items() if node.name not in nodes}
+        return snap.inventory(now, self.config.node_timeout_s, extra_labels=avoid)
+
+    def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
+        excluded = {rid for rid, _ in self.exclusions}
+        demands: list[ReplicaDemand] = []
+        for name in sorted(snap.specs):
+            for d in demands_from_spec(snap.specs[name]):
+                if d.replica_id in excluded:
+                    d = ReplicaDemand(**{**d.__dict__, "node_selector": d.node_selector + ((_avoid_label(d.replica_id), "ok"),)})
+                demands.append(d)
+        return demands
+
+    def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo]) -> PlacementPlan:
+        current: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for node in sorted(published):
+            for a in published[node].replicas:
+                if (a.replica_id, node) in self.exclusions:
+                    continue
+                current.setdefault(a.replica_id, (node, a.gpu_indices))
+        plan = place(self._demands(snap), inventory, current)
+        return self._explain_exclusions(plan)
+
+    def _explain_exclusions(self, plan: PlacementPlan) -> PlacementPlan:
+        """Unplaced because of an exclusion: say so instead of quoting the internal avoid label."""
+        if not self.exclusions or not plan.unplaced:
+            return plan
+        from dataclasses import replace as dc_replace
+        from types import MappingProxyType
+
+        unplaced = dict(plan.unplaced)
+        for rid, u in plan.unplaced.items():
+            nodes = sorted(n for r, n in self.exclusions if r == rid)
+            if nodes:
+                reason = f"unschedulable: FAILED on {', '.join(nodes)} (cool-down); no other eligible node fits"
+                if AVOID_LABEL_PREFIX not in u.reason:
+                    reason += f" ({u.reason.removeprefix('unschedulable: ')})"
+                unplaced[rid] = dc_replace(u, reason=reason)
+        return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory)
+
+    def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], out: list[OutRecord]) -> None:
+        spec_json = {name: json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":")) for name, spec in snap.specs.items()}
+        nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
+        for node in sorted(nodes):
+            wanted = tuple(
+                AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb), spec_json.get(p.model, ""))
+                for p in plan.assignments(node)
+            )
+            last = published.get(node)
+            if last is not None and last.replicas == wanted:
+                continue
+            if last is None and not wanted:
+                continue
+            out.append(OutRecord("assignments", node, "Assignment", {
+                "node": node,
+                "epoch": 0,  # stamped at publish time with the leader epoch
+                "issued_at_ms": 0,
+                "replicas": [a.to_record() for a in wanted],
+            }))
+
+    def _placement_events(self, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
+        before: dict[str, tuple[str, AssignedReplica]] = {}
+        for node in sorted(published):
+            for a in published[node].replicas:
+                before.setdefault(a.replica_id, (node, a))
+        for rid, p in sorted(plan.placements.items()):
+            old = before.get(rid)
+            where = f"{p.node}" + (f" gpu {','.join(map(str, p.gpu_indices))}" if p.gpu_indices else " (cpu)")
+            if old is None:
+                out.append(self._event(now, "placed", p.model, rid, p.node, f"{rid} placed on {where}" + (f" ({p.note})" if p.note else "")))
+            elif (old[0], old[1].gpu_indices) != (p.node, tuple(p.gpu_indices)):
+                why = self._why_moved(rid, old[0], old[1].gpu_indices, inventory)
+                out.append(self._event(now, "moved", p.model, rid, p.node, f"{rid} moved from {old[0]} to {where}: {why}"))
+            self._unplaced_reported.pop(rid, None)
+        for rid, u in sorted(plan.unplaced.items()):
+            old = before.get(rid)
+            if self._unplaced_reported.get(rid) == u.reason and old is None:
+                continue
+            detail = u.reason if old is None else f"{u.reason} (was on {old[0]}: {self._why_moved(rid, old[0], old[1].gpu_indices, inventory)})"
+            out.append(self._event(now, "unschedulable", u.model, rid, None, detail))
+            self._unplaced_reported[rid] = u.reason
+        wanted = set(plan.placements) | set(plan.unplaced)
+        for rid, (node, a) in sorted(before.items()):
+            if rid not in wanted:
+                out.append(self._event(now, "removed", a.model, rid, node, f"{rid} removed from {node}: no longer desired"))
+        for rid in list(self._unplaced_reported):
+            if rid not in wanted:
+                del self._unplaced_reported[rid]
+
+    def _why_moved(self, rid: str, node: str, gpus: tuple[int, ...], inventory: ClusterInventory) -> str:
+        state = inventory.get(node)
+        if state is None:
+            return f"node {node} is no longer registered"
+        if not state.online:
+            return f"node {node} offline"
+        bad = [i for i in gpus if not any(g.index == i and g.healthy for g in state.gpus)]
+        if bad:
+            return f"gpu {node}/{bad[0]} failed"
+        if (rid, node) in self.exclusions:
+            return f"replica FAILED on {node}: {self.exclusions[(rid, node)][1]}"
+        return "spec or constraints changed"
+
+    def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
+        if not self._status_loaded:
+            from streams.control.status import ModelStatus as MS
+
+            with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
+                loaded = dict(self.state.model_status)
+            for name, rec in loaded.items():
+                try:
+                    self._status_published[name] = MS.from_record(rec)
+                except Exception:
+                    pass
+            self._status_loaded = True
+        epoch = self.leadership.epoch
+        statuses: dict[str, ModelStatus] = {}
+        for name in sorted(set(snap.specs) | set(snap.spec_errors)):
+            statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now, self.config.node_timeout_s, epoch)
+            if not statuses[name].same_as(self._status_published.get(name)):
+                out.append(OutRecord("model-status", name, "ModelStatus", statuses[name].to_record()))
+        for name in sorted(set(self._status_published) - set(statuses)):
+            out.append(OutRecord("model-status", name, "ModelStatus", None))
+        return statuses
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def _published_view(self, snap: StateSnapshot) -> dict[str, AssignmentInfo]:
+        """Last published assignment per node: the topic, overlaid with what this term published."""
+        view = dict(snap.assignments)
+        for node, mine in list(self._published.items()):
+            theirs = view.get(node)
+            if theirs is not None and theirs.replicas == mine.replicas:
+                del self._published[node]  # read back: the topic agrees
+            view[node] = mine
+        return view
+
+    def _stamp(self, records: list[OutRecord], now: float) -> list[OutRecord]:
+        epoch = self.leadership.epoch
+        stamped = []
+        for r in records:
+            if r.topic == "assignments" and r.value is not None:
+                r = OutRecord(r.topic, r.key, r.record, {**r.value, "epoch": epoch, "issued_at_ms": int(now * 1000)})
+            elif r.topic == "model-status" and r.value is not None:
+                r = OutRecord(r.topic, r.key, r.record, {**r.value, "epoch": epoch})
+            stamped.append(r)
+        return stamped
+
+    def _remember(self, records: Sequence[OutRecord], statuses: Mapping[str, ModelStatus]) -> None:
+        from streams.control.state import assignment_from_record
+
+        for r in records:
+            if r.topic == "assignments" and r.value is not None:
+                self._published[r.key] = assignment_from_record({**r.value, "epoch": self.leadership.epoch})
+            elif r.topic == "model-status":
+                if r.value is None:
+                    self._status_published.pop(r.key, None)
+                elif r.key in statuses:
+                    self._status_published[r.key] = statuses[r.key]
+
+    def _event(self, now: float, kind: str, model: str | None, replica_id: str | None, node: str | None, detail: str) -> OutRecord:
+        key = model or node or "cluster"
+        return OutRecord("events", key, "ControlEvent", {
+            "ts_ms": int(now * 1000), "kind": kind, "model": model, "replica_id": replica_id, "node": node, "detail": detail,
+        })

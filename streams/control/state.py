@@ -1,0 +1,637 @@
+"""Cluster state as the control plane sees it, rebuilt from Kafka (level-triggered).
+
+WHY one container fed by plain ``apply_*`` calls: the reconcile loop must be testable without a
+broker (a test calls ``apply_heartbeat(...)`` with a fake clock), and a restarted control plane must
+reach the same state by replaying the topics from the beginning (the compacted ones hold the latest
+value per key, so a restart loses nothing).  ``StateFeeder`` is the only Kafka-facing part: it reads
+every control topic ``read_committed`` from the beginning and hands each decoded record to
+``ClusterState``.
+
+Node liveness uses the time a heartbeat was SEEN, capped by the record's own timestamp
+(``min(record ts, now)``): replaying six hours of old heartbeats at start-up must not make a dead
+node look alive, and a node whose clock runs ahead must not stay alive longer than it should.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+#: replica states an agent reports (workers.replica.ReplicaState values, plus UNKNOWN from Avro)
+ACTIVE_STATES = frozenset({"PENDING", "STARTING", "READY"})
+
+
+# ------------------------------------------------------------------------------------------ values
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    """A GPU as last reported (registration or heartbeat)."""
+
+    index: int
+    product: str
+    memory_total_mb: int
+    memory_used_mb: int = 0
+    utilization_pct: float = 0.0
+    healthy: bool = True
+    simulated: bool = False
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node's registration (inventory) from the compacted ``nodes`` topic."""
+
+    name: str
+    labels: Mapping[str, str]
+    tier: str | None
+    cpu_count: float
+    memory_mb: int
+    gpus: tuple[GpuReport, ...]
+    simulated: bool = False
+    agent_version: str = ""
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One replica as an agent reports it (heartbeat) or as a state change (replica-status)."""
+
+    replica_id: str
+    model: str
+    version: str
+    node: str
+    state: str
+    reason: str | None = None
+    restarts: int = 0
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class HeartbeatInfo:
+    node: str
+    seen_at: float
+    seq: int
+    gpus: tuple[GpuReport, ...]
+    replicas: tuple[ReplicaReport, ...]
+
+
+@dataclass(frozen=True)
+class AssignedReplica:
+    """One entry of an Assignment record; compared by value to decide whether to re-publish."""
+
+    replica_id: str
+    model: str
+    version: str
+    gpu_indices: tuple[int, ...]
+    gpu_memory_mb: int
+    spec_json: str
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "replica_id": self.replica_id,
+            "model": self.model,
+            "version": self.version,
+            "gpu_indices": list(self.gpu_indices),
+            "gpu_memory_mb": self.gpu_memory_mb,
+            "spec_json": self.spec_json,
+        }
+
+
+@dataclass(frozen=True)
+class AssignmentInfo:
+    """The last Assignment published for a node (``replicas`` sorted by replica id)."""
+
+    node: str
+    epoch: int
+    replicas: tuple[AssignedReplica, ...]
+    issued_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class EventInfo:
+    at: float
+    kind: str
+    model: str | None
+    replica_id: str | None
+    node: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What ``GET /v1/nodes`` and ``sie get nodes`` show."""
+
+    name: str
+    online: bool
+    tier: str | None
+    cpu_count: float
+    memory_mb: int
+    gpus: tuple[GpuReport, ...]
+    simulated: bool
+    last_heartbeat: float | None
+    labels: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": "online" if self.online else "offline",
+            "tier": self.tier,
+            "cpu": self.cpu_count,
+            "memory_mb": self.memory_mb,
+            "simulated": self.simulated,
+            "labels": dict(self.labels),
+            "last_heartbeat_ms": int(self.last_heartbeat * 1000) if self.last_heartbeat else None,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "product": g.product,
+                    "memory_total_mb": g.memory_total_mb,
+                    "memory_used_mb": g.memory_used_mb,
+                    "utilization_pct": g.utilization_pct,
+                    "healthy": g.healthy,
+                    "simulated": g.simulated,
+                }
+                for g in self.gpus
+            ],
+        }
+
+
+# ---------------------------------------------------------------------------------- record decoding
+
+
+def _gpu(rec: Mapping[str, Any]) -> GpuReport:
+    return GpuReport(
+        index=int(rec["index"]),
+        product=str(rec.get("product") or "unknown"),
+        memory_total_mb=int(rec.get("memory_total_mb") or 0),
+        memory_used_mb=int(rec.get("memory_used_mb") or 0),
+        utilization_pct=float(rec.get("utilization_pct") or 0.0),
+        healthy=bool(rec.get("healthy", True)),
+        simulated=bool(rec.get("simulated", False)),
+    )
+
+
+def _state_name(value: Any) -> str:
+    return str(getattr(value, "value", value) or "UNKNOWN")
+
+
+# ------------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class ClusterState:
+    """Specs, nodes, heartbeats, replica status, published assignments and recent events.
+
+    Thread-safe: the feeder thread applies records while the reconcile loop and the HTTP API read.
+    Spec values are ``ModelService`` objects; a spec record that no longer parses (e.g. written by a
+    newer version) is kept in ``spec_errors`` so it shows up in the model's status instead of vanishing.
+    """
+
+    max_events: int = 500
+    specs: dict[str, Any] = field(default_factory=dict)
+    spec_errors: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    heartbeats: dict[str, HeartbeatInfo] = field(default_factory=dict)
+    replica_status: dict[str, ReplicaReport] = field(default_factory=dict)
+    failures: list[ReplicaReport] = field(default_factory=list)
+    assignments: dict[str, AssignmentInfo] = field(default_factory=dict)
+    leader_epoch: int = 0
+    leader_instance: str | None = None
+    events: deque = field(default_factory=lambda: deque(maxlen=500))
+    model_status: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+        self.events = deque(self.events, maxlen=self.max_events)
+
+    # -- apply (one per topic) ----------------------------------------------------------------------
+
+    def apply_spec(self, name: str, record: Mapping[str, Any] | None) -> None:
+        """A ModelSpecRecord, or None (tombstone / ``deleted``) = the model is gone."""
+        from schemas.spec import ModelService
+
+        with self._lock:
+            if record is None or record.get("deleted"):
+                self.specs.pop(name, None)
+                self.spec_errors.pop(name, None)
+                return
+            import json
+
+            try:
+                self.specs[name] = ModelService.from_document(json.loads(record["spec_json"]))
+                self.spec_errors.pop(name, None)
+            except Exception as exc:  # a spec we cannot read is a status, not a crash
+                self.specs.pop(name, None)
+                self.spec_errors[name] = f"spec record unreadable: {str(exc).splitlines()[0]}"
+
+    def apply_node(self, name: str, record: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            if record is None:
+                self.nodes.pop(name, None)
+                return
+            labels = dict(record.get("labels") or {})
+            tier = record.get("tier") or labels.get(TIER_LABEL)
+            self.nodes[name] = NodeInfo(
+                name=name,
+                labels=labels,
+                tier=tier,
+                cpu_count=float(record.get("cpu_count") or 0),
+                memory_mb=int(record.get("memory_mb") or 0),
+                gpus=tuple(_gpu(g) for g in record.get("gpus") or ()),
+                simulated=bool(record.get("simulated", False)),
+                agent_version=str(record.get("agent_version") or ""),
+                started_at=float(record.get("started_at_ms") or 0) / 1000.0,
+            )
+
+    def apply_heartbeat(self, record: Mapping[str, Any], seen_at: float) -> None:
+        """``seen_at`` = when this heartbeat counts as proof of life (caller caps it by the record ts)."""
+        node = str(record["node"])
+        reports = tuple(
+            ReplicaReport(
+                replica_id=str(r["replica_id"]),
+                model=str(r.get("model") or ""),
+                version=str(r.get("version") or ""),
+                node=node,
+                state=_state_name(r.get("state")),
+                reason=r.get("reason"),
+                restarts=int(r.get("restarts") or 0),
+                pid=r.get("pid"),
+                at=seen_at,
+            )
+            for r in record.get("replicas") or ()
+        )
+        info = HeartbeatInfo(node, seen_at, int(record.get("seq") or 0), tuple(_gpu(g) for g in record.get("gpus") or ()), reports)
+        with self._lock:
+            old = self.heartbeats.get(node)
+            if old is None or seen_at >= old.seen_at:
+                self.heartbeats[node] = info
+            for r in reports:
+                if r.state == "FAILED":
+                    self.failures.append(r)
+
+    def apply_replica_status(self, record: Mapping[str, Any]) -> None:
+        report = ReplicaReport(
+            replica_id=str(record["replica_id"]),
+            model=str(record.get("model") or ""),
+            version=str(record.get("version") or ""),
+            node=str(record.get("node") or ""),
+            state=_state_name(record.get("state")),
+            reason=record.get("reason"),
+            restarts=int(record.get("restarts") or 0),
+            exit_code=record.get("exit_code"),
+            signal=record.get("signal"),
+            at=float(record.get("ts_ms") or 0) / 1000.0,
+        )
+        with self._lock:
+            old = self.replica_status.get(report.replica_id)
+            if old is None or report.at >= old.at:
+                self.replica_status[report.replica_id] = report
+            if report.state == "FAILED":
+                self.failures.append(report)
+
+    def apply_assignment(self, node: str, record: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            if record is None:
+                self.assignments.pop(node, None)
+                return
+            self.assignments[node] = assignment_from_record(record)
+
+    def apply_leader_epoch(self, record: Mapping[str, Any] | None) -> None:
+        if record is None:
+            return
+        with self._lock:
+            epoch = int(record.get("epoch") or 0)
+            if epoch >= self.leader_epoch:
+                self.leader_epoch = epoch
+                self.leader_instance = record.get("instance_id")
+
+    def apply_event(self, record: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.events.append(
+                EventInfo(
+                    at=float(record.get("ts_ms") or 0) / 1000.0,
+                    kind=str(record.get("kind") or ""),
+                    model=record.get("model"),
+                    replica_id=record.get("replica_id"),
+                    node=record.get("node"),
+                    detail=str(record.get("detail") or ""),
+                )
+            )
+
+    def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            if record is None:
+                self.model_status.pop(name, None)
+            else:
+                self.model_status[name] = dict(record)
+
+    # -- queries ------------------------------------------------------------------------------------
+
+    def drain_failures(self) -> list[ReplicaReport]:
+        """FAILED reports seen since the last call (the controller turns them into exclusions)."""
+        with self._lock:
+            out, self.failures = self.failures, []
+            return out
+
+    def snapshot(self) -> "StateSnapshot":
+        with self._lock:
+            return StateSnapshot(
+                specs=dict(self.specs),
+                spec_errors=dict(self.spec_errors),
+                nodes=dict(self.nodes),
+                heartbeats=dict(self.heartbeats),
+                replica_status=dict(self.replica_status),
+                assignments=dict(self.assignments),
+                leader_epoch=self.leader_epoch,
+                leader_instance=self.leader_instance,
+                events=tuple(self.events),
+            )
+
+
+def assignment_from_record(record: Mapping[str, Any]) -> AssignmentInfo:
+    replicas = tuple(
+        sorted(
+            (
+                AssignedReplica(
+                    replica_id=str(r["replica_id"]),
+                    model=str(r["model"]),
+                    version=str(r["version"]),
+                    gpu_indices=tuple(int(i) for i in r.get("gpu_indices") or ()),
+                    gpu_memory_mb=int(r.get("gpu_memory_mb") or 0),
+                    spec_json=str(r.get("spec_json") or ""),
+                )
+                for r in record.get("replicas") or ()
+            ),
+            key=lambda a: a.replica_id,
+        )
+    )
+    return AssignmentInfo(
+        node=str(record["node"]),
+        epoch=int(record.get("epoch") or 0),
+        replicas=replicas,
+        issued_at=float(record.get("issued_at_ms") or 0) / 1000.0,
+    )
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A consistent copy of ``ClusterState`` for one reconcile pass or one API answer."""
+
+    specs: Mapping[str, Any]
+    spec_errors: Mapping[str, str]
+    nodes: Mapping[str, NodeInfo]
+    heartbeats: Mapping[str, HeartbeatInfo]
+    replica_status: Mapping[str, ReplicaReport]
+    assignments: Mapping[str, AssignmentInfo]
+    leader_epoch: int
+    leader_instance: str | None
+    events: tuple[EventInfo, ...]
+
+    def node_online(self, name: str, now: float, timeout_s: float) -> bool:
+        hb = self.heartbeats.get(name)
+        return hb is not None and now - hb.seen_at <= timeout_s
+
+    def node_views(self, now: float, timeout_s: float) -> list[NodeView]:
+        out = []
+        for name in sorted(set(self.nodes) | set(self.heartbeats)):
+            info, hb = self.nodes.get(name), self.heartbeats.get(name)
+            gpus = hb.gpus if hb is not None and hb.gpus else (info.gpus if info else ())
+            out.append(
+                NodeView(
+                    name=name,
+                    online=self.node_online(name, now, timeout_s),
+                    tier=info.tier if info else None,
+                    cpu_count=info.cpu_count if info else 0.0,
+                    memory_mb=info.memory_mb if info else 0,
+                    gpus=gpus,
+                    simulated=(info.simulated if info else False) or any(g.simulated for g in gpus),
+                    last_heartbeat=hb.seen_at if hb else None,
+                    labels=dict(info.labels) if info else {},
+                )
+            )
+        return out
+
+    def inventory(self, now: float, timeout_s: float, extra_labels: Mapping[str, Mapping[str, str]] | None = None) -> ClusterInventory:
+        """The placer's view: registered nodes, online iff a heartbeat was seen within ``timeout_s``;
+        GPU health from the latest heartbeat (falls back to the registration).  A node that sends
+        heartbeats but never registered is left out: without its inventory it cannot be placed on."""
+        nodes = []
+        for name, info in self.nodes.items():
+            hb = self.heartbeats.get(name)
+            health = {g.index: g.healthy for g in hb.gpus} if hb is not None else {}
+            labels = dict(info.labels)
+            if info.tier and TIER_LABEL not in labels:
+                labels[TIER_LABEL] = info.tier
+            labels.update((extra_labels or {}).get(name, {}))
+            gpus = tuple(
+                GpuState(
+                    index=g.index,
+                    product=g.product,
+                    memory_total_mb=max(0, g.memory_total_mb),
+                    healthy=g.healthy and health.get(g.index, True),
+                    simulated=g.simulated,
+                )
+                for g in info.gpus
+            )
+            try:
+                nodes.append(
+                    NodeState(
+                        name=name,
+                        labels=labels,
+                        online=self.node_online(name, now, timeout_s),
+                        cpu_count=max(0.0, info.cpu_count),
+                        memory_mb=max(0, info.memory_mb),
+                        gpus=gpus,
+                    )
+                )
+            except ValueError as exc:  # a malformed registration is skipped, and said so
+                log.warning("node %s skipped: %s", name, exc)
+        return ClusterInventory.of(nodes)
+
+    def reported(self, node: str, replica_id: str, now: float, timeout_s: float) -> ReplicaReport | None:
+        """The actual state of ``replica_id`` on ``node``: the node's latest heartbeat if the node is
+        online, else (or if absent there) the latest replica-status record from that node."""
+        hb = self.heartbeats.get(node)
+        if hb is not None and self.node_online(node, now, timeout_s):
+            for r in hb.replicas:
+                if r.replica_id == replica_id:
+                    status = self.replica_status.get(replica_id)
+                    if status is not None and status.node == node and status.state == r.state and not r.reason:
+                        return replace(r, reason=status.reason, exit_code=status.exit_code, signal=status.signal)
+                    return r
+        status = self.replica_status.get(replica_id)
+        if status is not None and status.node == node:
+            return status
+        return None
+
+
+# ------------------------------------------------------------------------------------------ feeder
+
+
+#: topic suffix -> whether it must be read to its end before the first reconcile
+STATE_TOPICS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events", "model-status")
+
+
+def decode_value(value: bytes) -> dict[str, Any]:
+    """Avro single-object bytes -> record dict (the codec may return ``(name, record)``)."""
+    from schemas import avro_codec
+
+    decoded = avro_codec.decode(value)
+    if isinstance(decoded, tuple):
+        decoded = decoded[-1]
+    return dict(decoded)
+
+
+class StateFeeder:
+    """Reads every control topic (read_committed, from the beginning) into a ``ClusterState``.
+
+    ``caught_up`` is set once every partition reached the end it had at start-up: the controller does
+    not reconcile before that (a half-read assignments topic would look like "nothing is placed" and
+    the leader would move healthy replicas).  Heartbeats and replica-status are not compacted: only
+    the last ``history_s`` seconds of them are read (``offsets_for_times``), enough for liveness and
+    recent failures.
+    """
+
+    def __init__(
+        self,
+        settings: Any,
+        state: ClusterState,
+        clock: Clock = time.time,
+        history_s: float = 600.0,
+        topics: Iterable[str] = STATE_TOPICS,
+    ) -> None:
+        from schemas.topics import system_topics
+
+        self._settings = settings
+        self._state = state
+        self._clock = clock
+        self._history_s = history_s
+        known = {t.name.split(".", 1)[1] if t.name.startswith(settings.topic_prefix + ".") else t.name for t in system_topics(settings.topic_prefix)}
+        self._topics = {f"{settings.topic_prefix}.{s}": s for s in topics if s in known}
+        self.caught_up = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def start(self) -> "StateFeeder":
+        self._thread = threading.Thread(target=self._run, name="sie-control-state", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _assign_all(self, consumer: Any) -> dict[tuple[str, int], int]:
+        """Assign every partition; return the end offsets to reach before ``caught_up``."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        metadata = consumer.list_topics(timeout=10)
+        since_ms = int((self._clock() - self._history_s) * 1000)
+        parts: list[TopicPartition] = []
+        ends: dict[tuple[str, int], int] = {}
+        for topic, suffix in self._topics.items():
+            meta = metadata.topics.get(topic)
+            if meta is None or meta.error is not None:
+                log.warning("control topic %s missing (run `sie topics ensure`); skipping it", topic)
+                continue
+            for p in sorted(meta.partitions):
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if suffix in ("heartbeats", "replica-status", "events"):
+                    found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms)], timeout=10)[0]
+                    start = found.offset if found.offset >= 0 else hi
+                else:
+                    start = OFFSET_BEGINNING
+                parts.append(TopicPartition(topic, p, start))
+                if hi > (lo if start == OFFSET_BEGINNING else max(start, lo)):
+                    ends[(topic, p)] = hi
+        consumer.assign(parts)
+        return ends
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer, KafkaError
+
+        consumer = Consumer(
+            self._settings.kafka_client_config(
+                **{
+                    "group.id": f"{self._settings.topic_prefix}.control.state.unused",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                }
+            )
+        )
+        try:
+            pending = self._assign_all(consumer)
+            if not pending:
+                self.caught_up.set()
+            while not self._stop.is_set():
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                key = (msg.topic(), msg.partition())
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        if pending.pop(key, None) is not None and not pending:
+                            self.caught_up.set()
+                        continue
+                    self.errors += 1
+                    self.last_error = str(msg.error())
+                    continue
+                self._apply(msg)
+                if key in pending and msg.offset() + 1 >= pending[key]:
+                    del pending[key]
+                    if not pending:
+                        self.caught_up.set()
+        except Exception as exc:  # the feeder dying silently would freeze the state: say why, loudly
+            self.errors += 1
+            self.last_error = f"state feeder stopped: {exc}"
+            log.exception("state feeder stopped")
+        finally:
+            consumer.close()
+
+    def _apply(self, msg: Any) -> None:
+        suffix = self._topics.get(msg.topic())
+        key = msg.key().decode() if msg.key() else ""
+        value = msg.value()
+        try:
+            record = decode_value(value) if value is not None else None
+            if suffix == "specs":
+                self._state.apply_spec(key, record)
+            elif suffix == "nodes":
+                self._state.apply_node(key, record)
+            elif suffix == "assignments":
+                self._state.apply_assignment(key, record)
+            elif suffix == "control-leader":
+                self._state.apply_leader_epoch(record)
+            elif suffix == "model-status":
+                self._state.apply_model_status(key, record)
+            elif record is None:
+                return
+            elif suffix == "heartbeats":
+                ts_type, ts_ms = msg.timestamp()
+                stamp = float(record.get("ts_ms") or ts_ms) / 1000.0
+                self._state.apply_heartbeat(record, seen_at=min(stamp, self._clock()))
+            elif suffix == "replica-status":
+                self._state.apply_replica_status(record)
+            elif suffix == "events":
+                self._state.apply_event(record)
+        except Exception as exc:  # one bad record must not stop the feed
+            self.errors += 1
+            self.last_error = f"{msg.topic()}[{msg.partition()}]@{msg.offset()} key={key!r}: {exc}"
+            log.warning("skipping undecodable record %s", self.last_error)

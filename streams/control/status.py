@@ -1,0 +1,205 @@
+"""ModelStatus: desired vs actual for one model, with each replica's state and the reason.
+
+WHY a value published on a compacted topic (``model-status``, key = model): ``sie describe`` and
+``sie get replicas`` must answer without the HTTP API (a control plane may be down, or there may be
+two of them); the leader publishes a model's status only when it changes, so the topic is small and
+the last record per model is the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from streams.control.placement import Placement, PlacementPlan
+from streams.control.state import StateSnapshot
+
+#: replica states that count as "actually running as asked"
+READY = "READY"
+UNSCHEDULABLE = "UNSCHEDULABLE"
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One desired replica: where it should run and what its agent says it is doing."""
+
+    replica_id: str
+    model: str
+    version: str
+    node: str | None
+    gpu_indices: tuple[int, ...]
+    gpu_memory_mb: int
+    state: str
+    reason: str | None = None
+    restarts: int = 0
+    actual_version: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "replica_id": self.replica_id,
+            "model": self.model,
+            "version": self.version,
+            "node": self.node,
+            "gpu_indices": list(self.gpu_indices),
+            "gpu_memory_mb": self.gpu_memory_mb,
+            "state": self.state,
+            "reason": self.reason,
+            "restarts": self.restarts,
+            "actual_version": self.actual_version,
+        }
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> "ReplicaView":
+        return cls(
+            replica_id=rec["replica_id"],
+            model=rec["model"],
+            version=rec["version"],
+            node=rec.get("node"),
+            gpu_indices=tuple(rec.get("gpu_indices") or ()),
+            gpu_memory_mb=int(rec.get("gpu_memory_mb") or 0),
+            state=rec["state"],
+            reason=rec.get("reason"),
+            restarts=int(rec.get("restarts") or 0),
+            actual_version=rec.get("actual_version"),
+        )
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """Desired vs actual for one model. ``phase``: Ready, Progressing, Degraded, Unschedulable, Invalid."""
+
+    name: str
+    version: str
+    priority_level: str
+    service_type: str
+    phase: str
+    reason: str | None
+    desired_replicas: int
+    ready_replicas: int
+    replicas: tuple[ReplicaView, ...]
+    epoch: int = 0
+    updated_at_ms: int = 0
+
+    def to_record(self) -> dict[str, Any]:
+        """The Avro ``ModelStatus`` record (also the JSON the HTTP API returns)."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "priority_level": self.priority_level,
+            "service_type": self.service_type,
+            "phase": self.phase,
+            "reason": self.reason,
+            "desired_replicas": self.desired_replicas,
+            "ready_replicas": self.ready_replicas,
+            "replicas": [r.to_record() for r in self.replicas],
+            "epoch": self.epoch,
+            "updated_at_ms": self.updated_at_ms,
+        }
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> "ModelStatus":
+        return cls(
+            name=rec["name"],
+            version=rec.get("version") or "",
+            priority_level=rec.get("priority_level") or "",
+            service_type=rec.get("service_type") or "",
+            phase=rec.get("phase") or "",
+            reason=rec.get("reason"),
+            desired_replicas=int(rec.get("desired_replicas") or 0),
+            ready_replicas=int(rec.get("ready_replicas") or 0),
+            replicas=tuple(ReplicaView.from_record(r) for r in rec.get("replicas") or ()),
+            epoch=int(rec.get("epoch") or 0),
+            updated_at_ms=int(rec.get("updated_at_ms") or 0),
+        )
+
+    def same_as(self, other: "ModelStatus | None") -> bool:
+        """Equal apart from when/by whom it was computed (decides whether to re-publish)."""
+        if other is None:
+            return False
+        a, b = self.to_record(), other.to_record()
+        for key in ("epoch", "updated_at_ms"):
+            a.pop(key), b.pop(key)
+        return a == b
+
+
+def _replica_view(
+    placement: Placement, snap: StateSnapshot, now: float, timeout_s: float
+) -> ReplicaView:
+    base = dict(
+        replica_id=placement.replica_id,
+        model=placement.model,
+        version=placement.version,
+        node=placement.node,
+        gpu_indices=placement.gpu_indices,
+        gpu_memory_mb=placement.gpu_memory_mb,
+    )
+    if not snap.node_online(placement.node, now, timeout_s):
+        return ReplicaView(**base, state="UNKNOWN", reason=f"node {placement.node} offline")
+    report = snap.reported(placement.node, placement.replica_id, now, timeout_s)
+    if report is None:
+        return ReplicaView(**base, state="PENDING", reason=f"assigned to {placement.node}; not yet reported by its agent")
+    reason = report.reason
+    if report.version and report.version != placement.version:
+        reason = f"running version {report.version}; {placement.version} requested" + (f"; {reason}" if reason else "")
+    return ReplicaView(
+        **base, state=report.state, reason=reason, restarts=report.restarts, actual_version=report.version or None
+    )
+
+
+def _explain(view: ReplicaView) -> str:
+    """``fraud-0: unschedulable: needs ...`` (no doubled state word when the reason already starts with it)."""
+    state = view.state.lower()
+    if view.reason and view.reason.lower().startswith(state + ":"):
+        return f"{view.replica_id}: {view.reason}"
+    return f"{view.replica_id}: {state}" + (f": {view.reason}" if view.reason else "")
+
+
+def build_status(
+    name: str,
+    spec: Any | None,
+    spec_error: str | None,
+    plan: PlacementPlan,
+    snap: StateSnapshot,
+    now: float,
+    timeout_s: float,
+    epoch: int,
+) -> ModelStatus:
+    """Desired (the plan) vs actual (agents' reports) for one model."""
+    if spec is None:
+        return ModelStatus(name, "", "", "", "Invalid", spec_error or "spec missing", 0, 0, (), epoch, int(now * 1000))
+    views: list[ReplicaView] = []
+    for rid in sorted(set(r for r in plan.placements if plan.placements[r].model == name) | set(r for r in plan.unplaced if plan.unplaced[r].model == name)):
+        placed = plan.placements.get(rid)
+        if placed is not None:
+            views.append(_replica_view(placed, snap, now, timeout_s))
+        else:
+            u = plan.unplaced[rid]
+            views.append(ReplicaView(rid, u.model, u.version, None, (), 0, UNSCHEDULABLE, u.reason))
+    desired = len(views)
+    ready = sum(1 for v in views if v.state == READY and (v.actual_version in (None, v.version)))
+    not_ready = [v for v in views if v.state != READY]
+    if desired == ready:
+        phase, reason = "Ready", None
+    elif all(v.state == UNSCHEDULABLE for v in views):
+        phase, reason = "Unschedulable", not_ready[0].reason
+    elif any(v.state in (UNSCHEDULABLE, "FAILED", "CRASHED", "UNKNOWN") for v in views):
+        phase = "Degraded"
+        worst = next(v for v in not_ready if v.state in (UNSCHEDULABLE, "FAILED", "CRASHED", "UNKNOWN"))
+        reason = _explain(worst)
+    else:
+        phase = "Progressing"
+        first = not_ready[0]
+        reason = _explain(first)
+    return ModelStatus(
+        name=name,
+        version=str(spec.version),
+        priority_level=str(spec.priority_level),
+        service_type=str(spec.service_type),
+        phase=phase,
+        reason=reason,
+        desired_replicas=desired,
+        ready_replicas=ready,
+        replicas=tuple(views),
+        epoch=epoch,
+        updated_at_ms=int(now * 1000),
+    )

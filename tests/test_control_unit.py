@@ -1,0 +1,330 @@
+"""Control plane reconcile loop with a fake clock and a fake publisher: no Kafka.
+
+Records are fed into ``ClusterState`` exactly as the feeder would after decoding them from the
+topics; what the fake publisher receives is what would go out in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from schemas.spec import parse_spec
+from streams.control.controller import ControlConfig, Controller, Fenced, OutRecord, StaticLeadership
+from streams.control.state import ClusterState
+
+TIMEOUT = 6.0
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> float:
+        self.t += seconds
+        return self.t
+
+
+class FakePublisher:
+    """Keeps every batch; ``fail_with`` makes the next publish raise."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[OutRecord]] = []
+        self.fail_with: Exception | None = None
+
+    def publish(self, records):
+        if self.fail_with is not None:
+            exc, self.fail_with = self.fail_with, None
+            raise exc
+        self.batches.append(list(records))
+
+    def last(self, topic: str) -> list[OutRecord]:
+        return [r for r in (self.batches[-1] if self.batches else []) if r.topic == topic]
+
+    def all(self, topic: str) -> list[OutRecord]:
+        return [r for b in self.batches for r in b if r.topic == topic]
+
+
+def spec_record(name: str, gpu_mb: int = 4096, replicas: int = 1, priority: str = "P1", **spec_extra: Any) -> dict:
+    doc = {
+        "apiVersion": "sie.lmsys.org/v1",
+        "kind": "ModelService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": name, "version": "1.0.0"},
+            "priorityLevel": priority,
+            "backend": {"type": "python", "callable": "models.fraud.rules:score"},
+            "resources": {"gpuMemoryMb": gpu_mb, "cpu": 1},
+            "sla": {"min_replicas": replicas, "max_replicas": max(replicas, 1)},
+            **spec_extra,
+        },
+    }
+    spec = parse_spec(doc)
+    return {"name": name, "version": spec.version, "spec_json": json.dumps(spec.to_document()), "applied_at_ms": 0}
+
+
+def gpu(index: int, total: int = 16384, healthy: bool = True) -> dict:
+    return {
+        "index": index, "uuid": f"GPU-{index}", "product": "NVIDIA L4", "memory_total_mb": total, "memory_used_mb": 0,
+        "memory_free_mb": total, "utilization_pct": 0.0, "temperature_c": 40.0, "simulated": True, "healthy": healthy,
+    }
+
+
+def register(state: ClusterState, node: str, gpus: list[dict], tier: str | None = None) -> None:
+    state.apply_node(node, {
+        "node": node, "labels": {}, "tier": tier, "cpu_count": 8, "memory_mb": 32768, "gpus": gpus,
+        "simulated": True, "agent_version": "test", "started_at_ms": 0,
+    })
+
+
+def heartbeat(state: ClusterState, node: str, at: float, gpus: list[dict], replicas: list[dict] | None = None) -> None:
+    state.apply_heartbeat({"node": node, "ts_ms": int(at * 1000), "seq": 1, "gpus": gpus, "replicas": replicas or []}, seen_at=at)
+
+
+def report(rid: str, state: str, reason: str | None = None) -> dict:
+    return {"replica_id": rid, "model": rid.rsplit("-", 1)[0], "version": "1.0.0", "state": state, "pid": 1, "restarts": 0, "reason": reason}
+
+
+def assigned(publisher: FakePublisher) -> dict[str, set[str]]:
+    """Latest published replica ids per node (what each agent would now run)."""
+    out: dict[str, set[str]] = {}
+    for r in publisher.all("assignments"):
+        out[r.key] = {a["replica_id"] for a in r.value["replicas"]}
+    return out
+
+
+@pytest.fixture()
+def world():
+    clock = FakeClock()
+    state = ClusterState()
+    pub = FakePublisher()
+    lead = StaticLeadership(True, 3)
+    ctl = Controller(state, pub, lead, ControlConfig(node_timeout_s=TIMEOUT, failure_cooldown_s=60))
+    for node in ("node-a", "node-b"):
+        register(state, node, [gpu(0), gpu(1)])
+        heartbeat(state, node, clock(), [gpu(0), gpu(1)])
+    return clock, state, pub, lead, ctl
+
+
+def test_two_models_publish_assignments_per_node_with_epoch(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha", 4096, replicas=2))
+    state.apply_spec("beta", spec_record("beta", 8192))
+    report_ = ctl.reconcile(clock())
+    assert not report_.errors
+    got = assigned(pub)
+    assert set().union(*got.values()) == {"alpha-0", "alpha-1", "beta-0"}
+    # anti-affinity: the two alpha replicas on different nodes
+    assert {n for n, ids in got.items() if "alpha-0" in ids} != {n for n, ids in got.items() if "alpha-1" in ids}
+    assert all(r.value["epoch"] == 3 for r in pub.all("assignments"))
+    kinds = [r.value["kind"] for r in pub.all("events")]
+    assert kinds.count("placed") == 3
+    statuses = {r.key: r.value for r in pub.all("model-status")}
+    assert statuses["alpha"]["desired_replicas"] == 2 and statuses["alpha"]["phase"] == "Progressing"
+
+
+def test_same_state_twice_publishes_nothing(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    batches = len(pub.batches)
+    clock.advance(1)
+    heartbeat(state, "node-a", clock(), [gpu(0), gpu(1)])
+    heartbeat(state, "node-b", clock(), [gpu(0), gpu(1)])
+    second = ctl.reconcile(clock())
+    assert second.published == ()
+    assert len(pub.batches) == batches
+
+
+def test_silent_node_goes_offline_and_its_replicas_move(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    (first_node,) = [n for n, ids in assigned(pub).items() if "alpha-0" in ids]
+    other = "node-b" if first_node == "node-a" else "node-a"
+    clock.advance(TIMEOUT - 1)
+    heartbeat(state, other, clock(), [gpu(0), gpu(1)])
+    assert ctl.reconcile(clock()).published == ()  # not yet past the timeout: nothing moves
+    clock.advance(2)  # first_node silent for TIMEOUT + 1 s
+    heartbeat(state, other, clock(), [gpu(0), gpu(1)])
+    ctl.reconcile(clock())
+    now = assigned(pub)
+    assert "alpha-0" in now[other] and "alpha-0" not in now[first_node]
+    events = [r.value for r in pub.all("events")]
+    assert any(e["kind"] == "node_offline" and e["node"] == first_node for e in events)
+    moved = [e for e in events if e["kind"] == "moved"]
+    assert moved and f"node {first_node} offline" in moved[-1]["detail"]
+
+
+def test_failed_replica_is_moved_off_that_node(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    (node,) = [n for n, ids in assigned(pub).items() if "alpha-0" in ids]
+    other = "node-b" if node == "node-a" else "node-a"
+    clock.advance(1)
+    heartbeat(state, node, clock(), [gpu(0), gpu(1)], [report("alpha-0", "FAILED", "crashed 5 times in 60s: exit code 1")])
+    heartbeat(state, other, clock(), [gpu(0), gpu(1)])
+    ctl.reconcile(clock())
+    now = assigned(pub)
+    assert "alpha-0" in now[other] and "alpha-0" not in now[node]
+    kinds = [r.value["kind"] for r in pub.all("events")]
+    assert "replica_failed" in kinds and "moved" in kinds
+    # the stale FAILED report keeps arriving from the old node: nothing more changes
+    clock.advance(1)
+    heartbeat(state, node, clock(), [gpu(0), gpu(1)], [report("alpha-0", "FAILED")])
+    heartbeat(state, other, clock(), [gpu(0), gpu(1)], [report("alpha-0", "READY")])
+    assert ctl.reconcile(clock()).of("assignments") == []
+
+
+def test_failed_everywhere_is_unschedulable_until_cooldown(world):
+    clock, state, pub, _, ctl = world
+    state.apply_node("node-b", None)  # one node only
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    clock.advance(1)
+    heartbeat(state, "node-a", clock(), [gpu(0), gpu(1)], [report("alpha-0", "FAILED", "oom")])
+    rep = ctl.reconcile(clock())
+    status = rep.statuses["alpha"]
+    assert status.replicas[0].state == "UNSCHEDULABLE"
+    assert "FAILED on node-a" in status.replicas[0].reason
+    assert assigned(pub)["node-a"] == set()
+    clock.advance(61)  # cool-down (60 s) over: back on node-a
+    heartbeat(state, "node-a", clock(), [gpu(0), gpu(1)])
+    ctl.reconcile(clock())
+    assert assigned(pub)["node-a"] == {"alpha-0"}
+
+
+def test_unhealthy_gpu_moves_its_replicas(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha", 12000))
+    ctl.reconcile(clock())
+    (rec,) = [r for r in pub.all("assignments") if r.value["replicas"]]
+    node, idx = rec.key, rec.value["replicas"][0]["gpu_indices"][0]
+    clock.advance(1)
+    gpus = [gpu(i, healthy=(i != idx)) for i in (0, 1)]
+    heartbeat(state, node, clock(), gpus)
+    ctl.reconcile(clock())
+    latest = {r.key: r.value for r in pub.all("assignments")}
+    placed = [(n, a["gpu_indices"]) for n, v in latest.items() for a in v["replicas"] if a["replica_id"] == "alpha-0"]
+    assert placed and placed[0] != (node, [idx])
+    events = [r.value for r in pub.all("events")]
+    assert any(e["kind"] == "gpu_failed" for e in events)
+    assert any(e["kind"] == "moved" and f"gpu {node}/{idx} failed" in e["detail"] for e in events)
+
+
+def test_unschedulable_reason_names_the_largest_free_gpu(world):
+    clock, state, pub, _, ctl = world
+    state.apply_node("node-b", None)
+    register(state, "node-a", [gpu(0, 8192), gpu(1, 8192)])
+    heartbeat(state, "node-a", clock(), [gpu(0, 8192), gpu(1, 8192)])
+    state.apply_spec("big", spec_record("big", 12288))
+    rep = ctl.reconcile(clock())
+    view = rep.statuses["big"].replicas[0]
+    assert view.state == "UNSCHEDULABLE"
+    assert view.reason == "unschedulable: needs 12288 MiB GPU memory; largest free is 8192 MiB on node-a/0"
+    assert rep.statuses["big"].phase == "Unschedulable"
+    assert [r.value["kind"] for r in pub.all("events")] == ["unschedulable"]
+    clock.advance(1)
+    heartbeat(state, "node-a", clock(), [gpu(0, 8192), gpu(1, 8192)])
+    assert ctl.reconcile(clock()).published == ()  # the same reason is not re-announced
+
+
+def test_restart_from_recorded_assignments_publishes_nothing(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha", 4096, replicas=2))
+    state.apply_spec("beta", spec_record("beta", 8192))
+    ctl.reconcile(clock())
+    # what a fresh control plane reads back from the compacted topics
+    fresh = ClusterState()
+    for name in ("alpha", "beta"):
+        fresh.apply_spec(name, spec_record(name, 4096 if name == "alpha" else 8192, replicas=2 if name == "alpha" else 1))
+    for node in ("node-a", "node-b"):
+        register(fresh, node, [gpu(0), gpu(1)])
+        heartbeat(fresh, node, clock(), [gpu(0), gpu(1)])
+    for r in pub.all("assignments"):
+        fresh.apply_assignment(r.key, r.value)
+    for r in pub.all("model-status"):
+        fresh.apply_model_status(r.key, r.value)
+    pub2 = FakePublisher()
+    ctl2 = Controller(fresh, pub2, StaticLeadership(True, 4), ControlConfig(node_timeout_s=TIMEOUT))
+    rep = ctl2.reconcile(clock())
+    assert rep.published == () and pub2.batches == []
+    assert set(rep.plan.placements) == {"alpha-0", "alpha-1", "beta-0"}
+
+
+def test_standby_computes_but_publishes_nothing(world):
+    clock, state, pub, lead, ctl = world
+    lead.leader = False
+    state.apply_spec("alpha", spec_record("alpha"))
+    rep = ctl.reconcile(clock())
+    assert pub.batches == [] and not rep.leader
+    assert rep.statuses["alpha"].desired_replicas == 1
+
+
+def test_fenced_publish_steps_down(world):
+    clock, state, pub, lead, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    pub.fail_with = Fenced("producer fenced by a newer leader")
+    rep = ctl.reconcile(clock())
+    assert "publish" in rep.errors and not lead.is_leader
+    assert pub.batches == []
+
+
+def test_failed_publish_is_retried_next_pass(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    pub.fail_with = RuntimeError("broker unavailable")
+    assert "publish" in ctl.reconcile(clock()).errors
+    ctl.reconcile(clock.advance(1) and clock())
+    assert "alpha-0" in set().union(*assigned(pub).values())
+
+
+def test_deleted_model_empties_its_nodes_and_tombstones_status(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    state.apply_spec("alpha", None)
+    rep = ctl.reconcile(clock())
+    assert all(not ids for ids in assigned(pub).values())
+    assert [r.value for r in rep.of("model-status")] == [None]
+    assert any(r.value["kind"] == "removed" for r in rep.of("events"))
+
+
+def test_a_failing_subsystem_becomes_an_error_not_a_crash(world, monkeypatch):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    import streams.control.controller as mod
+
+    monkeypatch.setattr(mod, "build_status", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    rep = ctl.reconcile(clock())
+    assert rep.errors["status"] == "RuntimeError: boom"
+    assert "alpha-0" in set().union(*assigned(pub).values())  # placement still published
+
+
+def test_replica_states_come_from_heartbeats(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    (node,) = [n for n, ids in assigned(pub).items() if "alpha-0" in ids]
+    clock.advance(1)
+    heartbeat(state, node, clock(), [gpu(0), gpu(1)], [report("alpha-0", "READY")])
+    rep = ctl.reconcile(clock())
+    assert rep.statuses["alpha"].phase == "Ready" and rep.statuses["alpha"].ready_replicas == 1
+    assert [r.value["phase"] for r in rep.of("model-status")] == ["Ready"]
+
+
+def test_config_file_reads_the_article_config(tmp_path):
+    path = tmp_path / "cp.yaml"
+    path.write_text("scheduling: {strategy: binpack}\ncontrol: {node_timeout_s: 4}\n")
+    assert ControlConfig.from_yaml(path).node_timeout_s == 4.0
+    path.write_text("scheduling: {strategy: spread}\n")
+    from sie.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="scheduling.strategy"):
+        ControlConfig.from_yaml(path)
