@@ -102,12 +102,32 @@ def test_same_input_in_any_order_gives_the_same_plan():
 # -------------------------------------------------------------------------------------------- packing
 
 
-def test_best_fit_picks_the_gpu_left_with_least_free_memory():
-    cluster = inv(node("a", gpus=(24576,), product=L4), node("b", gpus=(81920,)))
-    plan = place(make_demands("small", 1, gpu_memory_mb=10240) + make_demands("mid", 1, gpu_memory_mb=16384), cluster)
-    # larger first: mid (16 GiB) best-fits the L4 (8 GiB left < 64 GiB), small then only fits the A100
-    assert where(plan, "mid-0") == ("a", (0,))
-    assert where(plan, "small-0") == ("b", (0,))
+def test_best_fit_picks_the_used_gpu_left_with_least_free_memory():
+    cluster = inv(node("a"), node("b"))
+    ds = [
+        ReplicaDemand(model="x", index=0, gpu_memory_mb=61440),
+        ReplicaDemand(model="y", index=0, gpu_memory_mb=40960),
+        ReplicaDemand(model="z", index=0, gpu_memory_mb=16384),
+        ReplicaDemand(model="w", index=0, gpu_memory_mb=15360),
+    ]
+    plan = place(ds, cluster)
+    assert where(plan, "x-0") == ("a", (0,))  # 20 GiB left
+    assert where(plan, "y-0") == ("b", (0,))  # does not fit a: opens b, 40 GiB left
+    assert where(plan, "z-0") == ("a", (0,))  # 4 GiB left on a beats 24 GiB on b
+    assert where(plan, "w-0") == ("b", (0,))  # a has 4 GiB left
+    assert plan.stats.gpus_in_use == 2
+
+
+def test_new_gpus_open_in_the_most_abundant_pool_so_pinned_models_keep_room():
+    l4 = {"nvidia.com/gpu.product": "L4"}
+    cluster = inv(node("l4", gpus=(23034,), product=L4, labels=l4), node("a1"), node("a2"))
+    ds = make_demands("any", 2, priority="P0", gpu_memory_mb=20480) + make_demands(
+        "pinned", 1, priority="P2", gpu_memory_mb=16384, node_selector=l4
+    )
+    plan = place(ds, cluster)
+    # a global best fit would put an "any" replica on the L4 (2.5 GiB left) and strand "pinned"
+    assert sorted(where(plan, r)[0] for r in ("any-0", "any-1")) == ["a1", "a2"]
+    assert where(plan, "pinned-0") == ("l4", (0,))
 
 
 def test_binpack_fills_one_gpu_and_one_node_before_the_next():
@@ -342,14 +362,15 @@ def test_node_down_moves_its_replicas_and_reports_those_that_cannot_move():
     placer = Placer(cluster)
     placer.add_model(make_demands("big", 2, gpu_memory_mb=40960))
     placer.add_model(make_demands("small", 1, gpu_memory_mb=4096))
-    assert placer.plan.placements["big-0"].node == "a" and placer.plan.placements["small-0"].node == "c"
-    before = placer.plan
+    assert placer.plan.placements["big-0"].slot == ("a", (0,))
+    assert placer.plan.placements["big-1"].slot == ("b", (0,))
+    assert placer.plan.placements["small-0"].slot == ("a", (0,))  # best fit among used GPUs (tie: a)
     update = placer.node_down("a")
     plan = update.plan
     assert where(plan, "big-0") == ("b", (0,))  # shares b with big-1 (note): no other node fits
     assert "anti-affinity relaxed" in plan.placements["big-0"].note
-    assert [p.replica_id for p in update.diff.moved] == ["big-0"]
-    assert plan.placements["small-0"] == before.placements["small-0"]
+    assert [p.replica_id for p in update.diff.moved] == ["big-0", "small-0"]
+    assert where(plan, "small-0") == ("c", (0,))  # b/0 is full now
     assert plan.assignments("a") == ()
     update = placer.node_down("b")
     assert reason(update.plan, "big-0") == "unschedulable: needs 40960 MiB GPU memory; largest free is 4096 MiB on c/0"
@@ -403,3 +424,14 @@ def test_incremental_events_equal_a_stable_full_pass():
         expected = place(placer.demands(), placer.inventory, current=previous.current())
         assert update.plan == expected, f"step {step}"
         assert_no_overcommit(update.plan)
+
+
+def test_benchmark_runs_at_small_scale(tmp_path):
+    from bench.bench_placement import main
+
+    result = main(["--runs", "1", "--events", "20", "--models", "30", "--replicas", "100", "--nodes", "10",
+                   "--out", str(tmp_path)])
+    assert result["workload"]["replicas"] == 100
+    assert result["sie"]["gpus_in_use"] < result["baseline_round_robin"]["gpus_in_use"]
+    assert result["sie"]["utilisation"] > result["baseline_round_robin"]["utilisation"]
+    assert (tmp_path / "placement.txt").read_text().startswith("SIE placement benchmark")

@@ -2,10 +2,12 @@
 
 Decisions (WHY in brackets):
 
-- Best fit by GPU memory: a shared-GPU replica goes to the GPU whose free memory after placement is
-  smallest [keeps big holes for big models: the article's 58% -> 89% utilisation]. Ties go to the
-  node that sorts first, then the lowest GPU index, so empty GPUs are filled node by node [``binpack``:
-  fill a node before the next].
+- Best fit by GPU memory: a shared-GPU replica goes to the GPU IN USE whose free memory after
+  placement is smallest [keeps big holes for big models: the article's 58% -> 89% utilisation]. Only
+  when no GPU in use fits is an empty GPU opened: in the eligible pool (nodes with identical labels and
+  GPU products) with the most free memory [a global best fit would drain the small-GPU pool, e.g. L4s,
+  and strand the models pinned to it], on the node that sorts first there, lowest GPU index first, so
+  empty GPUs are filled node by node [``binpack``: fill a node before the next].
 - ``gpus = N > 0`` takes N entirely free GPUs on one node, each with >= ceil(gpu_memory_mb / N) MiB; the
   node left with the fewest entirely free GPUs wins [keeps whole nodes free for big tensor-parallel
   models]. Its ``gpu_memory_mb`` is the full capacity of those GPUs (nobody else may use them).
@@ -298,15 +300,19 @@ class _Gpu:
 
 
 class _Pool:
-    """Nodes with identical labels and GPU products: eligibility is decided once per pool, and each pool
-    keeps its GPUs in a list sorted by (free MiB, node, index) so best fit is a bisect, not a scan."""
+    """Nodes with identical labels and GPU products: eligibility is decided once per pool. Each pool keeps
+    two sorted lists so best fit is a bisect, not a scan of every GPU: ``used`` = (free MiB, node, index)
+    of GPUs hosting >= 1 replica, ``empty`` = (capacity MiB, node, index) of GPUs hosting none.
+    ``free_total`` (MiB) tells how abundant the pool still is."""
 
-    __slots__ = ("sample", "names", "index")
+    __slots__ = ("sample", "names", "used", "empty", "free_total")
 
     def __init__(self, sample: NodeState) -> None:
         self.sample = sample
         self.names: list[str] = []
-        self.index: list[tuple[int, str, int]] = []
+        self.used: list[tuple[int, str, int]] = []
+        self.empty: list[tuple[int, str, int]] = []
+        self.free_total = 0
 
 
 class _Node:
@@ -336,7 +342,8 @@ class _Allocator:
         self.pools: dict[tuple, _Pool] = {}
         self.placements: dict[str, Placement] = {}
         self.unplaced: dict[str, Unplaced] = {}
-        self.demands: dict[str, ReplicaDemand] = {}
+        self.demands: dict[str, ReplicaDemand] = {}  # of placed replicas
+        self.unplaced_demands: dict[str, ReplicaDemand] = {}
         self._eligible_cache: dict[tuple, list[tuple[int, _Pool]]] = {}
         for state in inventory.nodes:
             if state.online:
@@ -358,7 +365,8 @@ class _Allocator:
         insort(pool.names, state.name)
         node = self.nodes[state.name] = _Node(state, pool)
         for g in node.gpus.values():
-            insort(pool.index, (g.free, g.node, g.index))
+            self._index_add(pool, g)
+            pool.free_total += g.free
 
     def drop_node(self, name: str) -> list[str]:
         node = self.nodes.get(name)
@@ -370,6 +378,7 @@ class _Allocator:
         pool = node.pool
         for g in node.gpus.values():
             self._index_remove(pool, g)
+            pool.free_total -= g.free
         pool.names.remove(name)
         del self.nodes[name]
         if not pool.names:
@@ -386,19 +395,35 @@ class _Allocator:
         for rid in released:
             self.release(rid)
         self._index_remove(node.pool, g)
+        node.pool.free_total -= g.free
         del node.gpus[index]
         return released
 
-    def _index_remove(self, pool: _Pool, g: _Gpu) -> None:
-        entry = (g.free, g.node, g.index)
-        i = bisect_left(pool.index, entry)
-        assert pool.index[i] == entry, f"GPU index out of sync at {g.node}/{g.index}"
-        del pool.index[i]
+    @staticmethod
+    def _index_add(pool: _Pool, g: _Gpu) -> None:
+        insort(pool.used if g.held else pool.empty, (g.free, g.node, g.index))
 
-    def _set_free(self, node: _Node, g: _Gpu, free: int) -> None:
+    @staticmethod
+    def _index_remove(pool: _Pool, g: _Gpu) -> None:
+        index = pool.used if g.held else pool.empty
+        entry = (g.free, g.node, g.index)
+        i = bisect_left(index, entry)
+        assert i < len(index) and index[i] == entry, f"GPU index out of sync at {g.node}/{g.index}"
+        del index[i]
+
+    def _hold(self, node: _Node, g: _Gpu, rid: str, mb: int) -> None:
         self._index_remove(node.pool, g)
-        g.free = free
-        insort(node.pool.index, (g.free, g.node, g.index))
+        g.held[rid] = mb
+        g.free -= mb
+        node.pool.free_total -= mb
+        self._index_add(node.pool, g)
+
+    def _unhold(self, node: _Node, g: _Gpu, rid: str) -> None:
+        self._index_remove(node.pool, g)
+        mb = g.held.pop(rid)
+        g.free += mb
+        node.pool.free_total += mb
+        self._index_add(node.pool, g)
 
     # -- commit / release
 
@@ -414,7 +439,7 @@ class _Allocator:
             g = node.gpus.get(gi)
             if g is not None:
                 g.models[d.model] -= 1
-                self._set_free(node, g, g.free + g.held.pop(rid))
+                self._unhold(node, g, rid)
 
     def _commit(self, d: ReplicaDemand, node: _Node, gpus: Sequence[_Gpu]) -> Placement:
         note = None
@@ -423,10 +448,8 @@ class _Allocator:
             note = f"anti-affinity relaxed: shares {where} with another replica of {d.model} (no other node fits)"
         whole = d.gpus > 0
         for g in gpus:
-            take = g.free if whole else d.gpu_memory_mb
-            g.held[d.replica_id] = take
             g.models[d.model] += 1
-            self._set_free(node, g, g.free - take)
+            self._hold(node, g, d.replica_id, g.free if whole else d.gpu_memory_mb)
         node.cpu_free -= d.cpu
         if node.mem_free is not None:
             node.mem_free -= d.memory_mb
@@ -443,12 +466,23 @@ class _Allocator:
         )
         self.placements[d.replica_id] = p
         self.demands[d.replica_id] = d
-        self.unplaced.pop(d.replica_id, None)
+        self.forget_unplaced(d.replica_id)
         return p
+
+    def forget_unplaced(self, rid: str) -> None:
+        self.unplaced.pop(rid, None)
+        self.unplaced_demands.pop(rid, None)
+
+    def refresh_unplaced(self) -> None:
+        """Re-evaluate every unplaced replica against the final state, so its reason describes the cluster
+        as the plan leaves it (and a fresh pass, a stable pass and an incremental event agree)."""
+        for d in _ordered(self.unplaced_demands.values()):
+            self.place(d)
 
     def _fail(self, d: ReplicaDemand, reason: str) -> Unplaced:
         u = Unplaced(d.replica_id, d.model, d.version, UNSCHEDULABLE + reason)
         self.unplaced[d.replica_id] = u
+        self.unplaced_demands[d.replica_id] = d
         return u
 
     # -- keep an existing placement
@@ -500,38 +534,44 @@ class _Allocator:
         return self._place_cpu(d, pools)
 
     def _place_shared(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> Placement | Unplaced:
+        """Best fit among GPUs already in use; only when none fits, open an empty GPU, taken from the most
+        abundant eligible pool (most free MiB) so scarce pools (e.g. L4 nodes that some models pin) are
+        not drained by models that could run anywhere."""
         need, model = d.gpu_memory_mb, d.model
         probe = (need, "", -1)
-        best: tuple | None = None
+        best: tuple | None = None  # (level, pref, is_empty, ...)
         for pref, pool in pools:
-            if best is not None and best[0] == 0 and best[1] < pref:
-                break  # a non-preferred pool cannot beat an anti-affine candidate in a preferred one
-            idx = pool.index
-            for j in range(bisect_left(idx, probe), len(idx)):
-                free, name, gi = idx[j]
-                node = self.nodes[name]
-                if not node.fits_host(d):
-                    continue
-                level = 0 if not node.models[model] else (2 if node.gpus[gi].models[model] else 1)
-                cand = (level, pref, free - need, name, gi)
-                if best is None or cand < best:
-                    best = cand
-                if level == 0:
-                    break  # sorted by free: the first anti-affine GPU is this pool's best fit
+            for is_empty, index in ((0, pool.used), (1, pool.empty)):
+                if best is not None and best[0] == 0 and (best[1], best[2]) < (pref, is_empty):
+                    continue  # this list cannot beat an anti-affine candidate already found
+                for j in range(bisect_left(index, probe), len(index)):
+                    free, name, gi = index[j]
+                    node = self.nodes[name]
+                    if not node.fits_host(d):
+                        continue
+                    level = 0 if not node.models[model] else (2 if node.gpus[gi].models[model] else 1)
+                    if is_empty:
+                        cand = (level, pref, 1, -pool.free_total, free - need, name, gi)
+                    else:
+                        cand = (level, pref, 0, free - need, name, gi)
+                    if best is None or cand < best:
+                        best = cand
+                    if level == 0:
+                        break  # sorted by free: the first anti-affine GPU is this list's best fit
         if best is None:
             return self._fail(d, self._explain_gpu_memory(d, pools))
-        node = self.nodes[best[3]]
-        return self._commit(d, node, [node.gpus[best[4]]])
+        node = self.nodes[best[-2]]
+        return self._commit(d, node, [node.gpus[best[-1]]])
 
     def _explain_gpu_memory(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> str:
         need = d.gpu_memory_mb
         largest: tuple[int, str, int] | None = None
         for _, pool in pools:
-            if pool.index:
-                top = pool.index[-1][0]
-                entry = pool.index[bisect_left(pool.index, (top, "", -1))]
-                if largest is None or (-entry[0], entry[1], entry[2]) < (-largest[0], largest[1], largest[2]):
-                    largest = entry
+            for index in (pool.used, pool.empty):
+                if index:
+                    entry = index[bisect_left(index, (index[-1][0], "", -1))]
+                    if largest is None or (-entry[0], entry[1], entry[2]) < (-largest[0], largest[1], largest[2]):
+                        largest = entry
         if largest is None:
             return f"needs {need} MiB GPU memory; no healthy GPU on eligible nodes"
         if largest[0] >= need:
@@ -625,6 +665,7 @@ def _full_pass(demands: Iterable[ReplicaDemand], inventory: ClusterInventory, cu
             pending.append(d)
     for d in pending:
         alloc.place(d)
+    alloc.refresh_unplaced()
     return alloc
 
 
@@ -733,7 +774,7 @@ class Placer:
         for rid in ids:
             if rid in self._alloc.placements:
                 self._alloc.release(rid)
-            self._alloc.unplaced.pop(rid, None)
+            self._alloc.forget_unplaced(rid)
             self._wanted.pop(rid, None)
 
     def _settle(self, touched: set[str]) -> PlanUpdate:
@@ -741,6 +782,7 @@ class Placer:
         touched |= set(self._alloc.unplaced)
         for d in _ordered(self._wanted[rid] for rid in touched if rid in self._wanted and rid not in self._alloc.placements):
             self._alloc.place(d)
+        self._alloc.refresh_unplaced()
         old, new = self._plan, self._alloc.plan()
         self._plan = new
         return PlanUpdate(new, _diff(old, new, touched))
