@@ -78,7 +78,9 @@ class EnsureReport:
 def admin_client(settings: Settings) -> "AdminClient":
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(settings.kafka_client_config())
+    config = settings.kafka_client_config()
+    config.setdefault("log_level", 4)  # warnings and up; hides the info line each destroyed client prints
+    return AdminClient(config)
 
 
 def wait_for_cluster(settings: Settings, timeout: float = 30.0) -> "ClusterMetadata":
