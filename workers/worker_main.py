@@ -83,8 +83,23 @@ class CountingBackend:
         return getattr(self._inner, name)
 
 
-def _progress_loop(status: StatusWriter, counter: CountingBackend, interval: float, stop: threading.Event) -> None:
+def _progress_loop(
+    status: StatusWriter, counter: CountingBackend, interval: float, stop: threading.Event,
+    on_fatal: Any,
+) -> None:
+    """Liveness lines, and the check that the backend can still serve at all.
+
+    A backend with a ``fatal_error()`` method (SGLang: its server process exited) ends
+    the worker: an error line, then the scorer is stopped (it aborts/commits cleanly)
+    and the worker exits 1, so the agent records the crash and restarts the replica.
+    """
+    fatal_error = getattr(counter._inner, "fatal_error", None)
     while not stop.wait(interval):
+        detail = fatal_error() if callable(fatal_error) else None
+        if detail:
+            status.emit("error", detail=detail)
+            on_fatal(detail)
+            return
         status.emit("progress", records=counter.records)
 
 
@@ -106,7 +121,10 @@ def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
 
     config = backend_config_from_spec(spec)
     indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
-    extra = {"gpu_indices": indices, "gpu_memory_mb": args.gpu_memory_mb, "replica_id": args.replica_id}
+    extra = {
+        "gpu_indices": indices, "gpu_memory_mb": args.gpu_memory_mb, "replica_id": args.replica_id,
+        "log_path": str(args.spec_file.parent / "server.log"),  # a server backend's own log, next to the worker's
+    }
     return dataclasses.replace(config, config={**config.config, **extra})
 
 
@@ -142,8 +160,14 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters], settings.request_partitions)
 
         progress_stop = threading.Event()
+        fatal: list[str] = []
+
+        def on_fatal(detail: str) -> None:
+            fatal.append(detail)
+            stop_event.set()
+
         progress = threading.Thread(
-            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop),
+            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop, on_fatal),
             name="progress", daemon=True,
         )
 
@@ -160,6 +184,8 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         log.info("scorer stopped: %s", summary.line() if hasattr(summary, "line") else summary)
     finally:
         backend.close()
+    if fatal:
+        return 1
     status.emit("stopped", records=counter.records)
     return 0
 

@@ -28,8 +28,15 @@ def _torch_backend(config: BackendConfig) -> Backend:
     return TorchBackend(config)
 
 
+def _sglang_backend(config: BackendConfig) -> Backend:
+    from workers.backends.sglang_backend import SGLangBackend  # HTTP client only: no sglang/CUDA import here
+
+    return SGLangBackend(config)
+
+
 register_backend("torch", _torch_backend)
 register_backend("python", PythonBackend)
+register_backend("sglang", _sglang_backend)
 
 __all__ = [
     "Backend",

@@ -1,0 +1,282 @@
+"""SGLang backend: the Backend interface over one SGLang server process per replica (HTTP on loopback).
+
+NOT YET RUN AGAINST REAL SGLANG: there is no GPU on the development machines.
+It speaks SGLang's documented native API and is tested against
+``tests/fakes/fake_sglang.py`` (503 while starting, ``/generate`` with
+``meta_info``, a crash control).  Expect to adjust details on first contact.
+
+Lifecycle (``load``):
+  1. build the launch command (``workers.sglang_launcher``: ``--mem-fraction-static`` from the
+     replica's absolute budget and the free memory NVML measures right now);
+  2. start the server as a child that dies with the worker (PR_SET_PDEATHSIG);
+  3. poll ``GET /health_generate`` (503 while starting; 200 after a real one-token generation)
+     until ``startup_timeout_s``; a server that exits meanwhile fails the load with its exit cause
+     and log tail;
+  4. the warm-up/readiness inference of the spec's example input (below).
+  ``spec.backend.config.server_url`` skips 1-2 and uses an already running server.
+
+Request -> prompt -> output mapping (``infer``), one ``POST /generate`` per row, in parallel
+(``max_concurrency`` threads), each ``{"text", "sampling_params", "rid"}``:
+  * prompt: ``config.prompt_template.format(**inputs)``, default: the inputs as JSON;
+  * ``output_mode: json`` (default when any output field is not a string, or there are several):
+    ``sampling_params.json_schema`` is generated from ``spec.outputSchema`` (types, required,
+    ranges), so the server's constrained decoding can only emit e.g. ``{"score": 0.93}``; the text
+    is parsed as JSON and each output field is cast to its declared type;
+  * ``output_mode: text``: the one string output field receives the generated text;
+  * output fields named ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
+    ``finish_reason``, ``e2e_latency`` are filled from ``meta_info`` when the text does not set them.
+  A row whose text is not valid JSON for the schema raises ``InferenceError`` (the scorer dead-letters
+  that row); connection errors while the server process is gone make ``fatal_error()`` non-None,
+  which the worker turns into an exit (the agent then restarts the replica).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from workers.backends.base import BackendConfig, BackendError, InferenceError
+from workers.process import describe_exit, spawn_child
+from workers.sglang_launcher import build_launch
+
+log = logging.getLogger(__name__)
+
+META_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency")
+_JSON_TYPES = {"float": "number", "int": "integer", "bool": "boolean", "string": "string"}
+
+
+class SGLangHttpError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+class SGLangClient:
+    """The one wrapper for HTTP to an SGLang server (stdlib urllib; loopback only)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        import urllib.error
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout or self.timeout_s) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            raise SGLangHttpError(exc.code, exc.read().decode("utf-8", "replace")) from None
+        if not payload:
+            return None
+        try:
+            return json.loads(payload)
+        except json.JSONDecodeError:
+            return payload.decode("utf-8", "replace")
+
+    def health_generate(self, timeout: float = 10.0) -> bool:
+        """True once the server answers 200 (a real one-token generation); False on 503/connection refused."""
+        try:
+            self._request("GET", "/health_generate", timeout=timeout)
+            return True
+        except SGLangHttpError as exc:
+            if exc.status == 503:
+                return False
+            raise
+        except OSError:  # connection refused while the server is still binding its port
+            return False
+
+    def generate(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/generate", dict(payload))
+
+    def model_info(self) -> dict[str, Any]:
+        return self._request("GET", "/get_model_info")
+
+
+def output_json_schema(fields: tuple[Any, ...], ranges: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
+    """JSON schema of the output fields, for SGLang's constrained decoding (``sampling_params.json_schema``)."""
+    properties: dict[str, Any] = {}
+    for field in fields:
+        if field.name in META_FIELDS:
+            continue
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(field.type, "string")}
+        bounds = (ranges or {}).get(field.name)
+        if bounds is not None and field.type in ("int", "float"):
+            prop["minimum"], prop["maximum"] = bounds
+        properties[field.name] = prop
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def _cast(value: Any, type_name: str, name: str) -> Any:
+    try:
+        if type_name == "float":
+            return float(value)
+        if type_name == "int":
+            return int(value)
+        if type_name == "bool":
+            if isinstance(value, str):
+                return value.strip().lower() in ("true", "1", "yes")
+            return bool(value)
+        return value if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise InferenceError(f"output field {name!r}: cannot read {value!r} as {type_name}") from exc
+
+
+class SGLangBackend:
+    """One SGLang server (child process) per backend instance; see the module docstring for the mapping."""
+
+    def __init__(
+        self,
+        config: BackendConfig,
+        client_factory: Callable[[str], SGLangClient] = SGLangClient,
+        spawn: Callable[..., Any] = spawn_child,
+    ) -> None:
+        self.config = config
+        cfg = config.config
+        self.device = "cuda" if cfg.get("gpu_indices") else "cpu"
+        self._client_factory = client_factory
+        self._spawn = spawn
+        self._server: Any = None
+        self._client: SGLangClient | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._seq = 0
+        self._log_path: Path | None = Path(cfg["log_path"]) if cfg.get("log_path") else None
+        fields = tuple(config.output_fields)
+        string_fields = [f for f in fields if f.type == "string" and f.name not in META_FIELDS]
+        default_mode = "text" if len(fields) == 1 and len(string_fields) == 1 else "json"
+        self.output_mode = str(cfg.get("output_mode") or default_mode)
+        if self.output_mode not in ("json", "text"):
+            raise BackendError(f"{config.model_id}: spec.backend.config.output_mode must be 'json' or 'text' (got {self.output_mode!r})")
+        if self.output_mode == "text" and len(string_fields) != 1:
+            raise BackendError(
+                f"{config.model_id}: output_mode 'text' needs exactly one string output field (got {[f.name for f in string_fields]})"
+            )
+        self._text_field = string_fields[0].name if self.output_mode == "text" else None
+        sampling = {"max_new_tokens": 128, "temperature": 0.0, **dict(cfg.get("sampling_params") or {})}
+        if self.output_mode == "json" and "regex" not in sampling and "json_schema" not in sampling:
+            sampling["json_schema"] = json.dumps(output_json_schema(fields, cfg.get("output_ranges")))
+        self.sampling_params = sampling
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        cfg = self.config.config
+        url = cfg.get("server_url")
+        if not url:
+            launch = build_launch(self.config)
+            log.info("%s: starting SGLang: %s", self.config.model_id, " ".join(launch.argv))
+            self._server = self._spawn(launch.argv, log_path=self._log_path)
+            url = f"http://127.0.0.1:{launch.port}"
+        self._client = self._client_factory(str(url))
+        self._pool = ThreadPoolExecutor(max_workers=int(cfg.get("max_concurrency", 16)), thread_name_prefix="sglang")
+        self._wait_ready(float(cfg.get("startup_timeout_s", 600)), float(cfg.get("health_poll_interval_s", 0.5)))
+        try:
+            self.infer([self.config.warmup_input()])
+        except InferenceError as exc:
+            raise BackendError(f"{self.config.model_id}: SGLang warm-up generation failed: {exc}") from exc
+
+    def _wait_ready(self, timeout_s: float, interval_s: float) -> None:
+        assert self._client is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            crashed = self.fatal_error()
+            if crashed:
+                raise BackendError(f"{self.config.model_id}: {crashed}")
+            if self._client.health_generate():
+                return
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    f"{self.config.model_id}: SGLang at {self._client.base_url} not healthy after {timeout_s:g}s "
+                    f"(/health_generate kept answering 503); raise spec.backend.config.startup_timeout_s"
+                )
+            time.sleep(interval_s)  # production polling pace while the server loads weights
+
+    def fatal_error(self) -> str | None:
+        """Why this backend can never serve again (its server process exited), else None."""
+        if self._server is None:
+            return None
+        returncode = self._server.poll()
+        if returncode is None:
+            return None
+        cause = describe_exit(returncode).cause
+        tail = ""
+        if self._log_path is not None and self._log_path.exists():
+            tail = " | ".join(self._log_path.read_text(errors="replace").strip().splitlines()[-3:])
+        return f"SGLang server (pid {self._server.pid}) {cause}" + (f"; last log lines: {tail}" if tail else "")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self._server is not None and self._server.poll() is None:
+            self._server.terminate()
+            try:
+                self._server.wait(timeout=float(self.config.config.get("shutdown_timeout_s", 30)))
+            except Exception:
+                self._server.kill()
+                self._server.wait(timeout=10)
+        self._server = None
+
+    # -- inference ---------------------------------------------------------------------------------------------
+    def _prompt(self, inputs: Mapping[str, Any]) -> str:
+        template = self.config.config.get("prompt_template")
+        if not template:
+            return json.dumps(dict(inputs), sort_keys=True)
+        try:
+            return str(template).format(**inputs)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InferenceError(f"spec.backend.config.prompt_template: {exc!r} not in the request inputs") from exc
+
+    def _one(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        assert self._client is not None
+        self._seq += 1
+        payload = {"text": self._prompt(inputs), "sampling_params": self.sampling_params, "stream": False,
+                   "rid": f"{self.config.config.get('replica_id', 'sie')}-{uuid.uuid4().hex[:12]}"}
+        try:
+            response = self._client.generate(payload)
+        except SGLangHttpError as exc:
+            raise InferenceError(f"SGLang /generate: {exc}") from exc
+        except OSError as exc:
+            raise InferenceError(f"SGLang /generate unreachable: {exc}") from exc
+        return self._map(response)
+
+    def _map(self, response: Any) -> dict[str, Any]:
+        if not isinstance(response, dict) or "text" not in response:
+            raise InferenceError(f"SGLang /generate returned no 'text' (got {str(response)[:200]})")
+        text, meta = response["text"], response.get("meta_info") or {}
+        outputs: dict[str, Any] = {}
+        if self.output_mode == "text":
+            outputs[self._text_field] = text  # type: ignore[index]
+        else:
+            try:
+                parsed = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InferenceError(f"generated text is not JSON for the output schema: {text[:200]!r}") from exc
+            if not isinstance(parsed, dict):
+                raise InferenceError(f"generated JSON is not an object: {text[:200]!r}")
+            for field in self.config.output_fields:
+                if field.name in parsed:
+                    outputs[field.name] = _cast(parsed[field.name], field.type, field.name)
+        if isinstance(meta, dict):
+            for field in self.config.output_fields:
+                if field.name in META_FIELDS and field.name not in outputs and field.name in meta:
+                    outputs[field.name] = _cast(meta[field.name], field.type, field.name)
+        return outputs
+
+    def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self._client is None or self._pool is None:
+            raise InferenceError(f"{self.config.model_id}: backend is not loaded (call load() first)")
+        if not inputs:
+            return []
+        if len(inputs) == 1:
+            return [self._one(inputs[0])]
+        return list(self._pool.map(self._one, inputs))
