@@ -51,7 +51,8 @@ def _register() -> None:
             if exc.name != name:  # a real import error inside the module: surface it
                 raise
             continue  # listed but absent (partial checkout); tests/test_cli.py asserts all are present
-        cli.add_command(module.command)
+        for cmd in getattr(module, "commands", (module.command,)):  # a module may add several top-level commands
+            cli.add_command(cmd)
 
 
 _register()

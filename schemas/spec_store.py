@@ -1,0 +1,192 @@
+"""Applied specs on Kafka: the compacted ``<prefix>.specs`` topic, key = model name.
+
+Writers (``sie apply``/``sie delete``) publish ``ModelSpecRecord`` values
+(Avro, ``schemas.avro_codec``) with an idempotent producer and wait for the
+broker's acknowledgement; a delete publishes a ``deleted=true`` record (so
+live readers see the event) followed by a tombstone (so compaction forgets the
+model).  Readers (CLI, control plane) replay the topic from the beginning to
+the end offsets observed at start and keep the latest record per key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from schemas.avro_codec import AvroCodecError, decode, encode
+from schemas.spec_models import ModelService
+from schemas.topics import system_topic, system_topics
+from sie.errors import KafkaUnavailable, SieError
+
+if TYPE_CHECKING:
+    from sie.settings import Settings
+
+log = logging.getLogger(__name__)
+RECORD = "ModelSpecRecord"
+
+
+def specs_topic(settings: "Settings") -> str:
+    return system_topic("specs", prefix=settings.topic_prefix)
+
+
+def spec_record(spec: ModelService, applied_at_ms: int, deleted: bool = False) -> dict[str, Any]:
+    """The ModelSpecRecord of a spec (``spec_json`` = ``to_document()`` as compact JSON)."""
+    return {
+        "name": spec.name,
+        "version": spec.version,
+        "spec_json": json.dumps(spec.to_document(), separators=(",", ":"), sort_keys=True),
+        "applied_at_ms": applied_at_ms,
+        "deleted": deleted,
+    }
+
+
+def spec_from_record(record: dict[str, Any]) -> ModelService:
+    return ModelService.from_document(json.loads(record["spec_json"]))
+
+
+def ensure_specs_topic(settings: "Settings") -> None:
+    """Create the specs topic (compacted) if missing, via the infra engineer's ``sie.admin``."""
+    from sie.admin import ensure_topics
+
+    name = specs_topic(settings)
+    ensure_topics(settings, [t for t in system_topics(settings.topic_prefix) if t.name == name])
+
+
+def _produce(settings: "Settings", messages: list[tuple[str, bytes | None]], timeout: float) -> None:
+    """Send ``(key, value)`` pairs in order with an idempotent producer; raise unless every one is acknowledged."""
+    from confluent_kafka import Producer
+
+    producer = Producer(settings.kafka_client_config(**{
+        "enable.idempotence": True,  # no duplicates or reordering on retry
+        "acks": "all",
+        "message.timeout.ms": int(timeout * 1000),
+    }))
+    errors: list[str] = []
+    delivered: list[int] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(f"{msg.topic()} key {msg.key()!r}: {err.str()}")
+        else:
+            delivered.append(msg.offset())
+
+    topic = specs_topic(settings)
+    for key, value in messages:
+        producer.produce(topic, key=key.encode("utf-8"), value=value, on_delivery=on_delivery)
+    remaining = producer.flush(timeout)
+    if errors:
+        raise SieError(f"publishing to {topic} failed: {'; '.join(errors)}")
+    if remaining or len(delivered) != len(messages):
+        raise KafkaUnavailable(
+            f"{topic}: {len(messages) - len(delivered)} record(s) not acknowledged within {timeout:.0f}s by "
+            f"{settings.bootstrap_servers}; check the broker (sie kafka status) and retry"
+        )
+
+
+def publish_spec(settings: "Settings", spec: ModelService, timeout: float = 30.0,
+                 clock: Callable[[], float] = time.time, ensure_topic: bool = True) -> dict[str, Any]:
+    """Publish ``spec`` on the specs topic and wait for the acknowledgement; returns the record sent."""
+    if ensure_topic:
+        ensure_specs_topic(settings)
+    record = spec_record(spec, int(clock() * 1000))
+    _produce(settings, [(spec.name, encode(RECORD, record))], timeout)
+    return record
+
+
+def delete_spec(settings: "Settings", spec: ModelService, timeout: float = 30.0,
+                clock: Callable[[], float] = time.time) -> None:
+    """Publish a ``deleted=true`` record, then a tombstone, for the spec's model."""
+    record = spec_record(spec, int(clock() * 1000), deleted=True)
+    _produce(settings, [(spec.name, encode(RECORD, record)), (spec.name, None)], timeout)
+
+
+@dataclass
+class SpecSnapshot:
+    """The specs topic replayed to its end: live specs, names deleted, records that could not be read."""
+
+    specs: dict[str, ModelService] = field(default_factory=dict)
+    applied_at_ms: dict[str, int] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
+
+    def apply(self, key: str, value: bytes | None, where: str) -> None:
+        """Fold one record into the snapshot (latest per key wins; tombstone/deleted removes)."""
+        if value is None:
+            self.specs.pop(key, None)
+            self.applied_at_ms.pop(key, None)
+            self.deleted.add(key)
+            return
+        try:
+            record = decode(value, expected=RECORD)
+            spec = None if record["deleted"] else spec_from_record(record)
+        except (AvroCodecError, ValueError) as exc:  # ValueError covers JSON and pydantic errors
+            self.problems.append(f"{where} key {key!r}: unreadable spec record: {str(exc).splitlines()[0]}")
+            return
+        if spec is None:
+            self.specs.pop(key, None)
+            self.applied_at_ms.pop(key, None)
+            self.deleted.add(key)
+        else:
+            self.specs[key] = spec
+            self.applied_at_ms[key] = record["applied_at_ms"]
+            self.deleted.discard(key)
+
+
+def read_spec_snapshot(settings: "Settings", timeout: float = 30.0) -> SpecSnapshot:
+    """Replay the specs topic from the beginning to its current end (every partition reports EOF)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    from sie.admin import admin_client
+
+    topic = specs_topic(settings)
+    snapshot = SpecSnapshot()
+    try:
+        metadata = admin_client(settings).list_topics(timeout=timeout)
+    except Exception as exc:  # KafkaException: broker unreachable
+        raise KafkaUnavailable(f"{settings.bootstrap_servers} did not answer: {exc}; is Kafka up (sie kafka up)?") from exc
+    if topic not in metadata.topics:
+        return snapshot
+    partitions = sorted(metadata.topics[topic].partitions)
+    consumer = Consumer(settings.kafka_client_config(**{
+        "group.id": f"sie-spec-reader-{uuid.uuid4().hex[:8]}",  # never committed: a fresh replay each time
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 50,  # an empty fetch at the end returns fast: EOF is what we wait for
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+    }))
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending = set(partitions)
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"{topic}: not read to the end within {timeout:.0f}s (partitions {sorted(pending)})")
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                    continue
+                if msg.error().fatal():
+                    raise KafkaUnavailable(f"{topic}: {msg.error().str()}")
+                log.warning("reading %s: %s", topic, msg.error().str())
+                continue
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            snapshot.apply(key, msg.value(), f"{topic}[{msg.partition()}]@{msg.offset()}")
+    finally:
+        consumer.close()
+    for problem in snapshot.problems:
+        log.warning(problem)
+    return snapshot
+
+
+def read_specs(settings: "Settings", timeout: float = 30.0) -> dict[str, ModelService]:
+    """The live specs, by model name (unreadable records are logged, never silently applied)."""
+    return read_spec_snapshot(settings, timeout).specs

@@ -1,0 +1,143 @@
+"""`sie validate`, `sie apply`, `sie get models`, `sie delete model`: ModelService specs on the cluster.
+
+``validate`` needs no Kafka.  ``apply`` validates, refuses a new version whose
+I/O schema breaks the applied one (the control plane would refuse the rolling
+update anyway; ``--allow-breaking`` overrides), then publishes the spec on the
+compacted specs topic and waits for the broker's acknowledgement.  Applying
+the same spec twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from sie.errors import SieError, SpecError
+from sie.settings import Settings
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def _load_all(settings: Settings, files: tuple[Path, ...]):
+    """Every spec of every file; all files' problems in one SpecError."""
+    from schemas.spec import InvalidSpec, load_specs
+
+    specs, failures = [], []
+    for path in files:
+        try:
+            specs.extend(load_specs(path, topic_prefix=settings.topic_prefix))
+        except InvalidSpec as exc:
+            failures.append(str(exc))
+    if failures:
+        raise SpecError("\n".join(failures))
+    return specs
+
+
+def _print_ok(spec, verb: str = "ok") -> None:
+    click.echo(f"{verb}: {spec.name} {spec.version} ({spec.backend.type})")
+    for warning in spec.warnings:
+        click.echo(f"  warning: {warning}")
+
+
+@click.command("validate")
+@click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
+@click.pass_obj
+def validate(settings: Settings, files: tuple[Path, ...]) -> None:
+    """Check ModelService spec files; print each model and what SIE cannot honour (warnings)."""
+    for spec in _load_all(settings, files):
+        _print_ok(spec)
+
+
+def _comparable(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k not in ("source", "warnings")}
+
+
+@click.command("apply")
+@click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
+@click.option("--allow-breaking", is_flag=True, help="Publish even if the new version's schema breaks the applied one.")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for Kafka.")
+@click.pass_obj
+def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float) -> None:
+    """Validate specs and publish them on the cluster's specs topic (key = model name)."""
+    from schemas.compat import check_spec_compatibility
+    from schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
+
+    specs = _load_all(settings, files)
+    ensure_specs_topic(settings)
+    applied = read_specs(settings, timeout=timeout)
+    for spec in specs:
+        current = applied.get(spec.name)
+        if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
+            _print_ok(spec, "unchanged")
+            continue
+        if current is not None and current.version != spec.version:
+            breaks = check_spec_compatibility(current, spec)
+            if breaks and not allow_breaking:
+                lines = "\n".join(f"  {b}" for b in breaks)
+                raise SpecError(
+                    f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
+                    f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
+                )
+        publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
+        applied[spec.name] = spec  # a later file in this run compares against what we just published
+        _print_ok(spec, "applied" if current is None else "configured")
+        click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
+
+
+@click.group("get")
+def get() -> None:
+    """Show what is applied on the cluster."""
+
+
+@get.command("models")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--timeout", type=float, default=30.0, show_default=True)
+@click.pass_obj
+def get_models(settings: Settings, output: str, timeout: float) -> None:
+    """Applied models: the latest spec per model on the specs topic."""
+    from schemas.spec_store import read_spec_snapshot
+
+    snapshot = read_spec_snapshot(settings, timeout=timeout)
+    for problem in snapshot.problems:
+        click.echo(f"warning: {problem}", err=True)
+    specs = [snapshot.specs[n] for n in sorted(snapshot.specs)]
+    if output == "json":
+        click.echo(json.dumps([s.to_document() for s in specs], indent=2))
+        return
+    rows = [("NAME", "VERSION", "BACKEND", "PRIORITY", "GPU-MEM", "REPLICAS")]
+    for s in specs:
+        gpu = f"{s.resources.gpu_memory_mb}MB" + (f" x{s.resources.gpus}" if s.resources.gpus else "")
+        rows.append((s.name, s.version, s.backend.type, s.priority_level, gpu,
+                     f"{s.sla.min_replicas}-{s.sla.max_replicas}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if not specs:
+        click.echo("(no models applied)")
+
+
+@click.group("delete")
+def delete() -> None:
+    """Remove things from the cluster."""
+
+
+@delete.command("model")
+@click.argument("name")
+@click.option("--timeout", type=float, default=30.0, show_default=True)
+@click.pass_obj
+def delete_model(settings: Settings, name: str, timeout: float) -> None:
+    """Delete an applied model (a deleted record, then a tombstone, on the specs topic)."""
+    from schemas.spec_store import delete_spec, read_specs
+
+    applied = read_specs(settings, timeout=timeout)
+    if name not in applied:
+        known = ", ".join(sorted(applied)) or "none"
+        raise SieError(f"model {name!r} is not applied on {settings.bootstrap_servers} (applied: {known})")
+    delete_spec(settings, applied[name], timeout=timeout)
+    click.echo(f"deleted: {name} {applied[name].version}")
+
+
+command = validate
+commands = (validate, apply, get, delete)
