@@ -115,11 +115,12 @@ def run_agent(config: AgentConfig, settings: Settings) -> tuple[Agent, threading
 
 
 def pid_alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper that never comes, e.g. pid 1 in a container, counts as dead)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return True
 
 
 def test_agent_runs_restarts_and_drains_a_replica(cluster: dict[str, Any]) -> None:
@@ -189,3 +190,35 @@ def test_agent_runs_restarts_and_drains_a_replica(cluster: dict[str, Any]) -> No
         stop.set()
         thread.join(30)
     assert not thread.is_alive()
+
+
+def test_killing_the_agent_kills_its_workers(cluster: dict[str, Any]) -> None:
+    """`sie agent` as a real process: SIGKILL it (node loss) and PR_SET_PDEATHSIG takes its worker down too."""
+    import subprocess
+    import sys
+
+    settings, doc, tails = cluster["settings"], cluster["spec_doc"], cluster["tails"]
+    publish_assignment(settings, "n2", 1, [replica_assignment(doc, 1)])
+    env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": settings.topic_prefix}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "sie", "agent", "--node", "n2", "--heartbeat-s", "0.5",
+         "--work-dir", str(cluster["work_dir"])],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        def worker_pid() -> int | None:
+            for beat in reversed(tails["heartbeats"].find(node="n2")):
+                for rep in beat["replicas"]:
+                    if rep["state"] == "READY" and rep["pid"]:
+                        return rep["pid"]
+            return None
+
+        pid = wait_until(worker_pid, timeout=60, message="READY worker in a heartbeat of n2")
+        assert pid_alive(pid)
+        agent.kill()
+        agent.wait(10)
+        wait_until(lambda: not pid_alive(pid), timeout=10, message="worker killed with its agent")
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)

@@ -297,3 +297,39 @@ def test_unassigned_failed_replica_is_forgotten(env: Any) -> None:
 def test_describe_exit(returncode: int, cause: str, code: int | None, sig: int | None) -> None:
     info = describe_exit(returncode)
     assert (info.cause, info.exit_code, info.signal) == (cause, code, sig)
+
+
+# --- readiness and /metrics (pure functions, no processes) ------------------------------------------------------
+
+
+def test_readiness_checks_output_fields() -> None:
+    from schemas.spec_models import FieldSpec, IOSchema
+    from workers.readiness import ReadinessError, check_outputs
+
+    schema = IOSchema(fields=(FieldSpec(name="p", type="float", range=(0, 1)), FieldSpec(name="why", type="string")))
+    check_outputs(schema, [{"p": 0.2, "why": "ok"}])
+    for outputs, message in [
+        ([{"why": "ok"}], "output field 'p' missing"),
+        ([{"p": "high", "why": "ok"}], "'p' must be float"),
+        ([{"p": 1.5, "why": "ok"}], r"'p' = 1.5 outside range \[0.0, 1.0\]"),
+        ([], "expected a list with one output dict"),
+    ]:
+        with pytest.raises(ReadinessError, match=message):
+            check_outputs(schema, outputs)
+
+
+def test_metrics_expose_gpus_and_replica_states(env: Any) -> None:
+    from workers.gpu import host_inventory, parse_simulated_gpus
+    from workers.metrics import AgentMetrics
+
+    sup, launcher, _ = env
+    start_ready(sup, launcher, [replica()])
+    metrics = AgentMetrics("n1")
+    metrics.observe_inventory(host_inventory(probe=lambda: parse_simulated_gpus("1xL4", node="n1")), "tier-0")
+    metrics.observe_replicas(sup.snapshots())
+    text = metrics.render().decode()
+    assert 'sie_gpu_memory_bytes{gpu="0",kind="total",node="n1",product="NVIDIA L4-24GB (simulated)",simulated="true"' in text
+    assert 'sie_replica_state{model="fraud-scorer",node="n1",replica="fraud-scorer-0",state="READY"} 1.0' in text
+    assert 'sie_replica_state{model="fraud-scorer",node="n1",replica="fraud-scorer-0",state="STARTING"} 0.0' in text
+    metrics.observe_replicas([])  # replica gone: its series disappear
+    assert "fraud-scorer-0" not in metrics.render().decode()
