@@ -149,48 +149,92 @@ def compile_field(spec: FieldSpec) -> _Check:
     return _FACTORIES[spec.type](spec)
 
 
+def _slow_path(spec: FieldSpec, prefix: str) -> Callable[[Any], Any]:
+    """Exact check of one value that missed the fast path: None, int->float, str subclasses, or a violation."""
+    check = compile_field(spec)
+    name, nullable = spec.name, spec.nullable
+
+    def slow(v: Any) -> Any:
+        if v is None:
+            if nullable:
+                return None
+            raise SchemaViolation(name, "must not be null", v, prefix)
+        try:
+            return check(v)
+        except _Bad as bad:
+            raise SchemaViolation(name, bad.reason, v, prefix) from None
+
+    return slow
+
+
+def _fast_condition(spec: FieldSpec, i: int) -> str:
+    """A Python expression true only for values that are certainly valid and need no conversion."""
+    if spec.type == "bool":
+        return "v is True or v is False"
+    if spec.type == "string":
+        return "type(v) is str" + (f" and len(v) <= {spec.max_length}" if spec.max_length is not None else "")
+    if spec.type == "int":
+        return "type(v) is int" + (f" and lo_{i} <= v <= hi_{i}" if spec.range is not None else "")
+    # float: the comparisons are False for NaN; +/-inf fail the (finite or strict infinite) bounds
+    return f"type(v) is float and lo_{i} <= v <= hi_{i}" if spec.range is not None else "type(v) is float and -inf < v < inf"
+
+
 def compile_validator(io_schema: IOSchema, prefix: str = "inputs") -> Validator:
     """Compile ``io_schema`` into ``validate(payload) -> clean dict`` (raises SchemaViolation).
 
     ``prefix`` names the payload in messages: ``inputs`` for requests,
-    ``outputs`` for what a backend returns.
+    ``outputs`` for what a backend returns.  The schema becomes the source of
+    one straight-line function (one inlined type/bound test per field); any
+    value that misses that fast test takes the exact per-field check, which
+    either converts it (int for a float field, null for a nullable field) or
+    raises with the precise reason.
     """
-    plan = tuple((f.name, f.required, f.nullable, compile_field(f)) for f in io_schema.fields)
     declared = frozenset(f.name for f in io_schema.fields)
     policy = io_schema.unknown_fields
-    missing = _MISSING
+    env: dict[str, Any] = {"M": _MISSING, "inf": math.inf, "SchemaViolation": SchemaViolation, "prefix": prefix}
 
-    def validate(payload: Any) -> dict:
-        if type(payload) is not dict and not isinstance(payload, dict):
-            raise SchemaViolation("", "must be a JSON object", payload, prefix)
-        out: dict = {}
-        get = payload.get
-        for name, required, nullable, check in plan:
-            v = get(name, missing)
-            if v is missing:
-                if required:
-                    raise SchemaViolation(name, "required field missing", prefix=prefix)
-                continue
-            if v is None:
-                if nullable:
-                    out[name] = None
-                    continue
-                raise SchemaViolation(name, "must not be null", v, prefix)
-            try:
-                out[name] = check(v)
-            except _Bad as bad:
-                raise SchemaViolation(name, bad.reason, v, prefix) from None
-        if len(out) != len(payload) or policy == "allow":
-            extra = [k for k in payload if k not in declared]
-            if extra:
-                if policy == "reject":
-                    raise SchemaViolation(
-                        str(extra[0]), f"unknown field (declared: {', '.join(sorted(declared)) or 'none'})",
-                        payload[extra[0]], prefix,
-                    )
-                if policy == "allow":
-                    for k in extra:
-                        out[k] = payload[k]
+    def not_object(payload: Any) -> dict:
+        raise SchemaViolation("", "must be a JSON object", payload, prefix)
+
+    def extras(payload: dict, out: dict) -> dict:
+        extra = [k for k in payload if k not in declared]
+        if extra and policy == "reject":
+            raise SchemaViolation(
+                str(extra[0]), f"unknown field (declared: {', '.join(sorted(declared)) or 'none'})",
+                payload[extra[0]], prefix,
+            )
+        if policy == "allow":
+            for k in extra:
+                out[k] = payload[k]
         return out
 
-    return validate
+    env["not_object"], env["extras"] = not_object, extras
+    lines = [
+        "def validate(payload):",
+        "    if type(payload) is not dict and not isinstance(payload, dict):",
+        "        return not_object(payload)",
+        "    get = payload.get",
+        "    out = {}",
+    ]
+    for i, f in enumerate(io_schema.fields):
+        env[f"slow_{i}"] = _slow_path(f, prefix)
+        if f.range is not None:
+            env[f"lo_{i}"], env[f"hi_{i}"] = f.range
+        key = repr(f.name)
+        lines += [
+            f"    v = get({key}, M)",
+            "    if v is not M:",
+            f"        if {_fast_condition(f, i)}:",
+            f"            out[{key}] = v",
+            "        else:",
+            f"            out[{key}] = slow_{i}(v)",
+        ]
+        if f.required:
+            lines += ["    else:", f"        raise SchemaViolation({key}, 'required field missing', prefix=prefix)"]
+    lines += [
+        "    if len(out) != len(payload)" + (" or True" if policy == "allow" else "") + ":",
+        "        return extras(payload, out)",
+        "    return out",
+    ]
+    exec(compile("\n".join(lines), f"<validator {prefix}>", "exec"), env)  # noqa: S102 - source built from a validated schema
+    return env["validate"]
