@@ -1,0 +1,193 @@
+"""`sie get nodes`, `sie get replicas`, `sie describe model NAME`: what the cluster is doing.
+
+Decision: by default the CLI reads Kafka directly (nodes + recent heartbeats, the compacted
+model-status topic the leader publishes, recent events), so it works when no control plane is up or
+reachable; ``--control-url http://host:8470`` asks a control plane's HTTP API instead (same JSON).
+``get nodes``/``get replicas`` are added to the ``get`` group of ``sie.commands.spec``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import click
+
+from sie.errors import KafkaUnavailable, SieError
+from sie.settings import Settings
+from sie.commands.spec import get
+
+_URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
+                    help="Ask this control plane's HTTP API instead of reading Kafka.")
+_OUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+_TIMEOUT = click.option("--timeout", type=float, default=20.0, show_default=True, help="Seconds to read Kafka.")
+NODE_TIMEOUT_S = 6.0
+
+
+def _http(url: str, path: str) -> Any:
+    try:
+        with urlopen(url.rstrip("/") + path, timeout=10) as resp:
+            return json.loads(resp.read())
+    except URLError as exc:
+        raise SieError(f"control plane {url} did not answer {path}: {getattr(exc, 'reason', exc)}; check --control-url") from None
+
+
+def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
+    """Replay the given control topics to their end into a ClusterState."""
+    from streams.control.state import ClusterState, StateFeeder
+
+    state = ClusterState()
+    feeder = StateFeeder(settings, state, topics=topics).start()
+    try:
+        if not feeder.caught_up.wait(timeout):
+            raise KafkaUnavailable(
+                f"could not read the control topics on {settings.bootstrap_servers} within {timeout:g}s"
+                + (f" ({feeder.last_error})" if feeder.last_error else "") + "; is Kafka up and `sie topics ensure` run?"
+            )
+    finally:
+        feeder.stop()
+    return state
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _ago(ms: int | None) -> str:
+    if not ms:
+        return "never"
+    s = max(0.0, time.time() - ms / 1000)
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+
+
+# ------------------------------------------------------------------------------------------ nodes
+
+
+def nodes_json(settings: Settings, control_url: str | None, timeout: float) -> list[dict[str, Any]]:
+    if control_url:
+        return _http(control_url, "/v1/nodes")["nodes"]
+    state = _read_state(settings, ("nodes", "heartbeats"), timeout)
+    return [v.to_json() for v in state.snapshot().node_views(time.time(), NODE_TIMEOUT_S)]
+
+
+@get.command("nodes")
+@_URL
+@_OUT
+@_TIMEOUT
+@click.pass_obj
+def get_nodes(settings: Settings, control_url: str | None, output: str, timeout: float) -> None:
+    """Registered nodes: online/offline (heartbeat within 6 s), tier, CPU, GPUs."""
+    nodes = nodes_json(settings, control_url, timeout)
+    if output == "json":
+        click.echo(json.dumps(nodes, indent=2))
+        return
+    if not nodes:
+        click.echo("(no nodes registered)")
+        return
+    rows = [("NAME", "STATUS", "TIER", "CPU", "GPUS", "LAST HEARTBEAT")]
+    for n in nodes:
+        gpus = ", ".join(
+            f"{g['index']}:{g['product']} {g['memory_total_mb']}MiB" + ("*" if g["simulated"] else "") + ("" if g["healthy"] else " UNHEALTHY")
+            for g in n["gpus"]
+        ) or "-"
+        rows.append((n["name"], n["status"], n["tier"] or "-", f"{n['cpu']:g}", gpus, _ago(n["last_heartbeat_ms"])))
+    _table(rows)
+    if any(g["simulated"] for n in nodes for g in n["gpus"]):
+        click.echo("(* simulated GPU)")
+
+
+# ---------------------------------------------------------------------------------------- replicas
+
+
+def statuses_json(settings: Settings, control_url: str | None, timeout: float) -> tuple[list[dict[str, Any]], Any]:
+    if control_url:
+        return _http(control_url, "/v1/models")["models"], None
+    state = _read_state(settings, ("specs", "model-status", "events"), timeout)
+    return [state.model_status[n] for n in sorted(state.model_status)], state
+
+
+@get.command("replicas")
+@_URL
+@_OUT
+@_TIMEOUT
+@click.pass_obj
+def get_replicas(settings: Settings, control_url: str | None, output: str, timeout: float) -> None:
+    """Every desired replica: model, version, node, GPU, state and reason."""
+    models, _ = statuses_json(settings, control_url, timeout)
+    replicas = sorted((r for m in models for r in m.get("replicas") or ()), key=lambda r: r["replica_id"])
+    if output == "json":
+        click.echo(json.dumps(replicas, indent=2))
+        return
+    if not replicas:
+        click.echo("(no replicas: no model applied, or no control plane has reconciled yet)")
+        return
+    rows = [("REPLICA", "MODEL", "VERSION", "NODE", "GPU", "STATE", "REASON")]
+    for r in replicas:
+        gpus = ",".join(map(str, r["gpu_indices"])) or ("-" if r["node"] else "")
+        rows.append((r["replica_id"], r["model"], r["version"], r["node"] or "-", gpus or "-", r["state"], r["reason"] or ""))
+    _table(rows)
+
+
+# ---------------------------------------------------------------------------------------- describe
+
+
+@click.group("describe")
+def describe() -> None:
+    """Explain one object in detail."""
+
+
+@describe.command("model")
+@click.argument("name")
+@_URL
+@_TIMEOUT
+@click.pass_obj
+def describe_model(settings: Settings, name: str, control_url: str | None, timeout: float) -> None:
+    """Spec summary, desired vs actual, each replica's state and reason, recent events."""
+    if control_url:
+        try:
+            model = _http(control_url, f"/v1/models/{name}")
+        except SieError:
+            raise SieError(f"model {name!r}: not found at {control_url} (sie get models lists applied models)") from None
+        spec, events = model.get("spec"), model.get("events", [])
+    else:
+        state = _read_state(settings, ("specs", "model-status", "events"), timeout)
+        model = state.model_status.get(name)
+        spec_obj = state.specs.get(name)
+        if model is None and spec_obj is None:
+            known = ", ".join(sorted(set(state.specs) | set(state.model_status))) or "none"
+            raise SieError(f"model {name!r} is not applied (applied: {known})")
+        spec = None
+        if spec_obj is not None:
+            spec = {"version": spec_obj.version, "priority_level": spec_obj.priority_level, "service_type": spec_obj.service_type,
+                    "backend": spec_obj.backend.type, "resources": spec_obj.resources.model_dump(mode="json"),
+                    "min_replicas": spec_obj.sla.min_replicas, "max_replicas": spec_obj.sla.max_replicas}
+        events = [{"ts_ms": int(e.at * 1000), "kind": e.kind, "replica_id": e.replica_id, "node": e.node, "detail": e.detail}
+                  for e in state.snapshot().events if e.model == name][-15:]
+        model = model or {"name": name, "phase": "Pending", "reason": "no control plane has reconciled it yet", "replicas": []}
+    click.echo(f"Name:        {name}")
+    if spec:
+        res = spec["resources"]
+        click.echo(f"Version:     {spec['version']}   Priority: {spec['priority_level']}   Type: {spec['service_type']}   Backend: {spec['backend']}")
+        click.echo(f"Resources:   gpuMemoryMb={res['gpu_memory_mb']} gpus={res['gpus']} cpu={res['cpu']:g} memoryMb={res['memory_mb']}")
+        click.echo(f"Replicas:    min {spec['min_replicas']}, max {spec['max_replicas']}")
+    click.echo(f"Phase:       {model.get('phase')}" + (f" ({model['reason']})" if model.get("reason") else ""))
+    click.echo(f"Desired:     {model.get('desired_replicas', 0)}   Ready: {model.get('ready_replicas', 0)}")
+    click.echo("Replicas:")
+    for r in model.get("replicas") or ():
+        where = f"{r['node']}" + (f" gpu {','.join(map(str, r['gpu_indices']))}" if r["gpu_indices"] else "") if r["node"] else "-"
+        click.echo(f"  {r['replica_id']:<24} {r['state']:<14} {where:<20} {r['reason'] or ''}".rstrip())
+    click.echo("Events:")
+    for e in events or ():
+        stamp = time.strftime("%H:%M:%S", time.localtime(e["ts_ms"] / 1000))
+        click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}")
+    if not events:
+        click.echo("  (none recent)")
+
+
+command = describe
+commands = (describe,)

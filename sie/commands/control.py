@@ -1,0 +1,64 @@
+"""`sie control`: run a control-plane instance in the foreground (leader or standby).
+
+Start several on different machines for high availability: they join one consumer group, the member
+holding partition 0 of ``control-leader`` leads, the others keep a warm copy of the state and answer
+the HTTP API.  SIGTERM/SIGINT stop cleanly: the instance leaves the group so a standby takes over at
+once.  docs/control-plane.md describes the loop, leadership and timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from sie.settings import Settings
+
+
+@click.command("control")
+@click.option("--http-port", type=int, default=8470, show_default=True, help="HTTP API port (0 = any free port).")
+@click.option("--http-host", default="0.0.0.0", show_default=True, help="Interface the HTTP API listens on.")
+@click.option("--instance", "instance_id", default=None, help="Instance id (default: <hostname>-<random>).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="control-plane-config.yaml (scheduling.strategy, control.node_timeout_s ...).")
+@click.option("--node-timeout", type=float, default=None, help="Seconds without heartbeat before a node is offline (default 6).")
+@click.option("--failure-cooldown", type=float, default=None, help="Seconds a FAILED replica is kept off its node (default 300).")
+@click.option("--session-timeout-ms", type=int, default=6000, show_default=True, help="Leader group session timeout.")
+@click.option("--no-ensure-topics", is_flag=True, help="Do not create missing system topics at start.")
+@click.pass_obj
+def control(settings: Settings, http_port: int, http_host: str, instance_id: str | None, config_path: Path | None,
+            node_timeout: float | None, failure_cooldown: float | None, session_timeout_ms: int,
+            no_ensure_topics: bool) -> None:
+    """Run the control plane: reconcile specs into per-node assignments over Kafka."""
+    from schemas.topics import system_topics
+    from sie.admin import ensure_topics
+    from streams.control.controller import ControlConfig
+    from streams.control.service import ControlService
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
+    if config_path is not None:
+        config = ControlConfig.from_yaml(config_path, **overrides)
+    else:
+        config = ControlConfig(**{k: v for k, v in overrides.items() if v is not None})
+    if not no_ensure_topics:
+        ensure_topics(settings, system_topics(settings.topic_prefix))
+    service = ControlService(settings, config, instance_id=instance_id, http_port=http_port, http_host=http_host,
+                             session_timeout_ms=session_timeout_ms)
+
+    def _stop(signum: int, _frame: object) -> None:
+        service._stop.set()  # noqa: SLF001 - wake wait(); stop() runs below on the main thread
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    service.start()
+    click.echo(f"sie control {service.instance_id}: http on :{service.http_port}, group sie.control.{settings.topic_prefix}", err=True)
+    try:
+        service.wait()
+    finally:
+        service.stop()
+
+
+command = control

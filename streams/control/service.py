@@ -1,0 +1,177 @@
+"""``sie control`` as one object: state feeder, leader elector, controller loop, HTTP API.
+
+Start order: feeder (rebuild state from the topics) -> elector (join the group) -> loop (reconcile
+only once the feeder caught up) -> HTTP.  Stop order is the reverse, and the elector closes its
+consumer so the group hands partition 0 to a standby at once (no 6 s session wait on a clean stop).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from streams.control.controller import ControlConfig, Controller, ReconcileReport
+from streams.control.leader import LeaderElector, TransactionalPublisher
+from streams.control.state import ClusterState, StateFeeder, StateSnapshot
+
+log = logging.getLogger(__name__)
+
+
+class ControlMetrics:
+    """Prometheus metrics of one control-plane instance (own registry: several can run in one process)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.models = Gauge("sie_control_models", "Models with an applied spec", registry=self.registry)
+        self.replicas = Gauge("sie_control_replicas", "Desired replicas by actual state", ["state"], registry=self.registry)
+        self.nodes_online = Gauge("sie_control_nodes_online", "Nodes with a heartbeat within the timeout", registry=self.registry)
+        self.nodes_total = Gauge("sie_control_nodes", "Registered nodes", registry=self.registry)
+        self.leader = Gauge("sie_control_leader", "1 while this instance leads", registry=self.registry)
+        self.epoch = Gauge("sie_control_leader_epoch", "Leader epoch this instance knows", registry=self.registry)
+        self.reconcile_seconds = Histogram(
+            "sie_control_reconcile_seconds", "Duration of one reconcile pass", registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.placements = Counter("sie_control_placement_events_total", "Placement decisions published", ["kind"], registry=self.registry)
+        self.errors = Counter("sie_control_errors_total", "Reconcile subsystem failures", ["subsystem"], registry=self.registry)
+        self.unplaced = Gauge("sie_control_replicas_unplaced", "Desired replicas without a node", registry=self.registry)
+
+    def observe(self, report: ReconcileReport, snap: StateSnapshot, now: float, timeout_s: float) -> None:
+        self.reconcile_seconds.observe(report.durations.get("total", 0.0))
+        self.leader.set(1 if report.leader else 0)
+        self.models.set(len(snap.specs))
+        self.nodes_total.set(len(snap.nodes))
+        self.nodes_online.set(sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s)))
+        counts: dict[str, int] = {}
+        for status in report.statuses.values():
+            for r in status.replicas:
+                counts[r.state] = counts.get(r.state, 0) + 1
+        for state in set(counts) | {"READY", "PENDING", "STARTING", "FAILED", "UNSCHEDULABLE", "UNKNOWN"}:
+            self.replicas.labels(state).set(counts.get(state, 0))
+        if report.plan is not None:
+            self.unplaced.set(len(report.plan.unplaced))
+        for r in report.of("events"):
+            if r.value is not None:
+                self.placements.labels(r.value["kind"]).inc()
+        for name in report.errors:
+            self.errors.labels(name).inc()
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+class ControlService:
+    """One control-plane instance (leader or standby)."""
+
+    def __init__(
+        self,
+        settings: Any,
+        config: ControlConfig = ControlConfig(),
+        instance_id: str | None = None,
+        http_port: int | None = 8470,
+        http_host: str = "0.0.0.0",
+        clock: Callable[[], float] = time.time,
+        session_timeout_ms: int = 6000,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.instance_id = instance_id or default_instance_id()
+        self.clock = clock
+        self.state = ClusterState()
+        self.metrics = ControlMetrics()
+        self.feeder = StateFeeder(settings, self.state, clock=clock)
+        self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
+                                     on_change=self._on_leadership, clock=clock)
+        self.controller = Controller(self.state, TransactionalPublisher(self.elector, settings.topic_prefix),
+                                     self.elector, config, self.metrics)
+        self._http_port = http_port
+        self._http_host = http_host
+        self.http: Any = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._loop: threading.Thread | None = None
+        self._http_thread: threading.Thread | None = None
+        self.started_at = clock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> "ControlService":
+        self.feeder.start()
+        self.elector.start()
+        self._loop = threading.Thread(target=self._run, name="sie-control-loop", daemon=True)
+        self._loop.start()
+        if self._http_port is not None:
+            from streams.control.api import make_server
+
+            self.http = make_server(self, self._http_host, self._http_port)
+            self._http_thread = threading.Thread(target=self.http.serve_forever, name="sie-control-http", daemon=True)
+            self._http_thread.start()
+        log.info("sie control %s started (http %s)", self.instance_id, self.http_port)
+        return self
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.server_address[1] if self.http is not None else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        if self._loop is not None:
+            self._loop.join(10)
+        self.elector.stop()
+        self.feeder.stop()
+        log.info("sie control %s stopped", self.instance_id)
+
+    def wait(self) -> None:
+        while not self._stop.wait(0.5):
+            pass
+
+    # -- loop --------------------------------------------------------------------------------------
+
+    def _on_leadership(self, leader: bool, epoch: int) -> None:
+        self.metrics.epoch.set(epoch)
+        self._wake.set()  # reconcile right away after an election
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and not self.feeder.caught_up.wait(0.2):
+            pass
+        while not self._stop.is_set():
+            try:
+                self.controller.reconcile(self.clock())
+            except Exception:  # reconcile isolates its steps; this is the last line of defence
+                log.exception("reconcile pass failed")
+            self._wake.wait(self.config.reconcile_interval_s)
+            self._wake.clear()
+
+    # -- read side for the API ---------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        report = self.controller.last_report
+        return {
+            "status": "ok" if self.feeder.caught_up.is_set() else "starting",
+            "instance": self.instance_id,
+            "role": "leader" if self.elector.is_leader else "standby",
+            "epoch": self.elector.epoch if self.elector.is_leader else self.state.leader_epoch,
+            "leader_instance": self.state.leader_instance,
+            "state_caught_up": self.feeder.caught_up.is_set(),
+            "last_reconcile_ms": int(report.at * 1000) if report else None,
+            "reconcile_errors": dict(report.errors) if report else {},
+            "feeder_errors": self.feeder.errors,
+            "feeder_last_error": self.feeder.last_error,
+            "election_error": self.elector.last_error,
+        }
