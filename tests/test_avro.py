@@ -34,6 +34,12 @@ SAMPLES: dict[str, dict] = {
     "ControlEvent": {"ts_ms": 6, "kind": "unschedulable", "model": "m", "replica_id": None, "node": None,
                      "detail": "no node with 12288 MB free GPU memory"},
     "LeaderEpoch": {"instance_id": "cp-1", "epoch": 9, "ts_ms": 7},
+    "ModelStatus": {"name": "m", "version": "1", "priority_level": "P0", "service_type": "scoring", "phase": "Ready",
+                    "reason": None, "desired_replicas": 1, "ready_replicas": 1,
+                    "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "node": "node-a", "gpu_indices": [0],
+                                  "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
+                                  "actual_version": "1"}],
+                    "epoch": 3, "updated_at_ms": 8},
 }
 
 
