@@ -1,0 +1,191 @@
+"""A generic exactly-once consume-transform-produce cycle (KIP-447), for any stage that is not the scorer.
+
+The transaction *primitives* already exist in ``streams.scorer.transaction``
+(``TransactionalProducer``: one ``transactional.id``, the retriable/abortable/fatal
+error policy; ``Checkpoint``: one batch = one transaction, offsets = last processed + 1
+sent with the consumer's group metadata; ``rewind``: seek back to the committed
+offsets).  They are reused here unchanged.  What the scorer keeps inside its own
+``Scorer.run`` is the *cycle* around them (what to do after each kind of failure);
+``ExactlyOnce.run_batch`` is that cycle written once, so the CDC stage and the
+backfill job do not each grow a copy.  The scorer could move onto it too.
+
+One batch::
+
+    txn = Checkpoint(producer, consumer)
+    txn.begin()
+    process(batch, txn)          # txn.track(...) every record, txn.produce(...) outputs
+    txn.commit()                 # offsets + outputs atomically (read_committed readers)
+
+Failure -> what happens (the batch is never half-visible):
+
+* ``TxnAbortable``  -> ``abort_transaction()``, rewind to the committed offsets, the batch is read again;
+* ``ProducerFatal`` -> re-create the producer (``init_transactions`` fences/aborts the old one), rewind;
+  ``fatal_limit`` in a row -> ``TransactionFenced`` (almost always two live processes sharing one
+  ``transactional.id``);
+* ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) -> abort, rewind, back off (doubling, capped).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from sie.errors import SieError
+from sie.settings import Settings
+from streams.scorer.errors import BackendUnavailable, ProducerFatal, TxnAbortable
+from streams.scorer.transaction import Checkpoint, TransactionalProducer, rewind
+
+log = logging.getLogger("sie.eos")
+
+T = TypeVar("T")
+
+# Exceptions after which a batch is aborted and retried after a backoff (a dependency is down, not the data).
+RetryLater = (BackendUnavailable,)
+
+
+class TransactionFenced(SieError):
+    """Fatal producer errors keep coming back: another live process uses our ``transactional.id``."""
+
+
+class BatchStatus(str, enum.Enum):
+    """How one ``run_batch`` ended; only ``COMMITTED`` made anything visible."""
+
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    PRODUCER_RESTARTED = "producer_restarted"
+    BACKED_OFF = "backed_off"
+
+
+@dataclass(frozen=True)
+class EosLimits:
+    """Knobs of the cycle: retries of one Kafka call, fatal-error tolerance, backoff of ``RetryLater``."""
+
+    attempts: int = 8
+    backoff_s: float = 0.1
+    fatal_limit: int = 5
+    retry_later_max_s: float = 5.0
+
+
+def consumer_config(settings: Settings, group_id: str, client_id: str, *, max_batch: int = 256,
+                    session_timeout_ms: int = 10_000, max_poll_interval_ms: int = 300_000,
+                    fetch_queue_kbytes: int = 16_384, auto_offset_reset: str = "earliest") -> dict[str, Any]:
+    """librdkafka consumer settings of an exactly-once stage (same choices as ``ScorerConfig``)."""
+    return settings.kafka_client_config(**{
+        "group.id": group_id,
+        "client.id": client_id,
+        "enable.auto.commit": False,  # offsets are committed only inside the producer's transaction
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",  # never see records of aborted transactions
+        "auto.offset.reset": auto_offset_reset,
+        "partition.assignment.strategy": "range",  # eager: on_revoke sees every partition go at once
+        "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(500, session_timeout_ms // 4),
+        "max.poll.interval.ms": max_poll_interval_ms,
+        "queued.max.messages.kbytes": fetch_queue_kbytes,  # bounded prefetch: flat memory whatever the backlog
+        "queued.min.messages": max(1000, 4 * max_batch),
+        "fetch.wait.max.ms": 50,
+        "enable.partition.eof": False,
+    })
+
+
+def producer_config(settings: Settings, transactional_id: str, *, max_batch: int = 256,
+                    transaction_timeout_ms: int = 60_000) -> dict[str, Any]:
+    """librdkafka transactional producer settings (stable ``transactional.id`` per instance/job)."""
+    return settings.kafka_client_config(**{
+        "client.id": f"{transactional_id}.producer",
+        "transactional.id": transactional_id,  # stable: a restarted process fences its dead predecessor
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "transaction.timeout.ms": transaction_timeout_ms,  # > the slowest batch
+        "retry.backoff.ms": 20,  # short transactions meet CONCURRENT_TRANSACTIONS; retry quickly
+        "queue.buffering.max.messages": max(100_000, 40 * max_batch),
+    })
+
+
+class ExactlyOnce:
+    """The batch cycle over one transactional producer and one consumer (module docstring)."""
+
+    def __init__(self, producer: TransactionalProducer, consumer: Any, stop: threading.Event,
+                 limits: EosLimits = EosLimits()) -> None:
+        self.producer = producer
+        self.consumer = consumer
+        self._stop = stop
+        self._limits = limits
+        self._fatal_streak = 0
+        self._retry_delay = limits.backoff_s
+        self.aborts = 0
+        self.producer_restarts = 0
+
+    def run_batch(self, batch: list[Any], process: Callable[[list[Any], Checkpoint], T]) -> tuple[BatchStatus, T | None]:
+        """``process`` inside one transaction; returns its value only if the transaction committed."""
+        txn = Checkpoint(self.producer, self.consumer)
+        try:
+            txn.begin()
+            value = process(batch, txn)
+            txn.commit()
+        except TxnAbortable as exc:
+            log.warning("transaction aborted: %s", exc)
+            self._abort(txn)
+            return BatchStatus.ABORTED, None
+        except RetryLater as exc:
+            log.error("%s; retrying the batch in %.1fs", exc, self._retry_delay)
+            self._abort(txn)
+            self._stop.wait(self._retry_delay)
+            self._retry_delay = min(self._retry_delay * 2, self._limits.retry_later_max_s)
+            return BatchStatus.BACKED_OFF, None
+        except ProducerFatal as exc:
+            self._fatal_streak += 1
+            if self._fatal_streak >= self._limits.fatal_limit:
+                raise TransactionFenced(
+                    f"transactional.id {self.producer.transactional_id}: {self._fatal_streak} fatal producer "
+                    f"errors in a row (last: {exc}); another live process probably uses the same id: give every "
+                    f"instance a distinct --instance (or stop the other job)") from exc
+            log.error("producer unusable (%s); re-creating it", exc)
+            self._restart(txn)
+            return BatchStatus.PRODUCER_RESTARTED, None
+        self._fatal_streak = 0
+        self._retry_delay = self._limits.backoff_s
+        return BatchStatus.COMMITTED, value
+
+    def _abort(self, txn: Checkpoint) -> None:
+        self.aborts += 1
+        try:
+            self.producer.abort()
+        except ProducerFatal as exc:
+            log.error("abort failed (%s); re-creating the producer", exc)
+            self._restart(txn)
+            return
+        rewind(self.consumer, txn.first_offsets(), self._stop)
+
+    def _restart(self, txn: Checkpoint) -> None:
+        self.producer_restarts += 1
+        self.producer.restart()  # init_transactions() aborts (or completes) whatever the old producer left open
+        rewind(self.consumer, txn.first_offsets(), self._stop)
+
+
+def start_producer(config: dict[str, Any], stop: threading.Event, factory: Callable[[dict], Any] | None = None,
+                   limits: EosLimits = EosLimits(), patience_s: float = 60.0) -> TransactionalProducer:
+    """A started ``TransactionalProducer`` (``init_transactions`` done: earlier holders of the id are fenced)."""
+    if factory is None:
+        from confluent_kafka import Producer as factory  # noqa: N813 - the librdkafka class is the factory
+    producer = TransactionalProducer(config, factory, limits.attempts, limits.backoff_s, stop)
+    producer.start(patience_s=patience_s)
+    return producer
+
+
+def close_quietly(consumer: Any, producer: TransactionalProducer | None) -> None:
+    """Close the consumer (leaves the group: partitions move at once), then the producer; never raises."""
+    if consumer is not None:
+        try:
+            consumer.close()
+        except Exception as exc:  # closing must never mask the reason we are stopping
+            log.warning("consumer close: %s", exc)
+    if producer is not None:
+        try:
+            producer.close()
+        except Exception as exc:
+            log.warning("producer close: %s", exc)
