@@ -16,7 +16,7 @@ def resolve_spec(settings: Settings, model: str | None, spec_file: Path | None):
     if spec_file is not None:
         from schemas.spec import load_spec
 
-        return load_spec(spec_file)
+        return load_spec(spec_file, topic_prefix=settings.topic_prefix)
     if model is None:
         raise click.UsageError("give --model NAME (an applied model) or --spec FILE")
     from schemas.spec_store import read_specs
