@@ -11,6 +11,10 @@ Settings every shape gets, and why:
 - ``offsets.topic.num.partitions=10`` / ``transaction.state.log.num.partitions=10``
   (default 50): the first group or transactional producer creates these topics;
   50 partitions x 3 replicas takes seconds on a 2-core machine.
+- ``broker.session.timeout.ms=5000`` / ``broker.heartbeat.interval.ms=1000``
+  (defaults 9000/2000): a SIGKILLed broker cannot re-register until the
+  controller expires its old session, so this bounds a kill -> restart in fault
+  tests at ~5 s; 5 missed 1 s heartbeats still tolerate a loaded 2-core box.
 - ``auto.create.topics.enable`` stays at Kafka's default (true): SIE creates its
   own topics explicitly (``sie topics ensure``, ``sie.admin``) with the right
   partitions and policies, and keeping the default means the local cluster
@@ -121,6 +125,8 @@ class ClusterLayout:
             "share.coordinator.state.topic.replication.factor": internal_rf,
             "share.coordinator.state.topic.min.isr": internal_isr,
             "group.initial.rebalance.delay.ms": "0",
+            "broker.session.timeout.ms": "5000",
+            "broker.heartbeat.interval.ms": "1000",
         }
         if self.brokers == 1:
             props["controller.quorum.bootstrap.servers"] = f"{HOST}:{node.controller_port}"
