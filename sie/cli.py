@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "sie.commands.score",
     "sie.commands.agent",
     "sie.commands.produce",
+    "sie.commands.cdc",
+    "sie.commands.backfill",
     "sie.commands.control",
     "sie.commands.cluster",
 ]

@@ -1,0 +1,450 @@
+"""Backfill by replay: re-score a bounded range of a model's request topic with a chosen model version.
+
+Semantics (``docs/connectors.md``):
+
+* **Bounded.** The range ``[from, to)`` per partition is resolved once, when the job is created, and
+  stored in the plans topic (``connectors.backfill_plan``); a resumed job replays the same range even
+  if ``--to now`` was given and the topic has grown since.
+* **Separate.** Results go to the backfill topic (``spec.topics.backfill`` by default), never the live
+  results topic; dead letters to ``<backfill topic>.dlq``.  The job's consumer group is
+  ``sie.backfill.<job-id>`` and uses ``assign()`` on the planned partitions: the live scorer group's
+  offsets are never read for progress and never written.
+* **Idempotent.** A result's key is ``<request id>:<version>``.  Request ids are stable across re-reads
+  (the request's own ``id``, else ``<topic>:<partition>:<offset>``), so re-running a job, or running a
+  second job over the same range, upserts rather than adds in a compacted topic or an upserting sink.
+* **Exactly once, resumable.** One batch = one transaction (``streams.eos.ExactlyOnce``): results, dead
+  letters and the group's offsets commit together, with ``transactional.id`` ``sie.backfill.<job-id>``.
+  After SIGKILL, re-running with the same ``--job-id`` fences the dead process, starts from the group's
+  committed offsets and yields exactly one result (or dead letter) per record in range for
+  ``read_committed`` readers.
+* **Yields to live traffic.** ``--rate`` and the live-lag gate (``connectors.backfill_throttle``).
+
+Scoring reuses the scorer's request parsing/validation and result building (``streams.scorer.Codec``)
+and its poison-row isolation, so a backfilled result is byte-compatible with a live one (same
+``id``/``outputs``/``source`` fields) apart from ``timings.queue_ms``, which is 0 (replayed records are
+old by definition and ``sla.max_queue_time_ms`` does not apply).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from connectors.backfill_plan import (
+    BackfillPlan,
+    Bound,
+    ensure_plans_topic,
+    read_plan,
+    resolve_ranges,
+    write_plan,
+)
+from connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
+from sie.errors import ConfigError
+from sie.settings import Settings
+from streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, consumer_config, producer_config, \
+    start_producer
+from streams.scorer.codec import Codec, Poison
+from streams.scorer.errors import BackendUnavailable, DeadLetterReason
+from streams.scorer.loop import _Failed, _infer_isolating  # the scorer's poison-row isolation (bisection)
+
+if TYPE_CHECKING:
+    from schemas.spec import ModelService
+    from streams.scorer.transaction import Checkpoint
+
+log = logging.getLogger("sie.backfill")
+
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_RE.match(job_id):
+        raise ConfigError(f"--job-id: must match {_JOB_RE.pattern} (got {job_id!r})")
+    return job_id
+
+
+@dataclass(frozen=True)
+class BackfillConfig:
+    """One job.  ``start``/``end`` may be None when resuming a stored job."""
+
+    settings: Settings
+    spec: "ModelService"
+    job_id: str
+    start: Bound | None = None
+    end: Bound | None = None
+    source_topic: str | None = None  # default: spec.topics.requests
+    output_topic: str | None = None  # default: spec.topics.backfill
+    dead_letter_topic: str | None = None  # default: <output topic>.dlq
+    rate: float | None = None  # records/s; None = unlimited
+    max_live_lag: int | None = 1000  # pause while the live group lags more than this; None/0 = never
+    lag_interval_s: float = 2.0
+    max_batch: int = 500
+    poll_timeout_ms: int = 200
+    progress_interval_s: float = 1.0
+    transaction_timeout_ms: int = 60_000
+    max_request_bytes: int = 1024 * 1024
+    max_json_depth: int = 64
+    limits: EosLimits = field(default_factory=EosLimits)
+
+    def __post_init__(self) -> None:
+        check_job_id(self.job_id)
+        if self.max_batch < 1:
+            raise ConfigError(f"backfill.max_batch: must be >= 1 (got {self.max_batch})")
+        if self.rate is not None and self.rate < 0:
+            raise ConfigError(f"--rate: must be > 0 records/s (got {self.rate})")
+
+    @property
+    def group_id(self) -> str:
+        return f"sie.backfill.{self.job_id}"
+
+    @property
+    def transactional_id(self) -> str:
+        return f"sie.backfill.{self.job_id}"
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+    def wanted_topics(self) -> tuple[str, str, str]:
+        src = self.source_topic or self.spec.topics.requests
+        out = self.output_topic or self.spec.topics.backfill
+        return src, out, self.dead_letter_topic or f"{out}.dlq"
+
+
+@dataclass(frozen=True)
+class PartitionProgress:
+    partition: int
+    done: int
+    total: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 if self.total == 0 else 100.0 * self.done / self.total
+
+
+@dataclass(frozen=True)
+class BackfillReport:
+    """The final report (also what ``sie backfill`` prints)."""
+
+    job_id: str
+    version: str
+    complete: bool
+    total: int  # records in the planned range
+    already_done: int  # committed by an earlier run of this job (skipped now)
+    scored: int
+    dead_letters: dict[str, int]
+    duration_s: float
+    live_pauses: int
+    aborts: int
+
+    @property
+    def processed(self) -> int:
+        return self.scored + sum(self.dead_letters.values())
+
+    @property
+    def throughput(self) -> float:
+        return self.processed / self.duration_s if self.duration_s > 0 else 0.0
+
+    def lines(self) -> list[str]:
+        dead = ", ".join(f"{k} {v}" for k, v in sorted(self.dead_letters.items())) or "none"
+        state = "complete" if self.complete else f"interrupted (resume: sie backfill --job-id {self.job_id} ...)"
+        return [
+            f"backfill {self.job_id} ({self.version}): {state}",
+            f"  range: {self.total} records; already done before this run: {self.already_done}",
+            f"  scored: {self.scored}; dead-lettered: {sum(self.dead_letters.values())} ({dead})",
+            f"  duration: {self.duration_s:.1f}s; throughput: {self.throughput:,.0f} records/s; "
+            f"live-lag pauses: {self.live_pauses}; aborted transactions: {self.aborts}",
+        ]
+
+
+def infer_rows(backend: Any, rows: list[dict], canary: dict | None) -> list[Any]:
+    """One output (or ``_Failed``) per row; raises ``BackendUnavailable`` when a known-good row fails too."""
+    outputs = _infer_isolating(backend, rows)
+    if canary is not None and outputs and all(type(o) is _Failed for o in outputs):
+        probe = _infer_isolating(backend, [canary])[0]
+        if type(probe) is _Failed:
+            raise BackendUnavailable(f"backend fails on a known-good row too ({probe.detail}): outage, not poison")
+    return outputs
+
+
+class BackfillJob:
+    """Build, ``plan()`` (optional: resolves/stores the range, fails fast), then ``run(stop, backend)``."""
+
+    def __init__(self, config: BackfillConfig, *,
+                 progress: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._backend: Any = None
+        self._progress_out = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._clock = clock
+        spec = config.spec
+        from schemas.validation import compile_validator
+
+        validator = compile_validator(spec.input_schema)
+        self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)
+        self._canary: dict | None = None
+        if spec.example_input:
+            try:
+                self._canary = validator(dict(spec.example_input))
+            except Exception:  # an example that does not validate is no canary
+                self._canary = None
+        self._plan: BackfillPlan | None = None
+        self._pos: dict[int, int] = {}
+        self._done: set[int] = set()
+        self._scored = 0
+        self._dead: Counter = Counter()
+        self._job_header = ("sie.backfill.job", config.job_id.encode())
+
+    # --- the plan ---------------------------------------------------------------------------------
+    def plan(self) -> BackfillPlan:
+        """The stored plan of this job id, or a new one resolved now and stored before anything is scored."""
+        if self._plan is not None:
+            return self._plan
+        cfg = self.config
+        src, out, dlq = cfg.wanted_topics()
+        ensure_plans_topic(cfg.settings)
+        stored = read_plan(cfg.settings, cfg.job_id)
+        if stored is not None:
+            conflicts = stored.conflicts(
+                model=cfg.spec.name, version=cfg.version,
+                source_topic=cfg.source_topic, output_topic=cfg.output_topic, dead_letter_topic=cfg.dead_letter_topic,
+                range_from=cfg.start.text if cfg.start else None, range_to=cfg.end.text if cfg.end else None)
+            if conflicts:
+                raise ConfigError(f"backfill job {cfg.job_id} already exists with another range or target "
+                                  f"({'; '.join(conflicts)}); resume it with the same arguments, or pick a new "
+                                  f"--job-id")
+            self._plan = stored
+            return stored
+        if cfg.start is None or cfg.end is None:
+            raise ConfigError(f"backfill job {cfg.job_id} does not exist yet: give --from and --to")
+        from confluent_kafka import Consumer
+
+        probe = Consumer(cfg.settings.kafka_client_config(**{"group.id": cfg.group_id,
+                                                              "enable.auto.commit": False}))
+        try:
+            ranges = resolve_ranges(probe, src, cfg.start, cfg.end)
+        finally:
+            probe.close()
+        plan = BackfillPlan(cfg.job_id, cfg.spec.name, cfg.version, src, out, dlq, cfg.start.text, cfg.end.text,
+                            ranges, int(time.time() * 1000))
+        write_plan(cfg.settings, plan)
+        self._plan = plan
+        return plan
+
+    # --- running ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, backend: Any,
+            on_started: Callable[["BackfillJob"], None] | None = None) -> BackfillReport:
+        """Score the plan's remaining records with ``backend`` (loaded) until done or ``stop``."""
+        cfg = self.config
+        self._backend = backend
+        plan = self.plan()
+        started = self._clock()
+        from confluent_kafka import Consumer, TopicPartition
+
+        from sie.admin import admin_client, ensure_model_topics
+
+        partitions = self._partition_count(plan.source_topic) or len(plan.ranges) or 1
+        ensure_model_topics(cfg.settings, [plan.output_topic, plan.dead_letter_topic], partitions)
+        producer = start_producer(
+            producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
+                            transaction_timeout_ms=cfg.transaction_timeout_ms),
+            stop, None, cfg.limits)  # init_transactions(): a zombie run of this job is fenced here
+        consumer = Consumer(consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
+                                            max_batch=cfg.max_batch))
+        eos = ExactlyOnce(producer, consumer, stop, cfg.limits)
+        already_done = 0
+        try:
+            committed = consumer.committed([TopicPartition(plan.source_topic, r.partition) for r in plan.ranges],
+                                           timeout=30)
+            resume = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+            assign = []
+            for r in plan.ranges:
+                pos = min(max(resume.get(r.partition, r.start), r.start), r.end)
+                self._pos[r.partition] = pos
+                already_done += pos - r.start
+                if pos >= r.end:
+                    self._done.add(r.partition)
+                else:
+                    assign.append(TopicPartition(plan.source_topic, r.partition, pos))
+            if assign:
+                consumer.assign(assign)
+            admin = admin_client(cfg.settings)
+            live_parts = [r.partition for r in plan.ranges]
+            gate = LiveLagGate(
+                lambda: live_group_lag(admin, consumer, cfg.spec.group_id, plan.source_topic, live_parts),
+                cfg.max_live_lag, cfg.lag_interval_s, self._clock)
+            limiter = RateLimiter(cfg.rate, self._clock)
+            if on_started:
+                on_started(self)
+            self._loop(stop, consumer, eos, gate, limiter)
+        finally:
+            close_quietly(consumer, producer)
+        self._emit_progress(final=True)
+        return BackfillReport(cfg.job_id, cfg.version, len(self._done) == len(plan.ranges), plan.total,
+                              already_done, self._scored, dict(self._dead), self._clock() - started,
+                              gate.pauses, eos.aborts)
+
+    def _partition_count(self, topic: str) -> int | None:
+        from sie.admin import wait_for_cluster
+
+        meta = wait_for_cluster(self.config.settings).topics.get(topic)
+        return len(meta.partitions) if meta is not None and meta.partitions else None
+
+    def _loop(self, stop: threading.Event, consumer: Any, eos: ExactlyOnce, gate: LiveLagGate,
+              limiter: RateLimiter) -> None:
+        from confluent_kafka import TopicPartition
+
+        cfg = self.config
+        plan = self._plan
+        assert plan is not None
+        topic = plan.source_topic
+        ends = {r.partition: r.end for r in plan.ranges}
+        paused_for_live = False
+        next_progress = self._clock()
+        timeout = cfg.poll_timeout_ms / 1000
+        while not stop.is_set() and len(self._done) < len(plan.ranges):
+            if self._clock() >= next_progress:
+                self._emit_progress()
+                next_progress = self._clock() + cfg.progress_interval_s
+            active = [TopicPartition(topic, p) for p in ends if p not in self._done]
+            if gate.blocked():
+                if not paused_for_live:
+                    consumer.pause(active)
+                    paused_for_live = True
+                stop.wait(min(cfg.lag_interval_s, 0.5))
+                continue
+            if paused_for_live:
+                consumer.resume(active)
+                paused_for_live = False
+            wanted = limiter.take(cfg.max_batch)
+            if wanted == 0:
+                stop.wait(min(max(limiter.wait_s(), 0.005), 0.5))
+                continue
+            messages = consumer.consume(wanted, timeout)
+            batch, reached_end = [], set()
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.fatal():
+                        raise ConfigError(f"backfill consumer: fatal error {err.str()}")
+                    log.warning("backfill consumer: %s", err.str())
+                    continue
+                p = msg.partition()
+                if p in reached_end or p in self._done:
+                    continue
+                if msg.offset() >= ends[p]:
+                    reached_end.add(p)  # everything of p below the end is in this batch or committed before
+                    continue
+                batch.append(msg)
+            limiter.refund(wanted - len(messages))
+            if reached_end:
+                consumer.pause([TopicPartition(topic, p) for p in reached_end])
+            if batch:
+                status, counts = eos.run_batch(batch, self._process)
+                if status is not BatchStatus.COMMITTED:
+                    # rewound to the committed offsets: re-read everything not committed, ends included
+                    consumer.resume([TopicPartition(topic, p) for p in ends if p not in self._done])
+                    continue
+                scored, dead, last = counts
+                self._scored += scored
+                self._dead.update(dead)
+                for p, off in last.items():
+                    self._pos[p] = off + 1
+            self._done.update(reached_end)
+            if not batch:
+                self._check_positions(consumer, topic, ends)
+
+    def _check_positions(self, consumer: Any, topic: str, ends: dict[int, int]) -> None:
+        """Idle: a partition whose fetch position passed its end (control records, aborted data) is done."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        pending = [TopicPartition(topic, p) for p in ends if p not in self._done]
+        if not pending:
+            return
+        try:
+            positions = consumer.position(pending)
+        except KafkaException as exc:
+            log.debug("position(): %s", exc)
+            return
+        for tp in positions:
+            if tp.offset >= 0 and tp.offset >= ends[tp.partition]:
+                self._done.add(tp.partition)
+                self._pos[tp.partition] = ends[tp.partition]
+
+    # --- one batch (inside the transaction) ---------------------------------------------------------
+    def _process(self, batch: list, txn: "Checkpoint") -> tuple[int, Counter, dict[int, int]]:
+        codec = self._codec
+        cfg = self.config
+        plan = self._plan
+        assert plan is not None
+        version = cfg.version
+        dead: Counter = Counter()
+        valid = []
+        last: dict[int, int] = {}
+        for msg in batch:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            txn.track(topic, partition, offset)
+            last[partition] = offset
+            parsed = codec.parse(topic, partition, offset, msg.key(), msg.value(), None)
+            if type(parsed) is Poison:
+                self._dead_letter(txn, msg, parsed.reason, parsed.detail)
+                dead[parsed.reason.value] += 1
+                continue
+            valid.append((parsed, msg))
+        scored = 0
+        if valid:
+            rows = [req.inputs for req, _ in valid]
+            t0 = time.perf_counter()
+            outputs = infer_rows(self._backend, rows, self._canary)
+            inference_ms = (time.perf_counter() - t0) * 1000.0
+            n = len(rows)
+            headers = [self._job_header]
+            for (req, msg), out in zip(valid, outputs):
+                detail = out.detail if type(out) is _Failed else None
+                if detail is None:
+                    try:
+                        value = codec.result(req, version, out, 0.0, inference_ms, n)
+                    except TypeError as exc:
+                        detail = f"outputs: not JSON-serialisable ({exc})"
+                    else:
+                        txn.produce(plan.output_topic, value, f"{req.id}:{version}".encode(), -1, headers)
+                        scored += 1
+                        continue
+                self._dead_letter(txn, msg, DeadLetterReason.INFERENCE_ERROR, detail)
+                dead[DeadLetterReason.INFERENCE_ERROR.value] += 1
+        return scored, dead, last
+
+    def _dead_letter(self, txn: "Checkpoint", msg: Any, reason: DeadLetterReason, detail: str) -> None:
+        plan = self._plan
+        assert plan is not None
+        headers = self._codec.dead_letter_headers(reason, detail, msg.topic(), msg.partition(), msg.offset(),
+                                                  self.config.version, msg.headers())
+        headers.append(self._job_header)
+        txn.produce(plan.dead_letter_topic, msg.value(), msg.key(), -1, headers)
+
+    # --- progress -------------------------------------------------------------------------------------
+    def progress(self) -> list[PartitionProgress]:
+        plan = self._plan
+        if plan is None:
+            return []
+        out = []
+        for r in plan.ranges:
+            done = r.total if r.partition in self._done else min(r.total, max(0, self._pos.get(r.partition, r.start)
+                                                                              - r.start))
+            out.append(PartitionProgress(r.partition, done, r.total))
+        return out
+
+    def _emit_progress(self, final: bool = False) -> None:
+        rows = self.progress()
+        total = sum(p.total for p in rows)
+        done = sum(p.done for p in rows)
+        pct = 100.0 if total == 0 else 100.0 * done / total
+        head = "final" if final else "progress"
+        lines = [f"backfill {self.config.job_id} {head}: {done}/{total} ({pct:.1f}%)"]
+        lines += [f"  partition {p.partition}: {p.done}/{p.total} ({p.percent:.1f}%)" for p in rows]
+        self._progress_out("\n".join(lines))
