@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "sie.commands.backfill",
     "sie.commands.control",
     "sie.commands.cluster",
+    "sie.commands.demo",
 ]
 
 
