@@ -194,6 +194,7 @@ class BackfillJob:
             except Exception:  # an example that does not validate is no canary
                 self._canary = None
         self._plan: BackfillPlan | None = None
+        self.live_gate: LiveLagGate | None = None
         self._pos: dict[int, int] = {}
         self._done: set[int] = set()
         self._scored = 0
@@ -275,7 +276,7 @@ class BackfillJob:
                 consumer.assign(assign)
             admin = admin_client(cfg.settings)
             live_parts = [r.partition for r in plan.ranges]
-            gate = LiveLagGate(
+            gate = self.live_gate = LiveLagGate(
                 lambda: live_group_lag(admin, consumer, cfg.spec.group_id, plan.source_topic, live_parts),
                 cfg.max_live_lag, cfg.lag_interval_s, self._clock)
             limiter = RateLimiter(cfg.rate, self._clock)
@@ -287,7 +288,7 @@ class BackfillJob:
         self._emit_progress(final=True)
         return BackfillReport(cfg.job_id, cfg.version, len(self._done) == len(plan.ranges), plan.total,
                               already_done, self._scored, dict(self._dead), self._clock() - started,
-                              gate.pauses, eos.aborts)
+                              self.live_gate.pauses if self.live_gate else 0, eos.aborts)
 
     def _partition_count(self, topic: str) -> int | None:
         from sie.admin import wait_for_cluster
