@@ -1,0 +1,526 @@
+"""Real-process cluster harness: `sie control` + `sie agent` subprocesses on a real broker.
+
+Used by tests/test_cluster_e2e.py and bench/bench_failover.py. Every cluster gets its own
+SIE_TOPIC_PREFIX (system topics, model topics and consumer groups all derive from it), so parallel
+runs on the shared broker never meet. Processes are tracked by PID and stopped by PID only: other
+engineers run `sie` processes on the same machine, so nothing here ever matches processes by name.
+
+Waiting is always on a condition with a deadline (HTTP API, /proc, or Kafka records), never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sie.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, message: str | Callable[[], str] = "condition",
+             interval: float = 0.05) -> Any:
+    """Poll until truthy (returned); AssertionError naming ``message`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {text}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(port: int, method: str, path: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
+    """One HTTP call to a control plane; (status, JSON or text). Connection errors raise OSError."""
+    data = None
+    if body is not None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            is_json = resp.headers.get("Content-Type", "").startswith("application/json")
+            return resp.status, (json.loads(raw) if is_json else raw.decode())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+def try_get(port: int, path: str) -> Any | None:
+    """GET that answers None while the instance is not up (or not answering)."""
+    try:
+        status, body = http(port, "GET", path, timeout=5)
+    except (OSError, ValueError):
+        return None
+    return body if status == 200 else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Running; a zombie (exited, not yet reaped) counts as dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    out.extend(int(c) for c in f.read().split())
+            except FileNotFoundError:
+                continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except FileNotFoundError:
+        return []
+
+
+def worker_pids(agent_pid: int) -> dict[str, int]:
+    """replica id -> PID of the live worker processes an agent spawned (its direct children)."""
+    found: dict[str, int] = {}
+    for child in _children(agent_pid):
+        args = _cmdline(child)
+        if "workers.worker_main" in args and "--replica-id" in args and pid_alive(child):
+            found[args[args.index("--replica-id") + 1]] = child
+    return found
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+@dataclass
+class Proc:
+    """One `sie control` or `sie agent` subprocess, its log file and (control) HTTP port."""
+
+    name: str
+    kind: str
+    popen: subprocess.Popen
+    log_path: Path
+    port: int | None = None
+    seen_workers: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def workers(self) -> dict[str, int]:
+        found = worker_pids(self.pid) if self.alive() else {}
+        self.seen_workers.update(found.values())
+        return found
+
+
+class Cluster:
+    """Starts and stops real processes for one test (or bench run) under a unique topic prefix."""
+
+    def __init__(self, settings: Settings, root: Path, prefix: str | None = None) -> None:
+        from schemas.topics import system_topics
+        from sie.admin import ensure_topics
+
+        self.prefix = prefix or f"e2e{uuid.uuid4().hex[:8]}"
+        self.settings = settings.with_overrides(topic_prefix=self.prefix)
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.procs: list[Proc] = []
+        ensure_topics(self.settings, system_topics(self.prefix))
+
+    # -- environment -------------------------------------------------------------------------------
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+               "SIE_TOPIC_PREFIX": self.prefix, "PYTHONUNBUFFERED": "1"}
+        return env
+
+    def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None) -> Proc:
+        log_path = self.root / f"{kind}-{name}-{len(self.procs)}.log"
+        log = open(log_path, "wb")
+        try:
+            popen = subprocess.Popen([sys.executable, "-m", "sie", *args], cwd=REPO, env=self.env,
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        proc = Proc(name, kind, popen, log_path, port)
+        self.procs.append(proc)
+        return proc
+
+    def start_control(self, instance: str, *, node_timeout: float | None = None, extra: Iterable[str] = ()) -> Proc:
+        port = free_port()
+        args = ["control", "--http-port", str(port), "--http-host", "127.0.0.1", "--instance", instance,
+                "--no-ensure-topics"]
+        if node_timeout is not None:
+            args += ["--node-timeout", str(node_timeout)]
+        return self._spawn(instance, "control", args + list(extra), port)
+
+    def start_agent(self, node: str, *, gpus: str | None = "1xL4-24GB", tier: str | None = None,
+                    labels: str | None = None, heartbeat_s: float = 2.0, extra: Iterable[str] = ()) -> Proc:
+        args = ["agent", "--node", node, "--heartbeat-s", str(heartbeat_s), "--work-dir", str(self.root / "agents"),
+                "--drain-grace-s", "5"]
+        if gpus:
+            args += ["--simulate-gpus", gpus]
+        if tier:
+            args += ["--tier", tier]
+        if labels:
+            args += ["--labels", labels]
+        return self._spawn(node, "agent", args + list(extra))
+
+    def sie(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run one `sie` CLI command against this cluster (its prefix and broker)."""
+        return subprocess.run([sys.executable, "-m", "sie", *args], cwd=REPO, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    # -- specs ---------------------------------------------------------------------------------------
+
+    def write_spec(self, example: str, *, name: str | None = None, replicas: int | None = None,
+                   **spec_changes: Any) -> Path:
+        """Copy examples/<example>.yaml into this cluster's dir with changes (article document style).
+
+        ``replicas`` sets sla.min_replicas/max_replicas; ``spec_changes`` are merged into ``spec``
+        one level deep (e.g. ``resources={"cpu": 0.5}``). Relative artifact paths are made absolute.
+        """
+        src = REPO / "examples" / f"{example}.yaml"
+        doc = yaml.safe_load(src.read_text())
+        spec = doc["spec"]
+        if name is not None:
+            doc["metadata"]["name"] = name
+            spec["model"]["name"] = name
+        if replicas is not None:
+            spec["sla"]["min_replicas"] = spec["sla"]["max_replicas"] = replicas
+        for key, value in spec_changes.items():
+            if isinstance(value, dict) and isinstance(spec.get(key), dict):
+                spec[key] = {**spec[key], **value}
+            else:
+                spec[key] = value
+        artifact = spec["backend"].get("artifact")
+        if artifact and not Path(artifact).is_absolute():
+            spec["backend"]["artifact"] = str((src.parent / artifact).resolve())
+        path = self.root / f"{doc['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def spec_topics(self, model: str) -> dict[str, str]:
+        from schemas.topics import ModelTopics
+
+        t = ModelTopics.default_for(model, self.prefix)
+        return {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters}
+
+    # -- control plane ---------------------------------------------------------------------------------
+
+    def controls(self) -> list[Proc]:
+        return [p for p in self.procs if p.kind == "control" and p.alive()]
+
+    def agents(self) -> list[Proc]:
+        return [p for p in self.procs if p.kind == "agent" and p.alive()]
+
+    def agent(self, node: str) -> Proc:
+        return next(p for p in reversed(self.procs) if p.kind == "agent" and p.name == node)
+
+    def leader(self) -> Proc | None:
+        for p in self.controls():
+            health = try_get(p.port, "/healthz")
+            if health and health.get("role") == "leader" and health.get("state_caught_up", True):
+                return p
+        return None
+
+    def wait_leader(self, timeout: float = 60) -> Proc:
+        return wait_for(self.leader, timeout, lambda: "a leading control plane; logs:\n" + self.logs("control"))
+
+    def api(self) -> int:
+        """Port of a live control plane (the leader if there is one)."""
+        lead = self.leader()
+        if lead is not None:
+            return lead.port
+        live = self.controls()
+        if not live:
+            raise AssertionError("no control plane is running")
+        return live[0].port
+
+    def model(self, name: str, port: int | None = None) -> dict | None:
+        return try_get(port or self.api(), f"/v1/models/{name}")
+
+    def ready_model(self, name: str, replicas: int, port: int | None = None) -> dict | None:
+        """The model's status when it is Ready with ``replicas`` READY replicas, else None."""
+        m = self.model(name, port)
+        if not m or m.get("phase") != "Ready" or m.get("ready_replicas") != replicas:
+            return None
+        if any(r["state"] != "READY" for r in m["replicas"]):
+            return None
+        return m
+
+    def wait_ready(self, name: str, replicas: int, timeout: float = 90, port: int | None = None) -> dict:
+        return wait_for(lambda: self.ready_model(name, replicas, port), timeout,
+                        lambda: f"{name} Ready with {replicas} replicas; status {self.model(name, port)}\n"
+                                + self.logs())
+
+    def placement(self, name: str, port: int | None = None) -> dict[str, str]:
+        """replica id -> node from the model's status."""
+        m = self.model(name, port) or {}
+        return {r["replica_id"]: r["node"] for r in m.get("replicas", [])}
+
+    def all_workers(self) -> dict[str, tuple[str, int]]:
+        """replica id -> (node, pid) over every live agent."""
+        out: dict[str, tuple[str, int]] = {}
+        for a in self.agents():
+            for rid, pid in a.workers().items():
+                out[rid] = (a.name, pid)
+        return out
+
+    def logs(self, kind: str | None = None, lines: int = 25) -> str:
+        return "\n".join(f"--- {p.kind} {p.name} (pid {p.pid}, rc {p.popen.poll()})\n{p.log_tail(lines)}"
+                         for p in self.procs if kind is None or p.kind == kind)
+
+    # -- teardown ------------------------------------------------------------------------------------
+
+    def stop(self, proc: Proc, sig: int = signal.SIGTERM, timeout: float = 20) -> int | None:
+        """Signal one process by PID and wait for it; SIGKILL after ``timeout``."""
+        proc.workers()
+        proc.kill(sig)
+        try:
+            return proc.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill(signal.SIGKILL)
+            return proc.popen.wait(10)
+
+    def close(self) -> None:
+        """SIGTERM every process we started (agents first: they drain their workers), then SIGKILL
+        whatever is left, workers included (only PIDs this harness saw as children of its agents)."""
+        for p in self.procs:
+            if p.alive():
+                p.workers()
+        for kind in ("agent", "control"):
+            live = [p for p in self.procs if p.kind == kind and p.alive()]
+            for p in live:
+                p.kill(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for p in live:
+                try:
+                    p.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill(signal.SIGKILL)
+                    p.popen.wait(10)
+        for p in self.procs:
+            for pid in p.seen_workers:
+                if pid_alive(pid) and "workers.worker_main" in _cmdline(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------- request traffic
+
+
+class RequestStream:
+    """Produces requests to one topic at a steady rate from a thread; remembers id -> partition.
+
+    Every request id is unique (``<tag>-<n>``); delivery reports give the partition, so a result can be
+    traced back to the request partition it came from (stall per partition).
+    """
+
+    def __init__(self, settings: Settings, topic: str, example: dict[str, Any], tag: str, rate_per_s: float = 20.0) -> None:
+        from confluent_kafka import Producer
+
+        self.topic, self.example, self.tag, self.rate = topic, example, tag, rate_per_s
+        self._producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
+                                                                  "linger.ms": 5}))
+        self.partition_of: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._n = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        rid = msg.key().decode()
+        with self._lock:
+            if err is not None:
+                self.errors.append(f"{rid}: {err}")
+            else:
+                self.partition_of[rid] = msg.partition()
+
+    def send(self, count: int) -> list[str]:
+        """Produce ``count`` requests now (synchronously flushed)."""
+        ids = [self._produce_one() for _ in range(count)]
+        self._producer.flush(30)
+        return ids
+
+    def _produce_one(self) -> str:
+        rid = f"{self.tag}-{self._n}"
+        self._n += 1
+        inputs = {**self.example, "amount": float(10 + self._n % 5000)}
+        self._producer.produce(self.topic, json.dumps({"id": rid, "inputs": inputs}).encode(), key=rid.encode(),
+                               on_delivery=self._delivered)
+        self._producer.poll(0)
+        return rid
+
+    def start(self) -> "RequestStream":
+        self._thread = threading.Thread(target=self._run, name=f"stream-{self.tag}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        interval = 1.0 / self.rate
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self._produce_one()
+            next_at += interval
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def stop(self) -> int:
+        """Stop producing, flush; returns how many were sent in all."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        left = self._producer.flush(30)
+        if left or self.errors:
+            raise AssertionError(f"producing to {self.topic}: {left} undelivered, errors {self.errors[:3]}")
+        return self._n
+
+    @property
+    def sent(self) -> int:
+        return self._n
+
+
+class ResultTail:
+    """read_committed tail of a model's results and dead-letter topics in a thread.
+
+    ``arrivals[id]`` = list of (monotonic arrival time, topic kind) per request id: more than one entry
+    is a duplicate; none is a loss.
+    """
+
+    def __init__(self, settings: Settings, topics: dict[str, str]) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        from sie.admin import ensure_model_topics
+
+        ensure_model_topics(settings, [topics["requests"], topics["results"], topics["dead_letters"]],
+                            settings.request_partitions)
+        self.kinds = {topics["results"]: "result", topics["dead_letters"]: "dlq"}
+        self.arrivals: dict[str, list[tuple[float, str]]] = {}
+        self.order: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer(settings.kafka_client_config(**{
+            "group.id": f"tail-{uuid.uuid4().hex[:10]}", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}))
+        assignment = []
+        for topic in self.kinds:
+            md = self._consumer.list_topics(topic, timeout=10).topics[topic]
+            assignment += [TopicPartition(topic, p, -2) for p in md.partitions]
+        self._consumer.assign(assignment)
+        self._thread = threading.Thread(target=self._run, name="result-tail", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(200, timeout=0.1):
+                if msg.error() is not None or msg.value() is None:
+                    continue
+                now = time.monotonic()
+                try:
+                    rid = str(json.loads(msg.value()).get("id"))
+                except ValueError:
+                    rid = f"<unparseable {msg.topic()}:{msg.partition()}@{msg.offset()}>"
+                with self._lock:
+                    self.arrivals.setdefault(rid, []).append((now, self.kinds[msg.topic()]))
+                    self.order.append((now, rid))
+
+    def count(self, ids: Iterable[str] | None = None) -> int:
+        with self._lock:
+            if ids is None:
+                return len(self.arrivals)
+            return sum(1 for i in ids if i in self.arrivals)
+
+    def first_after(self, t: float) -> float | None:
+        with self._lock:
+            return next((at for at, _ in self.order if at > t), None)
+
+    def audit(self, ids: Iterable[str]) -> tuple[list[str], dict[str, int], list[str]]:
+        """(lost ids, duplicated id -> count, ids that are not ours) for the given request ids."""
+        wanted = set(ids)
+        with self._lock:
+            lost = sorted(i for i in wanted if i not in self.arrivals)
+            dups = {i: len(v) for i, v in self.arrivals.items() if len(v) > 1}
+            stray = sorted(i for i in self.arrivals if i not in wanted)
+        return lost, dups, stray
+
+    def stalls(self, partition_of: dict[str, int], start: float, end: float) -> dict[int, float]:
+        """Per request partition: the longest gap between consecutive result arrivals in [start, end]
+        (the window edges count as arrivals, so a partition silent since ``start`` shows the whole gap)."""
+        with self._lock:
+            times: dict[int, list[float]] = {}
+            for at, rid in self.order:
+                p = partition_of.get(rid)
+                if p is not None and start <= at <= end:
+                    times.setdefault(p, []).append(at)
+        out: dict[int, float] = {}
+        for p in set(partition_of.values()):
+            seq = [start, *sorted(times.get(p, [])), end]
+            out[p] = max(b - a for a, b in zip(seq, seq[1:]))
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._consumer.close()
+
+
+def example_input(model_spec_path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(Path(model_spec_path).read_text())
+    return dict(doc["spec"]["exampleInput"])
