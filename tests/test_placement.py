@@ -435,3 +435,46 @@ def test_benchmark_runs_at_small_scale(tmp_path):
     assert result["sie"]["gpus_in_use"] < result["baseline_round_robin"]["gpus_in_use"]
     assert result["sie"]["utilisation"] > result["baseline_round_robin"]["utilisation"]
     assert (tmp_path / "placement.txt").read_text().startswith("SIE placement benchmark")
+
+
+# ----------------------------------------------------------------------------------------- exclusions
+
+
+def test_excluded_node_is_never_used_and_a_current_placement_there_moves():
+    ns = inv(node("a", gpus=(81920,)), node("b", gpus=(81920,)))
+    ds = make_demands("m", 1, gpu_memory_mb=4096, cpu=1)
+    first = place(ds, ns)
+    here = where(first, "m-0")[0]
+    other = "b" if here == "a" else "a"
+    plan = place(ds, ns, first.current(), excluded={"m-0": {here}})
+    assert where(plan, "m-0") == (other, (0,))
+    # the exclusion is per replica: a second replica of the same model may still use that node
+    ds2 = make_demands("m", 2, gpu_memory_mb=4096, cpu=1)
+    plan2 = place(ds2, ns, excluded={"m-0": {here}})
+    assert where(plan2, "m-0")[0] == other and where(plan2, "m-1")[0] == here
+
+
+def test_excluded_everywhere_says_so_and_capacity_reasons_skip_excluded_nodes():
+    ns = inv(node("a", gpus=(81920,)), node("b", gpus=(8192,)))
+    plan = place(make_demands("m", 1, gpu_memory_mb=4096, cpu=1), ns, excluded={"m-0": {"a", "b"}})
+    assert reason(plan, "m-0") == "unschedulable: m-0 is excluded from every eligible node (a, b)"
+    # a too small node left: the reason quotes it, not the big excluded one
+    plan = place(make_demands("m", 1, gpu_memory_mb=16384, cpu=1), ns, excluded={"m-0": {"a"}})
+    assert reason(plan, "m-0") == "unschedulable: needs 16384 MiB GPU memory; largest free is 8192 MiB on b/0"
+    whole = place(make_demands("w", 1, gpus=1, gpu_memory_mb=1, cpu=1), ns, excluded={"w-0": {"a", "b"}})
+    assert "excluded from every eligible node" in reason(whole, "w-0")
+    cpu_only = place(make_demands("c", 1, cpu=1), ns, excluded={"c-0": {"a"}})
+    assert where(cpu_only, "c-0") == ("b", ())
+
+
+def test_placer_exclude_moves_and_lifting_it_keeps_the_new_place():
+    ns = inv(node("a", gpus=(81920,)), node("b", gpus=(81920,)))
+    placer = Placer(ns)
+    placer.place_all(make_demands("m", 1, gpu_memory_mb=4096, cpu=1))
+    here = where(placer.plan, "m-0")[0]
+    update = placer.exclude("m-0", {here})
+    assert [p.replica_id for p in update.diff.moved] == ["m-0"] and where(update.plan, "m-0")[0] != here
+    assert update.plan == place(placer.demands(), ns, excluded={"m-0": {here}})
+    lifted = placer.exclude("m-0", ())
+    assert lifted.diff.empty  # stable: nothing moves back just because it may
+    assert placer.place_all(placer.demands()) == lifted.plan

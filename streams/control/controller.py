@@ -35,10 +35,6 @@ from streams.control.status import ModelStatus, build_status
 
 log = logging.getLogger(__name__)
 
-#: label used internally to keep a replica away from the nodes it FAILED on (never published)
-AVOID_LABEL_PREFIX = "sie.control/avoid."
-
-
 # ------------------------------------------------------------------------------------------ config
 
 
@@ -163,10 +159,6 @@ class ReconcileReport:
 
 
 # -------------------------------------------------------------------------------------- controller
-
-
-def _avoid_label(replica_id: str) -> str:
-    return AVOID_LABEL_PREFIX + replica_id
 
 
 class Controller:
@@ -298,39 +290,28 @@ class Controller:
                     kind = "gpu_recovered" if g.healthy else "gpu_failed"
                     out.append(self._event(now, kind, None, None, node.name, f"gpu {node.name}/{g.index} ({g.product}) {'healthy again' if g.healthy else 'reported unhealthy'}"))
                 self._gpu_healthy[key] = g.healthy
-        if not self.exclusions:
-            return inventory
-        # exclusions -> an avoid label on every node the replica may still use (see _place)
-        avoid: dict[str, dict[str, str]] = {}
-        excluded: dict[str, set[str]] = {}
-        for rid, node in self.exclusions:
-            excluded.setdefault(rid, set()).add(node)
-        for node in inventory.nodes:
-            avoid[node.name] = {_avoid_label(rid): "ok" for rid, nodes in excluded.items() if node.name not in nodes}
-        return snap.inventory(now, self.config.node_timeout_s, extra_labels=avoid)
+        return inventory
 
     def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
-        excluded = {rid for rid, _ in self.exclusions}
-        demands: list[ReplicaDemand] = []
-        for name in sorted(snap.specs):
-            for d in demands_from_spec(snap.specs[name]):
-                if d.replica_id in excluded:
-                    d = ReplicaDemand(**{**d.__dict__, "node_selector": d.node_selector + ((_avoid_label(d.replica_id), "ok"),)})
-                demands.append(d)
-        return demands
+        return [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
+
+    def _excluded(self) -> dict[str, frozenset[str]]:
+        """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""
+        out: dict[str, set[str]] = {}
+        for rid, node in self.exclusions:
+            out.setdefault(rid, set()).add(node)
+        return {rid: frozenset(nodes) for rid, nodes in out.items()}
 
     def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo]) -> PlacementPlan:
         current: dict[str, tuple[str, tuple[int, ...]]] = {}
         for node in sorted(published):
             for a in published[node].replicas:
-                if (a.replica_id, node) in self.exclusions:
-                    continue
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
-        plan = place(self._demands(snap), inventory, current)
+        plan = place(self._demands(snap), inventory, current, excluded=self._excluded())
         return self._explain_exclusions(plan)
 
     def _explain_exclusions(self, plan: PlacementPlan) -> PlacementPlan:
-        """Unplaced because of an exclusion: say so instead of quoting the internal avoid label."""
+        """Unplaced while excluded from some node: lead with the FAILED report that caused it."""
         if not self.exclusions or not plan.unplaced:
             return plan
         from dataclasses import replace as dc_replace
@@ -341,7 +322,7 @@ class Controller:
             nodes = sorted(n for r, n in self.exclusions if r == rid)
             if nodes:
                 reason = f"unschedulable: FAILED on {', '.join(nodes)} (cool-down); no other eligible node fits"
-                if AVOID_LABEL_PREFIX not in u.reason:
+                if "excluded from every eligible node" not in u.reason:
                     reason += f" ({u.reason.removeprefix('unschedulable: ')})"
                 unplaced[rid] = dc_replace(u, reason=reason)
         return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory)

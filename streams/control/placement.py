@@ -29,6 +29,10 @@ Decisions (WHY in brackets):
 - Stability: a current placement that is still valid (node online and eligible, GPUs healthy, room)
   is kept before anything new is placed [no churn when a model arrives]. No preemption: a P0 replica
   that does not fit is reported unplaced, P2 replicas are not evicted.
+- Exclusions: ``excluded[replica_id]`` is a set of nodes that replica must not use (the controller keeps
+  a replica that FAILED on a node off it for a cool-down). They are per replica, not per model, so they
+  are checked per node and never change the pools or another replica's options; a current placement on
+  an excluded node is not kept.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Collection, Iterable, Mapping, Sequence, Union
 
 from streams.control.demand import ReplicaDemand
 from streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
@@ -84,6 +88,8 @@ class Unplaced:
 
 # The current placement given to a full pass: replica id -> Placement or (node, gpu indices).
 Current = Mapping[str, Union[Placement, tuple[str, Sequence[int]]]]
+# Nodes a replica must not be placed on: replica id -> node names.
+Excluded = Mapping[str, Collection[str]]
 
 
 @dataclass(frozen=True)
@@ -336,8 +342,9 @@ def _pool_key(state: NodeState) -> tuple:
 class _Allocator:
     """Mutable free-capacity bookkeeping behind ``place`` and ``Placer`` (never exposed)."""
 
-    def __init__(self, inventory: ClusterInventory) -> None:
+    def __init__(self, inventory: ClusterInventory, excluded: Excluded | None = None) -> None:
         self.inventory = inventory
+        self.excluded: dict[str, frozenset[str]] = {rid: frozenset(n) for rid, n in (excluded or {}).items() if n}
         self.nodes: dict[str, _Node] = {}
         self.pools: dict[tuple, _Pool] = {}
         self.placements: dict[str, Placement] = {}
@@ -490,7 +497,7 @@ class _Allocator:
     def keep(self, d: ReplicaDemand, node_name: str, gpu_indices: Sequence[int]) -> Placement | None:
         """Re-commit a current placement if it is still valid; None when it must be re-placed."""
         node = self.nodes.get(node_name)
-        if node is None or d.replica_id in self.placements:
+        if node is None or d.replica_id in self.placements or node_name in self._banned(d):
             return None
         if not node_eligible(d, node.state) or not node.fits_host(d):
             return None
@@ -523,10 +530,17 @@ class _Allocator:
             self._eligible_cache[key] = pools
         return pools
 
+    def _banned(self, d: ReplicaDemand) -> frozenset[str]:
+        return self.excluded.get(d.replica_id, frozenset())
+
     def place(self, d: ReplicaDemand) -> Placement | Unplaced:
         pools = self._eligible(d)
         if not pools:
             return self._fail(d, self._explain_no_node(d))
+        banned = self._banned(d)
+        if banned and all(n in banned for _, pool in pools for n in pool.names):
+            names = sorted(n for _, pool in pools for n in pool.names)
+            return self._fail(d, f"{d.replica_id} is excluded from every eligible node ({_names(names)})")
         if d.gpus > 0:
             return self._place_whole(d, pools)
         if d.gpu_memory_mb > 0:
@@ -538,6 +552,7 @@ class _Allocator:
         abundant eligible pool (most free MiB) so scarce pools (e.g. L4 nodes that some models pin) are
         not drained by models that could run anywhere."""
         need, model = d.gpu_memory_mb, d.model
+        banned = self._banned(d)
         probe = (need, "", -1)
         best: tuple | None = None  # (level, pref, is_empty, ...)
         for pref, pool in pools:
@@ -547,7 +562,7 @@ class _Allocator:
                 for j in range(bisect_left(index, probe), len(index)):
                     free, name, gi = index[j]
                     node = self.nodes[name]
-                    if not node.fits_host(d):
+                    if name in banned or not node.fits_host(d):
                         continue
                     level = 0 if not node.models[model] else (2 if node.gpus[gi].models[model] else 1)
                     if is_empty:
@@ -565,11 +580,13 @@ class _Allocator:
 
     def _explain_gpu_memory(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> str:
         need = d.gpu_memory_mb
+        banned = self._banned(d)
         largest: tuple[int, str, int] | None = None
         for _, pool in pools:
             for index in (pool.used, pool.empty):
-                if index:
-                    entry = index[bisect_left(index, (index[-1][0], "", -1))]
+                allowed = [e for e in index if e[1] not in banned] if banned else index
+                if allowed:
+                    entry = allowed[bisect_left(allowed, (allowed[-1][0], "", -1))]
                     if largest is None or (-entry[0], entry[1], entry[2]) < (-largest[0], largest[1], largest[2]):
                         largest = entry
         if largest is None:
@@ -583,8 +600,11 @@ class _Allocator:
         best: tuple | None = None
         chosen: list[_Gpu] = []
         most = (0, "")
+        banned = self._banned(d)
         for pref, pool in pools:
             for name in pool.names:
+                if name in banned:
+                    continue
                 node = self.nodes[name]
                 free = [g for g in node.gpus.values() if not g.held and g.capacity >= per and g.capacity > 0]
                 if len(free) > most[0]:
@@ -607,10 +627,11 @@ class _Allocator:
 
     def _place_cpu(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> Placement | Unplaced:
         best: tuple | None = None
+        banned = self._banned(d)
         for pref, pool in pools:
             for name in pool.names:
                 node = self.nodes[name]
-                if node.fits_host(d):
+                if name not in banned and node.fits_host(d):
                     cand = (0 if not node.models[d.model] else 1, pref, node.cpu_free - d.cpu, name)
                     if best is None or cand < best:
                         best = cand
@@ -619,7 +640,8 @@ class _Allocator:
         return self._commit(d, self.nodes[best[3]], [])
 
     def _explain_host(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]], what: str | None) -> str:
-        nodes = [self.nodes[n] for _, pool in pools for n in pool.names]
+        banned = self._banned(d)
+        nodes = [self.nodes[n] for _, pool in pools for n in pool.names if n not in banned]
         cpu_node = min(nodes, key=lambda n: (-n.cpu_free, n.state.name))
         if cpu_node.cpu_free + _CPU_EPSILON < d.cpu:
             return f"needs {d.cpu:g} CPU; most free is {cpu_node.cpu_free:g} on {cpu_node.state.name}"
@@ -656,8 +678,10 @@ def _slot(value: Placement | tuple[str, Sequence[int]]) -> tuple[str, tuple[int,
     return node, tuple(gpus)
 
 
-def _full_pass(demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None) -> _Allocator:
-    alloc = _Allocator(inventory)
+def _full_pass(
+    demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None, excluded: Excluded | None = None
+) -> _Allocator:
+    alloc = _Allocator(inventory, excluded)
     pending = []
     for d in _ordered(_unique(demands)):
         cur = current.get(d.replica_id) if current else None
@@ -670,11 +694,15 @@ def _full_pass(demands: Iterable[ReplicaDemand], inventory: ClusterInventory, cu
 
 
 def place(
-    demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None = None
+    demands: Iterable[ReplicaDemand],
+    inventory: ClusterInventory,
+    current: Current | None = None,
+    excluded: Excluded | None = None,
 ) -> PlacementPlan:
     """Full placement pass: keep the still-valid ``current`` placements, then place the rest in priority
-    order. Same inputs (in any order) -> equal plan."""
-    return _full_pass(demands, inventory, current).plan()
+    order, never putting a replica on a node of ``excluded[replica_id]``. Same inputs (in any order) ->
+    equal plan."""
+    return _full_pass(demands, inventory, current, excluded).plan()
 
 
 class Placer:
@@ -685,8 +713,8 @@ class Placer:
     plan as ``current``. Every method returns a ``PlanUpdate`` (new plan + diff).
     """
 
-    def __init__(self, inventory: ClusterInventory | None = None) -> None:
-        self._alloc = _Allocator(inventory or ClusterInventory())
+    def __init__(self, inventory: ClusterInventory | None = None, excluded: Excluded | None = None) -> None:
+        self._alloc = _Allocator(inventory or ClusterInventory(), excluded)
         self._wanted: dict[str, ReplicaDemand] = {}
         self._plan = self._alloc.plan()
 
@@ -706,10 +734,13 @@ class Placer:
         demands: Iterable[ReplicaDemand],
         inventory: ClusterInventory | None = None,
         current: Current | None = None,
+        excluded: Excluded | None = None,
     ) -> PlacementPlan:
-        """Full pass; ``current`` defaults to this placer's last plan (stability across passes)."""
+        """Full pass; ``current`` defaults to this placer's last plan (stability across passes) and
+        ``excluded`` to the exclusions in force."""
         demands = _unique(demands)
-        self._alloc = _full_pass(demands, inventory or self._alloc.inventory, self._plan.placements if current is None else current)
+        self._alloc = _full_pass(demands, inventory or self._alloc.inventory, self._plan.placements if current is None else current,
+                                 self._alloc.excluded if excluded is None else excluded)
         self._wanted = {d.replica_id: d for d in demands}
         self._plan = self._alloc.plan()
         return self._plan
@@ -764,6 +795,19 @@ class Placer:
 
     def gpu_recovered(self, node: str, index: int) -> PlanUpdate:
         return self.node_up(self._alloc.inventory.node(node).with_gpu_health(index, True))
+
+    def exclude(self, replica_id: str, nodes: Collection[str]) -> PlanUpdate:
+        """Set the nodes ``replica_id`` must not use (empty = none): if it runs on one of them it moves;
+        if it is unplaced it is retried (an exclusion lifted may let it in)."""
+        if nodes:
+            self._alloc.excluded[replica_id] = frozenset(nodes)
+        else:
+            self._alloc.excluded.pop(replica_id, None)
+        current = self._alloc.placements.get(replica_id)
+        touched = {replica_id}
+        if current is not None and current.node in self._alloc.excluded.get(replica_id, ()):
+            self._alloc.release(replica_id)
+        return self._settle(touched)
 
     # -- internals
 

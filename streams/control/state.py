@@ -424,7 +424,7 @@ class StateSnapshot:
             )
         return out
 
-    def inventory(self, now: float, timeout_s: float, extra_labels: Mapping[str, Mapping[str, str]] | None = None) -> ClusterInventory:
+    def inventory(self, now: float, timeout_s: float) -> ClusterInventory:
         """The placer's view: registered nodes, online iff a heartbeat was seen within ``timeout_s``;
         GPU health from the latest heartbeat (falls back to the registration).  A node that sends
         heartbeats but never registered is left out: without its inventory it cannot be placed on."""
@@ -435,7 +435,6 @@ class StateSnapshot:
             labels = dict(info.labels)
             if info.tier and TIER_LABEL not in labels:
                 labels[TIER_LABEL] = info.tier
-            labels.update((extra_labels or {}).get(name, {}))
             gpus = tuple(
                 GpuState(
                     index=g.index,
