@@ -189,3 +189,15 @@ def produce_requests(settings, topic: str, values: list[tuple[bytes | None, byte
             except BufferError:
                 producer.poll(0.05)
     assert producer.flush(60) == 0, "requests not delivered"
+
+
+def group_members(settings, group_id: str) -> int:
+    """Members of a consumer group now (0 if it can't be described yet)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    try:
+        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result(timeout=10)
+        return len(desc.members)
+    except Exception:
+        return 0

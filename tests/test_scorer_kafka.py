@@ -24,6 +24,7 @@ from tests.scorer_fixtures import (
     ScorerProcess,
     echo_spec,
     exactly_once_report,
+    group_members,
     load_echo_backend,
     produce_requests,
     write_echo_spec,
@@ -214,10 +215,14 @@ def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settin
         produce_requests(kafka_settings, spec.topics.requests, values[:10_000])
         wait_until(lambda: reader.count() >= 3_000, 60, message="first results")
         b = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "b", tmp_path)
+        wait_until(lambda: group_members(kafka_settings, spec.group_id) == 2, 60, interval=0.2,
+                   message="scorer b joined the group")
         produce_requests(kafka_settings, spec.topics.requests, values[10_000:20_000])
         wait_until(lambda: reader.count() >= 12_000, 60, message="results with two scorers")
         assert b.terminate() == 0, b.output()[-2000:]  # scale down: b commits, leaves the group
         assert "stopped after" in b.output()
+        wait_until(lambda: group_members(kafka_settings, spec.group_id) == 1, 30, interval=0.2,
+                   message="scorer b left the group")
         produce_requests(kafka_settings, spec.topics.requests, values[20_000:])
         prove_exactly_once(kafka_settings, spec, ids, timeout=90)
     finally:
@@ -235,7 +240,7 @@ def test_broker_restart_mid_stream_recovers_by_itself(private_kafka, tmp_path):
     topics_for(settings, spec)
     values, ids = _mixed_workload(20_000)
     produce_requests(settings, spec.topics.requests, values[:10_000])
-    scorer = ScorerThread(settings, spec)
+    scorer = ScorerThread(settings, spec, txn_hang_limit_s=15.0)
     reader = CommittedReader(settings, spec.topics.results)
     try:
         wait_until(lambda: reader.count() >= 2_000, 60, message="results before the restart")

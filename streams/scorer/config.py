@@ -52,6 +52,7 @@ class ScorerConfig:
     retriable_attempts: int = 8  # bounded retries of one Kafka call on a retriable error
     retry_backoff_s: float = 0.1
     backend_backoff_max_s: float = 5.0  # cap of the backoff while the backend is down
+    txn_hang_limit_s: float = 25.0  # a send_offsets/commit/abort call hung this long -> new producer (librdkafka #5456)
     fatal_limit: int = 5  # consecutive fatal producer errors before giving up (ScorerFenced)
     lag_interval_s: float = 5.0  # how often sie_consumer_lag is refreshed
 

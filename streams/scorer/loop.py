@@ -154,7 +154,7 @@ class Scorer:
         if cfg.metrics_port is not None:
             self.metrics.serve(cfg.metrics_port)
         producer = TransactionalProducer(cfg.producer_config(), self._producer_factory,
-                                         cfg.retriable_attempts, cfg.retry_backoff_s, stop)
+                                         cfg.retriable_attempts, cfg.retry_backoff_s, stop, cfg.txn_hang_limit_s)
         producer.start(patience_s=60.0)
         consumer = self._consumer = self._consumer_factory(cfg.consumer_config())
         self._batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.poll_timeout_ms / 1000,

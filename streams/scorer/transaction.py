@@ -16,6 +16,13 @@ steps, and the code below carries the same numbers:
    commit fails with an abortable error, so nothing is half-written.
 4. ``poll(0)``: serve delivery events so librdkafka's queues stay empty.
 
+Hung calls: ``send_offsets_to_transaction`` can block far past its timeout
+while the group coordinator is down (librdkafka #5456; seen here when the
+broker restarts mid-batch).  The three transaction calls therefore run on a
+watchdog thread; one that outlives its timeout makes the producer count as
+fatal: it is abandoned and a new producer with the same ``transactional.id``
+is created, whose ``init_transactions()`` fences the hung one.
+
 Errors (``call``): ``retriable()`` -> the same call again, a bounded number of
 times; ``txn_requires_abort()`` -> ``TxnAbortable``; ``fatal()`` ->
 ``ProducerFatal``.  After an abort or a producer re-creation the consumer is
@@ -39,6 +46,8 @@ from streams.scorer.errors import ProducerFatal, TxnAbortable
 log = logging.getLogger("sie.scorer")
 
 _CALL_TIMEOUT_S = 30.0
+_TXN_CALL_TIMEOUT_S = 10.0  # librdkafka timeout of send_offsets/commit/abort
+_WATCHDOG_GRACE_S = 5.0  # how long past that timeout we wait before declaring the call hung
 
 
 def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
@@ -67,7 +76,9 @@ class TransactionalProducer:
     """One ``transactional.id``, one librdkafka producer at a time; re-created after fatal errors."""
 
     def __init__(self, config: dict[str, Any], factory: Callable[[dict[str, Any]], Any],
-                 attempts: int, backoff_s: float, stop: threading.Event) -> None:
+                 attempts: int, backoff_s: float, stop: threading.Event,
+                 hang_limit_s: float = 2 * _TXN_CALL_TIMEOUT_S + _WATCHDOG_GRACE_S) -> None:
+        self._hang_limit_s = hang_limit_s  # a transaction call (retries included) is given up after this long
         self._config = config
         self._factory = factory
         self._attempts = attempts
@@ -125,6 +136,28 @@ class TransactionalProducer:
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
         return call(fn, what, self._attempts, self._backoff)
 
+    def _guarded(self, fn: Callable[[], Any], what: str) -> Any:
+        """``_call`` on a watchdog thread: a call hung past its timeout -> ``ProducerFatal``."""
+        outcome: list[Any] = []
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                outcome.append((True, self._call(fn, what)))
+            except BaseException as exc:  # re-raised in the caller's thread
+                outcome.append((False, exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name=f"txn-{what}", daemon=True).start()
+        if not done.wait(self._hang_limit_s):
+            raise ProducerFatal(f"{what}: no answer after {self._hang_limit_s:.0f}s (hung call, librdkafka #5456); "
+                                f"abandoning this producer")
+        ok, value = outcome[0]
+        if ok:
+            return value
+        raise value
+
     def begin(self) -> None:
         self._call(self._producer.begin_transaction, "begin_transaction")
 
@@ -148,16 +181,19 @@ class TransactionalProducer:
                 raise TxnAbortable(f"produce to {topic}: {err.str()}") from exc
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
-        self._call(lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, _CALL_TIMEOUT_S),
-                   "send_offsets_to_transaction")
+        producer = self._producer
+        self._guarded(lambda: producer.send_offsets_to_transaction(offsets, group_metadata, _TXN_CALL_TIMEOUT_S),
+                      "send_offsets_to_transaction")
 
     def commit(self) -> None:
-        self._call(lambda: self._producer.commit_transaction(_CALL_TIMEOUT_S), "commit_transaction")
+        producer = self._producer
+        self._guarded(lambda: producer.commit_transaction(_TXN_CALL_TIMEOUT_S), "commit_transaction")
 
     def abort(self) -> None:
         """Abort the open transaction; any failure here means the producer must be re-created."""
         try:
-            self._call(lambda: self._producer.abort_transaction(_CALL_TIMEOUT_S), "abort_transaction")
+            producer = self._producer
+            self._guarded(lambda: producer.abort_transaction(_TXN_CALL_TIMEOUT_S), "abort_transaction")
         except TxnAbortable as exc:
             raise ProducerFatal(str(exc)) from exc
 
