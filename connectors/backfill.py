@@ -134,8 +134,8 @@ class BackfillReport:
     job_id: str
     version: str
     complete: bool
-    total: int  # records in the planned range
-    already_done: int  # committed by an earlier run of this job (skipped now)
+    total: int  # offsets in the planned range (records + transaction markers)
+    already_done: int  # offsets committed by an earlier run of this job (skipped now)
     scored: int
     dead_letters: dict[str, int]
     duration_s: float
@@ -147,6 +147,11 @@ class BackfillReport:
         return self.scored + sum(self.dead_letters.values())
 
     @property
+    def gaps(self) -> int:
+        """Offsets of the range that held no record to score (commit markers of transactional writers, ...)."""
+        return max(0, self.total - self.already_done - self.processed)
+
+    @property
     def throughput(self) -> float:
         return self.processed / self.duration_s if self.duration_s > 0 else 0.0
 
@@ -155,8 +160,10 @@ class BackfillReport:
         state = "complete" if self.complete else f"interrupted (resume: sie backfill --job-id {self.job_id} ...)"
         return [
             f"backfill {self.job_id} ({self.version}): {state}",
-            f"  range: {self.total} records; already done before this run: {self.already_done}",
-            f"  scored: {self.scored}; dead-lettered: {sum(self.dead_letters.values())} ({dead})",
+            f"  range: {self.total} offsets; already done before this run: {self.already_done}",
+            f"  scored: {self.scored}; dead-lettered: {sum(self.dead_letters.values())} ({dead})"
+            + (f"; offsets without a record (transaction markers, aborted or compacted records): {self.gaps}"
+               if self.complete and self.gaps else ""),
             f"  duration: {self.duration_s:.1f}s; throughput: {self.throughput:,.0f} records/s; "
             f"live-lag pauses: {self.live_pauses}; aborted transactions: {self.aborts}",
         ]

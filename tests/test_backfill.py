@@ -253,7 +253,7 @@ def test_sigkill_mid_range_then_resume_gives_exactly_one_result_per_record(kafka
     proc = _backfill_cli(spec_path, bootstrap_servers, job_id, log)
     assert proc.wait(60) == 0, log.read_text()
     out = log.read_text()
-    assert "complete" in out and f"range: {n} records; already done before this run: " in out
+    assert "complete" in out and f"range: {n} offsets; already done before this run: " in out
     assert int(re.search(r"already done before this run: (\d+)", out).group(1)) > 0
 
     reader = CommittedReader(kafka_settings, spec.topics.backfill)

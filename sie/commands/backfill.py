@@ -86,7 +86,7 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     job = BackfillJob(config)
     plan = job.plan()  # before loading the model: a bad range fails fast
     ranges = ", ".join(f"p{r.partition} [{r.start}, {r.end})" for r in plan.ranges) or "none"
-    click.echo(f"backfill {job_id}: {plan.total} records of {plan.source_topic} ({ranges}) -> {plan.output_topic} "
+    click.echo(f"backfill {job_id}: {plan.total} offsets of {plan.source_topic} ({ranges}) -> {plan.output_topic} "
                f"with {spec.name} {spec.version}", err=True)
 
     backend = create_backend(backend_config_from_spec(spec))
