@@ -198,8 +198,6 @@ def test_canal_deletes_are_scored_with_the_before_image_when_enabled(kafka_setti
     assert summary.skipped == {"ddl": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="connectors/cdc/canal.py reads pkNames null as () and then rejects it "
-                   "as not a list (malformed_event); fix: `doc.get('pkNames') or []`")
 def test_canal_event_without_primary_key_is_dead_lettered_as_missing_primary_key(kafka_settings):
     topics = Topics(kafka_settings, source_partitions=1)
     row = {"id": "7", "customer_id": "1", "amount": "1.00", "currency": "EUR", "is_first_order": "0",

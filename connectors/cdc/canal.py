@@ -74,7 +74,9 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
                 CdcErrorReason.MALFORMED_EVENT,
                 f"{qualified}: UPDATE 'old' must be an array aligned with 'data' ({len(data)} rows), got {got}",
             )
-    pk_names = doc.get("pkNames") or ()
+    pk_names = doc.get("pkNames")
+    if pk_names is None:  # MINIMAL row image or no key: the converter asks for `primary_keys` (missing_primary_key)
+        pk_names = []
     if not isinstance(pk_names, list):
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'pkNames' must be an array or null")
     casters = canal_casters(qualified, doc.get("mysqlType"), doc.get("sqlType"), options.tinyint1_as_bool)
