@@ -301,6 +301,7 @@ def test_each_request_gets_one_result_and_offsets_are_last_plus_one():
     assert producers[0].commits == 3 and consumer.committed_offset == 250
     assert summary.results == 250 and summary.dead_letters == 0
     assert scorer.metrics.value("sie_records_out_total", {"status": "ok"}) == 250
+    assert scorer.metrics.value("sie_txn_commit_seconds_count") == 3
     assert scorer.metrics.value("inference_latency_seconds_count", {
         "model_id": spec.model_id, "service_type": "scoring", "priority_level": "P1"}) == 3
 

@@ -281,8 +281,10 @@ class Scorer:
                 msg = by_offset[(req.topic, req.partition, req.offset)]
                 self._dead_letter(txn, msg, DeadLetterReason.INFERENCE_ERROR, detail, version)
                 dead["inference_error"] = dead.get("inference_error", 0) + 1
+        commit_started = self._clock()
         txn.commit()
-        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms}
+        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms,
+                "commit_s": self._clock() - commit_started}
 
     def _infer(self, backend: Any, rows: list[dict]) -> list[Any]:
         """Outputs for ``rows``; poison rows come back as ``_Failed``; a down backend raises."""
@@ -324,6 +326,7 @@ class Scorer:
         c["expired"] += stats["expired"]
         m.records_in.inc(n)
         m.batch_size.observe(n)
+        m.txn_commit.observe(stats["commit_s"])
         m.queue_time.observe(stats["oldest_ms"] / 1000.0)
         if stats["ok"]:
             m.records_out.labels(status="ok").inc(stats["ok"])
