@@ -100,11 +100,11 @@ class BackfillConfig:
 
     @property
     def group_id(self) -> str:
-        return f"sie.backfill.{self.job_id}"
+        return f"{self.settings.topic_prefix}.backfill.{self.job_id}"
 
     @property
     def transactional_id(self) -> str:
-        return f"sie.backfill.{self.job_id}"
+        return f"{self.settings.topic_prefix}.backfill.{self.job_id}"
 
     @property
     def version(self) -> str:

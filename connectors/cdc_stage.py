@@ -89,11 +89,11 @@ class CdcStageConfig:
 
     @property
     def group_id(self) -> str:
-        return f"sie.cdc.{self.connector.name}"
+        return f"{self.settings.topic_prefix}.cdc.{self.connector.name}"
 
     @property
     def transactional_id(self) -> str:
-        return f"sie.cdc.{self.connector.name}.{self.instance}"
+        return f"{self.settings.topic_prefix}.cdc.{self.connector.name}.{self.instance}"
 
     @property
     def dlq(self) -> str:

@@ -44,14 +44,18 @@ class ResultStats:
 
 
 class ResultCollector:
-    """Consumes a result topic from the beginning with a private group (commits nothing)."""
+    """Consumes a result topic from the beginning with a private group (commits nothing).
+
+    ``since_ms`` skips results produced before that time (earlier runs of the same requests).
+    """
 
     def __init__(self, settings: Settings, topic: str, *, sent_at: dict[str, float] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 since_ms: int = 0, clock: Callable[[], float] = time.time) -> None:
         from confluent_kafka import Consumer
 
         self.topic = topic
         self._sent_at = sent_at
+        self._since_ms = since_ms
         self.stats = ResultStats()
         self._clock = clock
         self._consumer = Consumer(settings.kafka_client_config(**{
@@ -69,7 +73,7 @@ class ResultCollector:
         stats = self.stats
         read = 0
         for msg in messages:
-            if msg.error() or msg.value() is None:
+            if msg.error() or msg.value() is None or msg.timestamp()[1] < self._since_ms:
                 continue
             read += 1
             result = orjson.loads(msg.value())

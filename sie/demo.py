@@ -6,7 +6,9 @@
    READY after a real readiness inference.
 4. 10,000 scoring requests (plus a few poison ones) through the exactly-once scorer: results,
    throughput, latency percentiles, dead letters by reason.
-5. The cluster as an operator sees it: nodes, replicas, and why the article's model is unschedulable.
+5. Canal CDC events of a `shop.orders` table converted exactly once and scored in real time.
+6. A backfill re-scoring the demo's requests into the backfill topic, with its report.
+7. The cluster as an operator sees it: nodes, replicas, and why the article's model is unschedulable.
 
 The demo uses the broker named by SIE_BOOTSTRAP_SERVERS when it is not the default, else it starts
 one. Processes it starts are stopped at the end (Kafka is left running: `sie kafka down`).
@@ -126,6 +128,7 @@ class Demo:
         self.http = f"http://127.0.0.1:{http_port}"
         self.http_port = http_port
         self.work = REPO_ROOT / ".cache" / "demo"
+        self.started_at = time.time()
         self.procs = Processes(self.work / "logs")
 
     def step(self, title: str) -> None:
@@ -137,6 +140,8 @@ class Demo:
             self.article_specs()
             self.cluster()
             self.scoring()
+            self.cdc()
+            self.backfill()
             self.operator_view()
         finally:
             self.step("stopping the control plane and agents (SIGTERM: drain, commit, leave the group)")
@@ -180,8 +185,7 @@ class Demo:
         from schemas.spec_store import publish_spec
 
         self.step("control plane and two node agents (simulated GPUs: no GPU on this machine)")
-        env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-               "SIE_TOPIC_PREFIX": self.settings.topic_prefix, "PYTHONUNBUFFERED": "1"}
+        env = self.env()
         self.procs.start("control", ["control", "--http-port", str(self.http_port), "--http-host", "127.0.0.1",
                                      "--instance", "demo-control"], env)
         self.procs.start("agent-gpu-01", ["agent", "--node", "gpu-01", "--tier", "tier-0",
@@ -289,14 +293,58 @@ class Demo:
             self.echo(f"    {line}")
 
     # -- 5 -----------------------------------------------------------------------------------------
+    def sie(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run one `sie` command as a user would, echoing it and its output."""
+        self.echo(f"$ sie {' '.join(args)}")
+        out = subprocess.run([sys.executable, "-m", "sie", *args], env=self.env(), cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=timeout)
+        for line in (out.stdout + out.stderr).rstrip().splitlines():
+            self.echo(f"  {line}")
+        if out.returncode != 0:
+            raise DemoError(f"`sie {' '.join(args)}` exited {out.returncode}")
+        return out
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+                "SIE_TOPIC_PREFIX": self.settings.topic_prefix, "PYTHONUNBUFFERED": "1"}
+
+    def cdc(self) -> None:
+        from connectors.results import ResultCollector
+        from schemas.topics import ModelTopics
+
+        self.step("CDC: canal row changes of shop.orders scored in real time")
+        connector = "examples/cdc/orders-to-fraud.yaml"
+        since_ms = int(time.time() * 1000)
+        self.sie("cdc", "publish", "-f", connector, "--file", "examples/cdc/canal-orders.jsonl")
+        stage = self.procs.start("cdc-stage", ["cdc", "run", "-f", connector, "--model-spec",
+                                               "examples/fraud-scorer.yaml", "--instance", "demo"], self.env())
+        collector = ResultCollector(self.settings, ModelTopics.default_for("fraud-scorer", self.settings.topic_prefix).results,
+                                    since_ms=since_ms)
+        expected = 5  # 8 canal events: 5 row changes to score, 1 unchanged update, 1 DDL, 1 delete, 1 bad decimal
+        stats = collector.wait_for(expected, timeout=90)
+        collector.close()
+        cdc_results = [r for rid, r in stats.results.items() if rid.startswith("shop.orders:")]
+        if len(cdc_results) < expected:
+            raise DemoError(f"cdc: {len(cdc_results)} of {expected} results; see {self.procs.log_dir}/cdc-stage.log")
+        for r in sorted(cdc_results, key=lambda r: r["id"]):
+            cdc = r.get("metadata", {}).get("cdc", {})
+            self.echo(f"  {cdc.get('db')}.{cdc.get('table')} pk={cdc.get('pk')} {cdc.get('op'):<6} -> "
+                      f"fraud_probability {r['outputs']['fraud_probability']:.3f}")
+        stage.send_signal(signal.SIGTERM)
+        stage.wait(30)
+        for line in (self.procs.log_dir / "cdc-stage.log").read_text().splitlines():
+            if line.startswith(("ready", "stopped")):
+                self.echo(f"  {line}")
+
+    def backfill(self) -> None:
+        self.step("backfill: re-score the last minutes of requests into the backfill topic (live offsets untouched)")
+        start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at - 1))
+        self.sie("backfill", "--spec", "examples/fraud-scorer.yaml", "--from", start, "--to", "now",
+                 "--job-id", f"demo-{int(self.started_at)}", "--progress-interval", "2", timeout=300)
+
+    # -- 6 -----------------------------------------------------------------------------------------
     def operator_view(self) -> None:
         self.step("what an operator sees")
-        env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-               "SIE_TOPIC_PREFIX": self.settings.topic_prefix}
         for args in (["get", "models"], ["get", "nodes"], ["get", "replicas"],
                      ["describe", "model", "qwen2-7b-scoring"]):
-            self.echo(f"$ sie {' '.join(args)}")
-            out = subprocess.run([sys.executable, "-m", "sie", *args], env=env, cwd=REPO_ROOT,
-                                 capture_output=True, text=True, timeout=60)
-            for line in (out.stdout + out.stderr).rstrip().splitlines():
-                self.echo(f"  {line}")
+            self.sie(*args)

@@ -26,7 +26,7 @@ def _model_spec(settings: Settings, connector, model_spec: Path | None, offline:
     if model_spec is not None:
         from schemas.spec import load_spec
 
-        spec = load_spec(model_spec)
+        spec = load_spec(model_spec, topic_prefix=settings.topic_prefix)
         if spec.name != connector.model:
             raise click.UsageError(f"--model-spec {model_spec} is model {spec.name!r} but connector "
                                    f"{connector.name!r} feeds {connector.model!r}")

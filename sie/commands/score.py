@@ -58,7 +58,7 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
-    spec = load_spec(spec_file)
+    spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
     topics = spec.topics
     ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters],
                         partitions or settings.request_partitions)
