@@ -297,8 +297,8 @@ class Demo:
         """Run one `sie` command as a user would, echoing it and its output."""
         self.echo(f"$ sie {' '.join(args)}")
         out = subprocess.run([sys.executable, "-m", "sie", *args], env=self.env(), cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=timeout)
-        for line in (out.stdout + out.stderr).rstrip().splitlines():
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        for line in out.stdout.rstrip().splitlines():
             self.echo(f"  {line}")
         if out.returncode != 0:
             raise DemoError(f"`sie {' '.join(args)}` exited {out.returncode}")
