@@ -86,7 +86,7 @@ def replica(index: int = 0, spec_json: str = '{"v": 1}', epoch: int = 1) -> Desi
 def env() -> tuple[Supervisor, FakeLauncher, FakeClock]:
     clock, launcher = FakeClock(), FakeLauncher()
     policy = SupervisorPolicy(
-        backoff_initial_s=1, backoff_max_s=4, max_crashes=3, crash_window_s=60,
+        backoff_initial_s=1, backoff_max_s=4, max_crashes=3, crash_window_s=60, immediate_first_restart=False,
         startup_timeout_s=20, liveness_timeout_s=10, drain_grace_s=5,
     )
     sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("worker", d.replica_id)), clock, policy)
@@ -168,8 +168,13 @@ def test_crashes_outside_the_window_do_not_accumulate(env: Any) -> None:
 
 
 def test_backoff_is_capped() -> None:
-    policy = SupervisorPolicy(backoff_initial_s=1, backoff_max_s=30)
+    policy = SupervisorPolicy(backoff_initial_s=1, backoff_max_s=30, immediate_first_restart=False)
     assert [policy.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_first_crash_in_the_window_restarts_at_once_then_backs_off() -> None:
+    policy = SupervisorPolicy(backoff_initial_s=1, backoff_max_s=30)
+    assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [0, 2, 4, 8]
 
 
 def test_worker_error_event_is_the_crash_reason(env: Any) -> None:
