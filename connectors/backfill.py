@@ -51,7 +51,7 @@ from streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, cons
     start_producer
 from streams.scorer.codec import Codec, Poison
 from streams.scorer.errors import BackendUnavailable, DeadLetterReason
-from streams.scorer.loop import _Failed, _infer_isolating  # the scorer's poison-row isolation (bisection)
+from streams.scorer.loop import InferenceFailed, infer_isolating  # the scorer's poison-row isolation (bisection)
 
 if TYPE_CHECKING:
     from schemas.spec import ModelService
@@ -170,11 +170,11 @@ class BackfillReport:
 
 
 def infer_rows(backend: Any, rows: list[dict], canary: dict | None) -> list[Any]:
-    """One output (or ``_Failed``) per row; raises ``BackendUnavailable`` when a known-good row fails too."""
-    outputs = _infer_isolating(backend, rows)
-    if canary is not None and outputs and all(type(o) is _Failed for o in outputs):
-        probe = _infer_isolating(backend, [canary])[0]
-        if type(probe) is _Failed:
+    """One output (or ``InferenceFailed``) per row; raises ``BackendUnavailable`` when a known-good row fails too."""
+    outputs = infer_isolating(backend, rows)
+    if canary is not None and outputs and all(type(o) is InferenceFailed for o in outputs):
+        probe = infer_isolating(backend, [canary])[0]
+        if type(probe) is InferenceFailed:
             raise BackendUnavailable(f"backend fails on a known-good row too ({probe.detail}): outage, not poison")
     return outputs
 
@@ -413,7 +413,7 @@ class BackfillJob:
             n = len(rows)
             headers = [self._job_header]
             for (req, msg), out in zip(valid, outputs):
-                detail = out.detail if type(out) is _Failed else None
+                detail = out.detail if type(out) is InferenceFailed else None
                 if detail is None:
                     try:
                         value = codec.result(req, version, out, 0.0, inference_ms, n)

@@ -43,7 +43,7 @@ from streams.eos import (
     start_producer,
 )
 from streams.scorer.batcher import Batcher
-from streams.scorer.config import _INSTANCE_RE  # one rule for instance names across SIE
+from streams.scorer.config import INSTANCE_RE  # one rule for instance names across SIE
 
 if TYPE_CHECKING:
     from streams.scorer.transaction import Checkpoint
@@ -78,8 +78,8 @@ class CdcStageConfig:
     limits: EosLimits = field(default_factory=EosLimits)
 
     def __post_init__(self) -> None:
-        if not _INSTANCE_RE.match(self.instance):
-            raise ConfigError(f"cdc.instance: must match {_INSTANCE_RE.pattern} (got {self.instance!r}); "
+        if not INSTANCE_RE.match(self.instance):
+            raise ConfigError(f"cdc.instance: must match {INSTANCE_RE.pattern} (got {self.instance!r}); "
                               "pass --instance NAME")
         for name, value, low in (("max_batch", self.max_batch, 1), ("max_wait_ms", self.max_wait_ms, 0),
                                  ("poll_timeout_ms", self.poll_timeout_ms, 1),

@@ -8,7 +8,7 @@ and ``docs/scoring.md`` for the wire contract.
 """
 
 from streams.scorer.codec import Codec, Poison, Request, default_id
-from streams.scorer.config import ScorerConfig, default_instance
+from streams.scorer.config import INSTANCE_RE, ScorerConfig, default_instance
 from streams.scorer.errors import (
     BackendUnavailable,
     DeadLetterReason,
@@ -17,12 +17,13 @@ from streams.scorer.errors import (
     ScorerFenced,
     TxnAbortable,
 )
-from streams.scorer.loop import Scorer, ScorerSummary, run_scorer
+from streams.scorer.loop import InferenceFailed, Scorer, ScorerSummary, infer_isolating, run_scorer
 from streams.scorer.metrics import ScorerMetrics
 from streams.scorer.routing import BUCKETS, RouteEntry, RoutingTable
 
 __all__ = [
-    "BUCKETS", "BackendUnavailable", "Codec", "DeadLetterReason", "Poison", "ProducerFatal", "Request",
-    "RouteEntry", "RoutingTable", "Scorer", "ScorerConfig", "ScorerError", "ScorerFenced", "ScorerMetrics",
-    "ScorerSummary", "TxnAbortable", "default_id", "default_instance", "run_scorer",
+    "BUCKETS", "INSTANCE_RE", "BackendUnavailable", "Codec", "DeadLetterReason", "InferenceFailed", "Poison",
+    "ProducerFatal", "Request", "RouteEntry", "RoutingTable", "Scorer", "ScorerConfig", "ScorerError",
+    "ScorerFenced", "ScorerMetrics", "ScorerSummary", "TxnAbortable", "default_id", "default_instance",
+    "infer_isolating", "run_scorer",
 ]

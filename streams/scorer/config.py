@@ -17,7 +17,7 @@ from sie.settings import Settings
 if TYPE_CHECKING:  # schemas.spec imports pydantic models; only needed for typing here
     from schemas.spec import ModelService
 
-_INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 
 def default_instance(replica_index: int = 0) -> str:
@@ -79,9 +79,9 @@ class ScorerConfig:
                 raise ConfigError(f"scorer.{name}: must be {rule} (got {getattr(self, name)!r})")
         if self.expired_to not in ("result", "dead_letter"):
             raise ConfigError(f"scorer.expired_to: must be 'result' or 'dead_letter' (got {self.expired_to!r})")
-        if not _INSTANCE_RE.match(self.instance):
+        if not INSTANCE_RE.match(self.instance):
             raise ConfigError(
-                f"scorer.instance: must match {_INSTANCE_RE.pattern} (got {self.instance!r}); pass --instance NAME"
+                f"scorer.instance: must match {INSTANCE_RE.pattern} (got {self.instance!r}); pass --instance NAME"
             )
 
     # --- derived names ----------------------------------------------------------

@@ -60,7 +60,7 @@ class ScorerSummary:
                 f"{self.producer_restarts} producer restarts")
 
 
-class _Failed:
+class InferenceFailed:
     """Marker for a row the backend could not score (with the backend's message)."""
 
     __slots__ = ("detail",)
@@ -69,8 +69,8 @@ class _Failed:
         self.detail = detail
 
 
-def _infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
-    """One output per row; rows that fail are isolated by bisection and returned as ``_Failed``.
+def infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
+    """One output per row; rows that fail are isolated by bisection and returned as ``InferenceFailed``.
 
     A batch with one poison row costs about 2*log2(n) extra calls; healthy batches cost one.
     """
@@ -82,9 +82,9 @@ def _infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
         return out
     except Exception as exc:  # InferenceError, or anything a model raises: isolate before judging
         if len(rows) == 1:
-            return [_Failed(f"{type(exc).__name__}: {exc}")]
+            return [InferenceFailed(f"{type(exc).__name__}: {exc}")]
         mid = len(rows) // 2
-        return _infer_isolating(backend, rows[:mid]) + _infer_isolating(backend, rows[mid:])
+        return infer_isolating(backend, rows[:mid]) + infer_isolating(backend, rows[mid:])
 
 
 class Scorer:
@@ -266,7 +266,7 @@ class Scorer:
             self.metrics.inference_latency.observe(inference_ms / 1000.0)
             n = len(rows)
             for req, queue_ms, out in zip(requests, queue_times, outputs):
-                detail = out.detail if type(out) is _Failed else None
+                detail = out.detail if type(out) is InferenceFailed else None
                 if detail is None:
                     try:
                         value = codec.result(req, version, out, queue_ms, inference_ms, n)
@@ -287,9 +287,9 @@ class Scorer:
                 "commit_s": self._clock() - commit_started}
 
     def _infer(self, backend: Any, rows: list[dict]) -> list[Any]:
-        """Outputs for ``rows``; poison rows come back as ``_Failed``; a down backend raises."""
-        outputs = _infer_isolating(backend, rows)
-        failed = sum(1 for o in outputs if type(o) is _Failed)
+        """Outputs for ``rows``; poison rows come back as ``InferenceFailed``; a down backend raises."""
+        outputs = infer_isolating(backend, rows)
+        failed = sum(1 for o in outputs if type(o) is InferenceFailed)
         if failed == 0:
             self._canary = rows[0]
             return outputs
@@ -297,8 +297,8 @@ class Scorer:
             # Some rows scored, so the backend works. A row that failed may still be the victim of a
             # failure that ended mid-bisection: give each one a second, individual try before judging it.
             for i, out in enumerate(outputs):
-                if type(out) is _Failed:
-                    outputs[i] = _infer_isolating(backend, [rows[i]])[0]
+                if type(out) is InferenceFailed:
+                    outputs[i] = infer_isolating(backend, [rows[i]])[0]
             return outputs
         # Every row failed. Outage or all-poison batch? Ask the backend about a row known to be good.
         if self._canary is not None:
@@ -307,7 +307,7 @@ class Scorer:
             except Exception as exc:
                 raise BackendUnavailable(
                     f"backend fails on a known-good row too ({type(exc).__name__}: {exc}): outage, not poison") from exc
-            outputs = _infer_isolating(backend, rows)  # second chance: the backend answers now
+            outputs = infer_isolating(backend, rows)  # second chance: the backend answers now
         return outputs
 
     def _dead_letter(self, txn: Checkpoint, msg: Any, reason: DeadLetterReason, detail: str,
