@@ -151,6 +151,13 @@ def test_config_rejects_bad_values_naming_the_field():
     assert cfg.producer_config()["transactional.id"] == "sie.scorer.echo-x.host-1"
 
 
+def test_static_membership_uses_the_transactional_id_as_group_instance_id():
+    dynamic = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="r-0")
+    assert "group.instance.id" not in dynamic.consumer_config()  # sie score: dynamic members leave on close
+    static = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="r-0", static_membership=True)
+    assert static.consumer_config()["group.instance.id"] == static.transactional_id == "sie.scorer.echo-x.r-0"
+
+
 # --- run loop against fake clients -----------------------------------------------------------------
 
 class FakeMessage:

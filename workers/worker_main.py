@@ -176,7 +176,10 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
             status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs)
             progress.start()
 
-        config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port)
+        # replica ids are unique and stable (the agent's contract): a restarted or moved replica takes its
+        # predecessor's group membership at once (static membership) instead of waiting out its session
+        config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port,
+                              static_membership=True)
         try:
             summary = run_scorer(config, lambda *_a, **_k: counter, stop_event, on_ready=on_ready)
         finally:
