@@ -42,6 +42,7 @@ from streams.eos import (
     producer_config,
     start_producer,
 )
+from streams.lag import consumer_lag
 from streams.scorer.batcher import Batcher
 from streams.scorer.config import INSTANCE_RE  # one rule for instance names across SIE
 
@@ -310,19 +311,9 @@ class CdcStage:
             m.dead_letters.labels(connector=name, reason=reason).inc(c)
 
     def _update_lag(self, consumer: Any) -> None:
-        from confluent_kafka import KafkaException
-
-        try:
-            assignment = consumer.assignment()
-            if not assignment:
-                return
-            for tp in consumer.position(assignment):
-                _low, high = consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and high >= 0:
-                    self.metrics.consumer_lag.labels(connector=self.config.connector.name,
-                                                     partition=str(tp.partition)).set(max(0, high - tp.offset))
-        except KafkaException as exc:
-            log.debug("lag update skipped: %s", exc)
+        gauge, name = self.metrics.consumer_lag, self.config.connector.name
+        for partition, lag in consumer_lag(consumer).items():
+            gauge.labels(connector=name, partition=str(partition)).set(lag)
 
 
 def run_cdc_stage(config: CdcStageConfig, stop: threading.Event,

@@ -7,14 +7,11 @@ one worker process per assigned replica (each the same exactly-once scorer as
 
 from __future__ import annotations
 
-import logging
-import signal
-import sys
-import threading
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import configure_logging, stop_on_signals
 from sie.settings import Settings
 
 
@@ -65,8 +62,7 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     from workers.gpu import parse_simulated_gpus
     from workers.supervisor import SupervisorPolicy
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     if simulate_gpus:
         parse_simulated_gpus(simulate_gpus, node=node)  # ConfigError now, not in the loop
     policy = SupervisorPolicy(
@@ -78,14 +74,7 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
         metrics_port=metrics_port, policy=policy,
         **({"work_dir": work_dir} if work_dir is not None else {}),
     )
-    stop = threading.Event()
-
-    def request_stop(signum: int, _frame: object) -> None:
-        click.echo(f"{signal.Signals(signum).name}: draining workers", err=True)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = stop_on_signals("draining workers")
     agent = Agent(config, settings)
     agent.run(stop)
     click.echo(f"agent {node} stopped")

@@ -7,15 +7,13 @@ same ``--job-id``; 1 = an error (one line).
 
 from __future__ import annotations
 
-import logging
-import signal
 import sys
-import threading
 import uuid
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import configure_logging, stop_on_signals
 from sie.settings import Settings
 
 EXIT_INTERRUPTED = 3
@@ -62,8 +60,7 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     from workers.backends import backend_config_from_spec, create_backend
 
     settings: Settings = ctx.obj
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     spec = resolve_spec(settings, model, spec_file)
     if model is not None and spec.name != model:
         raise click.UsageError(f"--spec {spec_file} is model {spec.name!r}, not --model {model!r}")
@@ -92,14 +89,7 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     backend = create_backend(backend_config_from_spec(spec))
     backend.load()
 
-    stop = threading.Event()
-
-    def request_stop(signum: int, _frame) -> None:
-        click.echo(f"{signal.Signals(signum).name}: finishing the current batch", err=True)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = stop_on_signals()
     try:
         report = job.run(stop, backend)
     finally:

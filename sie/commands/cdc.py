@@ -7,15 +7,13 @@
 
 from __future__ import annotations
 
-import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import configure_logging, stop_on_signals
 from sie.settings import Settings
 
 _SPEC = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -87,8 +85,7 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     from sie.admin import ensure_model_topics, ensure_topics
     from streams.scorer import default_instance
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     connector = load_connector_spec(connector_file)
     model = _model_spec(settings, connector, model_spec, offline=False)
     request_topic = connector.request_topic or (model.topics.requests if model is not None else None)
@@ -104,14 +101,7 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     ensure_model_topics(settings, [target], parts)
     ensure_topics(settings, [TopicSpec(config.dlq, parts, False, f"dead letters of CDC connector {connector.name}")])
 
-    stop = threading.Event()
-
-    def request_stop(signum: int, _frame) -> None:
-        click.echo(f"{signal.Signals(signum).name}: finishing the current batch", err=True)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = stop_on_signals()
 
     def ready(_stage) -> None:
         click.echo(f"ready: {connector.format} {connector.source_topic} -> {target} (dlq {config.dlq}) "

@@ -7,15 +7,13 @@ signals); the scorer itself is the library function
 
 from __future__ import annotations
 
-import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import configure_logging, stop_on_signals
 from sie.settings import Settings
 
 
@@ -55,8 +53,7 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     from streams.scorer import ScorerConfig, default_instance, run_scorer
     from workers.backends import backend_config_from_spec, create_backend
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
     spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
     topics = spec.topics
@@ -73,14 +70,7 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
         backend.load()
         return backend
 
-    stop = threading.Event()
-
-    def request_stop(signum: int, _frame) -> None:
-        click.echo(f"{signal.Signals(signum).name}: finishing the current batch", err=True)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = stop_on_signals()
 
     def ready(_scorer) -> None:
         click.echo(f"ready: scoring {spec.model_id} from {topics.requests} -> {topics.results} "

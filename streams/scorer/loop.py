@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Producer
 
+from streams.lag import consumer_lag
 from streams.scorer.batcher import Batcher
 from streams.scorer.codec import Codec, Poison, Request, default_id
 from streams.scorer.config import ScorerConfig
@@ -369,16 +370,9 @@ class Scorer:
             return False
 
     def _update_lag(self, consumer: Any) -> None:
-        try:
-            assignment = consumer.assignment()
-            if not assignment:
-                return
-            for tp in consumer.position(assignment):
-                _low, high = consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and high >= 0:
-                    self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(max(0, high - tp.offset))
-        except KafkaException as exc:
-            log.debug("lag update skipped: %s", exc)
+        gauge = self.metrics.consumer_lag
+        for partition, lag in consumer_lag(consumer).items():
+            gauge.labels(partition=str(partition)).set(lag)
 
     def _shutdown(self, consumer: Any, producer: TransactionalProducer) -> None:
         try:
