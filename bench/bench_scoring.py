@@ -1,0 +1,864 @@
+"""SIE's exactly-once scorer against its baselines, on one private broker, one model, the same requests.
+
+Contestants (each reads the same request records from a fresh 6-partition topic and
+writes one result per request; a separate ``read_committed`` reader process times
+the results as they become visible):
+
+* (b) ``null``   transactional consume -> produce copying bytes with the scorer's own
+                 librdkafka settings, batch size and one transaction per batch
+                 (``send_offsets_to_transaction``): no parsing, validation or inference.
+                 The practical ceiling of any exactly-once Python pipeline here.
+* (a) ``sie``    the real scorer: ``python -m sie score -f <spec>`` (1 and 2 processes
+                 in one group), default batching.
+* (c) ``naive``  poll one message, json.loads, infer one row, produce, flush, commit
+                 synchronously: what people write first. Slow: measured on a subset.
+* (d) ``faust``  a faust-streaming agent iterating the stream (json, validate,
+                 infer one row per event, send), default at_least_once. Subset.
+* latency        the SIE scorer again, fed by a rate-limited producer at half of (a)'s
+                 measured throughput; end-to-end latency = request produce time (the
+                 record's timestamp) -> result visible to the read_committed reader.
+
+Throughput of a backlog run: the contestant is started on an empty topic and waited
+for until its consumer group is stable with every partition assigned (so start-up and
+the first rebalance are not measured), then all requests are produced at once; the
+rate is results/s between the first and the last result the reader sees.
+
+Usage: ``python bench/bench_scoring.py [--requests 100000] [--quick] [--only sie,null]``;
+writes bench/results/scoring.txt and scoring.json (``--no-write`` for a dry run).
+A contestant's own process is started as ``python bench/bench_scoring.py _role NAME JSON``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SPEC_FILE = ROOT / "examples" / "fraud-scorer.yaml"
+RESULTS_DIR = ROOT / "bench" / "results"
+PARTITIONS = 6
+TARGETS = {"vs_null": 0.5, "vs_naive": 10.0, "vs_faust": 3.0, "p99_ms": 50.0}
+
+
+# =============================================================================================
+# Requests: the same records for every contestant
+# =============================================================================================
+def make_requests(n: int, seed: int = 7) -> list[tuple[bytes, bytes]]:
+    """``n`` (key, value) request records for the fraud model; id ``r<i>`` lets the reader match results."""
+    import orjson
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        inputs = {
+            "amount": round(min(rng.lognormvariate(4.0, 1.5), 999_999.0), 2),
+            "merchant_risk": round(rng.random(), 4),
+            "hour": rng.randrange(24),
+            "account_age_days": rng.randrange(3650),
+            "is_foreign": rng.random() < 0.15,
+            "tx_count_24h": rng.randrange(40),
+        }
+        out.append((f"acct-{i % 5000}".encode(), orjson.dumps({"id": f"r{i}", "inputs": inputs})))
+    return out
+
+
+# =============================================================================================
+# Contestant processes (``_role``): null pipeline, naive consumer, faust agent
+# =============================================================================================
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _load_spec(cfg: dict) -> Any:
+    from schemas.spec import load_spec
+
+    return load_spec(cfg["spec_file"])
+
+
+def _load_backend(spec: Any) -> Any:
+    from workers.backends import backend_config_from_spec, create_backend
+
+    backend = create_backend(backend_config_from_spec(spec))
+    backend.load()
+    return backend
+
+
+def role_null(cfg: dict) -> None:
+    """(b) Exactly-once byte copy with the scorer's own client settings and batch size."""
+    from confluent_kafka import Consumer, Producer
+
+    from sie.settings import Settings
+    from streams.scorer import ScorerConfig
+
+    spec = _load_spec(cfg)
+    sc = ScorerConfig(settings=Settings(bootstrap_servers=cfg["bootstrap"]), spec=spec, instance=cfg["instance"])
+    stop = _stop_event()
+    producer = Producer(sc.producer_config())
+    producer.init_transactions(30)
+    consumer = Consumer(sc.consumer_config())
+    consumer.subscribe([spec.topics.requests])
+    results, wait_s, n_max = spec.topics.results, sc.max_wait_ms / 1000, sc.max_batch
+    while not stop.is_set():
+        msgs = consumer.consume(n_max, wait_s)  # returns when full or after max_wait, like the scorer's batcher
+        if not msgs:
+            continue
+        producer.begin_transaction()
+        for m in msgs:
+            if m.error() is None:
+                producer.produce(results, m.value(), m.key(), m.partition())
+        producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                             consumer.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+    consumer.close()
+    producer.flush(5)
+
+
+def role_naive(cfg: dict) -> None:
+    """(c) Per message: poll, json.loads, infer one row, produce, flush, synchronous commit."""
+    from confluent_kafka import Consumer, Producer
+
+    spec = _load_spec(cfg)
+    backend = _load_backend(spec)
+    stop = _stop_event()
+    consumer = Consumer({"bootstrap.servers": cfg["bootstrap"], "group.id": spec.group_id,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    producer = Producer({"bootstrap.servers": cfg["bootstrap"]})
+    consumer.subscribe([spec.topics.requests])
+    results = spec.topics.results
+    while not stop.is_set():
+        msg = consumer.poll(0.1)
+        if msg is None or msg.error() is not None:
+            continue
+        request = json.loads(msg.value())
+        outputs = backend.infer([request["inputs"]])[0]
+        producer.produce(results, json.dumps({"id": request["id"], "status": "ok", "outputs": outputs}).encode(),
+                         msg.key())
+        producer.flush()
+        consumer.commit(message=msg, asynchronous=False)
+    consumer.close()
+
+
+def role_faust(cfg: dict) -> None:
+    """(d) A faust-streaming agent iterating the stream: json, validate, infer one row, send."""
+    import faust
+    from faust.worker import Worker
+
+    from schemas.validation import compile_validator
+
+    spec = _load_spec(cfg)
+    backend = _load_backend(spec)
+    validate = compile_validator(spec.input_schema)
+    app = faust.App(spec.group_id, broker=f"kafka://{cfg['bootstrap']}", web_enabled=False,
+                    datadir=cfg["datadir"], topic_partitions=PARTITIONS, consumer_auto_offset_reset="earliest",
+                    key_serializer="raw", value_serializer="json")
+    requests = app.topic(spec.topics.requests, key_type=bytes, partitions=PARTITIONS)
+    results = app.topic(spec.topics.results, key_type=bytes, partitions=PARTITIONS)
+
+    @app.agent(requests)
+    async def score(stream):  # noqa: ANN001 - faust's idiomatic agent
+        async for key, request in stream.items():
+            try:
+                inputs = validate(request["inputs"])
+            except Exception as exc:  # noqa: BLE001 - a real agent would dead-letter it
+                await results.send(key=key, value={"id": request.get("id"), "status": "error", "error": str(exc)})
+                continue
+            outputs = backend.infer([inputs])[0]
+            await results.send(key=key, value={"id": request["id"], "status": "ok", "outputs": outputs})
+
+    Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+ROLES = {"null": role_null, "naive": role_naive, "faust": role_faust}
+
+
+# =============================================================================================
+# The reader: a separate process timing results as read_committed consumers see them
+# =============================================================================================
+def reader_main(bootstrap: str, topic: str, expected: int, want_ids: bool, conn: Any, progress: Any,
+                stop: Any, ready: Any) -> None:
+    """Read ``topic`` from the beginning until ``expected`` results or ``stop``; send the timings back.
+
+    ``consume(n, 0)`` never waits for a full batch (it would add up to its timeout to every
+    measurement); when nothing is queued, ``poll`` returns as soon as one record arrives.
+    """
+    import orjson
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
+                  "enable.partition.eof": False})
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    batches: list[tuple[float, int]] = []
+    ids: list[tuple[int, float]] = []
+    count = expired = 0
+    c.poll(0.5)  # join the partitions (fetch sessions up) before the contestant gets any request
+    ready.set()
+    while count < expected and not stop.is_set():
+        msgs = c.consume(5000, 0)
+        if not msgs:
+            one = c.poll(0.05)
+            if one is None:
+                continue
+            msgs = [one]
+        t = time.time()
+        n = 0
+        for m in msgs:
+            if m.error() is not None:
+                continue
+            v = m.value()
+            n += 1
+            if b'"expired"' in v:
+                expired += 1
+            if want_ids:
+                ids.append((int(orjson.loads(v)["id"][1:]), t))
+        if n:
+            count += n
+            batches.append((t, n))
+            progress.value = count
+    c.close()
+    conn.send({"batches": batches, "ids": ids, "count": count, "expired": expired})
+    conn.close()
+
+
+class Reader:
+    """Parent-side handle of the reader process."""
+
+    def __init__(self, bootstrap: str, topic: str, expected: int, want_ids: bool = False) -> None:
+        ctx = mp.get_context("spawn")  # no fork of a process that holds librdkafka threads
+        self._recv, send = ctx.Pipe(duplex=False)
+        self.progress = ctx.Value("q", 0)
+        self._stop = ctx.Event()
+        ready = ctx.Event()
+        self.proc = ctx.Process(target=reader_main, args=(bootstrap, topic, expected, want_ids, send,
+                                                          self.progress, self._stop, ready), daemon=True)
+        self.proc.start()
+        if not ready.wait(60):
+            self.proc.kill()
+            raise RuntimeError("reader process not ready after 60 s")
+
+    @property
+    def count(self) -> int:
+        return int(self.progress.value)
+
+    def finish(self, timeout: float = 30.0) -> dict:
+        self._stop.set()
+        if not self._recv.poll(timeout):
+            self.proc.kill()
+            raise RuntimeError("reader process sent no result")
+        data = self._recv.recv()
+        self.proc.join(5)
+        return data
+
+
+# =============================================================================================
+# Harness: broker, topics, processes, CPU accounting
+# =============================================================================================
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Phase:
+    """Outcome of one contestant run."""
+
+    key: str
+    label: str
+    processes: int
+    offered: int  # requests produced for this run
+    results: int = 0
+    rate: float = 0.0  # results/s, first -> last result seen by the reader
+    drain_s: float = 0.0  # first request produced -> last result seen
+    expired: int = 0
+    subset_note: str = ""
+    cpu_contestant_pct: float = 0.0  # % of one core, over the measured window
+    cpu_broker_pct: float = 0.0
+    cpu_reader_pct: float = 0.0
+    latency: dict[str, float] = field(default_factory=dict)
+    latency_timeline: list[list[float]] = field(default_factory=list)  # [second, requests, p50, p99, max]
+    settings: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        # Broker data on tmpfs when there is one: the shared disk's iowait must not become the benchmark.
+        shm = Path("/dev/shm")
+        self.tmp = Path(tempfile.mkdtemp(prefix="sie-bench-scoring-",
+                                         dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+        self.run_id = uuid.uuid4().hex[:6]
+        self.procs: list[subprocess.Popen] = []
+        self.kafka: Any = None
+        self.bootstrap = ""
+        self.broker_pid = 0
+        self.admin: Any = None
+        self.spec_doc: dict = {}
+
+    # --- broker --------------------------------------------------------------------------
+    def start_broker(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        from sie.kafka.local import LocalKafka, free_base_port
+        from sie.settings import Settings
+
+        base = free_base_port(2)
+        self.kafka = LocalKafka(Settings(), brokers=1, base_port=base, data_dir=self.tmp / "kafka")
+        self.bootstrap = self.kafka.up(timeout=120)
+        state = json.loads(self.kafka.state_file.read_text())
+        self.broker_pid = int(next(iter(state["pids"].values())))
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+        log(f"broker up at {self.bootstrap} (pid {self.broker_pid}, data in {self.tmp / 'kafka'})")
+
+    def close(self) -> None:
+        for p in list(self.procs):
+            self._terminate(p)
+        self.admin = None  # an admin client is a librdkafka handle: gone before the broker, so it can't complain
+        if self.kafka is not None:
+            try:
+                self.kafka.down(wipe=True)
+            except Exception as exc:  # noqa: BLE001 - best effort cleanup
+                log(f"broker shutdown: {exc}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # --- topics and specs -------------------------------------------------------------------
+    def topics_for(self, phase: str) -> dict[str, str]:
+        base = f"bench.{self.run_id}.{phase}"
+        names = {"requests": f"{base}.requests", "results": f"{base}.results", "deadLetters": f"{base}.dlq"}
+        from confluent_kafka.admin import NewTopic
+
+        futures = self.admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in names.values()])
+        for fut in futures.values():
+            fut.result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            md = self.admin.list_topics(timeout=10).topics
+            if all(t in md and len(md[t].partitions) == PARTITIONS for t in names.values()):
+                return names
+            time.sleep(0.1)
+        raise RuntimeError(f"topics of {phase} not visible after 30 s")
+
+    def spec_for(self, phase: str, topics: dict[str, str]) -> Path:
+        """The demo spec, unchanged except for this run's topics and group (and an absolute artifact path)."""
+        import yaml
+
+        if not self.spec_doc:
+            self.spec_doc = yaml.safe_load(SPEC_FILE.read_text())
+        doc = json.loads(json.dumps(self.spec_doc))
+        backend = doc["spec"]["backend"]
+        backend["artifact"] = str((SPEC_FILE.parent / backend["artifact"]).resolve())
+        doc["spec"]["topics"] = dict(topics)
+        doc["spec"]["kafkaInput"] = {"groupId": f"bench.{self.run_id}.{phase}"}
+        path = self.tmp / f"{phase}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    # --- processes ----------------------------------------------------------------------------
+    def spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        logf = open(self.tmp / f"{name}.log", "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", SIE_BOOTSTRAP_SERVERS=self.bootstrap)
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        p.log_path = self.tmp / f"{name}.log"  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def _terminate(self, p: subprocess.Popen, timeout: float = 20.0) -> None:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def log_tail(self, p: subprocess.Popen, lines: int = 15) -> str:
+        text = Path(p.log_path).read_text(errors="replace").splitlines()  # type: ignore[attr-defined]
+        return "\n".join(text[-lines:])
+
+    def wait_group(self, group: str, topic: str, members: int, procs: list[subprocess.Popen],
+                   timeout: float = 120.0) -> None:
+        """Until ``group`` is stable with ``members`` members holding every partition of ``topic``."""
+        from confluent_kafka import ConsumerGroupState
+
+        deadline = time.monotonic() + timeout
+        next_note = time.monotonic() + 10
+        while True:
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"contestant exited with {p.returncode} before it was ready:\n{self.log_tail(p)}")
+            try:
+                d = self.admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+                assigned = sum(1 for m in d.members if m.assignment
+                               for tp in m.assignment.topic_partitions if tp.topic == topic)
+                if d.state == ConsumerGroupState.STABLE and len(d.members) == members and assigned == PARTITIONS:
+                    return
+                status = f"{d.state}, {len(d.members)} member(s), {assigned}/{PARTITIONS} partitions"
+            except Exception as exc:  # noqa: BLE001 - group not there yet
+                status = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"group {group} not ready after {timeout:.0f}s ({status}):\n"
+                                   + "\n".join(self.log_tail(p) for p in procs))
+            if time.monotonic() > next_note:
+                log(f"  waiting for group {group}: {status}")
+                next_note = time.monotonic() + 10
+            time.sleep(0.2)
+
+    # --- producing ---------------------------------------------------------------------------------
+    def produce_burst(self, topic: str, records: list[tuple[bytes, bytes]]) -> float:
+        """All ``records`` as fast as possible; returns the time the first one was handed to librdkafka."""
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                      "queue.buffering.max.messages": 2_000_000, "compression.type": "none", "acks": "all"})
+        started = time.time()
+        for key, value in records:
+            while True:
+                try:
+                    p.produce(topic, value, key)
+                    break
+                except BufferError:
+                    p.poll(0.01)
+        p.flush(60)
+        return started
+
+    # --- one backlog run -------------------------------------------------------------------------
+    def run_backlog(self, phase: Phase, procs_cmds: list[list[str]], group: str, topics: dict[str, str],
+                    records: list[tuple[bytes, bytes]], cap_s: float | None) -> Phase:
+        procs = [self.spawn(f"{phase.key}-{i}", cmd) for i, cmd in enumerate(procs_cmds)]
+        try:
+            t0 = time.monotonic()
+            self.wait_group(group, topics["requests"], len(procs), procs)
+            log(f"  {phase.label}: {len(procs)} process(es) ready in {time.monotonic() - t0:.1f}s; "
+                f"producing {len(records):,} requests")
+            reader = Reader(self.bootstrap, topics["results"], len(records))
+            cpu0 = [cpu_seconds(p.pid) for p in procs], cpu_seconds(self.broker_pid), cpu_seconds(reader.proc.pid)
+            w0 = time.monotonic()
+            produced_at = time.time()
+            threading.Thread(target=self.produce_burst, args=(topics["requests"], records), daemon=True).start()
+            self._watch(phase, reader, len(records), procs, cap_s)
+            wall = time.monotonic() - w0
+            cpu1 = [cpu_seconds(p.pid) for p in procs], cpu_seconds(self.broker_pid), cpu_seconds(reader.proc.pid)
+            data = reader.finish()
+        finally:
+            for p in procs:
+                self._terminate(p)
+        self._fill_throughput(phase, data, produced_at)
+        phase.cpu_contestant_pct = 100 * (sum(cpu1[0]) - sum(cpu0[0])) / wall
+        phase.cpu_broker_pct = 100 * (cpu1[1] - cpu0[1]) / wall
+        phase.cpu_reader_pct = 100 * (cpu1[2] - cpu0[2]) / wall
+        log(f"  {phase.label}: {phase.results:,} results at {phase.rate:,.0f}/s (drain {phase.drain_s:.1f}s; "
+            f"CPU % of one core: contestant {phase.cpu_contestant_pct:.0f}, broker {phase.cpu_broker_pct:.0f}, "
+            f"reader {phase.cpu_reader_pct:.0f}){' ' + phase.subset_note if phase.subset_note else ''}")
+        return phase
+
+    def _watch(self, phase: Phase, reader: Reader, expected: int, procs: list[subprocess.Popen],
+               cap_s: float | None, stall_s: float = 60.0) -> None:
+        """Progress lines until every result is in, the time cap after the first result, or a stall."""
+        last_n, last_t, first_t = 0, time.monotonic(), None
+        changed = time.monotonic()
+        while reader.count < expected:
+            time.sleep(0.25)
+            now, n = time.monotonic(), reader.count
+            if n and first_t is None:
+                first_t = now
+            if n != last_n and n:
+                changed = now
+            if now - last_t >= 3.0:
+                log(f"  {phase.label}: {n:,}/{expected:,} results, {(n - last_n) / (now - last_t):,.0f}/s")
+                last_n, last_t = n, now
+            if cap_s is not None and first_t is not None and now - first_t >= cap_s:
+                phase.subset_note = f"(time cap {cap_s:.0f}s reached)"
+                return
+            if now - changed > stall_s:
+                phase.error = f"stalled at {n:,}/{expected:,} results for {stall_s:.0f}s"
+                log(f"  {phase.label}: {phase.error}")
+                return
+            for p in procs:
+                if p.poll() is not None:
+                    phase.error = f"contestant exited with {p.returncode}: {self.log_tail(p, 5)}"
+                    log(f"  {phase.label}: {phase.error}")
+                    return
+
+    @staticmethod
+    def _fill_throughput(phase: Phase, data: dict, produced_at: float) -> None:
+        batches = data["batches"]
+        phase.results = data["count"]
+        phase.expired = data["expired"]
+        if len(batches) >= 2:
+            (t_first, n_first), t_last = batches[0], batches[-1][0]
+            phase.rate = (phase.results - n_first) / max(t_last - t_first, 1e-9)
+            phase.drain_s = t_last - produced_at
+
+    # --- the controlled-rate latency run ------------------------------------------------------
+    def run_latency(self, phase: Phase, cmd: list[str], group: str, topics: dict[str, str],
+                    records: list[tuple[bytes, bytes]], rate: float, seconds: float) -> Phase:
+        from confluent_kafka import Producer
+
+        n = min(len(records), max(1, int(rate * seconds)))
+        proc = self.spawn(phase.key, cmd)
+        try:
+            self.wait_group(group, topics["requests"], 1, [proc])
+            reader = Reader(self.bootstrap, topics["results"], n, want_ids=True)
+            log(f"  {phase.label}: producing {n:,} requests at {rate:,.0f}/s for {n / rate:.0f}s")
+            p = Producer({"bootstrap.servers": self.bootstrap})  # librdkafka defaults (linger.ms 5), like a client
+            sent = [0.0] * n
+            start = time.time()
+            i = 0
+            next_note = start + 3
+            while i < n:
+                now = time.time()
+                due = min(n, int((now - start) * rate) + 1)
+                while i < due:
+                    key, value = records[i]
+                    t = time.time()
+                    sent[i] = t
+                    p.produce(topics["requests"], value, key, timestamp=int(t * 1000))
+                    i += 1
+                p.poll(0)
+                if now >= next_note:
+                    log(f"  {phase.label}: sent {i:,}/{n:,}, results {reader.count:,}")
+                    next_note = now + 3
+                time.sleep(0.0005)
+            produce_s = time.time() - start
+            p.flush(30)
+            deadline = time.monotonic() + 60
+            while reader.count < n and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            data = reader.finish()
+        finally:
+            self._terminate(proc)
+        phase.offered = n
+        pairs = [(sent[idx], (t - sent[idx]) * 1000) for idx, t in data["ids"] if idx < n]
+        lat = sorted(ms for _, ms in pairs)
+        phase.latency_timeline = _timeline(pairs, start)
+        phase.results = len(lat)
+        phase.expired = data["expired"]
+        phase.rate = n / produce_s
+        if lat:
+            phase.latency = {"p50_ms": _pct(lat, 50), "p90_ms": _pct(lat, 90), "p99_ms": _pct(lat, 99),
+                             "max_ms": lat[-1], "offered_rate": rate, "achieved_rate": n / produce_s,
+                             "seconds": produce_s, "samples": len(lat)}
+        if len(lat) < n:
+            phase.error = f"only {len(lat):,}/{n:,} results arrived"
+        log(f"  {phase.label}: p50 {phase.latency.get('p50_ms', float('nan')):.1f} ms, "
+            f"p99 {phase.latency.get('p99_ms', float('nan')):.1f} ms, max {phase.latency.get('max_ms', float('nan')):.1f}"
+            f" ms over {len(lat):,} results at {n / produce_s:,.0f}/s")
+        return phase
+
+
+def _timeline(pairs: list[tuple[float, float]], start: float) -> list[list[float]]:
+    """Per second of the run (by send time): [second, requests, p50, p99, max] latency in ms."""
+    by_second: dict[int, list[float]] = {}
+    for sent_at, ms in pairs:
+        by_second.setdefault(int(sent_at - start), []).append(ms)
+    out = []
+    for sec in sorted(by_second):
+        v = sorted(by_second[sec])
+        out.append([sec, len(v), round(_pct(v, 50), 1), round(_pct(v, 99), 1), round(v[-1], 1)])
+    return out
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
+# =============================================================================================
+# The benchmark
+# =============================================================================================
+def scorer_settings() -> dict[str, Any]:
+    """The scorer's batching and client knobs as the default ``sie score`` runs them."""
+    from dataclasses import fields
+
+    from streams.scorer import ScorerConfig
+
+    keep = ("max_batch", "max_wait_ms", "poll_timeout_ms", "fetch_queue_kbytes", "session_timeout_ms")
+    out = {f.name: f.default for f in fields(ScorerConfig) if f.name in keep}
+    out.update({"producer linger.ms": 5, "consumer fetch.wait.max.ms": 50, "acks": "all",
+                "isolation.level": "read_committed", "transaction": "one per batch (KIP-447)"})
+    return out
+
+
+SCORER_ENTRY: list[str] = ["-m", "sie"]  # --scorer-entry replaces it (experiments with a patched scorer)
+SCORER_EXTRA: list[str] = []  # --scorer-args
+
+
+def score_cmd(spec: Path, instance: str, max_wait_ms: int | None = None, profile: Path | None = None) -> list[str]:
+    cmd = [sys.executable]
+    if profile is not None:
+        cmd += ["-m", "cProfile", "-o", str(profile)]
+    cmd += [*SCORER_ENTRY, "score", "-f", str(spec), "--instance", instance, "--log-level", "warning"]
+    if max_wait_ms is not None:
+        cmd += ["--max-wait-ms", str(max_wait_ms)]
+    return cmd + SCORER_EXTRA
+
+
+def role_cmd(role: str, cfg: dict) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "_role", role, json.dumps(cfg)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=100_000, help="requests per backlog run (default 100000)")
+    ap.add_argument("--quick", action="store_true", help="20,000 requests and shorter subsets: a fast check")
+    ap.add_argument("--naive-requests", type=int, default=5000, help="subset for the naive consumer")
+    ap.add_argument("--naive-seconds", type=float, default=30.0, help="time cap for the naive consumer")
+    ap.add_argument("--faust-requests", type=int, default=20_000, help="subset for the faust agent")
+    ap.add_argument("--faust-seconds", type=float, default=60.0, help="time cap for the faust agent")
+    ap.add_argument("--latency-seconds", type=float, default=20.0, help="length of the controlled-rate run")
+    ap.add_argument("--latency-max-wait-ms", type=int, default=None,
+                    help="scorer --max-wait-ms for the latency run (default: the scorer's default)")
+    ap.add_argument("--latency-rate", type=float, default=None,
+                    help="requests/s of the controlled-rate run (default: half of (a)'s measured throughput)")
+    ap.add_argument("--only", default="", help="comma list of phases: null,sie,sie2,naive,faust,latency")
+    ap.add_argument("--profile-scorer", action="store_true",
+                    help="run (a) under cProfile and print the top functions (slower; numbers not comparable)")
+    ap.add_argument("--scorer-entry", default=None,
+                    help="experiments: run the scorer as `python SCRIPT score ...` instead of `python -m sie score ...`")
+    ap.add_argument("--scorer-args", default="",
+                    help="experiments: extra `sie score` options for every scorer run, e.g. '--max-batch 1024'")
+    ap.add_argument("--no-write", action="store_true", help="don't write bench/results/scoring.*")
+    args = ap.parse_args()
+    if args.scorer_entry:
+        SCORER_ENTRY[:] = [str(Path(args.scorer_entry).resolve())]
+    SCORER_EXTRA[:] = shlex.split(args.scorer_args)
+    if args.quick:
+        args.requests = min(args.requests, 20_000)
+        args.naive_requests, args.naive_seconds = min(args.naive_requests, 2000), min(args.naive_seconds, 15.0)
+        args.faust_requests, args.faust_seconds = min(args.faust_requests, 10_000), min(args.faust_seconds, 30.0)
+        args.latency_seconds = min(args.latency_seconds, 10.0)
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    wanted = lambda name: not only or name in only  # noqa: E731
+
+    started = time.time()
+    load_start = os.getloadavg()
+    log(f"generating {args.requests:,} requests")
+    records = make_requests(args.requests)
+    bench = Bench(args)
+    phases: dict[str, Phase] = {}
+    try:
+        bench.start_broker()
+
+        def setup(key: str) -> tuple[dict[str, str], Path, str]:
+            topics = bench.topics_for(key)
+            spec = bench.spec_for(key, topics)
+            return topics, spec, f"bench.{bench.run_id}.{key}"
+
+        def guarded(ph: Phase, run: Any, prefix: str = "failed") -> None:
+            """Run one phase; a phase that breaks is reported with its error, the others still run."""
+            phases[ph.key] = ph
+            try:
+                run(ph)
+            except Exception as exc:  # noqa: BLE001 - reported in the table, never hidden
+                ph.error = f"{prefix}: {exc}"
+                log(f"  {ph.label}: {ph.error}")
+
+        def cfg(spec: Path, **extra: Any) -> dict:
+            return {"bootstrap": bench.bootstrap, "spec_file": str(spec), **extra}
+
+        # Warm the broker (JIT, page cache, coordinators) with a short null run; not reported.
+        topics, spec, group = setup("warmup")
+        log("phase warmup: null pipeline on 10,000 requests (not reported)")
+        bench.run_backlog(Phase("warmup", "warmup", 1, 10_000), [role_cmd("null", cfg(spec, instance="w"))],
+                          group, topics, records[:10_000], None)
+
+        if wanted("null"):
+            topics, spec, group = setup("null")
+            log(f"phase (b) null pipeline: {len(records):,} requests")
+            guarded(Phase("null", "(b) null pipeline", 1, len(records)), lambda ph: bench.run_backlog(
+                ph, [role_cmd("null", cfg(spec, instance="null-0"))], group, topics, records, None))
+
+        if wanted("sie"):
+            topics, spec, group = setup("sie")
+            prof = bench.tmp / "scorer.prof" if args.profile_scorer else None
+            log(f"phase (a) SIE scorer, 1 process: {len(records):,} requests" + (" (under cProfile)" if prof else ""))
+            guarded(Phase("sie", "(a) SIE scorer", 1, len(records), settings=scorer_settings()),
+                    lambda ph: bench.run_backlog(ph, [score_cmd(spec, "bench-0", profile=prof)], group, topics,
+                                                 records, None))
+            if prof is not None and prof.exists():
+                import pstats
+
+                print("\n--- cProfile of the scorer (tottime) ---")
+                pstats.Stats(str(prof)).sort_stats("tottime").print_stats(30)
+                print("--- (cumulative) ---")
+                pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(40)
+
+        if wanted("sie2"):
+            topics, spec, group = setup("sie2")
+            log(f"phase (a2) SIE scorer, 2 processes in one group: {len(records):,} requests")
+            guarded(Phase("sie2", "(a2) SIE scorer x2", 2, len(records), settings=scorer_settings()),
+                    lambda ph: bench.run_backlog(ph, [score_cmd(spec, "bench-0"), score_cmd(spec, "bench-1")],
+                                                 group, topics, records, None))
+
+        def subset_run(key: str, label: str, role: str, n: int, cap_s: float, prefix: str, **extra: Any) -> None:
+            topics, spec, group = setup(key)
+            subset = records[: min(n, len(records))]
+            log(f"phase {label}: first {len(subset):,} requests, cap {cap_s:.0f}s after the first result")
+
+            def run(ph: Phase) -> None:
+                bench.run_backlog(ph, [role_cmd(role, cfg(spec, **extra))], group, topics, subset, cap_s)
+                ph.subset_note = f"subset: {ph.results:,} of the first {len(subset):,} requests {ph.subset_note}"
+
+            guarded(Phase(key, label, 1, len(subset)), run, prefix)
+
+        if wanted("naive"):
+            subset_run("naive", "(c) naive consumer", "naive", args.naive_requests, args.naive_seconds, "failed")
+        if wanted("faust"):
+            subset_run("faust", "(d) faust agent", "faust", args.faust_requests, args.faust_seconds,
+                       "not measurable", datadir=str(bench.tmp / "faust-data"))
+
+        if wanted("latency"):
+            base = phases.get("sie")
+            rate = args.latency_rate or (base.rate if base and base.rate else 2000.0) / 2
+            topics, spec, group = setup("latency")
+            log(f"phase latency: SIE scorer at {rate:,.0f} requests/s for {args.latency_seconds:.0f}s")
+            ph = Phase("latency", "SIE scorer @ 1/2 max", 1, 0, settings=scorer_settings())
+            if args.latency_max_wait_ms is not None:
+                ph.settings["max_wait_ms"] = args.latency_max_wait_ms
+            guarded(ph, lambda ph: bench.run_latency(ph, score_cmd(spec, "bench-lat", args.latency_max_wait_ms),
+                                                     group, topics, records, rate, args.latency_seconds))
+    finally:
+        bench.close()
+
+    report = build_report(phases, args, started, load_start)
+    print()
+    print(report["text"])
+    if not args.no_write:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        (RESULTS_DIR / "scoring.txt").write_text(report["text"] + "\n")
+        (RESULTS_DIR / "scoring.json").write_text(json.dumps(report["json"], indent=2) + "\n")
+        log(f"wrote {RESULTS_DIR / 'scoring.txt'} and scoring.json")
+    return 0
+
+
+# =============================================================================================
+# Report
+# =============================================================================================
+def build_report(phases: dict[str, Phase], args: argparse.Namespace, started: float,
+                 load_start: tuple[float, float, float]) -> dict[str, Any]:
+    sie = phases.get("sie")
+    a = sie.rate if sie else 0.0
+
+    def ratio(other: str) -> float | None:
+        ph = phases.get(other)
+        return (a / ph.rate) if (a and ph and ph.rate) else None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    lines = [
+        f"# Scoring throughput and latency (bench/bench_scoring.py, {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC)",
+        f"# {os.cpu_count()} cores, python {platform.python_version()}, one private Kafka broker on the same machine; "
+        f"model examples/fraud-scorer.yaml (TorchScript MLP, CPU, 1 torch thread); topics with {PARTITIONS} partitions; commit {commit}",
+        f"# backlog runs: contestant ready (group stable, all partitions assigned), then all requests produced at once;",
+        f"# throughput = results/s between the first and the last result a read_committed reader (own process) sees;",
+        f"# drain = first request produced -> last result seen. CPU = % of one core during the run.",
+        "",
+        f"{'contestant':<24}{'procs':>6}{'requests':>10}{'results':>9}{'results/s':>11}{'drain s':>9}"
+        f"{'cpu %':>7}{'broker %':>9}  note",
+    ]
+    for key in ("null", "sie", "sie2", "naive", "faust"):
+        ph = phases.get(key)
+        if ph is None:
+            continue
+        note = ph.error or ph.subset_note
+        if ph.expired:
+            note = f"{note}; {ph.expired} EXPIRED results".strip("; ")
+        lines.append(f"{ph.label:<24}{ph.processes:>6}{ph.offered:>10,}{ph.results:>9,}{ph.rate:>11,.0f}"
+                     f"{ph.drain_s:>9.1f}{ph.cpu_contestant_pct:>7.0f}{ph.cpu_broker_pct:>9.0f}  {note}")
+    lat = phases.get("latency")
+    if lat is not None and lat.latency:
+        L = lat.latency
+        how = "half of (a)" if not args.latency_rate else "set by --latency-rate"
+        lines += ["", f"controlled rate: SIE scorer at {L['achieved_rate']:,.0f} requests/s (offered "
+                      f"{L['offered_rate']:,.0f}, {how}) for {L['seconds']:.0f}s, max_wait_ms "
+                      f"{lat.settings.get('max_wait_ms')}: end-to-end (record timestamp -> visible to read_committed)"
+                      f" p50 {L['p50_ms']:.1f} ms, p90 {L['p90_ms']:.1f} ms, p99 {L['p99_ms']:.1f} ms, "
+                      f"max {L['max_ms']:.1f} ms over {L['samples']:,} requests"
+                      + (f"  [{lat.error}]" if lat.error else "")]
+    elif lat is not None:
+        lines += ["", f"controlled rate: {lat.error or 'no results'}"]
+    if lat is not None and lat.latency_timeline:
+        lines.append("  per second of the run, p99 ms: "
+                     + " ".join(f"{row[3]:.0f}" for row in lat.latency_timeline))
+
+    targets: list[dict[str, Any]] = []
+
+    def target(name: str, value: float | None, goal: float, fmt: str, higher_better: bool = True) -> None:
+        if value is None:
+            targets.append({"target": name, "value": None, "goal": goal, "met": None})
+            lines.append(f"  {name:<44} {'n/a':>10}   goal {fmt.format(goal)}  NOT MEASURED")
+            return
+        met = value >= goal if higher_better else value <= goal
+        targets.append({"target": name, "value": value, "goal": goal, "met": met})
+        lines.append(f"  {name:<44} {fmt.format(value):>10}   goal {('>= ' if higher_better else '<= ') + fmt.format(goal)}"
+                     f"  {'met' if met else 'MISSED'}")
+
+    lines += ["", "targets:"]
+    target("(a) / (b) null pipeline", ratio("null"), TARGETS["vs_null"], "{:.2f}x")
+    target("(a) / (c) naive consumer", ratio("naive"), TARGETS["vs_naive"], "{:.1f}x")
+    target("(a) / (d) faust agent", ratio("faust"), TARGETS["vs_faust"], "{:.1f}x")
+    target("p99 at half of (a)'s max throughput (ms)", lat.latency.get("p99_ms") if lat and lat.latency else None,
+           TARGETS["p99_ms"], "{:.1f}", higher_better=False)
+    sie2 = phases.get("sie2")
+    if sie and sie2 and sie.rate and sie2.rate:
+        lines.append(f"  2 scorer processes / 1: {sie2.rate / sie.rate:.2f}x (no target; {os.cpu_count()} cores "
+                     f"shared by broker, scorers and reader)")
+    if sie:
+        lines += ["", "scorer settings (sie score defaults): "
+                  + ", ".join(f"{k}={v}" for k, v in sie.settings.items())]
+    if SCORER_EXTRA or SCORER_ENTRY != ["-m", "sie"]:
+        lines.append(f"NOT THE DEFAULT SCORER: entry {' '.join(SCORER_ENTRY)}, extra args {' '.join(SCORER_EXTRA)!r}")
+    lines += ["", "baselines: (b) the scorer's own librdkafka settings, consume(256, 20 ms), one transaction per batch, "
+                  "bytes copied; (c) json + 1-row infer + produce + flush + commit(sync) per message, no validation; "
+                  "(d) faust-streaming agent, json serializer, validate + 1-row infer + send per event, at_least_once"]
+    load_end = os.getloadavg()
+    lines.append(f"load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}; "
+                 f"total time {time.time() - started:.0f}s; requests per backlog run {args.requests:,}")
+    js = {"commit": commit, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "cores": os.cpu_count(),
+          "python": platform.python_version(), "partitions": PARTITIONS, "requests": args.requests,
+          "load_start": load_start, "load_end": load_end, "phases": {k: asdict(v) for k, v in phases.items()},
+          "targets": targets}
+    return {"text": "\n".join(lines), "json": js}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "_role":
+        ROLES[sys.argv[2]](json.loads(sys.argv[3]))
+        sys.exit(0)
+    sys.exit(main())
