@@ -21,7 +21,8 @@ Failure -> what happens (the batch is never half-visible):
 * ``TxnAbortable``  -> ``abort_transaction()``, rewind to the committed offsets, the batch is read again;
 * ``ProducerFatal`` -> re-create the producer (``init_transactions`` fences/aborts the old one), rewind;
   ``fatal_limit`` in a row -> ``TransactionFenced`` (almost always two live processes sharing one
-  ``transactional.id``);
+  ``transactional.id``).  ``ProducerHung`` (a call that never answered: broker down) is re-created the
+  same way but is not counted: re-creation retries until the broker is back, or ``stop`` is set;
 * ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) -> abort, rewind, back off (doubling, capped).
 """
 
@@ -35,8 +36,9 @@ from typing import Any, Callable, TypeVar
 
 from sie.errors import SieError
 from sie.settings import Settings
-from streams.scorer.errors import BackendUnavailable, ProducerFatal, TxnAbortable
+from streams.scorer.errors import BackendUnavailable, ProducerFatal, ProducerHung, TxnAbortable
 from streams.scorer.transaction import Checkpoint, TransactionalProducer, rewind
+from streams.scorer.transaction import close_quietly as _close_quietly
 
 log = logging.getLogger("sie.eos")
 
@@ -138,7 +140,8 @@ class ExactlyOnce:
             self._retry_delay = min(self._retry_delay * 2, self._limits.retry_later_max_s)
             return BatchStatus.BACKED_OFF, None
         except ProducerFatal as exc:
-            self._fatal_streak += 1
+            if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
+                self._fatal_streak += 1
             if self._fatal_streak >= self._limits.fatal_limit:
                 raise TransactionFenced(
                     f"transactional.id {self.producer.transactional_id}: {self._fatal_streak} fatal producer "
@@ -163,13 +166,19 @@ class ExactlyOnce:
 
     def _restart(self, txn: Checkpoint) -> None:
         self.producer_restarts += 1
-        self.producer.restart()  # init_transactions() aborts (or completes) whatever the old producer left open
-        rewind(self.consumer, txn.first_offsets(), self._stop)
+        # init_transactions() aborts (or completes) whatever the old producer left open; retried until the
+        # broker answers, False if stopped first (the caller's loop then ends; nothing to rewind).
+        if self.producer.restart():
+            rewind(self.consumer, txn.first_offsets(), self._stop)
 
 
 def start_producer(config: dict[str, Any], stop: threading.Event, factory: Callable[[dict], Any] | None = None,
                    limits: EosLimits = EosLimits(), patience_s: float = 60.0) -> TransactionalProducer:
-    """A started ``TransactionalProducer`` (``init_transactions`` done: earlier holders of the id are fenced)."""
+    """A started ``TransactionalProducer`` (``init_transactions`` done: earlier holders of the id are fenced).
+
+    If ``stop`` is set before the broker answered, the producer is returned unstarted (the caller's
+    ``while not stop.is_set()`` loop then does nothing); ``KafkaUnavailable`` after ``patience_s``.
+    """
     if factory is None:
         from confluent_kafka import Producer as factory  # noqa: N813 - the librdkafka class is the factory
     producer = TransactionalProducer(config, factory, limits.attempts, limits.backoff_s, stop)
@@ -178,14 +187,8 @@ def start_producer(config: dict[str, Any], stop: threading.Event, factory: Calla
 
 
 def close_quietly(consumer: Any, producer: TransactionalProducer | None) -> None:
-    """Close the consumer (leaves the group: partitions move at once), then the producer; never raises."""
-    if consumer is not None:
-        try:
-            consumer.close()
-        except Exception as exc:  # closing must never mask the reason we are stopping
-            log.warning("consumer close: %s", exc)
-    if producer is not None:
-        try:
-            producer.close()
-        except Exception as exc:
-            log.warning("producer close: %s", exc)
+    """Close the consumer (leaves the group: partitions move at once), then the producer; never raises.
+
+    Bounded: a ``Consumer.close()`` stuck on an unreachable coordinator is abandoned (see transaction.py).
+    """
+    _close_quietly(consumer, producer, log)

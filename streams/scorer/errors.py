@@ -6,6 +6,7 @@
   re-read from the last committed offsets (nothing was committed).
 * ``ProducerFatal``: the transactional producer is unusable (fenced, fatal
   idempotence error); re-create it, then re-read from the committed offsets.
+  ``ProducerHung`` is the case of a call that never answered (broker down).
 * ``BackendUnavailable``: the model failed on every row *and* on a known-good
   probe row: an outage, not poison.  The batch is aborted and retried later,
   never dead-lettered.
@@ -40,6 +41,15 @@ class TxnAbortable(ScorerError):
 
 class ProducerFatal(ScorerError):
     """The transactional producer must be closed and re-created."""
+
+
+class ProducerHung(ProducerFatal):
+    """A transaction call gave no answer in time (coordinator down, librdkafka #5456).
+
+    Handled like any fatal error (the producer is abandoned and re-created), but it is
+    a symptom of an unreachable broker, not of fencing: it does not count towards the
+    "another live process uses our transactional.id" limit.
+    """
 
 
 class BackendUnavailable(ScorerError):

@@ -33,12 +33,13 @@ from streams.scorer.errors import (
     BackendUnavailable,
     DeadLetterReason,
     ProducerFatal,
+    ProducerHung,
     ScorerFenced,
     TxnAbortable,
 )
 from streams.scorer.metrics import ScorerMetrics
 from streams.scorer.routing import RouteEntry, RoutingTable
-from streams.scorer.transaction import Checkpoint, TransactionalProducer, rewind
+from streams.scorer.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
 log = logging.getLogger("sie.scorer")
 
@@ -156,7 +157,9 @@ class Scorer:
             self.metrics.serve(cfg.metrics_port)
         producer = TransactionalProducer(cfg.producer_config(), self._producer_factory,
                                          cfg.retriable_attempts, cfg.retry_backoff_s, stop, cfg.txn_hang_limit_s)
-        producer.start(patience_s=60.0)
+        if not producer.start(patience_s=60.0):  # stopped before the broker answered
+            self.metrics.close()
+            return self.summary()
         consumer = self._consumer = self._consumer_factory(cfg.consumer_config())
         self._batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.poll_timeout_ms / 1000,
                                 self._clock)
@@ -191,7 +194,8 @@ class Scorer:
                     backend_backoff = min(backend_backoff * 2, cfg.backend_backoff_max_s)
                     continue
                 except ProducerFatal as exc:
-                    fatal_streak += 1
+                    if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
+                        fatal_streak += 1
                     if fatal_streak >= cfg.fatal_limit:
                         raise ScorerFenced(
                             f"transactional.id {producer.transactional_id}: {fatal_streak} fatal producer errors in a "
@@ -352,8 +356,10 @@ class Scorer:
     def _restart(self, producer: TransactionalProducer, txn: Checkpoint, stop: threading.Event) -> None:
         self._counts["producer_restarts"] += 1
         self.metrics.producer_restarts.inc()
-        producer.restart()  # init_transactions() aborts (or completes) whatever the old producer left open
-        rewind(self._consumer, txn.first_offsets(), stop)
+        # init_transactions() aborts (or completes) whatever the old producer left open; retried until the
+        # broker answers, False if stopped first (then there is nothing to rewind: we are leaving the group).
+        if producer.restart():
+            rewind(self._consumer, txn.first_offsets(), stop)
 
     # --- housekeeping ------------------------------------------------------------------
     def _partition_counts_match(self, consumer: Any) -> bool:
@@ -375,14 +381,7 @@ class Scorer:
             gauge.labels(partition=str(partition)).set(lag)
 
     def _shutdown(self, consumer: Any, producer: TransactionalProducer) -> None:
-        try:
-            consumer.close()  # leaves the group: partitions move to the other replicas at once
-        except Exception as exc:  # closing must never mask the reason we are stopping
-            log.warning("consumer close: %s", exc)
-        try:
-            producer.close()
-        except Exception as exc:
-            log.warning("producer close: %s", exc)
+        close_quietly(consumer, producer)  # leaves the group: partitions move to the other replicas at once
         self.metrics.close()
 
 

@@ -19,9 +19,15 @@ steps, and the code below carries the same numbers:
 Hung calls: ``send_offsets_to_transaction`` can block far past its timeout
 while the group coordinator is down (librdkafka #5456; seen here when the
 broker restarts mid-batch).  The three transaction calls therefore run on a
-watchdog thread; one that outlives its timeout makes the producer count as
-fatal: it is abandoned and a new producer with the same ``transactional.id``
-is created, whose ``init_transactions()`` fences the hung one.
+watchdog thread (``streams.bounded``); one that outlives its timeout raises
+``ProducerHung``: the producer is abandoned and a new producer with the same
+``transactional.id`` is created, whose ``init_transactions()`` fences the hung one.
+
+Recovery never waits unboundedly and always honours ``stop``: (re)starting the
+producer retries ``init_transactions`` with backoff until the broker answers,
+each try bounded and abandoned at once on a stop request; ``rewind`` reads the
+committed offsets in short, stop-aware tries; ``close_quietly`` bounds
+``Consumer.close()``, which takes no timeout.
 
 Errors (``call``): ``retriable()`` -> the same call again, a bounded number of
 times; ``txn_requires_abort()`` -> ``TxnAbortable``; ``fatal()`` ->
@@ -41,13 +47,16 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from sie.errors import KafkaUnavailable
-from streams.scorer.errors import ProducerFatal, TxnAbortable
+from streams.bounded import CallAbandoned, call_bounded
+from streams.scorer.errors import ProducerFatal, ProducerHung, TxnAbortable
 
 log = logging.getLogger("sie.scorer")
 
-_CALL_TIMEOUT_S = 30.0
+_CALL_TIMEOUT_S = 30.0  # librdkafka timeout of one init_transactions try; recovery retries until the broker is back
 _TXN_CALL_TIMEOUT_S = 10.0  # librdkafka timeout of send_offsets/commit/abort
 _WATCHDOG_GRACE_S = 5.0  # how long past that timeout we wait before declaring the call hung
+_COMMITTED_TRY_S = 5.0  # librdkafka timeout of one committed() try in rewind
+_CLOSE_LIMIT_S = 10.0  # Consumer.close() has no timeout; after this long it is abandoned
 
 
 def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
@@ -90,41 +99,61 @@ class TransactionalProducer:
     def transactional_id(self) -> str:
         return str(self._config.get("transactional.id"))
 
-    def start(self, patience_s: float | None = None) -> None:
+    def start(self, patience_s: float | None = None) -> bool:
         """Create the producer and ``init_transactions()``; this fences any earlier producer of our id.
 
-        Retries while the cluster is unreachable (until ``patience_s`` or a stop request).
+        Retries with backoff (capped at 5 s) while the cluster is unreachable or its coordinator is
+        loading.  Each try is bounded: an ``init_transactions`` that outlives its own timeout is
+        abandoned with its producer and a fresh one tries again.  Returns True once started, False
+        as soon as ``stop`` is set (nothing is started then); raises ``KafkaUnavailable`` after
+        ``patience_s`` (None: keep trying until the broker is back) or on a non-retriable error.
         """
         deadline = None if patience_s is None else time.monotonic() + patience_s
         delay = self._backoff
-        while True:
-            self._producer = self._factory(self._config)
+        while not self._stop.is_set():
+            producer = self._factory(self._config)
             try:
-                self._producer.init_transactions(_CALL_TIMEOUT_S)
-                return
+                call_bounded(lambda: producer.init_transactions(_CALL_TIMEOUT_S), "init_transactions",
+                             _CALL_TIMEOUT_S + _WATCHDOG_GRACE_S, self._stop)
+                self._producer = producer
+                return True
+            except CallAbandoned as exc:
+                problem = str(exc)
+                cause: Exception = exc
             except KafkaException as exc:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                self._discard()
-                out_of_time = deadline is not None and time.monotonic() >= deadline
-                if err is None or not err.retriable() or out_of_time or self._stop.is_set():
+                problem = err.str() if err else str(exc)
+                cause = exc
+                if err is None or not err.retriable():
+                    _purge(producer)
                     raise KafkaUnavailable(
-                        f"init_transactions for transactional.id {self.transactional_id}: "
-                        f"{err.str() if err else exc}; check bootstrap servers and that the broker is up") from exc
-                log.warning("init_transactions: %s; retrying", err.str())
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
+                        f"init_transactions for transactional.id {self.transactional_id}: {problem}; "
+                        f"check bootstrap servers and that the broker is up") from exc
+            _purge(producer)
+            del producer  # the abandoned client is destroyed by whichever thread drops it last
+            if self._stop.is_set():
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise KafkaUnavailable(
+                    f"init_transactions for transactional.id {self.transactional_id}: {problem} for "
+                    f"{patience_s:.0f}s; check bootstrap servers and that the broker is up") from cause
+            log.warning("init_transactions: %s; retrying in %.1fs", problem, delay)
+            if self._stop.wait(delay):
+                break
+            delay = min(delay * 2, 5.0)
+        return False
 
-    def restart(self) -> None:
-        """Drop the unusable producer and start a fresh one (``init_transactions`` aborts what was open)."""
+    def restart(self) -> bool:
+        """Drop the unusable producer and start a fresh one (``init_transactions`` aborts what was open).
+
+        Keeps trying until the broker answers; False if ``stop`` was set first (no producer then).
+        """
         self._discard()
-        self.start()
+        return self.start()
 
     def _discard(self) -> None:
         if self._producer is not None:
-            try:
-                self._producer.purge(in_queue=True, in_flight=False)
-            except Exception:  # an unusable producer may refuse even this; it is dropped anyway
-                pass
+            _purge(self._producer)
             self._producer = None
 
     def close(self) -> None:
@@ -137,28 +166,19 @@ class TransactionalProducer:
         return call(fn, what, self._attempts, self._backoff)
 
     def _guarded(self, fn: Callable[[], Any], what: str) -> Any:
-        """``_call`` on a watchdog thread: a call hung past its timeout -> ``ProducerFatal``."""
-        outcome: list[Any] = []
-        done = threading.Event()
+        """``_call`` on a watchdog thread: a call hung past its timeout -> ``ProducerHung``.
 
-        def target() -> None:
-            try:
-                outcome.append((True, self._call(fn, what)))
-            except BaseException as exc:  # re-raised in the caller's thread
-                outcome.append((False, exc))
-            finally:
-                done.set()
-
-        threading.Thread(target=target, name=f"txn-{what}", daemon=True).start()
-        if not done.wait(self._hang_limit_s):
-            raise ProducerFatal(f"{what}: no answer after {self._hang_limit_s:.0f}s (hung call, librdkafka #5456); "
-                                f"abandoning this producer")
-        ok, value = outcome[0]
-        if ok:
-            return value
-        raise value
+        Not stop-aware on purpose: a stop request lets the current batch commit (bounded anyway).
+        """
+        try:
+            return call_bounded(lambda: self._call(fn, what), f"txn-{what}", self._hang_limit_s)
+        except CallAbandoned as exc:
+            raise ProducerHung(f"{what}: no answer after {self._hang_limit_s:.0f}s (hung call, librdkafka #5456); "
+                               f"abandoning this producer") from exc
 
     def begin(self) -> None:
+        if self._producer is None:  # a restart was interrupted by a stop request
+            raise ProducerFatal("begin_transaction: no producer (its restart was interrupted)")
         self._call(self._producer.begin_transaction, "begin_transaction")
 
     def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
@@ -254,22 +274,28 @@ def rewind(consumer: Any, first_offsets: dict[tuple[str, int], int], stop: threa
     an unknown commit outcome.  A partition never committed falls back to the
     batch's first offset (nothing of it was committed).  Partitions no longer
     assigned are skipped: their new owner reads from the committed offset.
-    Retries while the coordinator is unreachable; returns False only if asked to stop.
+    Retries (short, bounded tries, backoff capped at 5 s) while the coordinator is unreachable;
+    returns False only if asked to stop.
     """
-    assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-    tps = [TopicPartition(t, p) for (t, p) in first_offsets if (t, p) in assigned]
-    if not tps:
-        return True
     delay = backoff_s
     while True:
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        tps = [TopicPartition(t, p) for (t, p) in first_offsets if (t, p) in assigned]
+        if not tps:
+            return True
         try:
-            committed = consumer.committed(tps, timeout=_CALL_TIMEOUT_S)
+            committed = call_bounded(lambda: consumer.committed(tps, timeout=_COMMITTED_TRY_S), "committed",
+                                     _COMMITTED_TRY_S + _WATCHDOG_GRACE_S, stop)
             break
+        except CallAbandoned as exc:
+            if exc.stopped:
+                return False
+            log.warning("committed(): %s; retrying before rewinding", exc)
         except KafkaException as exc:
             log.warning("committed(): %s; retrying before rewinding", exc)
-            if stop.wait(delay):
-                return False
-            delay = min(delay * 2, 5.0)
+        if stop.wait(delay):
+            return False
+        delay = min(delay * 2, 5.0)
     for tp in committed:
         target = tp.offset if tp.offset >= 0 and tp.offset != OFFSET_INVALID else first_offsets[(tp.topic, tp.partition)]
         try:
@@ -277,3 +303,33 @@ def rewind(consumer: Any, first_offsets: dict[tuple[str, int], int], stop: threa
         except KafkaException as exc:  # revoked meanwhile: the next owner starts from the committed offset
             log.warning("seek %s[%d] to %d: %s", tp.topic, tp.partition, target, exc)
     return True
+
+
+def _purge(producer: Any) -> None:
+    """Drop what an abandoned producer still queues (it must not deliver after its successor started)."""
+    try:
+        producer.purge(in_queue=True, in_flight=False)
+    except Exception:  # an unusable producer may refuse even this; it is dropped anyway
+        pass
+
+
+def close_quietly(consumer: Any, producer: TransactionalProducer | None,
+                  logger: logging.Logger = log) -> None:
+    """Close the consumer (leaves the group: partitions move at once), then the producer; never raises.
+
+    ``Consumer.close()`` has no timeout and can wait indefinitely while the group coordinator is
+    unreachable; after ``_CLOSE_LIMIT_S`` it is abandoned (the group then drops this member after
+    ``session.timeout.ms``, which is safe: nothing uncommitted is lost, it is read again).
+    """
+    if consumer is not None:
+        try:
+            call_bounded(consumer.close, "consumer-close", _CLOSE_LIMIT_S)
+        except CallAbandoned as exc:
+            logger.warning("consumer close: %s; leaving it (the group drops us after session.timeout.ms)", exc)
+        except Exception as exc:  # closing must never mask the reason we are stopping
+            logger.warning("consumer close: %s", exc)
+    if producer is not None:
+        try:
+            producer.close()
+        except Exception as exc:
+            logger.warning("producer close: %s", exc)

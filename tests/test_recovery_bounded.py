@@ -1,0 +1,219 @@
+"""Recovery waits are bounded and stop-aware (streams.bounded, transaction.py, streams.eos), against fakes.
+
+The broker-restart test (tests/test_scorer_kafka.py) proves recovery end to end; these pin the
+properties it depends on: no recovery step can hold the loop past a stop request or forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from sie.errors import KafkaUnavailable
+from streams.bounded import CallAbandoned, call_bounded
+from streams.eos import BatchStatus, EosLimits, ExactlyOnce, TransactionFenced
+from streams.scorer import transaction
+from streams.scorer.errors import ProducerFatal, ProducerHung
+from streams.scorer.transaction import TransactionalProducer, close_quietly, rewind
+
+
+@pytest.fixture()
+def release():
+    """Set at teardown: unblocks the fakes' blocking calls so no helper thread outlives the test."""
+    ev = threading.Event()
+    yield ev
+    ev.set()
+
+
+def stop_when(entered: threading.Event, stop: threading.Event) -> None:
+    """Set ``stop`` once a fake has entered its blocking call (a stop request arriving mid-call)."""
+    def run() -> None:
+        entered.wait(10)
+        stop.set()
+    threading.Thread(target=run, daemon=True).start()
+
+
+# --- call_bounded ------------------------------------------------------------------------------
+def test_call_bounded_returns_the_value_and_reraises_the_exception():
+    assert call_bounded(lambda: 42, "answer", 5) == 42
+    with pytest.raises(ZeroDivisionError):
+        call_bounded(lambda: 1 / 0, "divide", 5)
+
+
+def test_call_bounded_gives_up_after_the_limit(release):
+    started = time.monotonic()
+    with pytest.raises(CallAbandoned) as info:
+        call_bounded(lambda: release.wait(30), "hang", 0.3)
+    assert not info.value.stopped
+    assert time.monotonic() - started < 5
+
+
+def test_call_bounded_gives_up_at_once_on_stop(release):
+    entered, stop = threading.Event(), threading.Event()
+    stop_when(entered, stop)
+
+    def blocking() -> None:
+        entered.set()
+        release.wait(30)
+
+    started = time.monotonic()
+    with pytest.raises(CallAbandoned) as info:
+        call_bounded(blocking, "hang", 60, stop)
+    assert info.value.stopped
+    assert time.monotonic() - started < 5
+
+
+# --- TransactionalProducer.start / restart -------------------------------------------------------
+class FakeProducer:
+    def __init__(self, init) -> None:
+        self._init = init
+        self.purged = False
+
+    def init_transactions(self, timeout: float) -> None:
+        self._init(timeout)
+
+    def purge(self, in_queue: bool = True, in_flight: bool = False) -> None:
+        self.purged = True
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+def retriable(_timeout: float) -> None:
+    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator load in progress", retriable=True))
+
+
+def test_start_retries_retriable_errors_until_the_broker_answers():
+    made: list[FakeProducer] = []
+    behaviours = [retriable, retriable, lambda _t: None]
+
+    def factory(_config):
+        made.append(FakeProducer(behaviours[len(made)]))
+        return made[-1]
+
+    tp = TransactionalProducer({"transactional.id": "t"}, factory, 3, 0.001, threading.Event())
+    assert tp.start() is True
+    assert len(made) == 3 and made[0].purged and made[1].purged and not made[2].purged
+
+
+def test_start_gives_up_after_patience_and_names_the_transactional_id():
+    tp = TransactionalProducer({"transactional.id": "sie.scorer.m.x"}, lambda _c: FakeProducer(retriable), 3, 0.001,
+                               threading.Event())
+    with pytest.raises(KafkaUnavailable, match="sie.scorer.m.x"):
+        tp.start(patience_s=0.05)
+
+
+def test_restart_stuck_in_init_transactions_returns_promptly_on_stop(release):
+    entered, stop = threading.Event(), threading.Event()
+
+    def hang(_timeout: float) -> None:
+        entered.set()
+        release.wait(60)
+
+    tp = TransactionalProducer({"transactional.id": "t"}, lambda _c: FakeProducer(hang), 3, 0.001, stop)
+    stop_when(entered, stop)
+    started = time.monotonic()
+    assert tp.restart() is False
+    assert time.monotonic() - started < 5
+    with pytest.raises(ProducerFatal):  # no producer: a batch cannot start on it
+        tp.begin()
+
+
+def test_start_does_nothing_once_stop_is_set():
+    stop = threading.Event()
+    stop.set()
+    made: list[object] = []
+    tp = TransactionalProducer({"transactional.id": "t"}, lambda _c: made.append(1), 3, 0.001, stop)
+    assert tp.start() is False and made == []
+
+
+# --- rewind / close ------------------------------------------------------------------------------
+class BlockingConsumer:
+    def __init__(self, release: threading.Event, entered: threading.Event | None = None) -> None:
+        self._release = release
+        self._entered = entered or threading.Event()
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("t", 0)]
+
+    def committed(self, tps, timeout: float):
+        self._entered.set()
+        self._release.wait(60)
+        return tps
+
+    def close(self) -> None:
+        self._release.wait(60)
+
+
+def test_rewind_waiting_on_the_coordinator_returns_promptly_on_stop(release):
+    entered, stop = threading.Event(), threading.Event()
+    stop_when(entered, stop)
+    started = time.monotonic()
+    assert rewind(BlockingConsumer(release, entered), {("t", 0): 5}, stop) is False
+    assert time.monotonic() - started < 5
+
+
+def test_close_quietly_abandons_a_consumer_close_that_never_returns(release, monkeypatch, caplog):
+    monkeypatch.setattr(transaction, "_CLOSE_LIMIT_S", 0.3)
+    closed = []
+
+    class Producer:
+        def close(self) -> None:
+            closed.append(True)
+
+    started = time.monotonic()
+    close_quietly(BlockingConsumer(release), Producer())  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+    assert closed == [True]  # the producer is still closed
+    assert "consumer close" in caplog.text
+
+
+# --- ExactlyOnce: hangs are not fencing -------------------------------------------------------------
+class FailingCommitProducer:
+    """The slice of TransactionalProducer that ExactlyOnce/Checkpoint use; every commit fails with ``error``."""
+
+    transactional_id = "t"
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+        self.restarts = 0
+
+    def begin(self) -> None:
+        pass
+
+    def send_offsets(self, offsets, metadata) -> None:
+        pass
+
+    def commit(self) -> None:
+        raise self._error
+
+    def restart(self) -> bool:
+        self.restarts += 1
+        return True
+
+
+class IdleConsumer:
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def assignment(self) -> list:
+        return []
+
+
+def test_hung_calls_keep_recovering_while_fatal_errors_stop_at_the_limit():
+    limits = EosLimits(fatal_limit=3)
+    hung = FailingCommitProducer(ProducerHung("send_offsets_to_transaction: no answer after 15s"))
+    eos = ExactlyOnce(hung, IdleConsumer(), threading.Event(), limits)  # type: ignore[arg-type]
+    for _ in range(10):
+        assert eos.run_batch([], lambda _b, _t: None)[0] is BatchStatus.PRODUCER_RESTARTED
+    assert hung.restarts == 10
+
+    fenced = FailingCommitProducer(ProducerFatal("commit_transaction: fenced (fatal)"))
+    eos = ExactlyOnce(fenced, IdleConsumer(), threading.Event(), limits)  # type: ignore[arg-type]
+    for _ in range(2):
+        eos.run_batch([], lambda _b, _t: None)
+    with pytest.raises(TransactionFenced):
+        eos.run_batch([], lambda _b, _t: None)
