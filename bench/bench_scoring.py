@@ -675,7 +675,7 @@ def main() -> int:
                          "steady-state p50/p99 (the whole-run figures are reported too)")
     ap.add_argument("--latency-max-wait-ms", type=int, default=None,
                     help="scorer --max-wait-ms for the latency run (default: the scorer's default)")
-    ap.add_argument("--tuned-max-wait-ms", type=int, default=5,
+    ap.add_argument("--tuned-max-wait-ms", type=int, default=2,
                     help="if the default misses the p99 target, the latency run is repeated with this max_wait_ms "
                          "(0 = don't)")
     ap.add_argument("--latency-rate", type=float, default=None,
@@ -741,7 +741,7 @@ def main() -> int:
         if wanted("null"):
             # The same, with a short retry backoff: after commit_transaction() the coordinator is still writing
             # the markers, the next AddPartitions/AddOffsetsToTxn gets CONCURRENT_TRANSACTIONS and librdkafka
-            # retries after retry.backoff.ms (20 in the scorer's config). The faster of (b)/(b') is the ceiling.
+            # retries after retry.backoff.ms (5 in the scorer's config). The faster of (b)/(b') is the ceiling.
             topics, spec, group = setup("null_tuned")
             log(f"phase (b') null pipeline, retry.backoff.ms=2: {len(records):,} requests")
             guarded(Phase("null_tuned", "(b') null, backoff 2ms", 1, len(records)), lambda ph: bench.run_backlog(
@@ -922,8 +922,8 @@ def build_report(phases: dict[str, Phase], args: argparse.Namespace, started: fl
                   + ", ".join(f"{k}={v}" for k, v in sie.settings.items())]
     if SCORER_EXTRA or SCORER_ENTRY != ["-m", "sie"]:
         lines.append(f"NOT THE DEFAULT SCORER: entry {' '.join(SCORER_ENTRY)}, extra args {' '.join(SCORER_EXTRA)!r}")
-    lines += ["", "baselines: (b) the scorer's own librdkafka settings, consume(256, 20 ms), one transaction per batch, "
-                  "bytes copied; (b') the same with producer retry.backoff.ms=2 instead of 20; (c) json + 1-row infer + produce + flush + commit(sync) per message, no validation; "
+    lines += ["", "baselines: (b) the scorer's own librdkafka settings and batching (max_batch, max_wait_ms above), one transaction per batch, "
+                  "bytes copied; (b') the same with producer retry.backoff.ms=2 instead of 5; (c) json + 1-row infer + produce + flush + commit(sync) per message, no validation; "
                   "(d) faust-streaming agent, json serializer, validate + 1-row infer + send per event, at_least_once"]
     load_end = os.getloadavg()
     lines.append(f"load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}; "

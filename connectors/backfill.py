@@ -47,8 +47,8 @@ from connectors.backfill_plan import (
 from connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
 from sie.errors import ConfigError
 from sie.settings import Settings
-from streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, consumer_config, producer_config, \
-    start_producer
+from streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
+from streams.kafka_config import consumer_config, producer_config
 from streams.scorer.codec import Codec, Poison
 from streams.scorer.errors import BackendUnavailable, DeadLetterReason
 from streams.scorer.loop import InferenceFailed, infer_isolating  # the scorer's poison-row isolation (bisection)

@@ -38,10 +38,9 @@ from streams.eos import (
     EosLimits,
     ExactlyOnce,
     close_quietly,
-    consumer_config,
-    producer_config,
     start_producer,
 )
+from streams.kafka_config import consumer_config, producer_config
 from streams.lag import consumer_lag
 from streams.scorer.batcher import Batcher
 from streams.scorer.config import INSTANCE_RE  # one rule for instance names across SIE

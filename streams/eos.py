@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from sie.errors import SieError
-from sie.settings import Settings
 from streams.scorer.errors import BackendUnavailable, ProducerFatal, ProducerHung, TxnAbortable
 from streams.scorer.transaction import Checkpoint, TransactionalProducer, rewind
 from streams.scorer.transaction import close_quietly as _close_quietly
@@ -69,43 +68,6 @@ class EosLimits:
     backoff_s: float = 0.1
     fatal_limit: int = 5
     retry_later_max_s: float = 5.0
-
-
-def consumer_config(settings: Settings, group_id: str, client_id: str, *, max_batch: int = 256,
-                    session_timeout_ms: int = 10_000, max_poll_interval_ms: int = 300_000,
-                    fetch_queue_kbytes: int = 16_384, auto_offset_reset: str = "earliest") -> dict[str, Any]:
-    """librdkafka consumer settings of an exactly-once stage (same choices as ``ScorerConfig``)."""
-    return settings.kafka_client_config(**{
-        "group.id": group_id,
-        "client.id": client_id,
-        "enable.auto.commit": False,  # offsets are committed only inside the producer's transaction
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",  # never see records of aborted transactions
-        "auto.offset.reset": auto_offset_reset,
-        "partition.assignment.strategy": "range",  # eager: on_revoke sees every partition go at once
-        "session.timeout.ms": session_timeout_ms,
-        "heartbeat.interval.ms": max(500, session_timeout_ms // 4),
-        "max.poll.interval.ms": max_poll_interval_ms,
-        "queued.max.messages.kbytes": fetch_queue_kbytes,  # bounded prefetch: flat memory whatever the backlog
-        "queued.min.messages": max(1000, 4 * max_batch),
-        "fetch.wait.max.ms": 50,
-        "enable.partition.eof": False,
-    })
-
-
-def producer_config(settings: Settings, transactional_id: str, *, max_batch: int = 256,
-                    transaction_timeout_ms: int = 60_000) -> dict[str, Any]:
-    """librdkafka transactional producer settings (stable ``transactional.id`` per instance/job)."""
-    return settings.kafka_client_config(**{
-        "client.id": f"{transactional_id}.producer",
-        "transactional.id": transactional_id,  # stable: a restarted process fences its dead predecessor
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 5,
-        "transaction.timeout.ms": transaction_timeout_ms,  # > the slowest batch
-        "retry.backoff.ms": 20,  # short transactions meet CONCURRENT_TRANSACTIONS; retry quickly
-        "queue.buffering.max.messages": max(100_000, 40 * max_batch),
-    })
 
 
 class ExactlyOnce:

@@ -15,14 +15,15 @@ import click
 
 from sie.commands._runtime import configure_logging, stop_on_signals
 from sie.settings import Settings
+from streams.scorer.config import ScorerConfig
 
 
 @click.command("score")
 @click.option("-f", "--file", "spec_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="ModelService spec (YAML or JSON).")
-@click.option("--max-batch", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--max-batch", type=click.IntRange(min=1), default=ScorerConfig.max_batch, show_default=True,
               help="Records per batch (= per transaction and per backend.infer call).")
-@click.option("--max-wait-ms", type=click.IntRange(min=0), default=20, show_default=True,
+@click.option("--max-wait-ms", type=click.IntRange(min=0), default=ScorerConfig.max_wait_ms, show_default=True,
               help="How long a started batch may wait to fill up.")
 @click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus /metrics here.")
 @click.option("--instance", help="Stable, unique replica name: transactional.id = sie.scorer.<model>.<instance>. "

@@ -8,8 +8,8 @@ from a revoked partition, which ``drop()`` throws away (their new owner, or
 we ourselves after a re-assignment, re-read them from the committed offset).
 
 Latency: ``consume(n, timeout)`` returns when ``n`` records are there or the
-timeout ends, so each call waits at most ``max_wait``; a batch closes
-``max_wait`` after its first record was seen, or when full.  Memory: at most
+timeout ends; a batch closes ``max_wait`` after its first record was seen, or
+when full.  Memory: at most
 ``max_batch`` records here plus librdkafka's bounded prefetch queue.
 """
 
@@ -38,28 +38,28 @@ class Batcher:
         self.consumer_errors = 0
 
     def collect(self) -> list[Any]:
-        """The next batch; empty if nothing arrived within ``idle_timeout_s``."""
+        """The next batch; empty if nothing arrived within ``idle_timeout_s``.
+
+        Two phases, so a batch is held open at most ``max_wait`` after its FIRST record (not after the
+        first ``consume`` call returned): wait for one record, then fill until full or the deadline.
+        Timeouts are rounded up to 1 ms: librdkafka truncates shorter ones to 0 and the loop would spin.
+        """
         buf = self._buffer = []
         clock = self._clock
-        start = clock()
-        deadline: float | None = None
-        step = max(self._max_wait, 0.005)  # an empty consume with timeout 0 would spin
+        idle_deadline = clock() + self._idle_timeout
+        while not buf:
+            left = idle_deadline - clock()
+            if left <= 0:
+                return []
+            # consume(1, ...) returns as soon as one record is there (consume(n) would wait for n).
+            self._accept(self._consumer.consume(1, max(0.001, min(left, 0.1))))
+        deadline = clock() + self._max_wait
         while len(buf) < self._max_batch:
-            now = clock()
-            if deadline is None:
-                left = self._idle_timeout - (now - start)
-                if left <= 0:
-                    break
-                timeout = min(step, left)
-            else:
-                timeout = deadline - now
-                if timeout <= 0:
-                    break
-            messages = self._consumer.consume(self._max_batch - len(buf), timeout)
-            if messages:
-                self._accept(messages)
-                if buf and deadline is None:
-                    deadline = clock() + self._max_wait
+            left = deadline - clock()
+            # At least one call even when max_wait is 0: it takes what librdkafka has already fetched.
+            self._accept(self._consumer.consume(self._max_batch - len(buf), max(0.001, left)))
+            if left <= 0:
+                break
         batch, self._buffer = self._buffer, []
         return batch
 
