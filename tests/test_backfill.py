@@ -258,7 +258,8 @@ def test_sigkill_mid_range_then_resume_gives_exactly_one_result_per_record(kafka
 
     reader = CommittedReader(kafka_settings, spec.topics.backfill)
     try:
-        wait_until(lambda: reader.count() >= n, 30, message="all results")
+        wait_until(lambda: reader.count() >= n, 90,
+                   message=lambda: f"all {n} results (read_committed sees {len(reader.records)}); job log:\n{out}")
         reader.count()
     finally:
         reader.close()
