@@ -14,10 +14,10 @@ Traps handled here (see docs in connectors/cdc/__init__.py):
 
 from __future__ import annotations
 
-import hashlib
+from hashlib import blake2b
 from typing import Any
 
-import orjson
+from orjson import dumps
 
 from connectors.cdc.casting import canal_casters, cast_row
 from connectors.cdc.model import (
@@ -50,67 +50,96 @@ _NON_ROW = {
 def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions = DEFAULT_OPTIONS) -> DecodeResult:
     """Decode one canal flatMessage.  The Kafka key is ignored (canal sends null)."""
     doc = load_json_object(value)
-    kind = require(doc, "type", str, FORMAT)
-    op = _ROW_OPS.get(kind.upper())
+    get = doc.get
+    kind = get("type")
+    if type(kind) is not str:
+        kind = require(doc, "type", str, FORMAT)
+    op = _ROW_OPS.get(kind) or _ROW_OPS.get(kind.upper())
     if op is None:
         skip = _NON_ROW.get(kind.upper())
         if skip is None:
-            if doc.get("isDdl") is True:
+            if get("isDdl") is True:
                 return DecodeResult(skipped=SkipReason.DDL)
             raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown type {kind!r}")
         return DecodeResult(skipped=skip)
 
-    database = require(doc, "database", str, FORMAT)
-    table = require(doc, "table", str, FORMAT)
+    database = get("database")
+    if type(database) is not str:
+        database = require(doc, "database", str, FORMAT)
+    table = get("table")
+    if type(table) is not str:
+        table = require(doc, "table", str, FORMAT)
     qualified = f"{database}.{table}"
-    data = require(doc, "data", list, FORMAT)
+    data = get("data")
+    if type(data) is not list:
+        data = require(doc, "data", list, FORMAT)
     if not data:
         return DecodeResult(skipped=SkipReason.EMPTY)
-    old = doc.get("old")
-    if op is Op.UPDATE:
+    old = get("old")
+    is_update = op is Op.UPDATE
+    if is_update:
         if not isinstance(old, list) or len(old) != len(data):
             got = "missing" if old is None else (f"{len(old)} entries" if isinstance(old, list) else type(old).__name__)
             raise CdcDecodeError(
                 CdcErrorReason.MALFORMED_EVENT,
                 f"{qualified}: UPDATE 'old' must be an array aligned with 'data' ({len(data)} rows), got {got}",
             )
-    pk_names = doc.get("pkNames")
+    pk_names = get("pkNames")
     if pk_names is None:  # MINIMAL row image or no key: the converter asks for `primary_keys` (missing_primary_key)
         pk_names = []
     if not isinstance(pk_names, list):
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'pkNames' must be an array or null")
-    casters = canal_casters(qualified, doc.get("mysqlType"), doc.get("sqlType"), options.tinyint1_as_bool)
-    es = doc.get("es")
+    casters = canal_casters(qualified, get("mysqlType"), get("sqlType"), options.tinyint1_as_bool)
+    es = get("es")
     ts_ms = es if isinstance(es, int) else None
-    gtid = doc.get("gtid")
-    batch = doc.get("id")
+    gtid = get("gtid")
+    batch = get("id")
     position = f"batch={batch},es={es}" + (f",gtid={gtid}" if gtid else "")
 
     columns = options.columns
     if columns is not None and pk_names:
-        columns = columns.union(pk_names)
+        columns = _with_pk(columns, pk_names)
 
     rows = []
     for i, raw in enumerate(data):
-        if not isinstance(raw, dict):
+        if type(raw) is not dict:
             raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: data[{i}] is not an object")
         image = cast_row(raw, casters, qualified, columns)
         raw_old = None
-        if op is Op.UPDATE:
+        if is_update:
             raw_old = old[i]  # type: ignore[index]
             if not isinstance(raw_old, dict):
                 raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: old[{i}] is not an object")
             changed = frozenset(raw_old)
             # the before image: cast only the changed columns, reuse the rest of the after image
-            before = {**image, **cast_row(raw_old, casters, qualified, columns if columns is not None else frozenset(raw_old))}
+            before = {**image, **cast_row(raw_old, casters, qualified, columns if columns is not None else changed)}
             after = image
         elif op is Op.DELETE:
             before, after, changed = image, None, None
         else:
             before, after, changed = None, image, None
         pk = {name: image.get(name) for name in pk_names}
-        digest = hashlib.blake2b(orjson.dumps((kind, raw, raw_old)), digest_size=6).hexdigest()
+        digest = blake2b(dumps((kind, raw, raw_old)), digest_size=6).hexdigest()
         rows.append(
             RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, f"{es}.{digest}")
         )
     return DecodeResult(rows=tuple(rows))
+
+
+_pk_columns: dict[tuple[frozenset[str], tuple[Any, ...]], frozenset[str]] = {}
+
+
+def _with_pk(columns: frozenset[str], pk_names: list[Any]) -> frozenset[str]:
+    """``columns | pk_names``, cached (a table's pk names repeat in every message)."""
+    try:
+        key = (columns, tuple(pk_names))
+        return _pk_columns[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable pk name: let frozenset.union raise as before
+        return columns.union(pk_names)
+    merged = columns.union(pk_names)
+    if len(_pk_columns) >= 4096:
+        _pk_columns.clear()
+    _pk_columns[key] = merged
+    return merged

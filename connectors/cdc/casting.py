@@ -27,7 +27,7 @@ import base64
 import binascii
 import re
 from datetime import date, datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from connectors.cdc.model import CdcDecodeError, CdcErrorReason
 
@@ -48,15 +48,45 @@ def _to_bool_text(v: str) -> bool:
     return int(v) != 0
 
 
+# Strict "YYYY-MM-DD[ T]HH:MM:SS" (the form canal and Maxwell send): its ISO text
+# and epoch value follow from slicing once the date part is known to be valid,
+# so the hot path builds no datetime objects.  Anything else takes the general
+# (datetime.fromisoformat) path, which defines the behaviour.
+_DATETIME_RE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:[ T]([01]\d|2[0-3]):([0-5]\d):([0-5]\d))?", re.ASCII)
+_epoch_days: dict[str, int | None] = {}
+
+
+def _days_since_epoch(day: str) -> int | None:
+    """Days since 1970-01-01 of a ``YYYY-MM-DD`` text, None when it is no real date (cached)."""
+    try:
+        return _epoch_days[day]
+    except KeyError:
+        pass
+    try:
+        days: int | None = date.fromisoformat(day).toordinal() - _EPOCH_ORDINAL
+    except ValueError:
+        days = None
+    if len(_epoch_days) >= 65536:
+        _epoch_days.clear()
+    _epoch_days[day] = days
+    return days
+
+
 def _to_datetime_text(v: str) -> str | None:
     if v.startswith("0000-00-00"):
         return None
+    if len(v) == 19:
+        m = _DATETIME_RE.fullmatch(v)
+        if m is not None and m.group(2) is not None and _days_since_epoch(m.group(1)) is not None:
+            return f"{v[:10]}T{v[11:]}"
     return datetime.fromisoformat(v).isoformat()
 
 
 def _to_date_text(v: str) -> str | None:
     if v.startswith("0000-00-00"):
         return None
+    if len(v) == 10 and _DATETIME_RE.fullmatch(v) is not None and _days_since_epoch(v) is not None:
+        return v
     return date.fromisoformat(v).isoformat()
 
 
@@ -130,6 +160,34 @@ def canal_casters(
     return casters
 
 
+class _RowPlan(NamedTuple):
+    """What ``cast_row`` does for one (casters, projection): the columns to copy
+    and the ``(column, declared, caster)`` steps, in the order the generic loop
+    would take them (so the first failing column is the same)."""
+
+    casters: dict[str, tuple[str, Caster]]
+    columns: tuple[str, ...] | None
+    todo: tuple[tuple[str, str, Caster], ...]
+
+
+_plan_cache: dict[tuple[int, frozenset[str] | None], _RowPlan] = {}
+
+
+def _row_plan(casters: dict[str, tuple[str, Caster]], columns: frozenset[str] | None) -> _RowPlan:
+    key = (id(casters), columns)
+    plan = _plan_cache.get(key)
+    if plan is None or plan.casters is not casters:  # identity check: an id can be reused after a cache clear
+        if columns is None:
+            plan = _RowPlan(casters, None, tuple((c, d, fn) for c, (d, fn) in casters.items()))
+        else:
+            cols = tuple(columns)
+            plan = _RowPlan(casters, cols, tuple((c, *casters[c]) for c in cols if c in casters))
+        if len(_plan_cache) >= _MAX_CACHE:
+            _plan_cache.clear()
+        _plan_cache[key] = plan
+    return plan
+
+
 def cast_row(
     row: dict[str, Any],
     casters: dict[str, tuple[str, Caster]],
@@ -138,13 +196,10 @@ def cast_row(
 ) -> dict[str, Any]:
     """A copy of ``row`` (only ``columns`` when given) with casters applied; a
     failure is a ``cast_error`` naming the column."""
-    if columns is None:
-        out = dict(row)
-        todo = casters.items()
-    else:
-        out = {c: row[c] for c in columns if c in row}
-        todo = [(c, casters[c]) for c in out if c in casters]
-    for col, (declared, fn) in todo:
+    plan = _row_plan(casters, columns)
+    cols = plan.columns
+    out = dict(row) if cols is None else {c: row[c] for c in cols if c in row}
+    for col, declared, fn in plan.todo:
         v = out.get(col)
         if v is None:
             continue
@@ -269,10 +324,28 @@ def scale_casters(table: str, columns: dict[str, int]) -> dict[str, tuple[str, C
 _B64_RE = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
 
 
+def _fast_epoch_ms(text: str) -> int | None:
+    """Epoch ms of a strict zoneless ``YYYY-MM-DD[ T]HH:MM:SS`` or ``YYYY-MM-DD``
+    text (read as UTC), None when the text is not of that form or not a real date.
+    Equal to ``_temporal_to_epoch_ms`` on those texts (whole seconds: exact)."""
+    m = _DATETIME_RE.fullmatch(text)
+    if m is None:
+        return None
+    days = _days_since_epoch(m.group(1))
+    if days is None:
+        return None
+    if m.group(2) is None:
+        return days * 86_400_000
+    return days * 86_400_000 + int(m.group(2)) * 3_600_000 + int(m.group(3)) * 60_000 + int(m.group(4)) * 1000
+
+
 def _temporal_to_epoch_ms(text: str) -> int | None:
     """ISO date/datetime text (zoned or not; zoneless read as UTC) -> epoch ms, else None."""
     if len(text) < 10 or text[4] != "-" or text[7] != "-":
         return None
+    ms = _fast_epoch_ms(text)
+    if ms is not None:
+        return ms
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
@@ -310,6 +383,10 @@ def _coerce_float(v: Any, where: str) -> Any:
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
+        if len(v) >= 10 and v[4] == "-" and v[7] == "-":
+            ms = _fast_epoch_ms(v)
+            if ms is not None:
+                return float(ms)
         return float(_text_to_number(v, where, "float"))
     raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {type(v).__name__} to float")
 
@@ -320,6 +397,11 @@ def _coerce_int(v: Any, where: str) -> Any:
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, str):
+        if len(v) >= 10 and v[4] == "-" and v[7] == "-":
+            # a temporal text (int() and float() cannot read it): skip their exceptions
+            ms = _fast_epoch_ms(v)
+            if ms is not None:
+                return ms
         try:
             return int(v)
         except ValueError:

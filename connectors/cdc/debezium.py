@@ -93,8 +93,16 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
     """Decode one Debezium record (key and value as produced by JsonConverter)."""
     if value is None or value == b"":
         return DecodeResult(skipped=SkipReason.TOMBSTONE)
-    doc = load_json_object(value)
-    payload, schema = _unwrap(doc)
+    cached = _split_cached(value)
+    if cached is not None:
+        entry, payload = cached
+        schema: dict[str, Any] | None = entry.schema
+    else:
+        entry = None
+        doc = load_json_object(value)
+        payload, schema = _unwrap(doc)
+        if schema is not None and type(value) is bytes:
+            _remember_schema(value, doc)
     if payload is None:
         return DecodeResult(skipped=SkipReason.TOMBSTONE)
     if not isinstance(payload, dict):
@@ -137,11 +145,16 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
     if before_raw is not None and not isinstance(before_raw, dict):
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'before' must be an object or null")
 
-    fields = _row_fields(schema, "after" if after_raw is not None else "before")
-    if fields is not None:
-        casters = debezium_casters(qualified, fields)
-    else:
-        casters = _configured_scales(qualified, options.decimal_scales)
+    which = "after" if after_raw is not None else "before"
+    casters = entry.casters.get((qualified, which)) if entry is not None else None
+    if casters is None:
+        fields = _row_fields(schema, which)
+        if fields is not None:
+            casters = debezium_casters(qualified, fields)
+            if entry is not None:
+                entry.casters[(qualified, which)] = casters
+        else:
+            casters = _configured_scales(qualified, options.decimal_scales)
     columns = options.columns
     key_pk = _key_pk(key)
     if columns is not None and key_pk:
@@ -192,3 +205,85 @@ def _configured_scales(qualified: str, decimal_scales: dict[str, int]) -> dict:
             _scale_cache.clear()
         _scale_cache[cache_key] = casters
     return casters
+
+
+# --------------------------------------------------------------------------- schema cache
+#
+# With ``schemas.enable`` every value repeats its table's schema (~4 KB), byte for
+# byte, before the payload: ``{"schema":<S>,"payload":<P>}``.  Parsing S again for
+# every record and walking it for casters is most of the per-record cost, so the
+# bytes up to and including ``"payload":`` are remembered once verified, and a
+# record starting with them has only its payload parsed.  Equivalence: when
+# ``prefix + b"null}"`` parses to ``{"schema": S, "payload": None}``, then
+# ``prefix + P + b"}"`` parses to ``{"schema": S, "payload": P}`` for any JSON
+# text P, which is exactly what the full parse would give.
+
+
+class _SchemaEntry:
+    """A verified schema prefix, its parsed schema and the casters derived from it."""
+
+    __slots__ = ("prefix", "schema", "casters")
+
+    def __init__(self, prefix: bytes, schema: dict[str, Any]) -> None:
+        self.prefix = prefix
+        self.schema = schema
+        self.casters: dict[tuple[str, str], dict] = {}
+
+
+_PAYLOAD_KEY = b'"payload"'
+_MAX_SCHEMAS = 256
+# bytes before the first b'"payload"' -> entry (None: seen, not cacheable)
+_schemas: dict[bytes, _SchemaEntry | None] = {}
+_last_schema: list[_SchemaEntry | None] = [None]
+
+
+def _split_cached(value: bytes | None) -> tuple[_SchemaEntry, Any] | None:
+    """(entry, parsed payload) when ``value`` starts with a known schema prefix, else None
+    (the caller then parses the whole value)."""
+    if type(value) is not bytes or value[-1:] != b"}":
+        return None
+    entry = _last_schema[0]
+    if entry is None or not value.startswith(entry.prefix):
+        i = value.find(_PAYLOAD_KEY)
+        if i < 0:
+            return None
+        entry = _schemas.get(value[:i])
+        if entry is None or not value.startswith(entry.prefix):
+            return None
+        _last_schema[0] = entry
+    try:
+        payload = orjson.loads(memoryview(value)[len(entry.prefix):-1])
+    except orjson.JSONDecodeError:
+        return None
+    return entry, payload
+
+
+def _remember_schema(value: bytes, doc: dict[str, Any]) -> None:
+    """After a full parse of a schema-wrapped value, remember its verified schema prefix."""
+    i = value.find(_PAYLOAD_KEY)
+    if i < 0:
+        return
+    head = value[:i]
+    if head in _schemas:
+        return
+    entry = None
+    expected = {"schema": doc["schema"], "payload": None}
+    start = i
+    for _ in range(4):  # the schema itself may contain '"payload"'; try a few occurrences
+        colon = value.find(b":", start + len(_PAYLOAD_KEY))
+        if colon >= 0 and not value[start + len(_PAYLOAD_KEY):colon].strip():
+            prefix = value[: colon + 1]
+            try:
+                ok = orjson.loads(prefix + b"null}") == expected
+            except orjson.JSONDecodeError:
+                ok = False
+            if ok:
+                entry = _SchemaEntry(prefix, doc["schema"])
+                break
+        start = value.find(_PAYLOAD_KEY, start + 1)
+        if start < 0:
+            break
+    if len(_schemas) >= _MAX_SCHEMAS:
+        _schemas.clear()
+        _last_schema[0] = None
+    _schemas[head] = entry

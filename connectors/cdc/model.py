@@ -168,6 +168,8 @@ def format_pk(pk: dict[str, Any]) -> str:
     """
     if len(pk) == 1:
         for value in pk.values():
+            if type(value) is int:  # the common case: digits need no escaping
+                return str(value)
             return _pk_value(value)
     return ",".join(f"{_escape(col)}={_pk_value(value)}" for col, value in pk.items())
 
