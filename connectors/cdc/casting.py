@@ -132,6 +132,9 @@ def canal_caster_for(mysql_type: str | None, sql_type: int | None, tinyint1_as_b
 
 
 _canal_cache: dict[tuple, dict[str, tuple[str, Caster]]] = {}
+# (table, tinyint1_as_bool) -> (mysqlType, sqlType, casters) of the table's last message:
+# comparing two small dicts is cheaper than building and hashing the full cache key
+_canal_last: dict[tuple[str, bool], tuple[Any, Any, dict[str, tuple[str, Caster]]]] = {}
 
 
 def canal_casters(
@@ -139,6 +142,9 @@ def canal_casters(
 ) -> dict[str, tuple[str, Caster]]:
     """``{column: (declared type, caster)}`` for the columns that need casting; cached
     by the type maps (canal repeats them in every message)."""
+    last = _canal_last.get((table, tinyint1_as_bool))
+    if last is not None and last[0] == mysql_types and last[1] == sql_types:
+        return last[2]
     key = (
         table,
         tuple(mysql_types.items()) if mysql_types else None,
@@ -157,6 +163,10 @@ def canal_casters(
         if len(_canal_cache) >= _MAX_CACHE:
             _canal_cache.clear()
         _canal_cache[key] = casters
+    if type(mysql_types) is dict and type(sql_types) in (dict, type(None)):
+        if len(_canal_last) >= _MAX_CACHE:
+            _canal_last.clear()
+        _canal_last[(table, tinyint1_as_bool)] = (mysql_types, sql_types, casters)
     return casters
 
 
@@ -212,6 +222,41 @@ def cast_row(
     return out
 
 
+_ABSENT = object()
+
+
+def cast_row_reusing(
+    row: dict[str, Any],
+    casters: dict[str, tuple[str, Caster]],
+    table: str,
+    columns: frozenset[str] | None,
+    other_raw: dict[str, Any],
+    other_cast: dict[str, Any],
+) -> dict[str, Any]:
+    """``cast_row(row, ...)`` where ``other_cast`` is ``cast_row(other_raw, ...)`` with
+    the same casters and columns: a value equal (same type) to the other image's is
+    not cast again.  Casters are pure, so the result is the same; an update's
+    before image mostly repeats its after image."""
+    plan = _row_plan(casters, columns)
+    cols = plan.columns
+    out = dict(row) if cols is None else {c: row[c] for c in cols if c in row}
+    for col, declared, fn in plan.todo:
+        v = out.get(col)
+        if v is None:
+            continue
+        o = other_raw.get(col, _ABSENT)
+        if type(o) is type(v) and o == v:
+            out[col] = other_cast[col]
+            continue
+        try:
+            out[col] = fn(v)
+        except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+            raise CdcDecodeError(
+                CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {str(v)[:60]!r} as {declared} ({exc})"
+            ) from None
+    return out
+
+
 # --------------------------------------------------------------------------- Debezium (schema-driven)
 
 def decode_decimal_bytes(b64: str, scale: int) -> float:
@@ -229,13 +274,30 @@ def _days_to_date(v: int) -> str:
     return date.fromordinal(_EPOCH_ORDINAL + int(v)).isoformat()
 
 
+_day_text: dict[int, str] = {}
+
+
+def _epoch_day_text(days: int) -> str:
+    """``YYYY-MM-DD`` of a day number since 1970-01-01 (cached; out of range raises like ``date``)."""
+    text = _day_text.get(days)
+    if text is None:
+        text = date.fromordinal(_EPOCH_ORDINAL + days).isoformat()
+        if len(_day_text) >= 65536:
+            _day_text.clear()
+        _day_text[days] = text
+    return text
+
+
 def _micros_to_datetime(us: int) -> str:
+    """Epoch microseconds -> ``datetime.isoformat()`` text, built without datetime objects."""
     days, rem = divmod(int(us), 86_400_000_000)
-    d = date.fromordinal(_EPOCH_ORDINAL + days)
+    day = _epoch_day_text(days)
     secs, micro = divmod(rem, 1_000_000)
     h, secs = divmod(secs, 3600)
     m, s = divmod(secs, 60)
-    return datetime(d.year, d.month, d.day, h, m, s, micro).isoformat()
+    if micro:
+        return f"{day}T{h:02d}:{m:02d}:{s:02d}.{micro:06d}"
+    return f"{day}T{h:02d}:{m:02d}:{s:02d}"
 
 
 def _micros_to_time(us: int) -> str:

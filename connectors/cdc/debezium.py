@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from connectors.cdc.casting import cast_row, debezium_casters, scale_casters
+from connectors.cdc.casting import cast_row, cast_row_reusing, debezium_casters, scale_casters
 from connectors.cdc.model import (
     DEFAULT_OPTIONS,
     CdcDecodeError,
@@ -160,7 +160,12 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
     if columns is not None and key_pk:
         columns = columns.union(key_pk)
     after = cast_row(after_raw, casters, qualified, columns) if after_raw is not None else None
-    before = cast_row(before_raw, casters, qualified, columns) if before_raw is not None else None
+    if before_raw is None:
+        before = None
+    elif after is not None:
+        before = cast_row_reusing(before_raw, casters, qualified, columns, after_raw, after)  # type: ignore[arg-type]
+    else:
+        before = cast_row(before_raw, casters, qualified, columns)
 
     changed = None
     if op is Op.UPDATE and before_raw is not None and after_raw is not None:
