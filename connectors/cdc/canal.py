@@ -118,12 +118,16 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
             before, after, changed = image, None, None
         else:
             before, after, changed = None, image, None
-        pk = {name: image.get(name) for name in pk_names}
+        if len(pk_names) == 1:
+            pk_name = pk_names[0]
+            pk = {pk_name: image.get(pk_name)}
+        else:
+            pk = {name: image.get(name) for name in pk_names}
         digest = blake2b(dumps((kind, raw, raw_old)), digest_size=6).hexdigest()
         rows.append(
             RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, f"{es}.{digest}")
         )
-    return DecodeResult(rows=tuple(rows))
+    return DecodeResult(tuple(rows))
 
 
 _pk_columns: dict[tuple[frozenset[str], tuple[Any, ...]], frozenset[str]] = {}

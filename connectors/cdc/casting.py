@@ -178,6 +178,8 @@ class _RowPlan(NamedTuple):
     casters: dict[str, tuple[str, Caster]]
     columns: tuple[str, ...] | None
     todo: tuple[tuple[str, str, Caster], ...]
+    # projection only: every column in order with its (declared, caster) or None
+    steps: tuple[tuple[str, tuple[str, Caster] | None], ...] = ()
 
 
 _plan_cache: dict[tuple[int, frozenset[str] | None], _RowPlan] = {}
@@ -191,7 +193,10 @@ def _row_plan(casters: dict[str, tuple[str, Caster]], columns: frozenset[str] | 
             plan = _RowPlan(casters, None, tuple((c, d, fn) for c, (d, fn) in casters.items()))
         else:
             cols = tuple(columns)
-            plan = _RowPlan(casters, cols, tuple((c, *casters[c]) for c in cols if c in casters))
+            plan = _RowPlan(
+                casters, cols, tuple((c, *casters[c]) for c in cols if c in casters),
+                tuple((c, casters.get(c)) for c in cols),
+            )
         if len(_plan_cache) >= _MAX_CACHE:
             _plan_cache.clear()
         _plan_cache[key] = plan
@@ -207,8 +212,20 @@ def cast_row(
     """A copy of ``row`` (only ``columns`` when given) with casters applied; a
     failure is a ``cast_error`` naming the column."""
     plan = _row_plan(casters, columns)
-    cols = plan.columns
-    out = dict(row) if cols is None else {c: row[c] for c in cols if c in row}
+    if plan.columns is not None:
+        # one pass over the projection: the same result and the same first failing column
+        out = {}
+        for col, cast in plan.steps:
+            if col in row:
+                v = row[col]
+                if cast is not None and v is not None:
+                    try:
+                        v = cast[1](v)
+                    except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+                        raise _cast_error(table, col, v, cast[0], exc) from None
+                out[col] = v
+        return out
+    out = dict(row)
     for col, declared, fn in plan.todo:
         v = out.get(col)
         if v is None:
@@ -216,10 +233,12 @@ def cast_row(
         try:
             out[col] = fn(v)
         except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
-            raise CdcDecodeError(
-                CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {str(v)[:60]!r} as {declared} ({exc})"
-            ) from None
+            raise _cast_error(table, col, v, declared, exc) from None
     return out
+
+
+def _cast_error(table: str, col: str, v: Any, declared: str, exc: Exception) -> CdcDecodeError:
+    return CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {str(v)[:60]!r} as {declared} ({exc})")
 
 
 _ABSENT = object()
@@ -251,9 +270,7 @@ def cast_row_reusing(
         try:
             out[col] = fn(v)
         except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
-            raise CdcDecodeError(
-                CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {str(v)[:60]!r} as {declared} ({exc})"
-            ) from None
+            raise _cast_error(table, col, v, declared, exc) from None
     return out
 
 
