@@ -413,9 +413,10 @@ def _fast_epoch_ms(text: str) -> int | None:
     days = _days_since_epoch(m.group(1))
     if days is None:
         return None
-    if m.group(2) is None:
+    _, h, mi, sec = m.groups()
+    if h is None:
         return days * 86_400_000
-    return days * 86_400_000 + int(m.group(2)) * 3_600_000 + int(m.group(3)) * 60_000 + int(m.group(4)) * 1000
+    return days * 86_400_000 + int(h) * 3_600_000 + int(mi) * 60_000 + int(sec) * 1000
 
 
 def _temporal_to_epoch_ms(text: str) -> int | None:
