@@ -97,3 +97,15 @@ def test_debezium_before_image_reuse_equals_casting_both_images():
     casters = casting.debezium_casters("shop.orders", schema_fields)
     assert row.before == casting.cast_row(doc["payload"]["before"], casters, "shop.orders")
     assert row.after == casting.cast_row(doc["payload"]["after"], casters, "shop.orders")
+
+
+def test_the_last_value_memos_never_answer_for_another_text():
+    """A fresh process (empty memo) and a warm one agree, including on texts that fail."""
+    for text in ["", "2021-01-15 02:12:04", "", "x", "2021-01-15 02:12:04", "2021-01-15 02:12:05"]:
+        assert _outcome(casting._to_datetime_text, text) == _outcome(_general_datetime_text, text)
+        if len(text) >= 10:
+            assert casting._temporal_to_epoch_ms(text) == _general_epoch_ms(text)
+    casting._last_datetime_text[0] = (None, "")
+    casting._last_epoch_ms[0] = (None, 0)
+    assert _outcome(casting._to_datetime_text, "") == _outcome(_general_datetime_text, "")
+    assert casting._fast_epoch_ms("") is None

@@ -72,13 +72,26 @@ def _days_since_epoch(day: str) -> int | None:
     return days
 
 
+# the last (text, result) of the strict fast paths: rows written in the same second
+# (a busy table's created_at/updated_at) repeat the text, so most rows skip the parse
+# (one tuple swapped whole, so a reader never sees a text with another text's result)
+# (the initial None matches no text)
+_last_datetime_text: list[tuple[str | None, str]] = [(None, "")]
+_last_epoch_ms: list[tuple[str | None, int]] = [(None, 0)]
+
+
 def _to_datetime_text(v: str) -> str | None:
+    last = _last_datetime_text[0]
+    if v == last[0]:
+        return last[1]
     if v.startswith("0000-00-00"):
         return None
     if len(v) == 19:
         m = _DATETIME_RE.fullmatch(v)
         if m is not None and m.group(2) is not None and _days_since_epoch(m.group(1)) is not None:
-            return f"{v[:10]}T{v[11:]}"
+            text = f"{v[:10]}T{v[11:]}"
+            _last_datetime_text[0] = (v, text)
+            return text
     return datetime.fromisoformat(v).isoformat()
 
 
@@ -407,6 +420,16 @@ def _fast_epoch_ms(text: str) -> int | None:
     """Epoch ms of a strict zoneless ``YYYY-MM-DD[ T]HH:MM:SS`` or ``YYYY-MM-DD``
     text (read as UTC), None when the text is not of that form or not a real date.
     Equal to ``_temporal_to_epoch_ms`` on those texts (whole seconds: exact)."""
+    last = _last_epoch_ms[0]
+    if text == last[0]:
+        return last[1]
+    ms = _parse_epoch_ms(text)
+    if ms is not None:
+        _last_epoch_ms[0] = (text, ms)
+    return ms
+
+
+def _parse_epoch_ms(text: str) -> int | None:
     m = _DATETIME_RE.fullmatch(text)
     if m is None:
         return None
