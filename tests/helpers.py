@@ -78,10 +78,14 @@ def consume_all(
     }))
     records: list[Record] = []
     try:
-        md = consumer.list_topics(topic, timeout=10)
-        partitions = list(md.topics[topic].partitions) if topic in md.topics else []
-        if not partitions:
-            raise AssertionError(f"topic {topic} does not exist")
+        def topic_partitions() -> list[int]:
+            md = consumer.list_topics(topic, timeout=10)
+            meta = md.topics.get(topic)
+            return [] if meta is None or meta.error is not None else list(meta.partitions)
+
+        # A topic created a moment ago (by a worker, say) can take a metadata round to show its partitions.
+        partitions = wait_until(topic_partitions, min(timeout, 15.0), interval=0.2,
+                                message=f"topic {topic} to exist")
         consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2 = OFFSET_BEGINNING
         at_eof: set[int] = set()
         deadline = time.monotonic() + timeout
