@@ -84,6 +84,21 @@ class Settings(BaseSettings):
         config.update(overrides)
         return config
 
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``SIE_*`` variables, for child processes (an agent's workers).
+
+        A child reads its settings from the environment at its entry point; passing them explicitly
+        means a CLI option or an in-process override reaches it too (not only what the parent's own
+        environment happened to say).
+        """
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            key = f"SIE_{name.upper()}"
+            env[key] = json.dumps(value) if isinstance(value, dict) else str(value)
+        return env
+
     def with_overrides(self, **changes: Any) -> "Settings":
         """A copy with some fields changed (CLI options override env)."""
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from sie.settings import REPO_ROOT
+from sie.settings import REPO_ROOT, Settings
 from workers.process import LaunchSpec
 from workers.replica import DesiredReplica
 
@@ -29,9 +29,12 @@ class WorkerCommandBuilder:
         python: str = sys.executable,
         progress_interval_s: float = 1.0,
         real_gpus: bool = True,
+        settings: Settings | None = None,
     ) -> None:
         self.work_dir = work_dir
-        self.base_env = dict(os.environ if base_env is None else base_env)
+        # The agent's own settings win over whatever its environment said: workers must talk to the
+        # same cluster, with the same topic prefix and security settings, as the agent that runs them.
+        self.base_env = {**(os.environ if base_env is None else base_env), **(settings.to_env() if settings else {})}
         self.python = python
         self.progress_interval_s = progress_interval_s
         #: False with simulated GPUs: the indices name GPUs that do not exist, so hide CUDA entirely

@@ -94,6 +94,7 @@ class Agent:
             config.node_work_dir,
             progress_interval_s=config.worker_progress_interval_s,
             real_gpus=not config.simulate_gpus,
+            settings=settings,
         )
         self.supervisor = Supervisor(launcher or SubprocessLauncher(), self.commands, self._clock, config.policy)
         self.metrics = AgentMetrics(config.node)
