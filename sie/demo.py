@@ -305,8 +305,7 @@ class Demo:
         return out
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-                "SIE_TOPIC_PREFIX": self.settings.topic_prefix, "PYTHONUNBUFFERED": "1"}
+        return {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
 
     def cdc(self) -> None:
         from connectors.results import ResultCollector
