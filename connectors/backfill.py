@@ -203,6 +203,10 @@ class BackfillJob:
         self._plan: BackfillPlan | None = None
         self.live_gate: LiveLagGate | None = None
         self._pos: dict[int, int] = {}
+        # Partitions sought back after an aborted batch: consumer.position() still reports the offset
+        # after the last record consumed BEFORE the seek until a record is consumed again, so it must
+        # not be read as "passed the end" for them (it would skip the whole aborted batch).
+        self._rewound: set[int] = set()
         self._done: set[int] = set()
         self._scored = 0
         self._dead: Counter = Counter()
@@ -343,6 +347,7 @@ class BackfillJob:
                     log.warning("backfill consumer: %s", err.str())
                     continue
                 p = msg.partition()
+                self._rewound.discard(p)
                 if p in reached_end or p in self._done:
                     continue
                 if msg.offset() >= ends[p]:
@@ -356,6 +361,8 @@ class BackfillJob:
                 status, counts = eos.run_batch(batch, self._process)
                 if status is not BatchStatus.COMMITTED:
                     # rewound to the committed offsets: re-read everything not committed, ends included
+                    # (only the batch's partitions were sought; each has a record in range to deliver again)
+                    self._rewound.update(m.partition() for m in batch)
                     consumer.resume([TopicPartition(topic, p) for p in ends if p not in self._done])
                     continue
                 scored, dead, last = counts
@@ -371,7 +378,7 @@ class BackfillJob:
         """Idle: a partition whose fetch position passed its end (control records, aborted data) is done."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        pending = [TopicPartition(topic, p) for p in ends if p not in self._done]
+        pending = [TopicPartition(topic, p) for p in ends if p not in self._done and p not in self._rewound]
         if not pending:
             return
         try:

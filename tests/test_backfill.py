@@ -266,3 +266,65 @@ def test_sigkill_mid_range_then_resume_gives_exactly_one_result_per_record(kafka
     ids = Counter(orjson.loads(m.value())["id"] for m in reader.records)
     assert set(ids) == {f"r{i}" for i in range(n)}  # exactly the planned range, not the 50 added later
     assert max(ids.values()) == 1  # zero duplicates for read_committed readers
+
+
+def test_aborted_batch_is_read_again_not_taken_for_the_end_of_the_range(tmp_path):
+    """After an aborted batch the consumer is sought back, but position() still reports the offset after the
+    batch's last record until a record is consumed again: the job must re-read, not declare the range done.
+    (Seen once in CI: a resumed job reported "complete" with 0 scored.)"""
+    from confluent_kafka import TopicPartition
+
+    from connectors.backfill import BackfillConfig, BackfillJob
+    from connectors.backfill_plan import BackfillPlan, PartitionRange
+    from connectors.backfill_throttle import LiveLagGate, RateLimiter
+    from schemas.spec import load_spec
+    from sie.settings import Settings
+    from streams.eos import BatchStatus
+
+    spec = load_spec(write_echo_spec(tmp_path))
+    topic = spec.topics.requests
+
+    class Msg:
+        def __init__(self, offset: int) -> None:
+            self._offset = offset
+
+        def error(self): return None
+        def partition(self): return 0
+        def offset(self): return self._offset
+        def topic(self): return topic
+
+    class Consumer:
+        """Delivers offsets 0..2, then nothing until sought; position() is stale after the seek."""
+
+        def __init__(self) -> None:
+            self.deliveries = [[Msg(0), Msg(1), Msg(2)], [], [Msg(0), Msg(1), Msg(2)], []]
+            self.last = -1
+
+        def consume(self, n, timeout):
+            batch = self.deliveries.pop(0) if self.deliveries else []
+            if batch:
+                self.last = batch[-1].offset()
+            return batch
+
+        def position(self, tps): return [TopicPartition(topic, 0, self.last + 1)]
+        def pause(self, tps): pass
+        def resume(self, tps): pass
+
+    class Eos:
+        def __init__(self) -> None:
+            self.statuses = [BatchStatus.ABORTED, BatchStatus.COMMITTED]
+            self.batches: list[list[int]] = []
+
+        def run_batch(self, batch, process):
+            self.batches.append([m.offset() for m in batch])
+            status = self.statuses.pop(0)
+            return status, ((len(batch), {}, {0: batch[-1].offset()}) if status is BatchStatus.COMMITTED else None)
+
+    job = BackfillJob(BackfillConfig(settings=Settings(), spec=spec, job_id="unit"), progress=lambda _line: None)
+    job._plan = BackfillPlan(job_id="unit", model=spec.name, version=spec.version, source_topic=topic,
+                             output_topic="o", dead_letter_topic="d", range_from="earliest", range_to="now",
+                             ranges=(PartitionRange(0, 0, 3),), created_ms=0)
+    eos = Eos()
+    job._loop(threading.Event(), Consumer(), eos, LiveLagGate(lambda: 0, None, 1.0), RateLimiter(None))
+    assert eos.batches == [[0, 1, 2], [0, 1, 2]]  # the aborted batch was read and committed again
+    assert job._scored == 3 and 0 in job._done
