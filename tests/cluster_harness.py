@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from sie.settings import Settings
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,15 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 def wait_for(predicate: Callable[[], Any], timeout: float, message: str | Callable[[], str] = "condition",
              interval: float = 0.05) -> Any:
     """Poll until truthy (returned); AssertionError naming ``message`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {text}")
-        time.sleep(interval)
+    return wait_until(predicate, timeout, interval, message)
 
 
 def free_port() -> int:
