@@ -162,7 +162,7 @@ class BackfillReport:
             f"backfill {self.job_id} ({self.version}): {state}",
             f"  range: {self.total} offsets; already done before this run: {self.already_done}",
             f"  scored: {self.scored}; dead-lettered: {sum(self.dead_letters.values())} ({dead})"
-            + (f"; offsets without a record (transaction markers, aborted or compacted records): {self.gaps}"
+            + (f"; offsets without a record (transaction markers, aborted, compacted or retention-deleted records): {self.gaps}"
                if self.complete and self.gaps else ""),
             f"  duration: {self.duration_s:.1f}s; throughput: {self.throughput:,.0f} records/s; "
             f"live-lag pauses: {self.live_pauses}; aborted transactions: {self.aborts}",

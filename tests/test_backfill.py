@@ -22,7 +22,7 @@ from connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange, pa
 from connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.admin import ensure_model_topics
 from sie.errors import ConfigError
-from tests.helpers import consume_all, wait_until
+from tests.helpers import create_topic, consume_all, wait_until
 from tests.scorer_fixtures import CommittedReader, echo_spec, load_echo_backend, write_echo_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,9 +116,19 @@ def produce_timed(settings, topic: str, n: int, partitions: int, start: int = 0,
     assert producer.flush(30) == 0
 
 
+def keep_forever(settings, topic: str, partitions: int) -> None:
+    """Create a request topic whose records are never deleted by time.
+
+    The records carry business timestamps from 2023 (BASE_MS); under the default 7-day retention the
+    broker's retention check (every 5 minutes) would delete them mid-test. It did, in CI.
+    """
+    create_topic(settings, topic, partitions=partitions, config={"retention.ms": "-1"})
+
+
 def make_spec(settings, partitions: int = 3):
     spec = echo_spec()
     t = spec.topics
+    keep_forever(settings, t.requests, partitions)
     ensure_model_topics(settings, [t.requests, t.results, t.dead_letters], partitions)
     return spec
 
@@ -235,7 +245,7 @@ def test_sigkill_mid_range_then_resume_gives_exactly_one_result_per_record(kafka
     from schemas.spec import load_spec
 
     spec = load_spec(spec_path)
-    ensure_model_topics(kafka_settings, [spec.topics.requests], 2)
+    keep_forever(kafka_settings, spec.topics.requests, 2)
     n = 600
     produce_timed(kafka_settings, spec.topics.requests, n, 2)
     job_id = f"kill-{uuid.uuid4().hex[:6]}"
