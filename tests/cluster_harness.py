@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from sie.settings import Settings
-from tests.helpers import wait_until
+from tests.helpers import TopicTail, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -519,43 +519,16 @@ def example_input(model_spec_path: Path) -> dict[str, Any]:
     return dict(doc["spec"]["exampleInput"])
 
 
-class StatusTail:
+class StatusTail(TopicTail):
     """Tail of the ``replica-status`` topic (the agents' state changes, published at once, unlike the
     2 s heartbeat): ``ready_after(replica, t, node)`` = agent timestamp (epoch s) of the first READY."""
 
     def __init__(self, settings: Settings) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        topic = f"{settings.topic_prefix}.replica-status"
-        self.records: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._consumer = Consumer(settings.kafka_client_config(**{
-            "group.id": f"status-{uuid.uuid4().hex[:10]}", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest"}))
-        parts = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        self._consumer.assign([TopicPartition(topic, p, -2) for p in parts])
-        self._thread = threading.Thread(target=self._run, name="status-tail", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from schemas.avro_codec import decode
-
-        while not self._stop.is_set():
-            for msg in self._consumer.consume(100, timeout=0.1):
-                if msg.error() is None and msg.value() is not None:
-                    with self._lock:
-                        self.records.append(decode(msg.value()))
+        super().__init__(settings, f"{settings.topic_prefix}.replica-status")
 
     def ready_after(self, replica_id: str, t: float, node: str | None = None) -> float | None:
-        with self._lock:
-            for r in self.records:
-                if (r["replica_id"] == replica_id and r["state"] == "READY" and r["ts_ms"] / 1000 > t
-                        and (node is None or r["node"] == node)):
-                    return r["ts_ms"] / 1000
+        for r in self.values():
+            if (r["replica_id"] == replica_id and r["state"] == "READY" and r["ts_ms"] / 1000 > t
+                    and (node is None or r["node"] == node)):
+                return r["ts_ms"] / 1000
         return None
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._consumer.close()

@@ -18,53 +18,16 @@ from typing import Any
 
 import pytest
 
-from schemas.avro_codec import decode, encode
+from schemas.avro_codec import encode
 from schemas.spec import load_spec
 from schemas.topics import system_topics
 from sie.admin import ensure_topics
 from sie.settings import REPO_ROOT, Settings
-from tests.helpers import consume_all, produce_json, wait_until
+from tests.helpers import TopicTail, consume_all, produce_json, wait_until
 from workers.agent import Agent, AgentConfig
 from workers.supervisor import SupervisorPolicy
 
 pytestmark = pytest.mark.kafka
-
-
-class TopicTail:
-    """Reads a topic from the beginning in a background thread, decoding Avro values (for assertions)."""
-
-    def __init__(self, settings: Settings, topic: str) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.records: list[tuple[str, dict[str, Any]]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._consumer = Consumer(settings.kafka_client_config(**{
-            "group.id": f"tail-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        }))
-        partitions = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        self._consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for msg in self._consumer.consume(100, timeout=0.1):
-                if msg.error() is None and msg.value() is not None:
-                    with self._lock:
-                        self.records.append((msg.key().decode(), decode(msg.value())))
-
-    def values(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [v for _, v in self.records]
-
-    def find(self, **match: Any) -> list[dict[str, Any]]:
-        return [v for v in self.values() if all(v.get(k) == want for k, want in match.items())]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._consumer.close()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import random
 import sys
 import threading
 import traceback
-from pathlib import Path
 
 import orjson
 import pytest

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import orjson
 

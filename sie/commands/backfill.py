@@ -7,7 +7,6 @@ same ``--job-id``; 1 = an error (one line).
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 

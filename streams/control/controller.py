@@ -29,7 +29,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from streams.control.demand import ReplicaDemand, demands_from_spec
 from streams.control.inventory import ClusterInventory
-from streams.control.placement import Placement, PlacementPlan, place
+from streams.control.placement import PlacementPlan, place
 from streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from streams.control.status import ModelStatus, build_status
 
