@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from connectors.cdc import CdcConverter, parse_connector_spec  # noqa: E402
+from sie.connectors.cdc import CdcConverter, parse_connector_spec  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "cdc"
 FIELD_TYPES = {"amount": "float", "customer_id": "int", "currency": "string", "is_first_order": "bool",

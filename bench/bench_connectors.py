@@ -35,7 +35,7 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from sie.settings import Settings  # noqa: E402
+from sie.kernel.settings import Settings  # noqa: E402
 
 MYSQL = {"id": "bigint(20)", "amount": "decimal(10,2)", "merchant_risk": "decimal(4,3)", "order_hour": "tinyint(4)",
          "account_age_days": "int(11)", "is_foreign": "tinyint(1)", "tx_count_24h": "int(11)",
@@ -173,11 +173,11 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings()
     bootstrap = settings.bootstrap_servers
-    from connectors.cdc import parse_connector_spec
-    from connectors.cdc_stage import CdcStage, CdcStageConfig, field_types_of
-    from schemas.spec import load_spec
-    from schemas.topics import TopicSpec
-    from sie.admin import ensure_model_topics, ensure_topics
+    from sie.connectors.cdc import parse_connector_spec
+    from sie.connectors.cdc_stage import CdcStage, CdcStageConfig, field_types_of
+    from sie.schemas.spec import load_spec
+    from sie.kernel.topics import TopicSpec
+    from sie.kernel.admin import ensure_model_topics, ensure_topics
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-connectors-"))
     name = f"fraud-bench-{uuid.uuid4().hex[:6]}"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sie.settings import Settings  # noqa: E402
+from sie.kernel.settings import Settings  # noqa: E402
 from tests.cluster_harness import (  # noqa: E402
     Cluster,
     RequestStream,

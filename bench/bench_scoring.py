@@ -91,13 +91,13 @@ def _stop_event() -> threading.Event:
 
 
 def _load_spec(cfg: dict) -> Any:
-    from schemas.spec import load_spec
+    from sie.schemas.spec import load_spec
 
     return load_spec(cfg["spec_file"])
 
 
 def _load_backend(spec: Any) -> Any:
-    from workers.backends import backend_config_from_spec, create_backend
+    from sie.workers.backends import backend_config_from_spec, create_backend
 
     backend = create_backend(backend_config_from_spec(spec))
     backend.load()
@@ -108,8 +108,8 @@ def role_null(cfg: dict) -> None:
     """(b) Exactly-once byte copy with the scorer's own client settings and batch size."""
     from confluent_kafka import Consumer, Producer
 
-    from sie.settings import Settings
-    from streams.scorer import ScorerConfig
+    from sie.kernel.settings import Settings
+    from sie.streams.scorer import ScorerConfig
 
     spec = _load_spec(cfg)
     sc = ScorerConfig(settings=Settings(bootstrap_servers=cfg["bootstrap"]), spec=spec, instance=cfg["instance"])
@@ -164,7 +164,7 @@ def role_faust(cfg: dict) -> None:
     import faust
     from faust.worker import Worker
 
-    from schemas.validation import compile_validator
+    from sie.schemas.validation import compile_validator
 
     spec = _load_spec(cfg)
     backend = _load_backend(spec)
@@ -331,8 +331,8 @@ class Bench:
     def start_broker(self) -> None:
         from confluent_kafka.admin import AdminClient
 
-        from sie.kafka.local import LocalKafka, free_base_port
-        from sie.settings import Settings
+        from sie.infra.kafka.local import LocalKafka, free_base_port
+        from sie.kernel.settings import Settings
 
         base = free_base_port(2)
         self.kafka = LocalKafka(Settings(), brokers=1, base_port=base, data_dir=self.tmp / "kafka")
@@ -634,7 +634,7 @@ def scorer_settings() -> dict[str, Any]:
     """The scorer's batching and client knobs as the default ``sie score`` runs them."""
     from dataclasses import fields
 
-    from streams.scorer import ScorerConfig
+    from sie.streams.scorer import ScorerConfig
 
     keep = ("max_batch", "max_wait_ms", "poll_timeout_ms", "fetch_queue_kbytes", "session_timeout_ms")
     out = {f.name: f.default for f in fields(ScorerConfig) if f.name in keep}

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model  # noqa: E402
 
-from schemas.spec import FieldSpec, IOSchema  # noqa: E402
-from schemas.validation import SchemaViolation, compile_validator  # noqa: E402
+from sie.schemas.spec import FieldSpec, IOSchema  # noqa: E402
+from sie.schemas.validation import SchemaViolation, compile_validator  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent / "results" / "validation.txt"
 
@@ -126,13 +126,13 @@ def main() -> int:
     compiled = compile_validator(SCHEMA)
     model = pydantic_model(SCHEMA)
     contenders: list[tuple[str, Callable[[dict], Any], tuple[type[Exception], ...]]] = [
-        ("compiled (schemas.validation)", compiled, (SchemaViolation,)),
+        ("compiled (sie.schemas.validation)", compiled, (SchemaViolation,)),
         ("pydantic create_model, strict", model.model_validate, (ValidationError,)),
     ]
     try:
         import jsonschema  # type: ignore[import-not-found]
 
-        from schemas.request import io_json_schema
+        from sie.schemas.request import io_json_schema
 
         validator = jsonschema.Draft202012Validator(io_json_schema(SCHEMA))
         contenders.append(("jsonschema Draft2020-12", validator.validate, (jsonschema.ValidationError,)))

@@ -3,7 +3,7 @@
 Semantics (``docs/connectors.md``):
 
 * **Bounded.** The range ``[from, to)`` per partition is resolved once, when the job is created, and
-  stored in the plans topic (``connectors.backfill_plan``); a resumed job replays the same range even
+  stored in the plans topic (``sie.connectors.backfill_plan``); a resumed job replays the same range even
   if ``--to now`` was given and the topic has grown since.
 * **Separate.** Results go to the backfill topic (``spec.topics.backfill`` by default), never the live
   results topic; dead letters to ``<backfill topic>.dlq``.  The job's consumer group is
@@ -12,14 +12,14 @@ Semantics (``docs/connectors.md``):
 * **Idempotent.** A result's key is ``<request id>:<version>``.  Request ids are stable across re-reads
   (the request's own ``id``, else ``<topic>:<partition>:<offset>``), so re-running a job, or running a
   second job over the same range, upserts rather than adds in a compacted topic or an upserting sink.
-* **Exactly once, resumable.** One batch = one transaction (``streams.eos.ExactlyOnce``): results, dead
+* **Exactly once, resumable.** One batch = one transaction (``sie.streams.eos.ExactlyOnce``): results, dead
   letters and the group's offsets commit together, with ``transactional.id`` ``sie.backfill.<job-id>``.
   After SIGKILL, re-running with the same ``--job-id`` fences the dead process, starts from the group's
   committed offsets and yields exactly one result (or dead letter) per record in range for
   ``read_committed`` readers.
-* **Yields to live traffic.** ``--rate`` and the live-lag gate (``connectors.backfill_throttle``).
+* **Yields to live traffic.** ``--rate`` and the live-lag gate (``sie.connectors.backfill_throttle``).
 
-Scoring reuses the scorer's request parsing/validation and result building (``streams.scorer.Codec``)
+Scoring reuses the scorer's request parsing/validation and result building (``sie.streams.scorer.Codec``)
 and its poison-row isolation, so a backfilled result is byte-compatible with a live one (same
 ``id``/``outputs``/``source`` fields) apart from ``timings.queue_ms``, which is 0 (replayed records are
 old by definition and ``sla.max_queue_time_ms`` does not apply).
@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from connectors.backfill_plan import (
+from sie.connectors.backfill_plan import (
     BackfillPlan,
     Bound,
     ensure_plans_topic,
@@ -44,18 +44,18 @@ from connectors.backfill_plan import (
     resolve_ranges,
     write_plan,
 )
-from connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
-from sie.errors import ConfigError
-from sie.settings import Settings
-from streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
-from streams.kafka_config import consumer_config, producer_config
-from streams.scorer.codec import Codec, Poison
-from streams.scorer.errors import BackendUnavailable, DeadLetterReason
-from streams.scorer.loop import InferenceFailed, infer_isolating  # the scorer's poison-row isolation (bisection)
+from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
+from sie.kernel.errors import ConfigError
+from sie.kernel.settings import Settings
+from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
+from sie.kernel.kafka_config import consumer_config, producer_config
+from sie.streams.scorer.codec import Codec, Poison
+from sie.streams.scorer.errors import BackendUnavailable, DeadLetterReason
+from sie.streams.scorer.loop import InferenceFailed, infer_isolating  # the scorer's poison-row isolation (bisection)
 
 if TYPE_CHECKING:
-    from schemas.spec import ModelService
-    from streams.scorer.transaction import Checkpoint
+    from sie.schemas.spec import ModelService
+    from sie.streams.eos.transaction import Checkpoint
 
 log = logging.getLogger("sie.backfill")
 
@@ -190,7 +190,7 @@ class BackfillJob:
         self._progress_out = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         self._clock = clock
         spec = config.spec
-        from schemas.validation import compile_validator
+        from sie.schemas.validation import compile_validator
 
         validator = compile_validator(spec.input_schema)
         self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)
@@ -258,7 +258,7 @@ class BackfillJob:
         started = self._clock()
         from confluent_kafka import Consumer, TopicPartition
 
-        from sie.admin import admin_client, ensure_model_topics
+        from sie.kernel.admin import admin_client, ensure_model_topics
 
         partitions = self._partition_count(plan.source_topic) or len(plan.ranges) or 1
         ensure_model_topics(cfg.settings, [plan.output_topic, plan.dead_letter_topic], partitions)
@@ -302,7 +302,7 @@ class BackfillJob:
                               self.live_gate.pauses if self.live_gate else 0, eos.aborts)
 
     def _partition_count(self, topic: str) -> int | None:
-        from sie.admin import wait_for_cluster
+        from sie.kernel.admin import wait_for_cluster
 
         meta = wait_for_cluster(self.config.settings).topics.get(topic)
         return len(meta.partitions) if meta is not None and meta.partitions else None

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from sie.errors import ConfigError, KafkaUnavailable
+from sie.kernel.errors import ConfigError, KafkaUnavailable
 
 _EPOCH_MS_DIGITS = 12  # 10**11 ms is 1973: a 12+ digit integer is a time, a shorter one an offset
 _PER_PARTITION = re.compile(r"^\s*\d+\s*:\s*\d+\s*(,\s*\d+\s*:\s*\d+\s*)*$")
@@ -202,8 +202,8 @@ def plans_topic(prefix: str) -> str:
 
 
 def ensure_plans_topic(settings: Any) -> str:
-    from schemas.topics import TopicSpec
-    from sie.admin import ensure_topics
+    from sie.kernel.topics import TopicSpec
+    from sie.kernel.admin import ensure_topics
 
     name = plans_topic(settings.topic_prefix)
     ensure_topics(settings, [TopicSpec(name, 1, True, "backfill job plans, key = job id")])

@@ -11,7 +11,7 @@ Why a separate stage (and not the scorer reading the CDC topic through the adapt
   (a row's changes share a source partition too: canal/Debezium partition by primary key, and one stage
   instance owns a source partition at a time).
 
-One batch = one transaction (``streams.eos.ExactlyOnce``)::
+One batch = one transaction (``sie.streams.eos.ExactlyOnce``)::
 
     consume <= max_batch CDC records (group sie.cdc.<connector>, subscribe(), read_committed)
     begin -> per record: convert -> produce requests | produce one dead letter | count skips
@@ -30,23 +30,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from connectors.cdc import CdcConnectorSpec, CdcConverter
-from sie.errors import ConfigError
-from sie.settings import Settings
-from streams.eos import (
+from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
+from sie.kernel.errors import ConfigError
+from sie.kernel.settings import Settings
+from sie.streams.eos import (
     BatchStatus,
     EosLimits,
     ExactlyOnce,
     close_quietly,
     start_producer,
 )
-from streams.kafka_config import consumer_config, producer_config
-from streams.lag import consumer_lag
-from streams.scorer.batcher import Batcher
-from streams.scorer.config import INSTANCE_RE  # one rule for instance names across SIE
+from sie.kernel.kafka_config import consumer_config, producer_config
+from sie.streams.eos.lag import consumer_lag
+from sie.streams.eos.batcher import Batcher
+from sie.streams.scorer.config import INSTANCE_RE  # one rule for instance names across SIE
 
 if TYPE_CHECKING:
-    from streams.scorer.transaction import Checkpoint
+    from sie.streams.eos.transaction import Checkpoint
 
 log = logging.getLogger("sie.cdc")
 

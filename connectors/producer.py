@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from sie.errors import SieError
-from sie.settings import Settings
+from sie.kernel.errors import SieError
+from sie.kernel.settings import Settings
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

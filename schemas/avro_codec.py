@@ -8,7 +8,7 @@ record was written with (the current one, or an older one kept under
 so agents and control planes of different versions can share topics during a
 rolling upgrade.  Evolution rules: ``docs/contracts.md``.
 
-``python -m schemas.avro_codec --freeze`` saves each current schema whose
+``python -m sie.schemas.avro_codec --freeze`` saves each current schema whose
 fingerprint is not yet in ``history/`` (run it when a schema changes;
 ``tests/test_avro.py`` fails until you do).
 """
@@ -26,7 +26,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
 
-from sie.errors import SieError
+from sie.kernel.errors import SieError
 
 AVRO_DIR = Path(__file__).resolve().parent / "avro"
 HISTORY_DIR = AVRO_DIR / "history"
@@ -268,9 +268,9 @@ def _main(argv: list[str]) -> int:
     if argv == ["--check"]:
         missing = codec.unfrozen()
         for name in missing:
-            print(f"{name}: current schema not in {HISTORY_DIR}; run python -m schemas.avro_codec --freeze")
+            print(f"{name}: current schema not in {HISTORY_DIR}; run python -m sie.schemas.avro_codec --freeze")
         return 1 if missing else 0
-    print("usage: python -m schemas.avro_codec --freeze | --check", file=sys.stderr)
+    print("usage: python -m sie.schemas.avro_codec --freeze | --check", file=sys.stderr)
     return 2
 
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from schemas.spec_models import FieldSpec, IOSchema
+from sie.schemas.spec_models import FieldSpec, IOSchema
 
 if TYPE_CHECKING:
-    from schemas.spec_models import ModelService
+    from sie.schemas.spec_models import ModelService
 
 Kind = Literal["input", "output"]
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from schemas.spec_models import FieldSpec, IOSchema
+from sie.schemas.spec_models import FieldSpec, IOSchema
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 DOCUMENTS = ("request", "result", "dead-letter")
@@ -44,7 +44,7 @@ def json_schema(name: str) -> dict[str, Any]:
 
 
 def field_json_schema(field: FieldSpec) -> dict[str, Any]:
-    """One IOSchema field as JSON Schema (the same rules ``schemas.validation`` enforces)."""
+    """One IOSchema field as JSON Schema (the same rules ``sie.schemas.validation`` enforces)."""
     out: dict[str, Any] = {"type": [_JSON_TYPES[field.type], "null"] if field.nullable else _JSON_TYPES[field.type]}
     if field.max_length is not None:
         out["maxLength"] = field.max_length

@@ -4,7 +4,7 @@ Two document styles are accepted as written in the SIE article
 (``examples/article/``): the flat model-spec (``name``, ``backend: sglang``,
 ``min_gpu_memory_mb``, ``slas``) and the Kubernetes-style
 ``apiVersion: sie.lmsys.org/v1, kind: ModelService``.  ``docs/contracts.md``
-lists every field of both.  Errors raise ``sie.errors.SpecError`` (subclass
+lists every field of both.  Errors raise ``sie.kernel.errors.SpecError`` (subclass
 ``InvalidSpec``) listing every problem, one per line, as
 ``<field path>: <reason> (got <value>)``.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from schemas.spec_models import (
+from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
     BackendSpec,
@@ -29,7 +29,7 @@ from schemas.spec_models import (
     Sla,
     SpecTopics,
 )
-from schemas.spec_parse import InvalidSpec, build_spec, parse_quantity
+from sie.schemas.spec_parse import InvalidSpec, build_spec, parse_quantity
 
 __all__ = [
     "BACKEND_TYPES",

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.spec_models import (
+from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
     PRIORITY_LEVELS,
@@ -32,8 +32,8 @@ from schemas.spec_models import (
     Sla,
     SpecTopics,
 )
-from schemas.topics import ModelTopics
-from sie.errors import SpecError
+from sie.kernel.topics import ModelTopics
+from sie.kernel.errors import SpecError
 
 API_VERSION = "sie.lmsys.org/v1"
 KIND = "ModelService"
@@ -778,7 +778,7 @@ def _finish(issues: _Issues, d: dict[str, Any], paths: dict[str, str], topic_pre
 
 
 def _check_example(issues: _Issues, spec: ModelService, path: str) -> None:
-    from schemas.validation import SchemaViolation, compile_validator
+    from sie.schemas.validation import SchemaViolation, compile_validator
 
     if spec.example_input is None:
         return

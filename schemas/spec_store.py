@@ -1,7 +1,7 @@
 """Applied specs on Kafka: the compacted ``<prefix>.specs`` topic, key = model name.
 
 Writers (``sie apply``/``sie delete``) publish ``ModelSpecRecord`` values
-(Avro, ``schemas.avro_codec``) with an idempotent producer and wait for the
+(Avro, ``sie.schemas.avro_codec``) with an idempotent producer and wait for the
 broker's acknowledgement; a delete publishes a ``deleted=true`` record (so
 live readers see the event) followed by a tombstone (so compaction forgets the
 model).  Readers (CLI, control plane) replay the topic from the beginning to
@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from schemas.avro_codec import AvroCodecError, decode, encode
-from schemas.spec_models import ModelService
-from schemas.topics import system_topic, system_topics
-from sie.errors import KafkaUnavailable, SieError
+from sie.schemas.avro_codec import AvroCodecError, decode, encode
+from sie.schemas.spec_models import ModelService
+from sie.kernel.topics import system_topic, system_topics
+from sie.kernel.errors import KafkaUnavailable, SieError
 
 if TYPE_CHECKING:
-    from sie.settings import Settings
+    from sie.kernel.settings import Settings
 
 log = logging.getLogger(__name__)
 RECORD = "ModelSpecRecord"
@@ -50,8 +50,8 @@ def spec_from_record(record: dict[str, Any]) -> ModelService:
 
 
 def ensure_specs_topic(settings: "Settings") -> None:
-    """Create the specs topic (compacted) if missing, via the infra engineer's ``sie.admin``."""
-    from sie.admin import ensure_topics
+    """Create the specs topic (compacted) if missing, via the infra engineer's ``sie.kernel.admin``."""
+    from sie.kernel.admin import ensure_topics
 
     name = specs_topic(settings)
     ensure_topics(settings, [t for t in system_topics(settings.topic_prefix) if t.name == name])
@@ -141,7 +141,7 @@ def read_spec_snapshot(settings: "Settings", timeout: float = 30.0) -> SpecSnaps
     """Replay the specs topic from the beginning to its current end (every partition reports EOF)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from sie.admin import admin_client
+    from sie.kernel.admin import admin_client
 
     topic = specs_topic(settings)
     snapshot = SpecSnapshot()

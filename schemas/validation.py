@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from schemas.spec_models import FieldSpec, IOSchema
+from sie.schemas.spec_models import FieldSpec, IOSchema
 
 _MISSING = object()
 _REPR_LIMIT = 60

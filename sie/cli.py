@@ -13,8 +13,8 @@ import sys
 
 import click
 
-from sie.errors import SieError
-from sie.settings import Settings
+from sie.kernel.errors import SieError
+from sie.kernel.settings import Settings
 
 # Subcommand modules, in the order `sie --help` lists them.
 COMMAND_MODULES = [

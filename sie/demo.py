@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import importlib.resources
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from sie.errors import SieError
-from sie.settings import REPO_ROOT, Settings
+from sie.kernel.errors import SieError
+from sie.kernel.settings import Settings
 
-EXAMPLES = REPO_ROOT / "examples"
+# The examples ship as package data (``sie.examples``), so the demo runs from an installed SIE too.
+EXAMPLES = Path(str(importlib.resources.files("sie.examples")))
 ARTICLE_SPECS = [EXAMPLES / "article" / "model-spec.yaml", EXAMPLES / "article" / "qwen2-7b-scoring.yaml"]
 DEMO_SPECS = [EXAMPLES / "fraud-scorer.yaml", EXAMPLES / "fraud-rules.yaml"]
 Echo = Callable[[str], None]
@@ -81,7 +83,7 @@ class Processes:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "sie", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=REPO_ROOT, start_new_session=True)
+                                env=env, cwd=self.log_dir, start_new_session=True)
         self.started.append((name, proc))
         return proc
 
@@ -127,7 +129,8 @@ class Demo:
         self.requests = requests
         self.http = f"http://127.0.0.1:{http_port}"
         self.http_port = http_port
-        self.work = REPO_ROOT / ".cache" / "demo"
+        self.work = settings.cache_dir / "demo"
+        self.work.mkdir(parents=True, exist_ok=True)
         self.started_at = time.time()
         self.procs = Processes(self.work / "logs")
 
@@ -150,9 +153,9 @@ class Demo:
 
     # -- 1 -----------------------------------------------------------------------------------------
     def kafka(self) -> None:
-        from schemas.topics import system_topics
-        from sie.admin import ensure_topics
-        from sie.kafka import LocalKafka
+        from sie.kernel.topics import system_topics
+        from sie.kernel.admin import ensure_topics
+        from sie.infra.kafka import LocalKafka
 
         self.step("Kafka")
         if self.settings.bootstrap_servers == Settings.model_fields["bootstrap_servers"].default:
@@ -165,13 +168,13 @@ class Demo:
 
     # -- 2 -----------------------------------------------------------------------------------------
     def article_specs(self) -> None:
-        from schemas.spec import load_spec
-        from schemas.spec_store import publish_spec
+        from sie.schemas.spec import load_spec
+        from sie.schemas.spec_store import publish_spec
 
         self.step("the SIE article's two specs, validated and applied as written")
         for path in ARTICLE_SPECS:
             spec = load_spec(path, topic_prefix=self.settings.topic_prefix)
-            self.echo(f"  {path.relative_to(REPO_ROOT)}: ok, {spec.name} {spec.version} ({spec.backend.type}, "
+            self.echo(f"  {path.relative_to(EXAMPLES.parent)}: ok, {spec.name} {spec.version} ({spec.backend.type}, "
                       f"{spec.resources.gpu_memory_mb} MiB GPU memory x {max(spec.resources.gpus, 1)} GPU)")
             for warning in spec.warnings:
                 self.echo(f"    warning: {warning}")
@@ -181,8 +184,8 @@ class Demo:
 
     # -- 3 -----------------------------------------------------------------------------------------
     def cluster(self) -> None:
-        from schemas.spec import load_spec
-        from schemas.spec_store import publish_spec
+        from sie.schemas.spec import load_spec
+        from sie.schemas.spec_store import publish_spec
 
         self.step("control plane and two node agents (simulated GPUs: no GPU on this machine)")
         env = self.env()
@@ -222,9 +225,9 @@ class Demo:
     def scoring(self) -> None:
         from confluent_kafka import Producer
 
-        from connectors.producer import RequestProducer
-        from connectors.results import ResultCollector
-        from schemas.topics import ModelTopics
+        from sie.connectors.producer import RequestProducer
+        from sie.connectors.results import ResultCollector
+        from sie.kernel.topics import ModelTopics
 
         self.step(f"scoring {self.requests:,} requests exactly once")
         topics = ModelTopics.default_for("fraud-scorer", self.settings.topic_prefix)
@@ -296,7 +299,7 @@ class Demo:
     def sie(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run one `sie` command as a user would, echoing it and its output."""
         self.echo(f"$ sie {' '.join(args)}")
-        out = subprocess.run([sys.executable, "-m", "sie", *args], env=self.env(), cwd=REPO_ROOT,
+        out = subprocess.run([sys.executable, "-m", "sie", *args], env=self.env(), cwd=self.work,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         for line in out.stdout.rstrip().splitlines():
             self.echo(f"  {line}")
@@ -308,8 +311,8 @@ class Demo:
         return {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
 
     def cdc(self) -> None:
-        from connectors.results import ResultCollector
-        from schemas.topics import ModelTopics
+        from sie.connectors.results import ResultCollector
+        from sie.kernel.topics import ModelTopics
 
         self.step("CDC: canal row changes of shop.orders scored in real time")
         connector = "examples/cdc/orders-to-fraud.yaml"

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from connectors.cdc.config import CdcConnectorSpec, parse_connector_spec
+from sie.connectors.cdc.config import CdcConnectorSpec, parse_connector_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cdc"
 
-# model input field -> "string" | "int" | "float" | "bool" (as schemas.spec FieldSpec.type)
+# model input field -> "string" | "int" | "float" | "bool" (as sie.schemas.spec FieldSpec.type)
 ORDER_FIELD_TYPES = {
     "amount": "float",
     "customer_id": "int",

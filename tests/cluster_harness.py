@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 from tests.helpers import TopicTail, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def worker_pids(agent_pid: int) -> dict[str, int]:
     found: dict[str, int] = {}
     for child in _children(agent_pid):
         args = _cmdline(child)
-        if "workers.worker_main" in args and "--replica-id" in args and pid_alive(child):
+        if "sie.workers.worker_main" in args and "--replica-id" in args and pid_alive(child):
             found[args[args.index("--replica-id") + 1]] = child
     return found
 
@@ -160,8 +160,8 @@ class Cluster:
     """Starts and stops real processes for one test (or bench run) under a unique topic prefix."""
 
     def __init__(self, settings: Settings, root: Path, prefix: str | None = None) -> None:
-        from schemas.topics import system_topics
-        from sie.admin import ensure_topics
+        from sie.kernel.topics import system_topics
+        from sie.kernel.admin import ensure_topics
 
         self.prefix = prefix or f"e2e{uuid.uuid4().hex[:8]}"
         self.settings = settings.with_overrides(topic_prefix=self.prefix)
@@ -176,6 +176,9 @@ class Cluster:
     def env(self) -> dict[str, str]:
         env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
                "SIE_TOPIC_PREFIX": self.prefix, "PYTHONUNBUFFERED": "1"}
+        # The demo models' code (examples/models) is installed on these nodes, as a user's model package
+        # would be: a spec POSTed without a file (no directory to search) still finds its callable.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "examples"), env.get("PYTHONPATH", "")) if p)
         return env
 
     def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None) -> Proc:
@@ -245,7 +248,7 @@ class Cluster:
         return path
 
     def spec_topics(self, model: str) -> dict[str, str]:
-        from schemas.topics import ModelTopics
+        from sie.kernel.topics import ModelTopics
 
         t = ModelTopics.default_for(model, self.prefix)
         return {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters}
@@ -346,7 +349,7 @@ class Cluster:
                     p.popen.wait(10)
         for p in self.procs:
             for pid in p.seen_workers:
-                if pid_alive(pid) and "workers.worker_main" in _cmdline(pid):
+                if pid_alive(pid) and "sie.workers.worker_main" in _cmdline(pid):
                     os.kill(pid, signal.SIGKILL)
 
     def __enter__(self) -> "Cluster":
@@ -440,7 +443,7 @@ class ResultTail:
     def __init__(self, settings: Settings, topics: dict[str, str]) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from sie.admin import ensure_model_topics
+        from sie.kernel.admin import ensure_model_topics
 
         ensure_model_topics(settings, [topics["requests"], topics["results"], topics["dead_letters"]],
                             settings.request_partitions)

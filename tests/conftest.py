@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sie.kafka.local import LocalKafka, free_base_port
-from sie.settings import Settings
+from sie.infra.kafka.local import LocalKafka, free_base_port
+from sie.kernel.settings import Settings
 
 _KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka"}
 
@@ -51,7 +51,7 @@ def _start_local(base_settings: Settings, brokers: int, data_dir: Path) -> Local
 @pytest.fixture(scope="session")
 def bootstrap_servers(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if os.environ.get("SIE_BOOTSTRAP_SERVERS"):
-        from sie.admin import wait_for_cluster
+        from sie.kernel.admin import wait_for_cluster
 
         wait_for_cluster(base_settings, timeout=30)
         yield base_settings.bootstrap_servers

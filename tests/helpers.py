@@ -9,10 +9,15 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
+
+#: the source checkout (tests read its examples/ and docs/; product code never depends on it)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO_ROOT / "examples"
 
 
 def wait_until(
@@ -144,8 +149,8 @@ def produce_json(
 def create_topic(settings: Settings, name: str, partitions: int = 1, replication: int = 1,
                  config: dict[str, str] | None = None) -> str:
     """Create a plain test topic and wait until it has leaders."""
-    from schemas.topics import TopicSpec
-    from sie.admin import ensure_topics
+    from sie.kernel.topics import TopicSpec
+    from sie.kernel.admin import ensure_topics
 
     compacted = (config or {}).get("cleanup.policy") == "compact"
     extra = {k: v for k, v in (config or {}).items() if k != "cleanup.policy"}
@@ -171,7 +176,7 @@ class TopicTail:
         self._thread.start()
 
     def _run(self) -> None:
-        from schemas.avro_codec import decode
+        from sie.schemas.avro_codec import decode
 
         while not self._stop.is_set():
             for msg in self._consumer.consume(100, timeout=0.1):

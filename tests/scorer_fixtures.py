@@ -52,7 +52,7 @@ def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = Non
 
 
 def echo_spec(name: str | None = None, max_queue_time_ms: float | None = None):
-    from schemas.spec import parse_spec
+    from sie.schemas.spec import parse_spec
 
     return parse_spec(echo_spec_doc(name, max_queue_time_ms))
 
@@ -66,7 +66,7 @@ def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms:
 
 def load_echo_backend(spec):
     """The backend_factory for ``run_scorer``: the real python backend, loaded."""
-    from workers.backends import backend_config_from_spec, create_backend
+    from sie.workers.backends import backend_config_from_spec, create_backend
 
     backend = create_backend(backend_config_from_spec(spec))
     backend.load()

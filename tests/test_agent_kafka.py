@@ -18,14 +18,15 @@ from typing import Any
 
 import pytest
 
-from schemas.avro_codec import encode
-from schemas.spec import load_spec
-from schemas.topics import system_topics
-from sie.admin import ensure_topics
-from sie.settings import REPO_ROOT, Settings
+from sie.schemas.avro_codec import encode
+from sie.schemas.spec import load_spec
+from sie.kernel.topics import system_topics
+from sie.kernel.admin import ensure_topics
+from sie.kernel.settings import Settings
+from tests.helpers import REPO_ROOT
 from tests.helpers import TopicTail, consume_all, produce_json, wait_until
-from workers.agent import Agent, AgentConfig
-from workers.supervisor import SupervisorPolicy
+from sie.workers.agent import Agent, AgentConfig
+from sie.workers.supervisor import SupervisorPolicy
 
 pytestmark = pytest.mark.kafka
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from workers.process import LaunchSpec, describe_exit
-from workers.replica import DesiredReplica, ExitInfo, ReplicaState
-from workers.supervisor import Supervisor, SupervisorPolicy
+from sie.workers.process import LaunchSpec, describe_exit
+from sie.workers.replica import DesiredReplica, ExitInfo, ReplicaState
+from sie.workers.supervisor import Supervisor, SupervisorPolicy
 
 
 class FakeClock:
@@ -308,8 +308,8 @@ def test_describe_exit(returncode: int, cause: str, code: int | None, sig: int |
 
 
 def test_readiness_checks_output_fields() -> None:
-    from schemas.spec_models import FieldSpec, IOSchema
-    from workers.readiness import ReadinessError, check_outputs
+    from sie.schemas.spec_models import FieldSpec, IOSchema
+    from sie.workers.readiness import ReadinessError, check_outputs
 
     schema = IOSchema(fields=(FieldSpec(name="p", type="float", range=(0, 1)), FieldSpec(name="why", type="string")))
     check_outputs(schema, [{"p": 0.2, "why": "ok"}])
@@ -324,8 +324,8 @@ def test_readiness_checks_output_fields() -> None:
 
 
 def test_metrics_expose_gpus_and_replica_states(env: Any) -> None:
-    from workers.gpu import host_inventory, parse_simulated_gpus
-    from workers.metrics import AgentMetrics
+    from sie.workers.gpu import host_inventory, parse_simulated_gpus
+    from sie.workers.metrics import AgentMetrics
 
     sup, launcher, _ = env
     start_ready(sup, launcher, [replica()])

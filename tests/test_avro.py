@@ -9,8 +9,8 @@ import json
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
-from schemas import avro_codec
-from schemas.avro_codec import HISTORY_DIR, MAGIC, RECORDS, AvroCodecError, Codec, crc64_avro, decode, encode
+from sie.schemas import avro_codec
+from sie.schemas.avro_codec import HISTORY_DIR, MAGIC, RECORDS, AvroCodecError, Codec, crc64_avro, decode, encode
 
 GPU = {
     "index": 0, "uuid": "GPU-1234", "product": "NVIDIA A100-SXM4-80GB", "memory_total_mb": 81920,
@@ -183,7 +183,7 @@ def test_removed_field_without_default_is_not_readable():
 
 
 def test_current_schemas_are_frozen_in_history():
-    """Changing a .avsc without `python -m schemas.avro_codec --freeze` fails here."""
+    """Changing a .avsc without `python -m sie.schemas.avro_codec --freeze` fails here."""
     assert Codec().unfrozen() == []
 
 

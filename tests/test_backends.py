@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 
-from workers.backends import (  # noqa: E402
+from sie.workers.backends import (  # noqa: E402
     BackendConfig,
     BackendError,
     FieldRef,
@@ -25,7 +25,7 @@ from workers.backends import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAUD = ROOT / "models" / "fraud"
+FRAUD = ROOT / "examples" / "models" / "fraud"
 INPUTS = tuple(
     FieldRef(n, t)
     for n, t in [
@@ -61,6 +61,7 @@ def fraud_config(artifact: Path | str = "fraud_scorer.pt", **overrides) -> Backe
         example_input=EXAMPLE,
         device="cpu",
         model_id="fraud-scorer:test",
+        search_paths=(ROOT / "examples",),  # where the demo's model module lives (as the spec's directory would)
     )
     values.update(overrides)
     return BackendConfig(**values)
@@ -140,7 +141,7 @@ def test_empty_batch_returns_empty_list() -> None:
 
 
 def test_demo_spec_loads_through_spec_api() -> None:
-    spec_mod = pytest.importorskip("schemas.spec")
+    spec_mod = pytest.importorskip("sie.schemas.spec")
     spec = spec_mod.load_spec(ROOT / "examples" / "fraud-scorer.yaml")
     backend = loaded(backend_config_from_spec(spec))
     assert backend.infer([dict(spec.example_input)])[0]["fraud_probability"] > 0.5
@@ -287,7 +288,8 @@ RULES_OUT = (FieldRef("risk_score", "float"), FieldRef("reason", "string"))
 
 
 def python_config(callable_ref: str, **overrides) -> BackendConfig:
-    values = dict(type="python", callable=callable_ref, example_input=EXAMPLE, output_fields=RULES_OUT)
+    values = dict(type="python", callable=callable_ref, example_input=EXAMPLE, output_fields=RULES_OUT,
+                  search_paths=(ROOT / "examples",))
     values.update(overrides)
     return BackendConfig(**values)
 
@@ -303,7 +305,7 @@ def test_python_backend_rules_happy_path() -> None:
 
 
 def test_python_rules_spec_loads_through_spec_api() -> None:
-    spec_mod = pytest.importorskip("schemas.spec")
+    spec_mod = pytest.importorskip("sie.schemas.spec")
     spec = spec_mod.load_spec(ROOT / "examples" / "fraud-rules.yaml")
     backend = loaded(backend_config_from_spec(spec))
     assert backend.infer([dict(spec.example_input)])[0]["risk_score"] > 0.5

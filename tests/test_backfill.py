@@ -17,11 +17,11 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from connectors.backfill import BackfillConfig, BackfillJob
-from connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange, parse_bound
-from connectors.backfill_throttle import LiveLagGate, RateLimiter
-from sie.admin import ensure_model_topics
-from sie.errors import ConfigError
+from sie.connectors.backfill import BackfillConfig, BackfillJob
+from sie.connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange, parse_bound
+from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
+from sie.kernel.admin import ensure_model_topics
+from sie.kernel.errors import ConfigError
 from tests.helpers import create_topic, consume_all, wait_until
 from tests.scorer_fixtures import CommittedReader, echo_spec, load_echo_backend, write_echo_spec
 
@@ -242,7 +242,7 @@ def _done(log: Path) -> int:
 def test_sigkill_mid_range_then_resume_gives_exactly_one_result_per_record(kafka_settings, bootstrap_servers,
                                                                           tmp_path):
     spec_path = write_echo_spec(tmp_path)
-    from schemas.spec import load_spec
+    from sie.schemas.spec import load_spec
 
     spec = load_spec(spec_path)
     keep_forever(kafka_settings, spec.topics.requests, 2)
@@ -284,12 +284,12 @@ def test_aborted_batch_is_read_again_not_taken_for_the_end_of_the_range(tmp_path
     (Seen once in CI: a resumed job reported "complete" with 0 scored.)"""
     from confluent_kafka import TopicPartition
 
-    from connectors.backfill import BackfillConfig, BackfillJob
-    from connectors.backfill_plan import BackfillPlan, PartitionRange
-    from connectors.backfill_throttle import LiveLagGate, RateLimiter
-    from schemas.spec import load_spec
-    from sie.settings import Settings
-    from streams.eos import BatchStatus
+    from sie.connectors.backfill import BackfillConfig, BackfillJob
+    from sie.connectors.backfill_plan import BackfillPlan, PartitionRange
+    from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
+    from sie.schemas.spec import load_spec
+    from sie.kernel.settings import Settings
+    from sie.streams.eos import BatchStatus
 
     spec = load_spec(write_echo_spec(tmp_path))
     topic = spec.topics.requests

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from connectors.cdc import CdcDecodeError, DecodeOptions, Op, SkipReason, decode_canal
+from sie.connectors.cdc import CdcDecodeError, DecodeOptions, Op, SkipReason, decode_canal
 from tests.cdc_support import encode, malformed_cases, record
 
 

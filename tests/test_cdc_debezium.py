@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from connectors.cdc import CdcDecodeError, DecodeOptions, Op, SkipReason, decode_debezium
-from connectors.cdc.casting import decode_decimal_bytes
+from sie.connectors.cdc import CdcDecodeError, DecodeOptions, Op, SkipReason, decode_debezium
+from sie.connectors.cdc.casting import decode_decimal_bytes
 from tests.cdc_support import encode, malformed_cases, record, records
 
 

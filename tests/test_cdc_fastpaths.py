@@ -10,9 +10,9 @@ from datetime import date, datetime, timezone
 import orjson
 import pytest
 
-from connectors.cdc import CdcConverter, decode_debezium
-from connectors.cdc import casting
-from connectors.cdc.debezium import _schemas
+from sie.connectors.cdc import CdcConverter, decode_debezium
+from sie.connectors.cdc import casting
+from sie.connectors.cdc.debezium import _schemas
 from tests.cdc_support import ORDER_FIELD_TYPES, make_spec, records
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from connectors.cdc import CdcDecodeError, Op, SkipReason, decode_maxwell
+from sie.connectors.cdc import CdcDecodeError, Op, SkipReason, decode_maxwell
 from tests.cdc_support import encode, malformed_cases, record, records
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from connectors.cdc import (
+from sie.connectors.cdc import (
     CdcConverter,
     ConnectorSpecError,
     decode_canal,

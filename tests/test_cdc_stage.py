@@ -21,8 +21,8 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from connectors.cdc import parse_connector_spec
-from connectors.cdc_stage import CdcStage, CdcStageConfig
+from sie.connectors.cdc import parse_connector_spec
+from sie.connectors.cdc_stage import CdcStage, CdcStageConfig
 from tests.cdc_support import ORDER_FIELD_TYPES, ORDER_MAPPING, malformed_cases, records
 from tests.helpers import consume_all, create_topic, wait_until
 from tests.scorer_fixtures import CommittedReader
@@ -311,7 +311,7 @@ def test_sigkill_mid_stream_then_restart_gives_every_request_exactly_once(kafka_
 
 # --- end to end: canal -> stage -> scorer -> results -------------------------------------------------------
 def _fraud_spec_for_test(name: str):
-    from schemas.spec import parse_spec
+    from sie.schemas.spec import parse_spec
 
     doc = yaml.safe_load((REPO / "examples" / "fraud-scorer.yaml").read_text())
     doc["metadata"]["name"] = name
@@ -320,11 +320,11 @@ def _fraud_spec_for_test(name: str):
 
 
 def test_end_to_end_canal_to_stage_to_scorer_gives_one_result_per_converted_row(kafka_settings):
-    from connectors.cdc import load_connector_spec
-    from connectors.cdc_stage import field_types_of
-    from sie.admin import ensure_model_topics
-    from streams.scorer import ScorerConfig, run_scorer
-    from workers.backends import backend_config_from_spec, create_backend
+    from sie.connectors.cdc import load_connector_spec
+    from sie.connectors.cdc_stage import field_types_of
+    from sie.kernel.admin import ensure_model_topics
+    from sie.streams.scorer import ScorerConfig, run_scorer
+    from sie.workers.backends import backend_config_from_spec, create_backend
 
     model = _fraud_spec_for_test(f"fraud-e2e-{uuid.uuid4().hex[:8]}")
     t = model.topics

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.avro_codec import decode
-from schemas.spec_store import read_spec_snapshot, read_specs, specs_topic
+from sie.schemas.avro_codec import decode
+from sie.schemas.spec_store import read_spec_snapshot, read_specs, specs_topic
 from sie.cli import main
 from tests.helpers import consume_all
 from tests.test_spec import ARTICLE
@@ -169,7 +169,7 @@ def test_get_models_on_empty_cluster(capsys, cluster_env):
 def test_unreadable_record_is_reported_not_applied(cluster_env, capsys, tmp_path):
     from confluent_kafka import Producer
 
-    from schemas.spec_store import ensure_specs_topic
+    from sie.schemas.spec_store import ensure_specs_topic
 
     ensure_specs_topic(cluster_env)
     producer = Producer(cluster_env.kafka_client_config())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.compat import Break, check_compatibility, check_spec_compatibility
-from schemas.spec import FieldSpec, IOSchema, load_spec
+from sie.schemas.compat import Break, check_compatibility, check_spec_compatibility
+from sie.schemas.spec import FieldSpec, IOSchema, load_spec
 from tests.test_spec import ARTICLE
 
 

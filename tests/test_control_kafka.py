@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from schemas.avro_codec import decode, encode
-from schemas.topics import system_topics
-from sie.admin import ensure_topics
-from streams.control.controller import ControlConfig
-from streams.control.service import ControlService
+from sie.schemas.avro_codec import decode, encode
+from sie.kernel.topics import system_topics
+from sie.kernel.admin import ensure_topics
+from sie.streams.control.controller import ControlConfig
+from sie.streams.control.service import ControlService
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.kafka

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from schemas.spec import parse_spec
-from streams.control.controller import ControlConfig, Controller, Fenced, OutRecord, StaticLeadership
-from streams.control.state import ClusterState
+from sie.schemas.spec import parse_spec
+from sie.streams.control.controller import ControlConfig, Controller, Fenced, OutRecord, StaticLeadership
+from sie.streams.control.state import ClusterState
 
 TIMEOUT = 6.0
 
@@ -299,7 +299,7 @@ def test_deleted_model_empties_its_nodes_and_tombstones_status(world):
 def test_a_failing_subsystem_becomes_an_error_not_a_crash(world, monkeypatch):
     clock, state, pub, _, ctl = world
     state.apply_spec("alpha", spec_record("alpha"))
-    import streams.control.controller as mod
+    import sie.streams.control.controller as mod
 
     monkeypatch.setattr(mod, "build_status", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     rep = ctl.reconcile(clock())
@@ -324,7 +324,7 @@ def test_config_file_reads_the_article_config(tmp_path):
     path.write_text("scheduling: {strategy: binpack}\ncontrol: {node_timeout_s: 4}\n")
     assert ControlConfig.from_yaml(path).node_timeout_s == 4.0
     path.write_text("scheduling: {strategy: spread}\n")
-    from sie.errors import ConfigError
+    from sie.kernel.errors import ConfigError
 
     with pytest.raises(ConfigError, match="scheduling.strategy"):
         ControlConfig.from_yaml(path)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sie.errors import ConfigError
-from workers.gpu import GpuInfo, HostInventory, host_inventory, parse_simulated_gpus, probe_gpus
+from sie.kernel.errors import ConfigError
+from sie.workers.gpu import GpuInfo, HostInventory, host_inventory, parse_simulated_gpus, probe_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,10 +1,10 @@
-"""streams.lag.consumer_lag against a fake consumer (the arithmetic and the 'unknown' cases)."""
+"""sie.streams.eos.lag.consumer_lag against a fake consumer (the arithmetic and the 'unknown' cases)."""
 
 from __future__ import annotations
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
-from streams.lag import consumer_lag
+from sie.streams.eos.lag import consumer_lag
 
 
 class FakeConsumer:

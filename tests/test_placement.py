@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from streams.control import (
+from sie.streams.control import (
     ClusterInventory,
     GpuState,
     NodeState,
@@ -255,7 +255,7 @@ class _Sla:
 
 @dataclass
 class _Spec:
-    """Stand-in with the agreed ModelService attribute names (schemas.spec is another engineer's module)."""
+    """Stand-in with the agreed ModelService attribute names (sie.schemas.spec is another engineer's module)."""
 
     name: str = "fraud-scorer"
     version: str = "1.0.0"

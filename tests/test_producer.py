@@ -1,4 +1,4 @@
-"""`connectors.producer` / `sie produce`: validated, idempotent JSON requests with an honest summary."""
+"""`sie.connectors.producer` / `sie produce`: validated, idempotent JSON requests with an honest summary."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from connectors.producer import RateLimiter, as_request, key_of, produce_jsonl
-from schemas.spec import load_spec
-from schemas.validation import compile_validator
+from sie.connectors.producer import RateLimiter, as_request, key_of, produce_jsonl
+from sie.schemas.spec import load_spec
+from sie.schemas.validation import compile_validator
 from sie.cli import main
 from tests.helpers import consume_all, create_topic, unique_topic
 

@@ -1,4 +1,4 @@
-"""Recovery waits are bounded and stop-aware (streams.bounded, transaction.py, streams.eos), against fakes.
+"""Recovery waits are bounded and stop-aware (sie.streams.eos.bounded, transaction.py, sie.streams.eos), against fakes.
 
 The broker-restart test (tests/test_scorer_kafka.py) proves recovery end to end; these pin the
 properties it depends on: no recovery step can hold the loop past a stop request or forever.
@@ -12,12 +12,12 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from sie.errors import KafkaUnavailable
-from streams.bounded import CallAbandoned, call_bounded
-from streams.eos import BatchStatus, EosLimits, ExactlyOnce, TransactionFenced
-from streams.scorer import transaction
-from streams.scorer.errors import ProducerFatal, ProducerHung
-from streams.scorer.transaction import TransactionalProducer, close_quietly, rewind
+from sie.kernel.errors import KafkaUnavailable
+from sie.streams.eos.bounded import CallAbandoned, call_bounded
+from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, TransactionFenced
+from sie.streams.eos import transaction
+from sie.streams.scorer.errors import ProducerFatal, ProducerHung
+from sie.streams.eos.transaction import TransactionalProducer, close_quietly, rewind
 
 
 @pytest.fixture()

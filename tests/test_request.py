@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas.request import (
+from sie.schemas.request import (
     DLQ_HEADERS,
     DLQ_REASONS,
     RESERVED_REQUEST_KEYS,
@@ -13,7 +13,7 @@ from schemas.request import (
     json_schema,
     request_schema_for,
 )
-from schemas.spec import FieldSpec, IOSchema
+from sie.schemas.spec import FieldSpec, IOSchema
 
 
 def test_documents_load():
@@ -51,10 +51,10 @@ def test_request_schema_for_a_model():
 
 
 def test_scorer_codec_follows_the_contract():
-    codec_mod = pytest.importorskip("streams.scorer.codec")
-    from streams.scorer.errors import DeadLetterReason
+    codec_mod = pytest.importorskip("sie.streams.scorer.codec")
+    from sie.streams.scorer.errors import DeadLetterReason
 
-    from schemas.validation import compile_validator
+    from sie.schemas.validation import compile_validator
 
     assert set(codec_mod.RESERVED) == RESERVED_REQUEST_KEYS
     assert {r.value for r in DeadLetterReason} == set(DLQ_REASONS)

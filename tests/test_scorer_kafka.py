@@ -16,8 +16,8 @@ import traceback
 import orjson
 import pytest
 
-from sie.admin import ensure_model_topics
-from streams.scorer import ScorerConfig, run_scorer
+from sie.kernel.admin import ensure_model_topics
+from sie.streams.scorer import ScorerConfig, run_scorer
 from tests.helpers import consume_all, wait_until
 from tests.scorer_fixtures import (
     POISON_X,
@@ -177,7 +177,7 @@ def _mixed_workload(n: int, poison_every: int = 500) -> tuple[list[tuple[bytes, 
 @pytest.mark.timeout(240)
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, tmp_path):
     spec_path = write_echo_spec(tmp_path)
-    from schemas.spec import load_spec
+    from sie.schemas.spec import load_spec
 
     spec = load_spec(spec_path)
     topics_for(kafka_settings, spec)
@@ -210,7 +210,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, 
 @pytest.mark.timeout(240)
 def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settings, tmp_path):
     spec_path = write_echo_spec(tmp_path)
-    from schemas.spec import load_spec
+    from sie.schemas.spec import load_spec
 
     spec = load_spec(spec_path)
     topics_for(kafka_settings, spec)

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, TopicPartition
 
-from sie.errors import ConfigError
-from sie.settings import Settings
-from streams.scorer import (
+from sie.kernel.errors import ConfigError
+from sie.kernel.settings import Settings
+from sie.streams.scorer import (
     BUCKETS,
     Codec,
     DeadLetterReason,
@@ -29,7 +29,7 @@ NOW_MS = 1_700_000_000_000
 
 
 def make_codec(max_bytes: int = 1024, depth: int = 8) -> Codec:
-    from schemas.validation import compile_validator
+    from sie.schemas.validation import compile_validator
 
     return Codec("echo", compile_validator(echo_spec().input_schema), max_bytes, depth)
 

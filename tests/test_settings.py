@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sie.settings import Settings
-from workers.agent.launch import WorkerCommandBuilder
-from workers.replica import DesiredReplica
+from sie.kernel.settings import Settings
+from sie.workers.agent.launch import WorkerCommandBuilder
+from sie.workers.replica import DesiredReplica
 
 
 def test_env_overrides_and_security_passthrough(monkeypatch: pytest.MonkeyPatch) -> None:

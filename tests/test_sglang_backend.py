@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from workers.backends import BackendError, FieldRef, InferenceError, create_backend
-from workers.backends.base import BackendConfig
-from workers.backends.sglang_backend import SGLangBackend, SGLangClient, output_json_schema
-from workers.sglang_launcher import build_launch, compute_mem_fraction
+from sie.workers.backends import BackendError, FieldRef, InferenceError, create_backend
+from sie.workers.backends.base import BackendConfig
+from sie.workers.backends.sglang_backend import SGLangBackend, SGLangClient, output_json_schema
+from sie.workers.sglang_launcher import build_launch, compute_mem_fraction
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_sglang.py")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
-from sie.errors import SpecError
+from sie.schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
+from sie.kernel.errors import SpecError
 
 ARTICLE = Path(__file__).resolve().parent.parent / "examples" / "article"
 SHARED = Path("/work/shared/article-specs")

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from schemas.topics import ModelTopics, TopicSpec, system_topics
-from sie.admin import (
+from sie.kernel.topics import ModelTopics, TopicSpec, system_topics
+from sie.kernel.admin import (
     Action,
     cluster_broker_count,
     delete_topics,
@@ -18,9 +18,9 @@ from sie.admin import (
     wait_for_cluster,
 )
 from sie.commands.topics import command as topics_cli
-from sie.errors import ConfigError
-from sie.kafka.local import LocalKafka
-from sie.settings import Settings
+from sie.kernel.errors import ConfigError
+from sie.infra.kafka.local import LocalKafka
+from sie.kernel.settings import Settings
 from tests.helpers import unique_topic
 
 

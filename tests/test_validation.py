@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from schemas.spec import FieldSpec, IOSchema
-from schemas.validation import SchemaViolation, compile_validator
+from sie.schemas.spec import FieldSpec, IOSchema
+from sie.schemas.validation import SchemaViolation, compile_validator
 
 
 def _schema(*fields: FieldSpec, unknown: str = "reject") -> IOSchema:

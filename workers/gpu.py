@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sie.errors import ConfigError
+from sie.kernel.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from workers.replica import ReplicaState
+from sie.workers.replica import ReplicaState
 
 _MB = 1024 * 1024
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from workers.replica import ExitInfo
+from sie.workers.replica import ExitInfo
 
 log = logging.getLogger(__name__)
 

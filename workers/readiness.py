@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sie.errors import SieError
+from sie.kernel.errors import SieError
 
 
 class ReadinessError(SieError):

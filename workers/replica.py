@@ -84,7 +84,7 @@ class ActualReplica:
 
     desired: DesiredReplica
     state: ReplicaState = ReplicaState.PENDING
-    handle: Any = None  # workers.process.ProcessHandle while a process exists
+    handle: Any = None  # sie.workers.process.ProcessHandle while a process exists
     restarts: int = 0
     crash_times: list[float] = field(default_factory=list)
     next_start_at: float = 0.0

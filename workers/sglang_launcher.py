@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.backends.base import BackendError
+from sie.workers.backends.base import BackendError
 
 #: keep this share of free memory out of SGLang's static pool (CUDA context, activations, other tenants' growth)
 MAX_FRACTION = 0.95

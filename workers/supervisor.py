@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from workers.process import LaunchSpec, ProcessLauncher
-from workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
+from sie.workers.process import LaunchSpec, ProcessLauncher
+from sie.workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """One replica's worker process: load the backend, prove readiness with a real inference, run the scorer.
 
-    python -m workers.worker_main --spec-file SPEC.json --replica-id fraud-scorer-0 --status-fd 5
+    python -m sie.workers.worker_main --spec-file SPEC.json --replica-id fraud-scorer-0 --status-fd 5
 
-The agent starts one of these per replica (``workers.process`` gives it
+The agent starts one of these per replica (``sie.workers.process`` gives it
 PR_SET_PDEATHSIG and the status pipe).  It runs the SAME exactly-once scorer as
 ``sie score`` with instance = replica id, i.e. transactional.id
 ``sie.scorer.<model>.<replica_id>``: a replica restarted here or moved to another
@@ -104,7 +104,7 @@ def _progress_loop(
 
 
 def _load_spec(path: Path) -> Any:
-    from schemas.spec import ModelService
+    from sie.schemas.spec import ModelService
 
     with open(path, encoding="utf-8") as f:
         return ModelService.from_document(json.load(f))
@@ -117,7 +117,7 @@ def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
     absolute budget to compute its memory fraction; CUDA_VISIBLE_DEVICES already
     narrows what torch sees.)
     """
-    from workers.backends import backend_config_from_spec
+    from sie.workers.backends import backend_config_from_spec
 
     config = backend_config_from_spec(spec)
     indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
@@ -130,11 +130,11 @@ def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
 
 def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     """Load, prove readiness, score until SIGTERM. Returns the exit code."""
-    from sie.settings import Settings
-    from sie.admin import ensure_model_topics
-    from streams.scorer import ScorerConfig, run_scorer
-    from workers.backends import create_backend
-    from workers.readiness import readiness_inference
+    from sie.kernel.settings import Settings
+    from sie.kernel.admin import ensure_model_topics
+    from sie.streams.scorer import ScorerConfig, run_scorer
+    from sie.workers.backends import create_backend
+    from sie.workers.readiness import readiness_inference
 
     stop_event = threading.Event()
 
@@ -194,7 +194,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m workers.worker_main", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sie.workers.worker_main", description=__doc__.splitlines()[0])
     parser.add_argument("--spec-file", type=Path, required=True, help="ModelService document (JSON, to_document form)")
     parser.add_argument("--replica-id", required=True, help="stable replica id, e.g. fraud-scorer-0")
     parser.add_argument("--status-fd", type=int, default=None, help="fd of the status pipe to the agent")

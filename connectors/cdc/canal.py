@@ -19,8 +19,8 @@ from typing import Any
 
 from orjson import dumps
 
-from connectors.cdc.casting import canal_casters, cast_row
-from connectors.cdc.model import (
+from sie.connectors.cdc.casting import canal_casters, cast_row
+from sie.connectors.cdc.model import (
     DEFAULT_OPTIONS,
     CdcDecodeError,
     CdcErrorReason,

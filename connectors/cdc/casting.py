@@ -29,7 +29,7 @@ import re
 from datetime import date, datetime, timezone
 from typing import Any, Callable, NamedTuple
 
-from connectors.cdc.model import CdcDecodeError, CdcErrorReason
+from sie.connectors.cdc.model import CdcDecodeError, CdcErrorReason
 
 Caster = Callable[[Any], Any]
 
@@ -549,7 +549,7 @@ COERCERS: dict[str, Callable[[Any, str], Any]] = {
 
 
 def coercer(field_type: str | None) -> Callable[[Any, str], Any] | None:
-    """Coercer into a model input field type (schemas.spec FieldSpec.type): numbers
+    """Coercer into a model input field type (sie.schemas.spec FieldSpec.type): numbers
     from numeric text, booleans from 0/1, epoch ms from ISO temporal text.
     ``None`` type -> no coercion."""
     if field_type is None:

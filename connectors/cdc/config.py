@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from sie.errors import SpecError
+from sie.kernel.errors import SpecError
 
 CdcFormat = Literal["canal-json", "debezium-json", "maxwell-json"]
 Operation = Literal["insert", "update", "delete"]

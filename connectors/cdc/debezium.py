@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from connectors.cdc.casting import cast_row, cast_row_reusing, debezium_casters, scale_casters
-from connectors.cdc.model import (
+from sie.connectors.cdc.casting import cast_row, cast_row_reusing, debezium_casters, scale_casters
+from sie.connectors.cdc.model import (
     DEFAULT_OPTIONS,
     CdcDecodeError,
     CdcErrorReason,

@@ -21,7 +21,7 @@ import hashlib
 
 import orjson
 
-from connectors.cdc.model import (
+from sie.connectors.cdc.model import (
     DEFAULT_OPTIONS,
     CdcDecodeError,
     CdcErrorReason,

@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import orjson
 
-from connectors.cdc.canal import decode_canal
-from connectors.cdc.casting import coercer
-from connectors.cdc.config import CdcConnectorSpec, ConnectorSpecError
-from connectors.cdc.debezium import decode_debezium
-from connectors.cdc.maxwell import decode_maxwell
-from connectors.cdc.model import (
+from sie.connectors.cdc.canal import decode_canal
+from sie.connectors.cdc.casting import coercer
+from sie.connectors.cdc.config import CdcConnectorSpec, ConnectorSpecError
+from sie.connectors.cdc.debezium import decode_debezium
+from sie.connectors.cdc.maxwell import decode_maxwell
+from sie.connectors.cdc.model import (
     CdcDecodeError,
     CdcErrorReason,
     DecodeOptions,
@@ -259,7 +259,7 @@ class CdcConverter:
         if request_topic is None:
             request_topic = spec.request_topic
         if request_topic is None:
-            from schemas.topics import ModelTopics
+            from sie.kernel.topics import ModelTopics
 
             request_topic = ModelTopics.default_for(spec.model).requests
         self.request_topic = request_topic

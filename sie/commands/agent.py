@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from sie.commands._runtime import configure_logging, stop_on_signals
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 
 def _parse_labels(text: str | None) -> dict[str, str]:
@@ -58,9 +58,9 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     Killing the agent with SIGKILL kills its workers too (PR_SET_PDEATHSIG): that
     is how a lost node looks; a restarted agent starts them again from the assignment.
     """
-    from workers.agent import Agent, AgentConfig
-    from workers.gpu import parse_simulated_gpus
-    from workers.supervisor import SupervisorPolicy
+    from sie.workers.agent import Agent, AgentConfig
+    from sie.workers.gpu import parse_simulated_gpus
+    from sie.workers.supervisor import SupervisorPolicy
 
     configure_logging(log_level)
     if simulate_gpus:

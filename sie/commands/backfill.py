@@ -1,6 +1,6 @@
 """`sie backfill`: re-score a bounded range of a model's request topic with a chosen version, exactly once.
 
-The command wires settings, spec, backend and signals; the job is ``connectors.backfill.BackfillJob``.
+The command wires settings, spec, backend and signals; the job is ``sie.connectors.backfill.BackfillJob``.
 Exit codes: 0 = the range is complete; 3 = stopped (SIGTERM/SIGINT) before the end, resumable with the
 same ``--job-id``; 1 = an error (one line).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from sie.commands._runtime import configure_logging, stop_on_signals
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 EXIT_INTERRUPTED = 3
 
@@ -52,11 +52,11 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     one transaction per batch; live consumer offsets are never touched. Progress per partition goes
     to stderr, a report to stdout.
     """
-    from connectors.backfill import BackfillConfig, BackfillJob, check_job_id
-    from connectors.backfill_plan import parse_bound
+    from sie.connectors.backfill import BackfillConfig, BackfillJob, check_job_id
+    from sie.connectors.backfill_plan import parse_bound
     from sie.commands.produce import resolve_spec
-    from sie.errors import ConfigError
-    from workers.backends import backend_config_from_spec, create_backend
+    from sie.kernel.errors import ConfigError
+    from sie.workers.backends import backend_config_from_spec, create_backend
 
     settings: Settings = ctx.obj
     configure_logging(log_level)

@@ -1,6 +1,6 @@
 """`sie cdc run|convert|publish`: the CDC stage from a connector spec.
 
-* ``run``     converts the connector's source topic into scoring requests exactly once (``connectors.cdc_stage``);
+* ``run``     converts the connector's source topic into scoring requests exactly once (``sie.connectors.cdc_stage``);
 * ``convert`` is the offline dry run: CDC events from a file -> the requests it would produce (no Kafka);
 * ``publish`` writes CDC events from a file to the source topic as-is (demos and tests without a database).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from sie.commands._runtime import configure_logging, stop_on_signals
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 _SPEC = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -22,7 +22,7 @@ _SPEC = click.Path(exists=True, dir_okay=False, path_type=Path)
 def _model_spec(settings: Settings, connector, model_spec: Path | None, offline: bool):
     """The target model's spec (field types for coercion): a file, else the cluster, else None (uncast)."""
     if model_spec is not None:
-        from schemas.spec import load_spec
+        from sie.schemas.spec import load_spec
 
         spec = load_spec(model_spec, topic_prefix=settings.topic_prefix)
         if spec.name != connector.model:
@@ -32,7 +32,7 @@ def _model_spec(settings: Settings, connector, model_spec: Path | None, offline:
     if offline:
         return None
     from sie.commands.produce import resolve_spec
-    from sie.errors import ConfigError
+    from sie.kernel.errors import ConfigError
 
     try:
         return resolve_spec(settings, connector.model, None)
@@ -79,11 +79,11 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     Prints `ready ...` once subscribed; on SIGTERM it finishes and commits the current batch,
     leaves the consumer group and prints a summary.
     """
-    from connectors.cdc import load_connector_spec
-    from connectors.cdc_stage import CdcStageConfig, field_types_of, run_cdc_stage
-    from schemas.topics import TopicSpec
-    from sie.admin import ensure_model_topics, ensure_topics
-    from streams.scorer import default_instance
+    from sie.connectors.cdc import load_connector_spec
+    from sie.connectors.cdc_stage import CdcStageConfig, field_types_of, run_cdc_stage
+    from sie.kernel.topics import TopicSpec
+    from sie.kernel.admin import ensure_model_topics, ensure_topics
+    from sie.streams.scorer import default_instance
 
     configure_logging(log_level)
     connector = load_connector_spec(connector_file)
@@ -94,7 +94,7 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
         field_types=field_types_of(model) if model is not None else None, request_topic=request_topic,
         dead_letter_topic=dead_letter_topic, max_batch=max_batch, max_wait_ms=max_wait_ms,
         session_timeout_ms=session_timeout_ms, metrics_port=metrics_port, log_interval_s=log_interval)
-    from connectors.cdc import CdcConverter
+    from sie.connectors.cdc import CdcConverter
 
     target = CdcConverter(connector, config.field_types, request_topic=request_topic).request_topic
     parts = partitions or settings.request_partitions
@@ -126,8 +126,8 @@ def convert(settings: Settings, connector_file: Path, model_spec: Path | None, e
     Skipped events and dead letters are reported on stderr with their reasons; a summary follows.
     Debezium keys are not in a values-only file, so primary keys come from the row image here.
     """
-    from connectors.cdc import CdcConverter, load_connector_spec
-    from connectors.cdc_stage import field_types_of
+    from sie.connectors.cdc import CdcConverter, load_connector_spec
+    from sie.connectors.cdc_stage import field_types_of
 
     connector = load_connector_spec(connector_file)
     model = _model_spec(settings, connector, model_spec, offline=True)
@@ -160,10 +160,10 @@ def publish(settings: Settings, connector_file: Path, events, partitions: int) -
     """Write CDC events to the connector's source topic as-is (stands in for canal/Debezium in demos)."""
     from confluent_kafka import Producer
 
-    from connectors.cdc import load_connector_spec
-    from schemas.topics import TopicSpec
-    from sie.admin import ensure_topics
-    from sie.errors import KafkaUnavailable
+    from sie.connectors.cdc import load_connector_spec
+    from sie.kernel.topics import TopicSpec
+    from sie.kernel.admin import ensure_topics
+    from sie.kernel.errors import KafkaUnavailable
 
     connector = load_connector_spec(connector_file)
     ensure_topics(settings, [TopicSpec(connector.source_topic, partitions, False, "CDC source (demo)")])

@@ -16,8 +16,8 @@ from urllib.request import urlopen
 
 import click
 
-from sie.errors import KafkaUnavailable, SieError
-from sie.settings import Settings
+from sie.kernel.errors import KafkaUnavailable, SieError
+from sie.kernel.settings import Settings
 from sie.commands.spec import get
 
 _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
@@ -37,7 +37,7 @@ def _http(url: str, path: str) -> Any:
 
 def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     """Replay the given control topics to their end into a ClusterState."""
-    from streams.control.state import ClusterState, StateFeeder
+    from sie.streams.control.state import ClusterState, StateFeeder
 
     state = ClusterState()
     feeder = StateFeeder(settings, state, topics=topics).start()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 
 @click.command("control")
@@ -32,10 +32,10 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
             node_timeout: float | None, failure_cooldown: float | None, session_timeout_ms: int,
             no_ensure_topics: bool) -> None:
     """Run the control plane: reconcile specs into per-node assignments over Kafka."""
-    from schemas.topics import system_topics
-    from sie.admin import ensure_topics
-    from streams.control.controller import ControlConfig
-    from streams.control.service import ControlService
+    from sie.kernel.topics import system_topics
+    from sie.kernel.admin import ensure_topics
+    from sie.streams.control.controller import ControlConfig
+    from sie.streams.control.service import ControlService
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}

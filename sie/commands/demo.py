@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 
 @click.command("demo")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from sie.errors import KafkaUnavailable
-from sie.settings import Settings
+from sie.kernel.errors import KafkaUnavailable
+from sie.kernel.settings import Settings
 
 _DATA_DIR = click.option(
     "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -16,7 +16,7 @@ _DATA_DIR = click.option(
 
 
 def _local(settings: Settings, data_dir: Path | None, **kwargs: object):  # noqa: ANN202 - lazy import
-    from sie.kafka.local import LocalKafka
+    from sie.infra.kafka.local import LocalKafka
 
     return LocalKafka(settings, data_dir=data_dir, echo=click.echo, **kwargs)  # type: ignore[arg-type]
 
@@ -30,7 +30,7 @@ def command() -> None:
 @click.pass_obj
 def fetch(settings: Settings) -> None:
     """Download the broker jars from Maven Central (once per machine; skipped when present)."""
-    from sie.kafka.fetch import ensure_jars, jars_present
+    from sie.infra.kafka.fetch import ensure_jars, jars_present
 
     if jars_present(settings):
         click.echo(f"Apache Kafka {settings.kafka_version} already fetched")

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import click
 
-from sie.errors import ConfigError
-from sie.settings import Settings
+from sie.kernel.errors import ConfigError
+from sie.kernel.settings import Settings
 
 
 def resolve_spec(settings: Settings, model: str | None, spec_file: Path | None):
     """The model's spec: from a file, or the latest one applied to the cluster (the specs topic)."""
     if spec_file is not None:
-        from schemas.spec import load_spec
+        from sie.schemas.spec import load_spec
 
         return load_spec(spec_file, topic_prefix=settings.topic_prefix)
     if model is None:
         raise click.UsageError("give --model NAME (an applied model) or --spec FILE")
-    from schemas.spec_store import read_specs
+    from sie.schemas.spec_store import read_specs
 
     specs = read_specs(settings)
     if model not in specs:
@@ -47,8 +47,8 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
     Each line is validated against the model's input_schema before it is sent (unless --no-validate);
     rejected lines are counted with their reasons. Prints progress every second and a summary.
     """
-    from connectors.producer import produce_jsonl
-    from schemas.validation import compile_validator
+    from sie.connectors.producer import produce_jsonl
+    from sie.schemas.validation import compile_validator
 
     spec = resolve_spec(settings, model, spec_file)
     target = topic or spec.topics.requests

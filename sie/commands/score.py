@@ -2,7 +2,7 @@
 
 The command only wires things together (settings, spec, topics, backend,
 signals); the scorer itself is the library function
-``streams.scorer.run_scorer``, which the node agent runs too.
+``sie.streams.scorer.run_scorer``, which the node agent runs too.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from sie.commands._runtime import configure_logging, stop_on_signals
-from sie.settings import Settings
-from streams.scorer.config import ScorerConfig
+from sie.kernel.settings import Settings
+from sie.streams.scorer.config import ScorerConfig
 
 
 @click.command("score")
@@ -49,10 +49,10 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     once subscribed, finishes and commits the current batch on SIGTERM, and
     prints a summary line on exit.
     """
-    from schemas.spec import load_spec
-    from sie.admin import ensure_model_topics
-    from streams.scorer import ScorerConfig, default_instance, run_scorer
-    from workers.backends import backend_config_from_spec, create_backend
+    from sie.schemas.spec import load_spec
+    from sie.kernel.admin import ensure_model_topics
+    from sie.streams.scorer import ScorerConfig, default_instance, run_scorer
+    from sie.workers.backends import backend_config_from_spec, create_backend
 
     configure_logging(log_level)
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import click
 
-from sie.errors import SieError, SpecError
-from sie.settings import Settings
+from sie.kernel.errors import SieError, SpecError
+from sie.kernel.settings import Settings
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 def _load_all(settings: Settings, files: tuple[Path, ...]):
     """Every spec of every file; all files' problems in one SpecError."""
-    from schemas.spec import InvalidSpec, load_specs
+    from sie.schemas.spec import InvalidSpec, load_specs
 
     specs, failures = [], []
     for path in files:
@@ -61,8 +61,8 @@ def _comparable(doc: dict) -> dict:
 @click.pass_obj
 def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float) -> None:
     """Validate specs and publish them on the cluster's specs topic (key = model name)."""
-    from schemas.compat import check_spec_compatibility
-    from schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
+    from sie.schemas.compat import check_spec_compatibility
+    from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     specs = _load_all(settings, files)
     ensure_specs_topic(settings)
@@ -97,7 +97,7 @@ def get() -> None:
 @click.pass_obj
 def get_models(settings: Settings, output: str, timeout: float) -> None:
     """Applied models: the latest spec per model on the specs topic."""
-    from schemas.spec_store import read_spec_snapshot
+    from sie.schemas.spec_store import read_spec_snapshot
 
     snapshot = read_spec_snapshot(settings, timeout=timeout)
     for problem in snapshot.problems:
@@ -129,7 +129,7 @@ def delete() -> None:
 @click.pass_obj
 def delete_model(settings: Settings, name: str, timeout: float) -> None:
     """Delete an applied model (a deleted record, then a tombstone, on the specs topic)."""
-    from schemas.spec_store import delete_spec, read_specs
+    from sie.schemas.spec_store import delete_spec, read_specs
 
     applied = read_specs(settings, timeout=timeout)
     if name not in applied:

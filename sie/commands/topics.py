@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 
 @click.group("topics")
@@ -19,8 +19,8 @@ def command() -> None:
 @click.pass_obj
 def ensure(settings: Settings, replication_factor: int | None, prefix: str | None) -> None:
     """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
-    from schemas.topics import system_topics
-    from sie.admin import ensure_topics
+    from sie.kernel.topics import system_topics
+    from sie.kernel.admin import ensure_topics
 
     report = ensure_topics(settings, system_topics(prefix or settings.topic_prefix), replication_factor)
     click.echo(report.table())
@@ -33,7 +33,7 @@ def ensure(settings: Settings, replication_factor: int | None, prefix: str | Non
 @click.pass_obj
 def list_topics(settings: Settings, show_all: bool) -> None:
     """List topics with partitions and replication."""
-    from sie.admin import wait_for_cluster
+    from sie.kernel.admin import wait_for_cluster
 
     md = wait_for_cluster(settings, timeout=10)
     click.echo(f"{len(md.brokers)} broker(s) at {settings.bootstrap_servers}")

@@ -9,8 +9,8 @@ Pure and deterministic (no I/O, no clock): the controller feeds it specs, the no
   ``PlacementPlan``/``Placement``/``Unplaced`` and ``validate_tier_request`` (409 helper).
 """
 
-from streams.control.demand import ReplicaDemand, demands_from_spec, make_demands
-from streams.control.inventory import (
+from sie.streams.control.demand import ReplicaDemand, demands_from_spec, make_demands
+from sie.streams.control.inventory import (
     GPU_PRODUCT_LABEL,
     TIER0,
     TIER_LABEL,
@@ -18,7 +18,7 @@ from streams.control.inventory import (
     GpuState,
     NodeState,
 )
-from streams.control.placement import (
+from sie.streams.control.placement import (
     Placement,
     PlacementPlan,
     PlanDiff,

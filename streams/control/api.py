@@ -152,8 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "body is not UTF-8 text") from None
 
     def _post_model(self) -> tuple[int, Any, str]:
-        from schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
-        from streams.control.placement import validate_tier_request
+        from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
+        from sie.streams.control.placement import validate_tier_request
 
         svc = self.service
         text = self._read_body()
@@ -170,13 +170,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(409, conflict, [{"field": "spec.scheduling", "reason": conflict}])
         current = snap.specs.get(spec.name)
         if current is not None and current.version != spec.version:
-            from schemas.compat import check_spec_compatibility
+            from sie.schemas.compat import check_spec_compatibility
 
             breaks = check_spec_compatibility(current, spec)
             if breaks:
                 raise ApiError(409, f"{spec.name} {spec.version}: schema_incompatible with applied {current.version}",
                                [{"field": b.field, "reason": b.detail} for b in breaks])
-        from schemas.spec_store import publish_spec
+        from sie.schemas.spec_store import publish_spec
 
         publish_spec(svc.settings, spec, timeout=15.0, ensure_topic=False)
         return 202, {
@@ -185,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
         }, "application/json"
 
     def _delete_model(self, name: str) -> tuple[int, Any, str]:
-        from schemas.spec_store import delete_spec
+        from sie.schemas.spec_store import delete_spec
 
         svc = self.service
         spec = svc.state.snapshot().specs.get(name)

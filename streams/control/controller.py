@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
-from streams.control.demand import ReplicaDemand, demands_from_spec
-from streams.control.inventory import ClusterInventory
-from streams.control.placement import PlacementPlan, place
-from streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
-from streams.control.status import ModelStatus, build_status
+from sie.streams.control.demand import ReplicaDemand, demands_from_spec
+from sie.streams.control.inventory import ClusterInventory
+from sie.streams.control.placement import PlacementPlan, place
+from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
+from sie.streams.control.status import ModelStatus, build_status
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class ControlConfig:
         ``monitoring.interval_seconds``) plus SIE's ``control:`` section; unknown keys are ignored."""
         import yaml
 
-        from sie.errors import ConfigError
+        from sie.kernel.errors import ConfigError
 
         try:
             doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
@@ -391,7 +391,7 @@ class Controller:
 
     def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
         if not self._status_loaded:
-            from streams.control.status import ModelStatus as MS
+            from sie.streams.control.status import ModelStatus as MS
 
             with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
                 loaded = dict(self.state.model_status)
@@ -435,7 +435,7 @@ class Controller:
         return stamped
 
     def _remember(self, records: Sequence[OutRecord], statuses: Mapping[str, ModelStatus]) -> None:
-        from streams.control.state import assignment_from_record
+        from sie.streams.control.state import assignment_from_record
 
         for r in records:
             if r.topic == "assignments" and r.value is not None:

@@ -67,7 +67,7 @@ def demands_from_spec(spec: Any) -> list[ReplicaDemand]:
     """The replicas to place now for a ModelService: ``sla.min_replicas`` of them.
 
     ``sla.max_replicas`` is the autoscaler's ceiling; it scales by calling ``Placer.add_model`` with more
-    demands. Reads only the agreed attributes of ``schemas.spec.ModelService`` (duck-typed, so tests can
+    demands. Reads only the agreed attributes of ``sie.schemas.spec.ModelService`` (duck-typed, so tests can
     pass a small stand-in).
     """
     res = spec.resources

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from streams.control.controller import Fenced, OutRecord
+from sie.streams.control.controller import Fenced, OutRecord
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class LeaderElector:
         on_change: Callable[[bool, int], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from schemas.topics import system_topic
+        from sie.kernel.topics import system_topic
 
         self._settings = settings
         self.instance_id = instance_id
@@ -214,7 +214,7 @@ class LeaderElector:
                 pass
 
     def _see(self, msg: Any) -> None:
-        from schemas.avro_codec import decode
+        from sie.schemas.avro_codec import decode
 
         if msg.value() is None:
             return
@@ -282,7 +282,7 @@ def _transact(producer: Any, prefix: str, records: Sequence[OutRecord], timeout:
     """One transaction with every record; translate errors: fenced -> ``Fenced``; abortable -> abort + raise."""
     from confluent_kafka import KafkaException
 
-    from schemas.avro_codec import encode
+    from sie.schemas.avro_codec import encode
 
     try:
         producer.begin_transaction()

@@ -46,8 +46,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Collection, Iterable, Mapping, Sequence, Union
 
-from streams.control.demand import ReplicaDemand
-from streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
+from sie.streams.control.demand import ReplicaDemand
+from sie.streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
 
 UNSCHEDULABLE = "unschedulable: "
 TIER0_ONLY_P0 = "tier-0 nodes host only P0 models"

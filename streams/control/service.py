@@ -14,9 +14,9 @@ import time
 import uuid
 from typing import Any, Callable
 
-from streams.control.controller import ControlConfig, Controller, ReconcileReport
-from streams.control.leader import LeaderElector, TransactionalPublisher
-from streams.control.state import ClusterState, StateFeeder, StateSnapshot
+from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
+from sie.streams.control.leader import LeaderElector, TransactionalPublisher
+from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ControlService:
         self._loop = threading.Thread(target=self._run, name="sie-control-loop", daemon=True)
         self._loop.start()
         if self._http_port is not None:
-            from streams.control.api import make_server
+            from sie.streams.control.api import make_server
 
             self.http = make_server(self, self._http_host, self._http_port)
             self._http_thread = threading.Thread(target=self.http.serve_forever, name="sie-control-http", daemon=True)

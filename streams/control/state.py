@@ -21,13 +21,13 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
+from sie.streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-#: replica states an agent reports (workers.replica.ReplicaState values, plus UNKNOWN from Avro)
+#: replica states an agent reports (sie.workers.replica.ReplicaState values, plus UNKNOWN from Avro)
 ACTIVE_STATES = frozenset({"PENDING", "STARTING", "READY"})
 
 
@@ -221,7 +221,7 @@ class ClusterState:
 
     def apply_spec(self, name: str, record: Mapping[str, Any] | None) -> None:
         """A ModelSpecRecord, or None (tombstone / ``deleted``) = the model is gone."""
-        from schemas.spec import ModelService
+        from sie.schemas.spec import ModelService
 
         with self._lock:
             if record is None or record.get("deleted"):
@@ -486,7 +486,7 @@ STATE_TOPICS = ("specs", "nodes", "assignments", "control-leader", "heartbeats",
 
 def decode_value(value: bytes) -> dict[str, Any]:
     """Avro single-object bytes -> record dict (the codec may return ``(name, record)``)."""
-    from schemas import avro_codec
+    from sie.schemas import avro_codec
 
     decoded = avro_codec.decode(value)
     if isinstance(decoded, tuple):
@@ -512,7 +512,7 @@ class StateFeeder:
         history_s: float = 600.0,
         topics: Iterable[str] = STATE_TOPICS,
     ) -> None:
-        from schemas.topics import system_topics
+        from sie.kernel.topics import system_topics
 
         self._settings = settings
         self._state = state

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from streams.control.placement import Placement, PlacementPlan
-from streams.control.state import StateSnapshot
+from sie.streams.control.placement import Placement, PlacementPlan
+from sie.streams.control.state import StateSnapshot
 
 #: replica states that count as "actually running as asked"
 READY = "READY"

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import orjson
 
-from streams.scorer.errors import DeadLetterReason
+from sie.streams.scorer.errors import DeadLetterReason
 
 RESERVED = frozenset({"model", "version", "status", "outputs", "source", "timings", "error"})
 _DETAIL_MAX = 500

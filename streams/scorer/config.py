@@ -11,11 +11,11 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sie.errors import ConfigError
-from sie.settings import Settings
+from sie.kernel.errors import ConfigError
+from sie.kernel.settings import Settings
 
-if TYPE_CHECKING:  # schemas.spec imports pydantic models; only needed for typing here
-    from schemas.spec import ModelService
+if TYPE_CHECKING:  # sie.schemas.spec imports pydantic models; only needed for typing here
+    from sie.schemas.spec import ModelService
 
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
@@ -100,7 +100,7 @@ class ScorerConfig:
 
     # --- librdkafka configuration (shared with the CDC stage and backfill) ------------
     def consumer_config(self) -> dict[str, Any]:
-        from streams.kafka_config import consumer_config
+        from sie.kernel.kafka_config import consumer_config
 
         return consumer_config(
             self.settings, self.group_id, f"{self.transactional_id}.consumer", max_batch=self.max_batch,
@@ -110,7 +110,7 @@ class ScorerConfig:
         )
 
     def producer_config(self) -> dict[str, Any]:
-        from streams.kafka_config import producer_config
+        from sie.kernel.kafka_config import producer_config
 
         return producer_config(self.settings, self.transactional_id, max_batch=self.max_batch,
                                transaction_timeout_ms=self.transaction_timeout_ms)

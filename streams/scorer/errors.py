@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 
-from sie.errors import SieError
+from sie.kernel.errors import SieError
 
 
 class DeadLetterReason(str, enum.Enum):

@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Producer
 
-from streams.lag import consumer_lag
-from streams.scorer.batcher import Batcher
-from streams.scorer.codec import Codec, Poison, Request, default_id
-from streams.scorer.config import ScorerConfig
-from streams.scorer.errors import (
+from sie.streams.eos.lag import consumer_lag
+from sie.streams.eos.batcher import Batcher
+from sie.streams.scorer.codec import Codec, Poison, Request, default_id
+from sie.streams.scorer.config import ScorerConfig
+from sie.streams.scorer.errors import (
     BackendUnavailable,
     DeadLetterReason,
     ProducerFatal,
@@ -37,9 +37,9 @@ from streams.scorer.errors import (
     ScorerFenced,
     TxnAbortable,
 )
-from streams.scorer.metrics import ScorerMetrics
-from streams.scorer.routing import RouteEntry, RoutingTable
-from streams.scorer.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
+from sie.streams.scorer.metrics import ScorerMetrics
+from sie.streams.scorer.routing import RouteEntry, RoutingTable
+from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
 log = logging.getLogger("sie.scorer")
 
@@ -103,7 +103,7 @@ class Scorer:
         self.config = config
         self._routing = routing
         if validator is None:
-            from schemas.validation import compile_validator
+            from sie.schemas.validation import compile_validator
 
             validator = compile_validator(spec.input_schema)
         self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)

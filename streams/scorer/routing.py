@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sie.errors import ConfigError
+from sie.kernel.errors import ConfigError
 
 BUCKETS = 10_000
 

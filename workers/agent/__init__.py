@@ -1,5 +1,5 @@
 """The node agent (``sie agent``): registration, reconcile loop, heartbeats. See ``loop.py``."""
 
-from workers.agent.loop import Agent, AgentConfig
+from sie.workers.agent.loop import Agent, AgentConfig
 
 __all__ = ["Agent", "AgentConfig"]

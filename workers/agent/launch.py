@@ -14,13 +14,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from sie.settings import REPO_ROOT, Settings
-from workers.process import LaunchSpec
-from workers.replica import DesiredReplica
+from sie.kernel.settings import Settings
+from sie.workers.process import LaunchSpec
+from sie.workers.replica import DesiredReplica
 
 
 class WorkerCommandBuilder:
-    """Builds ``python -m workers.worker_main`` launches; GPU visibility via CUDA_VISIBLE_DEVICES."""
+    """Builds ``python -m sie.workers.worker_main`` launches; GPU visibility via CUDA_VISIBLE_DEVICES."""
 
     def __init__(
         self,
@@ -50,14 +50,13 @@ class WorkerCommandBuilder:
         spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
         spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
         env = dict(self.base_env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in desired.gpu_indices) if self.real_gpus else ""
         env["SIE_REPLICA_ID"] = desired.replica_id
         return LaunchSpec(
             name=desired.replica_id,
             argv=(
-                self.python, "-m", "workers.worker_main",
+                self.python, "-m", "sie.workers.worker_main",
                 "--spec-file", str(spec_file),
                 "--replica-id", desired.replica_id,
                 "--progress-interval", str(self.progress_interval_s),

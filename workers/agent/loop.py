@@ -31,12 +31,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sie.settings import REPO_ROOT, Settings
-from workers.agent import messages
-from workers.agent.launch import WorkerCommandBuilder
-from workers.metrics import AgentMetrics
-from workers.process import ProcessLauncher, SubprocessLauncher
-from workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
+from sie.kernel.settings import Settings
+from sie.workers.agent import messages
+from sie.workers.agent.launch import WorkerCommandBuilder
+from sie.workers.metrics import AgentMetrics
+from sie.workers.process import ProcessLauncher, SubprocessLauncher
+from sie.workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
 
 log = logging.getLogger("sie.agent")
 
@@ -51,7 +51,8 @@ class AgentConfig:
     simulate_gpus: str | None = None
     heartbeat_s: float = 2.0
     metrics_port: int | None = None
-    work_dir: Path = REPO_ROOT / ".cache" / "agent"
+    #: None: ``<settings.cache_dir>/agent``
+    work_dir: Path | None = None
     policy: SupervisorPolicy = field(default_factory=SupervisorPolicy)
     #: longest time one loop pass waits for assignment records (bounds reaction time to worker events)
     loop_interval_s: float = 0.1
@@ -59,9 +60,8 @@ class AgentConfig:
     #: extra time after the drain grace for workers to exit when the agent stops
     shutdown_extra_s: float = 5.0
 
-    @property
-    def node_work_dir(self) -> Path:
-        return self.work_dir / self.node
+    def node_work_dir(self, settings: Settings) -> Path:
+        return (self.work_dir or settings.cache_dir / "agent") / self.node
 
 
 def _now_ms() -> int:
@@ -79,7 +79,7 @@ class Agent:
         clock: Clock | None = None,
         inventory_probe: Callable[[], Any] | None = None,
     ) -> None:
-        from workers.gpu import host_inventory, parse_simulated_gpus, probe_gpus
+        from sie.workers.gpu import host_inventory, parse_simulated_gpus, probe_gpus
 
         self.config = config
         self.settings = settings
@@ -91,7 +91,7 @@ class Agent:
         self._probe = inventory_probe
         self.inventory = self._probe()
         self.commands = WorkerCommandBuilder(
-            config.node_work_dir,
+            config.node_work_dir(settings),
             progress_interval_s=config.worker_progress_interval_s,
             real_gpus=not config.simulate_gpus,
             settings=settings,
@@ -176,7 +176,7 @@ class Agent:
         metadata = self._consumer.list_topics(topic, timeout=10)
         info = metadata.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
-            from sie.errors import KafkaUnavailable
+            from sie.kernel.errors import KafkaUnavailable
 
             raise KafkaUnavailable(
                 f"topic {topic!r} not found at {self.settings.bootstrap_servers}: run `sie topics ensure` first"
@@ -194,7 +194,7 @@ class Agent:
                 log.warning("agent %s: %d status records not delivered at exit", self.config.node, remaining)
 
     def _produce(self, topic_name: str, key: str, record_name: str, record: dict[str, Any]) -> None:
-        from schemas.avro_codec import encode
+        from sie.schemas.avro_codec import encode
 
         self._producer.produce(self._topics[topic_name], key=key.encode(), value=encode(record_name, record))
 
@@ -212,7 +212,7 @@ class Agent:
         )
 
     def _poll_assignments(self) -> None:
-        from schemas.avro_codec import decode
+        from sie.schemas.avro_codec import decode
 
         node = self.config.node.encode()
         latest: dict[str, Any] | None = None

@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from workers.replica import DesiredReplica
-from workers.supervisor import ReplicaSnapshot
+from sie.workers.replica import DesiredReplica
+from sie.workers.supervisor import ReplicaSnapshot
 
 AGENT_VERSION = "sie-agent/0.1"
 

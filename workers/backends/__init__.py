@@ -1,13 +1,13 @@
 """Model backends behind one small interface (see ``base.py``).
 
-    from workers.backends import backend_config_from_spec, create_backend
+    from sie.workers.backends import backend_config_from_spec, create_backend
     backend = create_backend(backend_config_from_spec(spec)); backend.load(); backend.infer([...])
 
 ``torch`` is imported only when a torch backend is created, so python-backend scorers start fast. The sglang
 backend registers itself (``register_backend("sglang", ...)``) from its own module.
 """
 
-from workers.backends.base import (
+from sie.workers.backends.base import (
     Backend,
     BackendConfig,
     BackendError,
@@ -19,17 +19,17 @@ from workers.backends.base import (
     register_backend,
     registered_backends,
 )
-from workers.backends.python_backend import PythonBackend
+from sie.workers.backends.python_backend import PythonBackend
 
 
 def _torch_backend(config: BackendConfig) -> Backend:
-    from workers.backends.torch_backend import TorchBackend
+    from sie.workers.backends.torch_backend import TorchBackend
 
     return TorchBackend(config)
 
 
 def _sglang_backend(config: BackendConfig) -> Backend:
-    from workers.backends.sglang_backend import SGLangBackend  # HTTP client only: no sglang/CUDA import here
+    from sie.workers.backends.sglang_backend import SGLangBackend  # HTTP client only: no sglang/CUDA import here
 
     return SGLangBackend(config)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from sie.errors import SieError
+from sie.kernel.errors import SieError
 
 
 class BackendError(SieError):
@@ -151,7 +151,7 @@ def _spec_dir(spec: Any) -> Path | None:
 
 
 def backend_config_from_spec(spec: Any) -> BackendConfig:
-    """Project a ``schemas.spec.ModelService`` onto a ``BackendConfig``.
+    """Project a ``sie.schemas.spec.ModelService`` onto a ``BackendConfig``.
 
     Tolerant (``getattr`` with defaults) so it accepts any spec-shaped object, e.g. a test double.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workers.backends.base import BackendConfig, BackendError, InferenceError, import_object
+from sie.workers.backends.base import BackendConfig, BackendError, InferenceError, import_object
 
 
 class PythonBackend:

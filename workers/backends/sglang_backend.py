@@ -6,7 +6,7 @@ It speaks SGLang's documented native API and is tested against
 ``meta_info``, a crash control).  Expect to adjust details on first contact.
 
 Lifecycle (``load``):
-  1. build the launch command (``workers.sglang_launcher``: ``--mem-fraction-static`` from the
+  1. build the launch command (``sie.workers.sglang_launcher``: ``--mem-fraction-static`` from the
      replica's absolute budget and the free memory NVML measures right now);
   2. start the server as a child that dies with the worker (PR_SET_PDEATHSIG);
   3. poll ``GET /health_generate`` (503 while starting; 200 after a real one-token generation)
@@ -41,9 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from workers.backends.base import BackendConfig, BackendError, InferenceError
-from workers.process import describe_exit, spawn_child
-from workers.sglang_launcher import build_launch
+from sie.workers.backends.base import BackendConfig, BackendError, InferenceError
+from sie.workers.process import describe_exit, spawn_child
+from sie.workers.sglang_launcher import build_launch
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.backends.base import BackendConfig, BackendError, InferenceError, import_object
+from sie.workers.backends.base import BackendConfig, BackendError, InferenceError, import_object
 
 TENSOR_TYPES = ("int", "float", "bool")
 _SUFFIX_FORMATS = {
@@ -233,7 +233,7 @@ class TorchBackend:
         if not path.is_file():
             raise BackendError(
                 f"{where}: spec.backend.artifact {path} does not exist; paths are relative to the spec file "
-                f"(for the demo, run: python -m models.fraud.train)"
+                f"(for the demo, run: cd examples && python -m models.fraud.train)"
             )
         self._check_fields()
         self.device = resolve_device(cfg.device)

@@ -1,4 +1,4 @@
-"""Topic provisioning: make SIE's topics exist as ``schemas.topics`` describes them.
+"""Topic provisioning: make SIE's topics exist as ``sie.kernel.topics`` describes them.
 
 ``ensure_topics`` reconciles, Kubernetes-style: it reads what exists, creates
 what is missing, fixes what is safe to fix (``cleanup.policy``) and reports
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from schemas.topics import TopicSpec
-from sie.errors import ConfigError, KafkaUnavailable, SieError
-from sie.settings import Settings
+from sie.kernel.topics import TopicSpec
+from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
+from sie.kernel.settings import Settings
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient, ClusterMetadata
@@ -255,7 +255,7 @@ def ensure_model_topics(
 ) -> EnsureReport:
     """Ensure a model's request/result/dlq/backfill topics.
 
-    Accepts the names as a list, or a ``schemas.topics.ModelTopics``.
+    Accepts the names as a list, or a ``sie.kernel.topics.ModelTopics``.
     """
     names = spec_topics_names
     if not isinstance(names, (list, tuple)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sie.settings import Settings
+from sie.kernel.settings import Settings
 
 
 def consumer_config(settings: Settings, group_id: str, client_id: str, *, max_batch: int = 256,

@@ -14,10 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "sie"
 
 
 class Settings(BaseSettings):
@@ -50,15 +52,35 @@ class Settings(BaseSettings):
     )
     request_partitions: int = Field(6, description="Default partition count of a model's request/result topics.")
 
+    # --- Local state ----------------------------------------------------------
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Root of SIE's local files (Kafka jars and data, agent and demo work directories); "
+                    "SIE_CACHE_DIR. Nothing is written next to the installed package.",
+    )
+
     # --- Local Kafka (sie kafka up) -----------------------------------------
     kafka_version: str = Field("4.1.1", description="Apache Kafka version resolved from Maven Central.")
     kafka_cache_dir: Path = Field(
-        Path.home() / ".cache" / "sie" / "kafka", description="Where Maven copies the broker jars, once per machine."
-    )
+        None, description="Where Maven copies the broker jars, once per machine (default: <cache_dir>/kafka)."
+    )  # type: ignore[assignment]  # filled in by _derive_paths
     kafka_data_dir: Path = Field(
-        REPO_ROOT / ".cache" / "kafka-run", description="Broker data and logs for `sie kafka up`."
-    )
+        None, description="Broker data and logs for `sie kafka up` (default: <cache_dir>/kafka-run)."
+    )  # type: ignore[assignment]  # filled in by _derive_paths
     kafka_heap: str = Field("512m", description="Heap per local broker.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_paths(cls, values: Any) -> Any:
+        """Paths left unset derive from ``cache_dir`` (itself overridable), never from the source tree."""
+        if isinstance(values, dict):
+            cache = Path(values.get("cache_dir") or _default_cache_dir())
+            values = {**values, "cache_dir": cache}
+            if not values.get("kafka_cache_dir"):
+                values["kafka_cache_dir"] = cache / "kafka"
+            if not values.get("kafka_data_dir"):
+                values["kafka_data_dir"] = cache / "kafka-run"
+        return values
 
     @field_validator("kafka_extra", mode="before")
     @classmethod

@@ -16,12 +16,12 @@ Settings every shape gets, and why:
   controller expires its old session, so this bounds a kill -> restart in fault
   tests at ~5 s; 5 missed 1 s heartbeats still tolerate a loaded 2-core box.
 - ``auto.create.topics.enable`` stays at Kafka's default (true): SIE creates its
-  own topics explicitly (``sie topics ensure``, ``sie.admin``) with the right
+  own topics explicitly (``sie topics ensure``, ``sie.kernel.admin``) with the right
   partitions and policies, and keeping the default means the local cluster
   behaves like a stock one for ad-hoc tools and other engineers' tests.
 - 3 brokers: ``default.replication.factor=3`` so auto-created topics survive a
   broker kill; ``min.insync.replicas`` is NOT set broker-wide (it would break
-  acks=all on rf=1 test topics); ``sie.admin`` sets it to 2 on rf=3 topics.
+  acks=all on rf=1 test topics); ``sie.kernel.admin`` sets it to 2 on rf=3 topics.
 """
 
 from __future__ import annotations

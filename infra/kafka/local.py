@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sie.errors import ConfigError, KafkaUnavailable, SieError
-from sie.kafka.fetch import LOG4J_CONFIG, Echo, ensure_jars, require_tool
-from sie.kafka.layout import HOST, ClusterLayout, NodeLayout, render_properties
-from sie.settings import Settings
+from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
+from sie.infra.kafka.fetch import LOG4J_CONFIG, Echo, ensure_jars, require_tool
+from sie.infra.kafka.layout import HOST, ClusterLayout, NodeLayout, render_properties
+from sie.kernel.settings import Settings
 
 STATE_FILE = "cluster.json"
 Clock = Callable[[], float]

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
-from streams.scorer.errors import ScorerError
+from sie.streams.scorer.errors import ScorerError
 
 log = logging.getLogger("sie.scorer")
 

@@ -1,6 +1,6 @@
 """A generic exactly-once consume-transform-produce cycle (KIP-447), for any stage that is not the scorer.
 
-The transaction *primitives* already exist in ``streams.scorer.transaction``
+The transaction *primitives* already exist in ``sie.streams.eos.transaction``
 (``TransactionalProducer``: one ``transactional.id``, the retriable/abortable/fatal
 error policy; ``Checkpoint``: one batch = one transaction, offsets = last processed + 1
 sent with the consumer's group metadata; ``rewind``: seek back to the committed
@@ -34,10 +34,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from sie.errors import SieError
-from streams.scorer.errors import BackendUnavailable, ProducerFatal, ProducerHung, TxnAbortable
-from streams.scorer.transaction import Checkpoint, TransactionalProducer, rewind
-from streams.scorer.transaction import close_quietly as _close_quietly
+from sie.kernel.errors import SieError
+from sie.streams.scorer.errors import BackendUnavailable, ProducerFatal, ProducerHung, TxnAbortable
+from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, rewind
+from sie.streams.eos.transaction import close_quietly as _close_quietly
 
 log = logging.getLogger("sie.eos")
 

@@ -1,6 +1,6 @@
 """Train the demo fraud model and write its artifacts next to this file.
 
-    python -m models.fraud.train            # from the repo root; a few seconds on one CPU core
+    python -m models.fraud.train            # from examples/; a few seconds on one CPU core
 
 Why synthetic data: the demo needs a model whose behaviour is plausible (large foreign night-time payments at
 risky merchants from new accounts are suspicious) and reproducible byte-for-byte, without shipping a data set.

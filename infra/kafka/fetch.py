@@ -15,11 +15,12 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from sie.errors import ConfigError
-from sie.settings import REPO_ROOT, Settings
+from sie.kernel.errors import ConfigError
+from sie.kernel.settings import Settings
 
-POM = REPO_ROOT / "infra" / "kafka" / "pom.xml"
-LOG4J_CONFIG = REPO_ROOT / "infra" / "kafka" / "log4j2.properties"
+# Shipped as package data of sie.infra.kafka, so an installed SIE needs no source checkout.
+POM = Path(__file__).resolve().parent / "pom.xml"
+LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 INSTALL_HINT = "install it: apt-get install openjdk-17-jre-headless maven"
 _MARKER = ".complete"
 

@@ -19,7 +19,7 @@ steps, and the code below carries the same numbers:
 Hung calls: ``send_offsets_to_transaction`` can block far past its timeout
 while the group coordinator is down (librdkafka #5456; seen here when the
 broker restarts mid-batch).  The three transaction calls therefore run on a
-watchdog thread (``streams.bounded``); one that outlives its timeout raises
+watchdog thread (``sie.streams.eos.bounded``); one that outlives its timeout raises
 ``ProducerHung``: the producer is abandoned and a new producer with the same
 ``transactional.id`` is created, whose ``init_transactions()`` fences the hung one.
 
@@ -46,9 +46,9 @@ from typing import Any, Callable
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
-from sie.errors import KafkaUnavailable
-from streams.bounded import CallAbandoned, call_bounded
-from streams.scorer.errors import ProducerFatal, ProducerHung, TxnAbortable
+from sie.kernel.errors import KafkaUnavailable
+from sie.streams.eos.bounded import CallAbandoned, call_bounded
+from sie.streams.scorer.errors import ProducerFatal, ProducerHung, TxnAbortable
 
 log = logging.getLogger("sie.scorer")
 
