@@ -175,9 +175,9 @@ def main() -> None:
     bootstrap = settings.bootstrap_servers
     from sie.connectors.cdc import parse_connector_spec
     from sie.connectors.cdc_stage import CdcStage, CdcStageConfig, field_types_of
-    from sie.schemas.spec import load_spec
-    from sie.kernel.topics import TopicSpec
     from sie.kernel.admin import ensure_model_topics, ensure_topics
+    from sie.kernel.topics import TopicSpec
+    from sie.schemas.spec import load_spec
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-connectors-"))
     name = f"fraud-bench-{uuid.uuid4().hex[:6]}"

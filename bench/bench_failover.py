@@ -58,7 +58,7 @@ def resume_after(tail: ResultTail, partition_of: dict[str, int], kill: float, wi
         if p is not None and at <= window_end:
             per.setdefault(p, []).append(at)
     resumed, stall = 0.0, 0.0
-    for p, times in per.items():
+    for times in per.values():
         before = [t for t in times if t <= kill]
         after = [t for t in times if t > kill]
         seq = [before[-1] if before else kill, *after]

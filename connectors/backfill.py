@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from sie.connectors.backfill_plan import (
     BackfillPlan,
@@ -45,17 +46,16 @@ from sie.connectors.backfill_plan import (
     write_plan,
 )
 from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
+from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
-from sie.kernel.kafka_config import consumer_config, producer_config
-from sie.streams.scorer.codec import Codec, Poison
-from sie.streams.scorer.errors import BackendUnavailable, DeadLetterReason
-from sie.streams.scorer.loop import InferenceFailed, infer_isolating  # the scorer's poison-row isolation (bisection)
+from sie.streams.eos.deadletter import produce_dead_letter
+from sie.streams.scorer import Codec, DeadLetterReason, Inference, InferenceFailed, Poison, canary_row
 
 if TYPE_CHECKING:
     from sie.schemas.spec import ModelService
-    from sie.streams.eos.transaction import Checkpoint
+    from sie.streams.eos import Checkpoint
 
 log = logging.getLogger("sie.backfill")
 
@@ -73,7 +73,7 @@ class BackfillConfig:
     """One job.  ``start``/``end`` may be None when resuming a stored job."""
 
     settings: Settings
-    spec: "ModelService"
+    spec: ModelService
     job_id: str
     start: Bound | None = None
     end: Bound | None = None
@@ -100,11 +100,11 @@ class BackfillConfig:
 
     @property
     def group_id(self) -> str:
-        return f"{self.settings.topic_prefix}.backfill.{self.job_id}"
+        return self.settings.names.backfill_group(self.job_id)
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.settings.topic_prefix}.backfill.{self.job_id}"
+        return self.settings.names.backfill_transactional_id(self.job_id)
 
     @property
     def version(self) -> str:
@@ -113,7 +113,7 @@ class BackfillConfig:
     def wanted_topics(self) -> tuple[str, str, str]:
         src = self.source_topic or self.spec.topics.requests
         out = self.output_topic or self.spec.topics.backfill
-        return src, out, self.dead_letter_topic or f"{out}.dlq"
+        return src, out, self.dead_letter_topic or self.settings.names.backfill_dead_letter_topic(out)
 
 
 @dataclass(frozen=True)
@@ -169,24 +169,16 @@ class BackfillReport:
         ]
 
 
-def infer_rows(backend: Any, rows: list[dict], canary: dict | None) -> list[Any]:
-    """One output (or ``InferenceFailed``) per row; raises ``BackendUnavailable`` when a known-good row fails too."""
-    outputs = infer_isolating(backend, rows)
-    if canary is not None and outputs and all(type(o) is InferenceFailed for o in outputs):
-        probe = infer_isolating(backend, [canary])[0]
-        if type(probe) is InferenceFailed:
-            raise BackendUnavailable(f"backend fails on a known-good row too ({probe.detail}): outage, not poison")
-    return outputs
-
-
 class BackfillJob:
     """Build, ``plan()`` (optional: resolves/stores the range, fails fast), then ``run(stop, backend)``."""
 
     def __init__(self, config: BackfillConfig, *,
                  progress: Callable[[str], None] | None = None,
+                 clients: KafkaClients | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self._backend: Any = None
+        self._clients = clients or KafkaClients()
+        self._inference: Inference | None = None
         self._progress_out = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         self._clock = clock
         spec = config.spec
@@ -194,12 +186,7 @@ class BackfillJob:
 
         validator = compile_validator(spec.input_schema)
         self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)
-        self._canary: dict | None = None
-        if spec.example_input:
-            try:
-                self._canary = validator(dict(spec.example_input))
-            except Exception:  # an example that does not validate is no canary
-                self._canary = None
+        self._canary = canary_row(spec.example_input, validator)
         self._plan: BackfillPlan | None = None
         self.live_gate: LiveLagGate | None = None
         self._pos: dict[int, int] = {}
@@ -211,6 +198,7 @@ class BackfillJob:
         self._scored = 0
         self._dead: Counter = Counter()
         self._job_header = ("sie.backfill.job", config.job_id.encode())
+        self._dead_letter_tags = [*self._codec.dead_letter_tags(config.version), self._job_header]
 
     # --- the plan ---------------------------------------------------------------------------------
     def plan(self) -> BackfillPlan:
@@ -234,9 +222,7 @@ class BackfillJob:
             return stored
         if cfg.start is None or cfg.end is None:
             raise ConfigError(f"backfill job {cfg.job_id} does not exist yet: give --from and --to")
-        from confluent_kafka import Consumer
-
-        probe = Consumer(cfg.settings.kafka_client_config(**{"group.id": cfg.group_id,
+        probe = self._clients.consumer(cfg.settings.kafka_client_config(**{"group.id": cfg.group_id,
                                                               "enable.auto.commit": False}))
         try:
             ranges = resolve_ranges(probe, src, cfg.start, cfg.end)
@@ -250,25 +236,26 @@ class BackfillJob:
 
     # --- running ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event, backend: Any,
-            on_started: Callable[["BackfillJob"], None] | None = None) -> BackfillReport:
+            on_started: Callable[[BackfillJob], None] | None = None) -> BackfillReport:
         """Score the plan's remaining records with ``backend`` (loaded) until done or ``stop``."""
         cfg = self.config
-        self._backend = backend
+        self._inference = Inference(backend, self._canary)
         plan = self.plan()
         started = self._clock()
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         from sie.kernel.admin import admin_client, ensure_model_topics
 
         partitions = self._partition_count(plan.source_topic) or len(plan.ranges) or 1
         ensure_model_topics(cfg.settings, [plan.output_topic, plan.dead_letter_topic], partitions)
         producer = start_producer(
-            producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
-                            transaction_timeout_ms=cfg.transaction_timeout_ms),
-            stop, None, cfg.limits)  # init_transactions(): a zombie run of this job is fenced here
-        consumer = Consumer(consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
-                                            max_batch=cfg.max_batch))
-        eos = ExactlyOnce(producer, consumer, stop, cfg.limits)
+            transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
+                                          transaction_timeout_ms=cfg.transaction_timeout_ms),
+            stop, self._clients.producer, cfg.limits)  # init_transactions(): a zombie run of this job is fenced here
+        consumer = self._clients.consumer(eos_consumer_config(
+            cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer", max_batch=cfg.max_batch))
+        eos = ExactlyOnce(producer, consumer, stop, cfg.limits,
+                          fenced_hint=f"another run of backfill job {cfg.job_id} is live: stop it first")
         already_done = 0
         try:
             committed = consumer.committed([TopicPartition(plan.source_topic, r.partition) for r in plan.ranges],
@@ -392,7 +379,7 @@ class BackfillJob:
                 self._pos[tp.partition] = ends[tp.partition]
 
     # --- one batch (inside the transaction) ---------------------------------------------------------
-    def _process(self, batch: list, txn: "Checkpoint") -> tuple[int, Counter, dict[int, int]]:
+    def _process(self, batch: list, txn: Checkpoint) -> tuple[int, Counter, dict[int, int]]:
         codec = self._codec
         cfg = self.config
         plan = self._plan
@@ -415,7 +402,8 @@ class BackfillJob:
         if valid:
             rows = [req.inputs for req, _ in valid]
             t0 = time.perf_counter()
-            outputs = infer_rows(self._backend, rows, self._canary)
+            assert self._inference is not None
+            outputs = self._inference.run(rows)
             inference_ms = (time.perf_counter() - t0) * 1000.0
             n = len(rows)
             headers = [self._job_header]
@@ -434,13 +422,10 @@ class BackfillJob:
                 dead[DeadLetterReason.INFERENCE_ERROR.value] += 1
         return scored, dead, last
 
-    def _dead_letter(self, txn: "Checkpoint", msg: Any, reason: DeadLetterReason, detail: str) -> None:
+    def _dead_letter(self, txn: Checkpoint, msg: Any, reason: DeadLetterReason, detail: str) -> None:
         plan = self._plan
         assert plan is not None
-        headers = self._codec.dead_letter_headers(reason, detail, msg.topic(), msg.partition(), msg.offset(),
-                                                  self.config.version, msg.headers())
-        headers.append(self._job_header)
-        txn.produce(plan.dead_letter_topic, msg.value(), msg.key(), -1, headers)
+        produce_dead_letter(txn, plan.dead_letter_topic, msg, reason.value, detail, self._dead_letter_tags)
 
     # --- progress -------------------------------------------------------------------------------------
     def progress(self) -> list[PartitionProgress]:

@@ -22,7 +22,7 @@ import enum
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -84,7 +84,7 @@ def parse_bound(text: str, what: str) -> Bound:
             f"(1709251200000 or 1709251200000ms), an offset (1500), per-partition offsets (0:1500,1:1730), "
             f"'earliest' (--from) or 'now' (--to)") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return Bound(BoundKind.TIME, raw, value=int(parsed.timestamp() * 1000))
 
 
@@ -133,7 +133,7 @@ class BackfillPlan:
         return orjson.dumps(doc)
 
     @classmethod
-    def from_json(cls, data: bytes) -> "BackfillPlan":
+    def from_json(cls, data: bytes) -> BackfillPlan:
         doc = orjson.loads(data)
         ranges = tuple(PartitionRange(int(p), int(s), int(e)) for p, s, e in doc.pop("ranges"))
         return cls(ranges=ranges, **doc)
@@ -202,8 +202,8 @@ def plans_topic(prefix: str) -> str:
 
 
 def ensure_plans_topic(settings: Any) -> str:
-    from sie.kernel.topics import TopicSpec
     from sie.kernel.admin import ensure_topics
+    from sie.kernel.topics import TopicSpec
 
     name = plans_topic(settings.topic_prefix)
     ensure_topics(settings, [TopicSpec(name, 1, True, "backfill job plans, key = job id")])

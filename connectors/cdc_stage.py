@@ -11,11 +11,11 @@ Why a separate stage (and not the scorer reading the CDC topic through the adapt
   (a row's changes share a source partition too: canal/Debezium partition by primary key, and one stage
   instance owns a source partition at a time).
 
-One batch = one transaction (``sie.streams.eos.ExactlyOnce``)::
+One batch = one transaction (the exactly-once layer, ``sie.streams.eos.StreamLoop``)::
 
     consume <= max_batch CDC records (group sie.cdc.<connector>, subscribe(), read_committed)
     begin -> per record: convert -> produce requests | produce one dead letter | count skips
-          -> send_offsets_to_transaction(position, group metadata) -> commit
+          -> offsets join the transaction (with the group metadata) -> commit
 
 Requests, dead letters and the source offsets become visible together or not at all, so a crash (even
 SIGKILL) re-converts exactly the uncommitted records and readers never see a duplicate request.
@@ -27,36 +27,23 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
+from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
 from sie.kernel.errors import ConfigError
+from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
-from sie.streams.eos import (
-    BatchStatus,
-    EosLimits,
-    ExactlyOnce,
-    close_quietly,
-    start_producer,
-)
-from sie.kernel.kafka_config import consumer_config, producer_config
+from sie.streams.eos import EosLimits, StageSettings, StreamLoop
+from sie.streams.eos.deadletter import produce_dead_letter
 from sie.streams.eos.lag import consumer_lag
-from sie.streams.eos.batcher import Batcher
-from sie.streams.scorer.config import INSTANCE_RE  # one rule for instance names across SIE
 
 if TYPE_CHECKING:
-    from sie.streams.eos.transaction import Checkpoint
+    from sie.streams.eos import Checkpoint
 
 log = logging.getLogger("sie.cdc")
-
-_DETAIL_MAX = 500
-
-
-def default_dead_letter_topic(connector: str, prefix: str = "sie") -> str:
-    """The connector's own DLQ: source records (CDC JSON), not requests, so not the model's DLQ."""
-    return f"{prefix}.cdc.{connector}.dlq"
-
 
 @dataclass(frozen=True)
 class CdcStageConfig:
@@ -78,9 +65,7 @@ class CdcStageConfig:
     limits: EosLimits = field(default_factory=EosLimits)
 
     def __post_init__(self) -> None:
-        if not INSTANCE_RE.match(self.instance):
-            raise ConfigError(f"cdc.instance: must match {INSTANCE_RE.pattern} (got {self.instance!r}); "
-                              "pass --instance NAME")
+        check_instance(self.instance, "cdc.instance")
         for name, value, low in (("max_batch", self.max_batch, 1), ("max_wait_ms", self.max_wait_ms, 0),
                                  ("poll_timeout_ms", self.poll_timeout_ms, 1),
                                  ("session_timeout_ms", self.session_timeout_ms, 1000)):
@@ -89,22 +74,23 @@ class CdcStageConfig:
 
     @property
     def group_id(self) -> str:
-        return f"{self.settings.topic_prefix}.cdc.{self.connector.name}"
+        return self.settings.names.cdc_group(self.connector.name)
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.settings.topic_prefix}.cdc.{self.connector.name}.{self.instance}"
+        return self.settings.names.cdc_transactional_id(self.connector.name, self.instance)
 
     @property
     def dlq(self) -> str:
-        return self.dead_letter_topic or default_dead_letter_topic(self.connector.name, self.settings.topic_prefix)
+        return self.dead_letter_topic or self.settings.names.cdc_dead_letter_topic(self.connector.name)
 
 
 class CdcMetrics:
     """Prometheus counters of one stage (own registry: several stages may share a process)."""
 
     def __init__(self, connector: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge
+        from prometheus_client import CollectorRegistry, Gauge
+        from prometheus_client import Counter as PCounter
 
         self.registry = r = CollectorRegistry(auto_describe=True)
         labels = {"connector": connector}
@@ -135,6 +121,22 @@ class CdcMetrics:
 
     def value(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, {"connector": self._connector, **labels}) or 0.0
+
+
+class _Observer:
+    """The layer's failure events as the stage's counters."""
+
+    def __init__(self, metrics: CdcMetrics) -> None:
+        self._m = metrics
+
+    def aborted(self) -> None:
+        self._m.txn_aborts.inc()
+
+    def producer_restarted(self) -> None:
+        pass
+
+    def retry_later(self, exc: Exception) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -168,28 +170,10 @@ class _BatchCounts:
         self.dead: Counter = Counter()
 
 
-def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int, connector: str,
-                        original: list[tuple[str, bytes]] | None) -> list[tuple[str, bytes]]:
-    """The record's own headers (minus stale ``sie.*``) plus why and where it came from."""
-    headers = [(k, v) for k, v in original if not k.startswith("sie.")] if original else []
-    if len(detail) > _DETAIL_MAX:
-        detail = detail[: _DETAIL_MAX - 3] + "..."
-    headers += [
-        ("sie.reason", reason.encode()),
-        ("sie.detail", detail.encode()),
-        ("sie.source.topic", topic.encode()),
-        ("sie.source.partition", str(partition).encode()),
-        ("sie.source.offset", str(offset).encode()),
-        ("sie.connector", connector.encode()),
-    ]
-    return headers
-
-
 class CdcStage:
     """Converts one connector's source topic exactly once. Build, then ``run(stop)``."""
 
-    def __init__(self, config: CdcStageConfig, *, consumer_factory: Callable[[dict], Any] | None = None,
-                 producer_factory: Callable[[dict], Any] | None = None,
+    def __init__(self, config: CdcStageConfig, *, clients: KafkaClients | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         spec = config.connector
@@ -200,76 +184,60 @@ class CdcStage:
             raise ConfigError(f"connector {spec.name!r}: request/dead-letter topic must differ from source_topic "
                               f"{spec.source_topic!r} (the stage would read its own output)")
         self.metrics = CdcMetrics(spec.name)
-        self._consumer_factory = consumer_factory
-        self._producer_factory = producer_factory
+        self._clients = clients or KafkaClients()
         self._clock = clock
-        self._batcher: Batcher | None = None
+        self._tags = [("sie.connector", spec.name.encode())]
         self._totals = _BatchCounts()
         self._batches = 0
-        self._eos: ExactlyOnce | None = None
+        self._loop: StreamLoop | None = None
+        self._next_log = 0.0
 
-    # --- rebalance callbacks (inside consume(); no transaction is open then) ---------------------
-    def _on_assign(self, _consumer: Any, partitions: list) -> None:
-        log.info("cdc %s: assigned %s", self.config.connector.name, [p.partition for p in partitions])
-
-    def _on_revoke(self, _consumer: Any, partitions: list) -> None:
-        dropped = self._batcher.drop(partitions) if self._batcher else 0
-        self.metrics.consumer_lag.clear()
-        log.info("cdc %s: revoked %s (dropped %d uncommitted collected records)", self.config.connector.name,
-                 [p.partition for p in partitions], dropped)
-
-    # --- main loop --------------------------------------------------------------------------------
+    # --- running ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> CdcSummary:
         cfg = self.config
         if cfg.metrics_port is not None:
             self.metrics.serve(cfg.metrics_port)
-        producer = start_producer(
-            producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
-                            transaction_timeout_ms=cfg.transaction_timeout_ms),
-            stop, self._producer_factory, cfg.limits)
-        if self._consumer_factory is None:
-            from confluent_kafka import Consumer as consumer_factory  # noqa: N813
-        else:
-            consumer_factory = self._consumer_factory
-        consumer = consumer_factory(consumer_config(
-            cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer", max_batch=cfg.max_batch,
-            session_timeout_ms=cfg.session_timeout_ms))
-        self._batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.poll_timeout_ms / 1000,
-                                self._clock)
-        eos = self._eos = ExactlyOnce(producer, consumer, stop, cfg.limits)
-        consumer.subscribe([cfg.connector.source_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                           on_lost=self._on_revoke)
-        if on_ready:
-            on_ready()
-        next_log = self._clock() + cfg.log_interval_s
+        self._next_log = self._clock() + cfg.log_interval_s
+        self._loop = StreamLoop(StageSettings(
+            name=f"cdc {cfg.connector.name}", topics=[cfg.connector.source_topic],
+            producer_config=transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
+                                                          transaction_timeout_ms=cfg.transaction_timeout_ms),
+            consumer_config=eos_consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
+                                                max_batch=cfg.max_batch, session_timeout_ms=cfg.session_timeout_ms),
+            max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
+            tick_interval_s=min(cfg.log_interval_s, 5.0), limits=cfg.limits,
+            fenced_hint="give every stage instance a distinct --instance"),
+            self, clients=self._clients, observer=_Observer(self.metrics), clock=self._clock)
         try:
-            while not stop.is_set():
-                batch = self._batcher.collect()
-                now = self._clock()
-                if now >= next_log:
-                    self._update_lag(consumer)
-                    log.info("cdc %s: %s", cfg.connector.name, self.summary().line())
-                    next_log = now + cfg.log_interval_s
-                if not batch:
-                    continue
-                status, counts = eos.run_batch(batch, self._process)
-                if status is BatchStatus.COMMITTED:
-                    self._record(counts, len(batch))
-                else:
-                    self.metrics.txn_aborts.inc()
+            self._loop.run(stop, on_ready)
         finally:
-            close_quietly(consumer, producer)
             self.metrics.close()
         return self.summary()
 
     def summary(self) -> CdcSummary:
         t = self._totals
-        eos = self._eos
+        eos = self._loop.eos if self._loop else None
         return CdcSummary(self._batches, t.records, t.requests, dict(t.skipped), dict(t.dead),
                           eos.aborts if eos else 0, eos.producer_restarts if eos else 0)
 
+    # --- BatchProcessor: what the exactly-once layer calls -----------------------------------------
+    def started(self, consumer: Any) -> None:
+        pass
+
+    def tick(self, consumer: Any) -> None:
+        gauge, name = self.metrics.consumer_lag, self.config.connector.name
+        for partition, lag in consumer_lag(consumer).items():
+            gauge.labels(connector=name, partition=str(partition)).set(lag)
+        now = self._clock()
+        if now >= self._next_log:
+            log.info("cdc %s: %s", name, self.summary().line())
+            self._next_log = now + self.config.log_interval_s
+
+    def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
+        self.metrics.consumer_lag.clear()
+
     # --- one batch (inside the transaction) -------------------------------------------------------
-    def _process(self, batch: list, txn: "Checkpoint") -> _BatchCounts:
+    def process(self, batch: list, txn: Checkpoint) -> _BatchCounts:
         counts = _BatchCounts()
         convert = self.converter.convert
         request_topic = self.request_topic
@@ -279,9 +247,7 @@ class CdcStage:
             outcome = convert(msg.key(), msg.value())
             if outcome.error is not None:
                 reason = outcome.error.reason.value
-                txn.produce(self.dead_letter_topic, msg.value(), msg.key(), -1,
-                            dead_letter_headers(reason, outcome.error.detail, topic, partition, offset,
-                                                self.config.connector.name, msg.headers()))
+                produce_dead_letter(txn, self.dead_letter_topic, msg, reason, outcome.error.detail, self._tags)
                 counts.dead[reason] += 1
                 continue
             for req in outcome.requests:
@@ -291,7 +257,7 @@ class CdcStage:
                 counts.skipped.update(outcome.skipped)
         return counts
 
-    def _record(self, counts: _BatchCounts, n: int) -> None:
+    def committed(self, counts: _BatchCounts, n: int) -> None:
         """Counters move only after a commit, so they count what readers can see."""
         self._batches += 1
         t = self._totals
@@ -308,11 +274,6 @@ class CdcStage:
             m.skipped.labels(connector=name, reason=reason).inc(c)
         for reason, c in counts.dead.items():
             m.dead_letters.labels(connector=name, reason=reason).inc(c)
-
-    def _update_lag(self, consumer: Any) -> None:
-        gauge, name = self.metrics.consumer_lag, self.config.connector.name
-        for partition, lag in consumer_lag(consumer).items():
-            gauge.labels(connector=name, partition=str(partition)).set(lag)
 
 
 def run_cdc_stage(config: CdcStageConfig, stop: threading.Event,

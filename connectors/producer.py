@@ -151,7 +151,7 @@ class RequestProducer:
                                f"is the cluster reachable ({self._producer})?")
         return self.summary
 
-    def __enter__(self) -> "RequestProducer":
+    def __enter__(self) -> RequestProducer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -133,7 +133,7 @@ def check_compatibility(old: IOSchema, new: IOSchema, kind: Kind = "input") -> l
     return breaks
 
 
-def check_spec_compatibility(old: "ModelService", new: "ModelService") -> list[Break]:
+def check_spec_compatibility(old: ModelService, new: ModelService) -> list[Break]:
     """Input and output breaks of a new version of the same model."""
     return check_compatibility(old.input_schema, new.input_schema, "input") + check_compatibility(
         old.output_schema, new.output_schema, "output"

@@ -10,7 +10,7 @@ producer should send to that model).
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ DLQ_HEADERS = (H_REASON, H_DETAIL, H_SOURCE_TOPIC, H_SOURCE_PARTITION, H_SOURCE_
 _JSON_TYPES = {"string": "string", "int": "integer", "float": "number", "bool": "boolean"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def json_schema(name: str) -> dict[str, Any]:
     """``request``, ``result`` or ``dead-letter`` JSON Schema (draft 2020-12) as a dict (do not mutate)."""
     if name not in DOCUMENTS:

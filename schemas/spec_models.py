@@ -106,7 +106,7 @@ class Sla(_Frozen):
     max_replicas: int = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _replicas_ordered(self) -> "Sla":
+    def _replicas_ordered(self) -> Sla:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
@@ -168,6 +168,6 @@ class ModelService(_Frozen):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any]) -> "ModelService":
+    def from_document(cls, doc: dict[str, Any]) -> ModelService:
         """Inverse of ``to_document`` (no file-system checks: the reader may be another machine)."""
         return cls.model_validate(doc)

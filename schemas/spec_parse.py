@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sie.kernel.errors import SpecError
+from sie.kernel.names import ModelTopics, Names
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
@@ -32,8 +34,6 @@ from sie.schemas.spec_models import (
     Sla,
     SpecTopics,
 )
-from sie.kernel.topics import ModelTopics
-from sie.kernel.errors import SpecError
 
 API_VERSION = "sie.lmsys.org/v1"
 KIND = "ModelService"
@@ -115,7 +115,7 @@ class _Section:
         self.taken.update(names)
         return any(n in self.data for n in names)
 
-    def section(self, *names: str) -> "_Section":
+    def section(self, *names: str) -> _Section:
         path, value = self.take(*names)
         return _Section(None if value is _MISSING else value, path, self.issues)
 
@@ -771,7 +771,7 @@ def _finish(issues: _Issues, d: dict[str, Any], paths: dict[str, str], topic_pre
         overrides.setdefault("requests", ki["topic"])
     topics.update(overrides)
     d["topics"] = topics
-    d["group_id"] = (ki or {}).get("group_id") or f"{topic_prefix}.scorer.{name}"
+    d["group_id"] = (ki or {}).get("group_id") or Names(topic_prefix).scorer_group(name)
     if backend and backend["type"] in ("torch", "python") and "example_input" not in d:
         issues.warn(paths["example_input"], "absent; the readiness check has no real inference to run (add exampleInput)")
     return d

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sie.kernel.errors import KafkaUnavailable, SieError
+from sie.kernel.topics import system_topic, system_topics
 from sie.schemas.avro_codec import AvroCodecError, decode, encode
 from sie.schemas.spec_models import ModelService
-from sie.kernel.topics import system_topic, system_topics
-from sie.kernel.errors import KafkaUnavailable, SieError
 
 if TYPE_CHECKING:
     from sie.kernel.settings import Settings
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 RECORD = "ModelSpecRecord"
 
 
-def specs_topic(settings: "Settings") -> str:
+def specs_topic(settings: Settings) -> str:
     return system_topic("specs", prefix=settings.topic_prefix)
 
 
@@ -49,7 +49,7 @@ def spec_from_record(record: dict[str, Any]) -> ModelService:
     return ModelService.from_document(json.loads(record["spec_json"]))
 
 
-def ensure_specs_topic(settings: "Settings") -> None:
+def ensure_specs_topic(settings: Settings) -> None:
     """Create the specs topic (compacted) if missing, via the infra engineer's ``sie.kernel.admin``."""
     from sie.kernel.admin import ensure_topics
 
@@ -57,7 +57,7 @@ def ensure_specs_topic(settings: "Settings") -> None:
     ensure_topics(settings, [t for t in system_topics(settings.topic_prefix) if t.name == name])
 
 
-def _produce(settings: "Settings", messages: list[tuple[str, bytes | None]], timeout: float) -> None:
+def _produce(settings: Settings, messages: list[tuple[str, bytes | None]], timeout: float) -> None:
     """Send ``(key, value)`` pairs in order with an idempotent producer; raise unless every one is acknowledged."""
     from confluent_kafka import Producer
 
@@ -88,7 +88,7 @@ def _produce(settings: "Settings", messages: list[tuple[str, bytes | None]], tim
         )
 
 
-def publish_spec(settings: "Settings", spec: ModelService, timeout: float = 30.0,
+def publish_spec(settings: Settings, spec: ModelService, timeout: float = 30.0,
                  clock: Callable[[], float] = time.time, ensure_topic: bool = True) -> dict[str, Any]:
     """Publish ``spec`` on the specs topic and wait for the acknowledgement; returns the record sent."""
     if ensure_topic:
@@ -98,7 +98,7 @@ def publish_spec(settings: "Settings", spec: ModelService, timeout: float = 30.0
     return record
 
 
-def delete_spec(settings: "Settings", spec: ModelService, timeout: float = 30.0,
+def delete_spec(settings: Settings, spec: ModelService, timeout: float = 30.0,
                 clock: Callable[[], float] = time.time) -> None:
     """Publish a ``deleted=true`` record, then a tombstone, for the spec's model."""
     record = spec_record(spec, int(clock() * 1000), deleted=True)
@@ -137,7 +137,7 @@ class SpecSnapshot:
             self.deleted.discard(key)
 
 
-def read_spec_snapshot(settings: "Settings", timeout: float = 30.0) -> SpecSnapshot:
+def read_spec_snapshot(settings: Settings, timeout: float = 30.0) -> SpecSnapshot:
     """Replay the specs topic from the beginning to its current end (every partition reports EOF)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
@@ -187,6 +187,6 @@ def read_spec_snapshot(settings: "Settings", timeout: float = 30.0) -> SpecSnaps
     return snapshot
 
 
-def read_specs(settings: "Settings", timeout: float = 30.0) -> dict[str, ModelService]:
+def read_specs(settings: Settings, timeout: float = 30.0) -> dict[str, ModelService]:
     """The live specs, by model name (unreadable records are logged, never silently applied)."""
     return read_spec_snapshot(settings, timeout).specs

@@ -19,7 +19,8 @@ record with reason ``schema_violation`` and that line as detail.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sie.schemas.spec_models import FieldSpec, IOSchema
 

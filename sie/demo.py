@@ -16,13 +16,13 @@ one. Processes it starts are stopped at the end (Kafka is left running: `sie kaf
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import importlib.resources
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,9 +153,9 @@ class Demo:
 
     # -- 1 -----------------------------------------------------------------------------------------
     def kafka(self) -> None:
-        from sie.kernel.topics import system_topics
-        from sie.kernel.admin import ensure_topics
         from sie.infra.kafka import LocalKafka
+        from sie.kernel.admin import ensure_topics
+        from sie.kernel.topics import system_topics
 
         self.step("Kafka")
         if self.settings.bootstrap_servers == Settings.model_fields["bootstrap_servers"].default:
@@ -227,7 +227,7 @@ class Demo:
 
         from sie.connectors.producer import RequestProducer
         from sie.connectors.results import ResultCollector
-        from sie.kernel.topics import ModelTopics
+        from sie.kernel.names import ModelTopics
 
         self.step(f"scoring {self.requests:,} requests exactly once")
         topics = ModelTopics.default_for("fraud-scorer", self.settings.topic_prefix)
@@ -312,7 +312,7 @@ class Demo:
 
     def cdc(self) -> None:
         from sie.connectors.results import ResultCollector
-        from sie.kernel.topics import ModelTopics
+        from sie.kernel.names import ModelTopics
 
         self.step("CDC: canal row changes of shop.orders scored in real time")
         connector = "examples/cdc/orders-to-fraud.yaml"

@@ -160,8 +160,8 @@ class Cluster:
     """Starts and stops real processes for one test (or bench run) under a unique topic prefix."""
 
     def __init__(self, settings: Settings, root: Path, prefix: str | None = None) -> None:
-        from sie.kernel.topics import system_topics
         from sie.kernel.admin import ensure_topics
+        from sie.kernel.topics import system_topics
 
         self.prefix = prefix or f"e2e{uuid.uuid4().hex[:8]}"
         self.settings = settings.with_overrides(topic_prefix=self.prefix)
@@ -248,7 +248,7 @@ class Cluster:
         return path
 
     def spec_topics(self, model: str) -> dict[str, str]:
-        from sie.kernel.topics import ModelTopics
+        from sie.kernel.names import ModelTopics
 
         t = ModelTopics.default_for(model, self.prefix)
         return {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters}
@@ -352,7 +352,7 @@ class Cluster:
                 if pid_alive(pid) and "sie.workers.worker_main" in _cmdline(pid):
                     os.kill(pid, signal.SIGKILL)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -405,7 +405,7 @@ class RequestStream:
         self._producer.poll(0)
         return rid
 
-    def start(self) -> "RequestStream":
+    def start(self) -> RequestStream:
         self._thread = threading.Thread(target=self._run, name=f"stream-{self.tag}", daemon=True)
         self._thread.start()
         return self

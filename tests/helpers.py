@@ -9,8 +9,8 @@ import json
 import threading
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from sie.kernel.settings import Settings
@@ -149,8 +149,8 @@ def produce_json(
 def create_topic(settings: Settings, name: str, partitions: int = 1, replication: int = 1,
                  config: dict[str, str] | None = None) -> str:
     """Create a plain test topic and wait until it has leaders."""
-    from sie.kernel.topics import TopicSpec
     from sie.kernel.admin import ensure_topics
+    from sie.kernel.topics import TopicSpec
 
     compacted = (config or {}).get("cleanup.policy") == "compact"
     extra = {k: v for k, v in (config or {}).items() if k != "cleanup.policy"}

@@ -18,15 +18,14 @@ from typing import Any
 
 import pytest
 
-from sie.schemas.avro_codec import encode
-from sie.schemas.spec import load_spec
-from sie.kernel.topics import system_topics
 from sie.kernel.admin import ensure_topics
 from sie.kernel.settings import Settings
-from tests.helpers import REPO_ROOT
-from tests.helpers import TopicTail, consume_all, produce_json, wait_until
+from sie.kernel.topics import system_topics
+from sie.schemas.avro_codec import encode
+from sie.schemas.spec import load_spec
 from sie.workers.agent import Agent, AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
+from tests.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
 
 pytestmark = pytest.mark.kafka
 

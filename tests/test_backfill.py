@@ -22,7 +22,7 @@ from sie.connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange
 from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.kernel.admin import ensure_model_topics
 from sie.kernel.errors import ConfigError
-from tests.helpers import create_topic, consume_all, wait_until
+from tests.helpers import consume_all, create_topic, wait_until
 from tests.scorer_fixtures import CommittedReader, echo_spec, load_echo_backend, write_echo_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -287,8 +287,8 @@ def test_aborted_batch_is_read_again_not_taken_for_the_end_of_the_range(tmp_path
     from sie.connectors.backfill import BackfillConfig, BackfillJob
     from sie.connectors.backfill_plan import BackfillPlan, PartitionRange
     from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
-    from sie.schemas.spec import load_spec
     from sie.kernel.settings import Settings
+    from sie.schemas.spec import load_spec
     from sie.streams.eos import BatchStatus
 
     spec = load_spec(write_echo_spec(tmp_path))

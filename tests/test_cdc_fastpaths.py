@@ -5,13 +5,12 @@ what the general paths give: request ids and bytes may never change."""
 from __future__ import annotations
 
 import itertools
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import orjson
 import pytest
 
-from sie.connectors.cdc import CdcConverter, decode_debezium
-from sie.connectors.cdc import casting
+from sie.connectors.cdc import CdcConverter, casting, decode_debezium
 from sie.connectors.cdc.debezium import _schemas
 from tests.cdc_support import ORDER_FIELD_TYPES, make_spec, records
 
@@ -30,7 +29,7 @@ def _general_epoch_ms(text: str) -> int | None:
             return None
         dt = datetime(d.year, d.month, d.day)
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
 
 

@@ -201,7 +201,7 @@ def test_rows_to_requests_raises_on_bad_rows():
     spec = make_spec("canal-json", mapping={"x": "missing_col"})
     with pytest.raises(Exception) as err:
         rows_to_requests(rows, spec)
-    assert getattr(err.value, "reason").value == "schema_mismatch"
+    assert err.value.reason.value == "schema_mismatch"
 
 
 def test_every_malformed_fixture_becomes_an_error_outcome_never_an_exception():

@@ -153,7 +153,7 @@ def test_canal_events_become_exactly_the_expected_requests_and_poison_is_dead_le
     assert isinstance(first["inputs"]["created_at_ms"], int)  # datetime string -> epoch ms for an int field
     assert first["metadata"]["cdc"] == {**first["metadata"]["cdc"], "format": "canal-json", "db": "shop",
                                         "table": "orders", "pk": {"id": 10001}}
-    for key, docs in by_key.items():  # one key -> one partition
+    for key in by_key:  # one key -> one partition
         assert len({r.partition for r in recs if r.key == key}) == 1
 
     reasons = {int(d.headers["sie.source.offset"]): d.headers["sie.reason"].decode() for d in dead}

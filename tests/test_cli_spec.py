@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sie.cli import main
 from sie.schemas.avro_codec import decode
 from sie.schemas.spec_store import read_spec_snapshot, read_specs, specs_topic
-from sie.cli import main
 from tests.helpers import consume_all
 from tests.test_spec import ARTICLE
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from sie.schemas.avro_codec import decode
 from sie.kernel.settings import Settings
+from sie.schemas.avro_codec import decode
 from tests.cluster_harness import (
     Cluster,
     RequestStream,

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from sie.schemas.avro_codec import decode, encode
-from sie.kernel.topics import system_topics
 from sie.kernel.admin import ensure_topics
+from sie.kernel.topics import system_topics
+from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.controller import ControlConfig
 from sie.streams.control.service import ControlService
 from tests.helpers import wait_until
@@ -62,7 +62,7 @@ class FakeAgent:
         self._producer = _producer(settings)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "FakeAgent":
+    def start(self) -> FakeAgent:
         p = self.settings.topic_prefix
         self._producer.produce(f"{p}.nodes", key=self.node.encode(), value=encode("NodeRegistration", {
             "node": self.node, "labels": {}, "tier": self.tier, "cpu_count": 8, "memory_mb": 32768, "gpus": self.gpus,

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from sie.schemas.spec import parse_spec
-from sie.streams.control.controller import ControlConfig, Controller, Fenced, OutRecord, StaticLeadership
+from sie.streams.control.controller import ControlConfig, Controller, OutRecord, StaticLeadership
 from sie.streams.control.state import ClusterState
+from sie.streams.eos import Fenced
 
 TIMEOUT = 6.0
 

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from sie.commands.kafka import command as kafka_cli
-from sie.kernel.errors import ConfigError
 from sie.infra.kafka.fetch import ensure_jars
 from sie.infra.kafka.layout import ClusterLayout
 from sie.infra.kafka.local import LocalKafka, free_base_port, port_in_use
+from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from tests.helpers import consume_all, create_topic, produce_json, unique_topic, wait_until
 

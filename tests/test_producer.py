@@ -7,10 +7,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from sie.cli import main
 from sie.connectors.producer import RateLimiter, as_request, key_of, produce_jsonl
 from sie.schemas.spec import load_spec
 from sie.schemas.validation import compile_validator
-from sie.cli import main
 from tests.helpers import consume_all, create_topic, unique_topic
 
 FRAUD_SPEC = Path(__file__).resolve().parent.parent / "examples" / "fraud-scorer.yaml"

@@ -13,10 +13,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from sie.kernel.errors import KafkaUnavailable
+from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, Fenced, transaction
 from sie.streams.eos.bounded import CallAbandoned, call_bounded
-from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, TransactionFenced
-from sie.streams.eos import transaction
-from sie.streams.scorer.errors import ProducerFatal, ProducerHung
+from sie.streams.eos.errors import ProducerFatal, ProducerHung
 from sie.streams.eos.transaction import TransactionalProducer, close_quietly, rewind
 
 
@@ -215,5 +214,5 @@ def test_hung_calls_keep_recovering_while_fatal_errors_stop_at_the_limit():
     eos = ExactlyOnce(fenced, IdleConsumer(), threading.Event(), limits)  # type: ignore[arg-type]
     for _ in range(2):
         eos.run_batch([], lambda _b, _t: None)
-    with pytest.raises(TransactionFenced):
+    with pytest.raises(Fenced):
         eos.run_batch([], lambda _b, _t: None)

@@ -52,9 +52,8 @@ def test_request_schema_for_a_model():
 
 def test_scorer_codec_follows_the_contract():
     codec_mod = pytest.importorskip("sie.streams.scorer.codec")
-    from sie.streams.scorer.errors import DeadLetterReason
-
     from sie.schemas.validation import compile_validator
+    from sie.streams.scorer.errors import DeadLetterReason
 
     assert set(codec_mod.RESERVED) == RESERVED_REQUEST_KEYS
     assert {r.value for r in DeadLetterReason} == set(DLQ_REASONS)
@@ -66,5 +65,8 @@ def test_scorer_codec_follows_the_contract():
     assert set(doc["required"]) <= set(result)
     assert set(result["source"]) == set(doc["properties"]["source"]["required"])
     assert set(doc["properties"]["timings"]["required"]) <= set(result["timings"])
-    headers = dict(codec.dead_letter_headers(DeadLetterReason.TOO_LARGE, "big", "t", 0, 5, "1.0"))
+    from sie.streams.eos.deadletter import dead_letter_headers
+
+    headers = dict(dead_letter_headers(DeadLetterReason.TOO_LARGE.value, "big", "t", 0, 5, None,
+                                       codec.dead_letter_tags("1.0")))
     assert tuple(headers) == DLQ_HEADERS

@@ -11,8 +11,10 @@ import orjson
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, TopicPartition
 
+from sie.kernel.clients import KafkaClients
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
+from sie.streams.eos.deadletter import dead_letter_headers
 from sie.streams.scorer import (
     BUCKETS,
     Codec,
@@ -99,8 +101,9 @@ def test_poison_is_classified_with_a_detail_naming_the_field(value, reason, deta
 
 def test_dead_letter_headers_name_source_model_version_and_drop_stale_sie_headers():
     codec = make_codec()
-    headers = codec.dead_letter_headers(DeadLetterReason.SCHEMA_VIOLATION, "inputs.x: must be a number",
-                                        "req", 3, 7, "1.0.0", [("trace", b"t"), ("sie.reason", b"old")])
+    headers = dead_letter_headers(DeadLetterReason.SCHEMA_VIOLATION.value, "inputs.x: must be a number",
+                                  "req", 3, 7, [("trace", b"t"), ("sie.reason", b"old")],
+                                  codec.dead_letter_tags("1.0.0"))
     assert headers == [
         ("trace", b"t"),
         ("sie.reason", b"schema_violation"), ("sie.detail", b"inputs.x: must be a number"),
@@ -285,7 +288,7 @@ def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, **cons
     config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0", max_batch=max_batch, max_wait_ms=0,
                           retry_backoff_s=0.0)
     scorer = Scorer(config, RoutingTable.single(spec.version, backend or FlakyBackend()),
-                    consumer_factory=lambda _cfg: consumer, producer_factory=make_producer)
+                    clients=KafkaClients(consumer=lambda _cfg: consumer, producer=make_producer))
     summary = scorer.run(stop)
     visible = [t for p in producers for t in p.visible]
     return summary, visible, consumer, producers, scorer, spec

@@ -5,11 +5,12 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 
-from sie.schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
 from sie.kernel.errors import SpecError
+from sie.schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
 
 ARTICLE = Path(__file__).resolve().parent.parent / "examples" / "article"
 SHARED = Path("/work/shared/article-specs")
@@ -135,7 +136,7 @@ def test_roundtrip_through_document(torch_doc, tmp_path):
 
 def test_spec_is_frozen(torch_doc, tmp_path):
     spec = parse_spec(torch_doc, base_dir=tmp_path)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.name = "other"  # type: ignore[misc]
 
 

@@ -7,7 +7,8 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from sie.kernel.topics import ModelTopics, TopicSpec, system_topics
+from sie.commands.topics import command as topics_cli
+from sie.infra.kafka.local import LocalKafka
 from sie.kernel.admin import (
     Action,
     cluster_broker_count,
@@ -17,10 +18,10 @@ from sie.kernel.admin import (
     topic_configs,
     wait_for_cluster,
 )
-from sie.commands.topics import command as topics_cli
 from sie.kernel.errors import ConfigError
-from sie.infra.kafka.local import LocalKafka
+from sie.kernel.names import ModelTopics
 from sie.kernel.settings import Settings
+from sie.kernel.topics import TopicSpec, system_topics
 from tests.helpers import unique_topic
 
 
@@ -62,8 +63,8 @@ def test_policy_drift_is_fixed_and_partition_mismatch_reported(kafka_settings: S
 
 def test_model_topics_share_the_request_partition_count(kafka_settings: Settings) -> None:
     topics = ModelTopics.default_for(f"m{uuid.uuid4().hex[:8]}", prefix=_prefix())
-    report = ensure_model_topics(kafka_settings, topics, partitions=3)
     names = [topics.requests, topics.results, topics.dead_letters, topics.backfill_results]
+    report = ensure_model_topics(kafka_settings, names, partitions=3)
     try:
         assert sorted(report.created) == sorted(names)
         assert {t.partitions for t in report.topics} == {3}

@@ -130,8 +130,8 @@ def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
 
 def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     """Load, prove readiness, score until SIGTERM. Returns the exit code."""
-    from sie.kernel.settings import Settings
     from sie.kernel.admin import ensure_model_topics
+    from sie.kernel.settings import Settings
     from sie.streams.scorer import ScorerConfig, run_scorer
     from sie.workers.backends import create_backend
     from sie.workers.readiness import readiness_inference

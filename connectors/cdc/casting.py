@@ -26,8 +26,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from datetime import date, datetime, timezone
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from typing import Any, NamedTuple
 
 from sie.connectors.cdc.model import CdcDecodeError, CdcErrorReason
 
@@ -458,7 +459,7 @@ def _temporal_to_epoch_ms(text: str) -> int | None:
             return None
         dt = datetime(d.year, d.month, d.day)
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
 
 

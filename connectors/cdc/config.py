@@ -137,7 +137,7 @@ class CdcConnectorSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _topics_differ(self) -> "CdcConnectorSpec":
+    def _topics_differ(self) -> CdcConnectorSpec:
         if self.request_topic is not None and self.request_topic == self.source_topic:
             raise ValueError("request_topic must differ from source_topic (the connector would read its own output)")
         return self

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -259,7 +260,7 @@ class CdcConverter:
         if request_topic is None:
             request_topic = spec.request_topic
         if request_topic is None:
-            from sie.kernel.topics import ModelTopics
+            from sie.kernel.names import ModelTopics
 
             request_topic = ModelTopics.default_for(spec.model).requests
         self.request_topic = request_topic

@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.infra.kafka.fetch import LOG4J_CONFIG, Echo, ensure_jars, require_tool
 from sie.infra.kafka.layout import HOST, ClusterLayout, NodeLayout, render_properties
+from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 
 STATE_FILE = "cluster.json"
@@ -51,14 +51,14 @@ class ClusterState:
     kafka_version: str
     pids: dict[int, int] = field(default_factory=dict)
 
-    def with_pid(self, node_id: int, pid: int | None) -> "ClusterState":
+    def with_pid(self, node_id: int, pid: int | None) -> ClusterState:
         pids = {k: v for k, v in self.pids.items() if k != node_id}
         if pid is not None:
             pids[node_id] = pid
         return ClusterState(self.brokers, self.base_port, self.cluster_id, self.kafka_version, pids)
 
     @classmethod
-    def load(cls, path: Path) -> "ClusterState | None":
+    def load(cls, path: Path) -> ClusterState | None:
         if not path.is_file():
             return None
         raw = json.loads(path.read_text())

@@ -52,9 +52,9 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     one transaction per batch; live consumer offsets are never touched. Progress per partition goes
     to stderr, a report to stdout.
     """
+    from sie.commands.produce import resolve_spec
     from sie.connectors.backfill import BackfillConfig, BackfillJob, check_job_id
     from sie.connectors.backfill_plan import parse_bound
-    from sie.commands.produce import resolve_spec
     from sie.kernel.errors import ConfigError
     from sie.workers.backends import backend_config_from_spec, create_backend
 

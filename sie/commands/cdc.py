@@ -81,8 +81,8 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     """
     from sie.connectors.cdc import load_connector_spec
     from sie.connectors.cdc_stage import CdcStageConfig, field_types_of, run_cdc_stage
-    from sie.kernel.topics import TopicSpec
     from sie.kernel.admin import ensure_model_topics, ensure_topics
+    from sie.kernel.topics import TopicSpec
     from sie.streams.scorer import default_instance
 
     configure_logging(log_level)
@@ -161,9 +161,9 @@ def publish(settings: Settings, connector_file: Path, events, partitions: int) -
     from confluent_kafka import Producer
 
     from sie.connectors.cdc import load_connector_spec
-    from sie.kernel.topics import TopicSpec
     from sie.kernel.admin import ensure_topics
     from sie.kernel.errors import KafkaUnavailable
+    from sie.kernel.topics import TopicSpec
 
     connector = load_connector_spec(connector_file)
     ensure_topics(settings, [TopicSpec(connector.source_topic, partitions, False, "CDC source (demo)")])

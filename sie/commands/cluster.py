@@ -16,9 +16,9 @@ from urllib.request import urlopen
 
 import click
 
+from sie.commands.spec import get
 from sie.kernel.errors import KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
-from sie.commands.spec import get
 
 _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
                     help="Ask this control plane's HTTP API instead of reading Kafka.")

@@ -32,8 +32,8 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
             node_timeout: float | None, failure_cooldown: float | None, session_timeout_ms: int,
             no_ensure_topics: bool) -> None:
     """Run the control plane: reconcile specs into per-node assignments over Kafka."""
-    from sie.kernel.topics import system_topics
     from sie.kernel.admin import ensure_topics
+    from sie.kernel.topics import system_topics
     from sie.streams.control.controller import ControlConfig
     from sie.streams.control.service import ControlService
 
@@ -54,7 +54,7 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     service.start()
-    click.echo(f"sie control {service.instance_id}: http on :{service.http_port}, group sie.control.{settings.topic_prefix}", err=True)
+    click.echo(f"sie control {service.instance_id}: http on :{service.http_port}, group {settings.names.control_group}", err=True)
     try:
         service.wait()
     finally:

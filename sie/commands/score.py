@@ -49,8 +49,8 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     once subscribed, finishes and commits the current batch on SIGTERM, and
     prints a summary line on exit.
     """
-    from sie.schemas.spec import load_spec
     from sie.kernel.admin import ensure_model_topics
+    from sie.schemas.spec import load_spec
     from sie.streams.scorer import ScorerConfig, default_instance, run_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 

@@ -19,8 +19,8 @@ def command() -> None:
 @click.pass_obj
 def ensure(settings: Settings, replication_factor: int | None, prefix: str | None) -> None:
     """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
-    from sie.kernel.topics import system_topics
     from sie.kernel.admin import ensure_topics
+    from sie.kernel.topics import system_topics
 
     report = ensure_topics(settings, system_topics(prefix or settings.topic_prefix), replication_factor)
     click.echo(report.table())

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sie.kernel.topics import TopicSpec
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
+from sie.kernel.topics import TopicSpec
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient, ClusterMetadata
@@ -75,7 +75,7 @@ class EnsureReport:
 
 
 # ---- cluster helpers -----------------------------------------------------------------------------
-def admin_client(settings: Settings) -> "AdminClient":
+def admin_client(settings: Settings) -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
     config = settings.kafka_client_config()
@@ -83,7 +83,7 @@ def admin_client(settings: Settings) -> "AdminClient":
     return AdminClient(config)
 
 
-def wait_for_cluster(settings: Settings, timeout: float = 30.0) -> "ClusterMetadata":
+def wait_for_cluster(settings: Settings, timeout: float = 30.0) -> ClusterMetadata:
     """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise."""
     from confluent_kafka import KafkaException
 
@@ -128,12 +128,18 @@ def topic_configs(settings: Settings, topic: str, timeout: float = 10.0) -> dict
     return {name: entry.value for name, entry in entries.items()}
 
 
-def wait_for_topics(settings: Settings, topics: Iterable[str], timeout: float = 30.0) -> None:
-    """Until every partition of each topic has a leader, so a producer's first send does not fail."""
-    admin = admin_client(settings)
+def wait_for_topics(settings: Settings, topics: Iterable[str], timeout: float = 30.0,
+                    admin: AdminClient | None = None) -> ClusterMetadata:
+    """Until every partition of each topic has a leader, so a producer's first send does not fail.
+
+    Returns the metadata (of every topic) in which they all appeared, as ``admin`` sees it: on a
+    multi-broker cluster a new topic reaches each broker's metadata cache at its own pace, so a caller
+    that goes on with the same client sees what was waited for.
+    """
+    admin = admin or admin_client(settings)
     pending = set(topics)
     deadline = time.monotonic() + timeout
-    while pending:
+    while True:
         md = admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
         pending = {
             t for t in pending
@@ -141,7 +147,7 @@ def wait_for_topics(settings: Settings, topics: Iterable[str], timeout: float = 
             or any(p.leader < 0 for p in md.topics[t].partitions.values())
         }
         if not pending:
-            return
+            return md
         if time.monotonic() >= deadline:
             raise KafkaUnavailable(f"topics {sorted(pending)} have no leader after {timeout:.0f}s")
         time.sleep(0.05)
@@ -197,8 +203,7 @@ def ensure_topics(
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent ensure won the race
                     raise SieError(f"creating topic {name}: {exc.args[0].str()}") from exc
-        wait_for_topics(settings, [t.name for t in missing], timeout)
-        md = admin.list_topics(timeout=timeout)
+        md = wait_for_topics(settings, [t.name for t in missing], timeout, admin)
 
     outcomes = []
     for spec in topics:
@@ -225,7 +230,7 @@ def ensure_topics(
     return EnsureReport(tuple(outcomes))
 
 
-def _set_topic_config(admin: "AdminClient", topic: str, values: dict[str, str], timeout: float) -> None:
+def _set_topic_config(admin: AdminClient, topic: str, values: dict[str, str], timeout: float) -> None:
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     resource = ConfigResource(
@@ -249,15 +254,9 @@ def model_topic_specs(topic_names: Sequence[str], partitions: int) -> list[Topic
 
 def ensure_model_topics(
     settings: Settings,
-    spec_topics_names: Sequence[str] | Any,
+    topic_names: Sequence[str | None],
     partitions: int,
     replication_factor: int | None = None,
 ) -> EnsureReport:
-    """Ensure a model's request/result/dlq/backfill topics.
-
-    Accepts the names as a list, or a ``sie.kernel.topics.ModelTopics``.
-    """
-    names = spec_topics_names
-    if not isinstance(names, (list, tuple)):
-        names = [names.requests, names.results, names.dead_letters, names.backfill_results]
-    return ensure_topics(settings, model_topic_specs([n for n in names if n], partitions), replication_factor)
+    """Ensure a model's data-path topics (requests, results, dead letters, backfill); None entries are skipped."""
+    return ensure_topics(settings, model_topic_specs([n for n in topic_names if n], partitions), replication_factor)

@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sie.kernel.names import Names
+
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "sie"
@@ -121,6 +123,11 @@ class Settings(BaseSettings):
             env[key] = json.dumps(value) if isinstance(value, dict) else str(value)
         return env
 
-    def with_overrides(self, **changes: Any) -> "Settings":
+    @property
+    def names(self) -> Names:
+        """Every topic/group/transactional-id name of this cluster (one place builds them all)."""
+        return Names(self.topic_prefix)
+
+    def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields changed (CLI options override env)."""
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})

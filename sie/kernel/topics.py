@@ -1,15 +1,16 @@
-"""Every topic SIE owns: names, cleanup policy, partitions.
+"""Every system topic SIE owns, as it should exist: partitions, cleanup policy, purpose.
 
-System topics carry control-plane state and events; their names are
-``<prefix>.<name>``.  Each model gets request/result/dead-letter topics whose
-default names derive from the model name (``<prefix>.model.<name>.requests``);
-a spec may override them.  ``docs/architecture.md`` documents who writes and
-who reads each.
+Names come from ``sie.kernel.names`` (the one place that builds them).  System topics carry
+control-plane state and events; a model's data-path topics are created when its spec is applied
+(``sie.kernel.admin.ensure_model_topics``).  ``docs/architecture.md`` documents who writes and who
+reads each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from sie.kernel.names import SYSTEM_TOPICS, Names
 
 
 @dataclass(frozen=True)
@@ -45,27 +46,14 @@ _SYSTEM = [
 
 def system_topics(prefix: str = "sie") -> list[TopicSpec]:
     """SIE's system topics for a prefix."""
-    return [TopicSpec(f"{prefix}.{suffix}", parts, compacted, purpose, dict(cfg)) for suffix, parts, compacted, purpose, cfg in _SYSTEM]
+    names = Names(prefix)
+    return [TopicSpec(names.system_topic(suffix), parts, compacted, purpose, dict(cfg))
+            for suffix, parts, compacted, purpose, cfg in _SYSTEM]
 
 
 def system_topic(name: str, prefix: str = "sie") -> str:
     """Full name of a system topic, e.g. ``system_topic("specs") == "sie.specs"``."""
-    known = {suffix for suffix, *_ in _SYSTEM}
-    if name not in known:
-        raise KeyError(f"unknown system topic {name!r}; known: {sorted(known)}")
-    return f"{prefix}.{name}"
+    return Names(prefix).system_topic(name)
 
 
-@dataclass(frozen=True)
-class ModelTopics:
-    """The data-path topics of one model."""
-
-    requests: str
-    results: str
-    dead_letters: str
-    backfill_results: str
-
-    @classmethod
-    def default_for(cls, model_name: str, prefix: str = "sie") -> "ModelTopics":
-        base = f"{prefix}.model.{model_name}"
-        return cls(f"{base}.requests", f"{base}.results", f"{base}.dlq", f"{base}.backfill")
+assert {suffix for suffix, *_ in _SYSTEM} == set(SYSTEM_TOPICS), "sie.kernel.names.SYSTEM_TOPICS is out of date"

@@ -21,10 +21,10 @@ from sie.streams.control.inventory import (
 from sie.streams.control.placement import (
     Placement,
     PlacementPlan,
+    Placer,
     PlanDiff,
     PlanStats,
     PlanUpdate,
-    Placer,
     Unplaced,
     node_eligible,
     place,

@@ -23,15 +23,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.placement import PlacementPlan, place
 from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from sie.streams.control.status import ModelStatus, build_status
+from sie.streams.eos.errors import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ class ControlConfig:
     strategy: str = "binpack"
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> "ControlConfig":
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> ControlConfig:
         """Read the article's control-plane-config.yaml (``scheduling.strategy``,
         ``monitoring.interval_seconds``) plus SIE's ``control:`` section; unknown keys are ignored."""
         import yaml
@@ -111,10 +113,6 @@ class Leadership(Protocol):
     def epoch(self) -> int: ...
 
     def step_down(self, reason: str) -> None: ...
-
-
-class Fenced(Exception):
-    """A newer leader's transactional producer fenced ours: stop publishing now."""
 
 
 @dataclass

@@ -7,8 +7,9 @@ topics); it needs only resources, constraints and priority. Replica ids are stab
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 PRIORITIES = ("P0", "P1", "P2")
 

@@ -11,9 +11,9 @@ processes) is ``GpuState.memory_reserved_mb``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 TIER_LABEL = "sie.io/tier"
 TIER0 = "tier-0"

@@ -2,20 +2,26 @@
 ONLY that one can still write (CONTROL_PROTOCOL.md).
 
 WHY both:
-- Group membership (group ``sie.control.<prefix>`` on the 1-partition ``control-leader`` topic; the
+- Group membership (group ``<prefix>.control`` on the 1-partition ``control-leader`` topic; the
   member assigned partition 0 leads) gives fast, automatic election with no extra service: the broker's
   group coordinator notices a dead member after ``session.timeout.ms`` (6 s) and hands partition 0 to
   a standby.
 - But membership alone cannot stop a *zombie*: a leader that was paused (GC, SIGSTOP, network
   partition) past its session still believes it leads until its next poll, and could publish stale
   assignments.  So the leader writes only through a transactional producer with the SHARED
-  ``transactional.id`` ``sie.control.<prefix>``: the new leader's ``init_transactions()`` bumps the
+  ``transactional.id`` ``<prefix>.control``: the new leader's ``init_transactions()`` bumps the
   producer epoch, the broker rejects the zombie's next transaction (``PRODUCER_FENCED``), and the
   zombie steps down.  Readers use ``read_committed`` so an aborted zombie write is never seen.
 
 The leader epoch (published as a ``LeaderEpoch`` record, stamped on every Assignment) is the highest
 epoch on ``control-leader`` + 1, read AFTER ``init_transactions()`` so a zombie's open transaction is
-already resolved when we read.
+already resolved when we read.  "Read to the end" means up to the partition's high watermark taken after
+``init_transactions`` (not an end-of-partition event, which librdkafka sends once and a failed attempt
+would have consumed).
+
+Every write goes through the exactly-once layer's ``TransactionalProducer`` (watchdog on each call,
+retriable -> retry, abortable -> abort): a commit that timed out is aborted, never left open to wedge
+every later transaction; a fatal error (fenced) makes this instance step down.
 """
 
 from __future__ import annotations
@@ -23,31 +29,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from sie.streams.control.controller import Fenced, OutRecord
+from sie.kernel.clients import KafkaClients, group_member_config, transactional_producer_config
+from sie.streams.control.controller import OutRecord
+from sie.streams.eos import EosLimits, Fenced, ProducerFatal, TransactionalProducer
 
 log = logging.getLogger(__name__)
 
-#: error codes that mean "another producer with our transactional.id took over"
-_FENCED_CODES = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING")
-
-
-def leader_group(prefix: str) -> str:
-    """Consumer group of every control-plane instance of one cluster (topic prefix)."""
-    return f"sie.control.{prefix}"
-
-
-def transactional_id(prefix: str) -> str:
-    """Shared by every instance: a new leader's init_transactions() fences the previous one."""
-    return f"sie.control.{prefix}"
-
-
-def _is_fenced(err: Any) -> bool:
-    from confluent_kafka import KafkaError
-
-    codes = {getattr(KafkaError, name, None) for name in _FENCED_CODES} - {None}
-    return err.code() in codes or err.fatal()
+#: transaction.timeout.ms of the leader's writes: a zombie's open transaction is aborted by the broker
+#: within this long even if no successor ever calls init_transactions()
+_TXN_TIMEOUT_MS = 15_000
+_READ_TO_END_S = 15.0
 
 
 class LeaderElector:
@@ -65,22 +59,24 @@ class LeaderElector:
         session_timeout_ms: int = 6000,
         on_change: Callable[[bool, int], None] | None = None,
         clock: Callable[[], float] = time.time,
+        clients: KafkaClients | None = None,
+        limits: EosLimits = EosLimits(),
     ) -> None:
-        from sie.kernel.topics import system_topic
-
         self._settings = settings
         self.instance_id = instance_id
-        self._topic = system_topic("control-leader", settings.topic_prefix)
+        self._names = settings.names
+        self._topic = self._names.system_topic("control-leader")
         self._session_timeout_ms = session_timeout_ms
         self._on_change = on_change
         self._clock = clock
+        self._clients = clients or KafkaClients()
+        self._limits = limits
         self._lock = threading.RLock()
         self._leader = False
         self._epoch = 0
-        self._producer: Any = None
+        self._producer: TransactionalProducer | None = None
         self._holds_p0 = False
         self._max_epoch_seen = 0
-        self._eof = False
         self._resubscribe = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,12 +94,21 @@ class LeaderElector:
         return self._epoch
 
     @property
-    def producer(self) -> Any:
+    def producer(self) -> TransactionalProducer | None:
         return self._producer
 
     @property
     def lock(self) -> threading.RLock:
         return self._lock
+
+    @property
+    def names(self) -> Any:
+        return self._names
+
+    @property
+    def alive(self) -> bool:
+        """The election thread runs (False before start, after stop, or if it died)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def step_down(self, reason: str) -> None:
         """Stop publishing now; rejoin the group so it can re-decide (a fenced member may still hold p0)."""
@@ -113,17 +118,14 @@ class LeaderElector:
             producer, self._producer = self._producer, None
             self._resubscribe = True
         if producer is not None:
-            try:
-                producer.flush(1)
-            except Exception:
-                pass
+            producer.discard()  # a fenced producer's queued records must never be delivered
         if was:
             log.warning("control plane %s stepped down: %s", self.instance_id, reason)
             self._notify()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self) -> "LeaderElector":
+    def start(self) -> LeaderElector:
         self._thread = threading.Thread(target=self._run, name="sie-control-leader", daemon=True)
         self._thread.start()
         return self
@@ -144,23 +146,9 @@ class LeaderElector:
                 log.exception("leadership callback failed")
 
     def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
-        return Consumer(
-            self._settings.kafka_client_config(
-                **{
-                    "group.id": leader_group(self._settings.topic_prefix),
-                    "client.id": f"sie-control-{self.instance_id}",
-                    "session.timeout.ms": self._session_timeout_ms,
-                    "heartbeat.interval.ms": max(500, self._session_timeout_ms // 6),
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "isolation.level": "read_committed",
-                    "enable.partition.eof": True,
-                    "partition.assignment.strategy": "cooperative-sticky",
-                }
-            )
-        )
+        return self._clients.consumer(group_member_config(
+            self._settings, self._names.control_group, self._names.control_client_id(self.instance_id),
+            session_timeout_ms=self._session_timeout_ms))
 
     def _subscribe(self, consumer: Any) -> None:
         # cooperative-sticky: a standby joining does not revoke partition 0 from the leader (no blip)
@@ -168,7 +156,6 @@ class LeaderElector:
             if any(p.partition == 0 for p in partitions):
                 with self._lock:
                     self._holds_p0 = True
-                    self._eof = False
 
         def on_revoke(c: Any, partitions: list) -> None:
             if any(p.partition == 0 for p in partitions):
@@ -179,8 +166,6 @@ class LeaderElector:
         consumer.subscribe([self._topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
 
     def _run(self) -> None:
-        from confluent_kafka import KafkaError
-
         consumer = self._consumer()
         try:
             self._subscribe(consumer)
@@ -191,14 +176,7 @@ class LeaderElector:
                         consumer.unsubscribe()
                         self._holds_p0 = False
                         self._subscribe(consumer)
-                msg = consumer.poll(0.2)
-                if msg is not None:
-                    if msg.error() is None:
-                        self._see(msg)
-                    elif msg.error().code() == KafkaError._PARTITION_EOF:
-                        self._eof = True
-                    else:
-                        self.last_error = str(msg.error())
+                self._handle(consumer.poll(0.2))
                 if self._holds_p0 and not self._leader:
                     try:
                         self._elect(consumer)
@@ -213,6 +191,15 @@ class LeaderElector:
             except Exception:
                 pass
 
+    def _handle(self, msg: Any) -> None:
+        """Note the epoch of a LeaderEpoch record; end-of-partition events carry no information here."""
+        if msg is None:
+            return
+        if msg.error() is None:
+            self._see(msg)
+        elif not msg.error().code() == _partition_eof():
+            self.last_error = str(msg.error())
+
     def _see(self, msg: Any) -> None:
         from sie.schemas.avro_codec import decode
 
@@ -223,54 +210,51 @@ class LeaderElector:
         except Exception as exc:
             self.last_error = f"unreadable LeaderEpoch at offset {msg.offset()}: {exc}"
 
+    def _read_to_end(self, consumer: Any) -> bool:
+        """Consume ``control-leader`` up to the high watermark taken now; False if p0 or the stop was lost."""
+        from confluent_kafka import TopicPartition
+
+        _low, high = consumer.get_watermark_offsets(TopicPartition(self._topic, 0), timeout=10)
+        deadline = time.monotonic() + _READ_TO_END_S
+        while self._holds_p0 and not self._stop.is_set():
+            position = consumer.position([TopicPartition(self._topic, 0)])[0].offset
+            if position >= high or high <= 0:
+                return True
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"could not read {self._topic} to its end (offset {high}, at {position}) "
+                                   f"within {_READ_TO_END_S:.0f} s")
+            self._handle(consumer.poll(0.2))
+        return False
+
     def _elect(self, consumer: Any) -> None:
         """init_transactions (fences any zombie) -> read control-leader to its end -> epoch = max + 1."""
-        from confluent_kafka import KafkaError, Producer
-
-        producer = Producer(
-            self._settings.kafka_client_config(
-                **{
-                    "transactional.id": transactional_id(self._settings.topic_prefix),
-                    "transaction.timeout.ms": 15000,
-                    "enable.idempotence": True,
-                    "linger.ms": 5,
-                }
-            )
-        )
-        producer.init_transactions(30)
-        self._eof = False
-        deadline = time.monotonic() + 15
-        while not self._eof and time.monotonic() < deadline and self._holds_p0 and not self._stop.is_set():
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error() is None:
-                self._see(msg)
-            elif msg.error().code() == KafkaError._PARTITION_EOF:
-                self._eof = True
-        if not self._holds_p0 or self._stop.is_set():
+        config = transactional_producer_config(self._settings, self._names.control_transactional_id,
+                                               transaction_timeout_ms=_TXN_TIMEOUT_MS)
+        producer = TransactionalProducer(config, self._clients.producer, self._limits.attempts,
+                                         self._limits.backoff_s, self._stop, self._limits.hang_limit_s)
+        if not producer.start(patience_s=30.0):  # stopping
             return
-        if not self._eof:
-            raise TimeoutError(f"could not read {self._topic} to its end within 15 s")
-        epoch = self._max_epoch_seen + 1
-        now_ms = int(self._clock() * 1000)
-        records = [
-            OutRecord("control-leader", "cluster", "LeaderEpoch", {"instance_id": self.instance_id, "epoch": epoch, "ts_ms": now_ms}),
-            OutRecord("events", "cluster", "ControlEvent", {
-                "ts_ms": now_ms, "kind": "leader_elected", "model": None, "replica_id": None, "node": None,
-                "detail": f"control plane {self.instance_id} leads with epoch {epoch}",
-            }),
-        ]
+        try:
+            if not self._read_to_end(consumer):
+                producer.discard()
+                return
+            epoch = self._max_epoch_seen + 1
+            now_ms = int(self._clock() * 1000)
+            records = [
+                OutRecord("control-leader", "cluster", "LeaderEpoch",
+                          {"instance_id": self.instance_id, "epoch": epoch, "ts_ms": now_ms}),
+                OutRecord("events", "cluster", "ControlEvent", {
+                    "ts_ms": now_ms, "kind": "leader_elected", "model": None, "replica_id": None, "node": None,
+                    "detail": f"control plane {self.instance_id} leads with epoch {epoch}",
+                }),
+            ]
+            publish(producer, self._names, records)
+        except BaseException:
+            producer.discard()
+            raise
         with self._lock:
             self._producer = producer
             self._epoch = epoch
-        try:
-            _transact(producer, self._settings.topic_prefix, records)
-        except Exception:
-            with self._lock:
-                self._producer = None
-            raise
-        with self._lock:
             self._max_epoch_seen = epoch
             self._leader = True
             self.elections += 1
@@ -278,47 +262,40 @@ class LeaderElector:
         self._notify()
 
 
-def _transact(producer: Any, prefix: str, records: Sequence[OutRecord], timeout: float = 30.0) -> None:
-    """One transaction with every record; translate errors: fenced -> ``Fenced``; abortable -> abort + raise."""
-    from confluent_kafka import KafkaException
+def _partition_eof() -> int:
+    from confluent_kafka import KafkaError
 
+    return KafkaError._PARTITION_EOF
+
+
+def publish(producer: TransactionalProducer, names: Any, records: Sequence[OutRecord]) -> None:
+    """Every record in one transaction through the layer's producer; ``Fenced`` if the producer is
+    unusable (a newer leader's init_transactions fenced it); ``TxnAbortable`` after an abort."""
     from sie.schemas.avro_codec import encode
 
+    encoded = [(names.system_topic(r.topic), r.key.encode(), None if r.value is None else encode(r.record, dict(r.value)))
+               for r in records]  # encode first: a bad record fails before any transaction opens
+
+    def fill(p: TransactionalProducer) -> None:
+        for topic, key, value in encoded:
+            p.produce(topic, value, key)
+
     try:
-        producer.begin_transaction()
-        for r in records:
-            value = None if r.value is None else encode(r.record, dict(r.value))
-            producer.produce(f"{prefix}.{r.topic}", key=r.key.encode(), value=value)
-        producer.commit_transaction(timeout)
-    except KafkaException as exc:
-        err = exc.args[0]
-        if _is_fenced(err):
-            raise Fenced(str(err)) from None
-        if err.txn_requires_abort():
-            try:
-                producer.abort_transaction(timeout)
-            except KafkaException:
-                pass
-        raise
-    except Exception:
-        try:
-            producer.abort_transaction(timeout)
-        except Exception:
-            pass
-        raise
+        producer.transact(fill)
+    except ProducerFatal as exc:
+        raise Fenced(str(exc)) from exc
 
 
 class TransactionalPublisher:
     """The controller's ``Publisher`` while running against Kafka: one transaction per pass, only
     through the elector's fenced producer; refuses (``Fenced``) when this instance does not lead."""
 
-    def __init__(self, elector: LeaderElector, prefix: str) -> None:
+    def __init__(self, elector: LeaderElector) -> None:
         self._elector = elector
-        self._prefix = prefix
 
     def publish(self, records: Sequence[OutRecord]) -> None:
         with self._elector.lock:
             producer = self._elector.producer
             if producer is None or not self._elector.is_leader:
                 raise Fenced("this instance is not the leader")
-            _transact(producer, self._prefix, records)
+            publish(producer, self._elector.names, records)

@@ -41,10 +41,10 @@ import math
 import re
 from bisect import bisect_left, insort
 from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Collection, Iterable, Mapping, Sequence, Union
 
 from sie.streams.control.demand import ReplicaDemand
 from sie.streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
@@ -87,7 +87,7 @@ class Unplaced:
 
 
 # The current placement given to a full pass: replica id -> Placement or (node, gpu indices).
-Current = Mapping[str, Union[Placement, tuple[str, Sequence[int]]]]
+Current = Mapping[str, Placement | tuple[str, Sequence[int]]]
 # Nodes a replica must not be placed on: replica id -> node names.
 Excluded = Mapping[str, Collection[str]]
 

@@ -12,7 +12,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
@@ -94,7 +95,7 @@ class ControlService:
         self.feeder = StateFeeder(settings, self.state, clock=clock)
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
                                      on_change=self._on_leadership, clock=clock)
-        self.controller = Controller(self.state, TransactionalPublisher(self.elector, settings.topic_prefix),
+        self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics)
         self._http_port = http_port
         self._http_host = http_host
@@ -107,7 +108,7 @@ class ControlService:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self) -> "ControlService":
+    def start(self) -> ControlService:
         self.feeder.start()
         self.elector.start()
         self._loop = threading.Thread(target=self._run, name="sie-control-loop", daemon=True)

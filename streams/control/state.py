@@ -18,9 +18,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
+from sie.kernel.clients import KafkaClients, state_reader_config
 from sie.streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
 
 log = logging.getLogger(__name__)
@@ -346,7 +348,7 @@ class ClusterState:
             out, self.failures = self.failures, []
             return out
 
-    def snapshot(self) -> "StateSnapshot":
+    def snapshot(self) -> StateSnapshot:
         with self._lock:
             return StateSnapshot(
                 specs=dict(self.specs),
@@ -511,10 +513,12 @@ class StateFeeder:
         clock: Clock = time.time,
         history_s: float = 600.0,
         topics: Iterable[str] = STATE_TOPICS,
+        clients: KafkaClients | None = None,
     ) -> None:
         from sie.kernel.topics import system_topics
 
         self._settings = settings
+        self._clients = clients or KafkaClients()
         self._state = state
         self._clock = clock
         self._history_s = history_s
@@ -526,7 +530,7 @@ class StateFeeder:
         self.errors = 0
         self.last_error: str | None = None
 
-    def start(self) -> "StateFeeder":
+    def start(self) -> StateFeeder:
         self._thread = threading.Thread(target=self._run, name="sie-control-state", daemon=True)
         self._thread.start()
         return self
@@ -563,18 +567,11 @@ class StateFeeder:
         return ends
 
     def _run(self) -> None:
-        from confluent_kafka import Consumer, KafkaError
+        from confluent_kafka import KafkaError
 
-        consumer = Consumer(
-            self._settings.kafka_client_config(
-                **{
-                    "group.id": f"{self._settings.topic_prefix}.control.state.unused",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "enable.partition.eof": True,
-                }
-            )
-        )
+        names = self._settings.names
+        consumer = self._clients.consumer(state_reader_config(
+            self._settings, names.control_state_group, f"{names.control_state_group}.reader"))
         try:
             pending = self._assign_all(consumer)
             if not pending:

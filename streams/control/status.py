@@ -8,8 +8,9 @@ the last record per model is the answer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sie.streams.control.placement import Placement, PlacementPlan
 from sie.streams.control.state import StateSnapshot
@@ -49,7 +50,7 @@ class ReplicaView:
         }
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "ReplicaView":
+    def from_record(cls, rec: Mapping[str, Any]) -> ReplicaView:
         return cls(
             replica_id=rec["replica_id"],
             model=rec["model"],
@@ -97,7 +98,7 @@ class ModelStatus:
         }
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "ModelStatus":
+    def from_record(cls, rec: Mapping[str, Any]) -> ModelStatus:
         return cls(
             name=rec["name"],
             version=rec.get("version") or "",
@@ -112,7 +113,7 @@ class ModelStatus:
             updated_at_ms=int(rec.get("updated_at_ms") or 0),
         )
 
-    def same_as(self, other: "ModelStatus | None") -> bool:
+    def same_as(self, other: ModelStatus | None) -> bool:
         """Equal apart from when/by whom it was computed (decides whether to re-publish)."""
         if other is None:
             return False

@@ -1,12 +1,33 @@
-"""The exactly-once layer (KIP-447 consume-transform-produce), shared by every stage that writes to Kafka."""
+"""The exactly-once layer (KIP-447 consume-transform-produce), shared by every stage that writes to Kafka.
 
-from sie.streams.eos.cycle import (
-    BatchStatus,
-    EosLimits,
-    ExactlyOnce,
-    TransactionFenced,
-    close_quietly,
-    start_producer,
+Nothing in here imports a user of it.  Pieces, bottom up:
+
+* ``bounded``     a watchdog for client calls that can block past their own timeout;
+* ``errors``      the named outcomes (``TxnAbortable``, ``ProducerFatal``, ``RetryLater``, ``Fenced`` ...);
+* ``transaction`` ``TransactionalProducer`` (error policy, watchdog, re-creation) and ``Checkpoint`` (one
+                  batch's transaction, committed in numbered steps), ``rewind``, ``close_quietly``;
+* ``cycle``       ``ExactlyOnce.run_batch``: the batch cycle and its recovery paths, written once;
+* ``batcher``     micro-batching outside any transaction;
+* ``stage``       ``StreamLoop``: a whole subscribe-and-process stage (the scorer, the CDC stage);
+* ``deadletter``  dead letters written the same way by every stage;
+* ``lag``         consumer lag for the ``*_consumer_lag`` gauges.
+"""
+
+from sie.streams.eos.cycle import BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
+from sie.streams.eos.errors import (
+    ConsumerFatal,
+    EosError,
+    Fenced,
+    ProducerFatal,
+    ProducerHung,
+    RetryLater,
+    TxnAbortable,
 )
+from sie.streams.eos.stage import BatchProcessor, StageSettings, StreamLoop
+from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
-__all__ = ["BatchStatus", "EosLimits", "ExactlyOnce", "TransactionFenced", "close_quietly", "start_producer"]
+__all__ = [
+    "BatchProcessor", "BatchStatus", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
+    "ExactlyOnce", "Fenced", "ProducerFatal", "ProducerHung", "RetryLater", "StageSettings", "StreamLoop",
+    "TransactionalProducer", "TxnAbortable", "close_quietly", "rewind", "start_producer",
+]

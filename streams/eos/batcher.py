@@ -1,6 +1,6 @@
 """Micro-batching of consumed records, outside any transaction.
 
-``collect()`` is the only place the scorer calls ``consume()``, and no
+``collect()`` is the only place a stage calls ``consume()``, and no
 transaction is ever open while it runs.  librdkafka calls rebalance callbacks
 from inside ``consume()``, so at callback time there is nothing to commit;
 the only state to fix is the records already collected for the next batch
@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from sie.streams.scorer.errors import ScorerError
+from sie.streams.eos.errors import ConsumerFatal
 
-log = logging.getLogger("sie.scorer")
+log = logging.getLogger("sie.eos")
 
 
 class Batcher:
@@ -71,7 +72,7 @@ class Batcher:
                 buf.append(msg)
                 continue
             if err.fatal():
-                raise ScorerError(f"consumer: fatal error {err.str()}; restart the scorer")
+                raise ConsumerFatal(f"consumer: fatal error {err.str()}; restart the stage")
             self.consumer_errors += 1
             log.warning("consumer: %s", err.str())
 

@@ -1,7 +1,7 @@
 """Bounded, stop-aware waits on client calls that may block past their own timeout.
 
 librdkafka calls take a timeout, but some block far longer while a coordinator
-is down (``send_offsets_to_transaction``, librdkafka #5456) and some take none
+is down (adding offsets to a transaction, librdkafka #5456) and some take none
 at all (``Consumer.close()``).  A loop that must keep recovering until the broker
 is back, and must honour SIGTERM within seconds, cannot sit inside such a call.
 ``call_bounded`` runs the call on a daemon thread and waits at most ``limit_s``,
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _TICK_S = 0.1  # how often a stop request is looked at while waiting
 

@@ -1,29 +1,24 @@
-"""A generic exactly-once consume-transform-produce cycle (KIP-447), for any stage that is not the scorer.
-
-The transaction *primitives* already exist in ``sie.streams.eos.transaction``
-(``TransactionalProducer``: one ``transactional.id``, the retriable/abortable/fatal
-error policy; ``Checkpoint``: one batch = one transaction, offsets = last processed + 1
-sent with the consumer's group metadata; ``rewind``: seek back to the committed
-offsets).  They are reused here unchanged.  What the scorer keeps inside its own
-``Scorer.run`` is the *cycle* around them (what to do after each kind of failure);
-``ExactlyOnce.run_batch`` is that cycle written once, so the CDC stage and the
-backfill job do not each grow a copy.  The scorer could move onto it too.
+"""The exactly-once batch cycle (KIP-447 consume-transform-produce), written once for every stage.
 
 One batch::
 
     txn = Checkpoint(producer, consumer)
     txn.begin()
-    process(batch, txn)          # txn.track(...) every record, txn.produce(...) outputs
+    value = process(batch, txn)  # txn.track(...) every record, txn.produce(...) its outputs
     txn.commit()                 # offsets + outputs atomically (read_committed readers)
 
 Failure -> what happens (the batch is never half-visible):
 
 * ``TxnAbortable``  -> ``abort_transaction()``, rewind to the committed offsets, the batch is read again;
 * ``ProducerFatal`` -> re-create the producer (``init_transactions`` fences/aborts the old one), rewind;
-  ``fatal_limit`` in a row -> ``TransactionFenced`` (almost always two live processes sharing one
+  ``fatal_limit`` in a row -> ``Fenced`` (almost always two live processes sharing one
   ``transactional.id``).  ``ProducerHung`` (a call that never answered: broker down) is re-created the
   same way but is not counted: re-creation retries until the broker is back, or ``stop`` is set;
-* ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) -> abort, rewind, back off (doubling, capped).
+* ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) -> abort, rewind, back off (doubling,
+  capped), and the same records come again: an outage never becomes dead letters.
+
+Users: the scorer and the CDC stage (through ``stage.StreamLoop``) and backfill (its own assign()-based
+loop); the control-plane leader uses the same ``TransactionalProducer`` for producer-only transactions.
 """
 
 from __future__ import annotations
@@ -31,24 +26,17 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from sie.kernel.errors import SieError
-from sie.streams.scorer.errors import BackendUnavailable, ProducerFatal, ProducerHung, TxnAbortable
+from sie.streams.eos.errors import Fenced, ProducerFatal, ProducerHung, RetryLater, TxnAbortable
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, rewind
-from sie.streams.eos.transaction import close_quietly as _close_quietly
 
 log = logging.getLogger("sie.eos")
 
 T = TypeVar("T")
-
-# Exceptions after which a batch is aborted and retried after a backoff (a dependency is down, not the data).
-RetryLater = (BackendUnavailable,)
-
-
-class TransactionFenced(SieError):
-    """Fatal producer errors keep coming back: another live process uses our ``transactional.id``."""
 
 
 class BatchStatus(str, enum.Enum):
@@ -62,27 +50,58 @@ class BatchStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class EosLimits:
-    """Knobs of the cycle: retries of one Kafka call, fatal-error tolerance, backoff of ``RetryLater``."""
+    """Knobs of the cycle: retries of one Kafka call, fatal-error tolerance, backoff of ``RetryLater``,
+    and how long a hung transaction call is waited for before its producer is abandoned."""
 
     attempts: int = 8
     backoff_s: float = 0.1
     fatal_limit: int = 5
     retry_later_max_s: float = 5.0
+    hang_limit_s: float = 25.0
+
+
+class EosObserver(Protocol):
+    """What a stage wants to count about failed batches (metrics); every method is optional work."""
+
+    def aborted(self) -> None: ...
+
+    def producer_restarted(self) -> None: ...
+
+    def retry_later(self, exc: RetryLater) -> None: ...
+
+
+class _NoObserver:
+    def aborted(self) -> None:
+        pass
+
+    def producer_restarted(self) -> None:
+        pass
+
+    def retry_later(self, exc: RetryLater) -> None:
+        pass
 
 
 class ExactlyOnce:
     """The batch cycle over one transactional producer and one consumer (module docstring)."""
 
     def __init__(self, producer: TransactionalProducer, consumer: Any, stop: threading.Event,
-                 limits: EosLimits = EosLimits()) -> None:
+                 limits: EosLimits = EosLimits(), *, observer: EosObserver | None = None,
+                 fenced_hint: str = "give every instance a distinct --instance (or stop the other job)",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.producer = producer
         self.consumer = consumer
         self._stop = stop
         self._limits = limits
+        self._observer: EosObserver = observer or _NoObserver()
+        self._fenced_hint = fenced_hint
+        self._clock = clock
         self._fatal_streak = 0
         self._retry_delay = limits.backoff_s
         self.aborts = 0
         self.producer_restarts = 0
+        self.backoffs = 0
+        #: seconds the last committed batch spent in ``Checkpoint.commit`` (offsets + commit round trips)
+        self.last_commit_s = 0.0
 
     def run_batch(self, batch: list[Any], process: Callable[[list[Any], Checkpoint], T]) -> tuple[BatchStatus, T | None]:
         """``process`` inside one transaction; returns its value only if the transaction committed."""
@@ -90,13 +109,17 @@ class ExactlyOnce:
         try:
             txn.begin()
             value = process(batch, txn)
+            commit_started = self._clock()
             txn.commit()
+            self.last_commit_s = self._clock() - commit_started
         except TxnAbortable as exc:
             log.warning("transaction aborted: %s", exc)
             self._abort(txn)
             return BatchStatus.ABORTED, None
         except RetryLater as exc:
             log.error("%s; retrying the batch in %.1fs", exc, self._retry_delay)
+            self.backoffs += 1
+            self._observer.retry_later(exc)
             self._abort(txn)
             self._stop.wait(self._retry_delay)
             self._retry_delay = min(self._retry_delay * 2, self._limits.retry_later_max_s)
@@ -105,10 +128,10 @@ class ExactlyOnce:
             if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
                 self._fatal_streak += 1
             if self._fatal_streak >= self._limits.fatal_limit:
-                raise TransactionFenced(
+                raise Fenced(
                     f"transactional.id {self.producer.transactional_id}: {self._fatal_streak} fatal producer "
-                    f"errors in a row (last: {exc}); another live process probably uses the same id: give every "
-                    f"instance a distinct --instance (or stop the other job)") from exc
+                    f"errors in a row (last: {exc}); another live process probably uses the same id: "
+                    f"{self._fenced_hint}") from exc
             log.error("producer unusable (%s); re-creating it", exc)
             self._restart(txn)
             return BatchStatus.PRODUCER_RESTARTED, None
@@ -118,6 +141,7 @@ class ExactlyOnce:
 
     def _abort(self, txn: Checkpoint) -> None:
         self.aborts += 1
+        self._observer.aborted()
         try:
             self.producer.abort()
         except ProducerFatal as exc:
@@ -128,14 +152,15 @@ class ExactlyOnce:
 
     def _restart(self, txn: Checkpoint) -> None:
         self.producer_restarts += 1
+        self._observer.producer_restarted()
         # init_transactions() aborts (or completes) whatever the old producer left open; retried until the
         # broker answers, False if stopped first (the caller's loop then ends; nothing to rewind).
         if self.producer.restart():
             rewind(self.consumer, txn.first_offsets(), self._stop)
 
 
-def start_producer(config: dict[str, Any], stop: threading.Event, factory: Callable[[dict], Any] | None = None,
-                   limits: EosLimits = EosLimits(), patience_s: float = 60.0) -> TransactionalProducer:
+def start_producer(config: dict[str, Any], stop: threading.Event, factory: Callable[[dict[str, Any]], Any] | None = None,
+                   limits: EosLimits = EosLimits(), patience_s: float | None = 60.0) -> TransactionalProducer:
     """A started ``TransactionalProducer`` (``init_transactions`` done: earlier holders of the id are fenced).
 
     If ``stop`` is set before the broker answered, the producer is returned unstarted (the caller's
@@ -143,14 +168,6 @@ def start_producer(config: dict[str, Any], stop: threading.Event, factory: Calla
     """
     if factory is None:
         from confluent_kafka import Producer as factory  # noqa: N813 - the librdkafka class is the factory
-    producer = TransactionalProducer(config, factory, limits.attempts, limits.backoff_s, stop)
+    producer = TransactionalProducer(config, factory, limits.attempts, limits.backoff_s, stop, limits.hang_limit_s)
     producer.start(patience_s=patience_s)
     return producer
-
-
-def close_quietly(consumer: Any, producer: TransactionalProducer | None) -> None:
-    """Close the consumer (leaves the group: partitions move at once), then the producer; never raises.
-
-    Bounded: a ``Consumer.close()`` stuck on an unreachable coordinator is abandoned (see transaction.py).
-    """
-    _close_quietly(consumer, producer, log)

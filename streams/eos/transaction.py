@@ -42,15 +42,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import CallAbandoned, call_bounded
-from sie.streams.scorer.errors import ProducerFatal, ProducerHung, TxnAbortable
+from sie.streams.eos.errors import ProducerFatal, ProducerHung, TxnAbortable
 
-log = logging.getLogger("sie.scorer")
+log = logging.getLogger("sie.eos")
 
 _CALL_TIMEOUT_S = 30.0  # librdkafka timeout of one init_transactions try; recovery retries until the broker is back
 _TXN_CALL_TIMEOUT_S = 10.0  # librdkafka timeout of send_offsets/commit/abort
@@ -148,10 +149,11 @@ class TransactionalProducer:
 
         Keeps trying until the broker answers; False if ``stop`` was set first (no producer then).
         """
-        self._discard()
+        self.discard()
         return self.start()
 
-    def _discard(self) -> None:
+    def discard(self) -> None:
+        """Abandon the current producer: whatever it still queues is purged, never delivered."""
         if self._producer is not None:
             _purge(self._producer)
             self._producer = None
@@ -219,6 +221,24 @@ class TransactionalProducer:
 
     def poll(self) -> None:
         self._producer.poll(0)
+
+    def transact(self, fill: Callable[[TransactionalProducer], None]) -> None:
+        """One transaction without consumer offsets (the control-plane leader's writes): begin,
+        ``fill(self)`` produces the records, commit; all of them become visible or none.
+
+        On any failure the transaction is aborted before the error propagates: ``TxnAbortable``
+        (nothing was written; try again) or ``ProducerFatal`` (this producer is unusable: fenced by a
+        newer holder of the id, or abort itself failed).
+        """
+        try:
+            self.begin()
+            fill(self)
+            self.commit()
+        except ProducerFatal:
+            raise
+        except BaseException:
+            self.abort()  # ProducerFatal if the abort fails too
+            raise
 
 
 class Checkpoint:

@@ -19,15 +19,16 @@ Request value (UTF-8 JSON object)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
+from sie.streams.eos.deadletter import short
 from sie.streams.scorer.errors import DeadLetterReason
 
 RESERVED = frozenset({"model", "version", "status", "outputs", "source", "timings", "error"})
-_DETAIL_MAX = 500
 _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -80,10 +81,6 @@ def _depth_exceeds(obj: Any, limit: int) -> int:
     return 0
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= _DETAIL_MAX else text[: _DETAIL_MAX - 3] + "..."
-
-
 class Codec:
     """Parses request records and builds result values and dead-letter headers for one model."""
 
@@ -107,7 +104,7 @@ class Codec:
         try:
             doc = orjson.loads(value)
         except orjson.JSONDecodeError as exc:  # also NaN/Infinity, invalid UTF-8, truncated input
-            return Poison(DeadLetterReason.INVALID_JSON, _short(f"value: not valid JSON ({exc})"))
+            return Poison(DeadLetterReason.INVALID_JSON, short(f"value: not valid JSON ({exc})"))
         if type(doc) is not dict:
             return Poison(DeadLetterReason.SCHEMA_VIOLATION,
                           f"request: must be a JSON object (got {_json_type(doc)})")
@@ -129,7 +126,7 @@ class Codec:
             request_id = str(raw_id)
         else:
             return Poison(DeadLetterReason.SCHEMA_VIOLATION,
-                          f"id: must be a non-empty string or an integer (got {_short(repr(raw_id))})")
+                          f"id: must be a non-empty string or an integer (got {short(repr(raw_id))})")
         if doc:
             clash = RESERVED.intersection(doc)
             if clash:
@@ -139,7 +136,7 @@ class Codec:
         try:
             clean = self._validate(inputs)
         except Exception as exc:  # SchemaViolation names the field; anything else is still the input's fault
-            return Poison(DeadLetterReason.SCHEMA_VIOLATION, _short(str(exc) or type(exc).__name__))
+            return Poison(DeadLetterReason.SCHEMA_VIOLATION, short(str(exc) or type(exc).__name__))
         return Request(topic, partition, offset, key, value, timestamp_ms, request_id, clean, doc or None)
 
     # --- results ----------------------------------------------------------------
@@ -177,18 +174,6 @@ class Codec:
         return orjson.dumps(doc)
 
     # --- dead letters -------------------------------------------------------------
-    def dead_letter_headers(self, reason: DeadLetterReason, detail: str, topic: str, partition: int,
-                            offset: int, version: str,
-                            original: list[tuple[str, bytes]] | None = None) -> list[tuple[str, bytes]]:
-        """Headers of a dead letter; the original headers are kept, minus any stale ``sie.*`` ones."""
-        headers = [(k, v) for k, v in original if not k.startswith("sie.")] if original else []
-        headers += [
-            ("sie.reason", reason.value.encode()),
-            ("sie.detail", _short(detail).encode()),
-            ("sie.source.topic", topic.encode()),
-            ("sie.source.partition", str(partition).encode()),
-            ("sie.source.offset", str(offset).encode()),
-            ("sie.model", self._model_b),
-            ("sie.version", version.encode()),
-        ]
-        return headers
+    def dead_letter_tags(self, version: str) -> list[tuple[str, bytes]]:
+        """The scorer's own dead-letter headers (the common ones come from ``sie.streams.eos.deadletter``)."""
+        return [("sie.model", self._model_b), ("sie.version", version.encode())]

@@ -11,13 +11,14 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from sie.kernel.clients import eos_consumer_config, transactional_producer_config
 from sie.kernel.errors import ConfigError
+from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
+from sie.streams.eos import EosLimits
 
 if TYPE_CHECKING:  # sie.schemas.spec imports pydantic models; only needed for typing here
     from sie.schemas.spec import ModelService
-
-INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 
 def default_instance(replica_index: int = 0) -> str:
@@ -36,7 +37,7 @@ class ScorerConfig:
     """
 
     settings: Settings
-    spec: "ModelService"
+    spec: ModelService
     instance: str
     max_batch: int = 1024  # records per consume/infer/transaction cycle: fewer, larger transactions drain a backlog 2x faster (bench_scoring)
     max_wait_ms: int = 5  # how long a non-empty batch may wait to fill up: p99 <= 50 ms at half of max throughput (bench_scoring)
@@ -59,7 +60,7 @@ class ScorerConfig:
     retry_backoff_s: float = 0.1
     backend_backoff_max_s: float = 5.0  # cap of the backoff while the backend is down
     txn_hang_limit_s: float = 25.0  # a send_offsets/commit/abort call hung this long -> new producer (librdkafka #5456)
-    fatal_limit: int = 5  # consecutive fatal producer errors before giving up (ScorerFenced)
+    fatal_limit: int = 5  # consecutive fatal producer errors before giving up (Fenced)
     lag_interval_s: float = 5.0  # how often sie_consumer_lag is refreshed
 
     def __post_init__(self) -> None:
@@ -79,15 +80,12 @@ class ScorerConfig:
                 raise ConfigError(f"scorer.{name}: must be {rule} (got {getattr(self, name)!r})")
         if self.expired_to not in ("result", "dead_letter"):
             raise ConfigError(f"scorer.expired_to: must be 'result' or 'dead_letter' (got {self.expired_to!r})")
-        if not INSTANCE_RE.match(self.instance):
-            raise ConfigError(
-                f"scorer.instance: must match {INSTANCE_RE.pattern} (got {self.instance!r}); pass --instance NAME"
-            )
+        check_instance(self.instance, "scorer.instance")
 
     # --- derived names ----------------------------------------------------------
     @property
     def transactional_id(self) -> str:
-        return f"{self.settings.topic_prefix}.scorer.{self.spec.name}.{self.instance}"
+        return self.settings.names.scorer_transactional_id(self.spec.name, self.instance)
 
     @property
     def group_id(self) -> str:
@@ -98,11 +96,14 @@ class ScorerConfig:
         kafka_input = getattr(self.spec, "kafka_input", None)
         return getattr(kafka_input, "auto_offset_reset", None) or "earliest"
 
-    # --- librdkafka configuration (shared with the CDC stage and backfill) ------------
-    def consumer_config(self) -> dict[str, Any]:
-        from sie.kernel.kafka_config import consumer_config
+    # --- the exactly-once layer's configuration ----------------------------------------
+    def eos_limits(self) -> EosLimits:
+        return EosLimits(attempts=self.retriable_attempts, backoff_s=self.retry_backoff_s,
+                         fatal_limit=self.fatal_limit, retry_later_max_s=self.backend_backoff_max_s,
+                         hang_limit_s=self.txn_hang_limit_s)
 
-        return consumer_config(
+    def consumer_config(self) -> dict[str, Any]:
+        return eos_consumer_config(
             self.settings, self.group_id, f"{self.transactional_id}.consumer", max_batch=self.max_batch,
             session_timeout_ms=self.session_timeout_ms, max_poll_interval_ms=self.max_poll_interval_ms,
             fetch_queue_kbytes=self.fetch_queue_kbytes, auto_offset_reset=self.auto_offset_reset,
@@ -110,7 +111,5 @@ class ScorerConfig:
         )
 
     def producer_config(self) -> dict[str, Any]:
-        from sie.kernel.kafka_config import producer_config
-
-        return producer_config(self.settings, self.transactional_id, max_batch=self.max_batch,
-                               transaction_timeout_ms=self.transaction_timeout_ms)
+        return transactional_producer_config(self.settings, self.transactional_id, max_batch=self.max_batch,
+                                             transaction_timeout_ms=self.transaction_timeout_ms)

@@ -1,18 +1,15 @@
-"""The scorer run loop: consume -> validate -> route -> infer -> produce -> commit, exactly once.
+"""The scorer: a model's request topic -> validate -> route -> infer -> results / dead letters, exactly once.
 
-One iteration = one batch = one transaction::
+The consume loop, the transaction cycle and every recovery path are the exactly-once layer's
+(``sie.streams.eos.StreamLoop`` / ``ExactlyOnce``); this module only says what one batch means::
 
-    batch = batcher.collect()             # consume(); rebalance callbacks run here, no txn open
-    txn.begin()
     for record: parse/validate -> dead letter (poison) | expired result | group by version
-    for version: ONE backend.infer(rows) -> results (failing rows isolated, dead-lettered)
-    txn.commit()                           # offsets + results + dead letters, atomically
+    for version: ONE inference over its rows -> results (failing rows isolated, dead-lettered)
+    (the layer then commits offsets + results + dead letters atomically)
 
-Failure handling (each path ends with the consumer rewound to the committed offsets):
-``TxnAbortable`` -> abort; ``ProducerFatal`` -> re-create the producer;
-``BackendUnavailable`` -> abort and back off (the batch is retried, never dead-lettered).
-A stop request (SIGTERM) is honoured between batches: the current batch is committed,
-the consumer closed (leaving the group), and ``run`` returns a summary.
+``BackendUnavailable`` (a ``RetryLater``) makes the layer abort and retry the batch after a backoff:
+an outage never becomes dead letters.  A stop request (SIGTERM) is honoured between batches: the
+current batch is committed, the consumer closed (leaving the group), and ``run`` returns a summary.
 """
 
 from __future__ import annotations
@@ -20,26 +17,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Producer
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 
+from sie.kernel.clients import KafkaClients
+from sie.streams.eos import StageSettings, StreamLoop
+from sie.streams.eos.deadletter import produce_dead_letter
+from sie.streams.eos.errors import RetryLater
 from sie.streams.eos.lag import consumer_lag
-from sie.streams.eos.batcher import Batcher
+from sie.streams.eos.transaction import Checkpoint
 from sie.streams.scorer.codec import Codec, Poison, Request, default_id
 from sie.streams.scorer.config import ScorerConfig
-from sie.streams.scorer.errors import (
-    BackendUnavailable,
-    DeadLetterReason,
-    ProducerFatal,
-    ProducerHung,
-    ScorerFenced,
-    TxnAbortable,
-)
+from sie.streams.scorer.errors import DeadLetterReason
+from sie.streams.scorer.inference import Inference, InferenceFailed, canary_row
 from sie.streams.scorer.metrics import ScorerMetrics
 from sie.streams.scorer.routing import RouteEntry, RoutingTable
-from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
 log = logging.getLogger("sie.scorer")
 
@@ -62,31 +57,20 @@ class ScorerSummary:
                 f"{self.producer_restarts} producer restarts")
 
 
-class InferenceFailed:
-    """Marker for a row the backend could not score (with the backend's message)."""
+class _MetricsObserver:
+    """The layer's failure events as the scorer's Prometheus counters."""
 
-    __slots__ = ("detail",)
+    def __init__(self, metrics: ScorerMetrics) -> None:
+        self._m = metrics
 
-    def __init__(self, detail: str) -> None:
-        self.detail = detail
+    def aborted(self) -> None:
+        self._m.txn_aborts.inc()
 
+    def producer_restarted(self) -> None:
+        self._m.producer_restarts.inc()
 
-def infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
-    """One output per row; rows that fail are isolated by bisection and returned as ``InferenceFailed``.
-
-    A batch with one poison row costs about 2*log2(n) extra calls; healthy batches cost one.
-    """
-    try:
-        out = backend.infer(rows)
-        if type(out) is not list or len(out) != len(rows):
-            raise ValueError(f"backend returned {type(out).__name__} of {len(out) if hasattr(out, '__len__') else '?'} "
-                             f"outputs for {len(rows)} inputs")
-        return out
-    except Exception as exc:  # InferenceError, or anything a model raises: isolate before judging
-        if len(rows) == 1:
-            return [InferenceFailed(f"{type(exc).__name__}: {exc}")]
-        mid = len(rows) // 2
-        return infer_isolating(backend, rows[:mid]) + infer_isolating(backend, rows[mid:])
+    def retry_later(self, exc: RetryLater) -> None:
+        self._m.backend_outages.inc()
 
 
 class Scorer:
@@ -94,8 +78,7 @@ class Scorer:
 
     def __init__(self, config: ScorerConfig, routing: RoutingTable, *,
                  validator: Callable[[dict], dict] | None = None,
-                 consumer_factory: Callable[[dict], Any] = Consumer,
-                 producer_factory: Callable[[dict], Any] = Producer,
+                 clients: KafkaClients | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  metrics: ScorerMetrics | None = None) -> None:
@@ -107,25 +90,18 @@ class Scorer:
 
             validator = compile_validator(spec.input_schema)
         self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)
-        self._consumer_factory = consumer_factory
-        self._producer_factory = producer_factory
+        self._clients = clients or KafkaClients()
         self._clock = clock
         self._wall = wall_clock
         self.metrics = metrics or ScorerMetrics(spec.model_id, spec.service_type, spec.priority_level)
         self._results_topic = spec.topics.results
         self._dlq_topic = spec.topics.dead_letters
         self._max_queue_ms = spec.sla.max_queue_time_ms
-        self._canary: dict | None = None
-        if getattr(spec, "example_input", None):
-            try:
-                self._canary = validator(dict(spec.example_input))
-            except Exception:
-                self._canary = None
-        self._consumer: Any = None
-        self._batcher: Batcher | None = None
+        self._canary = canary_row(getattr(spec, "example_input", None), validator)
+        self._inference: dict[int, Inference] = {}  # by id(backend): one canary per backend
         self._same_partition = False
-        self._counts = dict(batches=0, records_in=0, results=0, expired=0, dead_letters=0, aborts=0,
-                            producer_restarts=0)
+        self._loop: StreamLoop | None = None
+        self._counts = dict(batches=0, records_in=0, results=0, expired=0, dead_letters=0)
 
     # --- routing -------------------------------------------------------------------
     @property
@@ -136,87 +112,44 @@ class Scorer:
         """Swap the routing table; takes effect at the next batch (a batch uses one table throughout)."""
         self._routing = table
 
-    # --- rebalance callbacks (run inside consume(), never with a transaction open) ---
-    def _on_assign(self, consumer: Any, partitions: list) -> None:
-        log.info("assigned %s", [p.partition for p in partitions])
-
-    def _on_revoke(self, consumer: Any, partitions: list) -> None:
-        dropped = self._batcher.drop(partitions) if self._batcher else 0
-        self.metrics.consumer_lag.clear()
-        log.info("revoked %s (dropped %d uncommitted collected records)", [p.partition for p in partitions], dropped)
-
-    def _on_lost(self, consumer: Any, partitions: list) -> None:
-        dropped = self._batcher.drop(partitions) if self._batcher else 0
-        self.metrics.consumer_lag.clear()
-        log.warning("lost %s (dropped %d collected records)", [p.partition for p in partitions], dropped)
-
-    # --- main loop -----------------------------------------------------------------
+    # --- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> ScorerSummary:
         cfg = self.config
         if cfg.metrics_port is not None:
             self.metrics.serve(cfg.metrics_port)
-        producer = TransactionalProducer(cfg.producer_config(), self._producer_factory,
-                                         cfg.retriable_attempts, cfg.retry_backoff_s, stop, cfg.txn_hang_limit_s)
-        if not producer.start(patience_s=60.0):  # stopped before the broker answered
-            self.metrics.close()
-            return self.summary()
-        consumer = self._consumer = self._consumer_factory(cfg.consumer_config())
-        self._batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.poll_timeout_ms / 1000,
-                                self._clock)
-        self._same_partition = self._partition_counts_match(consumer)
-        consumer.subscribe([cfg.spec.topics.requests], on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_lost)
-        if on_ready:
-            on_ready()
-        fatal_streak = 0
-        backend_backoff = cfg.retry_backoff_s
-        next_lag = self._clock()
+        self._loop = StreamLoop(StageSettings(
+            name=f"scorer {cfg.spec.name}", topics=[cfg.spec.topics.requests],
+            producer_config=cfg.producer_config(), consumer_config=cfg.consumer_config(),
+            max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
+            tick_interval_s=cfg.lag_interval_s, limits=cfg.eos_limits(),
+            fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give every replica a "
+                        f"distinct --instance"),
+            self, clients=self._clients, observer=_MetricsObserver(self.metrics), clock=self._clock)
         try:
-            while not stop.is_set():
-                batch = self._batcher.collect()
-                if self._clock() >= next_lag:
-                    self._update_lag(consumer)
-                    next_lag = self._clock() + cfg.lag_interval_s
-                if not batch:
-                    continue
-                txn = Checkpoint(producer, consumer)
-                try:
-                    stats = self._process(batch, txn)
-                except TxnAbortable as exc:
-                    log.warning("transaction aborted: %s", exc)
-                    self._abort(producer, txn, stop)
-                    continue
-                except BackendUnavailable as exc:
-                    log.error("%s; retrying the batch in %.1fs", exc, backend_backoff)
-                    self.metrics.backend_outages.inc()
-                    self._abort(producer, txn, stop)
-                    stop.wait(backend_backoff)
-                    backend_backoff = min(backend_backoff * 2, cfg.backend_backoff_max_s)
-                    continue
-                except ProducerFatal as exc:
-                    if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
-                        fatal_streak += 1
-                    if fatal_streak >= cfg.fatal_limit:
-                        raise ScorerFenced(
-                            f"transactional.id {producer.transactional_id}: {fatal_streak} fatal producer errors in a "
-                            f"row (last: {exc}); another live scorer probably uses --instance {cfg.instance}: "
-                            f"give every replica a distinct --instance") from exc
-                    log.error("producer unusable (%s); re-creating it", exc)
-                    self._restart(producer, txn, stop)
-                    continue
-                fatal_streak = 0
-                backend_backoff = cfg.retry_backoff_s
-                self._record(stats, len(batch))
+            self._loop.run(stop, on_ready)
         finally:
-            self._shutdown(consumer, producer)
+            self.metrics.close()
         return self.summary()
 
     def summary(self) -> ScorerSummary:
-        return ScorerSummary(**self._counts)
+        eos = self._loop.eos if self._loop else None
+        return ScorerSummary(**self._counts, aborts=eos.aborts if eos else 0,
+                             producer_restarts=eos.producer_restarts if eos else 0)
 
-    # --- one batch -------------------------------------------------------------------
-    def _process(self, batch: list, txn: Checkpoint) -> dict[str, Any]:
-        """Produce one output per record of ``batch`` inside ``txn`` and commit; returns counters."""
+    # --- BatchProcessor: what the exactly-once layer calls ------------------------------
+    def started(self, consumer: Any) -> None:
+        self._same_partition = self._partition_counts_match(consumer)
+
+    def tick(self, consumer: Any) -> None:
+        gauge = self.metrics.consumer_lag
+        for partition, lag in consumer_lag(consumer).items():
+            gauge.labels(partition=str(partition)).set(lag)
+
+    def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
+        self.metrics.consumer_lag.clear()
+
+    def process(self, batch: list, txn: Checkpoint) -> dict[str, Any]:
+        """One output per record of ``batch``, produced inside ``txn``; returns counters for ``committed``."""
         table = self._routing  # one table for the whole batch, even if set_routing() runs meanwhile
         codec = self._codec
         now_ms = self._wall() * 1000.0
@@ -227,7 +160,6 @@ class Scorer:
         dead: dict[str, int] = {}
         expired = 0
         oldest_ms = 0.0
-        txn.begin()
         for msg in batch:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             txn.track(topic, partition, offset)
@@ -266,7 +198,7 @@ class Scorer:
         for version, (entry, requests, queue_times) in groups.items():
             rows = [r.inputs for r in requests]
             started = self._clock()
-            outputs = self._infer(entry.backend, rows)
+            outputs = self._inference_for(entry.backend).run(rows)
             inference_ms = (self._clock() - started) * 1000.0
             self.metrics.inference_latency.observe(inference_ms / 1000.0)
             n = len(rows)
@@ -286,42 +218,9 @@ class Scorer:
                 msg = by_offset[(req.topic, req.partition, req.offset)]
                 self._dead_letter(txn, msg, DeadLetterReason.INFERENCE_ERROR, detail, version)
                 dead["inference_error"] = dead.get("inference_error", 0) + 1
-        commit_started = self._clock()
-        txn.commit()
-        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms,
-                "commit_s": self._clock() - commit_started}
+        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms}
 
-    def _infer(self, backend: Any, rows: list[dict]) -> list[Any]:
-        """Outputs for ``rows``; poison rows come back as ``InferenceFailed``; a down backend raises."""
-        outputs = infer_isolating(backend, rows)
-        failed = sum(1 for o in outputs if type(o) is InferenceFailed)
-        if failed == 0:
-            self._canary = rows[0]
-            return outputs
-        if failed < len(rows):
-            # Some rows scored, so the backend works. A row that failed may still be the victim of a
-            # failure that ended mid-bisection: give each one a second, individual try before judging it.
-            for i, out in enumerate(outputs):
-                if type(out) is InferenceFailed:
-                    outputs[i] = infer_isolating(backend, [rows[i]])[0]
-            return outputs
-        # Every row failed. Outage or all-poison batch? Ask the backend about a row known to be good.
-        if self._canary is not None:
-            try:
-                _infer_isolating_strict(backend, [self._canary])
-            except Exception as exc:
-                raise BackendUnavailable(
-                    f"backend fails on a known-good row too ({type(exc).__name__}: {exc}): outage, not poison") from exc
-            outputs = infer_isolating(backend, rows)  # second chance: the backend answers now
-        return outputs
-
-    def _dead_letter(self, txn: Checkpoint, msg: Any, reason: DeadLetterReason, detail: str,
-                     version: str) -> None:
-        headers = self._codec.dead_letter_headers(reason, detail, msg.topic(), msg.partition(), msg.offset(),
-                                                  version, msg.headers())
-        txn.produce(self._dlq_topic, msg.value() if msg.value() is not None else None, msg.key(), -1, headers)
-
-    def _record(self, stats: dict[str, Any], n: int) -> None:
+    def committed(self, stats: dict[str, Any], n: int) -> None:
         """Metrics and counters, only after a successful commit (so they count committed work)."""
         m = self.metrics
         c = self._counts
@@ -331,7 +230,8 @@ class Scorer:
         c["expired"] += stats["expired"]
         m.records_in.inc(n)
         m.batch_size.observe(n)
-        m.txn_commit.observe(stats["commit_s"])
+        if self._loop is not None and self._loop.eos is not None:
+            m.txn_commit.observe(self._loop.eos.last_commit_s)
         m.queue_time.observe(stats["oldest_ms"] / 1000.0)
         if stats["ok"]:
             m.records_out.labels(status="ok").inc(stats["ok"])
@@ -341,27 +241,17 @@ class Scorer:
             m.dead_letters.labels(reason=reason).inc(count)
             c["dead_letters"] += count
 
-    # --- recovery --------------------------------------------------------------------
-    def _abort(self, producer: TransactionalProducer, txn: Checkpoint, stop: threading.Event) -> None:
-        self._counts["aborts"] += 1
-        self.metrics.txn_aborts.inc()
-        try:
-            producer.abort()
-        except ProducerFatal as exc:
-            log.error("abort failed (%s); re-creating the producer", exc)
-            self._restart(producer, txn, stop)
-            return
-        rewind(self._consumer, txn.first_offsets(), stop)
+    # --- helpers -----------------------------------------------------------------------
+    def _inference_for(self, backend: Any) -> Inference:
+        inference = self._inference.get(id(backend))
+        if inference is None or inference.backend is not backend:
+            inference = self._inference[id(backend)] = Inference(backend, self._canary)
+        return inference
 
-    def _restart(self, producer: TransactionalProducer, txn: Checkpoint, stop: threading.Event) -> None:
-        self._counts["producer_restarts"] += 1
-        self.metrics.producer_restarts.inc()
-        # init_transactions() aborts (or completes) whatever the old producer left open; retried until the
-        # broker answers, False if stopped first (then there is nothing to rewind: we are leaving the group).
-        if producer.restart():
-            rewind(self._consumer, txn.first_offsets(), stop)
+    def _dead_letter(self, txn: Checkpoint, msg: Any, reason: DeadLetterReason, detail: str,
+                     version: str) -> None:
+        produce_dead_letter(txn, self._dlq_topic, msg, reason.value, detail, self._codec.dead_letter_tags(version))
 
-    # --- housekeeping ------------------------------------------------------------------
     def _partition_counts_match(self, consumer: Any) -> bool:
         """Results go to the request's partition number when both topics have the same partition count."""
         spec = self.config.spec
@@ -374,22 +264,6 @@ class Scorer:
         except KafkaException as exc:
             log.warning("topic metadata unavailable (%s); results partitioned by key", exc)
             return False
-
-    def _update_lag(self, consumer: Any) -> None:
-        gauge = self.metrics.consumer_lag
-        for partition, lag in consumer_lag(consumer).items():
-            gauge.labels(partition=str(partition)).set(lag)
-
-    def _shutdown(self, consumer: Any, producer: TransactionalProducer) -> None:
-        close_quietly(consumer, producer)  # leaves the group: partitions move to the other replicas at once
-        self.metrics.close()
-
-
-def _infer_isolating_strict(backend: Any, rows: list[dict]) -> list[Any]:
-    out = backend.infer(rows)
-    if type(out) is not list or len(out) != len(rows):
-        raise ValueError("backend returned the wrong number of outputs")
-    return out
 
 
 def run_scorer(config: ScorerConfig, backend_factory: Callable[[Any], Any], stop_event: threading.Event,

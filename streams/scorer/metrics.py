@@ -38,7 +38,7 @@ class ScorerMetrics:
         self.dead_letters = Counter(
             "sie_dead_letters", "Dead letters committed, by reason.", ["reason"], registry=r)
         self.txn_commit = Histogram(
-            "sie_txn_commit_seconds", "send_offsets_to_transaction + commit_transaction time.",
+            "sie_txn_commit_seconds", "Time to add the offsets to the transaction and commit it.",
             buckets=_LATENCY_BUCKETS, registry=r)
         self.txn_aborts = Counter("sie_txn_aborts", "Aborted transactions (batch re-read).", registry=r)
         self.producer_restarts = Counter(

@@ -55,7 +55,7 @@ class RoutingTable:
         object.__setattr__(self, "_bounds", tuple(bounds))
 
     @classmethod
-    def single(cls, version: str, backend: Any) -> "RoutingTable":
+    def single(cls, version: str, backend: Any) -> RoutingTable:
         """All traffic to one version (the normal, no-rollout case)."""
         return cls((RouteEntry(version, BUCKETS, backend),))
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
 from sie.workers.agent import messages
 from sie.workers.agent.launch import WorkerCommandBuilder
@@ -78,11 +79,13 @@ class Agent:
         launcher: ProcessLauncher | None = None,
         clock: Clock | None = None,
         inventory_probe: Callable[[], Any] | None = None,
+        clients: KafkaClients | None = None,
     ) -> None:
         from sie.workers.gpu import host_inventory, parse_simulated_gpus, probe_gpus
 
         self.config = config
         self.settings = settings
+        self._clients = clients or KafkaClients()
         self._clock = clock or MonotonicClock()
         if inventory_probe is None:
             # simulated GPU UUIDs embed the NODE name: two agents on one machine never share a GPU uuid
@@ -100,7 +103,7 @@ class Agent:
         self.metrics = AgentMetrics(config.node)
         self.metrics_port: int | None = None
         self._topics = {
-            name: f"{settings.topic_prefix}.{name}" for name in ("nodes", "heartbeats", "assignments", "replica-status")
+            name: settings.names.system_topic(name) for name in ("nodes", "heartbeats", "assignments", "replica-status")
         }
         self._producer: Any = None
         self._consumer: Any = None
@@ -144,34 +147,17 @@ class Agent:
 
     # -- Kafka -----------------------------------------------------------------------
     def _open(self) -> None:
-        from confluent_kafka import Consumer, Producer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         node = self.config.node
-        self._producer = Producer(
-            self.settings.kafka_client_config(
-                **{
-                    "client.id": f"sie.agent.{node}",
-                    "enable.idempotence": True,  # retries never duplicate a status change
-                    "acks": "all",
-                    "linger.ms": 5,
-                }
-            )
-        )
+        names = self.settings.names
+        # idempotent: retries never duplicate a status change
+        self._producer = self._clients.producer(idempotent_producer_config(self.settings, names.agent_client_id(node)))
         # No consumer group: every agent reads the whole (compacted) topic itself and filters by key,
         # so there is no rebalance and no committed offset to lose; a restart re-reads the latest state.
-        self._consumer = Consumer(
-            self.settings.kafka_client_config(
-                **{
-                    "group.id": f"sie.agent.{node}",  # required by librdkafka; never joined (assign, no commit)
-                    "client.id": f"sie.agent.{node}.assignments",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    # only committed assignments (the leader publishes transactionally)
-                    "isolation.level": "read_committed",
-                    "enable.partition.eof": False,
-                }
-            )
-        )
+        # only committed assignments (the leader publishes transactionally); the group is never joined
+        self._consumer = self._clients.consumer(state_reader_config(
+            self.settings, names.agent_group(node), f"{names.agent_client_id(node)}.assignments", partition_eof=False))
         topic = self._topics["assignments"]
         metadata = self._consumer.list_topics(topic, timeout=10)
         info = metadata.topics.get(topic)

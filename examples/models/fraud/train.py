@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
-
 from models.fraud.model import INPUT_FIELDS, FraudMLP
+from safetensors.torch import save_file
 
 SEED = 20240611
 N_ROWS = 20_000

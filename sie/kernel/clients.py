@@ -1,0 +1,145 @@
+"""Every Kafka client SIE makes, built by role from the typed settings, in one place.
+
+Roles (each config is commented where it matters for exactly-once, liveness or bounded memory):
+
+* ``eos_consumer_config``           a consume-transform-produce stage's consumer (scorer, CDC stage, backfill):
+                                    offsets only inside transactions, read_committed, eager assignor;
+* ``transactional_producer_config`` that stage's producer (stable ``transactional.id``: a restart fences
+                                    the zombie), also the control-plane leader's fenced writer;
+* ``idempotent_producer_config``    status and registration writers (agents, ``sie apply``, ``sie produce``):
+                                    retries never duplicate, no transactions;
+* ``state_reader_config``           readers of compacted state topics that ``assign()`` and never commit
+                                    (control-plane state, agents' assignments, spec snapshots), read_committed;
+* ``group_member_config``           the control plane's leader-election membership.
+
+``KafkaClients`` is how a component makes its clients: the real librdkafka classes by default, fakes in
+unit tests (no broker needed for the logic; the broker tests stay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sie.kernel.settings import Settings
+
+
+def _consumer(config: dict[str, Any]) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer(config)
+
+
+def _producer(config: dict[str, Any]) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer(config)
+
+
+def _admin(config: dict[str, Any]) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(config)
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    """Factories of Kafka clients (each takes a librdkafka config dict)."""
+
+    consumer: Callable[[dict[str, Any]], Any] = _consumer
+    producer: Callable[[dict[str, Any]], Any] = _producer
+    admin: Callable[[dict[str, Any]], Any] = _admin
+
+
+def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, max_batch: int = 256,
+                        session_timeout_ms: int = 10_000, max_poll_interval_ms: int = 300_000,
+                        fetch_queue_kbytes: int = 16_384, auto_offset_reset: str = "earliest",
+                        group_instance_id: str | None = None) -> dict[str, Any]:
+    """Consumer of an exactly-once stage; ``group_instance_id`` turns on static membership."""
+    return settings.kafka_client_config(**{
+        "group.id": group_id,
+        "client.id": client_id,
+        "enable.auto.commit": False,  # offsets are committed only inside the producer's transaction
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",  # never see records of aborted transactions (explicit on purpose)
+        "auto.offset.reset": auto_offset_reset,
+        "partition.assignment.strategy": "range",  # classic protocol, eager: on_revoke sees every partition go
+        **({"group.instance.id": group_instance_id} if group_instance_id else {}),
+        "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(500, session_timeout_ms // 4),
+        "max.poll.interval.ms": max_poll_interval_ms,
+        "queued.max.messages.kbytes": fetch_queue_kbytes,  # bounded prefetch: flat memory whatever the backlog
+        "queued.min.messages": max(1000, 4 * max_batch),
+        "fetch.wait.max.ms": 50,
+        # librdkafka waits fetch.queue.backoff.ms (default 1 s) before refetching once its queue thresholds
+        # are reached; with the thresholds above that stalled consume() mid-backlog (bench_scoring).
+        "fetch.queue.backoff.ms": 5,
+        "enable.partition.eof": False,
+    })
+
+
+def transactional_producer_config(settings: Settings, transactional_id: str, *, max_batch: int = 256,
+                                  transaction_timeout_ms: int = 60_000, linger_ms: int = 5) -> dict[str, Any]:
+    """Transactional producer (stable ``transactional.id`` per instance/job: a restart fences the zombie)."""
+    return settings.kafka_client_config(**{
+        "client.id": f"{transactional_id}.producer",
+        "transactional.id": transactional_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": linger_ms,  # outputs of one batch leave together; commit_transaction flushes anyway
+        "transaction.timeout.ms": transaction_timeout_ms,  # > the slowest batch
+        # commit_transaction() returns before the coordinator has finished the transaction, so the next
+        # transaction's first request often meets CONCURRENT_TRANSACTIONS and waits retry.backoff.ms
+        # (confluent-kafka-python #967). 5 ms instead of 20 doubled a bare transactional copy loop.
+        "retry.backoff.ms": 5,
+        "queue.buffering.max.messages": max(100_000, 40 * max_batch),
+    })
+
+
+def idempotent_producer_config(settings: Settings, client_id: str, **overrides: Any) -> dict[str, Any]:
+    """A non-transactional writer whose retries never duplicate a record (status, registrations, specs)."""
+    return settings.kafka_client_config(**{
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        **overrides,
+    })
+
+
+def state_reader_config(settings: Settings, group_id: str, client_id: str, *, partition_eof: bool = True,
+                        **overrides: Any) -> dict[str, Any]:
+    """A reader of (compacted) state topics that ``assign()``s and never commits: ``group_id`` is required
+    by librdkafka but never joined; only committed records (transactional writers) are seen."""
+    return settings.kafka_client_config(**{
+        "group.id": group_id,
+        "client.id": client_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.partition.eof": partition_eof,
+        **overrides,
+    })
+
+
+def group_member_config(settings: Settings, group_id: str, client_id: str, *, session_timeout_ms: int,
+                        **overrides: Any) -> dict[str, Any]:
+    """Membership of a coordination group (leader election): cooperative, end-of-partition signalled."""
+    return settings.kafka_client_config(**{
+        "group.id": group_id,
+        "client.id": client_id,
+        "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(500, session_timeout_ms // 6),
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        # a standby joining does not revoke partition 0 from the leader (no leadership blip)
+        "partition.assignment.strategy": "cooperative-sticky",
+        **overrides,
+    })
+
+
+def admin_config(settings: Settings) -> dict[str, Any]:
+    return settings.kafka_client_config()

@@ -1,0 +1,123 @@
+"""Every topic, consumer-group, transactional-id and client-id name SIE uses, built in one place.
+
+Every name starts with the cluster's prefix (``SIE_TOPIC_PREFIX``, default ``sie``), so one prefixed
+ACL per resource type covers a whole SIE cluster and two clusters on one Kafka never collide::
+
+    <p>.specs, <p>.nodes, ...                   system topics (sie.kernel.topics lists them)
+    <p>.model.<model>.requests|results|dlq|backfill    a model's data-path topics (a spec may override)
+    <p>.scorer.<model>                          a model's scorer group;  <p>.scorer.<model>.<instance> its txn id
+    <p>.cdc.<connector>[.<instance>]            CDC stage group / txn id;  <p>.cdc.<connector>.dlq its DLQ
+    <p>.backfill.<job>                          backfill group and txn id; <output topic>.dlq its DLQ
+    <p>.control                                 control-plane election group and the leader's shared txn id
+    <p>.control.state                           control-plane state reader (assign(), never joined)
+    <p>.agent.<node>                            a node agent's assignments reader (assign(), never joined)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sie.kernel.errors import ConfigError
+
+#: instance names (scorer replicas, CDC stage instances) become part of transactional ids and client ids
+INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+
+
+def check_instance(instance: str, what: str = "instance") -> str:
+    """``instance`` if it can be part of a transactional id, else a ``ConfigError`` naming the fix."""
+    if not INSTANCE_RE.match(instance):
+        raise ConfigError(f"{what}: must match {INSTANCE_RE.pattern} (got {instance!r}); pass --instance NAME")
+    return instance
+
+#: system topic suffixes (the catalogue with partitions and policies is sie.kernel.topics)
+SYSTEM_TOPICS = ("specs", "nodes", "heartbeats", "assignments", "replica-status", "events", "control-leader",
+                 "model-status", "backfill-plans")
+
+
+@dataclass(frozen=True)
+class ModelTopics:
+    """The data-path topics of one model."""
+
+    requests: str
+    results: str
+    dead_letters: str
+    backfill_results: str
+
+    @classmethod
+    def default_for(cls, model_name: str, prefix: str = "sie") -> ModelTopics:
+        return Names(prefix).model_topics(model_name)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Names of one SIE cluster (one prefix)."""
+
+    prefix: str = "sie"
+
+    # --- topics -----------------------------------------------------------------------------------
+    def system_topic(self, suffix: str) -> str:
+        """``<prefix>.<suffix>`` for one of ``SYSTEM_TOPICS`` (KeyError names the known ones)."""
+        if suffix not in SYSTEM_TOPICS:
+            raise KeyError(f"unknown system topic {suffix!r}; known: {sorted(SYSTEM_TOPICS)}")
+        return f"{self.prefix}.{suffix}"
+
+    def model_topics(self, model: str) -> ModelTopics:
+        base = f"{self.prefix}.model.{model}"
+        return ModelTopics(f"{base}.requests", f"{base}.results", f"{base}.dlq", f"{base}.backfill")
+
+    def cdc_dead_letter_topic(self, connector: str) -> str:
+        """A connector's own DLQ: source records (CDC JSON), not requests, so not the model's DLQ."""
+        return f"{self.prefix}.cdc.{connector}.dlq"
+
+    @staticmethod
+    def backfill_dead_letter_topic(output_topic: str) -> str:
+        return f"{output_topic}.dlq"
+
+    # --- scorer -------------------------------------------------------------------------------------
+    def scorer_group(self, model: str) -> str:
+        return f"{self.prefix}.scorer.{model}"
+
+    def scorer_transactional_id(self, model: str, instance: str) -> str:
+        return f"{self.prefix}.scorer.{model}.{instance}"
+
+    # --- connectors -----------------------------------------------------------------------------------
+    def cdc_group(self, connector: str) -> str:
+        return f"{self.prefix}.cdc.{connector}"
+
+    def cdc_transactional_id(self, connector: str, instance: str) -> str:
+        return f"{self.prefix}.cdc.{connector}.{instance}"
+
+    def backfill_group(self, job_id: str) -> str:
+        return f"{self.prefix}.backfill.{job_id}"
+
+    def backfill_transactional_id(self, job_id: str) -> str:
+        return f"{self.prefix}.backfill.{job_id}"
+
+    def reader_group(self, purpose: str, unique: str) -> str:
+        """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
+        return f"{self.prefix}.reader.{purpose}.{unique}"
+
+    # --- control plane and agents ---------------------------------------------------------------------
+    @property
+    def control_group(self) -> str:
+        """Every control-plane instance of the cluster joins it; the member given partition 0 leads."""
+        return f"{self.prefix}.control"
+
+    @property
+    def control_transactional_id(self) -> str:
+        """Shared by every control-plane instance: a new leader's init_transactions() fences the old one."""
+        return f"{self.prefix}.control"
+
+    @property
+    def control_state_group(self) -> str:
+        return f"{self.prefix}.control.state"
+
+    def control_client_id(self, instance: str) -> str:
+        return f"{self.prefix}.control.{instance}"
+
+    def agent_group(self, node: str) -> str:
+        return f"{self.prefix}.agent.{node}"
+
+    def agent_client_id(self, node: str) -> str:
+        return f"{self.prefix}.agent.{node}"

@@ -1,0 +1,52 @@
+"""Named outcomes of the exactly-once layer, one class per way a batch can fail.
+
+* ``TxnAbortable``: the open transaction must be aborted and the batch re-read from the
+  committed offsets (nothing of it was committed).
+* ``ProducerFatal``: the transactional producer is unusable (fenced, fatal idempotence
+  error); it is re-created (``init_transactions`` fences its predecessor), then the batch
+  is re-read.  ``ProducerHung`` is the case of a call that never answered (broker down):
+  handled the same way, but not counted as evidence of a second live process.
+* ``RetryLater``: a dependency of the stage (e.g. the scorer's model backend) is down, not
+  the data: abort, back off, retry the same batch.  Never turned into dead letters.
+* ``Fenced``: SIE's one "someone else owns this transactional id" error: fatal errors keep
+  coming back after re-creation (two live processes share an id), or a control-plane
+  instance that lost leadership tried to write.  The process (or leadership) stops.
+* ``ConsumerFatal``: librdkafka reported a fatal consumer error; the stage must restart.
+"""
+
+from __future__ import annotations
+
+from sie.kernel.errors import SieError
+
+
+class EosError(SieError):
+    """Base of the exactly-once layer's errors."""
+
+
+class TxnAbortable(EosError):
+    """The current transaction must be aborted; its records will be read again."""
+
+
+class ProducerFatal(EosError):
+    """The transactional producer must be closed and re-created."""
+
+
+class ProducerHung(ProducerFatal):
+    """A transaction call gave no answer in time (coordinator down, librdkafka #5456).
+
+    Handled like any fatal error (the producer is abandoned and re-created), but it is a
+    symptom of an unreachable broker, not of fencing: it does not count towards the
+    "another live process uses our transactional.id" limit.
+    """
+
+
+class RetryLater(EosError):
+    """A dependency is down, not the data: abort, back off, retry the batch (never dead-letter it)."""
+
+
+class Fenced(EosError):
+    """Another live process owns this transactional id (or this instance no longer leads)."""
+
+
+class ConsumerFatal(EosError):
+    """The consumer reported a fatal error; restart the stage."""

@@ -1,0 +1,90 @@
+"""Batched inference that tells poison rows from outages: the scorer's and backfill's one implementation.
+
+``Inference.run(rows)`` returns one output per row, in order; a row the model cannot score comes back as
+``InferenceFailed`` (its dead letter carries the backend's message).  Poison rows are isolated by
+bisection, so a batch with one bad row costs about 2*log2(n) extra calls and a healthy batch costs one.
+
+An outage is not poison: when every row of a batch fails, a known-good row (the last row that scored,
+else the spec's ``exampleInput``) is tried; if it fails too the backend is down and ``BackendUnavailable``
+(a ``RetryLater``) makes the batch abort and come back later, never turning into dead letters.  Rows that
+failed while others in the batch scored get a second, individual try before they are judged, because
+the failure may have been a blip that ended mid-bisection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sie.streams.scorer.errors import BackendUnavailable
+
+
+def canary_row(example: Any, validator: Callable[[dict], dict]) -> dict | None:
+    """The spec's ``exampleInput`` as a validated row (the first known-good row), or None if it has none
+    or it does not validate."""
+    if not example:
+        return None
+    try:
+        return validator(dict(example))
+    except Exception:  # an example that does not validate is no canary
+        return None
+
+
+class InferenceFailed:
+    """Marker for a row the backend could not score (with the backend's message)."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def _checked(backend: Any, rows: list[dict]) -> list[Any]:
+    out = backend.infer(rows)
+    if type(out) is not list or len(out) != len(rows):
+        raise ValueError(f"backend returned {type(out).__name__} of {len(out) if hasattr(out, '__len__') else '?'} "
+                         f"outputs for {len(rows)} inputs")
+    return out
+
+
+def infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
+    """One output per row; rows that fail are isolated by bisection and returned as ``InferenceFailed``."""
+    try:
+        return _checked(backend, rows)
+    except Exception as exc:  # InferenceError, or anything a model raises: isolate before judging
+        if len(rows) == 1:
+            return [InferenceFailed(f"{type(exc).__name__}: {exc}")]
+        mid = len(rows) // 2
+        return infer_isolating(backend, rows[:mid]) + infer_isolating(backend, rows[mid:])
+
+
+class Inference:
+    """One backend plus the known-good row that tells an outage from an all-poison batch."""
+
+    def __init__(self, backend: Any, canary: dict | None = None) -> None:
+        self.backend = backend
+        self._canary = canary
+
+    def run(self, rows: list[dict]) -> list[Any]:
+        """Outputs for ``rows`` (``InferenceFailed`` for poison rows); ``BackendUnavailable`` on an outage."""
+        backend = self.backend
+        outputs = infer_isolating(backend, rows)
+        failed = sum(1 for o in outputs if type(o) is InferenceFailed)
+        if failed == 0:
+            self._canary = rows[0]
+            return outputs
+        if failed < len(rows):
+            # Some rows scored, so the backend works: give each failed row a second, individual try.
+            for i, out in enumerate(outputs):
+                if type(out) is InferenceFailed:
+                    outputs[i] = infer_isolating(backend, [rows[i]])[0]
+            return outputs
+        # Every row failed. Outage or all-poison batch? Ask the backend about a row known to be good.
+        if self._canary is not None:
+            try:
+                _checked(backend, [self._canary])
+            except Exception as exc:
+                raise BackendUnavailable(
+                    f"backend fails on a known-good row too ({type(exc).__name__}: {exc}): outage, not poison") from exc
+            outputs = infer_isolating(backend, rows)  # second chance: the backend answers now
+        return outputs
