@@ -33,6 +33,7 @@ import numpy as np
 
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
+from sie.schemas.replica_state import ReplicaState
 
 # The examples ship as package data (``sie.examples``), so the demo runs from an installed SIE too.
 EXAMPLES = Path(str(importlib.resources.files("sie.examples")))
@@ -212,7 +213,7 @@ class Demo:
         def ready() -> bool:
             replicas = (http_json(f"{self.http}/v1/replicas") or {}).get("replicas", [])
             mine = [r for r in replicas if r.get("model") in ("fraud-scorer", "fraud-rules")]
-            return len(mine) >= 2 and all(r.get("state") == "READY" for r in mine)
+            return len(mine) >= 2 and all(r.get("state") == ReplicaState.READY for r in mine)
 
         wait_for("demo models READY", ready, 120, logs)
         self.echo(f"  fraud-scorer and fraud-rules READY after {time.monotonic() - started:.1f} s "

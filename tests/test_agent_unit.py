@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from sie.schemas.replica_state import TRANSITIONS, ReplicaTransitionError
 from sie.workers.process import LaunchSpec, describe_exit
 from sie.workers.replica import DesiredReplica, ExitInfo, ReplicaState
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
@@ -288,6 +289,104 @@ def test_unassigned_failed_replica_is_forgotten(env: Any) -> None:
     assert sup.table.current("fraud-scorer-0").state == ReplicaState.FAILED
     sup.set_desired([])
     assert states(sup.update()) == ["STOPPED"] and len(sup.table) == 0
+
+
+def test_disallowed_transition_raises_and_changes_nothing(env: Any) -> None:
+    sup, launcher, _ = env
+    start_ready(sup, launcher, [replica()])
+    actual = sup.table.current("fraud-scorer-0")
+    reason = actual.reason
+    with pytest.raises(ReplicaTransitionError, match=r"replica fraud-scorer-0: transition READY -> PENDING is not allowed"):
+        sup._transition(actual, ReplicaState.PENDING, "a bug")  # noqa: SLF001 - the enforcement point itself
+    assert actual.state == ReplicaState.READY and actual.reason == reason
+    assert sup.update() == []  # nothing was queued for publishing
+
+
+def test_update_raises_on_a_disallowed_transition_after_moving_the_others(env: Any) -> None:
+    """A STOPPED replica left in the table (a bug) is not re-STOPPED and re-published; the rest still move."""
+    sup, launcher, _ = env
+    sup.set_desired([replica(0), replica(1)])
+    sup.update()  # both STARTING
+    broken = sup.table.current("fraud-scorer-0")
+    broken.state, broken.handle, broken.retiring = ReplicaState.STOPPED, None, True
+    launcher.started[1].emit(event="ready")
+    with pytest.raises(ReplicaTransitionError, match=r"STOPPED -> STOPPED is not allowed.*none \(STOPPED is terminal\)"):
+        sup.update()
+    assert sup.table.current("fraud-scorer-1").state == ReplicaState.READY  # moved despite the bug
+    sup.table.remove(broken)
+    assert [(c.replica_id, c.state.value) for c in sup.update()] == [("fraud-scorer-1", "READY")]  # still queued
+
+
+class RecordingSupervisor(Supervisor):
+    """Records every (old, new) transition it makes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.edges: set[tuple[ReplicaState, ReplicaState]] = set()
+
+    def _transition(self, replica: Any, state: ReplicaState, reason: str) -> None:
+        self.edges.add((replica.state, state))
+        super()._transition(replica, state, reason)
+
+
+def test_every_edge_of_the_transition_table_is_a_real_supervisor_path() -> None:
+    """The table lists exactly what the supervisor does: no path missing (it would raise), none unused."""
+    clock, launcher = FakeClock(), FakeLauncher()
+    build = lambda d: LaunchSpec(name=d.replica_id, argv=("worker",))  # noqa: E731
+    common = dict(backoff_initial_s=1, backoff_max_s=4, crash_window_s=60, immediate_first_restart=False)
+    sup = RecordingSupervisor(launcher, build, clock, SupervisorPolicy(max_crashes=3, **common))
+    once = RecordingSupervisor(launcher, build, clock, SupervisorPolicy(max_crashes=1, **common))
+
+    def after_backoff(s: Supervisor) -> list[Any]:
+        clock.advance(10)
+        return s.update()
+
+    # PENDING->STARTING->READY->CRASHED->STARTING->CRASHED->(launch fails: 3rd crash) FAILED->STOPPED
+    start_ready(sup, launcher, [replica(0)])
+    launcher.last.exit(1)
+    sup.update()
+    after_backoff(sup)
+    launcher.last.exit(1)
+    sup.update()
+    launcher.fail_next = OSError("gone")
+    assert states(after_backoff(sup)) == ["FAILED"]
+    sup.set_desired([])
+    assert states(sup.update()) == ["STOPPED"]
+    # PENDING->(launch fails) CRASHED->(relaunch fails) CRASHED->STOPPED
+    sup.set_desired([replica(1)])
+    launcher.fail_next = OSError("gone")
+    sup.update()
+    launcher.fail_next = OSError("gone")
+    assert states(after_backoff(sup)) == ["CRASHED"]
+    sup.set_desired([])
+    assert states(sup.update()) == ["STOPPED"]
+    # PENDING->STOPPED (unassigned before its launch)
+    sup.set_desired([replica(2)])
+    sup.set_desired([])
+    assert states(sup.update()) == ["PENDING", "STOPPED"]
+    # STARTING->DRAINING->STOPPED and READY->DRAINING
+    sup.set_desired([replica(3)])
+    sup.update()
+    sup.set_desired([])
+    sup.update()
+    launcher.last.exit(0)
+    assert states(sup.update()) == ["STOPPED"]
+    start_ready(sup, launcher, [replica(4)])
+    sup.set_desired([])
+    assert states(sup.update()) == ["DRAINING"]
+    # max_crashes=1: PENDING->FAILED, STARTING->FAILED, READY->FAILED
+    launcher.fail_next = OSError("gone")
+    once.set_desired([replica(5), replica(6), replica(7)])
+    assert states(once.update()) == ["PENDING"] * 3 + ["FAILED", "STARTING", "STARTING"]
+    worker6, worker7 = launcher.started[-2:]
+    worker7.emit(event="ready")
+    assert states(once.update()) == ["READY"]
+    worker6.exit(1)
+    worker7.exit(1)
+    assert states(once.update()) == ["FAILED", "FAILED"]
+
+    table_edges = {(old, new) for old, nexts in TRANSITIONS.items() for new in nexts}
+    assert sup.edges | once.edges == table_edges
 
 
 @pytest.mark.parametrize(

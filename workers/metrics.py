@@ -13,7 +13,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from sie.workers.replica import ReplicaState
+from sie.schemas.replica_state import AGENT_STATES, ReplicaState
+
+#: one-hot series per replica: the states an agent can be in (never UNKNOWN / UNSCHEDULABLE), in wire order
+_REPLICA_STATES = tuple(s for s in ReplicaState if s in AGENT_STATES)
 
 _MB = 1024 * 1024
 
@@ -85,14 +88,14 @@ class AgentMetrics:
         for snap in snapshots:
             key = (snap.replica_id, snap.model)
             seen.add(key)
-            for state in ReplicaState:
+            for state in _REPLICA_STATES:
                 self.replica_state.labels(self.node, snap.replica_id, snap.model, state.value).set(
                     1 if snap.state == state else 0
                 )
             self.replica_restarts.labels(self.node, snap.replica_id, snap.model).set(snap.restarts)
             self.replica_records.labels(self.node, snap.replica_id, snap.model).set(snap.records)
         for replica_id, model in self._known_replicas - seen:
-            for state in ReplicaState:
+            for state in _REPLICA_STATES:
                 self.replica_state.remove(self.node, replica_id, model, state.value)
             self.replica_restarts.remove(self.node, replica_id, model)
             self.replica_records.remove(self.node, replica_id, model)

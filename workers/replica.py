@@ -1,45 +1,25 @@
-"""Replica state: the Enum, the frozen desired replica, and the one container of actual replicas.
+"""Replica state: the frozen desired replica and the one container of actual replicas.
 
-Why three separate shapes (Ray Serve's pattern): the desired replica is a value
+Why separate shapes (Ray Serve's pattern): the desired replica is a value
 (frozen, comparable) so "apply the same assignment twice" is a set comparison
 that changes nothing; the actual replica is the only mutable thing and lives in
 one container the supervisor queries by state, so every question the agent
 asks ("what is READY?", "what must be reported?") has one answer.
+
+``ReplicaState`` (and its transition table) lives in ``sie.schemas.replica_state``, the contract
+shared with the control plane; it is re-exported here for the agent's code.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sie.schemas.replica_state import ReplicaState
 
-class ReplicaState(str, enum.Enum):
-    """Lifecycle of one replica on one node (names are the ReplicaStatus values on Kafka).
-
-    PENDING  -> desired, no process yet (first start or waiting for its restart backoff)
-    STARTING -> process launched, loading the model and running the readiness inference
-    READY    -> readiness inference passed; the scorer consumes requests
-    DRAINING -> SIGTERM sent: the scorer commits its current batch and leaves the group
-    STOPPED  -> exited after a drain (terminal; removed from the table once reported)
-    CRASHED  -> exited or was killed without being asked; restarted after a backoff
-    FAILED   -> crashed too often within the crash window (terminal; the control plane
-                moves the replica to another node)
-    """
-
-    PENDING = "PENDING"
-    STARTING = "STARTING"
-    READY = "READY"
-    DRAINING = "DRAINING"
-    STOPPED = "STOPPED"
-    CRASHED = "CRASHED"
-    FAILED = "FAILED"
-
-    @property
-    def has_process(self) -> bool:
-        return self in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
+__all__ = ["ActualReplica", "DesiredReplica", "ExitInfo", "ReplicaState", "ReplicaTable"]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ records the full target set (applying the same set twice changes nothing) and
     any with a process, no longer desired --SIGTERM--> DRAINING --exit--> STOPPED (forgotten)
     DRAINING past the grace period --SIGKILL--> (exit) --> STOPPED
 
+Every edge is listed in ``sie.schemas.replica_state.TRANSITIONS`` and ``_transition`` checks it:
+a move the table does not allow raises ``ReplicaTransitionError`` instead of being published.
+
 Readiness is the worker's own report of a real inference (``{"event": "ready"}``);
 liveness is progress lines (``{"event": "progress"}``) arriving at least every
 ``liveness_timeout_s``: a silent worker is hung and is killed (and restarted).
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sie.schemas.replica_state import ReplicaTransitionError, check_transition
 from sie.workers.process import LaunchSpec, ProcessLauncher
 from sie.workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
 
@@ -135,14 +139,25 @@ class Supervisor:
 
     # -- loop ----------------------------------------------------------------------
     def update(self) -> list[ReplicaSnapshot]:
-        """Move every replica one step; return the state changes since the last call (to publish)."""
+        """Move every replica one step; return the state changes since the last call (to publish).
+
+        A failing step (an OSError from a process handle) is logged and the other replicas still
+        move.  A disallowed transition is a bug in this state machine, not a replica's trouble: the
+        other replicas still move, then the first ``ReplicaTransitionError`` is raised (the changes
+        recorded so far stay queued for the next call) so tests fail and the agent logs it loudly.
+        """
         now = self._clock.monotonic()
+        bugs: list[ReplicaTransitionError] = []
         for replica in self.table.all():
             try:
                 self._step(replica, now)
+            except ReplicaTransitionError as exc:
+                bugs.append(exc)
             except Exception as exc:  # one broken replica must not stop the others
                 log.exception("replica %s: supervision step failed", replica.replica_id)
                 replica.reason = f"supervisor error: {exc}"
+        if bugs:
+            raise bugs[0]
         changes, self._changes = self._changes, []
         return changes
 
@@ -256,6 +271,9 @@ class Supervisor:
 
     # -- reporting -----------------------------------------------------------------
     def _transition(self, replica: ActualReplica, state: ReplicaState, reason: str) -> None:
+        """Move ``replica`` to ``state`` and queue the change for publishing; raises
+        ``ReplicaTransitionError`` (and changes nothing) if the lifecycle table forbids the move."""
+        check_transition(replica.state, state, replica.replica_id)
         log.info("replica %s: %s -> %s (%s)", replica.replica_id, replica.state.value, state.value, reason)
         replica.state = state
         replica.reason = reason

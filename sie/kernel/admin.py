@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings

@@ -46,10 +46,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
 
+from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.demand import ReplicaDemand
 from sie.streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
 
-UNSCHEDULABLE = "unschedulable: "
+#: an unplaced replica's reason starts with its state word ("unschedulable: needs ..."): the status
+#: line then reads the same whether it quotes the reason alone or "state: reason"
+UNSCHEDULABLE_PREFIX = f"{ReplicaState.UNSCHEDULABLE.value.lower()}: "
 TIER0_ONLY_P0 = "tier-0 nodes host only P0 models"
 _CPU_EPSILON = 1e-9
 
@@ -487,7 +490,7 @@ class _Allocator:
             self.place(d)
 
     def _fail(self, d: ReplicaDemand, reason: str) -> Unplaced:
-        u = Unplaced(d.replica_id, d.model, d.version, UNSCHEDULABLE + reason)
+        u = Unplaced(d.replica_id, d.model, d.version, UNSCHEDULABLE_PREFIX + reason)
         self.unplaced[d.replica_id] = u
         self.unplaced_demands[d.replica_id] = d
         return u

@@ -15,11 +15,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
 from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
 
 log = logging.getLogger(__name__)
+
+#: ``sie_control_replicas{state=...}`` series exported even at 0, so a dashboard's "no FAILED" is a 0, not a gap
+_ALWAYS_EXPORTED = frozenset({
+    ReplicaState.READY, ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.FAILED,
+    ReplicaState.UNSCHEDULABLE, ReplicaState.UNKNOWN,
+})
 
 
 class ControlMetrics:
@@ -49,12 +56,12 @@ class ControlMetrics:
         self.models.set(len(snap.specs))
         self.nodes_total.set(len(snap.nodes))
         self.nodes_online.set(sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s)))
-        counts: dict[str, int] = {}
+        counts: dict[ReplicaState, int] = {}
         for status in report.statuses.values():
             for r in status.replicas:
                 counts[r.state] = counts.get(r.state, 0) + 1
-        for state in set(counts) | {"READY", "PENDING", "STARTING", "FAILED", "UNSCHEDULABLE", "UNKNOWN"}:
-            self.replicas.labels(state).set(counts.get(state, 0))
+        for state in set(counts) | _ALWAYS_EXPORTED:
+            self.replicas.labels(state.value).set(counts.get(state, 0))
         if report.plan is not None:
             self.unplaced.set(len(report.plan.unplaced))
         for r in report.of("events"):

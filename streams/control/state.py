@@ -23,14 +23,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sie.kernel.clients import KafkaClients, state_reader_config
+from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-#: replica states an agent reports (sie.workers.replica.ReplicaState values, plus UNKNOWN from Avro)
-ACTIVE_STATES = frozenset({"PENDING", "STARTING", "READY"})
+#: reported states of a replica that is placed and on its way to serving, or serving
+ACTIVE_STATES: frozenset[ReplicaState] = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY})
 
 
 # ------------------------------------------------------------------------------------------ values
@@ -72,7 +73,7 @@ class ReplicaReport:
     model: str
     version: str
     node: str
-    state: str
+    state: ReplicaState
     reason: str | None = None
     restarts: int = 0
     pid: int | None = None
@@ -186,10 +187,6 @@ def _gpu(rec: Mapping[str, Any]) -> GpuReport:
     )
 
 
-def _state_name(value: Any) -> str:
-    return str(getattr(value, "value", value) or "UNKNOWN")
-
-
 # ------------------------------------------------------------------------------------------- state
 
 
@@ -267,7 +264,7 @@ class ClusterState:
                 model=str(r.get("model") or ""),
                 version=str(r.get("version") or ""),
                 node=node,
-                state=_state_name(r.get("state")),
+                state=parse_state(r.get("state")),
                 reason=r.get("reason"),
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
@@ -281,7 +278,7 @@ class ClusterState:
             if old is None or seen_at >= old.seen_at:
                 self.heartbeats[node] = info
             for r in reports:
-                if r.state == "FAILED":
+                if r.state == ReplicaState.FAILED:
                     self.failures.append(r)
 
     def apply_replica_status(self, record: Mapping[str, Any]) -> None:
@@ -290,7 +287,7 @@ class ClusterState:
             model=str(record.get("model") or ""),
             version=str(record.get("version") or ""),
             node=str(record.get("node") or ""),
-            state=_state_name(record.get("state")),
+            state=parse_state(record.get("state")),
             reason=record.get("reason"),
             restarts=int(record.get("restarts") or 0),
             exit_code=record.get("exit_code"),
@@ -301,7 +298,7 @@ class ClusterState:
             old = self.replica_status.get(report.replica_id)
             if old is None or report.at >= old.at:
                 self.replica_status[report.replica_id] = report
-            if report.state == "FAILED":
+            if report.state == ReplicaState.FAILED:
                 self.failures.append(report)
 
     def apply_assignment(self, node: str, record: Mapping[str, Any] | None) -> None:

@@ -12,12 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.placement import Placement, PlacementPlan
 from sie.streams.control.state import StateSnapshot
 
-#: replica states that count as "actually running as asked"
-READY = "READY"
-UNSCHEDULABLE = "UNSCHEDULABLE"
+#: a desired replica in one of these is not serving and will not get there by itself: the model is Degraded
+TROUBLE_STATES: frozenset[ReplicaState] = frozenset(
+    {ReplicaState.UNSCHEDULABLE, ReplicaState.FAILED, ReplicaState.CRASHED, ReplicaState.UNKNOWN}
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class ReplicaView:
     node: str | None
     gpu_indices: tuple[int, ...]
     gpu_memory_mb: int
-    state: str
+    state: ReplicaState
     reason: str | None = None
     restarts: int = 0
     actual_version: str | None = None
@@ -43,7 +45,7 @@ class ReplicaView:
             "node": self.node,
             "gpu_indices": list(self.gpu_indices),
             "gpu_memory_mb": self.gpu_memory_mb,
-            "state": self.state,
+            "state": self.state.value,  # a plain str in the record: Avro ``string``, JSON, YAML alike
             "reason": self.reason,
             "restarts": self.restarts,
             "actual_version": self.actual_version,
@@ -58,7 +60,7 @@ class ReplicaView:
             node=rec.get("node"),
             gpu_indices=tuple(rec.get("gpu_indices") or ()),
             gpu_memory_mb=int(rec.get("gpu_memory_mb") or 0),
-            state=rec["state"],
+            state=parse_state(rec["state"]),
             reason=rec.get("reason"),
             restarts=int(rec.get("restarts") or 0),
             actual_version=rec.get("actual_version"),
@@ -135,10 +137,10 @@ def _replica_view(
         gpu_memory_mb=placement.gpu_memory_mb,
     )
     if not snap.node_online(placement.node, now, timeout_s):
-        return ReplicaView(**base, state="UNKNOWN", reason=f"node {placement.node} offline")
+        return ReplicaView(**base, state=ReplicaState.UNKNOWN, reason=f"node {placement.node} offline")
     report = snap.reported(placement.node, placement.replica_id, now, timeout_s)
     if report is None:
-        return ReplicaView(**base, state="PENDING", reason=f"assigned to {placement.node}; not yet reported by its agent")
+        return ReplicaView(**base, state=ReplicaState.PENDING, reason=f"assigned to {placement.node}; not yet reported by its agent")
     reason = report.reason
     if report.version and report.version != placement.version:
         reason = f"running version {report.version}; {placement.version} requested" + (f"; {reason}" if reason else "")
@@ -149,7 +151,7 @@ def _replica_view(
 
 def _explain(view: ReplicaView) -> str:
     """``fraud-0: unschedulable: needs ...`` (no doubled state word when the reason already starts with it)."""
-    state = view.state.lower()
+    state = view.state.value.lower()
     if view.reason and view.reason.lower().startswith(state + ":"):
         return f"{view.replica_id}: {view.reason}"
     return f"{view.replica_id}: {state}" + (f": {view.reason}" if view.reason else "")
@@ -175,17 +177,17 @@ def build_status(
             views.append(_replica_view(placed, snap, now, timeout_s))
         else:
             u = plan.unplaced[rid]
-            views.append(ReplicaView(rid, u.model, u.version, None, (), 0, UNSCHEDULABLE, u.reason))
+            views.append(ReplicaView(rid, u.model, u.version, None, (), 0, ReplicaState.UNSCHEDULABLE, u.reason))
     desired = len(views)
-    ready = sum(1 for v in views if v.state == READY and (v.actual_version in (None, v.version)))
-    not_ready = [v for v in views if v.state != READY]
+    ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
+    not_ready = [v for v in views if v.state != ReplicaState.READY]
     if desired == ready:
         phase, reason = "Ready", None
-    elif all(v.state == UNSCHEDULABLE for v in views):
+    elif all(v.state == ReplicaState.UNSCHEDULABLE for v in views):
         phase, reason = "Unschedulable", not_ready[0].reason
-    elif any(v.state in (UNSCHEDULABLE, "FAILED", "CRASHED", "UNKNOWN") for v in views):
+    elif any(v.state in TROUBLE_STATES for v in views):
         phase = "Degraded"
-        worst = next(v for v in not_ready if v.state in (UNSCHEDULABLE, "FAILED", "CRASHED", "UNKNOWN"))
+        worst = next(v for v in not_ready if v.state in TROUBLE_STATES)
         reason = _explain(worst)
     else:
         phase = "Progressing"
