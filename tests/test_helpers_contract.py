@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.helpers import consume_all, create_topic, produce_json, unique_topic
+from tests.scorer_fixtures import CommittedReader
 
 pytestmark = pytest.mark.kafka
 
@@ -89,3 +90,13 @@ def test_read_committed_end_is_past_transaction_markers_and_before_an_open_trans
         producer.commit_transaction(30)
     assert [r.value for r in consume_all(kafka_settings, topic, expected=5)] == [b"a", b"b", b"x", b"y", b"z"]
 
+
+def test_committed_reader_reads_to_the_end_past_the_markers(kafka_settings, txn_producer):
+    topic = create_topic(kafka_settings, unique_topic("contract"), partitions=1)
+    for i in range(3):  # three transactions: a commit marker after each record
+        _committed(txn_producer, topic, [b"%d" % i])
+    reader = CommittedReader(kafka_settings, topic)
+    try:
+        assert reader.read_to_end(timeout=10) == 3
+    finally:
+        reader.close()
