@@ -259,3 +259,27 @@ class TopicTail:
         self._thread.join(5)
         self._consumer.close()
 
+
+# --- time bounds on measured durations, derived from the configuration under test -------------------
+
+#: Slack for one failover measured on a loaded 2-core CI machine, where the broker, two control planes,
+#: agents and their workers share the cores: a rejoin plus an election (init_transactions, reading
+#: control-leader to its end, one transaction) takes 1-2 s idle and several times that there.  It is
+#: slack for the measurement, not a product timing.
+FAILOVER_SLACK_S = 12.0
+
+
+def leader_takeover_bound_s() -> float:
+    """Most seconds from SIGKILL of the leading ``sie control`` to the standby reporting ``role=leader``.
+
+    The processes run with ``sie control``'s default ``--session-timeout-ms`` (read from the CLI here, so
+    the bound follows it).  The group coordinator expires the killed member at most one session timeout
+    after its last heartbeat (sent before the kill); the standby hears of the rebalance on its next
+    heartbeat, ``heartbeat.interval.ms = max(500, session // 6)`` (LeaderElector._consumer); then it
+    rejoins and elects within FAILOVER_SLACK_S.  With the default 6000 ms: 6 + 1 + 12 = 19 s.
+    """
+    from sie.commands.control import control
+
+    session_ms = next(p.default for p in control.params if p.name == "session_timeout_ms")
+    heartbeat_ms = max(500, session_ms // 6)
+    return (session_ms + heartbeat_ms) / 1000 + FAILOVER_SLACK_S
