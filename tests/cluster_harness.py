@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.helpers import TopicTail, wait_until
+from tests.helpers import TopicTail, behind, end_offsets, read_up_to, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -391,9 +391,11 @@ class RequestStream:
                 self.partition_of[rid] = msg.partition()
 
     def send(self, count: int) -> list[str]:
-        """Produce ``count`` requests now (synchronously flushed)."""
+        """Produce ``count`` requests now (synchronously flushed); AssertionError if any is not delivered."""
         ids = [self._produce_one() for _ in range(count)]
-        self._producer.flush(30)
+        left = self._producer.flush(30)
+        if left or self.errors:
+            raise AssertionError(f"producing to {self.topic}: {left} undelivered, errors {self.errors[:3]}")
         return ids
 
     def _produce_one(self) -> str:
@@ -437,7 +439,8 @@ class ResultTail:
     """read_committed tail of a model's results and dead-letter topics in a thread.
 
     ``arrivals[id]`` = list of (monotonic arrival time, topic kind) per request id: more than one entry
-    is a duplicate; none is a loss.
+    is a duplicate; none is a loss.  Call ``read_to_end()`` before ``audit`` so a duplicate committed after
+    the awaited count is seen.
     """
 
     def __init__(self, settings: Settings, topics: dict[str, str]) -> None:
@@ -452,30 +455,55 @@ class ResultTail:
         self.order: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._consumer = Consumer(settings.kafka_client_config(**{
+        self._config = settings.kafka_client_config(**{
             "group.id": f"tail-{uuid.uuid4().hex[:10]}", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}))
-        assignment = []
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.partition.eof": True})
+        self._consumer = Consumer(self._config)
+        self._partitions: dict[str, list[int]] = {}
+        self._reached: dict[str, dict[int, int]] = {topic: {} for topic in self.kinds}
         for topic in self.kinds:
-            md = self._consumer.list_topics(topic, timeout=10).topics[topic]
-            assignment += [TopicPartition(topic, p, -2) for p in md.partitions]
-        self._consumer.assign(assignment)
+            self._partitions[topic] = sorted(self._consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        self._consumer.assign([TopicPartition(t, p, -2) for t, parts in self._partitions.items() for p in parts])
         self._thread = threading.Thread(target=self._run, name="result-tail", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        from confluent_kafka import KafkaError
+
         while not self._stop.is_set():
             for msg in self._consumer.consume(200, timeout=0.1):
-                if msg.error() is not None or msg.value() is None:
+                if msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
                     continue
+                rid = None
+                if msg.error() is None and msg.value() is not None:
+                    try:
+                        rid = str(json.loads(msg.value()).get("id"))
+                    except ValueError:
+                        rid = f"<unparseable {msg.topic()}:{msg.partition()}@{msg.offset()}>"
                 now = time.monotonic()
-                try:
-                    rid = str(json.loads(msg.value()).get("id"))
-                except ValueError:
-                    rid = f"<unparseable {msg.topic()}:{msg.partition()}@{msg.offset()}>"
-                with self._lock:
-                    self.arrivals.setdefault(rid, []).append((now, self.kinds[msg.topic()]))
-                    self.order.append((now, rid))
+                with self._lock:  # the arrival is in before the offset counts as read (read_to_end)
+                    if rid is not None:
+                        self.arrivals.setdefault(rid, []).append((now, self.kinds[msg.topic()]))
+                        self.order.append((now, rid))
+                    read_up_to(self._reached[msg.topic()], msg)
+
+    def read_to_end(self, timeout: float = 30.0) -> None:
+        """Wait until the tail has read both topics on to the end they have now (the last stable offset);
+        AssertionError naming the partitions short of it at the deadline."""
+        from confluent_kafka import Consumer
+
+        probe = Consumer(self._config)  # the tail's own consumer belongs to its thread
+        try:
+            ends = {t: end_offsets(probe, t, parts) for t, parts in self._partitions.items()}
+        finally:
+            probe.close()
+
+        def short() -> dict[str, dict[int, str]]:
+            with self._lock:
+                return {t: b for t in ends if (b := behind(self._reached[t], ends[t]))}
+
+        wait_until(lambda: not short(), timeout,
+                   message=lambda: f"the result tail to read to the end (read up to/end: {short()})")
 
     def count(self, ids: Iterable[str] | None = None) -> int:
         with self._lock:

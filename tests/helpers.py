@@ -58,23 +58,75 @@ class Record(NamedTuple):
         return None if self.value is None else json.loads(self.value)
 
 
+def _topic_partitions(consumer: Any, topic: str, deadline: float) -> list[int]:
+    """The topic's partitions; waits (to ``deadline``) for a topic created a moment ago to show them."""
+    def partitions() -> list[int]:
+        left = deadline - time.monotonic()
+        meta = consumer.list_topics(topic, timeout=max(0.5, min(10.0, left))).topics.get(topic)
+        return [] if meta is None or meta.error is not None else sorted(meta.partitions)
+
+    return wait_until(partitions, max(0.0, deadline - time.monotonic()), interval=0.2,
+                      message=f"topic {topic} to exist")
+
+
+def end_offsets(consumer: Any, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int]:
+    """partition -> its end now, as ``consumer`` reads: the high watermark, or with read_committed the last
+    stable offset (the broker answers with the consumer's isolation level), so the records of a transaction
+    still open lie beyond the end and are not waited for."""
+    from confluent_kafka import TopicPartition
+
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
+            for p in partitions}
+
+
+def read_up_to(reached: dict[int, int], msg: Any) -> bool:
+    """Advance ``reached`` (partition -> offset read up to) by one polled message; True if it is a record.
+
+    A partition-EOF event (``enable.partition.eof``) carries the end the fetcher reached, which lies past
+    any transaction marker after the last record (a record's offset + 1 does not); other errors are left
+    to the caller."""
+    from confluent_kafka import KafkaError
+
+    p = msg.partition()
+    if msg.error() is not None:
+        if msg.error().code() == KafkaError._PARTITION_EOF:
+            reached[p] = max(reached.get(p, 0), msg.offset())
+        return False
+    reached[p] = max(reached.get(p, 0), msg.offset() + 1)
+    return True
+
+
+def behind(reached: dict[int, int], ends: dict[int, int]) -> dict[int, str]:
+    """partition -> "read up to/end" for every partition not yet read to its end (empty when all are)."""
+    return {p: f"{reached.get(p, 0)}/{end}" for p, end in sorted(ends.items()) if reached.get(p, 0) < end}
+
+
 def consume_all(
     settings: Settings,
     topic: str,
     expected: int | None = None,
     timeout: float = 15.0,
     isolation: str = "read_committed",
-    idle: float = 1.0,
 ) -> list[Record]:
-    """Read ``topic`` from the beginning with a throwaway group.
+    """Read ``topic`` from the beginning with a throwaway group, up to the END of every partition.
 
-    Stops at ``expected`` records, or (when ``expected`` is None) once the
-    consumer has caught up with the end of every partition and seen nothing
-    for ``idle`` seconds; always stops at ``timeout``.  Records come sorted by
-    (partition, offset).
+    The end is the high watermark as a consumer with ``isolation`` sees it (read_committed: the last stable
+    offset, see ``end_offsets``).  Which end:
+
+    - ``expected=None``: the ends when the read starts (once the topic exists).  Call it after whatever is
+      to be checked was written (producer flushed, job finished, stage stopped): then ``== []`` or a count
+      proves nothing else is there, which "idle for a second" never did.
+    - ``expected=N``: waits until at least N records were read, then takes the ends again and reads on to
+      them, so a record already written past the N-th (a duplicate) comes back too and the caller's exact
+      count or comparison fails.  More than N is returned, never trimmed: the caller asserts the count.
+
+    AssertionError at ``timeout`` (the whole call, topic lookup included), saying how many records (of N)
+    it got, the partitions short of their end and the last records read: never a partial answer.
+    Records come sorted by (partition, offset).
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    deadline = time.monotonic() + timeout
     consumer = Consumer(settings.kafka_client_config(**{
         "group.id": unique_group("consume-all"),
         "auto.offset.reset": "earliest",
@@ -83,38 +135,49 @@ def consume_all(
         "enable.partition.eof": True,
     }))
     records: list[Record] = []
+    reached: dict[int, int] = {}
     try:
-        def topic_partitions() -> list[int]:
-            md = consumer.list_topics(topic, timeout=10)
-            meta = md.topics.get(topic)
-            return [] if meta is None or meta.error is not None else list(meta.partitions)
-
-        # A topic created a moment ago (by a worker, say) can take a metadata round to show its partitions.
-        partitions = wait_until(topic_partitions, min(timeout, 15.0), interval=0.2,
-                                message=f"topic {topic} to exist")
+        partitions = _topic_partitions(consumer, topic, deadline)
         consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2 = OFFSET_BEGINNING
-        at_eof: set[int] = set()
-        deadline = time.monotonic() + timeout
-        last_activity = time.monotonic()
-        while time.monotonic() < deadline:
-            if expected is not None and len(records) >= expected:
+        ends = end_offsets(consumer, topic, partitions) if expected is None else None
+        while True:
+            if ends is None and len(records) >= expected:  # type: ignore[operator]
+                ends = end_offsets(consumer, topic, partitions)
+            if ends is not None and not behind(reached, ends):
                 break
-            if expected is None and at_eof >= set(partitions) and time.monotonic() - last_activity >= idle:
-                break
+            if time.monotonic() >= deadline:
+                raise AssertionError(_short_read(consumer, topic, partitions, expected, timeout, records, reached, ends))
             msg = consumer.poll(0.1)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    at_eof.add(msg.partition())
-                    continue
+            if msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
                 raise AssertionError(f"consuming {topic}: {msg.error()}")
-            at_eof.discard(msg.partition())
-            last_activity = time.monotonic()
-            records.append(Record(msg.key(), msg.value(), dict(msg.headers() or []), msg.partition(), msg.offset()))
+            if read_up_to(reached, msg):
+                records.append(Record(msg.key(), msg.value(), dict(msg.headers() or []), msg.partition(), msg.offset()))
     finally:
         consumer.close()
     return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+def _short_read(consumer: Any, topic: str, partitions: list[int], expected: int | None, timeout: float,
+                records: list[Record], reached: dict[int, int], ends: dict[int, int] | None) -> str:
+    """What consume_all saw when its deadline hit."""
+    if ends is None:  # fewer than expected: show how far each partition was read against its end now
+        try:
+            now = end_offsets(consumer, topic, partitions, timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - the report must not hide the timeout
+            now = {}
+            where = f"(end offsets unavailable: {exc}) "
+        else:
+            where = ""
+        where += "read up to/end now per partition: " + str({p: f"{reached.get(p, 0)}/{now.get(p, '?')}"
+                                                               for p in partitions})
+        what = f"got {len(records)} of {expected} records"
+    else:
+        where = f"partitions not read to their end (read up to/end): {behind(reached, ends)}"
+        what = f"got {len(records)} records" + ("" if expected is None else f" (>= {expected} expected)")
+    last = [(r.partition, r.offset, r.key, (r.value or b"")[:80]) for r in records[-3:]]
+    return f"consume_all({topic}): timed out after {timeout:.1f}s: {what}; {where}; last records read: {last}"
 
 
 def produce_json(
@@ -195,3 +258,28 @@ class TopicTail:
         self._stop.set()
         self._thread.join(5)
         self._consumer.close()
+
+
+# --- time bounds on measured durations, derived from the configuration under test -------------------
+
+#: Slack for one failover measured on a loaded 2-core CI machine, where the broker, two control planes,
+#: agents and their workers share the cores: a rejoin plus an election (init_transactions, reading
+#: control-leader to its end, one transaction) takes 1-2 s idle and several times that there.  It is
+#: slack for the measurement, not a product timing.
+FAILOVER_SLACK_S = 12.0
+
+
+def leader_takeover_bound_s() -> float:
+    """Most seconds from SIGKILL of the leading ``sie control`` to the standby reporting ``role=leader``.
+
+    The processes run with ``sie control``'s default ``--session-timeout-ms`` (read from the CLI here, so
+    the bound follows it).  The group coordinator expires the killed member at most one session timeout
+    after its last heartbeat (sent before the kill); the standby hears of the rebalance on its next
+    heartbeat, ``heartbeat.interval.ms = max(500, session // 6)`` (LeaderElector._consumer); then it
+    rejoins and elects within FAILOVER_SLACK_S.  With the default 6000 ms: 6 + 1 + 12 = 19 s.
+    """
+    from sie.commands.control import control
+
+    session_ms = next(p.default for p in control.params if p.name == "session_timeout_ms")
+    heartbeat_ms = max(500, session_ms // 6)
+    return (session_ms + heartbeat_ms) / 1000 + FAILOVER_SLACK_S

@@ -122,25 +122,48 @@ class ScorerProcess:
 
 
 class CommittedReader:
-    """An assigned read_committed consumer that counts what the scorer has committed so far."""
+    """An assigned read_committed consumer that counts what the scorer has committed so far.
+
+    ``count()`` reads what is there now without waiting (a progress probe for ``wait_until``);
+    ``read_to_end()`` reads on to the end every partition has now and fails at its deadline.
+    """
 
     def __init__(self, settings, topic: str) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
         self._consumer = Consumer(settings.kafka_client_config(**{
             "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest", "enable.partition.eof": True}))
         md = self._consumer.list_topics(topic, timeout=10)
-        self._consumer.assign([TopicPartition(topic, p, -2) for p in md.topics[topic].partitions])
+        self._topic = topic
+        self._partitions = sorted(md.topics[topic].partitions)
+        self._consumer.assign([TopicPartition(topic, p, -2) for p in self._partitions])
+        self._reached: dict[int, int] = {}
         self.records: list = []
 
     def count(self) -> int:
+        from tests.helpers import read_up_to
+
         while True:
             msgs = self._consumer.consume(5000, 0.2)
-            good = [m for m in msgs if m.error() is None]
-            self.records.extend(good)
+            self.records.extend(m for m in msgs if read_up_to(self._reached, m))
             if len(msgs) < 5000:
                 return len(self.records)
+
+    def read_to_end(self, timeout: float = 30.0) -> int:
+        """Read on to the end each partition has now (the last stable offset) and return the count, so a
+        duplicate committed after the awaited count is counted too; AssertionError naming the partitions
+        short of their end at the deadline ("nothing for 0.2 s" is not the end)."""
+        from tests.helpers import behind, end_offsets
+
+        ends = end_offsets(self._consumer, self._topic, self._partitions)
+        deadline = time.monotonic() + timeout
+        while behind(self._reached, ends):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{self._topic}: not read to its end within {timeout:.0f}s (read up to/end: "
+                                     f"{behind(self._reached, ends)}; {len(self.records)} records)")
+            self.count()
+        return len(self.records)
 
     def close(self) -> None:
         self._consumer.close()

@@ -23,6 +23,7 @@ import pytest
 
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import decode
+from sie.streams.control.controller import ControlConfig
 from tests.cluster_harness import (
     Cluster,
     RequestStream,
@@ -33,7 +34,7 @@ from tests.cluster_harness import (
     try_get,
     wait_for,
 )
-from tests.helpers import consume_all
+from tests.helpers import consume_all, leader_takeover_bound_s
 
 pytestmark = pytest.mark.kafka
 
@@ -101,6 +102,7 @@ def test_two_agents_place_and_score_two_models(cluster: Cluster) -> None:
         try:
             ids = stream.send(30)
             wait_for(lambda: tail.count(ids) == 30, 30, lambda: f"30 {model} results, got {tail.count(ids)}")
+            tail.read_to_end()  # a duplicate committed after the 30th is seen too
             lost, dups, _ = tail.audit(ids)
             assert not lost and not dups
             assert all(kind == "result" for i in ids for _, kind in tail.arrivals[i])
@@ -173,6 +175,7 @@ def test_agent_sigkill_moves_replicas_without_losing_or_duplicating(cluster: Clu
             ids = [f"{'s' if model == SCORER else 'r'}-{i}" for i in range(sent[model])]
             wait_for(lambda: tail.count(ids) == len(ids), 60,
                      lambda: f"{model}: every request answered ({tail.count(ids)}/{len(ids)})")
+            tail.read_to_end()  # a duplicate committed after the last first answer is seen too
             lost, dups, stray = tail.audit(ids)
             assert not lost and not dups and not stray, f"{model}: lost {lost[:5]}, duplicated {list(dups.items())[:5]}"
     finally:
@@ -230,9 +233,10 @@ def test_control_plane_restart_converges_without_restarting_replicas(cluster: Cl
     assert c.stop(old, signal.SIGTERM) == 0, old.log_tail()
     new = c.start_control("cp-2")
     wait_for(lambda: c.leader() is new, 60, lambda: "the new instance to lead; " + c.logs("control"))
-    led_at = time.time() * 1000
-    # converged: a few full passes as leader, both models Ready from the rebuilt state
-    wait_for(lambda: (h := try_get(new.port, "/healthz")) and (h["last_reconcile_ms"] or 0) > led_at + 3000, 20,
+    # converged: a few full passes as leader (`sie control` runs with ControlConfig's default interval),
+    # both models Ready from the rebuilt state
+    passes_done_ms = time.time() * 1000 + 3 * ControlConfig().reconcile_interval_s * 1000
+    wait_for(lambda: (h := try_get(new.port, "/healthz")) and (h["last_reconcile_ms"] or 0) > passes_done_ms, 20,
              "three reconcile passes by the new leader")
     c.wait_ready(SCORER, 2, timeout=10, port=new.port)
     c.wait_ready(RULES, 1, timeout=10, port=new.port)
@@ -264,10 +268,12 @@ def test_leader_sigkill_standby_takes_over_and_still_places(cluster: Cluster) ->
     leader.kill(signal.SIGKILL)
     leader.popen.wait(10)
     killed = time.monotonic()
-    wait_for(lambda: c.leader() is standby, 30, lambda: "standby to take over; " + c.logs("control"))
+    bound = leader_takeover_bound_s()  # session timeout + heartbeat + slack (see there)
+    # wait past the bound, so a slow takeover is measured and reported by the assertion below
+    wait_for(lambda: c.leader() is standby, 2 * bound, lambda: "standby to take over; " + c.logs("control"))
     takeover = time.monotonic() - killed
     assert try_get(standby.port, "/healthz")["epoch"] > first_epoch
-    assert takeover < 20, f"takeover took {takeover:.1f}s"
+    assert takeover < bound, f"takeover took {takeover:.1f}s (bound {bound:.1f}s)"
 
     second = c.write_spec(RULES, name="fraud-rules-b", resources={"cpu": 0.25})
     status, body = http(standby.port, "POST", "/v1/models", second.read_text())
