@@ -11,8 +11,9 @@ import yaml
 
 from sie.kernel.errors import SpecError
 from sie.schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
+from tests.helpers import REPO_ROOT
 
-ARTICLE = Path(__file__).resolve().parent.parent / "examples" / "article"
+ARTICLE = REPO_ROOT / "examples" / "article"
 SHARED = Path("/work/shared/article-specs")
 
 

@@ -17,7 +17,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +26,10 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.controller import ControlConfig
 from sie.streams.control.service import ControlService
-from tests.helpers import leader_takeover_bound_s, wait_until
+from tests.helpers import REPO_ROOT, leader_takeover_bound_s, wait_until
 
 pytestmark = pytest.mark.kafka
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 
 
 @pytest.fixture()

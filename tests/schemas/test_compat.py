@@ -6,7 +6,7 @@ import pytest
 
 from sie.schemas.compat import Break, check_compatibility, check_spec_compatibility
 from sie.schemas.spec import FieldSpec, IOSchema, load_spec
-from tests.test_spec import ARTICLE
+from tests.schemas.test_spec import ARTICLE
 
 
 def S(*fields: FieldSpec, unknown: str = "reject") -> IOSchema:

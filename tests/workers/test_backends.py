@@ -23,8 +23,9 @@ from sie.workers.backends import (  # noqa: E402
     backend_config_from_spec,
     create_backend,
 )
+from tests.helpers import REPO_ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 FRAUD = ROOT / "examples" / "models" / "fraud"
 INPUTS = tuple(
     FieldRef(n, t)

@@ -11,9 +11,9 @@ from sie.cli import main
 from sie.connectors.producer import RateLimiter, as_request, key_of, produce_jsonl
 from sie.schemas.spec import load_spec
 from sie.schemas.validation import compile_validator
-from tests.helpers import consume_all, create_topic, unique_topic
+from tests.helpers import REPO_ROOT, consume_all, create_topic, unique_topic
 
-FRAUD_SPEC = Path(__file__).resolve().parent.parent / "examples" / "fraud-scorer.yaml"
+FRAUD_SPEC = REPO_ROOT / "examples" / "fraud-scorer.yaml"
 
 
 def _valid_inputs(i: int) -> dict:

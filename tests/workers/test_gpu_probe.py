@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from sie.kernel.errors import ConfigError
 from sie.workers.gpu import GpuInfo, HostInventory, host_inventory, parse_simulated_gpus, probe_gpus
+from tests.helpers import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def _nvml_available() -> bool:

@@ -24,11 +24,11 @@ from confluent_kafka import Producer
 from sie.connectors.cdc import parse_connector_spec
 from sie.connectors.cdc_stage import CdcStage, CdcStageConfig
 from tests.cdc_support import ORDER_FIELD_TYPES, ORDER_MAPPING, malformed_cases, records
-from tests.helpers import consume_all, create_topic, wait_until
+from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
 from tests.scorer_fixtures import CommittedReader
 
 pytestmark = pytest.mark.kafka
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 
 
 # --- helpers ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from sie.cli import main
 from sie.schemas.avro_codec import decode
 from sie.schemas.spec_store import read_spec_snapshot, read_specs, specs_topic
 from tests.helpers import consume_all
-from tests.test_spec import ARTICLE
+from tests.schemas.test_spec import ARTICLE
 
 FLAT = ARTICLE / "model-spec.yaml"
 K8S = ARTICLE / "qwen2-7b-scoring.yaml"

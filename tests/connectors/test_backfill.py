@@ -22,10 +22,10 @@ from sie.connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange
 from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.kernel.admin import ensure_model_topics
 from sie.kernel.errors import ConfigError
-from tests.helpers import consume_all, create_topic, wait_until
+from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
 from tests.scorer_fixtures import CommittedReader, echo_spec, load_echo_backend, write_echo_spec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 BASE_MS = 1_700_000_000_000
 
 
