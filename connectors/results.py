@@ -1,6 +1,6 @@
 """Reading a model's results the way an application does: ``read_committed``, keyed by request id.
 
-Used by the demo and by operators (``sie results``).  End-to-end latency of a result is the time it
+Used by ``sie demo`` (there is no ``sie results`` command).  End-to-end latency of a result is the time it
 became visible here minus the time its request was sent (when the caller knows it), so it includes
 queueing, batching, inference and the transaction commit.
 """

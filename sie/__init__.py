@@ -1,9 +1,11 @@
 """SIE: a Kafka-native inference cluster.
 
-The ``sie`` package holds what every plane shares: typed settings and the CLI.
-The planes themselves live in the top-level packages ``schemas`` (contracts),
-``streams`` (stream processors), ``workers`` (execution plane) and
-``connectors`` (edges).
+The one import root.  ``sie.kernel`` (settings, errors, names, Kafka clients,
+topics) is the bottom layer and ``sie.cli``/``sie.commands``/``sie.demo`` the
+top; the repository's other folders install under it: ``sie.schemas``
+(contracts), ``sie.streams`` (the exactly-once layer, the scorer, the control
+plane), ``sie.workers`` (execution plane), ``sie.connectors`` (edges),
+``sie.infra`` and ``sie.examples``.  docs/development.md explains the layout.
 """
 
 __version__ = "0.1.0"

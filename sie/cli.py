@@ -38,7 +38,7 @@ COMMAND_MODULES = [
 def cli(ctx: click.Context, bootstrap_servers: str | None) -> None:
     """SIE: a Kafka-native inference cluster.
 
-    Settings come from SIE_* environment variables (see sie/settings.py);
+    Settings come from SIE_* environment variables (see sie/kernel/settings.py);
     options given here override them.
     """
     try:

@@ -1,1 +1,1 @@
-"""Stream processors: the exactly-once scorer and the control plane."""
+"""Stream processors: the exactly-once layer (``eos``), the scorer (``scorer``) and the control plane (``control``)."""

@@ -35,7 +35,7 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), help="Serve Prometheus /metrics here (0 = any).")
 @click.option("--heartbeat-s", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Heartbeat interval.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where worker specs and logs go [default: .cache/agent/<node>].")
+              help="Where worker specs and logs go, in <dir>/<node>/ [default: <SIE_CACHE_DIR>/agent, i.e. ~/.cache/sie/agent].")
 @click.option("--max-crashes", type=click.IntRange(min=1), default=3, show_default=True,
               help="Crashes within --crash-window-s that mark a replica FAILED.")
 @click.option("--crash-window-s", type=click.FloatRange(min=1), default=300.0, show_default=True)

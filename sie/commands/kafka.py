@@ -11,7 +11,7 @@ from sie.kernel.settings import Settings
 
 _DATA_DIR = click.option(
     "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Broker data, logs and state file [default: SIE_KAFKA_DATA_DIR, i.e. <repo>/.cache/kafka-run].",
+    help="Broker data, logs and state file [default: SIE_KAFKA_DATA_DIR, else <SIE_CACHE_DIR>/kafka-run, i.e. ~/.cache/sie/kafka-run].",
 )
 
 

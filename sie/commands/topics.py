@@ -9,7 +9,7 @@ from sie.kernel.settings import Settings
 
 @click.group("topics")
 def command() -> None:
-    """Create and inspect SIE's topics (names and policies from schemas/topics.py)."""
+    """Create and inspect SIE's topics (names and policies from sie/kernel/topics.py)."""
 
 
 @command.command("ensure")

@@ -1,5 +1,5 @@
 """Leadership: group membership decides WHO leads; a fenced transactional producer guarantees that
-ONLY that one can still write (CONTROL_PROTOCOL.md).
+ONLY that one can still write (docs/control-plane.md, docs/architecture.md).
 
 WHY both:
 - Group membership (group ``<prefix>.control`` on the 1-partition ``control-leader`` topic; the
