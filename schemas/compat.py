@@ -1,7 +1,7 @@
 """Is a new model version's I/O schema compatible with the version it replaces?
 
-During a rolling update both versions serve the same request topic and write
-the same result topic, so:
+Applying a new version replaces each replica independently, so for a while
+both versions serve the same request topic and write the same result topic:
 
 - input (``kind="input"``): every request valid for the OLD schema must stay
   valid for the NEW one (producers do not change in step with the model).
@@ -15,8 +15,9 @@ the same result topic, so:
   max_length increased or removed.  New output fields are fine.
 
 ``check_compatibility`` returns every break (empty list = compatible); each
-prints as ``inputs.text: type changed string -> int``.  The control plane
-refuses a rolling update with ``schema_incompatible`` and these lines.
+prints as ``inputs.text: type changed string -> int``.  The control plane's
+``POST /v1/models`` and ``sie apply`` refuse such a version with
+``schema_incompatible`` and these lines.
 """
 
 from __future__ import annotations

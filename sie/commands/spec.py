@@ -1,8 +1,8 @@
 """`sie validate`, `sie apply`, `sie get models`, `sie delete model`: ModelService specs on the cluster.
 
 ``validate`` needs no Kafka.  ``apply`` validates, refuses a new version whose
-I/O schema breaks the applied one (the control plane would refuse the rolling
-update anyway; ``--allow-breaking`` overrides), then publishes the spec on the
+I/O schema breaks the applied one (the control plane's ``POST /v1/models``
+refuses it too; ``--allow-breaking`` overrides), then publishes the spec on the
 compacted specs topic and waits for the broker's acknowledgement.  Applying
 the same spec twice changes nothing.
 """

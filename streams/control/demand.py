@@ -67,8 +67,8 @@ def make_demands(model: str, replicas: int = 1, **fields: Any) -> list[ReplicaDe
 def demands_from_spec(spec: Any) -> list[ReplicaDemand]:
     """The replicas to place now for a ModelService: ``sla.min_replicas`` of them.
 
-    ``sla.max_replicas`` is the autoscaler's ceiling; it scales by calling ``Placer.add_model`` with more
-    demands. Reads only the agreed attributes of ``sie.schemas.spec.ModelService`` (duck-typed, so tests can
+    ``sla.max_replicas`` is not acted on: there is no autoscaler yet (one would add demands through
+    ``Placer.add_model``). Reads only the agreed attributes of ``sie.schemas.spec.ModelService`` (duck-typed, so tests can
     pass a small stand-in).
     """
     res = spec.resources

@@ -1,8 +1,9 @@
 """Version routing: which model version scores a request.
 
 A ``RoutingTable`` is an immutable value; the scorer holds one and swaps it
-atomically between batches (``Scorer.set_routing``), so a rollout never sees a
-half-updated table.  The choice is a stable hash of the Kafka key (or of the
+atomically between batches (``Scorer.set_routing``), so a change never meets a
+half-updated table.  Nothing in SIE builds a multi-version table yet (no
+rollouts): every scorer runs ``RoutingTable.single``.  The choice is a stable hash of the Kafka key (or of the
 request id when there is no key) into 10,000 buckets, compared against
 cumulative weights: the same entity always lands on the same version while the
 weights are unchanged, and moving weight from A to B only moves the buckets

@@ -2,8 +2,8 @@
 
 A backend turns a batch of validated input dicts into one output dict per input, in the same order. The scorer
 owns batching, validation, Kafka and dead-lettering; a backend only loads, warms up and runs the model. Backends
-are plain independent objects (no module-level caches keyed by model name) because a scorer hosts two versions
-of the same model side by side during a rollout.
+are plain independent objects (no module-level caches keyed by model name) so that one scorer can host two versions
+of the same model side by side (its routing table allows it; nothing builds such a rollout yet).
 
 Error split, which the scorer relies on:
   * ``BackendError`` (a ``SieError``): the model cannot be served at all (bad artifact, wrong output arity,
