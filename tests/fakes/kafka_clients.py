@@ -205,11 +205,6 @@ class FakeConsumer(_Recorder):
             self._events.append(("error", FakeMessage(topic, partition, -1, error=error)))
             self._cond.notify_all()
 
-    def assigned(self) -> dict[tuple[str, int], int]:
-        """Fetch position of every assigned partition."""
-        with self._cond:
-            return dict(self._fetch)
-
     # -- Consumer API --------------------------------------------------------------------------------------
     def subscribe(self, topics: list[str], on_assign: Callable[..., Any] | None = None,
                   on_revoke: Callable[..., Any] | None = None, on_lost: Callable[..., Any] | None = None) -> None:
@@ -234,17 +229,6 @@ class FakeConsumer(_Recorder):
             self._drop(list(self._fetch))
             for tp in partitions:
                 self._add(tp)
-
-    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
-        self._call("incremental_assign", [(tp.topic, tp.partition, tp.offset) for tp in partitions])
-        with self._cond:
-            for tp in partitions:
-                self._add(tp)
-
-    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
-        self._call("incremental_unassign", [(tp.topic, tp.partition) for tp in partitions])
-        with self._cond:
-            self._drop([(tp.topic, tp.partition) for tp in partitions])
 
     def assignment(self) -> list[TopicPartition]:
         with self._cond:
@@ -362,10 +346,10 @@ class FakeConsumer(_Recorder):
                 continue
             callback = self._callbacks.get(kind)
             if kind == "assign":
-                before = len(self.calls)
+                before_assign = len(self.called("assign"))
                 if callback is not None:
                     callback(self, payload)
-                if not any(c.name in ("assign", "incremental_assign") for c in self.calls[before:]):
+                if not self.called("assign")[before_assign:]:
                     for tp in payload:  # the callback did not assign: the client does it (group offsets)
                         self._add(TopicPartition(tp.topic, tp.partition, OFFSET_STORED))
             else:
