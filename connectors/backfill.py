@@ -46,7 +46,12 @@ from sie.connectors.backfill_plan import (
     write_plan,
 )
 from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
-from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
+from sie.kernel.clients import (
+    KafkaClients,
+    eos_consumer_config,
+    state_reader_config,
+    transactional_producer_config,
+)
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
@@ -207,8 +212,8 @@ class BackfillJob:
             return self._plan
         cfg = self.config
         src, out, dlq = cfg.wanted_topics()
-        ensure_plans_topic(cfg.settings)
-        stored = read_plan(cfg.settings, cfg.job_id)
+        ensure_plans_topic(cfg.settings, self._clients)
+        stored = read_plan(cfg.settings, cfg.job_id, clients=self._clients)
         if stored is not None:
             conflicts = stored.conflicts(
                 model=cfg.spec.name, version=cfg.version,
@@ -222,15 +227,17 @@ class BackfillJob:
             return stored
         if cfg.start is None or cfg.end is None:
             raise ConfigError(f"backfill job {cfg.job_id} does not exist yet: give --from and --to")
-        probe = self._clients.consumer(cfg.settings.kafka_client_config(**{"group.id": cfg.group_id,
-                                                              "enable.auto.commit": False}))
+        # watermarks and offsets_for_times only: assign()s nothing, commits nothing
+        probe = self._clients.consumer(state_reader_config(
+            cfg.settings, cfg.group_id, cfg.settings.names.backfill_client_id(cfg.job_id, "probe"),
+            partition_eof=False))
         try:
             ranges = resolve_ranges(probe, src, cfg.start, cfg.end)
         finally:
             probe.close()
         plan = BackfillPlan(cfg.job_id, cfg.spec.name, cfg.version, src, out, dlq, cfg.start.text, cfg.end.text,
                             ranges, int(time.time() * 1000))
-        write_plan(cfg.settings, plan)
+        write_plan(cfg.settings, plan, clients=self._clients)
         self._plan = plan
         return plan
 
@@ -247,13 +254,15 @@ class BackfillJob:
         from sie.kernel.admin import admin_client, ensure_model_topics
 
         partitions = self._partition_count(plan.source_topic) or len(plan.ranges) or 1
-        ensure_model_topics(cfg.settings, [plan.output_topic, plan.dead_letter_topic], partitions)
+        ensure_model_topics(cfg.settings, [plan.output_topic, plan.dead_letter_topic], partitions,
+                            clients=self._clients)
         producer = start_producer(
             transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
                                           transaction_timeout_ms=cfg.transaction_timeout_ms),
             stop, self._clients.producer, cfg.limits)  # init_transactions(): a zombie run of this job is fenced here
         consumer = self._clients.consumer(eos_consumer_config(
-            cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer", max_batch=cfg.max_batch))
+            cfg.settings, cfg.group_id, cfg.settings.names.backfill_client_id(cfg.job_id, "consumer"),
+            max_batch=cfg.max_batch))
         eos = ExactlyOnce(producer, consumer, stop, cfg.limits,
                           fenced_hint=f"another run of backfill job {cfg.job_id} is live: stop it first")
         already_done = 0
@@ -272,7 +281,7 @@ class BackfillJob:
                     assign.append(TopicPartition(plan.source_topic, r.partition, pos))
             if assign:
                 consumer.assign(assign)
-            admin = admin_client(cfg.settings)
+            admin = admin_client(cfg.settings, self._clients)
             live_parts = [r.partition for r in plan.ranges]
             gate = self.live_gate = LiveLagGate(
                 lambda: live_group_lag(admin, consumer, cfg.spec.group_id, plan.source_topic, live_parts),
@@ -291,7 +300,7 @@ class BackfillJob:
     def _partition_count(self, topic: str) -> int | None:
         from sie.kernel.admin import wait_for_cluster
 
-        meta = wait_for_cluster(self.config.settings).topics.get(topic)
+        meta = wait_for_cluster(self.config.settings, clients=self._clients).topics.get(topic)
         return len(meta.partitions) if meta is not None and meta.partitions else None
 
     def _loop(self, stop: threading.Event, consumer: Any, eos: ExactlyOnce, gate: LiveLagGate,

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.errors import ConfigError, KafkaUnavailable
 
 _EPOCH_MS_DIGITS = 12  # 10**11 ms is 1973: a 12+ digit integer is a time, a shorter one an offset
@@ -197,27 +198,31 @@ def resolve_ranges(consumer: Any, topic: str, start: Bound, end: Bound,
 
 
 # --- the plans topic --------------------------------------------------------------------------------------
-def plans_topic(prefix: str) -> str:
-    return f"{prefix}.{PLANS_SUFFIX}"
+# Each function takes ``clients`` (``sie.kernel.clients.KafkaClients``), so a job handed fake clients reads and
+# writes its plan through them too; None = the real librdkafka clients.
+def plans_topic(settings: Any) -> str:
+    return str(settings.names.system_topic(PLANS_SUFFIX))
 
 
-def ensure_plans_topic(settings: Any) -> str:
+def ensure_plans_topic(settings: Any, clients: KafkaClients | None = None) -> str:
+    """Make the plans topic exist as the system topic catalogue (``sie.kernel.topics``) describes it."""
     from sie.kernel.admin import ensure_topics
-    from sie.kernel.topics import TopicSpec
+    from sie.kernel.topics import system_topics
 
-    name = plans_topic(settings.topic_prefix)
-    ensure_topics(settings, [TopicSpec(name, 1, True, "backfill job plans, key = job id")])
+    name = plans_topic(settings)
+    ensure_topics(settings, [t for t in system_topics(settings.topic_prefix) if t.name == name], clients=clients)
     return name
 
 
-def read_plan(settings: Any, job_id: str, timeout: float = 30.0) -> BackfillPlan | None:
+def read_plan(settings: Any, job_id: str, timeout: float = 30.0,
+              clients: KafkaClients | None = None) -> BackfillPlan | None:
     """The stored plan of ``job_id`` (latest record of that key), or None."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
-    topic = plans_topic(settings.topic_prefix)
-    consumer = Consumer(settings.kafka_client_config(**{
-        "group.id": f"sie.backfill-plans.reader.{job_id}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True}))
+    names = settings.names
+    topic = plans_topic(settings)
+    consumer = (clients or KafkaClients()).consumer(state_reader_config(
+        settings, names.reader_group(PLANS_SUFFIX, job_id), names.backfill_client_id(job_id, "plan-reader")))
     try:
         tp = TopicPartition(topic, 0)
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
@@ -246,13 +251,12 @@ def read_plan(settings: Any, job_id: str, timeout: float = 30.0) -> BackfillPlan
         consumer.close()
 
 
-def write_plan(settings: Any, plan: BackfillPlan, timeout: float = 30.0) -> None:
+def write_plan(settings: Any, plan: BackfillPlan, timeout: float = 30.0, clients: KafkaClients | None = None) -> None:
     """Store the plan (acks=all; waits for the broker) before the job scores anything."""
-    from confluent_kafka import Producer
-
-    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
+    producer = (clients or KafkaClients()).producer(idempotent_producer_config(
+        settings, settings.names.backfill_client_id(plan.job_id, "plan-writer")))
     errors: list[str] = []
-    producer.produce(plans_topic(settings.topic_prefix), plan.to_json(), plan.job_id.encode(),
+    producer.produce(plans_topic(settings), plan.to_json(), plan.job_id.encode(),
                      on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
     if producer.flush(timeout) or errors:
         raise KafkaUnavailable(f"storing the plan of backfill job {plan.job_id}: {errors or 'not delivered'}; "

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from sie.kernel.clients import KafkaClients, admin_config
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 from sie.kernel.topics import TopicSpec
@@ -75,19 +76,21 @@ class EnsureReport:
 
 
 # ---- cluster helpers -----------------------------------------------------------------------------
-def admin_client(settings: Settings) -> AdminClient:
-    from confluent_kafka.admin import AdminClient
-
-    config = settings.kafka_client_config()
+# Every helper takes ``clients`` (``sie.kernel.clients.KafkaClients``): a component that was handed fakes
+# makes its admin calls on them too (unit tests without a broker); None = the real librdkafka clients.
+def admin_client(settings: Settings, clients: KafkaClients | None = None) -> AdminClient:
+    config = admin_config(settings)
     config.setdefault("log_level", 4)  # warnings and up; hides the info line each destroyed client prints
-    return AdminClient(config)
+    admin: AdminClient = (clients or KafkaClients()).admin(config)
+    return admin
 
 
-def wait_for_cluster(settings: Settings, timeout: float = 30.0) -> ClusterMetadata:
+def wait_for_cluster(settings: Settings, timeout: float = 30.0, clients: KafkaClients | None = None,
+                     admin: AdminClient | None = None) -> ClusterMetadata:
     """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise."""
     from confluent_kafka import KafkaException
 
-    admin = admin_client(settings)
+    admin = admin or admin_client(settings, clients)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -118,11 +121,12 @@ def min_insync_for(replication: int) -> int | None:
     return 2 if replication >= 3 else None
 
 
-def topic_configs(settings: Settings, topic: str, timeout: float = 10.0) -> dict[str, str]:
+def topic_configs(settings: Settings, topic: str, timeout: float = 10.0, clients: KafkaClients | None = None,
+                  admin: AdminClient | None = None) -> dict[str, str]:
     """Effective config of a topic (``cleanup.policy``, ``min.insync.replicas``, ...)."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    admin = admin_client(settings)
+    admin = admin or admin_client(settings, clients)
     resource = ConfigResource(ResourceType.TOPIC, topic)
     entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
     return {name: entry.value for name, entry in entries.items()}
@@ -178,15 +182,16 @@ def ensure_topics(
     topics: Sequence[TopicSpec],
     replication_factor: int | None = None,
     timeout: float = 30.0,
+    clients: KafkaClients | None = None,
 ) -> EnsureReport:
     """Create missing topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    md = wait_for_cluster(settings, timeout)
+    admin = admin_client(settings, clients)  # one client for every step: it sees what it created
+    md = wait_for_cluster(settings, timeout, admin=admin)
     rf = resolve_replication(settings, len(md.brokers), replication_factor)
     min_isr = min_insync_for(rf)
-    admin = admin_client(settings)
 
     missing = [t for t in topics if t.name not in md.topics]
     created: set[str] = set()
@@ -220,7 +225,7 @@ def ensure_topics(
                          "adding partitions moves keys; recreate the topic if that is acceptable)")
         elif partitions > spec.partitions:
             notes.append(f"has {partitions} partitions, more than the {spec.partitions} wanted (kept)")
-        policy = topic_configs(settings, spec.name, timeout).get("cleanup.policy", "delete")
+        policy = topic_configs(settings, spec.name, timeout, admin=admin).get("cleanup.policy", "delete")
         action = Action.EXISTING
         if policy != wanted_policy:
             _set_topic_config(admin, spec.name, {"cleanup.policy": wanted_policy}, timeout)
@@ -257,6 +262,8 @@ def ensure_model_topics(
     topic_names: Sequence[str | None],
     partitions: int,
     replication_factor: int | None = None,
+    clients: KafkaClients | None = None,
 ) -> EnsureReport:
     """Ensure a model's data-path topics (requests, results, dead letters, backfill); None entries are skipped."""
-    return ensure_topics(settings, model_topic_specs([n for n in topic_names if n], partitions), replication_factor)
+    return ensure_topics(settings, model_topic_specs([n for n in topic_names if n], partitions), replication_factor,
+                         clients=clients)

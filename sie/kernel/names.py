@@ -8,9 +8,11 @@ ACL per resource type covers a whole SIE cluster and two clusters on one Kafka n
     <p>.scorer.<model>                          a model's scorer group;  <p>.scorer.<model>.<instance> its txn id
     <p>.cdc.<connector>[.<instance>]            CDC stage group / txn id;  <p>.cdc.<connector>.dlq its DLQ
     <p>.backfill.<job>                          backfill group and txn id; <output topic>.dlq its DLQ
+    <p>.backfill.<job>.<role>                   a backfill job's client ids (consumer, probe, plan reader/writer)
     <p>.control                                 control-plane election group and the leader's shared txn id
     <p>.control.state                           control-plane state reader (assign(), never joined)
     <p>.agent.<node>                            a node agent's assignments reader (assign(), never joined)
+    <p>.reader.<purpose>.<unique>               a one-off reader's group (assign(), never joined)
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ class Names:
     def backfill_transactional_id(self, job_id: str) -> str:
         return f"{self.prefix}.backfill.{job_id}"
 
+    def backfill_client_id(self, job_id: str, role: str) -> str:
+        """``role``: which of the job's clients (``consumer``, ``probe``, ``plan-reader``, ``plan-writer``)."""
+        return f"{self.prefix}.backfill.{job_id}.{role}"
+
     def reader_group(self, purpose: str, unique: str) -> str:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
         return f"{self.prefix}.reader.{purpose}.{unique}"
@@ -113,11 +119,16 @@ class Names:
     def control_state_group(self) -> str:
         return f"{self.prefix}.control.state"
 
+    @property
+    def control_state_client_id(self) -> str:
+        return f"{self.prefix}.control.state.reader"
+
     def control_client_id(self, instance: str) -> str:
         return f"{self.prefix}.control.{instance}"
 
     def agent_group(self, node: str) -> str:
         return f"{self.prefix}.agent.{node}"
 
-    def agent_client_id(self, node: str) -> str:
-        return f"{self.prefix}.agent.{node}"
+    def agent_client_id(self, node: str, role: str | None = None) -> str:
+        """The agent's own client id, or that of one of its clients (``role``, e.g. ``assignments``)."""
+        return f"{self.prefix}.agent.{node}" + (f".{role}" if role else "")

@@ -114,9 +114,9 @@ class LeaderElector:
         """Stop publishing now; rejoin the group so it can re-decide (a fenced member may still hold p0)."""
         with self._lock:
             was = self._leader
-            self._leader = False
+            self._resubscribe = True  # before _leader: the election thread, which reads them unlocked, sees
+            self._leader = False      # "not leader" only together with "rejoin first"
             producer, self._producer = self._producer, None
-            self._resubscribe = True
         if producer is not None:
             producer.discard()  # a fenced producer's queued records must never be delivered
         if was:
@@ -177,7 +177,8 @@ class LeaderElector:
                         self._holds_p0 = False
                         self._subscribe(consumer)
                 self._handle(consumer.poll(0.2))
-                if self._holds_p0 and not self._leader:
+                # a step-down during the poll (set by the controller's thread) rejoins the group first
+                if self._holds_p0 and not self._leader and not self._resubscribe:
                     try:
                         self._elect(consumer)
                     except Exception as exc:  # retried on the next loop while we still hold p0

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sie.kernel.clients import KafkaClients
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
@@ -92,6 +93,7 @@ class ControlService:
         http_host: str = "0.0.0.0",
         clock: Callable[[], float] = time.time,
         session_timeout_ms: int = 6000,
+        clients: KafkaClients | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -99,9 +101,9 @@ class ControlService:
         self.clock = clock
         self.state = ClusterState()
         self.metrics = ControlMetrics()
-        self.feeder = StateFeeder(settings, self.state, clock=clock)
+        self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients)
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
-                                     on_change=self._on_leadership, clock=clock)
+                                     on_change=self._on_leadership, clock=clock, clients=clients)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics)
         self._http_port = http_port

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sie.kernel.clients import KafkaClients, state_reader_config
+from sie.kernel.names import SYSTEM_TOPICS
 from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
 
@@ -512,15 +513,12 @@ class StateFeeder:
         topics: Iterable[str] = STATE_TOPICS,
         clients: KafkaClients | None = None,
     ) -> None:
-        from sie.kernel.topics import system_topics
-
         self._settings = settings
         self._clients = clients or KafkaClients()
         self._state = state
         self._clock = clock
         self._history_s = history_s
-        known = {t.name.split(".", 1)[1] if t.name.startswith(settings.topic_prefix + ".") else t.name for t in system_topics(settings.topic_prefix)}
-        self._topics = {f"{settings.topic_prefix}.{s}": s for s in topics if s in known}
+        self._topics = {settings.names.system_topic(s): s for s in topics if s in SYSTEM_TOPICS}
         self.caught_up = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -568,7 +566,7 @@ class StateFeeder:
 
         names = self._settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self._settings, names.control_state_group, f"{names.control_state_group}.reader"))
+            self._settings, names.control_state_group, names.control_state_client_id))
         try:
             pending = self._assign_all(consumer)
             if not pending:

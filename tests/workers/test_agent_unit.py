@@ -9,72 +9,9 @@ import pytest
 
 from sie.schemas.replica_state import TRANSITIONS, ReplicaTransitionError
 from sie.workers.process import LaunchSpec, describe_exit
-from sie.workers.replica import DesiredReplica, ExitInfo, ReplicaState
+from sie.workers.replica import DesiredReplica, ReplicaState
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FakeHandle:
-    """A process the test drives: it emits events, exits, and records the signals it got."""
-
-    def __init__(self, pid: int, spec: LaunchSpec) -> None:
-        self.pid = pid
-        self.spec = spec
-        self.signals: list[str] = []
-        self._events: list[dict[str, Any]] = []
-        self._exit: ExitInfo | None = None
-
-    # test controls
-    def emit(self, **event: Any) -> None:
-        self._events.append(event)
-
-    def exit(self, returncode: int) -> None:
-        self._exit = describe_exit(returncode)
-
-    # ProcessHandle
-    def poll(self) -> ExitInfo | None:
-        return self._exit
-
-    def events(self) -> list[dict[str, Any]]:
-        drained, self._events = self._events, []
-        return drained
-
-    def terminate(self) -> None:
-        self.signals.append("TERM")
-
-    def kill(self) -> None:
-        self.signals.append("KILL")
-
-    def log_tail(self, lines: int = 5) -> str:
-        return ""
-
-
-class FakeLauncher:
-    def __init__(self) -> None:
-        self.started: list[FakeHandle] = []
-        self.fail_next: Exception | None = None
-
-    def start(self, spec: LaunchSpec) -> FakeHandle:
-        if self.fail_next is not None:
-            exc, self.fail_next = self.fail_next, None
-            raise exc
-        handle = FakeHandle(100 + len(self.started), spec)
-        self.started.append(handle)
-        return handle
-
-    @property
-    def last(self) -> FakeHandle:
-        return self.started[-1]
+from tests.fakes.workers import FakeClock, FakeLauncher
 
 
 def replica(index: int = 0, spec_json: str = '{"v": 1}', epoch: int = 1) -> DesiredReplica:

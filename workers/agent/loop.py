@@ -157,7 +157,7 @@ class Agent:
         # so there is no rebalance and no committed offset to lose; a restart re-reads the latest state.
         # only committed assignments (the leader publishes transactionally); the group is never joined
         self._consumer = self._clients.consumer(state_reader_config(
-            self.settings, names.agent_group(node), f"{names.agent_client_id(node)}.assignments", partition_eof=False))
+            self.settings, names.agent_group(node), names.agent_client_id(node, "assignments"), partition_eof=False))
         topic = self._topics["assignments"]
         metadata = self._consumer.list_topics(topic, timeout=10)
         info = metadata.topics.get(topic)

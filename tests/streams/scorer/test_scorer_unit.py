@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError
 
-from sie.kernel.clients import KafkaClients
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.streams.eos.deadletter import dead_letter_headers
@@ -25,9 +23,8 @@ from sie.streams.scorer import (
     Scorer,
     ScorerConfig,
 )
+from tests.fakes.kafka_clients import NOW_MS, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
 from tests.scorer_fixtures import POISON_X, echo, echo_spec
-
-NOW_MS = 1_700_000_000_000
 
 
 def make_codec(max_bytes: int = 1024, depth: int = 8) -> Codec:
@@ -163,103 +160,6 @@ def test_static_membership_uses_the_transactional_id_as_group_instance_id():
 
 # --- run loop against fake clients -----------------------------------------------------------------
 
-class FakeMessage:
-    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-                 ts: int = NOW_MS) -> None:
-        self._t, self._p, self._o, self._k, self._v, self._ts = topic, partition, offset, key, value, ts
-
-    def topic(self): return self._t
-    def partition(self): return self._p
-    def offset(self): return self._o
-    def key(self): return self._k
-    def value(self): return self._v
-    def timestamp(self): return (TIMESTAMP_CREATE_TIME, self._ts)
-    def headers(self): return None
-    def error(self): return None
-
-
-class FakeConsumer:
-    """One partition; consume() serves from the position; stops the scorer once everything is committed."""
-
-    def __init__(self, topic: str, values: list[bytes | None], stop: threading.Event, **ts: int) -> None:
-        self.topic = topic
-        self.log = [FakeMessage(topic, 0, i, f"k{i}".encode(), v, ts.get("ts", NOW_MS)) for i, v in enumerate(values)]
-        self.position_ = 0
-        self.committed_offset: int | None = None
-        self.stop = stop
-        self.seeks: list[int] = []
-
-    def subscribe(self, topics, on_assign, on_revoke, on_lost):
-        on_assign(self, [TopicPartition(self.topic, 0)])
-
-    def consume(self, n, timeout):
-        batch = self.log[self.position_:self.position_ + n]
-        self.position_ += len(batch)
-        if not batch and self.committed_offset == len(self.log):
-            self.stop.set()
-        return batch
-
-    def assignment(self): return [TopicPartition(self.topic, 0)]
-    def position(self, tps): return [TopicPartition(self.topic, 0, self.position_)]
-    def get_watermark_offsets(self, tp, cached=False): return (0, len(self.log))
-    def consumer_group_metadata(self): return "group-metadata"
-    def list_topics(self, timeout=None): raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-
-    def committed(self, tps, timeout=None):
-        off = -1001 if self.committed_offset is None else self.committed_offset
-        return [TopicPartition(self.topic, 0, off)]
-
-    def seek(self, tp):
-        self.seeks.append(tp.offset)
-        self.position_ = tp.offset
-
-    def close(self): pass
-
-
-def kafka_error(code: int, **flags: bool) -> KafkaException:
-    return KafkaException(KafkaError(code, "injected", **flags))
-
-
-class FakeProducer:
-    """Transactional producer: records become visible only on commit; faults injected per call name."""
-
-    def __init__(self, consumer: FakeConsumer, faults: dict[str, list[Exception]]) -> None:
-        self.consumer = consumer
-        self.faults = faults
-        self.pending: list[tuple] = []
-        self.visible: list[tuple] = []
-        self.offsets: Any = None
-        self.commits = 0
-        self.aborts = 0
-
-    def _fault(self, name: str) -> None:
-        queue = self.faults.get(name)
-        if queue:
-            raise queue.pop(0)
-
-    def init_transactions(self, timeout=None): self._fault("init")
-    def begin_transaction(self): self.pending = []
-    def produce(self, topic, value, key, partition=-1, headers=None): self.pending.append((topic, value, key, headers))
-
-    def send_offsets_to_transaction(self, offsets, metadata, timeout=None):
-        assert metadata == "group-metadata"
-        self.offsets = offsets
-
-    def commit_transaction(self, timeout=None):
-        self._fault("commit")
-        self.visible += self.pending
-        self.consumer.committed_offset = self.offsets[0].offset
-        self.commits += 1
-
-    def abort_transaction(self, timeout=None):
-        self.pending = []
-        self.aborts += 1
-
-    def poll(self, timeout=0): return 0
-    def flush(self, timeout=None): return 0
-    def purge(self, **kw): pass
-
-
 class FlakyBackend:
     """echo, but fails the next ``outage`` calls whatever the rows (a transient outage)."""
 
@@ -275,20 +175,26 @@ class FlakyBackend:
         return echo(rows)
 
 
-def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, **consumer_kw):
+def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, ts=NOW_MS):
+    """The scorer over one partition of ``values``; it is stopped once every record is committed."""
     spec = spec or echo_spec()
     stop = threading.Event()
-    consumer = FakeConsumer(spec.topics.requests, values, stop, **consumer_kw)
+    topic = spec.topics.requests
+    consumer = FakeConsumer(
+        [FakeMessage(topic, 0, i, f"k{i}".encode(), v, ts) for i, v in enumerate(values)],
+        # no metadata: results are partitioned by key
+        faults={"list_topics": kafka_error(KafkaError._TRANSPORT)},
+        on_idle=lambda c: stop.set() if c.committed_offsets.get((topic, 0)) == len(values) else None)
     producers: list[FakeProducer] = []
 
     def make_producer(_cfg):
-        producers.append(FakeProducer(consumer, faults or {}))
+        producers.append(FakeProducer(faults, consumer=consumer))  # one script of faults for all of them
         return producers[-1]
 
     config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0", max_batch=max_batch, max_wait_ms=0,
                           retry_backoff_s=0.0)
     scorer = Scorer(config, RoutingTable.single(spec.version, backend or FlakyBackend()),
-                    clients=KafkaClients(consumer=lambda _cfg: consumer, producer=make_producer))
+                    clients=fake_clients(consumer=consumer, producer=make_producer).clients)
     summary = scorer.run(stop)
     visible = [t for p in producers for t in p.visible]
     return summary, visible, consumer, producers, scorer, spec
@@ -308,7 +214,7 @@ def test_each_request_gets_one_result_and_offsets_are_last_plus_one():
     assert [r["id"] for r in results] == [f"r{i}" for i in range(250)]
     assert all(r["outputs"] == {"y": 2.0 * i} for i, r in enumerate(results))
     assert [k for _t, _v, k, _h in by_topic(visible, spec.topics.results)][:2] == [b"k0", b"k1"]  # key kept
-    assert producers[0].commits == 3 and consumer.committed_offset == 250
+    assert producers[0].commits == 3 and consumer.committed_offsets[(spec.topics.requests, 0)] == 250
     assert summary.results == 250 and summary.dead_letters == 0
     assert scorer.metrics.value("sie_records_out_total", {"status": "ok"}) == 250
     assert scorer.metrics.value("sie_txn_commit_seconds_count") == 3
@@ -336,11 +242,12 @@ def test_transient_outage_is_retried_not_dead_lettered():
     assert by_topic(visible, spec.topics.dead_letters) == []
     assert sorted(orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)) == \
         sorted(f"r{i}" for i in range(8))
-    assert summary.aborts >= 1 and consumer.seeks and consumer.seeks[0] == 0  # rewound to the first record
+    seeks = [c.args[2] for c in consumer.called("seek")]
+    assert summary.aborts >= 1 and seeks and seeks[0] == 0  # rewound to the first record
 
 
 def test_abortable_commit_rewinds_to_committed_offset_and_rescores_once():
-    faults = {"commit": [kafka_error(KafkaError._STATE, txn_requires_abort=True)]}
+    faults = {"commit_transaction": [kafka_error(KafkaError._STATE, txn_requires_abort=True)]}
     summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
                                                                 max_batch=10)
     ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
@@ -349,7 +256,7 @@ def test_abortable_commit_rewinds_to_committed_offset_and_rescores_once():
 
 
 def test_fatal_commit_recreates_the_producer_and_keeps_exactly_once():
-    faults = {"commit": [kafka_error(KafkaError._FENCED, fatal=True)]}
+    faults = {"commit_transaction": [kafka_error(KafkaError._FENCED, fatal=True)]}
     summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
                                                                 max_batch=10)
     ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
@@ -358,7 +265,7 @@ def test_fatal_commit_recreates_the_producer_and_keeps_exactly_once():
 
 
 def test_retriable_commit_error_is_retried_in_place():
-    faults = {"commit": [kafka_error(KafkaError._TIMED_OUT, retriable=True)]}
+    faults = {"commit_transaction": [kafka_error(KafkaError._TIMED_OUT, retriable=True)]}
     summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(5)], faults=faults)
     assert len(by_topic(visible, spec.topics.results)) == 5
     assert summary.aborts == 0 and producers[0].commits == 1

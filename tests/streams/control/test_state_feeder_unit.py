@@ -1,0 +1,162 @@
+"""The control plane's state reader (``StateFeeder``) against a fake consumer (no broker).
+
+Where each topic is read from, when the state counts as caught up (the controller does not reconcile
+before), and that a record it cannot read is counted and skipped, never the end of the feed.
+The same feeder on a real broker: test_control_kafka.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
+
+from sie.kernel.settings import Settings
+from sie.kernel.topics import system_topics
+from sie.schemas.avro_codec import encode
+from sie.streams.control.state import STATE_TOPICS, ClusterState, StateFeeder
+from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, fake_clients
+from tests.helpers import wait_until
+
+SETTINGS = Settings()
+NOW_S = 1_000_000.0
+HISTORY_S = 600.0
+SINCE_MS = int((NOW_S - HISTORY_S) * 1000)
+OLD_MS, RECENT_MS = SINCE_MS - 60_000, SINCE_MS + 60_000
+
+
+def topic(suffix: str) -> str:
+    return SETTINGS.names.system_topic(suffix)
+
+
+def registration(node: str) -> bytes:
+    return encode("NodeRegistration", {"node": node, "labels": {}, "tier": None, "cpu_count": 4, "memory_mb": 8192,
+                                       "gpus": [], "simulated": True, "agent_version": "t", "started_at_ms": 0})
+
+
+def replica_status(rid: str, state: str, ts_ms: int) -> bytes:
+    return encode("ReplicaStatus", {"replica_id": rid, "node": "node-a", "model": "m", "version": "1", "state": state,
+                                    "reason": None, "exit_code": None, "signal": None, "restarts": 0, "ts_ms": ts_ms})
+
+
+def heartbeat(node: str, ts_ms: int) -> bytes:
+    return encode("Heartbeat", {"node": node, "ts_ms": ts_ms, "seq": 1, "gpus": [], "replicas": []})
+
+
+def event(ts_ms: int) -> bytes:
+    return encode("ControlEvent", {"ts_ms": ts_ms, "kind": "placed", "model": "m", "replica_id": None, "node": None,
+                                   "detail": "old news"})
+
+
+def msg(suffix: str, partition: int, offset: int, key: str, value: bytes | None, ts: int = RECENT_MS) -> FakeMessage:
+    return FakeMessage(topic(suffix), partition, offset, key.encode(), value, ts)
+
+
+class Feed:
+    def __init__(self, records: list[FakeMessage]) -> None:
+        partitions = {t.name: t.partitions for t in system_topics(SETTINGS.topic_prefix)}
+        self.consumer = FakeConsumer(records, partitions=partitions)
+        self.clients = fake_clients(consumer=self.consumer)
+        self.state = ClusterState()
+        self.feeder = StateFeeder(SETTINGS, self.state, clock=lambda: NOW_S, history_s=HISTORY_S,
+                                  clients=self.clients.clients)
+
+    def start(self) -> Feed:
+        self.feeder.start()
+        wait_until(lambda: self.consumer.called("assign"), message="the feeder assigned its partitions")
+        return self
+
+    def starts(self) -> dict[tuple[str, int], int]:
+        (assigned,) = [c.args[0] for c in self.consumer.called("assign")]
+        return {(t, p): off for t, p, off in assigned}
+
+    def settle(self) -> None:
+        """Until the feeder has polled twice more: whatever was fetchable before has been applied."""
+        seen = len(self.consumer.called("poll"))
+        wait_until(lambda: len(self.consumer.called("poll")) >= seen + 2, message="two feeder polls")
+
+
+@pytest.fixture
+def feeds() -> Iterator[list[Feed]]:
+    made: list[Feed] = []
+    yield made
+    for feed in made:
+        feed.feeder.stop()
+        assert feed.consumer.closed, "the feeder must close its consumer"
+
+
+def feed(feeds: list[Feed], records: list[FakeMessage]) -> Feed:
+    feeds.append(Feed(records))
+    return feeds[-1].start()
+
+
+def test_reads_every_state_topic_with_a_reader_that_never_joins_or_commits(feeds):
+    f = feed(feeds, [])
+    wait_until(f.feeder.caught_up.is_set, message="caught up on empty topics")
+    (config,) = f.clients.of("consumer")
+    assert config["isolation.level"] == "read_committed"  # a zombie leader's aborted writes never count
+    assert config["enable.auto.commit"] is False and config["group.id"] == SETTINGS.names.control_state_group
+    assert config["client.id"] == SETTINGS.names.control_state_client_id
+    assert not f.consumer.called("subscribe")
+    assert {t for t, _p in f.starts()} == {topic(s) for s in STATE_TOPICS}
+
+
+def test_caught_up_only_once_every_partition_reached_the_end_it_had_at_start(feeds):
+    records = [msg("nodes", 0, 0, "node-a", registration("node-a")),
+               msg("assignments", 1, 0, "node-a", None)]  # a tombstone, then a commit marker at offset 1
+    f = Feed(records)
+    f.consumer.set_watermarks(topic("nodes"), 0, high=2)  # node-b's registration is in Kafka, not fetched yet
+    f.consumer.add_marker(topic("assignments"), 1, 1)
+    feeds.append(f)
+    f.start()
+    wait_until(lambda: "node-a" in f.state.nodes, message="node-a applied")
+    f.settle()
+    assert not f.feeder.caught_up.is_set(), "caught up although nodes[0] is not read to offset 2"
+
+    f.consumer.append(msg("nodes", 0, 1, "node-b", registration("node-b")))
+    wait_until(f.feeder.caught_up.is_set, message="caught up once nodes[0] reached offset 2")
+    assert set(f.state.nodes) == {"node-a", "node-b"}  # everything up to the end at start was applied first
+    assert f.consumer.eof_events >= 1  # assignments[1] ended on a marker: only its end-of-partition event says so
+
+
+def test_an_unreadable_record_is_counted_and_skipped_and_the_feed_goes_on(feeds):
+    f = feed(feeds, [msg("specs", 0, 0, "broken", b"\x00not avro"),
+                     msg("nodes", 0, 0, "node-a", registration("node-a"))])
+    wait_until(f.feeder.caught_up.is_set, message="caught up despite the bad record")
+    assert f.feeder.errors == 1
+    assert f.feeder.last_error.startswith(f"{topic('specs')}[0]@0 key='broken': ")
+    assert "node-a" in f.state.nodes and f.state.specs == {}
+
+    f.consumer.inject_error(KafkaError(KafkaError._TRANSPORT, "broker down"))  # a client error event
+    wait_until(lambda: f.feeder.errors == 2, message="the error event counted")
+    f.consumer.append(msg("nodes", 0, 1, "node-b", registration("node-b")))
+    wait_until(lambda: "node-b" in f.state.nodes, message="records after the errors still applied")
+    assert f.feeder._thread is not None and f.feeder._thread.is_alive()  # the feed never stopped
+
+
+def test_event_like_topics_start_at_the_history_window_and_state_topics_at_the_beginning(feeds):
+    records = [
+        msg("heartbeats", 0, 0, "node-a", heartbeat("node-a", OLD_MS), OLD_MS),
+        msg("heartbeats", 0, 1, "node-a", heartbeat("node-a", RECENT_MS), RECENT_MS),
+        msg("heartbeats", 1, 0, "node-b", heartbeat("node-b", OLD_MS), OLD_MS),  # only old ones on p1
+        msg("replica-status", 0, 0, "m-0", replica_status("m-0", "FAILED", OLD_MS), OLD_MS),
+        msg("replica-status", 0, 1, "m-1", replica_status("m-1", "READY", RECENT_MS), RECENT_MS),
+        msg("events", 0, 0, "x", event(OLD_MS), OLD_MS),
+        msg("nodes", 0, 0, "node-a", registration("node-a"), OLD_MS),  # compacted state: however old, it counts
+    ]
+    f = feed(feeds, records)
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    starts = f.starts()
+    asked = {(t, p): ts for c in f.consumer.called("offsets_for_times") for t, p, ts in c.args[0]}
+    history = {topic(s) for s in ("heartbeats", "replica-status", "events")}
+    assert {t for t, _p in asked} == history and set(asked.values()) == {SINCE_MS}
+    assert starts[(topic("heartbeats"), 0)] == 1  # the first record inside the window
+    assert starts[(topic("heartbeats"), 1)] == 1  # nothing inside the window: from the end
+    assert starts[(topic("replica-status"), 0)] == 1 and starts[(topic("events"), 0)] == 1
+    assert all(off == OFFSET_BEGINNING for (t, _p), off in starts.items() if t not in history)
+
+    assert set(f.state.nodes) == {"node-a"}
+    assert set(f.state.heartbeats) == {"node-a"} and f.state.heartbeats["node-a"].seen_at == RECENT_MS / 1000
+    assert set(f.state.replica_status) == {"m-1"} and f.state.drain_failures() == []  # the old FAILED is history
+    assert list(f.state.events) == []
