@@ -17,7 +17,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from sie.connectors.backfill import BackfillConfig, BackfillJob
+from sie.connectors.backfill import BackfillConfig, BackfillJob, _BatchCounts
 from sie.connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange, parse_bound
 from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.kernel.admin import ensure_model_topics
@@ -326,10 +326,14 @@ def test_aborted_batch_is_read_again_not_taken_for_the_end_of_the_range(tmp_path
             self.statuses = [BatchStatus.ABORTED, BatchStatus.COMMITTED]
             self.batches: list[list[int]] = []
 
-        def run_batch(self, batch, process):
+        def run_batch(self, batch, prepare, rejected):
             self.batches.append([m.offset() for m in batch])
             status = self.statuses.pop(0)
-            return status, ((len(batch), {}, {0: batch[-1].offset()}) if status is BatchStatus.COMMITTED else None)
+            if status is not BatchStatus.COMMITTED:
+                return status, None
+            counts = _BatchCounts()
+            counts.scored, counts.last = len(batch), {0: batch[-1].offset()}
+            return status, counts
 
     job = BackfillJob(BackfillConfig(settings=Settings(), spec=spec, job_id="unit"), progress=lambda _line: None)
     job._plan = BackfillPlan(job_id="unit", model=spec.name, version=spec.version, source_topic=topic,
