@@ -55,12 +55,12 @@ from sie.kernel.clients import (
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
-from sie.streams.eos.deadletter import produce_dead_letter
+from sie.streams.eos.deadletter import dead_letter
+from sie.streams.eos.records import Output, Prepared
 from sie.streams.scorer import Codec, DeadLetterReason, Inference, InferenceFailed, Poison, canary_row
 
 if TYPE_CHECKING:
     from sie.schemas.spec import ModelService
-    from sie.streams.eos import Checkpoint
 
 log = logging.getLogger("sie.backfill")
 
@@ -92,7 +92,7 @@ class BackfillConfig:
     poll_timeout_ms: int = 200
     progress_interval_s: float = 1.0
     transaction_timeout_ms: int = 60_000
-    max_request_bytes: int = 1024 * 1024
+    max_request_bytes: int | None = None  # None: settings.max_request_bytes
     max_json_depth: int = 64
     limits: EosLimits = field(default_factory=EosLimits)
 
@@ -119,6 +119,17 @@ class BackfillConfig:
         src = self.source_topic or self.spec.topics.requests
         out = self.output_topic or self.spec.topics.backfill
         return src, out, self.dead_letter_topic or self.settings.names.backfill_dead_letter_topic(out)
+
+
+class _BatchCounts:
+    """What one batch did (moved into the job's totals only once it committed)."""
+
+    __slots__ = ("scored", "dead", "last")
+
+    def __init__(self) -> None:
+        self.scored = 0
+        self.dead: Counter = Counter()
+        self.last: dict[int, int] = {}
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,8 @@ class BackfillJob:
         from sie.schemas.validation import compile_validator
 
         validator = compile_validator(spec.input_schema)
-        self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)
+        limit = config.max_request_bytes if config.max_request_bytes is not None else config.settings.max_request_bytes
+        self._codec = Codec(spec.name, validator, limit, config.max_json_depth)
         self._canary = canary_row(spec.example_input, validator)
         self._plan: BackfillPlan | None = None
         self.live_gate: LiveLagGate | None = None
@@ -204,6 +216,7 @@ class BackfillJob:
         self._dead: Counter = Counter()
         self._job_header = ("sie.backfill.job", config.job_id.encode())
         self._dead_letter_tags = [*self._codec.dead_letter_tags(config.version), self._job_header]
+        self._max_record_bytes = config.settings.max_record_bytes
 
     # --- the plan ---------------------------------------------------------------------------------
     def plan(self) -> BackfillPlan:
@@ -354,17 +367,17 @@ class BackfillJob:
             if reached_end:
                 consumer.pause([TopicPartition(topic, p) for p in reached_end])
             if batch:
-                status, counts = eos.run_batch(batch, self._process)
+                status, counts = eos.run_batch(batch, self._prepare, self._rejected)
                 if status is not BatchStatus.COMMITTED:
                     # rewound to the committed offsets: re-read everything not committed, ends included
                     # (only the batch's partitions were sought; each has a record in range to deliver again)
                     self._rewound.update(m.partition() for m in batch)
                     consumer.resume([TopicPartition(topic, p) for p in ends if p not in self._done])
                     continue
-                scored, dead, last = counts
-                self._scored += scored
-                self._dead.update(dead)
-                for p, off in last.items():
+                assert counts is not None
+                self._scored += counts.scored
+                self._dead.update(counts.dead)
+                for p, off in counts.last.items():
                     self._pos[p] = off + 1
             self._done.update(reached_end)
             if not batch:
@@ -387,36 +400,34 @@ class BackfillJob:
                 self._done.add(tp.partition)
                 self._pos[tp.partition] = ends[tp.partition]
 
-    # --- one batch (inside the transaction) ---------------------------------------------------------
-    def _process(self, batch: list, txn: Checkpoint) -> tuple[int, Counter, dict[int, int]]:
+    # --- one batch (prepared outside the transaction, then produced and committed by the layer) ----------
+    def _prepare(self, batch: list) -> Prepared[_BatchCounts]:
         codec = self._codec
         cfg = self.config
         plan = self._plan
         assert plan is not None
         version = cfg.version
-        dead: Counter = Counter()
+        counts = _BatchCounts()
+        outputs: list[Output | None] = [None] * len(batch)
         valid = []
-        last: dict[int, int] = {}
-        for msg in batch:
+        for i, msg in enumerate(batch):
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            txn.track(topic, partition, offset)
-            last[partition] = offset
+            counts.last[partition] = offset
             parsed = codec.parse(topic, partition, offset, msg.key(), msg.value(), None)
             if type(parsed) is Poison:
-                self._dead_letter(txn, msg, parsed.reason, parsed.detail)
-                dead[parsed.reason.value] += 1
+                outputs[i] = self._dead_letter(msg, parsed.reason, parsed.detail)
+                counts.dead[parsed.reason.value] += 1
                 continue
-            valid.append((parsed, msg))
-        scored = 0
+            valid.append((i, parsed))
         if valid:
-            rows = [req.inputs for req, _ in valid]
+            rows = [req.inputs for _i, req in valid]
             t0 = time.perf_counter()
             assert self._inference is not None
-            outputs = self._inference.run(rows)
+            scored = self._inference.run(rows)  # BackendUnavailable: retried later, nothing produced
             inference_ms = (time.perf_counter() - t0) * 1000.0
             n = len(rows)
             headers = [self._job_header]
-            for (req, msg), out in zip(valid, outputs):
+            for (i, req), out in zip(valid, scored):
                 detail = out.detail if type(out) is InferenceFailed else None
                 if detail is None:
                     try:
@@ -424,17 +435,25 @@ class BackfillJob:
                     except TypeError as exc:
                         detail = f"outputs: not JSON-serialisable ({exc})"
                     else:
-                        txn.produce(plan.output_topic, value, f"{req.id}:{version}".encode(), -1, headers)
-                        scored += 1
+                        outputs[i] = Output(plan.output_topic, value, f"{req.id}:{version}".encode(), -1, headers,
+                                            batch[i], "result")
+                        counts.scored += 1
                         continue
-                self._dead_letter(txn, msg, DeadLetterReason.INFERENCE_ERROR, detail)
-                dead[DeadLetterReason.INFERENCE_ERROR.value] += 1
-        return scored, dead, last
+                outputs[i] = self._dead_letter(batch[i], DeadLetterReason.INFERENCE_ERROR, detail)
+                counts.dead[DeadLetterReason.INFERENCE_ERROR.value] += 1
+        return Prepared([o for o in outputs if o is not None], counts)
 
-    def _dead_letter(self, txn: Checkpoint, msg: Any, reason: DeadLetterReason, detail: str) -> None:
+    def _rejected(self, output: Output, detail: str, counts: _BatchCounts) -> Output:
+        """A result too large to write: its request is dead-lettered instead."""
+        counts.scored -= 1
+        counts.dead[DeadLetterReason.RESULT_TOO_LARGE.value] += 1
+        return self._dead_letter(output.source, DeadLetterReason.RESULT_TOO_LARGE, detail)
+
+    def _dead_letter(self, msg: Any, reason: DeadLetterReason, detail: str) -> Output:
         plan = self._plan
         assert plan is not None
-        produce_dead_letter(txn, plan.dead_letter_topic, msg, reason.value, detail, self._dead_letter_tags)
+        return dead_letter(plan.dead_letter_topic, msg, reason.value, detail, self._dead_letter_tags,
+                           self._max_record_bytes)
 
     # --- progress -------------------------------------------------------------------------------------
     def progress(self) -> list[PartitionProgress]:

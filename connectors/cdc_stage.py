@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
 from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
@@ -37,11 +37,9 @@ from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
 from sie.streams.eos import EosLimits, StageSettings, StreamLoop
-from sie.streams.eos.deadletter import produce_dead_letter
+from sie.streams.eos.deadletter import RECORD_OVERHEAD, dead_letter
 from sie.streams.eos.lag import consumer_lag
-
-if TYPE_CHECKING:
-    from sie.streams.eos import Checkpoint
+from sie.streams.eos.records import Output, Prepared
 
 log = logging.getLogger("sie.cdc")
 
@@ -187,6 +185,7 @@ class CdcStage:
         self._clients = clients or KafkaClients()
         self._clock = clock
         self._tags = [("sie.connector", spec.name.encode())]
+        self._max_record_bytes = config.settings.max_record_bytes
         self._totals = _BatchCounts()
         self._batches = 0
         self._loop: StreamLoop | None = None
@@ -237,25 +236,41 @@ class CdcStage:
         self.metrics.consumer_lag.clear()
 
     # --- one batch (inside the transaction) -------------------------------------------------------
-    def process(self, batch: list, txn: Checkpoint) -> _BatchCounts:
+    def prepare(self, batch: list) -> Prepared[_BatchCounts]:
         counts = _BatchCounts()
         convert = self.converter.convert
         request_topic = self.request_topic
+        limit = self._max_record_bytes - RECORD_OVERHEAD
+        outputs: list[Output] = []
         for msg in batch:
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            txn.track(topic, partition, offset)
             outcome = convert(msg.key(), msg.value())
             if outcome.error is not None:
-                reason = outcome.error.reason.value
-                produce_dead_letter(txn, self.dead_letter_topic, msg, reason, outcome.error.detail, self._tags)
-                counts.dead[reason] += 1
+                outputs.append(self._dead_letter(msg, outcome.error.reason.value, outcome.error.detail, counts))
                 continue
-            for req in outcome.requests:
-                txn.produce(request_topic, req.value, req.key)
-            counts.requests += len(outcome.requests)
+            requests = [Output(request_topic, req.value, req.key, -1, None, msg, "request") for req in outcome.requests]
+            too_large = next((r for r in requests if r.size() > limit), None)
+            if too_large is not None:  # all of a source record's requests, or none: its dead letter alone
+                outputs.append(self._dead_letter(
+                    msg, "request_too_large", f"request: {too_large.size()} bytes > max_record_bytes "
+                    f"{self._max_record_bytes}", counts))
+                continue
+            outputs.extend(requests)
+            counts.requests += len(requests)
             if outcome.skipped:
                 counts.skipped.update(outcome.skipped)
-        return counts
+        return Prepared(outputs, counts)
+
+    def rejected(self, output: Output, detail: str, counts: _BatchCounts) -> Output:
+        """A request the producer refused anyway: its source record's dead letter goes in its place."""
+        counts.requests -= 1
+        return self._dead_letter(output.source, "request_too_large", detail, counts)
+
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        pass
+
+    def _dead_letter(self, msg: Any, reason: str, detail: str, counts: _BatchCounts) -> Output:
+        counts.dead[reason] += 1
+        return dead_letter(self.dead_letter_topic, msg, reason, detail, self._tags, self._max_record_bytes)
 
     def committed(self, counts: _BatchCounts, n: int) -> None:
         """Counters move only after a commit, so they count what readers can see."""

@@ -202,7 +202,7 @@ def produce_requests(settings, topic: str, values: list[tuple[bytes | None, byte
     """Fast bulk produce of raw (key, value) pairs (acks=all, idempotent)."""
     from confluent_kafka import Producer
 
-    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
+    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True, "message.max.bytes": 2_000_000,
                                                         "linger.ms": 20}))
     for key, value in values:
         while True:
@@ -224,3 +224,75 @@ def group_members(settings, group_id: str) -> int:
         return len(desc.members)
     except Exception:
         return 0
+
+
+# --- in-process scorer and the exactly-once proof (the scorer Kafka tests) ------------------------------
+
+import threading  # noqa: E402
+import traceback  # noqa: E402
+
+import orjson  # noqa: E402
+
+from sie.kernel.admin import ensure_model_topics  # noqa: E402
+from sie.streams.scorer import ScorerConfig, run_scorer  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
+
+
+def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
+    return [(f"k{i % 997}".encode(), orjson.dumps({"id": f"{prefix}{i}", "inputs": {"x": float(i)},
+                                                   "metadata": {"n": i}})) for i in range(n)]
+
+
+class ScorerThread:
+    """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
+
+    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None, **overrides) -> None:
+        self.backend_factory = backend_factory or load_echo_backend
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.summary = None
+        self.error: BaseException | None = None
+        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
+                                   session_timeout_ms=6000, **overrides)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.summary = run_scorer(self.config, self.backend_factory, self.stop,
+                                      on_ready=lambda _s: self.ready.set())
+        except BaseException as exc:  # surfaced by close()
+            self.error = exc
+
+    def stack(self) -> str:
+        """Where the scorer thread is now (for failure messages: a stall names its blocking call)."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), f"scorer did not stop within 30s; it is in:\n{self.stack()}"
+        if self.error:
+            raise self.error
+        return self.summary
+
+
+def topics_for(settings, spec, partitions: int = 4) -> None:
+    t = spec.topics
+    ensure_model_topics(settings, [t.requests, t.results, t.dead_letters], partitions)
+
+
+def prove_exactly_once(settings, spec, ids: set[str], timeout: float = 60.0) -> tuple[list, list]:
+    results = CommittedReader(settings, spec.topics.results)
+    dlq = CommittedReader(settings, spec.topics.dead_letters)
+    try:
+        wait_until(lambda: results.count() + dlq.count() >= len(ids), timeout,
+                   message=lambda: f"{len(ids)} outputs (have {len(results.records)} + {len(dlq.records)})")
+        results.read_to_end(), dlq.read_to_end()  # on to the end: a duplicate past the count is counted too
+        report = exactly_once_report(results.records, dlq.records, ids)
+        assert report["missing_count"] == 0 and report["duplicate_count"] == 0 and not report["unexpected"], report
+        return results.records, dlq.records
+    finally:
+        results.close()
+        dlq.close()

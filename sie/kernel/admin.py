@@ -246,15 +246,23 @@ def _set_topic_config(admin: AdminClient, topic: str, values: dict[str, str], ti
         fut.result(timeout=timeout)
 
 
-def model_topic_specs(topic_names: Sequence[str], partitions: int) -> list[TopicSpec]:
+#: what a record batch adds to its largest record (topic max.message.bytes bounds whole batches)
+_BATCH_OVERHEAD = 1024
+
+
+def model_topic_specs(topic_names: Sequence[str], partitions: int, max_record_bytes: int) -> list[TopicSpec]:
     """A model's data-path topics: requests, results, dead letters, backfill - all the same partition count.
 
     Results and dead letters share the request topic's partition count so a
-    request's outputs land on the same partition number as its input.
+    request's outputs land on the same partition number as its input.  Each accepts a record of
+    ``max_record_bytes`` (the producers' ``message.max.bytes``): a dead letter that fits the producer
+    always fits the topic.
     """
     if partitions < 1:
         raise ConfigError(f"partitions: must be >= 1 (got {partitions})")
-    return [TopicSpec(name, partitions, compacted=False, purpose="model data path") for name in dict.fromkeys(topic_names)]
+    config = {"max.message.bytes": str(max_record_bytes + _BATCH_OVERHEAD)}
+    return [TopicSpec(name, partitions, compacted=False, purpose="model data path", config=dict(config))
+            for name in dict.fromkeys(topic_names)]
 
 
 def ensure_model_topics(
@@ -265,5 +273,5 @@ def ensure_model_topics(
     clients: KafkaClients | None = None,
 ) -> EnsureReport:
     """Ensure a model's data-path topics (requests, results, dead letters, backfill); None entries are skipped."""
-    return ensure_topics(settings, model_topic_specs([n for n in topic_names if n], partitions), replication_factor,
-                         clients=clients)
+    specs = model_topic_specs([n for n in topic_names if n], partitions, settings.max_record_bytes)
+    return ensure_topics(settings, specs, replication_factor, clients=clients)

@@ -76,6 +76,9 @@ def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, ma
         # are reached; with the thresholds above that stalled consume() mid-backlog (bench_scoring).
         "fetch.queue.backoff.ms": 5,
         "enable.partition.eof": False,
+        # partitions added to a request topic are seen (and rebalanced onto) within 10 s, not librdkafka's
+        # default 5 minutes; the stage then re-reads the result topic's partition count (issue 9, case 8)
+        "topic.metadata.refresh.interval.ms": 10_000,
     })
 
 
@@ -89,6 +92,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
         "acks": "all",
         "linger.ms": linger_ms,  # outputs of one batch leave together; commit_transaction flushes anyway
         "transaction.timeout.ms": transaction_timeout_ms,  # > the slowest batch
+        "message.max.bytes": settings.max_record_bytes,  # one limit for every record SIE writes
         # commit_transaction() returns before the coordinator has finished the transaction, so the next
         # transaction's first request often meets CONCURRENT_TRANSACTIONS and waits retry.backoff.ms
         # (confluent-kafka-python #967). 5 ms instead of 20 doubled a bare transactional copy loop.
@@ -104,6 +108,7 @@ def idempotent_producer_config(settings: Settings, client_id: str, **overrides: 
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
+        "message.max.bytes": settings.max_record_bytes,
         **overrides,
     })
 

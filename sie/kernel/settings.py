@@ -54,6 +54,17 @@ class Settings(BaseSettings):
     )
     request_partitions: int = Field(6, description="Default partition count of a model's request/result topics.")
 
+    # --- Sizes (docs/reliability.md has the whole table) -----------------------------------
+    max_record_bytes: int = Field(
+        1_048_576, ge=65_536,
+        description="The largest record SIE writes: every producer's message.max.bytes; topics SIE creates get "
+                    "max.message.bytes = this + 1 KiB. Kept under the broker default (1,048,588) so SIE's records "
+                    "also fit topics it did not create. Dead letters are cut down to fit it.")
+    max_request_bytes: int = Field(
+        1_000_000, ge=1,
+        description="Larger request values are dead-lettered as too_large; smaller than max_record_bytes so a "
+                    "request's result (its metadata copied in) has room.")
+
     # --- Local state ----------------------------------------------------------
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,

@@ -9,7 +9,8 @@ Nothing in here imports a user of it.  Pieces, bottom up:
 * ``cycle``       ``ExactlyOnce.run_batch``: the batch cycle and its recovery paths, written once;
 * ``batcher``     micro-batching outside any transaction;
 * ``stage``       ``StreamLoop``: a whole subscribe-and-process stage (the scorer, the CDC stage);
-* ``deadletter``  dead letters written the same way by every stage;
+* ``records``     ``Output``/``Prepared``: a batch's outputs, prepared outside the transaction;
+* ``deadletter``  dead letters written the same way by every stage, always fitted to the size limit;
 * ``lag``         consumer lag for the ``*_consumer_lag`` gauges.
 """
 
@@ -20,14 +21,17 @@ from sie.streams.eos.errors import (
     Fenced,
     ProducerFatal,
     ProducerHung,
+    RecordRejected,
     RetryLater,
     TxnAbortable,
 )
+from sie.streams.eos.records import Output, Prepared, safe_headers
 from sie.streams.eos.stage import BatchProcessor, StageSettings, StreamLoop
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
 __all__ = [
     "BatchProcessor", "BatchStatus", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
-    "ExactlyOnce", "Fenced", "ProducerFatal", "ProducerHung", "RetryLater", "StageSettings", "StreamLoop",
-    "TransactionalProducer", "TxnAbortable", "close_quietly", "rewind", "start_producer",
+    "ExactlyOnce", "Fenced", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RecordRejected",
+    "RetryLater", "StageSettings", "StreamLoop", "TransactionalProducer", "TxnAbortable", "close_quietly",
+    "rewind", "safe_headers", "start_producer",
 ]

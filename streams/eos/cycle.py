@@ -2,10 +2,15 @@
 
 One batch::
 
-    txn = Checkpoint(producer, consumer)
+    prepared = prepare(batch)    # OUTSIDE the transaction: parse, validate, infer, build every output
     txn.begin()
-    value = process(batch, txn)  # txn.track(...) every record, txn.produce(...) its outputs
+    txn.produce(each output)     # a record the producer refuses alone -> its dead letter, fitted
+    txn.track_batch(batch)       # offsets = last record of each partition + 1
     txn.commit()                 # offsets + outputs atomically (read_committed readers)
+
+Preparing first keeps the broker-side transaction (it starts with the first produced record) as short as
+producing and committing, whatever the inference time; and a dependency that is down (``RetryLater``)
+is found before anything was produced.
 
 Failure -> what happens (the batch is never half-visible):
 
@@ -14,8 +19,11 @@ Failure -> what happens (the batch is never half-visible):
   ``fatal_limit`` in a row -> ``Fenced`` (almost always two live processes sharing one
   ``transactional.id``).  ``ProducerHung`` (a call that never answered: broker down) is re-created the
   same way but is not counted: re-creation retries until the broker is back, or ``stop`` is set;
-* ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) -> abort, rewind, back off (doubling,
-  capped), and the same records come again: an outage never becomes dead letters.
+* ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) while preparing -> rewind, back off (doubling,
+  capped), and the same records come again: an outage never becomes dead letters;
+* ``RecordRejected`` (one output too large for ``message.max.bytes``, an unknown partition) -> the stage's
+  ``rejected`` hook turns it into a dead letter, fitted to the limit (``deadletter.fit``; at worst
+  ``deadletter.minimal``): one poison record never aborts its batch in a loop.
 
 Users: the scorer and the CDC stage (through ``stage.StreamLoop``) and backfill (its own assign()-based
 loop); the control-plane leader uses the same ``TransactionalProducer`` for producer-only transactions.
@@ -31,8 +39,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from sie.streams.eos.errors import Fenced, ProducerFatal, ProducerHung, RetryLater, TxnAbortable
+from sie.streams.eos.deadletter import DEAD_LETTER, fit, minimal
+from sie.streams.eos.errors import Fenced, ProducerFatal, ProducerHung, RecordRejected, RetryLater, TxnAbortable
+from sie.streams.eos.records import Output, Prepared
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, rewind
+
+#: ``rejected(output, detail, value)``: the replacement (a dead letter) of an output the producer refused
+Rejected = Callable[[Output, str, Any], Output]
 
 log = logging.getLogger("sie.eos")
 
@@ -103,12 +116,27 @@ class ExactlyOnce:
         #: seconds the last committed batch spent in ``Checkpoint.commit`` (offsets + commit round trips)
         self.last_commit_s = 0.0
 
-    def run_batch(self, batch: list[Any], process: Callable[[list[Any], Checkpoint], T]) -> tuple[BatchStatus, T | None]:
-        """``process`` inside one transaction; returns its value only if the transaction committed."""
+    def run_batch(self, batch: list[Any], prepare: Callable[[list[Any]], Prepared[T]],
+                  rejected: Rejected | None = None) -> tuple[BatchStatus, T | None]:
+        """Prepare ``batch``, then produce its outputs and commit in one transaction (module docstring);
+        returns the prepared value only if the transaction committed."""
         txn = Checkpoint(self.producer, self.consumer)
         try:
+            prepared = prepare(batch)
+        except RetryLater as exc:
+            log.error("%s; retrying the batch in %.1fs", exc, self._retry_delay)
+            self.backoffs += 1
+            self._observer.retry_later(exc)
+            txn.track_batch(batch)  # nothing was produced: only the consumer goes back
+            rewind(self.consumer, txn.first_offsets(), self._stop)
+            self._stop.wait(self._retry_delay)
+            self._retry_delay = min(self._retry_delay * 2, self._limits.retry_later_max_s)
+            return BatchStatus.BACKED_OFF, None
+        try:
             txn.begin()
-            value = process(batch, txn)
+            for out in prepared.outputs:
+                self._produce(txn, out, rejected, prepared.value)
+            txn.track_batch(batch)
             commit_started = self._clock()
             txn.commit()
             self.last_commit_s = self._clock() - commit_started
@@ -116,14 +144,6 @@ class ExactlyOnce:
             log.warning("transaction aborted: %s", exc)
             self._abort(txn)
             return BatchStatus.ABORTED, None
-        except RetryLater as exc:
-            log.error("%s; retrying the batch in %.1fs", exc, self._retry_delay)
-            self.backoffs += 1
-            self._observer.retry_later(exc)
-            self._abort(txn)
-            self._stop.wait(self._retry_delay)
-            self._retry_delay = min(self._retry_delay * 2, self._limits.retry_later_max_s)
-            return BatchStatus.BACKED_OFF, None
         except ProducerFatal as exc:
             if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
                 self._fatal_streak += 1
@@ -137,7 +157,28 @@ class ExactlyOnce:
             return BatchStatus.PRODUCER_RESTARTED, None
         self._fatal_streak = 0
         self._retry_delay = self._limits.backoff_s
-        return BatchStatus.COMMITTED, value
+        return BatchStatus.COMMITTED, prepared.value
+
+    def _produce(self, txn: Checkpoint, out: Output, rejected: Rejected | None, value: Any) -> None:
+        """One output; a record the producer refuses alone is replaced by its (fitted) dead letter."""
+        try:
+            txn.produce(out.topic, out.value, out.key, out.partition, out.headers)
+            return
+        except RecordRejected as exc:
+            detail = f"{out.topic}: record of {out.size()} bytes refused by the producer ({exc.code}: {exc})"
+            if out.kind == DEAD_LETTER:  # already a dead letter: only its smallest form is left
+                replacement = out
+            elif rejected is None:
+                raise TxnAbortable(f"{exc}; this stage has no dead letter for refused records") from exc
+            else:
+                log.warning("output refused, dead-lettering its source instead: %s", detail)
+                replacement = fit(rejected(out, detail, value), self.producer.max_record_bytes)
+        try:
+            txn.produce(replacement.topic, replacement.value, replacement.key, replacement.partition,
+                        replacement.headers)
+        except RecordRejected:
+            last = minimal(replacement)
+            txn.produce(last.topic, last.value, last.key, last.partition, last.headers)
 
     def _abort(self, txn: Checkpoint) -> None:
         self.aborts += 1

@@ -12,6 +12,9 @@
   coming back after re-creation (two live processes share an id), or a control-plane
   instance that lost leadership tried to write.  The process (or leadership) stops.
 * ``ConsumerFatal``: librdkafka reported a fatal consumer error; the stage must restart.
+* ``RecordRejected``: the producer refused ONE record (too large for ``message.max.bytes``, a partition
+  that does not exist): not a transaction failure.  The layer replaces that record by a dead letter that
+  fits, in the same transaction, so the batch commits instead of aborting in a loop.
 """
 
 from __future__ import annotations
@@ -50,3 +53,11 @@ class Fenced(EosError):
 
 class ConsumerFatal(EosError):
     """The consumer reported a fatal error; restart the stage."""
+
+
+class RecordRejected(EosError):
+    """The producer refused one record at ``produce()``; the transaction itself is still usable."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code

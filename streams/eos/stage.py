@@ -10,7 +10,7 @@ records mean::
     while not stop:
         batch = batcher.collect()          # consume(); rebalance callbacks run here, no transaction open
         every tick_interval_s: processor.tick(consumer)        # lag gauges, progress logs
-        status, value = eos.run_batch(batch, processor.process)
+        status, value = eos.run_batch(batch, processor.prepare, processor.rejected)
         if committed: processor.committed(value, len(batch))   # counters move only for visible work
     close_quietly(consumer, producer)      # leaves the group: partitions move to the others at once
 
@@ -29,23 +29,32 @@ from typing import Any, Generic, Protocol, TypeVar
 from sie.kernel.clients import KafkaClients
 from sie.streams.eos.batcher import Batcher
 from sie.streams.eos.cycle import BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
-from sie.streams.eos.transaction import Checkpoint, close_quietly
+from sie.streams.eos.records import Output, Prepared
+from sie.streams.eos.transaction import close_quietly
 
 log = logging.getLogger("sie.eos")
 
 T = TypeVar("T")
 
 
-class BatchProcessor(Protocol[T]):
+class BatchProcessor(Protocol):
     """What a stage does with its records; ``StreamLoop`` does everything else."""
 
     def started(self, consumer: Any) -> None:
         """Once, after the consumer exists and before it subscribes (e.g. read topic metadata)."""
 
-    def process(self, batch: list[Any], txn: Checkpoint) -> T:
-        """Inside the open transaction: ``txn.track`` every record, ``txn.produce`` its outputs."""
+    def prepare(self, batch: list[Any]) -> Prepared[Any]:
+        """Outside any transaction: every output of ``batch`` (parse, validate, infer); ``RetryLater`` when
+        a dependency is down (the batch comes back after a backoff)."""
 
-    def committed(self, value: T, batch_size: int) -> None:
+    def rejected(self, output: Output, detail: str, value: Any) -> Output:
+        """The dead letter replacing ``output`` (which the producer refused) for its ``output.source``;
+        update ``value``'s counts so ``committed`` sees it.  The layer fits it to the size limit."""
+
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Partitions assigned in a rebalance (e.g. re-read topic metadata: partitions may have been added)."""
+
+    def committed(self, value: Any, batch_size: int) -> None:
         """After the batch committed (its outputs are visible): move counters and metrics."""
 
     def tick(self, consumer: Any) -> None:
@@ -75,7 +84,7 @@ class StageSettings:
 class StreamLoop(Generic[T]):
     """Runs one stage (module docstring).  Build, then ``run(stop)``; ``eos`` holds its counters."""
 
-    def __init__(self, settings: StageSettings, processor: BatchProcessor[T], *,
+    def __init__(self, settings: StageSettings, processor: BatchProcessor, *,
                  clients: KafkaClients | None = None, observer: EosObserver | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
@@ -87,8 +96,9 @@ class StreamLoop(Generic[T]):
         self.eos: ExactlyOnce | None = None
 
     # --- rebalance callbacks (run inside consume(), never with a transaction open) ------------------
-    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("%s: assigned %s", self.settings.name, [p.partition for p in partitions])
+        self._processor.partitions_assigned(consumer, partitions)
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
         self._dropped(partitions, lost=False)
@@ -127,7 +137,7 @@ class StreamLoop(Generic[T]):
                     next_tick = self._clock() + cfg.tick_interval_s
                 if not batch:
                     continue
-                status, value = eos.run_batch(batch, self._processor.process)
+                status, value = eos.run_batch(batch, self._processor.prepare, self._processor.rejected)
                 if status is BatchStatus.COMMITTED:
                     self._processor.committed(value, len(batch))
         finally:

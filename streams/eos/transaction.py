@@ -49,7 +49,7 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPar
 
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import CallAbandoned, call_bounded
-from sie.streams.eos.errors import ProducerFatal, ProducerHung, TxnAbortable
+from sie.streams.eos.errors import ProducerFatal, ProducerHung, RecordRejected, TxnAbortable
 
 log = logging.getLogger("sie.eos")
 
@@ -58,6 +58,16 @@ _TXN_CALL_TIMEOUT_S = 10.0  # librdkafka timeout of send_offsets/commit/abort
 _WATCHDOG_GRACE_S = 5.0  # how long past that timeout we wait before declaring the call hung
 _COMMITTED_TRY_S = 5.0  # librdkafka timeout of one committed() try in rewind
 _CLOSE_LIMIT_S = 10.0  # Consumer.close() has no timeout; after this long it is abandoned
+_DEFAULT_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes default
+
+
+def _per_record_codes() -> frozenset[int]:
+    """librdkafka errors of produce() that concern the one record, not the transaction."""
+    codes = ("MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "_UNKNOWN_PARTITION", "INVALID_RECORD", "_INVALID_ARG")
+    return frozenset(getattr(KafkaError, name) for name in codes if hasattr(KafkaError, name))
+
+
+_PER_RECORD = _per_record_codes()
 
 
 def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
@@ -99,6 +109,11 @@ class TransactionalProducer:
     @property
     def transactional_id(self) -> str:
         return str(self._config.get("transactional.id"))
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record this producer writes (its ``message.max.bytes``): dead letters are fitted to it."""
+        return int(self._config.get("message.max.bytes", _DEFAULT_MAX_BYTES))
 
     def start(self, patience_s: float | None = None) -> bool:
         """Create the producer and ``init_transactions()``; this fences any earlier producer of our id.
@@ -183,9 +198,13 @@ class TransactionalProducer:
             raise ProducerFatal("begin_transaction: no producer (its restart was interrupted)")
         self._call(self._producer.begin_transaction, "begin_transaction")
 
-    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int = -1,
                 headers: list[tuple[str, bytes]] | None = None) -> None:
-        """Queue one record; waits for room if librdkafka's queue is full (never drops)."""
+        """Queue one record; waits for room if librdkafka's queue is full (never drops).
+
+        ``RecordRejected`` when librdkafka refuses this record alone (too large, unknown partition);
+        ``TxnAbortable`` / ``ProducerFatal`` when the transaction or the producer is the problem.
+        """
         p = self._producer
         while True:
             try:
@@ -200,6 +219,8 @@ class TransactionalProducer:
                 err = exc.args[0]
                 if err.fatal():
                     raise ProducerFatal(f"produce to {topic}: {err.str()}") from exc
+                if err.code() in _PER_RECORD and not err.txn_requires_abort():
+                    raise RecordRejected(f"produce to {topic}: {err.str()}", err.name()) from exc
                 raise TxnAbortable(f"produce to {topic}: {err.str()}") from exc
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
@@ -263,7 +284,16 @@ class Checkpoint:
             self._first[tp] = offset
         self._last[tp] = offset
 
-    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
+    def track_batch(self, batch: list[Any]) -> None:
+        """Every record of ``batch`` processed: each produced its outputs (or was skipped on purpose)."""
+        first, last = self._first, self._last
+        for msg in batch:
+            tp = (msg.topic(), msg.partition())
+            if tp not in first:
+                first[tp] = msg.offset()
+            last[tp] = msg.offset()
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int = -1,
                 headers: list[tuple[str, bytes]] | None = None) -> None:
         self._producer.produce(topic, value, key, partition, headers)
         self.produced += 1

@@ -42,7 +42,7 @@ class ScorerConfig:
     max_batch: int = 1024  # records per consume/infer/transaction cycle: fewer, larger transactions drain a backlog 2x faster (bench_scoring)
     max_wait_ms: int = 5  # how long a non-empty batch may wait to fill up: p99 <= 50 ms at half of max throughput (bench_scoring)
     poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
-    max_request_bytes: int = 1024 * 1024  # larger record values are dead-lettered as too_large
+    max_request_bytes: int | None = None  # None: settings.max_request_bytes (larger values: too_large)
     max_json_depth: int = 64  # deeper JSON nesting is a schema_violation (orjson can't write >254)
     expired_to: Literal["result", "dead_letter"] = "result"  # where requests older than sla.max_queue_time_ms go
     metrics_port: int | None = None  # Prometheus /metrics port; None = no HTTP server
@@ -68,7 +68,7 @@ class ScorerConfig:
             ("max_batch", self.max_batch >= 1, ">= 1"),
             ("max_wait_ms", self.max_wait_ms >= 0, ">= 0"),
             ("poll_timeout_ms", self.poll_timeout_ms >= 1, ">= 1"),
-            ("max_request_bytes", self.max_request_bytes >= 1, ">= 1"),
+            ("max_request_bytes", self.request_limit >= 1, ">= 1"),
             ("max_json_depth", 1 <= self.max_json_depth <= 250, "between 1 and 250"),
             ("session_timeout_ms", self.session_timeout_ms >= 1000, ">= 1000"),
             ("transaction_timeout_ms", self.transaction_timeout_ms >= 1000, ">= 1000"),
@@ -81,6 +81,10 @@ class ScorerConfig:
         if self.expired_to not in ("result", "dead_letter"):
             raise ConfigError(f"scorer.expired_to: must be 'result' or 'dead_letter' (got {self.expired_to!r})")
         check_instance(self.instance, "scorer.instance")
+
+    @property
+    def request_limit(self) -> int:
+        return self.max_request_bytes if self.max_request_bytes is not None else self.settings.max_request_bytes
 
     # --- derived names ----------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ class DeadLetterReason(str, enum.Enum):
     TOO_LARGE = "too_large"
     EXPIRED = "expired"
     INFERENCE_ERROR = "inference_error"
+    RESULT_TOO_LARGE = "result_too_large"  # the result (request metadata copied in) exceeds the record limit
 
 
 class ScorerError(SieError):

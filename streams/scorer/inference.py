@@ -4,11 +4,13 @@
 ``InferenceFailed`` (its dead letter carries the backend's message).  Poison rows are isolated by
 bisection, so a batch with one bad row costs about 2*log2(n) extra calls and a healthy batch costs one.
 
-An outage is not poison: when every row of a batch fails, a known-good row (the last row that scored,
-else the spec's ``exampleInput``) is tried; if it fails too the backend is down and ``BackendUnavailable``
-(a ``RetryLater``) makes the batch abort and come back later, never turning into dead letters.  Rows that
-failed while others in the batch scored get a second, individual try before they are judged, because
-the failure may have been a blip that ended mid-bisection.
+An outage is not poison: before any row is judged poison, a known-good row (the last row that scored,
+else the spec's ``exampleInput``) must score; if it fails too the backend is down and
+``BackendUnavailable`` (a ``RetryLater``) sends the whole batch back for later, never into dead letters.
+This holds when the backend goes down in the middle of bisecting a batch with one poison row: the
+healthy rows that failed meanwhile are not judged.  Rows that failed while others scored first get a
+second, individual try (a blip that ended mid-bisection).  Cost: one extra call per batch that has a
+failing row; none for a healthy batch.
 """
 
 from __future__ import annotations
@@ -69,22 +71,26 @@ class Inference:
         """Outputs for ``rows`` (``InferenceFailed`` for poison rows); ``BackendUnavailable`` on an outage."""
         backend = self.backend
         outputs = infer_isolating(backend, rows)
-        failed = sum(1 for o in outputs if type(o) is InferenceFailed)
-        if failed == 0:
+        failed = [i for i, o in enumerate(outputs) if type(o) is InferenceFailed]
+        if not failed:
             self._canary = rows[0]
             return outputs
-        if failed < len(rows):
-            # Some rows scored, so the backend works: give each failed row a second, individual try.
-            for i, out in enumerate(outputs):
-                if type(out) is InferenceFailed:
-                    outputs[i] = infer_isolating(backend, [rows[i]])[0]
-            return outputs
-        # Every row failed. Outage or all-poison batch? Ask the backend about a row known to be good.
+        if len(failed) < len(rows):
+            # Some rows scored, so the backend worked a moment ago: give each failed row a second,
+            # individual try (the failure may have been a blip that ended mid-bisection).
+            for i in failed:
+                outputs[i] = infer_isolating(backend, [rows[i]])[0]
+            failed = [i for i in failed if type(outputs[i]) is InferenceFailed]
+            if not failed:
+                return outputs
+        # Rows still fail. Poison, or did the backend go down (maybe in the middle of bisecting)? Before a
+        # single row is judged, a row known to be good must score now; if it does not, nothing is judged.
         if self._canary is not None:
             try:
                 _checked(backend, [self._canary])
             except Exception as exc:
                 raise BackendUnavailable(
                     f"backend fails on a known-good row too ({type(exc).__name__}: {exc}): outage, not poison") from exc
-            outputs = infer_isolating(backend, rows)  # second chance: the backend answers now
+            for i in failed:  # the backend answers now: the verdict on each failed row is final
+                outputs[i] = infer_isolating(backend, [rows[i]])[0]
         return outputs

@@ -25,10 +25,10 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 
 from sie.kernel.clients import KafkaClients
 from sie.streams.eos import StageSettings, StreamLoop
-from sie.streams.eos.deadletter import produce_dead_letter
+from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import RetryLater
 from sie.streams.eos.lag import consumer_lag
-from sie.streams.eos.transaction import Checkpoint
+from sie.streams.eos.records import Output, Prepared
 from sie.streams.scorer.codec import Codec, Poison, Request, default_id
 from sie.streams.scorer.config import ScorerConfig
 from sie.streams.scorer.errors import DeadLetterReason
@@ -89,7 +89,7 @@ class Scorer:
             from sie.schemas.validation import compile_validator
 
             validator = compile_validator(spec.input_schema)
-        self._codec = Codec(spec.name, validator, config.max_request_bytes, config.max_json_depth)
+        self._codec = Codec(spec.name, validator, config.request_limit, config.max_json_depth)
         self._clients = clients or KafkaClients()
         self._clock = clock
         self._wall = wall_clock
@@ -100,6 +100,8 @@ class Scorer:
         self._canary = canary_row(getattr(spec, "example_input", None), validator)
         self._inference: dict[int, Inference] = {}  # by id(backend): one canary per backend
         self._same_partition = False
+        #: the producer's message.max.bytes: dead letters are fitted to it
+        self._max_record_bytes = config.settings.max_record_bytes
         self._loop: StreamLoop | None = None
         self._counts = dict(batches=0, records_in=0, results=0, expired=0, dead_letters=0)
 
@@ -140,6 +142,11 @@ class Scorer:
     def started(self, consumer: Any) -> None:
         self._same_partition = self._partition_counts_match(consumer)
 
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        # partitions may have been added to the request topic since we looked: results go to the request's
+        # partition number only while both topics have as many partitions (else: by key)
+        self._same_partition = self._partition_counts_match(consumer)
+
     def tick(self, consumer: Any) -> None:
         gauge = self.metrics.consumer_lag
         for partition, lag in consumer_lag(consumer).items():
@@ -148,28 +155,28 @@ class Scorer:
     def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
         self.metrics.consumer_lag.clear()
 
-    def process(self, batch: list, txn: Checkpoint) -> dict[str, Any]:
-        """One output per record of ``batch``, produced inside ``txn``; returns counters for ``committed``."""
+    def prepare(self, batch: list) -> Prepared[dict[str, Any]]:
+        """One output per record of ``batch``, in batch order, built before any transaction opens."""
         table = self._routing  # one table for the whole batch, even if set_routing() runs meanwhile
         codec = self._codec
         now_ms = self._wall() * 1000.0
         max_q = self._max_queue_ms
         results_topic = self._results_topic
         same_partition = self._same_partition
-        groups: dict[str, tuple[RouteEntry, list[Request], list[float]]] = {}
+        outputs: list[Output | None] = [None] * len(batch)
+        groups: dict[str, tuple[RouteEntry, list[int], list[Request], list[float]]] = {}
         dead: dict[str, int] = {}
         expired = 0
         oldest_ms = 0.0
-        for msg in batch:
+        for i, msg in enumerate(batch):
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            txn.track(topic, partition, offset)
             ts_type, ts = msg.timestamp()
             ts_ms = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
             key = msg.key()
             parsed = codec.parse(topic, partition, offset, key, msg.value(), ts_ms)
             if type(parsed) is Poison:
                 entry = table.route(key, default_id(topic, partition, offset))
-                self._dead_letter(txn, msg, parsed.reason, parsed.detail, entry.version)
+                outputs[i] = self._dead_letter(msg, parsed.reason, parsed.detail, entry.version)
                 dead[parsed.reason.value] = dead.get(parsed.reason.value, 0) + 1
                 continue
             entry = table.route(key, parsed.id)
@@ -178,31 +185,31 @@ class Scorer:
                 oldest_ms = queue_ms
             if max_q is not None and queue_ms > max_q:
                 if self.config.expired_to == "result":
-                    txn.produce(results_topic, codec.expired(parsed, entry.version, queue_ms, max_q), key,
-                                partition if same_partition else -1)
+                    outputs[i] = Output(results_topic, codec.expired(parsed, entry.version, queue_ms, max_q), key,
+                                        partition if same_partition else -1, None, msg, "expired")
                     expired += 1
                 else:
-                    self._dead_letter(txn, msg, DeadLetterReason.EXPIRED,
-                                      f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}",
-                                      entry.version)
+                    outputs[i] = self._dead_letter(
+                        msg, DeadLetterReason.EXPIRED,
+                        f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}", entry.version)
                     dead["expired"] = dead.get("expired", 0) + 1
                 continue
             group = groups.get(entry.version)
             if group is None:
-                group = groups[entry.version] = (entry, [], [])
-            group[1].append(parsed)
-            group[2].append(queue_ms)
+                group = groups[entry.version] = (entry, [], [], [])
+            group[1].append(i)
+            group[2].append(parsed)
+            group[3].append(queue_ms)
 
         ok = 0
-        by_offset = None
-        for version, (entry, requests, queue_times) in groups.items():
+        for version, (entry, indices, requests, queue_times) in groups.items():
             rows = [r.inputs for r in requests]
             started = self._clock()
-            outputs = self._inference_for(entry.backend).run(rows)
+            scored = self._inference_for(entry.backend).run(rows)  # BackendUnavailable: nothing produced yet
             inference_ms = (self._clock() - started) * 1000.0
             self.metrics.inference_latency.observe(inference_ms / 1000.0)
             n = len(rows)
-            for req, queue_ms, out in zip(requests, queue_times, outputs):
+            for i, req, queue_ms, out in zip(indices, requests, queue_times, scored):
                 detail = out.detail if type(out) is InferenceFailed else None
                 if detail is None:
                     try:
@@ -210,15 +217,23 @@ class Scorer:
                     except TypeError as exc:
                         detail = f"outputs: not JSON-serialisable ({exc})"
                     else:
-                        txn.produce(results_topic, value, req.key, req.partition if same_partition else -1)
+                        outputs[i] = Output(results_topic, value, req.key,
+                                            req.partition if same_partition else -1, None, batch[i], "result")
                         ok += 1
                         continue
-                if by_offset is None:
-                    by_offset = {(m.topic(), m.partition(), m.offset()): m for m in batch}
-                msg = by_offset[(req.topic, req.partition, req.offset)]
-                self._dead_letter(txn, msg, DeadLetterReason.INFERENCE_ERROR, detail, version)
+                outputs[i] = self._dead_letter(batch[i], DeadLetterReason.INFERENCE_ERROR, detail, version)
                 dead["inference_error"] = dead.get("inference_error", 0) + 1
-        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms}
+        stats = {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms}
+        return Prepared([o for o in outputs if o is not None], stats)
+
+    def rejected(self, output: Output, detail: str, stats: dict[str, Any]) -> Output:
+        """A result the producer refused (too large with the request's metadata copied in): its request is
+        dead-lettered instead, and counted as such."""
+        stats["expired" if output.kind == "expired" else "ok"] -= 1
+        dead = stats["dead"]
+        dead["result_too_large"] = dead.get("result_too_large", 0) + 1
+        return self._dead_letter(output.source, DeadLetterReason.RESULT_TOO_LARGE, detail,
+                                 self._version_of(output.source))
 
     def committed(self, stats: dict[str, Any], n: int) -> None:
         """Metrics and counters, only after a successful commit (so they count committed work)."""
@@ -248,9 +263,13 @@ class Scorer:
             inference = self._inference[id(backend)] = Inference(backend, self._canary)
         return inference
 
-    def _dead_letter(self, txn: Checkpoint, msg: Any, reason: DeadLetterReason, detail: str,
-                     version: str) -> None:
-        produce_dead_letter(txn, self._dlq_topic, msg, reason.value, detail, self._codec.dead_letter_tags(version))
+    def _dead_letter(self, msg: Any, reason: DeadLetterReason, detail: str, version: str) -> Output:
+        return dead_letter(self._dlq_topic, msg, reason.value, detail, self._codec.dead_letter_tags(version),
+                           self._max_record_bytes)
+
+    def _version_of(self, msg: Any) -> str:
+        """The version the routing table gives ``msg`` (for a dead letter built after the fact)."""
+        return self._routing.route(msg.key(), default_id(msg.topic(), msg.partition(), msg.offset())).version
 
     def _partition_counts_match(self, consumer: Any) -> bool:
         """Results go to the request's partition number when both topics have the same partition count."""

@@ -67,6 +67,6 @@ def test_scorer_codec_follows_the_contract():
     assert set(doc["properties"]["timings"]["required"]) <= set(result["timings"])
     from sie.streams.eos.deadletter import dead_letter_headers
 
-    headers = dict(dead_letter_headers(DeadLetterReason.TOO_LARGE.value, "big", "t", 0, 5, None,
+    headers = dict(dead_letter_headers(DeadLetterReason.TOO_LARGE.value, "big", "t", 0, 5, [],
                                        codec.dead_letter_tags("1.0")))
     assert tuple(headers) == DLQ_HEADERS

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from sie.kernel.errors import KafkaUnavailable
-from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, Fenced, bounded, transaction
+from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, Fenced, Prepared, bounded, transaction
 from sie.streams.eos.bounded import CallAbandoned, call_bounded
 from sie.streams.eos.errors import ProducerFatal, ProducerHung
 from sie.streams.eos.transaction import TransactionalProducer, close_quietly, rewind
@@ -219,12 +219,12 @@ def test_hung_calls_keep_recovering_while_fatal_errors_stop_at_the_limit():
     hung = FailingCommitProducer(ProducerHung("send_offsets_to_transaction: no answer after 15s"))
     eos = ExactlyOnce(hung, IdleConsumer(), threading.Event(), limits)  # type: ignore[arg-type]
     for _ in range(10):
-        assert eos.run_batch([], lambda _b, _t: None)[0] is BatchStatus.PRODUCER_RESTARTED
+        assert eos.run_batch([], lambda _b: Prepared())[0] is BatchStatus.PRODUCER_RESTARTED
     assert hung.restarts == 10
 
     fenced = FailingCommitProducer(ProducerFatal("commit_transaction: fenced (fatal)"))
     eos = ExactlyOnce(fenced, IdleConsumer(), threading.Event(), limits)  # type: ignore[arg-type]
     for _ in range(2):
-        eos.run_batch([], lambda _b, _t: None)
+        eos.run_batch([], lambda _b: Prepared())
     with pytest.raises(Fenced):
-        eos.run_batch([], lambda _b, _t: None)
+        eos.run_batch([], lambda _b: Prepared())

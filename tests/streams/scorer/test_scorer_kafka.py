@@ -9,88 +9,26 @@ a broker restart).
 from __future__ import annotations
 
 import random
-import sys
-import threading
-import traceback
 
 import orjson
 import pytest
 
-from sie.kernel.admin import ensure_model_topics
-from sie.streams.scorer import ScorerConfig, run_scorer
 from tests.helpers import consume_all, wait_until
 from tests.scorer_fixtures import (
     POISON_X,
     CommittedReader,
     ScorerProcess,
+    ScorerThread,
     echo_spec,
-    exactly_once_report,
     group_members,
-    load_echo_backend,
     produce_requests,
+    prove_exactly_once,
+    requests,
+    topics_for,
     write_echo_spec,
 )
 
 pytestmark = pytest.mark.kafka
-
-
-def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
-    return [(f"k{i % 997}".encode(), orjson.dumps({"id": f"{prefix}{i}", "inputs": {"x": float(i)},
-                                                   "metadata": {"n": i}})) for i in range(n)]
-
-
-class ScorerThread:
-    """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
-
-    def __init__(self, settings, spec, instance: str = "t0", **overrides) -> None:
-        self.stop = threading.Event()
-        self.ready = threading.Event()
-        self.summary = None
-        self.error: BaseException | None = None
-        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
-                                   session_timeout_ms=6000, **overrides)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.summary = run_scorer(self.config, load_echo_backend, self.stop,
-                                      on_ready=lambda _s: self.ready.set())
-        except BaseException as exc:  # surfaced by close()
-            self.error = exc
-
-    def stack(self) -> str:
-        """Where the scorer thread is now (for failure messages: a stall names its blocking call)."""
-        frame = sys._current_frames().get(self.thread.ident or -1)
-        return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), f"scorer did not stop within 30s; it is in:\n{self.stack()}"
-        if self.error:
-            raise self.error
-        return self.summary
-
-
-def topics_for(settings, spec, partitions: int = 4) -> None:
-    t = spec.topics
-    ensure_model_topics(settings, [t.requests, t.results, t.dead_letters], partitions)
-
-
-def prove_exactly_once(settings, spec, ids: set[str], timeout: float = 60.0) -> tuple[list, list]:
-    results = CommittedReader(settings, spec.topics.results)
-    dlq = CommittedReader(settings, spec.topics.dead_letters)
-    try:
-        wait_until(lambda: results.count() + dlq.count() >= len(ids), timeout,
-                   message=lambda: f"{len(ids)} outputs (have {len(results.records)} + {len(dlq.records)})")
-        results.read_to_end(), dlq.read_to_end()  # on to the end: a duplicate past the count is counted too
-        report = exactly_once_report(results.records, dlq.records, ids)
-        assert report["missing_count"] == 0 and report["duplicate_count"] == 0 and not report["unexpected"], report
-        return results.records, dlq.records
-    finally:
-        results.close()
-        dlq.close()
 
 
 def test_happy_path_one_result_per_request_same_key_and_partition(kafka_settings):
