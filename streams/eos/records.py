@@ -12,6 +12,7 @@ committing, whatever the inference time: a slow model cannot push a batch past `
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -51,10 +52,24 @@ class Prepared(Generic[T]):
 
 
 def safe_headers(msg: Any) -> Headers | None:
-    """``msg.headers()``, or None when they cannot be decoded (a non-UTF-8 key: confluent-kafka raises
-    ``SystemError``); a dead letter then carries ``sie.headers.dropped`` instead of the originals."""
+    """``msg.headers()``, or None when they cannot be decoded; a dead letter then carries
+    ``sie.headers.dropped`` instead of the originals.
+
+    confluent-kafka (2.16) turns a header key that is not UTF-8 into a tuple with a NULL item: the
+    first ``headers()`` call raises ``SystemError``, later calls return the cached list, and touching
+    that item crashes the interpreter.  So every tuple is checked without touching its items
+    (``gc.get_referents`` skips NULL slots), and a broken list is replaced on the message (the old one
+    is freed safely) so that no later reader of this message can meet it.
+    """
     try:
         headers = msg.headers()
     except (SystemError, UnicodeDecodeError, ValueError):
+        msg.set_headers([])
         return None
-    return list(headers) if headers else []
+    if not headers:
+        return []
+    for item in headers:
+        if type(item) is not tuple or len(gc.get_referents(item)) != len(item):
+            msg.set_headers([])
+            return None
+    return list(headers)
