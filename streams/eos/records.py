@@ -51,6 +51,10 @@ class Prepared(Generic[T]):
     value: T | None = None
 
 
+#: what an undecodable header list is replaced with on its message
+_UNDECODABLE = ("sie.headers.dropped", b"the record's headers could not be decoded (a key is not UTF-8)")
+
+
 def safe_headers(msg: Any) -> Headers | None:
     """``msg.headers()``, or None when they cannot be decoded; a dead letter then carries
     ``sie.headers.dropped`` instead of the originals.
@@ -64,12 +68,14 @@ def safe_headers(msg: Any) -> Headers | None:
     try:
         headers = msg.headers()
     except (SystemError, UnicodeDecodeError, ValueError):
-        msg.set_headers([])
+        msg.set_headers([_UNDECODABLE])
         return None
     if not headers:
         return []
     for item in headers:
         if type(item) is not tuple or len(gc.get_referents(item)) != len(item):
-            msg.set_headers([])
+            msg.set_headers([_UNDECODABLE])
             return None
+    if headers[0] == _UNDECODABLE:  # replaced by an earlier read
+        return None
     return list(headers)
