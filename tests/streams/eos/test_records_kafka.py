@@ -27,7 +27,8 @@ def test_safe_headers_survives_repeated_reads_of_an_undecodable_header_key(kafka
             if msg is not None and msg.error() is None:
                 break
         assert msg is not None and msg.error() is None, "the record never arrived"
-        assert [safe_headers(msg) for _ in range(3)] == [None, None, None]
+        # many reads: a warm call site is where CPython 3.11 once let the broken list through
+        assert all(safe_headers(msg) is None for _ in range(500))
         # the broken list was replaced: any later reader is safe, and sees why
         assert [k for k, _v in msg.headers()] == ["sie.headers.dropped"]
     finally:
