@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "sie.commands.backfill",
     "sie.commands.control",
     "sie.commands.token",
+    "sie.commands.acls",
     "sie.commands.cluster",
     "sie.commands.demo",
 ]

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
@@ -75,24 +75,31 @@ class EnsureReport:
 
 
 # ---- cluster helpers -----------------------------------------------------------------------------
-def admin_client(settings: Settings) -> AdminClient:
+def admin_client(settings: Settings, **overrides: Any) -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
-    config = settings.kafka_client_config()
+    config = settings.kafka_client_config(**overrides)
     config.setdefault("log_level", 4)  # warnings and up; hides the info line each destroyed client prints
     return AdminClient(config)
 
 
 def wait_for_cluster(settings: Settings, timeout: float = 30.0) -> ClusterMetadata:
-    """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise."""
+    """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise, and
+    ``NotAuthenticated`` within seconds when the cluster refuses our credentials (not after ``timeout``)."""
     from confluent_kafka import KafkaException
 
-    admin = admin_client(settings)
+    from sie.kernel.authz import AUTHENTICATION_ERRORS, NotAuthenticated
+
+    refused: list[Any] = []
+    admin = admin_client(settings, error_cb=lambda err: refused.append(err) if err.name() in AUTHENTICATION_ERRORS else None)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+            return admin.list_topics(timeout=max(0.5, min(2.0, deadline - time.monotonic())))
         except KafkaException as exc:
+            admin.poll(0.1)  # serve error_cb: an authentication failure shows there, not in the exception
+            if refused:
+                raise NotAuthenticated(settings.bootstrap_servers, settings.sasl_username, refused[-1].str()) from exc
             if time.monotonic() >= deadline:
                 raise KafkaUnavailable(
                     f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s ({exc}): "
@@ -189,6 +196,7 @@ def ensure_topics(
     admin = admin_client(settings)
 
     missing = [t for t in topics if t.name not in md.topics]
+    _check_visible(admin, settings, missing, timeout)
     created: set[str] = set()
     if missing:
         futures = admin.create_topics(
@@ -228,6 +236,20 @@ def ensure_topics(
             action, policy = Action.FIXED, wanted_policy
         outcomes.append(TopicOutcome(spec.name, partitions, replication, policy, action, tuple(notes)))
     return EnsureReport(tuple(outcomes))
+
+
+def _check_visible(admin: AdminClient, settings: Settings, missing: Sequence[TopicSpec], timeout: float) -> None:
+    """On a cluster with ACLs a topic this principal may not Describe is absent from the metadata, exactly like
+    a missing one; asked for by name, Kafka says which: refuse with the missing permission instead of trying
+    (and failing) to create a topic that may well exist."""
+    from sie.kernel.authz import from_kafka_error
+
+    for spec in missing:
+        meta = admin.list_topics(topic=spec.name, timeout=timeout).topics.get(spec.name)
+        denied = from_kafka_error(meta.error if meta is not None else None, settings.kafka_client_config(),
+                                  "DESCRIBE (implied by READ or WRITE)", spec.name)
+        if denied is not None:
+            raise denied
 
 
 def _set_topic_config(admin: AdminClient, topic: str, values: dict[str, str], timeout: float) -> None:

@@ -31,7 +31,8 @@ committed offsets in short, stop-aware tries; ``close_quietly`` bounds
 
 Errors (``call``): ``retriable()`` -> the same call again, a bounded number of
 times; ``txn_requires_abort()`` -> ``TxnAbortable``; ``fatal()`` ->
-``ProducerFatal``.  After an abort or a producer re-creation the consumer is
+``ProducerFatal``; an authorization failure (a missing ACL) -> ``NotAuthorized``
+(``sie.kernel.authz``), which stops the stage: no retry can add the ACL.  After an abort or a producer re-creation the consumer is
 rewound to the *committed* offsets (``rewind``), read back from Kafka, because
 after an unknown commit outcome (timeout, fencing) only Kafka knows whether the
 batch made it.
@@ -47,6 +48,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
+from sie.kernel.authz import from_kafka_error
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import CallAbandoned, call_bounded
 from sie.streams.eos.errors import ProducerFatal, ProducerHung, TxnAbortable
@@ -58,6 +60,9 @@ _TXN_CALL_TIMEOUT_S = 10.0  # librdkafka timeout of send_offsets/commit/abort
 _WATCHDOG_GRACE_S = 5.0  # how long past that timeout we wait before declaring the call hung
 _COMMITTED_TRY_S = 5.0  # librdkafka timeout of one committed() try in rewind
 _CLOSE_LIMIT_S = 10.0  # Consumer.close() has no timeout; after this long it is abandoned
+#: the ACL operation a transaction call needs (offsets join the group's commit: Read on the group)
+_OPERATION = {"send_offsets_to_transaction": "READ", "commit_transaction": "WRITE", "begin_transaction": "WRITE",
+              "abort_transaction": "WRITE"}
 
 
 def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
@@ -95,6 +100,8 @@ class TransactionalProducer:
         self._backoff = backoff_s
         self._stop = stop
         self._producer: Any = None
+        #: topics written in the open transaction (named when the broker refuses one without saying which)
+        self._txn_topics: set[str] = set()
 
     @property
     def transactional_id(self) -> str:
@@ -125,6 +132,10 @@ class TransactionalProducer:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 problem = err.str() if err else str(exc)
                 cause = exc
+                denied = from_kafka_error(err, self._config, "WRITE")
+                if denied is not None:
+                    _purge(producer)
+                    raise denied from exc
                 if err is None or not err.retriable():
                     _purge(producer)
                     raise KafkaUnavailable(
@@ -165,7 +176,16 @@ class TransactionalProducer:
 
     # --- transaction calls ------------------------------------------------------
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
-        return call(fn, what, self._attempts, self._backoff)
+        try:
+            return call(fn, what, self._attempts, self._backoff)
+        except (TxnAbortable, ProducerFatal) as exc:  # a missing ACL is final: say which, do not retry
+            cause = exc.__cause__
+            err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+            denied = from_kafka_error(err, self._config, _OPERATION.get(what, "WRITE"),
+                                      topics=tuple(sorted(self._txn_topics)))
+            if denied is not None:
+                raise denied from exc
+            raise
 
     def _guarded(self, fn: Callable[[], Any], what: str) -> Any:
         """``_call`` on a watchdog thread: a call hung past its timeout -> ``ProducerHung``.
@@ -181,12 +201,14 @@ class TransactionalProducer:
     def begin(self) -> None:
         if self._producer is None:  # a restart was interrupted by a stop request
             raise ProducerFatal("begin_transaction: no producer (its restart was interrupted)")
+        self._txn_topics.clear()
         self._call(self._producer.begin_transaction, "begin_transaction")
 
     def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
                 headers: list[tuple[str, bytes]] | None = None) -> None:
         """Queue one record; waits for room if librdkafka's queue is full (never drops)."""
         p = self._producer
+        self._txn_topics.add(topic)
         while True:
             try:
                 if headers is None:
@@ -198,6 +220,9 @@ class TransactionalProducer:
                 p.poll(0.05)
             except KafkaException as exc:  # e.g. the transaction entered an error state
                 err = exc.args[0]
+                denied = from_kafka_error(err, self._config, "WRITE", topics=(topic,))
+                if denied is not None:
+                    raise denied from exc
                 if err.fatal():
                     raise ProducerFatal(f"produce to {topic}: {err.str()}") from exc
                 raise TxnAbortable(f"produce to {topic}: {err.str()}") from exc
