@@ -330,7 +330,15 @@ class LocalKafka:
         self._echo(f"cluster ready in {time.monotonic() - started:.1f}s (data and logs in {self.data_dir})")
         return layout.bootstrap_servers
 
-    def _create_users(self, timeout: float) -> None:
+    def create_user(self, name: str, timeout: float = 30.0) -> Path:
+        """Another SCRAM user (e.g. one principal per test); returns its password file (mode 0600)."""
+        if not self.secure:
+            raise ConfigError(f"{self.data_dir} is not a secured cluster: users need `sie kafka up --secure`")
+        self.security.add_user(name)
+        self._create_users(timeout, [name])
+        return self.security.password_file(name)
+
+    def _create_users(self, timeout: float, users: list[str] | None = None) -> None:
         """SCRAM credentials of every SIE role's user (the admin's came with the storage format); idempotent."""
         from confluent_kafka.admin import (
             AdminClient,
@@ -342,7 +350,7 @@ class LocalKafka:
         config = {"bootstrap.servers": self.bootstrap_servers, **(self._probe_security() or {}), "log_level": 3}
         admin = AdminClient(config)
         info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
-        users = [u for u in USERS if u != ADMIN]
+        users = users or [u for u in USERS if u != ADMIN]
         upserts = [UserScramCredentialUpsertion(u, info, self.security.password(u).encode()) for u in users]
         for user, future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).items():
             try:
@@ -358,7 +366,7 @@ class LocalKafka:
             if self._clock() >= deadline:
                 raise KafkaUnavailable(f"SCRAM users not usable on {self.bootstrap_servers} after {timeout:.0f}s")
             self._sleep(0.2)
-        self._echo(f"SCRAM-SHA-512 users: {', '.join(USERS)} (passwords in {self.security.root / 'users'}, mode 0600)")
+        self._echo(f"SCRAM-SHA-512 users: {', '.join(users)} (passwords in {self.security.root / 'users'}, mode 0600)")
 
     def down(self, timeout: float = 30.0, wipe: bool = False) -> list[int]:
         """Stop every broker (SIGTERM, SIGKILL after ``timeout``); return the node ids stopped.

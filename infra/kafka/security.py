@@ -93,6 +93,15 @@ class SecurityFiles:
                 _write_private(self.password_file(user), secrets.token_urlsafe(24) + "\n")
         return self
 
+    def add_user(self, user: str) -> Path:
+        """A password file for another user (kept if it exists)."""
+        if not user or not all(c.isalnum() or c in "._-" for c in user):
+            raise SieError(f"user name: letters, digits, '.', '_' and '-' only (got {user!r})")
+        _private_dir(self.root / "users")
+        if not self.password_file(user).is_file():
+            _write_private(self.password_file(user), secrets.token_urlsafe(24) + "\n")
+        return self.password_file(user)
+
     def _make_certificates(self) -> None:
         openssl = require_tool("openssl")
         work = self.root

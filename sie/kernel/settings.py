@@ -243,7 +243,8 @@ class Settings(BaseSettings):
             except OSError as exc:
                 raise ConfigError(f"SIE_SASL_PASSWORD_FILE: cannot read {self.sasl_password_file} "
                                   f"({exc.strerror or exc}); check the path and its permissions") from None
-        return self.sasl_password.get_secret_value() if self.sasl_password else None
+        value: Any = self.sasl_password  # a str when set through model_copy/with_overrides (not validated)
+        return value.get_secret_value() if isinstance(value, SecretStr) else value
 
     def worker_settings(self) -> Settings:
         """The settings an agent hands its workers: its own, with the workers' Kafka principal if one is set."""

@@ -102,6 +102,12 @@ class TransactionalProducer:
         self._producer: Any = None
         #: topics written in the open transaction (named when the broker refuses one without saying which)
         self._txn_topics: set[str] = set()
+        #: (topic, error) of a record refused for authorization in the open transaction
+        self._refused: tuple[str, Any] | None = None
+
+    def _on_failed_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None and self._refused is None and from_kafka_error(err, self._config, "WRITE") is not None:
+            self._refused = (msg.topic(), err)
 
     @property
     def transactional_id(self) -> str:
@@ -119,7 +125,11 @@ class TransactionalProducer:
         deadline = None if patience_s is None else time.monotonic() + patience_s
         delay = self._backoff
         while not self._stop.is_set():
-            producer = self._factory(self._config)
+            # Delivery reports of failed records only (nothing per successful record): a record the broker
+            # refuses for a missing ACL (e.g. a topic this principal may not write or create) fails only
+            # there, as "N message(s) failed delivery" from commit_transaction.
+            producer = self._factory({**self._config, "delivery.report.only.error": True,
+                                      "on_delivery": self._on_failed_delivery})
             try:
                 call_bounded(lambda: producer.init_transactions(_CALL_TIMEOUT_S), "init_transactions",
                              _CALL_TIMEOUT_S + _WATCHDOG_GRACE_S, self._stop)
@@ -179,10 +189,14 @@ class TransactionalProducer:
         try:
             return call(fn, what, self._attempts, self._backoff)
         except (TxnAbortable, ProducerFatal) as exc:  # a missing ACL is final: say which, do not retry
-            cause = exc.__cause__
-            err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
-            denied = from_kafka_error(err, self._config, _OPERATION.get(what, "WRITE"),
-                                      topics=tuple(sorted(self._txn_topics)))
+            if self._refused is not None:  # a record was refused: its delivery report names the topic
+                topic, refused = self._refused
+                denied = from_kafka_error(refused, self._config, "WRITE", topic)
+            else:
+                cause = exc.__cause__
+                err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+                denied = from_kafka_error(err, self._config, _OPERATION.get(what, "WRITE"),
+                                          topics=tuple(sorted(self._txn_topics)))
             if denied is not None:
                 raise denied from exc
             raise
@@ -202,6 +216,7 @@ class TransactionalProducer:
         if self._producer is None:  # a restart was interrupted by a stop request
             raise ProducerFatal("begin_transaction: no producer (its restart was interrupted)")
         self._txn_topics.clear()
+        self._refused = None
         self._call(self._producer.begin_transaction, "begin_transaction")
 
     def produce(self, topic: str, value: bytes, key: bytes | None, partition: int = -1,
