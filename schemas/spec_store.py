@@ -142,17 +142,16 @@ def read_spec_snapshot(settings: Settings, timeout: float = 30.0) -> SpecSnapsho
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     from sie.kernel.admin import admin_client, wait_for_cluster
-    from sie.kernel.authz import from_kafka_error
+    from sie.kernel.authz import topic_denied
 
     topic = specs_topic(settings)
     snapshot = SpecSnapshot()
     metadata = wait_for_cluster(settings, timeout)  # KafkaUnavailable / NotAuthenticated with the fix
-    if topic not in metadata.topics:  # missing, or invisible to this principal (ACLs): ask by name to tell which
-        named = admin_client(settings).list_topics(topic=topic, timeout=timeout).topics.get(topic)
-        denied = from_kafka_error(named.error if named is not None else None, settings.kafka_client_config(),
-                                  "READ", topic)
-        if denied is not None:
-            raise denied
+    if topic not in metadata.topics:  # missing, or invisible to this principal (ACLs): tell which
+        if settings.security_protocol not in (None, "PLAINTEXT"):
+            denied = topic_denied(admin_client(settings), topic, settings.kafka_client_config(), "READ", timeout)
+            if denied is not None:
+                raise denied
         return snapshot
     partitions = sorted(metadata.topics[topic].partitions)
     consumer = Consumer(settings.kafka_client_config(**{

@@ -242,12 +242,13 @@ def _check_visible(admin: AdminClient, settings: Settings, missing: Sequence[Top
     """On a cluster with ACLs a topic this principal may not Describe is absent from the metadata, exactly like
     a missing one; asked for by name, Kafka says which: refuse with the missing permission instead of trying
     (and failing) to create a topic that may well exist."""
-    from sie.kernel.authz import from_kafka_error
+    from sie.kernel.authz import topic_denied
 
+    if not missing or settings.security_protocol in (None, "PLAINTEXT"):  # no principal, no ACLs to miss
+        return
     for spec in missing:
-        meta = admin.list_topics(topic=spec.name, timeout=timeout).topics.get(spec.name)
-        denied = from_kafka_error(meta.error if meta is not None else None, settings.kafka_client_config(),
-                                  "DESCRIBE (implied by READ or WRITE)", spec.name)
+        denied = topic_denied(admin, spec.name, settings.kafka_client_config(), "DESCRIBE (implied by READ or WRITE)",
+                              timeout)
         if denied is not None:
             raise denied
 

@@ -62,6 +62,25 @@ class NotAuthenticated(SieError):
 AUTHENTICATION_ERRORS = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "_SSL"})
 
 
+def topic_denied(admin: Any, topic: str, config: dict[str, Any], operation: str,
+                 timeout: float = 10.0) -> NotAuthorized | None:
+    """``NotAuthorized`` if this principal may not Describe ``topic``, else None (it exists or not).
+
+    On a cluster with ACLs a topic the principal may not Describe is absent from the metadata, exactly
+    like a missing one. ``describe_topics`` tells them apart and, unlike a metadata request naming the
+    topic, never auto-creates it (``auto.create.topics.enable`` is on by default).
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+
+    try:
+        futures = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)
+        futures[topic].result(timeout=timeout)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        return from_kafka_error(err, config, operation, topic)
+    return None
+
+
 def resource_of(err: Any) -> str | None:
     """The resource kind of a librdkafka ``KafkaError`` that is an authorization failure, else None."""
     if err is None:

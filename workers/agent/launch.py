@@ -62,12 +62,12 @@ class WorkerCommandBuilder:
         return self.work_dir / replica_id
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
+        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
+        if self.spec_policy is not None:
+            self._check(desired, spec_doc)  # before anything of the replica touches the disk
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         spec_file = directory / f"spec-{desired.target_hash}.json"
-        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
-        if self.spec_policy is not None:
-            self._check(desired, spec_doc)
         spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
         env = dict(self.base_env)
         env["PYTHONUNBUFFERED"] = "1"
