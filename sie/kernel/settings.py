@@ -66,7 +66,8 @@ def _default_cache_dir() -> Path:
 class Settings(BaseSettings):
     """SIE configuration. Env prefix ``SIE_``; nested dicts as JSON."""
 
-    model_config = SettingsConfigDict(env_prefix="SIE_", frozen=True, extra="ignore")
+    # hide_input_in_errors: a bad SIE_* value is named, never echoed (it may be a password or a token)
+    model_config = SettingsConfigDict(env_prefix="SIE_", frozen=True, extra="ignore", hide_input_in_errors=True)
 
     # --- Kafka connection -------------------------------------------------
     bootstrap_servers: str = Field(
