@@ -141,15 +141,17 @@ def read_spec_snapshot(settings: Settings, timeout: float = 30.0) -> SpecSnapsho
     """Replay the specs topic from the beginning to its current end (every partition reports EOF)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from sie.kernel.admin import admin_client
+    from sie.kernel.admin import admin_client, wait_for_cluster
+    from sie.kernel.authz import topic_denied
 
     topic = specs_topic(settings)
     snapshot = SpecSnapshot()
-    try:
-        metadata = admin_client(settings).list_topics(timeout=timeout)
-    except Exception as exc:  # KafkaException: broker unreachable
-        raise KafkaUnavailable(f"{settings.bootstrap_servers} did not answer: {exc}; is Kafka up (sie kafka up)?") from exc
-    if topic not in metadata.topics:
+    metadata = wait_for_cluster(settings, timeout)  # KafkaUnavailable / NotAuthenticated with the fix
+    if topic not in metadata.topics:  # missing, or invisible to this principal (ACLs): tell which
+        if settings.security_protocol not in (None, "PLAINTEXT"):
+            denied = topic_denied(admin_client(settings), topic, settings.kafka_client_config(), "READ", timeout)
+            if denied is not None:
+                raise denied
         return snapshot
     partitions = sorted(metadata.topics[topic].partitions)
     consumer = Consumer(settings.kafka_client_config(**{

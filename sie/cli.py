@@ -27,6 +27,8 @@ COMMAND_MODULES = [
     "sie.commands.cdc",
     "sie.commands.backfill",
     "sie.commands.control",
+    "sie.commands.token",
+    "sie.commands.acls",
     "sie.commands.cluster",
     "sie.commands.demo",
 ]

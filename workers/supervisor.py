@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sie.schemas.replica_state import ReplicaTransitionError, check_transition
-from sie.workers.process import LaunchSpec, ProcessLauncher
+from sie.workers.process import LaunchRefused, LaunchSpec, ProcessLauncher
 from sie.workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,11 @@ class Supervisor:
         is_restart = replica.state == ReplicaState.CRASHED
         try:
             replica.handle = self._launcher.start(self._build(replica.desired))
-        except Exception as exc:  # OSError, or a spec the command builder rejects
+        except LaunchRefused as exc:  # the node's policy refuses the spec: no retry can change that
+            replica.handle = None
+            self._transition(replica, ReplicaState.FAILED, str(exc))
+            return
+        except Exception as exc:  # OSError, or a spec the command builder cannot read
             replica.handle = None
             self._on_crash(replica, f"could not start worker: {exc}", now)
             return

@@ -110,7 +110,7 @@ def _load_spec(path: Path) -> Any:
         return ModelService.from_document(json.load(f))
 
 
-def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
+def _backend_config(spec: Any, args: argparse.Namespace, policy: Any = None) -> Any:
     """The spec's backend config plus what only the agent knows: the GPUs reserved and the memory budget.
 
     (A server backend such as SGLang needs the physical GPU index for NVML and the
@@ -119,7 +119,7 @@ def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
     """
     from sie.workers.backends import backend_config_from_spec
 
-    config = backend_config_from_spec(spec)
+    config = backend_config_from_spec(spec, policy)
     indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
     extra = {
         "gpu_indices": indices, "gpu_memory_mb": args.gpu_memory_mb, "replica_id": args.replica_id,
@@ -132,6 +132,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     """Load, prove readiness, score until SIGTERM. Returns the exit code."""
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.streams.scorer import ScorerConfig, run_scorer
     from sie.workers.backends import create_backend
     from sie.workers.readiness import readiness_inference
@@ -147,8 +148,12 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
 
     settings = Settings()
     spec = _load_spec(args.spec_file)
+    # The spec came over Kafka: check it against this node's policy before importing or opening anything
+    # (the agent did too; a worker started by hand with a spec file gets the same check).
+    policy = SpecPolicy.from_settings(settings)
+    policy.enforce(spec, source=f"replica {args.replica_id}")
     status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
-    backend = create_backend(_backend_config(spec, args))
+    backend = create_backend(_backend_config(spec, args, policy))
     try:
         backend.load()
         result = readiness_inference(backend, spec)

@@ -56,6 +56,7 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     from sie.connectors.backfill import BackfillConfig, BackfillJob, check_job_id
     from sie.connectors.backfill_plan import parse_bound
     from sie.kernel.errors import ConfigError
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.workers.backends import backend_config_from_spec, create_backend
 
     settings: Settings = ctx.obj
@@ -85,7 +86,9 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     click.echo(f"backfill {job_id}: {plan.total} offsets of {plan.source_topic} ({ranges}) -> {plan.output_topic} "
                f"with {spec.name} {spec.version}", err=True)
 
-    backend = create_backend(backend_config_from_spec(spec))
+    # the node's rules for model code and files; a spec file read here also makes its own folder a model root
+    policy = SpecPolicy.from_settings(settings, extra_roots=[spec_file.resolve().parent] if spec_file else [])
+    backend = create_backend(backend_config_from_spec(policy.enforce(spec), policy))
     backend.load()
 
     stop = stop_on_signals()

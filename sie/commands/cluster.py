@@ -2,7 +2,8 @@
 
 Decision: by default the CLI reads Kafka directly (nodes + recent heartbeats, the compacted
 model-status topic the leader publishes, recent events), so it works when no control plane is up or
-reachable; ``--control-url http://host:8470`` asks a control plane's HTTP API instead (same JSON).
+reachable; ``--control-url http://host:8470`` asks a control plane's HTTP API instead (same JSON),
+with the bearer token of ``SIE_API_TOKEN`` (``sie.commands._api``).
 ``get nodes``/``get replicas`` are added to the ``get`` group of ``sie.commands.spec``.
 """
 
@@ -11,8 +12,6 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
-from urllib.error import URLError
-from urllib.request import urlopen
 
 import click
 
@@ -21,18 +20,16 @@ from sie.kernel.errors import KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 
 _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
-                    help="Ask this control plane's HTTP API instead of reading Kafka.")
+                    help="Ask this control plane's HTTP API instead of reading Kafka (token: SIE_API_TOKEN).")
 _OUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 _TIMEOUT = click.option("--timeout", type=float, default=20.0, show_default=True, help="Seconds to read Kafka.")
 NODE_TIMEOUT_S = 6.0
 
 
-def _http(url: str, path: str) -> Any:
-    try:
-        with urlopen(url.rstrip("/") + path, timeout=10) as resp:
-            return json.loads(resp.read())
-    except URLError as exc:
-        raise SieError(f"control plane {url} did not answer {path}: {getattr(exc, 'reason', exc)}; check --control-url") from None
+def _http(settings: Settings, url: str, path: str) -> Any:
+    from sie.commands._api import ControlApi
+
+    return ControlApi(settings, url).get(path)
 
 
 def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
@@ -70,7 +67,7 @@ def _ago(ms: int | None) -> str:
 
 def nodes_json(settings: Settings, control_url: str | None, timeout: float) -> list[dict[str, Any]]:
     if control_url:
-        return _http(control_url, "/v1/nodes")["nodes"]
+        return _http(settings, control_url, "/v1/nodes")["nodes"]
     state = _read_state(settings, ("nodes", "heartbeats"), timeout)
     return [v.to_json() for v in state.snapshot().node_views(time.time(), NODE_TIMEOUT_S)]
 
@@ -106,7 +103,7 @@ def get_nodes(settings: Settings, control_url: str | None, output: str, timeout:
 
 def statuses_json(settings: Settings, control_url: str | None, timeout: float) -> tuple[list[dict[str, Any]], Any]:
     if control_url:
-        return _http(control_url, "/v1/models")["models"], None
+        return _http(settings, control_url, "/v1/models")["models"], None
     state = _read_state(settings, ("specs", "model-status", "events"), timeout)
     return [state.model_status[n] for n in sorted(state.model_status)], state
 
@@ -149,9 +146,13 @@ def describe() -> None:
 def describe_model(settings: Settings, name: str, control_url: str | None, timeout: float) -> None:
     """Spec summary, desired vs actual, each replica's state and reason, recent events."""
     if control_url:
+        from sie.commands._api import ApiRefused
+
         try:
-            model = _http(control_url, f"/v1/models/{name}")
-        except SieError:
+            model = _http(settings, control_url, f"/v1/models/{name}")
+        except ApiRefused as exc:
+            if exc.status != 404:
+                raise
             raise SieError(f"model {name!r}: not found at {control_url} (sie get models lists applied models)") from None
         spec, events = model.get("spec"), model.get("events", [])
     else:

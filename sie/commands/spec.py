@@ -5,6 +5,11 @@ I/O schema breaks the applied one (the control plane's ``POST /v1/models``
 refuses it too; ``--allow-breaking`` overrides), then publishes the spec on the
 compacted specs topic and waits for the broker's acknowledgement.  Applying
 the same spec twice changes nothing.
+
+With ``--control-url`` (``SIE_CONTROL_URL``) ``apply``, ``get models`` and ``delete model`` go through
+a control plane's HTTP API instead of Kafka, with the bearer token of ``SIE_API_TOKEN``: the control
+plane then checks the caller's role and writes an audit event.  Without it they need Kafka
+credentials that may write the specs topic (docs/security.md, role ``control``).
 """
 
 from __future__ import annotations
@@ -18,16 +23,38 @@ from sie.kernel.errors import SieError, SpecError
 from sie.kernel.settings import Settings
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
+_URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
+                    help="Go through this control plane's HTTP API instead of Kafka (token: SIE_API_TOKEN).")
+
+
+def _api_documents(path: Path) -> list[str]:
+    """The YAML documents of a spec file as the API should get them: relative artifact paths made absolute
+    (the control plane has no file to resolve them against)."""
+    import yaml
+
+    from sie.schemas.spec import read_yaml_documents
+
+    docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))
+    out = []
+    for doc in docs:
+        backend = (doc.get("spec") or {}).get("backend") if "kind" in doc else doc.get("backend")
+        if isinstance(backend, dict) and isinstance(backend.get("artifact"), str):
+            artifact = Path(backend["artifact"]).expanduser()
+            if not artifact.is_absolute():
+                backend["artifact"] = str((path.resolve().parent / artifact).resolve())
+        out.append(yaml.safe_dump(doc, sort_keys=False))
+    return out
 
 
 def _load_all(settings: Settings, files: tuple[Path, ...]):
-    """Every spec of every file; all files' problems in one SpecError."""
-    from sie.schemas.spec import InvalidSpec, load_specs
+    """Every spec of every file, checked against this node's spec policy; all files' problems in one SpecError."""
+    from sie.schemas.spec import InvalidSpec
+    from sie.schemas.spec_policy import load_local_specs
 
     specs, failures = [], []
     for path in files:
         try:
-            specs.extend(load_specs(path, topic_prefix=settings.topic_prefix))
+            specs.extend(load_local_specs(path, settings))
         except InvalidSpec as exc:
             failures.append(str(exc))
     if failures:
@@ -58,13 +85,33 @@ def _comparable(doc: dict) -> dict:
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
 @click.option("--allow-breaking", is_flag=True, help="Publish even if the new version's schema breaks the applied one.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for Kafka.")
+@_URL
 @click.pass_obj
-def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float) -> None:
+def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float,
+          control_url: str | None) -> None:
     """Validate specs and publish them on the cluster's specs topic (key = model name)."""
     from sie.schemas.compat import check_spec_compatibility
     from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     specs = _load_all(settings, files)
+    if control_url:
+        from sie.commands._api import ApiRefused, ControlApi
+
+        if allow_breaking:
+            raise SieError("--allow-breaking is not offered through the API; apply without --control-url")
+        api = ControlApi(settings, control_url, timeout=timeout)
+        for path in files:
+            for text in _api_documents(path):
+                try:
+                    answer = api.request("POST", "/v1/models", text)
+                except ApiRefused as exc:
+                    body = exc.body if isinstance(exc.body, dict) else {}
+                    details = [f"  {e.get('field')}: {e.get('reason')}" for e in body.get("errors", [])]
+                    raise SpecError("\n".join([str(exc), *details])) from None
+                click.echo(f"applied: {answer['name']} {answer['version']} via {control_url}")
+                for warning in answer.get("warnings", []):
+                    click.echo(f"  warning: {warning}")
+        return
     ensure_specs_topic(settings)
     applied = read_specs(settings, timeout=timeout)
     for spec in specs:
@@ -94,10 +141,30 @@ def get() -> None:
 @get.command("models")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--timeout", type=float, default=30.0, show_default=True)
+@_URL
 @click.pass_obj
-def get_models(settings: Settings, output: str, timeout: float) -> None:
+def get_models(settings: Settings, output: str, timeout: float, control_url: str | None) -> None:
     """Applied models: the latest spec per model on the specs topic."""
     from sie.schemas.spec_store import read_spec_snapshot
+
+    if control_url:
+        from sie.commands._api import ControlApi
+
+        models = ControlApi(settings, control_url, timeout=timeout).get("/v1/models")["models"]
+        if output == "json":
+            click.echo(json.dumps(models, indent=2))
+            return
+        table = [("NAME", "VERSION", "BACKEND", "PRIORITY", "PHASE", "READY")]
+        for m in models:
+            spec = m.get("spec") or {}
+            table.append((m["name"], spec.get("version", "-"), spec.get("backend", "-"), spec.get("priority_level", "-"),
+                          m.get("phase", "-"), f"{m.get('ready_replicas', 0)}/{m.get('desired_replicas', 0)}"))
+        widths = [max(len(str(r[i])) for r in table) for i in range(len(table[0]))]
+        for row in table:
+            click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if not models:
+            click.echo("(no models applied)")
+        return
 
     snapshot = read_spec_snapshot(settings, timeout=timeout)
     for problem in snapshot.problems:
@@ -126,10 +193,20 @@ def delete() -> None:
 @delete.command("model")
 @click.argument("name")
 @click.option("--timeout", type=float, default=30.0, show_default=True)
+@_URL
 @click.pass_obj
-def delete_model(settings: Settings, name: str, timeout: float) -> None:
+def delete_model(settings: Settings, name: str, timeout: float, control_url: str | None) -> None:
     """Delete an applied model (a deleted record, then a tombstone, on the specs topic)."""
     from sie.schemas.spec_store import delete_spec, read_specs
+
+    if control_url:
+        from urllib.parse import quote
+
+        from sie.commands._api import ControlApi
+
+        ControlApi(settings, control_url, timeout=timeout).request("DELETE", f"/v1/models/{quote(name, safe='')}")
+        click.echo(f"deleted: {name} via {control_url}")
+        return
 
     applied = read_specs(settings, timeout=timeout)
     if name not in applied:

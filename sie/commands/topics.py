@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from sie.kernel.settings import Settings
@@ -16,13 +18,25 @@ def command() -> None:
 @click.option("--replication-factor", type=int, default=None,
               help="Default: SIE_REPLICATION_FACTOR, else 3 on >= 3 brokers, else 1.")
 @click.option("--prefix", default=None, help="System topic prefix [default: SIE_TOPIC_PREFIX, i.e. sie].")
+@click.option("-f", "--spec", "specs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also a model's data-path topics (requests, results, dead letters, backfill + its dead letters): "
+                   "on a cluster with ACLs the scorer may not create them, so an administrator does.")
+@click.option("--partitions", type=int, default=None, help="Partitions of model topics [default: SIE_REQUEST_PARTITIONS].")
 @click.pass_obj
-def ensure(settings: Settings, replication_factor: int | None, prefix: str | None) -> None:
+def ensure(settings: Settings, replication_factor: int | None, prefix: str | None, specs: tuple[Path, ...],
+           partitions: int | None) -> None:
     """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
-    from sie.kernel.admin import ensure_topics
+    from sie.kernel.admin import ensure_topics, model_topic_specs
     from sie.kernel.topics import system_topics
+    from sie.schemas.spec import load_specs
 
-    report = ensure_topics(settings, system_topics(prefix or settings.topic_prefix), replication_factor)
+    topics = system_topics(prefix or settings.topic_prefix)
+    for path in specs:
+        for spec in load_specs(path, topic_prefix=prefix or settings.topic_prefix):
+            t = spec.topics
+            names = [t.requests, t.results, t.dead_letters, t.backfill, settings.names.backfill_dead_letter_topic(t.backfill)]
+            topics.extend(model_topic_specs(names, partitions or settings.request_partitions))
+    report = ensure_topics(settings, topics, replication_factor)
     click.echo(report.table())
     click.echo(f"{len(report.created)} created, {len(report.fixed)} fixed, {len(report.existing)} existing "
                f"on {settings.bootstrap_servers}")

@@ -132,3 +132,35 @@ class Names:
     def agent_client_id(self, node: str, role: str | None = None) -> str:
         """The agent's own client id, or that of one of its clients (``role``, e.g. ``assignments``)."""
         return f"{self.prefix}.agent.{node}" + (f".{role}" if role else "")
+
+    # --- prefixes: what one PREFIXED ACL covers (sie.kernel.acls); each derives from the name it covers ---
+    @property
+    def model_topic_prefix(self) -> str:
+        """Every model's default data-path topics (``<p>.model.``)."""
+        return self.model_topics("").requests[: -len(".requests")]
+
+    def scorer_transactional_id_prefix(self, model: str) -> str:
+        """Every replica's transactional id of one model's scorer (``<p>.scorer.<model>.``)."""
+        return self.scorer_transactional_id(model, "")
+
+    @property
+    def scorer_prefix(self) -> str:
+        """Every scorer group and transactional id (``<p>.scorer.``)."""
+        return self.scorer_group("")
+
+    @property
+    def agent_group_prefix(self) -> str:
+        return self.agent_group("")
+
+    def cdc_transactional_id_prefix(self, connector: str) -> str:
+        return self.cdc_transactional_id(connector, "")
+
+    @property
+    def cdc_prefix(self) -> str:
+        """Every CDC stage group, transactional id and CDC dead-letter topic (``<p>.cdc.``)."""
+        return self.cdc_group("")
+
+    @property
+    def backfill_prefix(self) -> str:
+        """Every backfill job's group and transactional id (``<p>.backfill.``)."""
+        return self.backfill_group("")

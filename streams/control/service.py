@@ -1,7 +1,8 @@
 """``sie control`` as one object: state feeder, leader elector, controller loop, HTTP API.
 
 Start order: feeder (rebuild state from the topics) -> elector (join the group) -> loop (reconcile
-only once the feeder caught up) -> HTTP.  Stop order is the reverse, and the elector closes its
+only once the feeder caught up) -> HTTP (``sie.streams.control.api``: FastAPI on uvicorn, bearer
+tokens from ``sie.streams.control.auth``; loopback unless another address is asked for).  Stop order is the reverse, and the elector closes its
 consumer so the group hands partition 0 to a standby at once (no 6 s session wait on a clean stop).
 """
 
@@ -90,7 +91,7 @@ class ControlService:
         config: ControlConfig = ControlConfig(),
         instance_id: str | None = None,
         http_port: int | None = 8470,
-        http_host: str = "0.0.0.0",
+        http_host: str = "127.0.0.1",
         clock: Callable[[], float] = time.time,
         session_timeout_ms: int = 6000,
         clients: KafkaClients | None = None,
@@ -99,7 +100,11 @@ class ControlService:
         self.config = config
         self.instance_id = instance_id or default_instance_id()
         self.clock = clock
-        self.state = ClusterState()
+        from sie.schemas.spec_policy import SpecPolicy
+
+        #: the node's spec rules: POST /v1/models and the state's view of the specs topic apply the same
+        self.spec_policy = SpecPolicy.from_settings(settings)
+        self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
         self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients)
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
@@ -112,7 +117,6 @@ class ControlService:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
-        self._http_thread: threading.Thread | None = None
         self.started_at = clock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -123,24 +127,31 @@ class ControlService:
         self._loop = threading.Thread(target=self._run, name="sie-control-loop", daemon=True)
         self._loop.start()
         if self._http_port is not None:
-            from sie.streams.control.api import make_server
+            from sie.streams.control.api import ApiServer, AuditLog, create_app
+            from sie.streams.control.auth import TokenStore, ensure_initial_token
 
-            self.http = make_server(self, self._http_host, self._http_port)
-            self._http_thread = threading.Thread(target=self.http.serve_forever, name="sie-control-http", daemon=True)
-            self._http_thread.start()
+            created = ensure_initial_token(self.settings)
+            if created is not None:
+                log.warning("no API token was configured: created an operator token in %s (mode 0600); "
+                            "`sie token create` makes more", created)
+            self.tokens = TokenStore(self.settings)
+            self.audit = AuditLog(self.settings)
+            app = create_app(self, self.tokens, tuple(self.settings.api_public_paths), self.audit)
+            self.http = ApiServer(app, self._http_host, self._http_port,
+                                  self.settings.api_tls_cert, self.settings.api_tls_key).start()
         log.info("sie control %s started (http %s)", self.instance_id, self.http_port)
         return self
 
     @property
     def http_port(self) -> int | None:
-        return self.http.server_address[1] if self.http is not None else None
+        return self.http.port if self.http is not None else None
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
         if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
+            self.http.stop()
+            self.audit.close()
         if self._loop is not None:
             self._loop.join(10)
         self.elector.stop()

@@ -201,6 +201,9 @@ class ClusterState:
     """
 
     max_events: int = 500
+    #: ``sie.schemas.spec_policy.SpecPolicy``: a spec on the topic that breaks it is kept out of ``specs``
+    #: (never placed) and its reason shown in ``spec_errors``, exactly as ``POST /v1/models`` refuses it
+    spec_policy: Any = None
     specs: dict[str, Any] = field(default_factory=dict)
     spec_errors: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
@@ -231,11 +234,18 @@ class ClusterState:
             import json
 
             try:
-                self.specs[name] = ModelService.from_document(json.loads(record["spec_json"]))
-                self.spec_errors.pop(name, None)
+                spec = ModelService.from_document(json.loads(record["spec_json"]))
             except Exception as exc:  # a spec we cannot read is a status, not a crash
                 self.specs.pop(name, None)
                 self.spec_errors[name] = f"spec record unreadable: {str(exc).splitlines()[0]}"
+                return
+            problems = self.spec_policy.check(spec) if self.spec_policy is not None else []
+            if problems:  # written to the topic directly, past the API: refused here all the same
+                self.specs.pop(name, None)
+                self.spec_errors[name] = "spec refused: " + "; ".join(problems)
+                return
+            self.specs[name] = spec
+            self.spec_errors.pop(name, None)
 
     def apply_node(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:

@@ -121,7 +121,8 @@ class StreamLoop(Generic[T]):
             return
         consumer = self._clients.consumer(cfg.consumer_config)
         try:
-            self.batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock)
+            self.batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock,
+                                   client_config=cfg.consumer_config)
             self.eos = eos = ExactlyOnce(producer, consumer, stop, cfg.limits, observer=self._observer,
                                          fenced_hint=cfg.fenced_hint, clock=self._clock)
             self._processor.started(consumer)

@@ -25,9 +25,15 @@ from sie.workers.supervisor import SupervisorPolicy
 from tests.fakes.kafka_clients import FakeClients, FakeConsumer, FakeMessage, FakeProducer, fake_clients
 from tests.fakes.workers import FakeClock, FakeLauncher
 from tests.helpers import wait_until
+from tests.scorer_fixtures import echo_spec
 
 NODE = "n1"
-SETTINGS = Settings()
+SETTINGS = Settings(allowed_modules=["tests.scorer_fixtures"])  # the echo test model may run here
+
+
+def spec_json(replica_id: str) -> str:
+    """A real (echo) ModelService document: the agent checks every spec against its policy before launching."""
+    return json.dumps(echo_spec(name=replica_id.replace("_", "-")).to_document(), sort_keys=True)
 ASSIGNMENTS = SETTINGS.names.system_topic("assignments")
 HEARTBEAT_S = 2.0
 
@@ -48,7 +54,7 @@ class World:
     def assign(self, node: str, epoch: int, replica_ids: list[str], partition: int = 0) -> None:
         record = {"node": node, "epoch": epoch, "issued_at_ms": 0, "replicas": [
             {"replica_id": rid, "model": "m", "version": "1.0.0", "gpu_indices": [0], "gpu_memory_mb": 1024,
-             "spec_json": json.dumps({"replica": rid})} for rid in replica_ids]}
+             "spec_json": spec_json(rid)} for rid in replica_ids]}
         self._append(node, encode("Assignment", record), partition)
 
     def tombstone(self, node: str, partition: int = 0) -> None:
@@ -132,7 +138,7 @@ def test_follows_the_newest_assignment_of_its_node_only(world: World):
     assert world.launcher.started[0].signals == []  # a-0 is still desired: left alone
     # the worker got the assignment's spec and GPU
     spec_file = Path(world.launcher.started[1].spec.argv[world.launcher.started[1].spec.argv.index("--spec-file") + 1])
-    assert json.loads(spec_file.read_text()) == {"replica": "b-0"}
+    assert json.loads(spec_file.read_text()) == json.loads(spec_json("b-0"))
     assert world.launcher.started[1].spec.env["CUDA_VISIBLE_DEVICES"] == ""  # simulated GPUs: CUDA hidden
 
 

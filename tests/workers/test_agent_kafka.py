@@ -185,3 +185,31 @@ def test_killing_the_agent_kills_its_workers(cluster: dict[str, Any]) -> None:
         if agent.poll() is None:
             agent.kill()
             agent.wait(10)
+
+
+def test_agent_refuses_an_assignment_whose_spec_names_arbitrary_code(cluster: dict[str, Any]) -> None:
+    """Written straight to the assignments topic (past the API and the control plane): the agent checks the
+    spec exactly as the API does, publishes FAILED with the reason, and never starts a process."""
+    settings, doc, tails = cluster["settings"], cluster["spec_doc"], cluster["tails"]
+    marker = cluster["work_dir"] / "pwned"
+    weights = cluster["work_dir"] / "w.safetensors"
+    weights.write_bytes(b"x")
+    evil = {**doc, "name": "evil", "backend": {**doc["backend"], "type": "torch", "callable": None, "format": "safetensors",
+                                             "artifact": str(weights), "module_class": "subprocess:Popen",
+                                             "module_kwargs": {"args": f"touch {marker}", "shell": True}}}
+    publish_assignment(settings, "n2", 1, [{**replica_assignment(evil), "replica_id": "evil-0", "model": "evil"}])
+    config = AgentConfig(node="n2", simulate_gpus="1xL4-24GB", heartbeat_s=0.5, work_dir=cluster["work_dir"])
+    agent, stop, thread = run_agent(config, settings)
+    status = tails["replica-status"]
+    try:
+        failed = wait_until(lambda: status.find(replica_id="evil-0", state="FAILED"), timeout=20,
+                            message=lambda: f"FAILED status; seen {status.values()}")[0]
+        assert "spec refused: spec.backend.moduleClass: module 'subprocess' is not in this node's allowed modules" \
+            in failed["reason"]
+        assert "spec.backend.artifact" in failed["reason"]  # the work dir is not a model root
+        assert [v["state"] for v in status.find(replica_id="evil-0")] == ["PENDING", "FAILED"]  # never STARTING
+        assert agent.supervisor.table.current("evil-0").handle is None
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not marker.exists()

@@ -13,9 +13,10 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sie.kernel.settings import Settings
-from sie.workers.process import LaunchSpec
+from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
 
 
@@ -30,24 +31,43 @@ class WorkerCommandBuilder:
         progress_interval_s: float = 1.0,
         real_gpus: bool = True,
         settings: Settings | None = None,
+        spec_policy: Any = None,
     ) -> None:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
-        # same cluster, with the same topic prefix and security settings, as the agent that runs them.
-        self.base_env = {**(os.environ if base_env is None else base_env), **(settings.to_env() if settings else {})}
+        # same cluster, with the same topic prefix and security settings, as the agent that runs them
+        # (with the workers' own Kafka principal when SIE_WORKER_SASL_USERNAME is set).
+        worker_env = settings.worker_settings().to_env() if settings else {}
+        self.base_env = {**(os.environ if base_env is None else base_env), **worker_env}
+        #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
+        self.spec_policy = spec_policy
         self.python = python
         self.progress_interval_s = progress_interval_s
         #: False with simulated GPUs: the indices name GPUs that do not exist, so hide CUDA entirely
         self.real_gpus = real_gpus
 
+    def _check(self, desired: DesiredReplica, spec_doc: Any) -> None:
+        """The node's spec policy, exactly as the API applies it; a refusal names the field."""
+        from sie.schemas.spec_models import ModelService
+
+        try:
+            spec = ModelService.from_document(spec_doc)
+        except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
+            raise LaunchRefused(f"spec refused: not a ModelService document: {str(exc).splitlines()[0]}") from None
+        problems = self.spec_policy.check(spec)
+        if problems:
+            raise LaunchRefused("spec refused: " + "; ".join(problems))
+
     def replica_dir(self, replica_id: str) -> Path:
         return self.work_dir / replica_id
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
+        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
+        if self.spec_policy is not None:
+            self._check(desired, spec_doc)  # before anything of the replica touches the disk
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         spec_file = directory / f"spec-{desired.target_hash}.json"
-        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
         spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
         env = dict(self.base_env)
         env["PYTHONUNBUFFERED"] = "1"

@@ -33,6 +33,7 @@ from typing import Any
 
 from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
+from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
 from sie.workers.agent.launch import WorkerCommandBuilder
 from sie.workers.metrics import AgentMetrics
@@ -98,6 +99,7 @@ class Agent:
             progress_interval_s=config.worker_progress_interval_s,
             real_gpus=not config.simulate_gpus,
             settings=settings,
+            spec_policy=SpecPolicy.from_settings(settings),
         )
         self.supervisor = Supervisor(launcher or SubprocessLauncher(), self.commands, self._clock, config.policy)
         self.metrics = AgentMetrics(config.node)

@@ -171,7 +171,8 @@ def _load_safetensors(path: Path, device: str, config: BackendConfig) -> torch.n
             f"spec.backend.module_class: required with a safetensors artifact ({path.name}); e.g. "
             f"'models.fraud.model:FraudMLP'"
         )
-    cls = import_object(config.module_class, config.search_paths, what="spec.backend.module_class")
+    cls = import_object(config.module_class, config.search_paths, what="spec.backend.module_class",
+                        allowed_modules=config.allowed_modules)
     try:
         module = cls(**dict(config.module_kwargs))
     except Exception as exc:
