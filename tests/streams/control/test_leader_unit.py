@@ -29,7 +29,7 @@ SETTINGS = Settings()
 NAMES = SETTINGS.names
 CONTROL_LEADER = NAMES.system_topic("control-leader")
 P0 = TopicPartition(CONTROL_LEADER, 0)
-NOW_S = 1_000_000.0
+NOW_S = 5.0  # a wall clock below every epoch on the topic: the "highest + 1" rule decides (floor: its own test)
 LIMITS = EosLimits(attempts=2, backoff_s=0.001, hang_limit_s=5.0)
 
 
@@ -63,12 +63,12 @@ class Election:
 def election() -> Iterator[Any]:
     made: list[Election] = []
 
-    def start(faults: dict[str, Any] | None = None) -> Election:
+    def start(faults: dict[str, Any] | None = None, history: tuple[int, ...] = (3, 7), now: float = NOW_S) -> Election:
         # earlier terms on the topic, each followed by its transaction's commit marker
-        consumer = FakeConsumer([FakeMessage(CONTROL_LEADER, 0, 0, b"cluster", claim(3)),
-                                 FakeMessage(CONTROL_LEADER, 0, 2, b"cluster", claim(7))])
-        consumer.add_marker(CONTROL_LEADER, 0, 1)
-        consumer.add_marker(CONTROL_LEADER, 0, 3)
+        consumer = FakeConsumer([FakeMessage(CONTROL_LEADER, 0, 2 * i, b"cluster", claim(epoch))
+                                 for i, epoch in enumerate(history)], partitions={CONTROL_LEADER: 1})
+        for i in range(len(history)):
+            consumer.add_marker(CONTROL_LEADER, 0, 2 * i + 1)
         producers: list[FakeProducer] = []
         script = dict(faults or {})  # one script for every producer the elector makes
 
@@ -77,7 +77,7 @@ def election() -> Iterator[Any]:
             return producers[-1]
 
         clients = fake_clients(consumer=consumer, producer=make_producer)
-        e = Election(LeaderElector(SETTINGS, "ctl-a", clock=lambda: NOW_S, clients=clients.clients, limits=LIMITS),
+        e = Election(LeaderElector(SETTINGS, "ctl-a", clock=lambda: now, clients=clients.clients, limits=LIMITS),
                      consumer, clients, producers)
         e.elector._on_change = lambda leader, epoch: e.changes.append((leader, epoch))
         made.append(e)
@@ -181,3 +181,34 @@ def test_a_commit_that_times_out_is_aborted_and_the_next_publish_opens_a_fresh_t
     publisher.publish([record("kept")])  # begin_transaction would fail with a transaction still open
     assert [rec["detail"] for _t, rec in e.decoded(producer)[-1]] == ["kept"]
     assert "lost" not in {rec.get("detail") for txn in e.decoded(producer) for _t, rec in txn}
+
+
+@pytest.mark.parametrize(("history", "now", "expected"), [
+    ((), 1_700_000_000.7, 1_700_000_000),  # the topic was recreated: no history, the wall clock's seconds
+    ((3, 7), 1_700_000_000.0, 1_700_000_000),  # an old incarnation's small epochs are left far behind
+    ((1_800_000_000,), 1_700_000_000.0, 1_800_000_001),  # a clock behind the last leader's: still highest + 1
+])
+def test_the_epoch_never_goes_backwards_even_when_the_control_leader_topic_was_recreated(election, history, now,
+                                                                                         expected):
+    """Agents ignore an assignment of a lower epoch than one they applied; a leader that restarted the count
+    at 1 after the topic was recreated would be ignored by every agent, forever."""
+    e = election(history=history, now=now)
+    wait_until(lambda: e.elector.is_leader, message="leadership")
+    assert e.elector.epoch == expected
+    assert e.decoded(e.producers[0])[0][0][1]["epoch"] == expected
+
+
+def test_a_dying_election_thread_steps_down_then_is_restarted_and_leads_again(election):
+    e = election()
+    wait_until(lambda: e.elector.is_leader, message="leadership")
+    assert e.elector.status()["ok"] and e.elector.status()["detail"] == "leader (epoch 8)"
+    e.consumer.faults["poll"] = [RuntimeError("poll blew up")]  # whatever kills the thread: a bug, a client error
+
+    wait_until(lambda: e.elector.thread_status().restarts == 1, message="the election thread restarted")
+    assert (False, 8) in e.changes  # it stepped down first: without its thread it cannot keep its membership
+    assert e.producers[0].purged
+    wait_until(lambda: e.elector.is_leader, message="leadership again after the restart")
+    assert e.elector.epoch == 9 and e.changes == [(True, 8), (False, 8), (True, 9)]
+    assert len(e.consumer.called("subscribe")) == 2  # the new run joined the group afresh
+    status = e.elector.status()
+    assert status["ok"] and status["restarts"] == 1 and "RuntimeError: poll blew up" in status["last_error"]
