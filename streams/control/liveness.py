@@ -11,11 +11,15 @@ replicas gains nothing: there is nowhere to move them to.
 Rule (``MassOfflineGuard.assess``, once per reconcile pass):
 
 * *suspicious*: at least ``fraction`` of the nodes that were online one liveness window ago went offline
-  within that window (a node "went offline" when its last proof of life is older than the timeout; for
-  nodes this controller has only seen in the replayed history, the window starts when it started
-  watching, so a control plane restarted in the middle of such an outage holds too);
-* *evidence that the silence is ours*: no heartbeat arrives from ANY node, or the state reader lags
-  behind the heartbeats topic (``StateFeeder.lag_reason``);
+  within that window, or are on their way there (silent for more than half the window).  A node "went
+  offline" when its last proof of life is older than the timeout; for nodes this controller has only seen
+  in the replayed history, the window starts when it started watching, so a control plane restarted in
+  the middle of such an outage holds too.  The "on their way" part matters: when every heartbeat stops at
+  once, the nodes time out one by one over a heartbeat interval, and the first one must already be held;
+* *evidence that the silence is ours*: no heartbeat has arrived from ANY node for more than half the
+  window (a node that dies alone leaves the others heartbeating, every agent interval being well under
+  half the node timeout: 2 s against 6 s by default), or the state reader lags behind the heartbeats
+  topic (``StateFeeder.lag_reason``);
 * both -> **hold**: the nodes that went offline are treated as online (their replicas stay where they
   are, nothing is removed from their assignments, no ``moved``/``node_offline`` churn); an event
   ``liveness_guard`` says why, health reports it, ``sie_control_liveness_guard`` is 1;
@@ -84,21 +88,26 @@ class MassOfflineGuard:
         if self._watching_since is None:
             self._watching_since = now
         self._acknowledged -= set(online)
-        window = self.window_s
+        window, quiet_limit = self.window_s, self.window_s / 2
         recent = {
             n for n, at in alive_at.items()
             if n not in online and n not in self._acknowledged and at is not None
             and max(at, self._watching_since - window) + 2 * window > now
         }
-        evidence = lag or (None if online else "no heartbeat arrives from any node")
+        fading = {n for n in online if (at := alive_at.get(n)) is not None and now - at > quiet_limit}
+        heard = [at for at in alive_at.values() if at is not None]
+        quiet = now - max(heard) if heard else None
+        evidence = lag or (f"no heartbeat has arrived from any node for {quiet:.0f}s"
+                           if quiet is not None and quiet > quiet_limit else None)
         hold = self._hold
         if hold is None:
+            suspects = recent | fading
             base = len(online) + len(recent)
-            if recent and evidence and len(recent) >= self.fraction * base:
-                reason = (f"{len(recent)} of {base} nodes went offline within {window:g}s while {evidence}: "
-                          f"treating them as online (nothing moves) until heartbeats flow again")
-                self._hold = _Hold(now, set(recent), reason)
-                return GuardDecision(frozenset(recent), reason, engaged=f"{reason}; holding {_names(recent)}")
+            if recent and evidence and len(suspects) >= self.fraction * base:
+                reason = (f"{len(suspects)} of {base} nodes went offline or silent within {window:g}s while "
+                          f"{evidence}: treating them as online (nothing moves) until heartbeats flow again")
+                self._hold = _Hold(now, set(suspects), reason)
+                return GuardDecision(frozenset(recent), reason, engaged=f"{reason}; holding {_names(suspects)}")
             return GuardDecision()
         hold.suspects |= recent  # a node going silent while we hold is held too
         hold.back = {n for n in hold.suspects if n in online}

@@ -420,7 +420,8 @@ def test_every_node_going_silent_at_once_holds_their_replicas_until_heartbeats_f
 
     clock.advance(TIMEOUT + 1)  # no heartbeat from anyone: our silence, far more likely than two dead machines
     rep = ctl.reconcile(clock())
-    assert rep.guard and "2 of 2 nodes went offline" in rep.guard and "no heartbeat arrives from any node" in rep.guard
+    assert rep.guard and "2 of 2 nodes went offline or silent" in rep.guard
+    assert "no heartbeat has arrived from any node for 7s" in rep.guard
     assert [r.value["kind"] for r in rep.of("events")] == ["liveness_guard"] and rep.of("assignments") == []
     health = ctl.health()["liveness_guard"]
     assert not health["ok"] and health["holding"] == ["node-a", "node-b"]
@@ -438,6 +439,32 @@ def test_every_node_going_silent_at_once_holds_their_replicas_until_heartbeats_f
     assert "2 of 2 held nodes are back" in rep.of("events")[0].value["detail"]
     assert len(pub.all("assignments")) == published and ctl.health()["liveness_guard"]["ok"]
     assert not [e for e in pub.all("events") if e.value["kind"] in ("moved", "node_offline", "unschedulable")]
+
+
+def test_heartbeats_stopping_everywhere_hold_the_first_node_to_time_out_already(world):
+    """All heartbeats stop at once, but the nodes' last ones are spread over a heartbeat interval: the node
+    whose last heartbeat came first times out while the others still count as online.  It must be held."""
+    clock, state, pub, _, ctl = world
+    before = place_alpha(clock, state, pub, ctl, replicas=2)
+    clock.advance(1.5)
+    beat(state, clock, "node-b")  # node-b's last heartbeat, 1.5 s after node-a's
+    clock.advance(TIMEOUT - 1.5 + 0.1)  # node-a just timed out; node-b is silent for TIMEOUT - 1.4 s
+    rep = ctl.reconcile(clock())
+    assert rep.guard and "no heartbeat has arrived from any node for 5s" in rep.guard
+    assert rep.of("assignments") == [] and assigned(pub) == before
+
+
+def test_a_node_dying_alone_is_not_held_while_the_others_keep_heartbeating(world):
+    clock, state, pub, _, ctl = world
+    place_alpha(clock, state, pub, ctl, replicas=1)
+    (node,) = [n for n, ids in assigned(pub).items() if ids]
+    other = "node-b" if node == "node-a" else "node-a"
+    for _ in range(4):  # the other node heartbeats every 2 s; the first one is silent
+        clock.advance(2)
+        beat(state, clock, other)
+        rep = ctl.reconcile(clock())
+        assert rep.guard is None
+    assert assigned(pub)[other] == {"alpha-0"}  # moved at the usual time: the timeout plus one pass
 
 
 def test_a_held_node_still_silent_when_heartbeats_flow_again_is_moved_after_the_hold(world):
@@ -475,7 +502,7 @@ def test_a_partial_mass_offline_is_held_only_while_the_reader_lags(lag):
     view.lag = lag
     rep = ctl.reconcile(clock())
     if lag:  # our reader lags: the silence may be ours
-        assert rep.guard and f"2 of 3 nodes went offline within {TIMEOUT:g}s while {lag}" in rep.guard
+        assert rep.guard and f"2 of 3 nodes went offline or silent within {TIMEOUT:g}s while {lag}" in rep.guard
         assert assigned(pub) == before
     else:  # the reader keeps up and node-a is heard: two machines really went down; their replicas move
         assert rep.guard is None and assigned(pub)["node-b"] == set() == assigned(pub)["node-c"]
@@ -492,7 +519,7 @@ def test_a_control_plane_started_in_the_middle_of_a_global_silence_holds_too():
     state.apply_assignment("node-a", assignment_of(state, "node-a", "alpha-0"))
     clock.advance(TIMEOUT + 0.1)
     rep = ctl.reconcile(clock())
-    assert rep.skipped is None and rep.guard and "2 of 2 nodes went offline" in rep.guard
+    assert rep.skipped is None and rep.guard and "2 of 2 nodes went offline or silent" in rep.guard
     assert pub.all("assignments") == []  # node-a's assignment is left as it is
 
 
