@@ -237,3 +237,28 @@ def test_after_the_control_leader_topic_is_recreated_the_agents_still_follow_the
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_health_names_a_dead_background_thread_until_it_runs_again(settings, running, monkeypatch):
+    """Every background thread is supervised and shows in health: a reconcile loop that dies is restarted, and
+    /healthz is not ok, naming it and why, until it runs again."""
+    agents(settings, running, "node-1")
+    svc = control(settings, running)
+    wait_until(lambda: svc.health()["ok"], 30, message=lambda: f"healthy (reasons: {svc.health()['reasons']})")
+    working = threading.Event()
+    reconcile = svc.controller.reconcile
+
+    def broken(now: float) -> Any:
+        if not working.is_set():
+            raise RuntimeError("reconcile blew up")
+        return reconcile(now)
+
+    monkeypatch.setattr(svc.controller, "reconcile", broken)
+    wait_until(lambda: not svc.health()["ok"], 10, message="health to say the loop died")
+    health = svc.health()
+    assert health["status"] == "degraded"
+    assert "reconcile_loop: loop thread restarting: RuntimeError: reconcile blew up" in health["reasons"]
+    working.set()
+    wait_until(lambda: svc.health()["ok"], 60, message=lambda: f"healthy again (reasons: {svc.health()['reasons']})")
+    loop = svc.health()["subsystems"]["reconcile_loop"]
+    assert loop["restarts"] >= 1 and loop["last_error"] == "RuntimeError: reconcile blew up"
