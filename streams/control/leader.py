@@ -31,8 +31,12 @@ elections (NTP keeps it far closer); "highest + 1" still guarantees a strict inc
 would have consumed).
 
 Every write goes through the exactly-once layer's ``TransactionalProducer`` (watchdog on each call,
-retriable -> retry, abortable -> abort): a commit that timed out is aborted, never left open to wedge
-every later transaction; a fatal error (fenced) makes this instance step down.
+retriable -> retry, abortable -> abort, fatal -> ``Fenced``, on which this instance steps down).  A commit
+that times out is called again and completes once the broker answers; if it is given up, librdkafka
+refuses to abort it (``_CONFLICT``: it goes on in the background), so the producer is dropped, this
+instance steps down and runs for leader again with a fresh producer, whose ``init_transactions`` settles
+the old transaction.  Never is a transaction left open to make every later ``begin_transaction`` fail
+(measured on a SIGSTOPped broker: tests/streams/control/test_leader_kafka.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Election: hold partition 0 of control-leader, fence earlier writers (init_transactions), read the topic to
 its high watermark, publish LeaderEpoch(max seen + 1) and a ControlEvent in one transaction.  Stepping
-down: a fenced producer or partition 0 taken away.  Transactions: one that cannot commit is aborted, never
-left open.  Failover between real processes on a real broker: test_control_kafka.py.
+down: a fenced producer or partition 0 taken away.  Transactions: a commit that times out is called again;
+one that keeps timing out cannot be aborted (librdkafka), so its producer is dropped and a new term leads:
+never left open.  Failover between real processes on a real broker: test_control_kafka.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.controller import ControlConfig, Controller, OutRecord
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
 from sie.streams.control.state import ClusterState
-from sie.streams.eos import EosLimits, Fenced, TxnAbortable
+from sie.streams.eos import EosLimits, Fenced
 from tests.fakes.kafka_clients import FakeClients, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
 from tests.helpers import wait_until
 from tests.streams.control.test_control_unit import gpu, heartbeat, register, spec_record
@@ -160,27 +161,47 @@ def test_losing_partition_0_steps_down_and_publishing_is_refused(election, lost)
     assert len(e.producers) == 1  # a standby without partition 0 does not try to lead
 
 
-def test_a_commit_that_times_out_is_aborted_and_the_next_publish_opens_a_fresh_transaction(election):
+def note(detail: str) -> OutRecord:
+    return OutRecord("events", "cluster", "ControlEvent", {
+        "ts_ms": 1, "kind": "note", "model": None, "replica_id": None, "node": None, "detail": detail})
+
+
+def test_a_commit_that_times_out_is_called_again_and_completes(election):
+    e = election()
+    wait_until(lambda: e.elector.is_leader, message="leadership")
+    producer = e.producers[0]
+    producer.faults["commit_transaction"] = [kafka_error(KafkaError._TIMED_OUT, "commit timed out", retriable=True)]
+    TransactionalPublisher(e.elector).publish([note("kept")])
+    assert [rec["detail"] for _t, rec in e.decoded(producer)[-1]] == ["kept"] and producer.aborts == 0
+    assert not producer.commit_in_progress and e.elector.is_leader
+
+
+def test_a_commit_that_keeps_timing_out_is_never_left_open_the_producer_is_dropped_and_a_new_term_leads(election):
+    """librdkafka refuses to abort a commit that timed out (it goes on in the background: _CONFLICT), and
+    refuses every begin_transaction until it is settled.  So the layer drops the producer (Fenced for the
+    leader), the instance steps down and a fresh producer's init_transactions settles the old transaction."""
     e = election()
     wait_until(lambda: e.elector.is_leader, message="leadership")
     producer = e.producers[0]
     timeout = [kafka_error(KafkaError._TIMED_OUT, "commit timed out", retriable=True) for _ in range(LIMITS.attempts)]
     producer.faults["commit_transaction"] = timeout
-    publisher = TransactionalPublisher(e.elector)
+    state = ClusterState()
+    controller = Controller(state, TransactionalPublisher(e.elector), e.elector, ControlConfig())
+    state.apply_spec("m", spec_record("m"))
+    register(state, "node-a", [gpu(0)])
+    heartbeat(state, "node-a", NOW_S, [gpu(0)])
 
-    def record(detail: str) -> OutRecord:
-        return OutRecord("events", "cluster", "ControlEvent", {
-            "ts_ms": 1, "kind": "note", "model": None, "replica_id": None, "node": None, "detail": detail})
-
-    with pytest.raises(TxnAbortable, match="commit_transaction"):
-        publisher.publish([record("lost")])
-    assert not producer.in_transaction and producer.aborts == 1  # aborted, not left open
+    report = controller.reconcile(NOW_S)  # the pass whose commit keeps timing out
+    assert "Conflicting commit_transaction API call is already in progress" in report.errors["publish"]
     assert len(producer.called("commit_transaction")) == 1 + LIMITS.attempts  # the election's + the retries
-    assert e.elector.is_leader  # a timeout is not a fencing
+    assert not e.elector.is_leader and producer.purged  # stepped down; nothing it queued is delivered
 
-    publisher.publish([record("kept")])  # begin_transaction would fail with a transaction still open
-    assert [rec["detail"] for _t, rec in e.decoded(producer)[-1]] == ["kept"]
-    assert "lost" not in {rec.get("detail") for txn in e.decoded(producer) for _t, rec in txn}
+    wait_until(lambda: e.elector.is_leader, message="a new term with a fresh producer")
+    assert e.elector.epoch == 9 and e.producers[1] is e.elector.producer._producer
+    report = controller.reconcile(NOW_S)  # the next pass publishes the same decisions on the new producer
+    assert report.errors == {} and report.of("assignments")
+    assert all(not p.in_transaction for p in e.producers[1:])
+    assert producer.transactions == [producer.transactions[0]]  # the old producer committed only its election
 
 
 @pytest.mark.parametrize(("history", "now", "expected"), [
