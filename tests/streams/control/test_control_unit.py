@@ -546,3 +546,14 @@ def test_the_guard_holds_from_the_configured_fraction_of_nodes(fraction, silent,
     online = set(list(nodes)[silent:])
     decision = guard.assess(now, nodes, online, lag="state reader 4s behind the end of the heartbeats topic")
     assert bool(decision.holding) == held and guard.holding == held
+
+
+def test_a_replayed_heartbeat_proves_life_at_its_broker_time_as_one_shot_readers_see_it():
+    """`sie get nodes` reads the topics once and stops: its liveness comes from replayed heartbeats alone."""
+    state = ClusterState()
+    replayed(state, "recent", 1000.0 - 2)
+    replayed(state, "old", 1000.0 - 7)
+    snap = state.snapshot()
+    assert snap.node_online("recent", 1000.0, TIMEOUT) and not snap.node_online("old", 1000.0, TIMEOUT)
+    assert not snap.heard_live("recent", 1000.0, TIMEOUT)  # but it was not heard live: the controller waits for that
+    assert not snap.node_online("never", 1000.0, TIMEOUT)
