@@ -420,6 +420,21 @@ class LocalKafka:
         """SIGTERM one node (controlled shutdown) and wait until it exits (SIGKILL after ``timeout``)."""
         self._stop_node(self.layout.node(node_id), self._state(), signal.SIGTERM, timeout)
 
+    def pause_broker(self, node_id: int) -> None:
+        """SIGSTOP one node: a broker that is there but answers nothing (GC pause, stalled VM), so calls
+        time out instead of failing fast.  ``resume_broker`` lets it go on where it stopped."""
+        state = self._state()
+        node = self.layout.node(node_id)
+        if state is None or not self._alive(node, state):
+            raise ConfigError(f"broker {node_id} of {self.data_dir} is not running: nothing to pause")
+        self._procs.signal(state.pids[node_id], signal.SIGSTOP)
+
+    def resume_broker(self, node_id: int) -> None:
+        """SIGCONT a node paused by ``pause_broker``."""
+        state = self._state()
+        if state is not None and node_id in state.pids:
+            self._procs.signal(state.pids[node_id], signal.SIGCONT)
+
     def start_broker(self, node_id: int, timeout: float = 60.0) -> None:
         """Restart a stopped node of this cluster and wait until it answers and is back in the metadata."""
         state = self._state()

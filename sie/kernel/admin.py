@@ -197,6 +197,10 @@ def delete_topics(settings: Settings, topics: Sequence[str], timeout: float = 30
 
 
 # ---- provisioning --------------------------------------------------------------------------------
+#: topic configs a topic's readers depend on (besides cleanup.policy): drift is fixed, not only reported
+_ENFORCED_CONFIGS = ("message.timestamp.type",)
+
+
 def ensure_topics(
     settings: Settings,
     topics: Sequence[TopicSpec],
@@ -204,7 +208,8 @@ def ensure_topics(
     timeout: float = 30.0,
     clients: KafkaClients | None = None,
 ) -> EnsureReport:
-    """Create missing topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
+    """Create missing topics, fix cleanup.policy (and ``_ENFORCED_CONFIGS``) drift, report partition
+    mismatches (idempotent)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
@@ -246,12 +251,19 @@ def ensure_topics(
                          "adding partitions moves keys; recreate the topic if that is acceptable)")
         elif partitions > spec.partitions:
             notes.append(f"has {partitions} partitions, more than the {spec.partitions} wanted (kept)")
-        policy = topic_configs(settings, spec.name, timeout, admin=admin).get("cleanup.policy", "delete")
+        current = topic_configs(settings, spec.name, timeout, admin=admin)
+        policy = current.get("cleanup.policy", "delete")
         action = Action.EXISTING
         if policy != wanted_policy:
             _set_topic_config(admin, spec.name, {"cleanup.policy": wanted_policy}, timeout)
             notes.append(f"cleanup.policy was {policy}, set to {wanted_policy}")
             action, policy = Action.FIXED, wanted_policy
+        for key in _ENFORCED_CONFIGS:
+            wanted = spec.config.get(key)
+            if wanted is not None and current.get(key) != wanted:
+                _set_topic_config(admin, spec.name, {key: wanted}, timeout)
+                notes.append(f"{key} was {current.get(key)}, set to {wanted}")
+                action = Action.FIXED
         outcomes.append(TopicOutcome(spec.name, partitions, replication, policy, action, tuple(notes)))
     return EnsureReport(tuple(outcomes))
 

@@ -42,6 +42,7 @@ import uuid
 from typing import Any
 
 from sie.kernel.errors import ConfigError
+from sie.kernel.supervised import ThreadStatus
 
 log = logging.getLogger(__name__)
 
@@ -517,6 +518,16 @@ class ApiServer:
                                   + "; see the log above")
             time.sleep(0.01)
         return self
+
+    def status(self) -> ThreadStatus:
+        """The serving thread as health shows it.  Not restarted in-process when it dies (its socket was
+        bound at start): /healthz then stops answering, and the process supervisor's probe restarts
+        the whole control plane, which is stateless apart from Kafka."""
+        running = self._thread is not None and self._thread.is_alive()
+        stopping = self._server is not None and self._server.should_exit
+        state = "running" if running else ("stopped" if stopping else "dead")
+        error = None if self._error is None else type(self._error).__name__
+        return ThreadStatus("sie-control-http", state, 0, error, None)
 
     def stop(self, timeout: float = 5.0) -> None:
         if self._server is not None:

@@ -16,6 +16,15 @@ restarted control plane reaches the same decision.  Order of one pass:
 
 Each step runs in its own try/except: a failing step becomes a subsystem error in ``health`` and a
 metric, never a crashed loop.  Side effects go through ``Publisher`` (a fake in unit tests).
+
+No pass acts on a view it knows is stale (``StateView``, the state feeder in production):
+
+* while the state reader is not caught up, died, or stalled, the pass is SKIPPED (``ReconcileReport.skipped``);
+* after catching up (at start-up, after a reader restart) the pass is skipped until every node seen in the
+  replayed heartbeats has been heard LIVE, for at most one ``node_timeout_s``: replayed heartbeats are
+  history, and a node must not be judged offline (its replicas moved) before it had one chance to speak;
+* when many nodes go offline at once while the silence is more likely ours than theirs, the
+  ``MassOfflineGuard`` (``liveness.py``) holds their replicas where they are.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from typing import Any, Protocol
 
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
+from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
 from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from sie.streams.control.status import ModelStatus, build_status
@@ -48,12 +58,26 @@ class ControlConfig:
     ``failure_cooldown_s``: after a replica reports FAILED on a node, it is kept off that node this long.
     ``reconcile_interval_s``: how often the loop runs (it also runs soon after a change is seen).
     ``strategy``: only ``binpack`` exists (the article's default).
+    ``mass_offline_fraction``: when at least this fraction of the nodes that were online go offline within
+    one ``node_timeout_s`` while no heartbeat arrives from any node or the state reader lags, the leader
+    holds their replicas where they are instead of removing them (``liveness.MassOfflineGuard``); 1.0 holds
+    only when every node goes silent.  Default 0.5: losing half the cluster at once is rarer than losing
+    sight of it.
     """
 
     node_timeout_s: float = 6.0
     failure_cooldown_s: float = 300.0
     reconcile_interval_s: float = 1.0
     strategy: str = "binpack"
+    mass_offline_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        from sie.kernel.errors import ConfigError
+
+        if not 0.0 < self.mass_offline_fraction <= 1.0:
+            raise ConfigError(f"control.mass_offline_fraction: must be > 0 and <= 1 (got {self.mass_offline_fraction})")
+        if self.node_timeout_s <= 0:
+            raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> ControlConfig:
@@ -74,7 +98,7 @@ class ControlConfig:
                 raise ConfigError(f"{path}: scheduling.strategy: only 'binpack' is supported (got {strategy!r})")
             values["strategy"] = strategy
         control = doc.get("control") or {}
-        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s"):
+        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction"):
             if key in control:
                 try:
                     values[key] = float(control[key])
@@ -115,6 +139,35 @@ class Leadership(Protocol):
     def step_down(self, reason: str) -> None: ...
 
 
+class StateView(Protocol):
+    """How fresh the state is (the state feeder in production; ``FreshView`` in unit tests)."""
+
+    @property
+    def caught_up_at(self) -> float | None:
+        """When the reader last caught up (controller clock); None while it is not caught up."""
+        ...
+
+    def stale_reason(self) -> str | None:
+        """Why the state may be missing records right now (None: it is not)."""
+        ...
+
+    def lag_reason(self) -> str | None:
+        """Why heartbeats are read late (None: they are not)."""
+        ...
+
+
+class FreshView:
+    """A state that is always complete and current (unit tests feed ``ClusterState`` directly)."""
+
+    caught_up_at: float | None = float("-inf")
+
+    def stale_reason(self) -> str | None:
+        return None
+
+    def lag_reason(self) -> str | None:
+        return None
+
+
 @dataclass
 class StaticLeadership:
     """Leadership decided by the caller (unit tests, single-instance runs without a group)."""
@@ -151,6 +204,8 @@ class ReconcileReport:
     errors: Mapping[str, str]
     durations: Mapping[str, float]
     skipped: str | None = None
+    #: why the mass-offline guard holds nodes online this pass (None: it does not)
+    guard: str | None = None
 
     def of(self, topic: str) -> list[OutRecord]:
         return [r for r in self.published if r.topic == topic]
@@ -169,8 +224,12 @@ class Controller:
         leadership: Leadership,
         config: ControlConfig = ControlConfig(),
         metrics: Any | None = None,
+        view: StateView | None = None,
     ) -> None:
         self.state = state
+        self.view: StateView = view if view is not None else FreshView()
+        self.guard = MassOfflineGuard(config.node_timeout_s, config.mass_offline_fraction)
+        self._guard_decision = GuardDecision()
         self.publisher = publisher
         self.leadership = leadership
         self.config = config
@@ -187,6 +246,8 @@ class Controller:
         self._led_last_pass = False
         self.last_report: ReconcileReport | None = None
         self.statuses: dict[str, ModelStatus] = {}
+        #: True once a pass acted (was not skipped for a stale view)
+        self.acted = False
 
     # -- the pass ----------------------------------------------------------------------------------
 
@@ -201,6 +262,14 @@ class Controller:
             self._unplaced_reported.clear()
         self._led_last_pass = leader
         snap = self.state.snapshot()
+        wait = self._stale_view(snap, now)
+        if wait is not None:
+            durations["total"] = time.perf_counter() - started
+            report = ReconcileReport(now, leader, (), None, self.statuses, {}, durations, skipped=wait)
+            self.last_report = report
+            self._observe(report, snap, now)
+            return report
+        self.acted = True
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -244,14 +313,48 @@ class Controller:
             self._remember([], statuses)
         self.statuses = statuses or self.statuses
         durations["total"] = time.perf_counter() - started
-        report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations)
+        report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations,
+                                 guard=self._guard_decision.reason)
         self.last_report = report
+        self._observe(report, snap, now)
+        return report
+
+    def _observe(self, report: ReconcileReport, snap: StateSnapshot, now: float) -> None:
         if self.metrics is not None:
             try:
                 self.metrics.observe(report, snap, now, self.config.node_timeout_s)
             except Exception:  # metrics are best effort
                 log.exception("metrics update failed")
-        return report
+
+    def _stale_view(self, snap: StateSnapshot, now: float) -> str | None:
+        """Why this pass must not act (module docstring), or None."""
+        stale = self.view.stale_reason()
+        if stale is not None:
+            return stale
+        caught_up_at = self.view.caught_up_at
+        if caught_up_at is None:
+            return "state reader not caught up"
+        timeout = self.config.node_timeout_s
+        if now < caught_up_at + timeout:
+            unheard = sorted(n for n in snap.heartbeats if n in snap.nodes and not snap.heard_live(n, now, timeout))
+            if unheard:
+                shown = ", ".join(unheard[:10]) + (f" and {len(unheard) - 10} more" if len(unheard) > 10 else "")
+                return (f"caught up {now - caught_up_at:.1f}s ago; waiting up to {caught_up_at + timeout - now:.1f}s "
+                        f"for a live heartbeat of {shown} before judging liveness")
+        return None
+
+    def health(self) -> dict[str, Any]:
+        """The reconcile loop and the mass-offline guard, as ``/healthz`` shows them."""
+        report = self.last_report
+        if report is None:
+            loop: dict[str, Any] = {"ok": False, "detail": "no reconcile pass yet"}
+        elif report.skipped:
+            loop = {"ok": False, "detail": f"not acting: {report.skipped}"}
+        elif report.errors:
+            loop = {"ok": False, "detail": "; ".join(f"{k}: {v}" for k, v in sorted(report.errors.items()))}
+        else:
+            loop = {"ok": True, "detail": "reconciling"}
+        return {"reconcile": loop, "liveness_guard": self.guard.status()}
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -272,7 +375,7 @@ class Controller:
                 del self.exclusions[key]
 
     def _inventory(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
-        inventory = snap.inventory(now, self.config.node_timeout_s)
+        inventory = self._guarded(snap.inventory(now, self.config.node_timeout_s), snap, now, out)
         for node in inventory.nodes:
             was = self._node_online.get(node.name)
             if was is not None and was != node.online:
@@ -289,6 +392,27 @@ class Controller:
                     out.append(self._event(now, kind, None, None, node.name, f"gpu {node.name}/{g.index} ({g.product}) {'healthy again' if g.healthy else 'reported unhealthy'}"))
                 self._gpu_healthy[key] = g.healthy
         return inventory
+
+    def _guarded(self, inventory: ClusterInventory, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
+        """The mass-offline guard's verdict applied: held nodes count as online this pass."""
+        from dataclasses import replace as dc_replace
+
+        alive_at = {}
+        for node in inventory.nodes:
+            hb = snap.heartbeats.get(node.name)
+            alive_at[node.name] = hb.alive_at if hb is not None else None
+        online = {n.name for n in inventory.nodes if n.online}
+        decision = self.guard.assess(now, alive_at, online, self.view.lag_reason())
+        self._guard_decision = decision
+        if decision.engaged:
+            log.warning("liveness guard: %s", decision.engaged)
+            out.append(self._event(now, "liveness_guard", None, None, None, decision.engaged))
+        if decision.released:
+            log.warning("liveness guard released: %s", decision.released)
+            out.append(self._event(now, "liveness_guard_released", None, None, None, decision.released))
+        if not decision.holding:
+            return inventory
+        return ClusterInventory.of(dc_replace(n, online=True) if n.name in decision.holding else n for n in inventory.nodes)
 
     def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
         return [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]

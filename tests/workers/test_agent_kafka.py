@@ -213,3 +213,46 @@ def test_agent_refuses_an_assignment_whose_spec_names_arbitrary_code(cluster: di
         stop.set()
         thread.join(30)
     assert not marker.exists()
+
+
+def test_a_restarted_agent_replays_the_assignments_to_their_end_before_it_launches_anything(cluster: dict[str, Any]) -> None:
+    """Issue 9, case 9: the compacted topic still holds an older record of the node; an agent that acted on each
+    batch as it came launched that stale replica and drained it again when the newer record arrived."""
+    from confluent_kafka import Producer
+
+    from sie.workers.gpu import host_inventory, parse_simulated_gpus
+    from tests.fakes.workers import FakeLauncher
+
+    settings = cluster["settings"]
+    topic = f"{settings.topic_prefix}.assignments"
+
+    def record(epoch: int, replica_id: str) -> bytes:
+        return encode("Assignment", {"node": "n9", "epoch": epoch, "issued_at_ms": 0, "replicas": [{
+            "replica_id": replica_id, "model": "m", "version": "1", "gpu_indices": [], "gpu_memory_mb": 0,
+            "spec_json": json.dumps(cluster["spec_doc"])}]})  # a spec the node's policy accepts
+
+    producer = Producer(settings.kafka_client_config(**{"acks": "all", "linger.ms": 20}))
+    producer.produce(topic, key=b"n9", value=record(1, "stale-0"), partition=0)
+    for i in range(1200):  # more than one consume() batch of other nodes' records between the two
+        producer.produce(topic, key=f"other-{i}".encode(), value=None, partition=0)
+    producer.produce(topic, key=b"n9", value=record(2, "current-0"), partition=0)
+    assert producer.flush(30) == 0
+
+    launcher = FakeLauncher()
+    agent = Agent(AgentConfig(node="n9", simulate_gpus="1xL4", heartbeat_s=0.5, work_dir=cluster["work_dir"]),
+                  settings, launcher=launcher,
+                  inventory_probe=lambda: host_inventory(probe=lambda: parse_simulated_gpus("1xL4", node="n9")))
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: launcher.started, timeout=30, message="a replica launched")
+        assert launcher.started[0].spec.name == "current-0"  # the first launch is already the newest record's
+        wait_until(lambda: "current-0" in [s["replica_id"] for s in cluster["tails"]["replica-status"].values()],
+                   timeout=10, message="current-0 reported")
+        assert [h.spec.name for h in launcher.started] == ["current-0"] and not agent.replaying
+        assert not cluster["tails"]["replica-status"].find(replica_id="stale-0")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()

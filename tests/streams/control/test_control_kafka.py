@@ -60,10 +60,13 @@ def _gpu(index: int, total: int = 16384) -> dict:
 
 
 class FakeAgent:
-    """Registers a node and heartbeats every 0.5 s from a thread (Kafka-level stand-in for an agent)."""
+    """Registers a node and heartbeats every 0.5 s from a thread (Kafka-level stand-in for an agent).
 
-    def __init__(self, settings, node: str, tier: str | None = None, gpus: int = 2) -> None:
-        self.settings, self.node, self.tier = settings, node, tier
+    ``skew_s``: how far the agent's clock is off (its heartbeats' ``ts_ms`` and the records' own timestamps)."""
+
+    def __init__(self, settings, node: str, tier: str | None = None, gpus: int = 2, skew_s: float = 0.0) -> None:
+        self.settings, self.node, self.tier, self.skew_s = settings, node, tier, skew_s
+        self.seq = 0
         self.gpus = [_gpu(i) for i in range(gpus)]
         self._stop = threading.Event()
         self._producer = _producer(settings)
@@ -79,11 +82,11 @@ class FakeAgent:
         return self
 
     def _run(self) -> None:
-        seq = 0
         while not self._stop.is_set():
-            seq += 1
+            self.seq += 1
+            now_ms = int((time.time() + self.skew_s) * 1000)
             self._producer.produce(f"{self.settings.topic_prefix}.heartbeats", key=self.node.encode(), value=encode("Heartbeat", {
-                "node": self.node, "ts_ms": int(time.time() * 1000), "seq": seq, "gpus": self.gpus, "replicas": []}))
+                "node": self.node, "ts_ms": now_ms, "seq": self.seq, "gpus": self.gpus, "replicas": []}), timestamp=now_ms)
             self._producer.flush(5)
             self._stop.wait(0.5)
 
@@ -103,11 +106,13 @@ class AssignmentReader:
             "enable.auto.commit": False, "isolation.level": "read_committed"}))
         self.consumer.subscribe([f"{settings.topic_prefix}.assignments"])
         self.latest: dict[str, dict] = {}
+        self.history: list[dict] = []  # every Assignment read, in order
 
     def poll(self) -> dict[str, dict]:
         for msg in self.consumer.consume(100, 0.3):
             if msg.error() is None and msg.value() is not None:
                 self.latest[msg.key().decode()] = decode(msg.value())
+                self.history.append(self.latest[msg.key().decode()])
         return self.latest
 
     def close(self) -> None:
