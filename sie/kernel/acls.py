@@ -12,7 +12,9 @@ agent      read ``assignments``; write ``nodes``, ``heartbeats``, ``replica-stat
            Its workers are scorers: give them the scorer principal (``SIE_WORKER_SASL_USERNAME``).
 control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``
            (transactionally, txn id ``<p>.control``) and ``specs`` (the API's writes); its election and
-           state-reader groups; describe the system topics' configs (``sie control`` checks them).
+           state-reader groups; describe the system topics' configs (``sie control`` checks them); describe
+           the scorer groups and the model topics (the autoscaler reads each model's lag: committed offsets
+           and topic ends; a spec with its own topics or group needs those too).
 cdc        read the connector's source topics and its group, write the target request topics and the
            connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
 backfill   read the model's request topic, write the backfill results and their dead letters, read and
@@ -145,6 +147,8 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         r.add("group", names.control_group, ["read"], "leader election")
         r.add("group", names.control_state_group, ["read"], "state reader (never joined)")
         r.add("transactional_id", names.control_transactional_id, ["write"], "the leader's fenced writer")
+        r.add("group", names.scorer_prefix, ["describe"], "autoscaler: each scorer group's committed offsets", PREFIXED)
+        r.add("topic", names.model_topic_prefix, ["describe"], "autoscaler: the request topics' ends", PREFIXED)
     elif role == "cdc":
         if connector is None or not source_topics or not models:
             raise ConfigError("role cdc: pass --connector NAME, --source-topic TOPIC (repeatable) and the target "

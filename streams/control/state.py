@@ -97,6 +97,9 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
+    #: records scored by the current worker, and the p99 (ms) of its recent inference calls (heartbeats only)
+    records: int = 0
+    p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,9 @@ class HeartbeatInfo:
     replicas: tuple[ReplicaReport, ...]
     replayed_at: float | None = None
     sent_at: float = 0.0
+    #: the agent's warm pool: workers waiting for a replica and the host memory they hold
+    warm_workers: int = 0
+    reserved_memory_mb: int = 0
 
     @property
     def alive_at(self) -> float | None:
@@ -315,6 +321,8 @@ class ClusterState:
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
                 at=at,
+                records=int(r.get("records") or 0),
+                p99_ms=float(r["p99_ms"]) if r.get("p99_ms") is not None else None,
             )
             for r in record.get("replicas") or ()
         )
@@ -330,6 +338,8 @@ class ClusterState:
                 reports,
                 replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
                 sent_at=sent_at,
+                warm_workers=int(record.get("warm_workers") or 0),
+                reserved_memory_mb=int(record.get("reserved_memory_mb") or 0),
             )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
@@ -486,7 +496,8 @@ class StateSnapshot:
 
     def inventory(self, now: float, timeout_s: float) -> ClusterInventory:
         """The placer's view: registered nodes, online iff a heartbeat was seen within ``timeout_s``;
-        GPU health from the latest heartbeat (falls back to the registration).  A node that sends
+        GPU health from the latest heartbeat (falls back to the registration); host memory less what the
+        agent's warm pool holds (``reserved_memory_mb`` of its heartbeat).  A node that sends
         heartbeats but never registered is left out: without its inventory it cannot be placed on."""
         nodes = []
         for name, info in self.nodes.items():
@@ -512,7 +523,9 @@ class StateSnapshot:
                         labels=labels,
                         online=self.node_online(name, now, timeout_s),
                         cpu_count=max(0.0, info.cpu_count),
-                        memory_mb=max(0, info.memory_mb),
+                        # 0 would mean "not reported, not enforced": a pool holding it all leaves 1 MiB
+                        memory_mb=(max(1, info.memory_mb - (hb.reserved_memory_mb if hb is not None else 0))
+                                   if info.memory_mb > 0 else 0),
                         gpus=gpus,
                     )
                 )

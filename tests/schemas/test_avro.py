@@ -25,7 +25,10 @@ SAMPLES: dict[str, dict] = {
                          "agent_version": "0.1.0", "started_at_ms": 1},
     "Heartbeat": {"node": "node-a", "ts_ms": 2, "seq": 7, "gpus": [GPU],
                   "replicas": [{"replica_id": "fraud-scorer-1.0.0-0", "model": "fraud-scorer", "version": "1.0.0",
-                                "state": "READY", "pid": 4242, "restarts": 1, "reason": None}]},
+                                "state": "READY", "pid": 4242, "restarts": 1, "reason": None,
+                                # records/p99_ms: their defaults, which is what an older writer's records read as
+                                "records": 0, "p99_ms": None}],
+                  "warm_workers": 2, "reserved_memory_mb": 640},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
                    "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "gpu_indices": [0, 1],
                                  "gpu_memory_mb": 12288, "spec_json": "{}"}]},
@@ -39,7 +42,12 @@ SAMPLES: dict[str, dict] = {
                     "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "node": "node-a", "gpu_indices": [0],
                                   "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
                                   "actual_version": "1"}],
-                    "epoch": 3, "updated_at_ms": 8},
+                    "epoch": 3, "updated_at_ms": 8,
+                    "autoscale": {"desired": 3, "action": "up", "reason": "1 -> 3: 3 needed", "decided_at_ms": 9,
+                                  "last_scale_at_ms": 9, "capacity_per_replica": 120.5, "blocked_until_ms": None,
+                                  "woke_at_ms": None, "first_result_ms": None, "lag": 5000, "arrival_rate": 10.0,
+                                  "drain_rate": 120.5, "drain_time_s": 45.2, "budget_s": 30.0, "p99_ms": 12.0,
+                                  "needed": 3}},
 }
 
 
