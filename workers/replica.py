@@ -78,6 +78,11 @@ class ActualReplica:
     worker_error: str | None = None
     #: set when the replica is no longer desired (or its target changed): drain, then forget it
     retiring: bool = False
+    #: p99 (ms) of the current worker's recent inference calls, from its progress reports
+    p99_ms: float | None = None
+    #: seconds from launch to READY of the current worker, and whether a warm-pool worker took the launch
+    start_s: float | None = None
+    warm: bool = False
 
     @property
     def replica_id(self) -> str:

@@ -73,16 +73,17 @@ class WorkerCommandBuilder:
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in desired.gpu_indices) if self.real_gpus else ""
         env["SIE_REPLICA_ID"] = desired.replica_id
+        args = (
+            "--spec-file", str(spec_file),
+            "--replica-id", desired.replica_id,
+            "--progress-interval", str(self.progress_interval_s),
+            "--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
+            "--gpu-memory-mb", str(desired.gpu_memory_mb),
+        )
         return LaunchSpec(
             name=desired.replica_id,
-            argv=(
-                self.python, "-m", "sie.workers.worker_main",
-                "--spec-file", str(spec_file),
-                "--replica-id", desired.replica_id,
-                "--progress-interval", str(self.progress_interval_s),
-                "--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
-                "--gpu-memory-mb", str(desired.gpu_memory_mb),
-            ),
+            argv=(self.python, "-m", "sie.workers.worker_main", *args),
             env=env,
             log_path=directory / "worker.log",
+            warm_args=args,  # a warm-pool worker may take this launch (sie.workers.warm_pool)
         )

@@ -49,16 +49,21 @@ def replica_report(snapshot: ReplicaSnapshot) -> dict[str, Any]:
         "pid": snapshot.pid,
         "restarts": snapshot.restarts,
         "reason": snapshot.reason or None,
+        "records": snapshot.records,
+        "p99_ms": snapshot.p99_ms,
     }
 
 
-def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot]) -> dict[str, Any]:
+def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot],
+              warm_workers: int = 0, reserved_memory_mb: int = 0) -> dict[str, Any]:
     return {
         "node": node,
         "ts_ms": ts_ms,
         "seq": seq,
         "gpus": [gpu_record(g) for g in gpus],
         "replicas": [replica_report(s) for s in snapshots],
+        "warm_workers": warm_workers,
+        "reserved_memory_mb": reserved_memory_mb,
     }
 
 
