@@ -80,6 +80,8 @@ class ActualReplica:
     retiring: bool = False
     #: p99 (ms) of the current worker's recent inference calls, from its progress reports
     p99_ms: float | None = None
+    #: records per second of inference time of the current worker (its own capacity estimate)
+    inference_rps: float | None = None
     #: seconds from launch to READY of the current worker, and whether a warm-pool worker took the launch
     start_s: float | None = None
     warm: bool = False

@@ -90,6 +90,7 @@ class ReplicaSnapshot:
     target_hash: str
     gpu_indices: tuple[int, ...]
     p99_ms: float | None = None
+    inference_rps: float | None = None
     #: launch -> READY of the current worker (None until READY); ``warm``: a warm-pool worker took the launch
     start_s: float | None = None
     warm: bool = False
@@ -206,6 +207,8 @@ class Supervisor:
                 replica.records = event["records"]
             if isinstance(event.get("p99_ms"), (int, float)):
                 replica.p99_ms = float(event["p99_ms"])
+            if isinstance(event.get("rate"), (int, float)):
+                replica.inference_rps = float(event["rate"])
             if kind == "ready" and replica.state == ReplicaState.STARTING:
                 replica.start_s = now - replica.started_at
                 self._transition(replica, ReplicaState.READY, "readiness inference passed"
@@ -281,7 +284,7 @@ class Supervisor:
         replica.started_at = replica.last_progress_at = now
         replica.exit = None
         replica.worker_error = None
-        replica.p99_ms = replica.start_s = None
+        replica.p99_ms = replica.start_s = replica.inference_rps = None
         replica.warm = bool(getattr(replica.handle, "warm", False))
         self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
 
@@ -339,6 +342,7 @@ class Supervisor:
             target_hash=replica.desired.target_hash,
             gpu_indices=replica.desired.gpu_indices,
             p99_ms=replica.p99_ms,
+            inference_rps=replica.inference_rps,
             start_s=replica.start_s,
             warm=replica.warm,
         )

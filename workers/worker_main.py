@@ -14,8 +14,9 @@ the replica's log file):
 
     {"event": "loading", "pid": 123}                       backend load started
     {"event": "ready", "latency_ms": 1.2, "outputs": {...}}  readiness inference passed
-    {"event": "progress", "records": N, "p99_ms": x}        every --progress-interval s (liveness; p99 of the
-                                                            inference calls of the last minute, null if none)
+    {"event": "progress", "records": N, "p99_ms": x, "rate": y}   every --progress-interval s (liveness; p99 of
+                                                            the inference calls of the last minute and records
+                                                            per second of inference time, null if none)
     {"event": "draining"}                                   SIGTERM received
     {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
     {"event": "stopped", "records": N}                      clean exit (0) after a drain
@@ -86,7 +87,7 @@ class CountingBackend:
         self.records = 0
         self._lock = threading.Lock()
         self._clock = clock
-        self._latencies: deque[tuple[float, float]] = deque(maxlen=P99_MAX_SAMPLES)
+        self._latencies: deque[tuple[float, float, int]] = deque(maxlen=P99_MAX_SAMPLES)
 
     def load(self) -> None:
         """Already loaded (and proven by the readiness inference): loading twice would double the memory."""
@@ -97,14 +98,23 @@ class CountingBackend:
         ended = self._clock()
         with self._lock:
             self.records += len(inputs)
-            self._latencies.append((ended, (ended - started) * 1000.0))
+            self._latencies.append((ended, (ended - started) * 1000.0, len(inputs)))
         return outputs
+
+    def rate(self) -> float | None:
+        """Records per second of inference time over the last ``P99_WINDOW_S`` (what the replica could do if it
+        did nothing but infer; None: no call ended in the window)."""
+        since = self._clock() - P99_WINDOW_S
+        with self._lock:
+            recent = [(ms, n) for at, ms, n in self._latencies if at >= since]
+        spent = sum(ms for ms, _ in recent) / 1000.0
+        return round(sum(n for _, n in recent) / spent, 3) if recent and spent > 0 else None
 
     def p99_ms(self) -> float | None:
         """p99 (ms) of the inference calls that ended within the last ``P99_WINDOW_S`` (None: none did)."""
         since = self._clock() - P99_WINDOW_S
         with self._lock:
-            recent = sorted(ms for at, ms in self._latencies if at >= since)
+            recent = sorted(ms for at, ms, _ in self._latencies if at >= since)
         if not recent:
             return None
         return round(recent[min(len(recent) - 1, int(0.99 * len(recent)))], 3)
@@ -133,7 +143,7 @@ def _progress_loop(
             status.emit("error", detail=detail)
             on_fatal(detail)
             return
-        status.emit("progress", records=counter.records, p99_ms=counter.p99_ms())
+        status.emit("progress", records=counter.records, p99_ms=counter.p99_ms(), rate=counter.rate())
 
 
 def _load_spec(path: Path) -> Any:

@@ -27,7 +27,11 @@ The rules, in the order they are checked (each decision carries the numbers behi
    first request the design accepts for long-tail models); the time from waking to the first committed
    result is recorded (``first_result_ms``, shown by ``sie describe model``).
 5. **Up, fast.**  ``capacity`` = records/s one READY replica commits while it has a backlog (learned from
-   the signal windows in which the replicas had work queued throughout, ``ModelSignals.busy``; an EWMA).  The replicas needed are
+   the signal windows in which the replicas had work queued throughout, ``ModelSignals.busy``; an EWMA).
+   Until such a window was seen (a model that never had a backlog), the replicas' own inference throughput
+   stands in for it (records per second spent in ``infer``, reported with their heartbeats): optimistic,
+   since commits and polling are not in it, so the first decision may add too few and the measured
+   capacity then adds the rest, but it lets the first decision that sees a backlog size the fleet.  The replicas needed are
    ``ceil((arrivals / target_utilisation + lag / budget) / capacity)``: keep up with arrivals with
    headroom AND drain the backlog within the budget (``max_queue_time_ms x drain_budget_fraction``;
    half by default so records are served before the scorer expires them).  More needed than desired ->
@@ -122,6 +126,8 @@ class ModelInputs:
     unplaced_reason: str | None = None
     #: the highest p99 (ms) its READY replicas report (None: none reported)
     p99_ms: float | None = None
+    #: records per second of inference time its READY replicas report, averaged (None: none reported)
+    inference_rps: float | None = None
     #: why a rollout holds scaling (None: no rollout in progress)
     rollout: str | None = None
 
@@ -254,11 +260,13 @@ def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDec
     lag = signals.lag
     arrivals = signals.arrival_rate or 0.0
     drained = signals.drain_rate or 0.0
-    capacity = previous.capacity
+    measured = previous.capacity
     fresh = signals.at != previous.sample_at
     if fresh and signals.busy and inputs.ready > 0 and drained > 0:
         sample = drained / inputs.ready
-        capacity = sample if capacity is None else policy.capacity_alpha * sample + (1 - policy.capacity_alpha) * capacity
+        measured = sample if measured is None else policy.capacity_alpha * sample + (1 - policy.capacity_alpha) * measured
+    capacity = measured or inputs.inference_rps
+    source = "measured" if measured else "inference time, reported" if capacity else "unknown"
     active = lag > 0 or arrivals > 0
     last_active = now if active else previous.last_active_at
     first_ms = previous.first_result_ms
@@ -278,11 +286,12 @@ def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDec
     if signals.partitions and signals.partitions < hi:
         limit = max(lo, signals.partitions)
         limit_note = f" (capped at the request topic's {signals.partitions} partitions)"
-    numbers = dict(capacity=capacity, last_active_at=last_active, first_result_ms=first_ms, sample_at=signals.at,
+    numbers = dict(capacity=measured, last_active_at=last_active, first_result_ms=first_ms, sample_at=signals.at,
                    lag=lag, arrival_rate=arrivals, drain_rate=drained, drain_time_s=drain_time, budget_s=budget,
                    p99_ms=inputs.p99_ms, needed=needed)
     base = replace(base, **numbers)
-    facts = (f"lag {lag}, arrivals {_rate(arrivals)}, capacity {_rate(capacity)} per replica x {inputs.ready} ready, "
+    facts = (f"lag {lag}, arrivals {_rate(arrivals)}, capacity {_rate(capacity)} per replica ({source}) x "
+             f"{inputs.ready} ready, "
              f"drain time {_secs(drain_time)} vs budget {budget:g}s")
 
     # -- blocked: added replicas that found no node -----------------------------------------------------
@@ -306,7 +315,7 @@ def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDec
         if needed is not None:
             target, why = needed, f"{needed} needed ({facts})"
         elif settled and (previous.lag is None or lag >= previous.lag):
-            target, why = current * 2, f"capacity not measured yet and the backlog is not shrinking ({facts})"
+            target, why = current * 2, f"capacity unknown and the backlog is not shrinking ({facts})"
         else:
             target, why = current, ""
         target = min(target, limit)

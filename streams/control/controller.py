@@ -67,7 +67,8 @@ class ControlConfig:
     ``preemption``: a P0 (then P1) replica that finds no room evicts the cheapest set of lower-priority
     replicas on one node (``placement`` module docstring); False: it stays unschedulable.
     ``autoscale``: the autoscaler's policy (``autoscaler.AutoscalePolicy``); ``backlog_interval_s``: how often
-    each autoscaled model's backlog is sampled (``signals.BacklogSampler``).
+    each autoscaled model's backlog is sampled, ``backlog_window_s``: the window its rates are measured over
+    (``signals.BacklogSampler``).
     ``mass_offline_fraction``: when at least this fraction of the nodes that were online go offline within
     one ``node_timeout_s`` while no heartbeat arrives from any node or the state reader lags, the leader
     holds their replicas where they are instead of removing them (``liveness.MassOfflineGuard``); 1.0 holds
@@ -83,6 +84,7 @@ class ControlConfig:
     preemption: bool = True
     autoscale: AutoscalePolicy = AutoscalePolicy()
     backlog_interval_s: float = 2.0
+    backlog_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -91,8 +93,9 @@ class ControlConfig:
             raise ConfigError(f"control.mass_offline_fraction: must be > 0 and <= 1 (got {self.mass_offline_fraction})")
         if self.node_timeout_s <= 0:
             raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
-        if self.backlog_interval_s <= 0:
-            raise ConfigError(f"control.backlog_interval_s: must be > 0 (got {self.backlog_interval_s})")
+        for key in ("backlog_interval_s", "backlog_window_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"control.{key}: must be > 0 (got {getattr(self, key)})")
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> ControlConfig:
@@ -115,7 +118,7 @@ class ControlConfig:
             values["strategy"] = strategy
         control = doc.get("control") or {}
         for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction",
-                    "backlog_interval_s"):
+                    "backlog_interval_s", "backlog_window_s"):
             if key in control:
                 try:
                     values[key] = float(control[key])
@@ -305,6 +308,8 @@ class Controller:
         self._status_published: dict[str, ModelStatus] = {}
         self._status_loaded = False
         self._unplaced_reported: dict[str, str] = {}
+        #: replica id -> why it was evicted, while it has no node again
+        self._evicted: dict[str, str] = {}
         self._node_online: dict[str, bool] = {}
         self._gpu_healthy: dict[tuple[str, int], bool] = {}
         self._led_last_pass = False
@@ -503,7 +508,28 @@ class Controller:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
         plan = place(self._demands(snap, counts), inventory, current, excluded=self._excluded(),
                      preempt=self.config.preemption)
-        return self._explain_exclusions(plan)
+        return self._explain_preemptions(self._explain_exclusions(plan))
+
+    def _explain_preemptions(self, plan: PlacementPlan) -> PlacementPlan:
+        """A replica evicted by an earlier pass and still without a node keeps "preempted by ..." leading its
+        reason (the next pass only sees that no node has room, not why it lost its place)."""
+        for rid, pre in plan.preempted.items():
+            self._evicted[rid] = pre.describe()
+        for rid in list(self._evicted):
+            if rid not in plan.unplaced:
+                del self._evicted[rid]  # placed again, or no longer wanted
+        stale = {rid: note for rid, note in self._evicted.items() if "preempted by" not in plan.unplaced[rid].reason}
+        if not stale:
+            return plan
+        from dataclasses import replace as dc_replace
+        from types import MappingProxyType
+
+        unplaced = dict(plan.unplaced)
+        for rid, note in stale.items():
+            u = unplaced[rid]
+            unplaced[rid] = dc_replace(u, reason=f"unschedulable: {note}; no other node has room "
+                                                 f"({u.reason.removeprefix('unschedulable: ')})")
+        return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory, plan.preempted)
 
     def _explain_exclusions(self, plan: PlacementPlan) -> PlacementPlan:
         """Unplaced while excluded from some node: lead with the FAILED report that caused it."""
@@ -641,7 +667,7 @@ class Controller:
                     log.warning("autoscale state of %s unreadable (starting it afresh): %s", name, exc)
 
     def _autoscale_inputs(self, name: str, spec: Any, snap: StateSnapshot, now: float) -> ModelInputs:
-        ready, p99 = 0, None
+        ready, p99, rates = 0, None, []
         for node, hb in snap.heartbeats.items():
             if not snap.node_online(node, now, self.config.node_timeout_s):
                 continue
@@ -650,6 +676,8 @@ class Controller:
                     ready += 1
                     if r.p99_ms is not None:
                         p99 = r.p99_ms if p99 is None else max(p99, r.p99_ms)
+                    if r.inference_rps:
+                        rates.append(r.inference_rps)
         placed = unplaced = 0
         unplaced_reason = None
         plan = self._last_plan
@@ -661,7 +689,7 @@ class Controller:
         sla = spec.sla
         return ModelInputs(name, str(spec.priority_level), int(sla.min_replicas), int(sla.max_replicas),
                            sla.max_queue_time_ms, sla.p99_latency_ms, ready, placed, unplaced, unplaced_reason, p99,
-                           self.rollouts.in_progress(name))
+                           sum(rates) / len(rates) if rates else None, self.rollouts.in_progress(name))
 
     def _autoscale(self, snap: StateSnapshot, now: float, leader: bool, out: list[OutRecord]) -> dict[str, int]:
         """Replica count per model.  The leader decides (and publishes each change as an event); a standby

@@ -192,7 +192,8 @@ class ControlService:
         #: the autoscaler's backlog signal: sampled only while this instance leads (a standby follows the
         #: decisions on the model-status topic), only for models that can scale
         self.sampler = BacklogSampler(settings, self._autoscaled_models, clock=clock,
-                                      interval_s=config.backlog_interval_s, clients=clients)
+                                      interval_s=config.backlog_interval_s, clients=clients,
+                                      rate_window_s=config.backlog_window_s)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics, view=self.feeder, signals=self.sampler)
         self._http_port = http_port

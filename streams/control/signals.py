@@ -9,9 +9,10 @@ answers both (``sie.kernel.admin.group_progress``); the group is never joined.
 ``BacklogSampler`` samples every ``interval_s`` on a ``SupervisedThread`` (a death restarts it; the
 signals it leaves behind simply grow old and the autoscaler holds on a stale signal, ``signal_max_age_s``).
 Only models that can scale (``min_replicas != max_replicas``) are sampled: a fixed-size model costs no
-admin requests.  ``window(previous, current)`` is the pure part (unit-tested): rates over the window
-between two samples, and ``busy`` when the replicas had work queued all through it: the lag at both ends
-was at least what they committed in between.  (A lag above zero is not enough: a replica that keeps up
+admin requests.  ``window(samples)`` is the pure part (unit-tested): rates over the last ``rate_window_s``
+of samples (not just the last two: a scorer commits once per batch, and a batch of a slow model can take
+seconds, so committed offsets advance in steps), and ``busy`` when the replicas had work queued all through
+the window: the lowest lag seen in it was at least what they committed over it.  (A lag above zero is not enough: a replica that keeps up
 still has its in-flight batch uncommitted, and measuring "capacity" then would only measure arrivals.)
 """
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,16 +47,19 @@ class Sample:
     partitions: int
 
 
-def window(previous: Sample | None, current: Sample) -> ModelSignals:
-    """The signal from two consecutive samples (rates over the window between them; no rates from one)."""
-    if previous is None or current.at <= previous.at or current.partitions != previous.partitions:
+def window(samples: Sequence[Sample]) -> ModelSignals:
+    """The signal from the samples of one window, oldest first (rates need two; the partition count must
+    not have changed within the window, or the totals are not comparable)."""
+    current = samples[-1]
+    first = samples[0]
+    if len(samples) < 2 or current.at <= first.at or any(s.partitions != current.partitions for s in samples):
         return ModelSignals(at=current.at, lag=current.lag, partitions=current.partitions)
-    span = current.at - previous.at
+    span = current.at - first.at
+    committed = max(0, current.committed - first.committed)
     return ModelSignals(
         at=current.at, lag=current.lag, partitions=current.partitions,
-        arrival_rate=max(0, current.end - previous.end) / span,
-        drain_rate=max(0, current.committed - previous.committed) / span,
-        busy=min(previous.lag, current.lag) >= max(1, current.committed - previous.committed), window_s=span,
+        arrival_rate=max(0, current.end - first.end) / span, drain_rate=committed / span,
+        busy=min(s.lag for s in samples) >= max(1, committed), window_s=span,
     )
 
 
@@ -63,7 +68,8 @@ class BacklogSampler:
 
     def __init__(self, settings: Any, models: ModelSource, clock: Callable[[], float] = time.time,
                  interval_s: float = 2.0, clients: KafkaClients | None = None,
-                 read: Callable[[Any, str, str], Any] | None = None, request_timeout_s: float = 5.0) -> None:
+                 read: Callable[[Any, str, str], Any] | None = None, request_timeout_s: float = 5.0,
+                 rate_window_s: float = 10.0) -> None:
         from sie.kernel.admin import group_progress
 
         self._settings = settings
@@ -73,7 +79,8 @@ class BacklogSampler:
         self._clients = clients or KafkaClients()
         self._read = read or (lambda admin, group, topic: group_progress(admin, group, topic, request_timeout_s))
         self._lock = threading.Lock()
-        self._last: dict[str, Sample] = {}
+        self.rate_window_s = rate_window_s
+        self._history: dict[str, deque[Sample]] = {}
         self._signals: dict[str, ModelSignals] = {}
         self._stop = threading.Event()
         self._thread = SupervisedThread("sie-control-backlog", self._run, self._stop)
@@ -113,19 +120,22 @@ class BacklogSampler:
                 progress = self._read(admin, group, topic)
                 sample = Sample(at, progress.committed_total, progress.end_total, progress.lag, progress.partitions)
                 with self._lock:
-                    self._signals[name] = window(self._last.get(name), sample)
-                    self._last[name] = sample
+                    history = self._history.setdefault(name, deque())
+                    history.append(sample)
+                    while len(history) > 2 and history[1].at <= at - self.rate_window_s:
+                        history.popleft()  # keep one sample at or before the window's start
+                    self._signals[name] = window(list(history))
             except Exception as exc:  # one model's unreadable backlog must not stop the others
                 self.errors += 1
                 self.last_error = f"{name}: {exc}"
                 log.warning("backlog of %s unreadable: %s", name, exc)
                 with self._lock:
                     self._signals[name] = ModelSignals(at=at, lag=None, error=str(exc))
-                    self._last.pop(name, None)
+                    self._history.pop(name, None)
         with self._lock:
             for gone in set(self._signals) - set(wanted):
                 self._signals.pop(gone, None)
-                self._last.pop(gone, None)
+                self._history.pop(gone, None)
 
     def _run(self) -> None:
         from sie.kernel.admin import admin_client

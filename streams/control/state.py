@@ -100,6 +100,7 @@ class ReplicaReport:
     #: records scored by the current worker, and the p99 (ms) of its recent inference calls (heartbeats only)
     records: int = 0
     p99_ms: float | None = None
+    inference_rps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,7 @@ class ClusterState:
                 at=at,
                 records=int(r.get("records") or 0),
                 p99_ms=float(r["p99_ms"]) if r.get("p99_ms") is not None else None,
+                inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
             )
             for r in record.get("replicas") or ()
         )

@@ -27,7 +27,7 @@ SAMPLES: dict[str, dict] = {
                   "replicas": [{"replica_id": "fraud-scorer-1.0.0-0", "model": "fraud-scorer", "version": "1.0.0",
                                 "state": "READY", "pid": 4242, "restarts": 1, "reason": None,
                                 # records/p99_ms: their defaults, which is what an older writer's records read as
-                                "records": 0, "p99_ms": None}],
+                                "records": 0, "p99_ms": None, "inference_rps": None}],
                   "warm_workers": 2, "reserved_memory_mb": 640},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
                    "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "gpu_indices": [0, 1],

@@ -51,6 +51,7 @@ def replica_report(snapshot: ReplicaSnapshot) -> dict[str, Any]:
         "reason": snapshot.reason or None,
         "records": snapshot.records,
         "p99_ms": snapshot.p99_ms,
+        "inference_rps": snapshot.inference_rps,
     }
 
 

@@ -51,6 +51,13 @@ def test_backlog_scales_up_to_what_drains_it_within_the_budget_in_one_decision()
     assert second.drain_time_s == pytest.approx(12_000 / (100 - 50))
 
 
+def test_before_any_backlog_the_replicas_reported_inference_rate_sizes_the_first_decision():
+    (d,) = run([(T0, inputs(inference_rps=500.0), sig(T0, 12_000, arrivals=0, drained=0, busy=False))])
+    assert d.desired == 1  # 12000 / 30 s / 500 per replica = 0.8: one replica drains it in time
+    (d,) = run([(T0, inputs(inference_rps=100.0), sig(T0, 12_000, busy=False))])
+    assert d.desired == 4 and d.capacity is None and "(inference time, reported)" in d.reason
+
+
 def test_budget_is_half_the_specs_max_queue_time():
     (d,) = run([(T0, inputs(max_queue_time_ms=10_000), sig(T0, 900, drained=100))])
     assert d.budget_s == pytest.approx(5.0)
@@ -69,7 +76,7 @@ def test_unknown_capacity_doubles_at_most_once_per_settle_time():
         (T0 + 16, inputs(ready=2, placed=2), sig(T0 + 16, 700, drained=0)),
     ], previous=ScaleDecision(1, "hold", "", T0 - 100, T0 - 100, T0 - 100))
     assert [d.desired for d in decisions] == [2, 2, 4]
-    assert "capacity not measured yet" in decisions[0].reason
+    assert "capacity unknown" in decisions[0].reason
 
 
 def test_scale_down_one_step_per_cooldown_and_never_below_min():
@@ -188,15 +195,43 @@ def test_policy_refuses_nonsense():
 def test_signal_window_rates_and_busy():
     a = Sample(at=10.0, committed=100, end=150, lag=50, partitions=3)
     b = Sample(at=12.0, committed=300, end=250, lag=0, partitions=3)
-    s = window(a, b)
+    s = window([a, b])
     assert (s.arrival_rate, s.drain_rate, s.busy, s.lag) == (50.0, 100.0, False, 0)
-    c = Sample(at=14.0, committed=300, end=800, lag=500, partitions=3)
-    d = Sample(at=16.0, committed=380, end=1080, lag=700, partitions=3)
-    assert window(c, d).busy and window(c, d).drain_rate == 40.0
+    # commits come in batch-sized steps: the rate over the whole window, busy only if work queued throughout
+    steps = [Sample(at=14.0 + i, committed=300 + 1024 * (i // 2), end=5000, lag=4700 - 1024 * (i // 2), partitions=3)
+             for i in range(6)]
+    w = window(steps)
+    assert w.busy and w.drain_rate == pytest.approx(2048 / 5) and w.window_s == 5.0
     # a replica that keeps up has its in-flight batch uncommitted: lag above zero, but not busy
-    e = Sample(at=18.0, committed=480, end=1083, lag=3, partitions=3)
-    f = Sample(at=20.0, committed=490, end=1095, lag=5, partitions=3)
-    assert not window(e, f).busy
-    first = window(None, a)
+    e = Sample(at=18.0, committed=480, end=483, lag=3, partitions=3)
+    f = Sample(at=20.0, committed=490, end=495, lag=5, partitions=3)
+    assert not window([e, f]).busy
+    first = window([a])
     assert first.arrival_rate is None and first.lag == 50
-    assert window(a, Sample(at=12.0, committed=0, end=0, lag=0, partitions=4)).drain_rate is None  # repartitioned
+    assert window([a, Sample(at=12.0, committed=0, end=0, lag=0, partitions=4)]).drain_rate is None  # repartitioned
+
+
+def test_backlog_sampler_keeps_a_window_and_reports_unreadable_models():
+    from types import SimpleNamespace
+
+    from sie.streams.control.signals import BacklogSampler
+
+    now = [100.0]
+    progress = {"m": (0, 0)}
+
+    def read(admin, group, topic):
+        if group == "broken":
+            raise RuntimeError("GROUP_AUTHORIZATION_FAILED")
+        committed, end = progress["m"]
+        return SimpleNamespace(committed_total=committed, end_total=end, lag=end - committed, partitions=2)
+
+    sampler = BacklogSampler(None, lambda: {"m": ("g", "t"), "x": ("broken", "t")}, clock=lambda: now[0],
+                             read=read, rate_window_s=4.0)
+    for i in range(8):
+        progress["m"] = (100 * i, 1000 + 100 * i)
+        sampler.sample_once(admin=None)
+        now[0] += 1.0
+    signals = sampler.signals()
+    assert signals["m"].window_s == 4.0 and signals["m"].drain_rate == pytest.approx(100.0) and signals["m"].busy
+    assert signals["x"].lag is None and "GROUP_AUTHORIZATION_FAILED" in signals["x"].error
+    assert sampler.errors == 8 and sampler.last_error == "x: GROUP_AUTHORIZATION_FAILED"

@@ -201,6 +201,15 @@ def test_p0_preempts_p2_on_a_full_node_with_an_event_per_eviction(elastic):
                                     f"{pre['replica_id']} is P2; drained; unschedulable")
     view = {v.replica_id: v for v in rep.statuses["bulk"].replicas}[pre["replica_id"]]
     assert view.state == "UNSCHEDULABLE" and "preempted by rt-0" in view.reason
+    # later passes still say why it lost its place (and no new eviction happens)
+    for r in pub.all("assignments"):
+        state.apply_assignment(r.key, r.value)
+    clock.advance(1)
+    heartbeat(state, "node-a", clock(), [gpu(0, 24576)])
+    rep = ctl.reconcile(clock())
+    assert not rep.plan.preempted and not [r for r in rep.of("events") if r.value["kind"] == "preempted"]
+    view = {v.replica_id: v for v in rep.statuses["bulk"].replicas}[pre["replica_id"]]
+    assert view.reason.startswith("unschedulable: preempted by rt-0") and "largest free is" in view.reason
 
 
 def test_config_file_reads_autoscale_and_preemption(tmp_path):
