@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 
 _SPEC = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -87,6 +87,7 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
 
     configure_logging(log_level)
     connector = load_connector_spec(connector_file)
+    require_kafka(settings)
     model = _model_spec(settings, connector, model_spec, offline=False)
     request_topic = connector.request_topic or (model.topics.requests if model is not None else None)
     config = CdcStageConfig(
@@ -158,16 +159,16 @@ def convert(settings: Settings, connector_file: Path, model_spec: Path | None, e
 @click.pass_obj
 def publish(settings: Settings, connector_file: Path, events, partitions: int) -> None:
     """Write CDC events to the connector's source topic as-is (stands in for canal/Debezium in demos)."""
-    from confluent_kafka import Producer
-
     from sie.connectors.cdc import load_connector_spec
     from sie.kernel.admin import ensure_topics
+    from sie.kernel.clients import KafkaClients
     from sie.kernel.errors import KafkaUnavailable
     from sie.kernel.topics import TopicSpec
 
     connector = load_connector_spec(connector_file)
+    require_kafka(settings)
     ensure_topics(settings, [TopicSpec(connector.source_topic, partitions, False, "CDC source (demo)")])
-    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
+    producer = KafkaClients().producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
     failures: list[str] = []
 
     def delivered(err, _msg) -> None:

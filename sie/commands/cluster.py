@@ -37,8 +37,10 @@ def _http(url: str, path: str) -> Any:
 
 def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     """Replay the given control topics to their end into a ClusterState."""
+    from sie.commands._runtime import require_kafka
     from sie.streams.control.state import ClusterState, StateFeeder
 
+    require_kafka(settings)
     state = ClusterState()
     feeder = StateFeeder(settings, state, topics=topics).start()
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 from sie.streams.scorer.config import ScorerConfig
 
@@ -57,6 +57,7 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     configure_logging(log_level)
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
     spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
+    require_kafka(settings)
     topics = spec.topics
     ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters],
                         partitions or settings.request_partitions)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from sie.commands._runtime import require_kafka
 from sie.kernel.errors import SieError, SpecError
 from sie.kernel.settings import Settings
 
@@ -65,6 +66,7 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
     from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     specs = _load_all(settings, files)
+    require_kafka(settings)
     ensure_specs_topic(settings)
     applied = read_specs(settings, timeout=timeout)
     for spec in specs:
@@ -99,6 +101,7 @@ def get_models(settings: Settings, output: str, timeout: float) -> None:
     """Applied models: the latest spec per model on the specs topic."""
     from sie.schemas.spec_store import read_spec_snapshot
 
+    require_kafka(settings)
     snapshot = read_spec_snapshot(settings, timeout=timeout)
     for problem in snapshot.problems:
         click.echo(f"warning: {problem}", err=True)
@@ -131,6 +134,7 @@ def delete_model(settings: Settings, name: str, timeout: float) -> None:
     """Delete an applied model (a deleted record, then a tombstone, on the specs topic)."""
     from sie.schemas.spec_store import delete_spec, read_specs
 
+    require_kafka(settings)
     applied = read_specs(settings, timeout=timeout)
     if name not in applied:
         known = ", ".join(sorted(applied)) or "none"

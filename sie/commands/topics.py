@@ -19,9 +19,11 @@ def command() -> None:
 @click.pass_obj
 def ensure(settings: Settings, replication_factor: int | None, prefix: str | None) -> None:
     """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
+    from sie.commands._runtime import require_kafka
     from sie.kernel.admin import ensure_topics
     from sie.kernel.topics import system_topics
 
+    require_kafka(settings)
     report = ensure_topics(settings, system_topics(prefix or settings.topic_prefix), replication_factor)
     click.echo(report.table())
     click.echo(f"{len(report.created)} created, {len(report.fixed)} fixed, {len(report.existing)} existing "
@@ -29,16 +31,19 @@ def ensure(settings: Settings, replication_factor: int | None, prefix: str | Non
 
 
 @command.command("list")
-@click.option("--all", "show_all", is_flag=True, help="Include Kafka's internal topics (__consumer_offsets, ...).")
+@click.option("--all", "show_all", is_flag=True,
+              help="Every topic of the cluster, Kafka's internal ones (__consumer_offsets, ...) included.")
 @click.pass_obj
 def list_topics(settings: Settings, show_all: bool) -> None:
-    """List topics with partitions and replication."""
-    from sie.kernel.admin import wait_for_cluster
+    """List this SIE cluster's topics (names under SIE_TOPIC_PREFIX) with partitions and replication."""
+    from sie.kernel.admin import require_cluster
 
-    md = wait_for_cluster(settings, timeout=10)
-    click.echo(f"{len(md.brokers)} broker(s) at {settings.bootstrap_servers}")
+    md = require_cluster(settings)
+    prefix = settings.topic_prefix + "."
+    click.echo(f"{len(md.brokers)} broker(s) at {settings.bootstrap_servers}"
+               + ("" if show_all else f"; topics {prefix}* (--all: every topic)"))
     for name in sorted(md.topics):
-        if name.startswith("__") and not show_all:
+        if not show_all and not name.startswith(prefix):
             continue
         parts = md.topics[name].partitions
         rf = len(next(iter(parts.values())).replicas) if parts else 0

@@ -93,14 +93,27 @@ def wait_for_cluster(settings: Settings, timeout: float = 30.0, clients: KafkaCl
     admin = admin or admin_client(settings, clients)
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            return admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+        try:  # short calls: Ctrl-C is seen between them (a blocked C call holds the signal back)
+            return admin.list_topics(timeout=max(0.2, min(1.0, deadline - time.monotonic())))
         except KafkaException as exc:
             if time.monotonic() >= deadline:
                 raise KafkaUnavailable(
-                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s ({exc}): "
-                    "start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
-                ) from exc
+                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:g}s "
+                    f"({kafka_error_text(exc)}): start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
+                ) from None
+
+
+def require_cluster(settings: Settings, clients: KafkaClients | None = None) -> ClusterMetadata:
+    """What every command that needs Kafka calls first: the metadata within ``settings.connect_timeout_s``,
+    else ``KafkaUnavailable`` with one line naming the servers (not a 30 s wait and a traceback)."""
+    return wait_for_cluster(settings, settings.connect_timeout_s, clients)
+
+
+def kafka_error_text(exc: BaseException) -> str:
+    """The readable part of a ``KafkaException`` (``Local: Broker transport failure``), not its repr."""
+    first = exc.args[0] if exc.args else exc
+    text = first.str() if hasattr(first, "str") else str(first)
+    return text.removeprefix("Failed to get metadata: ")
 
 
 def cluster_broker_count(settings: Settings, timeout: float = 10.0) -> int:
