@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "sie.commands.topics",
     "sie.commands.spec",
     "sie.commands.score",
+    "sie.commands.predict",
     "sie.commands.agent",
     "sie.commands.produce",
     "sie.commands.cdc",

@@ -44,11 +44,35 @@ def _print_ok(spec, verb: str = "ok") -> None:
 
 @click.command("validate")
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
+@click.option("--load", is_flag=True,
+              help="Also load the artifact on the CPU, score exampleInput and check the output against "
+                   "outputSchema (shape, types, ranges), as a worker would. Runs the model's code.")
 @click.pass_obj
-def validate(settings: Settings, files: tuple[Path, ...]) -> None:
-    """Check ModelService spec files; print each model and what SIE cannot honour (warnings)."""
+def validate(settings: Settings, files: tuple[Path, ...], load: bool) -> None:
+    """Check ModelService spec files; print each model and what SIE cannot honour (warnings).
+
+    Without --load only the document is checked (no Kafka, no model code); with it, each model is loaded
+    and run once, and every problem is listed (exit 1).
+    """
+    failures: list[str] = []
     for spec in _load_all(settings, files):
         _print_ok(spec)
+        if not load:
+            continue
+        from sie.workers.load_check import load_check
+
+        report = load_check(spec)
+        for note in report.notes:
+            click.echo(f"  note: {note}")
+        if report.skipped:
+            click.echo(f"  load: skipped: {report.skipped}")
+        elif report.ok:
+            shown = json.dumps(report.outputs, default=str)
+            click.echo(f"  load: ok on cpu in {report.seconds:.2f}s; exampleInput -> {shown[:300]}")
+        else:
+            failures += [f"{spec.model_id}: {problem}" for problem in report.problems]
+    if failures:
+        raise SpecError("\n".join(failures))
 
 
 def _comparable(doc: dict) -> dict:
