@@ -35,6 +35,10 @@ COMMAND_MODULES = [
     "sie.commands.backfill",
     "sie.commands.control",
     "sie.commands.cluster",
+    "sie.commands.replica",
+    "sie.commands.tail",
+    "sie.commands.logs",
+    "sie.commands.dlq",
     "sie.commands.demo",
 ]
 

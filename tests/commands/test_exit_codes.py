@@ -41,6 +41,12 @@ KAFKA_COMMANDS = [
     ["cdc", "run", "-f", CONNECTOR],
     ["cdc", "publish", "-f", CONNECTOR, "--file", os.devnull],
     ["backfill", "--spec", RULES, "--from", "earliest", "--to", "now"],
+    ["tail", "results", "--spec", RULES],
+    ["tail", "dlq", "--model", "fraud-rules"],
+    ["dlq", "redrive", "--spec", RULES],
+    ["dlq", "redrive", "--model", "fraud-rules"],
+    ["replica", "reset", "fraud-rules-0"],
+    ["delete", "model", "fraud-rules", "--purge", "--yes"],
 ]
 
 
