@@ -158,3 +158,18 @@ def test_logs_prints_the_agents_worker_log_for_a_replica(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == ["line 47", "line 48", "line 49"]
     assert main(["logs", "fraud-9", "--work-dir", str(tmp_path)]) == 1
     assert "replicas with logs here: fraud-0" in capsys.readouterr().err
+
+
+def test_applying_an_unchanged_spec_again_ends_its_replicas_cooldown(cluster, capsys):
+    settings, spec, path = cluster
+    from sie.schemas.spec_store import read_spec_snapshot
+
+    capsys.readouterr()
+    assert main(["apply", "-f", str(path)]) == 0
+    assert f"unchanged: {spec.name}" in capsys.readouterr().out  # nothing cooling down: nothing published
+    before = read_spec_snapshot(settings).applied_at_ms[spec.name]
+    _status_with_cooldown(settings, spec)
+    assert main(["apply", "-f", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"re-applied: {spec.name}" in out and f"cool-down ended for {spec.name}-0" in out
+    assert read_spec_snapshot(settings).applied_at_ms[spec.name] > before  # the control plane's signal

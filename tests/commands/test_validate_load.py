@@ -119,3 +119,30 @@ def test_admission_never_imports_code_outside_the_allow_list(tmp_path):
     checked = admission_problems(spec, allowed_modules={"tests"})
     assert not checked.ok  # echo reads inputs["x"], which this schema has no field for
     assert checked.problems[0].startswith("load: ")
+
+
+def _exported(directory: Path, dynamic: bool) -> str:
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(len(FIELDS), 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(self.linear(x))
+
+    x = torch.zeros(2, len(FIELDS))
+    shapes = {"x": {0: torch.export.Dim("batch")}} if dynamic else None
+    name = f"model-{'dynamic' if dynamic else 'static'}.pt2"
+    torch.export.save(torch.export.export(Model(), (x,), dynamic_shapes=shapes), str(directory / name))
+    return name
+
+
+def test_a_pt2_needs_a_dynamic_batch_dimension_and_the_error_says_how(tmp_path, capsys):
+    static = churn_spec(tmp_path, _exported(tmp_path, dynamic=False))
+    assert main(["validate", "--load", "-f", str(static)]) == 1
+    err = capsys.readouterr().err
+    assert "Guard failed" in err and "a .pt2 must be exported with a dynamic batch dimension" in err
+    dynamic = churn_spec(tmp_path, _exported(tmp_path, dynamic=True))
+    assert main(["validate", "--load", "-f", str(dynamic)]) == 0
