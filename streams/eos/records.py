@@ -12,6 +12,7 @@ committing, whatever the inference time: a slow model cannot push a batch past `
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -50,11 +51,22 @@ class Prepared(Generic[T]):
     value: T | None = None
 
 
+#: ``msg.headers()`` through a call CPython checks.  On a non-UTF-8 key confluent-kafka's ``headers()`` returns
+#: a half-built list (a NULL where the key should be) WITH an exception set; the generic call path turns that
+#: into ``SystemError``, but a warm call site specialised by CPython 3.11+ skips the check and hands the
+#: broken list on: the next access segfaults the stage (seen once a scorer had dead-lettered a few records).
+_read_headers = operator.methodcaller("headers")
+
+
 def safe_headers(msg: Any) -> Headers | None:
     """``msg.headers()``, or None when they cannot be decoded (a non-UTF-8 key: confluent-kafka raises
     ``SystemError``); a dead letter then carries ``sie.headers.dropped`` instead of the originals."""
     try:
-        headers = msg.headers()
+        headers = _read_headers(msg)
     except (SystemError, UnicodeDecodeError, ValueError):
+        try:  # the message caches the half-built list: a later headers() would return it without an error
+            msg.set_headers([])
+        except Exception:  # a message type without set_headers (test doubles) has no such cache
+            pass
         return None
     return list(headers) if headers else []
