@@ -18,46 +18,29 @@ unit tests (no broker needed for the logic; the broker tests stay).
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sie.kernel.settings import Settings
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def without_stop_signals(make: Callable[[], Any]) -> Any:
-    """``make()`` with SIGINT/SIGTERM blocked in the calling thread, so the threads librdkafka starts inherit
-    the block and those signals always reach a Python thread.
-
-    WHY: a signal the kernel hands to one of librdkafka's threads does not interrupt the main thread's
-    blocking call (a read of stdin, a sleep): Ctrl-C/SIGTERM seemed ignored until that call returned.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        return make()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
 
 def _consumer(config: dict[str, Any]) -> Any:
     from confluent_kafka import Consumer
 
-    return without_stop_signals(lambda: Consumer(config))
+    return Consumer(config)
 
 
 def _producer(config: dict[str, Any]) -> Any:
     from confluent_kafka import Producer
 
-    return without_stop_signals(lambda: Producer(config))
+    return Producer(config)
 
 
 def _admin(config: dict[str, Any]) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return without_stop_signals(lambda: AdminClient(config))
+    return AdminClient(config)
 
 
 @dataclass(frozen=True)
