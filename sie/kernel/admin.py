@@ -96,6 +96,7 @@ def wait_for_cluster(settings: Settings, timeout: float = 30.0, clients: KafkaCl
         try:  # short calls: Ctrl-C is seen between them (a blocked C call holds the signal back)
             return admin.list_topics(timeout=max(0.2, min(1.0, deadline - time.monotonic())))
         except KafkaException as exc:
+            admin.poll(0)  # serves librdkafka's log lines (sie.kafka logger: shown with `sie -v`)
             if time.monotonic() >= deadline:
                 raise KafkaUnavailable(
                     f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:g}s "
