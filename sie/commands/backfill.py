@@ -57,7 +57,6 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     from sie.workers.backends import backend_config_from_spec, create_backend
 
     settings: Settings = ctx.obj
-    configure_logging(log_level)
     if spec_file is None:
         require_kafka(settings)  # the spec comes from the cluster
     spec = resolve_spec(settings, model, spec_file)
@@ -79,7 +78,8 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
         source_topic=source_topic, output_topic=output_topic, dead_letter_topic=dead_letter_topic, rate=rate,
         max_live_lag=max_live_lag or None, max_batch=max_batch, progress_interval_s=progress_interval)
 
-    require_kafka(settings)
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging(log_level)
     job = BackfillJob(config)
     plan = job.plan()  # before loading the model: a bad range fails fast
     ranges = ", ".join(f"p{r.partition} [{r.start}, {r.end})" for r in plan.ranges) or "none"

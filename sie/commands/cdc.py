@@ -123,9 +123,9 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     from sie.kernel.topics import TopicSpec
     from sie.streams.scorer import default_instance
 
-    configure_logging(log_level)
     connector = load_connector_spec(connector_file)
-    require_kafka(settings)
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging(log_level)
     model = _model_spec(settings, connector, model_spec, offline=False)
     request_topic = connector.request_topic or (model.topics.requests if model is not None else None)
     config = CdcStageConfig(

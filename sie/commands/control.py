@@ -37,8 +37,8 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     from sie.streams.control.controller import ControlConfig
     from sie.streams.control.service import ControlService
 
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
     configure_logging("info")
-    require_kafka(settings)
     overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
     if config_path is not None:
         config = ControlConfig.from_yaml(config_path, **overrides)

@@ -54,10 +54,10 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     from sie.streams.scorer import ScorerConfig, default_instance, run_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    configure_logging(log_level)
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
     spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
-    require_kafka(settings)
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging(log_level)
     topics = spec.topics
     ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters],
                         partitions or settings.request_partitions)
