@@ -175,7 +175,8 @@ class CdcStage:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         spec = config.connector
-        self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic)
+        self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic,
+                                      topic_prefix=config.settings.topic_prefix)
         self.request_topic = self.converter.request_topic
         self.dead_letter_topic = config.dlq
         if self.request_topic == spec.source_topic or self.dead_letter_topic == spec.source_topic:

@@ -252,6 +252,7 @@ class CdcConverter:
         field_types: Mapping[str, str] | None = None,
         *,
         request_topic: str | None = None,
+        topic_prefix: str = "sie",
     ) -> None:
         _check_mapping(spec, field_types)
         self.spec = spec
@@ -259,10 +260,10 @@ class CdcConverter:
         self._decode = DECODERS[spec.format]
         if request_topic is None:
             request_topic = spec.request_topic
-        if request_topic is None:
-            from sie.kernel.names import ModelTopics
+        if request_topic is None:  # the model's default topic in this cluster (SIE_TOPIC_PREFIX)
+            from sie.kernel.names import Names
 
-            request_topic = ModelTopics.default_for(spec.model).requests
+            request_topic = Names(topic_prefix).model_topics(spec.model).requests
         self.request_topic = request_topic
         self._stats: Counter = Counter()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 
 
@@ -62,7 +62,6 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     from sie.workers.gpu import parse_simulated_gpus
     from sie.workers.supervisor import SupervisorPolicy
 
-    configure_logging(log_level)
     if simulate_gpus:
         parse_simulated_gpus(simulate_gpus, node=node)  # ConfigError now, not in the loop
     policy = SupervisorPolicy(
@@ -74,6 +73,8 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
         metrics_port=metrics_port, policy=policy,
         **({"work_dir": work_dir} if work_dir is not None else {}),
     )
+    require_kafka(settings)  # one line within seconds, not a KafkaException traceback (logs start after it)
+    configure_logging(log_level)
     stop = stop_on_signals("draining workers")
     agent = Agent(config, settings)
     agent.run(stop)

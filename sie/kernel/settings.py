@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         default_factory=list, description="API paths served without a token: any of /healthz, /metrics (default: none)."
     )
 
+    connect_timeout_s: float = Field(
+        5.0, gt=0,
+        description="How long a command waits for the first answer of Kafka before it gives up with one line "
+                    "naming the servers (SIE_CONNECT_TIMEOUT_S).")
+
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
     replication_factor: int | None = Field(
@@ -226,8 +231,14 @@ class Settings(BaseSettings):
         return value
 
     def kafka_client_config(self, **overrides: Any) -> dict[str, Any]:
-        """librdkafka configuration shared by every producer, consumer and admin client."""
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        """librdkafka configuration shared by every producer, consumer and admin client.
+
+        ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
+        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw.
+        """
+        from sie.kernel.kafka_log import kafka_logger
+
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger()}
         passthrough = {
             "security.protocol": self.security_protocol,
             "sasl.mechanism": self.sasl_mechanism,

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
+#: ``ControlEvent.kind`` of an operator's request to end a replica's cool-down (``sie replica reset``)
+COOLDOWN_RESET_KIND = "cooldown_reset_requested"
+
 #: reported states of a replica that is placed and on its way to serving, or serving
 ACTIVE_STATES: frozenset[ReplicaState] = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY})
 
@@ -247,6 +250,10 @@ class ClusterState:
     leader_instance: str | None = None
     events: deque = field(default_factory=lambda: deque(maxlen=500))
     model_status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: model -> when its current spec record was applied (a re-apply or a new version ends its cool-downs)
+    spec_applied_at: dict[str, float] = field(default_factory=dict)
+    #: replica id -> the latest `sie replica reset` of it (ends cool-downs that began before it)
+    cooldown_resets: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -262,7 +269,9 @@ class ClusterState:
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
                 self.spec_errors.pop(name, None)
+                self.spec_applied_at.pop(name, None)
                 return
+            self.spec_applied_at[name] = float(record.get("applied_at_ms") or 0) / 1000.0
             import json
 
             try:
@@ -373,16 +382,18 @@ class ClusterState:
 
     def apply_event(self, record: Mapping[str, Any]) -> None:
         with self._lock:
-            self.events.append(
-                EventInfo(
-                    at=float(record.get("ts_ms") or 0) / 1000.0,
-                    kind=str(record.get("kind") or ""),
-                    model=record.get("model"),
-                    replica_id=record.get("replica_id"),
-                    node=record.get("node"),
-                    detail=str(record.get("detail") or ""),
-                )
+            event = EventInfo(
+                at=float(record.get("ts_ms") or 0) / 1000.0,
+                kind=str(record.get("kind") or ""),
+                model=record.get("model"),
+                replica_id=record.get("replica_id"),
+                node=record.get("node"),
+                detail=str(record.get("detail") or ""),
             )
+            self.events.append(event)
+            if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
+                rid = str(event.replica_id)
+                self.cooldown_resets[rid] = max(event.at, self.cooldown_resets.get(rid, 0.0))
 
     def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -411,6 +422,8 @@ class ClusterState:
                 leader_epoch=self.leader_epoch,
                 leader_instance=self.leader_instance,
                 events=tuple(self.events),
+                spec_applied_at=dict(self.spec_applied_at),
+                cooldown_resets=dict(self.cooldown_resets),
             )
 
 
@@ -452,6 +465,8 @@ class StateSnapshot:
     leader_epoch: int
     leader_instance: str | None
     events: tuple[EventInfo, ...]
+    spec_applied_at: Mapping[str, float] = field(default_factory=dict)
+    cooldown_resets: Mapping[str, float] = field(default_factory=dict)
 
     def node_online(self, name: str, now: float, timeout_s: float) -> bool:
         """A heartbeat of the node was seen (live, or replayed at its broker time) within ``timeout_s``."""

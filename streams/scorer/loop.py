@@ -4,7 +4,8 @@ The consume loop, the transaction cycle and every recovery path are the exactly-
 (``sie.streams.eos.StreamLoop`` / ``ExactlyOnce``); this module only says what one batch means::
 
     for record: parse/validate -> dead letter (poison) | expired result | group by version
-    for version: ONE inference over its rows -> results (failing rows isolated, dead-lettered)
+    for version: ONE inference over its rows -> results (failing rows isolated, dead-lettered;
+                 an output that breaks spec.outputSchema is dead-lettered output_violation, never ok)
     (the layer then commits offsets + results + dead letters atomically)
 
 ``BackendUnavailable`` (a ``RetryLater``) makes the layer abort and retry the batch after a backoff:
@@ -90,6 +91,10 @@ class Scorer:
 
             validator = compile_validator(spec.input_schema)
         self._codec = Codec(spec.name, validator, config.request_limit, config.max_json_depth)
+        from sie.schemas.validation import compile_output_check
+
+        #: spec.outputSchema enforced on every result (None: the spec declares none); compiled once
+        self._check_outputs = compile_output_check(spec.output_schema)
         self._clients = clients or KafkaClients()
         self._clock = clock
         self._wall = wall_clock
@@ -163,6 +168,7 @@ class Scorer:
         max_q = self._max_queue_ms
         results_topic = self._results_topic
         same_partition = self._same_partition
+        check_outputs = self._check_outputs
         outputs: list[Output | None] = [None] * len(batch)
         groups: dict[str, tuple[RouteEntry, list[int], list[Request], list[float]]] = {}
         dead: dict[str, int] = {}
@@ -210,7 +216,13 @@ class Scorer:
             self.metrics.inference_latency.observe(inference_ms / 1000.0)
             n = len(rows)
             for i, req, queue_ms, out in zip(indices, requests, queue_times, scored):
+                reason = DeadLetterReason.INFERENCE_ERROR
                 detail = out.detail if type(out) is InferenceFailed else None
+                if detail is None and check_outputs is not None:
+                    try:
+                        out = check_outputs(out)
+                    except ValueError as exc:  # SchemaViolation naming outputs.<field>: never an ok result
+                        reason, detail = DeadLetterReason.OUTPUT_VIOLATION, f"model {codec.model} {version}: {exc}"
                 if detail is None:
                     try:
                         value = codec.result(req, version, out, queue_ms, inference_ms, n)
@@ -221,8 +233,8 @@ class Scorer:
                                             req.partition if same_partition else -1, None, batch[i], "result")
                         ok += 1
                         continue
-                outputs[i] = self._dead_letter(batch[i], DeadLetterReason.INFERENCE_ERROR, detail, version)
-                dead["inference_error"] = dead.get("inference_error", 0) + 1
+                outputs[i] = self._dead_letter(batch[i], reason, detail, version)
+                dead[reason.value] = dead.get(reason.value, 0) + 1
         stats = {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms}
         return Prepared([o for o in outputs if o is not None], stats)
 

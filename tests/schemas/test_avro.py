@@ -38,7 +38,7 @@ SAMPLES: dict[str, dict] = {
                     "reason": None, "desired_replicas": 1, "ready_replicas": 1,
                     "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "node": "node-a", "gpu_indices": [0],
                                   "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
-                                  "actual_version": "1"}],
+                                  "actual_version": "1", "cooldowns": []}],
                     "epoch": 3, "updated_at_ms": 8},
 }
 
