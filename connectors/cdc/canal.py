@@ -96,9 +96,12 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
     ts_ms = es if type(es) is int else None
     gtid = get("gtid")
     batch = get("id")
+    # canal writes ints here (and a gtid string): the common case skips position_part's checks
     es_text = str(es) if type(es) is int else position_part(es, "es", FORMAT)
-    position = (f"batch={position_part(batch, 'id', FORMAT)},es={es_text}"
-                + (f",gtid={position_part(gtid, 'gtid', FORMAT)}" if gtid else ""))
+    batch_text = str(batch) if type(batch) is int else position_part(batch, "id", FORMAT)
+    position = f"batch={batch_text},es={es_text}"
+    if gtid:
+        position += f",gtid={gtid if type(gtid) is str else position_part(gtid, 'gtid', FORMAT)}"
 
     columns = options.columns
     if columns is not None and pk_names:
