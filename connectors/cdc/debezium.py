@@ -219,10 +219,14 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
     if type(ts) is not int:
         ts = payload.get("ts_ms")
     ts_ms = ts if type(ts) is int else None
-    if source.get("file") is not None and source.get("pos") is not None:
-        position = (f"{position_part(source['file'], 'source.file', FORMAT)}:"
-                    f"{position_part(source['pos'], 'source.pos', FORMAT)}:"
-                    f"{position_part(source.get('row', 0), 'source.row', FORMAT)}")
+    file, pos = source.get("file"), source.get("pos")
+    if file is not None and pos is not None:
+        row_no = source.get("row", 0)
+        if type(file) is str and type(pos) is int and type(row_no) is int:  # what Debezium writes
+            position = f"{file}:{pos}:{row_no}"
+        else:
+            position = (f"{position_part(file, 'source.file', FORMAT)}:{position_part(pos, 'source.pos', FORMAT)}:"
+                        f"{position_part(row_no, 'source.row', FORMAT)}")
     elif source.get("lsn") is not None:
         position = f"lsn:{position_part(source['lsn'], 'source.lsn', FORMAT)}"
     else:
