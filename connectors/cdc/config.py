@@ -108,8 +108,8 @@ class CdcConnectorSpec(BaseModel):
         for column, scale in v.items():
             if column.count(".") < 2:
                 raise ValueError(f"key {column!r} must be 'db.table.column'")
-            if scale < 0:
-                raise ValueError(f"{column}: scale must be >= 0 (got {scale})")
+            if not 0 <= scale <= 1000:  # PostgreSQL's maximum; MySQL's is 30
+                raise ValueError(f"{column}: scale must be between 0 and 1000 (got {scale})")
         return v
 
     @field_validator("primary_keys")

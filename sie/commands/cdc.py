@@ -118,7 +118,7 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     leaves the consumer group and prints a summary.
     """
     from sie.connectors.cdc import load_connector_spec
-    from sie.connectors.cdc_stage import CdcStageConfig, field_types_of, run_cdc_stage
+    from sie.connectors.cdc_stage import CdcStageConfig, run_cdc_stage
     from sie.kernel.admin import ensure_model_topics, ensure_topics
     from sie.kernel.topics import TopicSpec
     from sie.streams.scorer import default_instance
@@ -130,12 +130,12 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     request_topic = connector.request_topic or (model.topics.requests if model is not None else None)
     config = CdcStageConfig(
         settings=settings, connector=connector, instance=instance or default_instance(0),
-        field_types=field_types_of(model) if model is not None else None, request_topic=request_topic,
+        input_schema=model.input_schema if model is not None else None, request_topic=request_topic,
         dead_letter_topic=dead_letter_topic, max_batch=max_batch, max_wait_ms=max_wait_ms,
         session_timeout_ms=session_timeout_ms, metrics_port=metrics_port, log_interval_s=log_interval)
     from sie.connectors.cdc import CdcConverter
 
-    target = CdcConverter(connector, config.field_types, request_topic=request_topic,
+    target = CdcConverter(connector, request_topic=request_topic, input_schema=config.input_schema,
                           topic_prefix=settings.topic_prefix).request_topic
     parts = partitions or settings.request_partitions
     ensure_model_topics(settings, [target], parts)
@@ -170,11 +170,10 @@ def convert(settings: Settings, connector_file: Path, model_spec: Path | None, e
     otherwise each row is a dead letter missing_primary_key, as it would be in the stage.
     """
     from sie.connectors.cdc import CdcConverter, load_connector_spec
-    from sie.connectors.cdc_stage import field_types_of
 
     connector = load_connector_spec(connector_file)
     model = _model_spec(settings, connector, model_spec, offline=True)
-    converter = CdcConverter(connector, field_types_of(model) if model is not None else None,
+    converter = CdcConverter(connector, input_schema=model.input_schema if model is not None else None,
                              request_topic=connector.request_topic or (model.topics.requests if model else None),
                              topic_prefix=settings.topic_prefix)
     out = sys.stdout
