@@ -175,7 +175,7 @@ def test_produce_stopped_by_sigterm_is_3_with_counts(rules_topic, kafka_settings
 def test_backfill_stopped_by_sigterm_is_3_and_resumable(kafka_settings, tmp_path):
     from sie.schemas.spec import load_spec
     from tests.connectors.test_backfill import keep_forever, produce_timed
-    from tests.scorer_fixtures import write_echo_spec
+    from tests.scorer_fixtures import ALLOWED_MODULES, write_echo_spec
 
     spec_path = write_echo_spec(tmp_path)
     spec = load_spec(spec_path)
@@ -187,7 +187,8 @@ def test_backfill_stopped_by_sigterm_is_3_and_resumable(kafka_settings, tmp_path
            "--from", "earliest", "--to", "now", "--rate", "50"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                     "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES)})
         try:
             wait_until(lambda: re.search(r"progress: [1-9]\d*/", log.read_text()) or proc.poll() is not None, 60,
                        message="backfill progress")

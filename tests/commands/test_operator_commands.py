@@ -15,7 +15,7 @@ from sie.kernel.clients import KafkaClients
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import encode
 from tests.helpers import unique_topic, wait_until
-from tests.scorer_fixtures import echo_spec_doc
+from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
 
 
 @pytest.fixture()
@@ -24,6 +24,7 @@ def cluster(kafka_settings, monkeypatch, tmp_path):
     prefix = unique_topic("op").replace(".", "")
     monkeypatch.setenv("SIE_TOPIC_PREFIX", prefix)
     monkeypatch.setenv("SIE_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("SIE_ALLOWED_MODULES", ",".join(ALLOWED_MODULES))  # the echo model's module
     settings = Settings()
     assert main(["topics", "ensure"]) == 0
     doc = echo_spec_doc()

@@ -17,20 +17,10 @@ from tests.helpers import consume_all
 from tests.scorer_fixtures import CommittedReader, ScorerThread, echo_spec_doc, produce_requests, topics_for
 
 
-def broken(rows):
-    """Version 1: logits, not probabilities (out of the declared range [0, 1])."""
-    return [{"p": row["x"] - 0.5} for row in rows]
-
-
-def fixed(rows):
-    """Version 2: the missing squash."""
-    return [{"p": min(1.0, max(0.0, row["x"]))} for row in rows]
-
-
 def churn_doc(name: str | None, version: str, fn: str) -> dict:
     doc = echo_spec_doc(name)
     doc["spec"]["model"]["version"] = version
-    doc["spec"]["backend"]["callable"] = f"tests.connectors.test_redrive:{fn}"
+    doc["spec"]["backend"]["callable"] = f"tests.scorer_fixtures:{fn}"
     doc["spec"]["outputSchema"]["fields"] = [{"name": "p", "type": "float", "range": [0, 1]}]
     doc["spec"]["exampleInput"] = {"x": 0.7}
     return doc
@@ -64,10 +54,10 @@ def read_all(settings, topic: str, expected: int):
 
 
 def test_redrive_after_a_fix_answers_each_dead_letter_exactly_once(kafka_settings, capsys, tmp_path):
-    v1 = churn_spec(None, "1.0.0", "broken")
-    v2 = churn_spec(v1.name, "2.0.0", "fixed")
+    v1 = churn_spec(None, "1.0.0", "unsquashed")
+    v2 = churn_spec(v1.name, "2.0.0", "squashed")
     v2_file = tmp_path / "v2.yaml"
-    v2_file.write_text(yaml.safe_dump(churn_doc(v1.name, "2.0.0", "fixed")), encoding="utf-8")
+    v2_file.write_text(yaml.safe_dump(churn_doc(v1.name, "2.0.0", "squashed")), encoding="utf-8")
     topics_for(kafka_settings, v1, partitions=3)
     produce_requests(kafka_settings, v1.topics.requests, requests_with_and_without_ids(100))
 
@@ -110,7 +100,7 @@ def test_redrive_after_a_fix_answers_each_dead_letter_exactly_once(kafka_setting
 
 
 def test_a_reason_cursor_passes_over_other_reasons_without_taking_them(kafka_settings):
-    spec = churn_spec(None, "1.0.0", "broken")
+    spec = churn_spec(None, "1.0.0", "unsquashed")
     topics_for(kafka_settings, spec, partitions=1)
     produce_requests(kafka_settings, spec.topics.requests,
                      [(b"a", orjson.dumps({"id": "bad-json"})), (b"b", b"{nope"), (b"c", orjson.dumps(
