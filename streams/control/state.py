@@ -97,6 +97,10 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
+    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag and recent p99 (ms)
+    metrics_address: str | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class HeartbeatInfo:
     replicas: tuple[ReplicaReport, ...]
     replayed_at: float | None = None
     sent_at: float = 0.0
+    #: ``host:port`` of the agent's own /metrics (None: it serves none)
+    metrics_address: str | None = None
 
     @property
     def alive_at(self) -> float | None:
@@ -164,6 +170,8 @@ class EventInfo:
     replica_id: str | None
     node: str | None
     detail: str
+    #: (partition, offset) on the events topic: the same record read twice is applied once
+    position: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -315,6 +323,9 @@ class ClusterState:
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
                 at=at,
+                metrics_address=r.get("metrics_address"),
+                lag=r.get("lag"),
+                p99_ms=r.get("p99_ms"),
             )
             for r in record.get("replicas") or ()
         )
@@ -330,6 +341,7 @@ class ClusterState:
                 reports,
                 replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
                 sent_at=sent_at,
+                metrics_address=record.get("metrics_address"),
             )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
@@ -371,8 +383,11 @@ class ClusterState:
                 self.leader_epoch = epoch
                 self.leader_instance = record.get("instance_id")
 
-    def apply_event(self, record: Mapping[str, Any]) -> None:
+    def apply_event(self, record: Mapping[str, Any], position: tuple[int, int] | None = None) -> None:
+        """One event; ``position`` (partition, offset) makes a re-read of the same record a no-op."""
         with self._lock:
+            if position is not None and any(e.position == position for e in self.events):
+                return
             self.events.append(
                 EventInfo(
                     at=float(record.get("ts_ms") or 0) / 1000.0,
@@ -381,6 +396,7 @@ class ClusterState:
                     replica_id=record.get("replica_id"),
                     node=record.get("node"),
                     detail=str(record.get("detail") or ""),
+                    position=position,
                 )
             )
 
@@ -835,7 +851,7 @@ class StateFeeder:
             elif suffix == "replica-status":
                 self._state.apply_replica_status(record)
             elif suffix == "events":
-                self._state.apply_event(record)
+                self._state.apply_event(record, (msg.partition(), msg.offset()))
         except Exception as exc:  # one bad record must not stop the feed
             self._skip(msg, suffix, exc)
 
