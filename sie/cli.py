@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "sie.commands.token",
     "sie.commands.acls",
     "sie.commands.cluster",
+    "sie.commands.prometheus",
     "sie.commands.demo",
 ]
 

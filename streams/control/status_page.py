@@ -8,7 +8,7 @@ reason) and the latest events.
 How the browser authenticates (WHY a token form and ``sessionStorage``, not a cookie): the files
 themselves hold no data and are served to anyone; every number on the page comes from a route that
 requires a viewer token in the ``Authorization`` header, exactly as for the CLI.  The user pastes a
-token (a viewer token is enough: ``sie token create --role viewer``) into the page's form; the script
+token (a viewer token is enough: ``sie token create --name NAME --role viewer``) into the page's form; the script
 keeps it in ``sessionStorage`` (gone when the tab closes) and sends it as a bearer header.
 
 - A cookie would be sent by the browser on its own, to every route, from any site: the operator

@@ -187,7 +187,10 @@ class ScorerMetrics:
 
     @classmethod
     def for_spec(cls, spec: Any) -> ScorerMetrics:
-        return cls(spec.model_id, spec.service_type, spec.priority_level, spec.version,
+        """``model_id`` is the model's name (not ``name:version``): a model keeps its series across a
+        rollout, ``version`` tells the versions apart, and the control plane's per-model series
+        (``sie_control_model_*{model_id}``) join with these on the same value."""
+        return cls(spec.name, spec.service_type, spec.priority_level, spec.version,
                    getattr(spec.sla, "p99_latency_ms", None))
 
     # --- instruments per label set -----------------------------------------------------------------

@@ -3,7 +3,11 @@
 // page only as text (textContent), never as HTML. See sie/streams/control/status_page.py for why.
 "use strict";
 
-const REFRESH_MS = 2000;
+// ?refresh_ms=N (250..60000) redraws faster or slower than every 2 s
+const REFRESH_MS = (() => {
+  const asked = Number(new URLSearchParams(location.search).get("refresh_ms"));
+  return asked >= 250 && asked <= 60000 ? asked : 2000;
+})();
 const TOKEN_KEY = "sie.status.token";
 let timer = null;
 
