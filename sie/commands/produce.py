@@ -48,6 +48,7 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
     rejected lines are counted with their reasons. Prints progress every second and a summary.
     """
     from sie.connectors.producer import produce_jsonl
+    from sie.kernel.tracing import tracing_from_settings
     from sie.schemas.validation import compile_validator
 
     spec = resolve_spec(settings, model, spec_file)
@@ -58,8 +59,12 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
         click.echo(f"  ... sent {summary.sent}, delivered {summary.delivered}, rejected {summary.rejected_total}",
                    err=True)
 
-    summary = produce_jsonl(settings, target, input_file, validator=validator, key_field=key_field,
-                            rate=rate, progress=progress)
+    tracing = tracing_from_settings(settings, "sie-produce")  # SIE_TRACING: a trace per request, sampled
+    try:
+        summary = produce_jsonl(settings, target, input_file, validator=validator, key_field=key_field,
+                                rate=rate, progress=progress, tracing=tracing)
+    finally:
+        tracing.shutdown()  # export what is buffered before the process exits
     click.echo(f"{spec.name} -> {target}")
     for line in summary.lines():
         click.echo(line)
