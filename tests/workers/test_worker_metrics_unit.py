@@ -11,7 +11,7 @@ from sie.kernel.errors import ConfigError
 from sie.schemas.avro_codec import decode, encode
 from sie.workers.agent import messages
 from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
-from sie.workers.process import LaunchRefused, LaunchSpec
+from sie.workers.process import LaunchSpec
 from sie.workers.replica import DesiredReplica
 from sie.workers.supervisor import Supervisor
 from tests.fakes.workers import FakeClock, FakeLauncher
@@ -31,7 +31,7 @@ def test_a_range_gives_distinct_ports_reused_by_a_restarted_replica_and_freed_wh
     assert ports.port_for("m-0", []) == 9500
     assert ports.port_for("m-1", ["m-0"]) == 9501
     assert ports.port_for("m-0", ["m-1"]) == 9500  # a restart keeps its port
-    with pytest.raises(LaunchRefused, match="every port is taken"):
+    with pytest.raises(ConfigError, match="every port is taken"):  # retried (a crash), not FAILED for good
         ports.port_for("m-2", ["m-0", "m-1"])
     assert ports.port_for("m-2", ["m-1"]) == 9500  # m-0 is gone: its port is free again
 

@@ -62,8 +62,10 @@ class MetricsPorts:
             if port not in taken:
                 self._held[replica_id] = port
                 return port
-        raise LaunchRefused(f"--worker-metrics-ports {first}-{last}: every port is taken by a live replica; "
-                            "widen the range")
+        # not LaunchRefused (that is FAILED for good): a port frees up when a replica stops, so this is a
+        # crash the supervisor retries with backoff
+        raise ConfigError(f"--worker-metrics-ports {first}-{last}: every port is taken by a live replica; "
+                          "widen the range")
 
 
 class WorkerCommandBuilder:
