@@ -179,8 +179,12 @@ class CdcStage:
     """Converts one connector's source topic exactly once. Build, then ``run(stop)``."""
 
     def __init__(self, config: CdcStageConfig, *, clients: KafkaClients | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tracing: Any = None) -> None:
+        from sie.kernel.tracing import tracing_from_settings
+
         self.config = config
+        #: sie.kernel.tracing.Tracing: a CDC row starts (or continues) the trace of the requests it becomes
+        self._tracing = tracing or tracing_from_settings(config.settings, "sie-cdc")
         spec = config.connector
         self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic,
                                       topic_prefix=config.settings.topic_prefix, input_schema=config.input_schema)
@@ -270,6 +274,11 @@ class CdcStage:
             counts.requests += len(requests)
             if outcome.skipped:
                 counts.skipped.update(outcome.skipped)
+        if self._tracing.enabled:
+            from sie.connectors.tracing import carry_traces
+
+            carry_traces(self._tracing, f"sie.cdc {self.config.connector.name}", outputs, start_new=True,
+                         attributes={"sie.connector": self.config.connector.name})
         return Prepared(outputs, counts)
 
     def rejected(self, output: Output, detail: str, counts: _BatchCounts) -> Output:

@@ -4,6 +4,9 @@ Requests are validated against the model's ``input_schema`` *before* they are se
 a caller learns about a bad payload at once instead of finding it later in the dead-letter topic.
 The producer is idempotent (``enable.idempotence``, ``acks=all``): a retry inside librdkafka never
 duplicates a request.  Delivery failures are counted and reported, never dropped silently.
+
+With tracing on (``SIE_TRACING``, ``sie.kernel.tracing``) each sampled request gets a producer span
+(ended when the broker acknowledges it) and its ``traceparent`` header: the scorer continues that trace.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
 
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
+from sie.kernel.tracing import DISABLED, TRACEPARENT, Tracing
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -112,10 +117,12 @@ class RequestProducer:
     """
 
     def __init__(self, settings: Settings, topic: str, *, validator: Validator | None = None,
-                 rate: float | None = None, extra_config: dict[str, Any] | None = None) -> None:
+                 rate: float | None = None, extra_config: dict[str, Any] | None = None,
+                 tracing: Tracing = DISABLED) -> None:
         from sie.kernel.clients import KafkaClients
 
         self.topic = topic
+        self._tracing = tracing
         self.summary = ProduceSummary()
         self._validator = validator
         self._limiter = RateLimiter(rate)
@@ -137,8 +144,20 @@ class RequestProducer:
         else:
             self.summary.delivery_failures[err.name()] += 1
 
-    def send(self, request: dict[str, Any], key: str | bytes | None = None) -> bool:
-        """Validate (if configured) and send one request; False if it was rejected before sending."""
+    def _on_delivery_traced(self, span: Any, err: Any, msg: Any) -> None:
+        self._on_delivery(err, msg)
+        if err is None:
+            span.set_attribute("messaging.kafka.partition", msg.partition())
+            span.set_attribute("messaging.kafka.offset", msg.offset())
+        else:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, err.name()))
+        span.end()
+
+    def send(self, request: dict[str, Any], key: str | bytes | None = None, parent: str | None = None) -> bool:
+        """Validate (if configured) and send one request; False if it was rejected before sending.
+        ``parent``: the caller's own ``traceparent`` (the request's span is then its child)."""
         if self._validator is not None:
             try:
                 request = {**request, "inputs": self._validator(request["inputs"])}
@@ -147,9 +166,17 @@ class RequestProducer:
                 return False
         value = orjson.dumps(request)
         self._limiter.acquire()
+        headers, on_delivery = None, self._on_delivery
+        if self._tracing.enabled:
+            span = self._tracing.start(f"sie.produce {self.topic}", parent=parent, kind="producer", attributes={
+                "messaging.system": "kafka", "messaging.destination.name": self.topic,
+                "sie.request_id": str(request.get("id", ""))})
+            if span is not None:
+                headers = [(TRACEPARENT, Tracing.traceparent(span))]
+                on_delivery = partial(self._on_delivery_traced, span)
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=key, on_delivery=self._on_delivery)
+                self._producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
                 break
             except BufferError:  # local queue full: let librdkafka drain it
                 self._producer.poll(0.05)
@@ -239,7 +266,8 @@ def produce_jsonl(settings: Settings, topic: str, lines: Iterable[str | bytes], 
                   validator: Validator | None = None, key_field: str | None = None,
                   allow_missing_key: bool = False, rate: float | None = None,
                   progress: Callable[[ProduceSummary], None] | None = None,
-                  summary_out: list[ProduceSummary] | None = None) -> ProduceSummary:
+                  summary_out: list[ProduceSummary] | None = None,
+                  tracing: Tracing = DISABLED) -> ProduceSummary:
     """Send every JSON line as a request; returns the summary (sent, rejected with reasons, failed).
 
     A line whose ``key_field`` is missing is rejected (``missing_key``) unless ``allow_missing_key``
@@ -247,7 +275,7 @@ def produce_jsonl(settings: Settings, topic: str, lines: Iterable[str | bytes], 
     sent is flushed and the summary says ``interrupted``.  ``summary_out`` receives the summary before the
     final flush, so a caller still has the counts when the flush raises ``ProduceError``.
     """
-    producer = RequestProducer(settings, topic, validator=validator, rate=rate)
+    producer = RequestProducer(settings, topic, validator=validator, rate=rate, tracing=tracing)
     summary = producer.summary
     if summary_out is not None:
         summary_out.append(summary)

@@ -41,6 +41,7 @@ COMMAND_MODULES = [
     "sie.commands.tail",
     "sie.commands.logs",
     "sie.commands.dlq",
+    "sie.commands.prometheus",
     "sie.commands.demo",
 ]
 

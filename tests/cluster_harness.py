@@ -171,6 +171,8 @@ class Cluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
+        #: more environment for every process started from now on (e.g. SIE_ADVERTISE_HOST)
+        self.extra_env: dict[str, str] = {}
         ensure_topics(self.settings, system_topics(self.prefix))
 
     # -- environment -------------------------------------------------------------------------------
@@ -186,6 +188,7 @@ class Cluster:
         # The demo models' code (examples/models) is installed on these nodes, as a user's model package
         # would be: a spec POSTed without a file (no directory to search) still finds its callable.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "examples"), env.get("PYTHONPATH", "")) if p)
+        env.update(self.extra_env)
         return env
 
     def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None) -> Proc:

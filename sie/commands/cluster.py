@@ -196,8 +196,9 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
             spec = {"version": spec_obj.version, "priority_level": spec_obj.priority_level, "service_type": spec_obj.service_type,
                     "backend": spec_obj.backend.type, "resources": spec_obj.resources.model_dump(mode="json"),
                     "min_replicas": spec_obj.sla.min_replicas, "max_replicas": spec_obj.sla.max_replicas}
-        events = [{"ts_ms": int(e.at * 1000), "kind": e.kind, "replica_id": e.replica_id, "node": e.node, "detail": e.detail}
-                  for e in state.snapshot().events if e.model == name][-15:]
+        from sie.streams.control.observability import event_rows
+
+        events = event_rows((e for e in state.snapshot().events if e.model == name), 15)
         model = model or {"name": name, "phase": "Pending", "reason": "no control plane has reconciled it yet", "replicas": []}
     click.echo(f"Name:        {name}")
     if spec:
@@ -221,7 +222,9 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
     click.echo("Events:")
     for e in events or ():
         stamp = time.strftime("%H:%M:%S", time.localtime(e["ts_ms"] / 1000))
-        click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}")
+        repeated = f" (x{e['count']}, first at {time.strftime('%H:%M:%S', time.localtime(e['first_ts_ms'] / 1000))})" \
+            if e.get("count", 1) > 1 else ""
+        click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}{repeated}")
     if not events:
         click.echo("  (none recent)")
 

@@ -58,6 +58,7 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
     """
     from sie.commands._runtime import EXIT_INTERRUPTED, EXIT_PARTIAL, require_kafka
     from sie.connectors.producer import ProduceError, ProduceSummary, produce_jsonl
+    from sie.kernel.tracing import tracing_from_settings
     from sie.schemas.validation import compile_validator
 
     if allow_missing_key and not key_field:
@@ -79,15 +80,18 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
 
     signal.signal(signal.SIGTERM, on_sigterm)
     holder: list[ProduceSummary] = []
+    tracing = tracing_from_settings(settings, "sie-produce")  # SIE_TRACING: a trace per request, sampled
     try:
         summary = produce_jsonl(settings, target, input_file, validator=validator, key_field=key_field,
                                 allow_missing_key=allow_missing_key, rate=rate, progress=progress,
-                                summary_out=holder)
+                                summary_out=holder, tracing=tracing)
     except ProduceError:
         click.echo(f"{spec.name} -> {target}")
         for line in holder[0].lines() if holder else ():
             click.echo(line)
         raise
+    finally:
+        tracing.shutdown()  # export what is buffered before the process exits
     click.echo(f"{spec.name} -> {target}")
     for line in summary.lines():
         click.echo(line)

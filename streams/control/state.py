@@ -100,6 +100,10 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
+    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag and recent p99 (ms)
+    metrics_address: str | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,8 @@ class HeartbeatInfo:
     replicas: tuple[ReplicaReport, ...]
     replayed_at: float | None = None
     sent_at: float = 0.0
+    #: ``host:port`` of the agent's own /metrics (None: it serves none)
+    metrics_address: str | None = None
 
     @property
     def alive_at(self) -> float | None:
@@ -167,6 +173,8 @@ class EventInfo:
     replica_id: str | None
     node: str | None
     detail: str
+    #: (partition, offset) on the events topic: the same record read twice is applied once
+    position: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +332,9 @@ class ClusterState:
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
                 at=at,
+                metrics_address=r.get("metrics_address"),
+                lag=r.get("lag"),
+                p99_ms=r.get("p99_ms"),
             )
             for r in record.get("replicas") or ()
         )
@@ -339,6 +350,7 @@ class ClusterState:
                 reports,
                 replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
                 sent_at=sent_at,
+                metrics_address=record.get("metrics_address"),
             )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
@@ -380,8 +392,11 @@ class ClusterState:
                 self.leader_epoch = epoch
                 self.leader_instance = record.get("instance_id")
 
-    def apply_event(self, record: Mapping[str, Any]) -> None:
+    def apply_event(self, record: Mapping[str, Any], position: tuple[int, int] | None = None) -> None:
+        """One event; ``position`` (partition, offset) makes a re-read of the same record a no-op."""
         with self._lock:
+            if position is not None and any(e.position == position for e in self.events):
+                return
             event = EventInfo(
                 at=float(record.get("ts_ms") or 0) / 1000.0,
                 kind=str(record.get("kind") or ""),
@@ -389,6 +404,7 @@ class ClusterState:
                 replica_id=record.get("replica_id"),
                 node=record.get("node"),
                 detail=str(record.get("detail") or ""),
+                position=position,
             )
             self.events.append(event)
             if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
@@ -850,7 +866,7 @@ class StateFeeder:
             elif suffix == "replica-status":
                 self._state.apply_replica_status(record)
             elif suffix == "events":
-                self._state.apply_event(record)
+                self._state.apply_event(record, (msg.partition(), msg.offset()))
         except Exception as exc:  # one bad record must not stop the feed
             self._skip(msg, suffix, exc)
 
