@@ -171,7 +171,8 @@ class Cluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
-        #: more environment for every process of this cluster (e.g. SIE_ALLOWED_MODULES for a test model)
+        #: more environment for every process started from now on (e.g. SIE_ADVERTISE_HOST, or
+        #: SIE_ALLOWED_MODULES for a test model)
         self.extra_env: dict[str, str] = {}
         ensure_topics(self.settings, system_topics(self.prefix))
 

@@ -89,6 +89,8 @@ class ReplicaSnapshot:
     signal: int | None
     target_hash: str
     gpu_indices: tuple[int, ...]
+    metrics_port: int | None = None
+    lag: int | None = None
     p99_ms: float | None = None
     inference_rps: float | None = None
     #: launch -> READY of the current worker (None until READY); ``warm``: a warm-pool worker took the launch
@@ -205,10 +207,7 @@ class Supervisor:
             replica.last_progress_at = now
             if "records" in event and isinstance(event["records"], int):
                 replica.records = event["records"]
-            if isinstance(event.get("p99_ms"), (int, float)):
-                replica.p99_ms = float(event["p99_ms"])
-            if isinstance(event.get("rate"), (int, float)):
-                replica.inference_rps = float(event["rate"])
+            _take_reported(replica, event)
             if kind == "ready" and replica.state == ReplicaState.STARTING:
                 replica.start_s = now - replica.started_at
                 self._transition(replica, ReplicaState.READY, "readiness inference passed"
@@ -284,7 +283,7 @@ class Supervisor:
         replica.started_at = replica.last_progress_at = now
         replica.exit = None
         replica.worker_error = None
-        replica.p99_ms = replica.start_s = replica.inference_rps = None
+        replica.metrics_port = replica.lag = replica.p99_ms = replica.inference_rps = replica.start_s = None
         replica.warm = bool(getattr(replica.handle, "warm", False))
         self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
 
@@ -341,8 +340,27 @@ class Supervisor:
             signal=exit_info.signal if exit_info else None,
             target_hash=replica.desired.target_hash,
             gpu_indices=replica.desired.gpu_indices,
-            p99_ms=replica.p99_ms,
-            inference_rps=replica.inference_rps,
+            metrics_port=replica.metrics_port if replica.state.has_process else None,
+            lag=replica.lag if replica.state.has_process else None,
+            p99_ms=replica.p99_ms if replica.state.has_process else None,
+            inference_rps=replica.inference_rps if replica.state.has_process else None,
             start_s=replica.start_s,
             warm=replica.warm,
         )
+
+
+def _take_reported(replica: ActualReplica, event: dict) -> None:
+    """A worker's own numbers from a status line, each taken only if it has the right type and range
+    (the line comes from another process: a bad value is ignored, never trusted)."""
+    port = event.get("metrics_port")
+    if type(port) is int and 0 < port < 65536:
+        replica.metrics_port = port
+    lag = event.get("lag")
+    if type(lag) is int and lag >= 0:
+        replica.lag = lag
+    if "p99_ms" in event:
+        p99 = event["p99_ms"]
+        replica.p99_ms = float(p99) if type(p99) in (int, float) and 0 <= p99 < 1e12 else None
+    if "rate" in event:
+        rate = event["rate"]
+        replica.inference_rps = float(rate) if type(rate) in (int, float) and 0 < rate < 1e12 else None

@@ -13,10 +13,13 @@ Status protocol (one JSON object per line on ``--status-fd``; stdout/stderr go t
 the replica's log file):
 
     {"event": "loading", "pid": 123}                       backend load started
-    {"event": "ready", "latency_ms": 1.2, "outputs": {...}}  readiness inference passed
-    {"event": "progress", "records": N, "p99_ms": x, "rate": y}   every --progress-interval s (liveness; p99 of
-                                                            the inference calls of the last minute and records
-                                                            per second of inference time, null if none)
+    {"event": "ready", "latency_ms": 1.2, "outputs": {...}, "metrics_port": P}
+                                                            readiness inference passed; /metrics on P
+    {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X}
+                                                            every --progress-interval s (liveness), with
+                                                            records per second of inference time over the
+                                                            last minute (null if none), the scorer's consumer
+                                                            lag and its recent per-request p99
     {"event": "draining"}                                   SIGTERM received
     {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
     {"event": "stopped", "records": N}                      clean exit (0) after a drain
@@ -72,14 +75,15 @@ class StatusWriter:
                 pass  # the agent is gone; PDEATHSIG will end us
 
 
-#: the window and the most calls the p99 reported with progress covers
-P99_WINDOW_S = 60.0
-P99_MAX_SAMPLES = 2048
+#: the window and the most calls the inference rate reported with progress covers
+RATE_WINDOW_S = 60.0
+RATE_MAX_SAMPLES = 2048
 
 
 class CountingBackend:
     """Delegates to the loaded backend, counts scored records (the progress the agent watches) and times its
-    inference calls (the p99 the autoscaler compares with the SLA)."""
+    inference calls (the records per second of inference time the autoscaler sizes a first scale-up with,
+    before it measured a replica's throughput under a backlog)."""
 
     def __init__(self, inner: Any, clock: Any = time.monotonic) -> None:
         self._inner = inner
@@ -87,7 +91,7 @@ class CountingBackend:
         self.records = 0
         self._lock = threading.Lock()
         self._clock = clock
-        self._latencies: deque[tuple[float, float, int]] = deque(maxlen=P99_MAX_SAMPLES)
+        self._latencies: deque[tuple[float, float, int]] = deque(maxlen=RATE_MAX_SAMPLES)
 
     def load(self) -> None:
         """Already loaded (and proven by the readiness inference): loading twice would double the memory."""
@@ -102,22 +106,13 @@ class CountingBackend:
         return outputs
 
     def rate(self) -> float | None:
-        """Records per second of inference time over the last ``P99_WINDOW_S`` (what the replica could do if it
+        """Records per second of inference time over the last ``RATE_WINDOW_S`` (what the replica could do if it
         did nothing but infer; None: no call ended in the window)."""
-        since = self._clock() - P99_WINDOW_S
+        since = self._clock() - RATE_WINDOW_S
         with self._lock:
             recent = [(ms, n) for at, ms, n in self._latencies if at >= since]
         spent = sum(ms for ms, _ in recent) / 1000.0
         return round(sum(n for _, n in recent) / spent, 3) if recent and spent > 0 else None
-
-    def p99_ms(self) -> float | None:
-        """p99 (ms) of the inference calls that ended within the last ``P99_WINDOW_S`` (None: none did)."""
-        since = self._clock() - P99_WINDOW_S
-        with self._lock:
-            recent = sorted(ms for at, ms, _ in self._latencies if at >= since)
-        if not recent:
-            return None
-        return round(recent[min(len(recent) - 1, int(0.99 * len(recent)))], 3)
 
     def close(self) -> None:
         self._inner.close()
@@ -128,7 +123,7 @@ class CountingBackend:
 
 def _progress_loop(
     status: StatusWriter, counter: CountingBackend, interval: float, stop: threading.Event,
-    on_fatal: Any,
+    on_fatal: Any, extra: Any = dict,
 ) -> None:
     """Liveness lines, and the check that the backend can still serve at all.
 
@@ -143,7 +138,7 @@ def _progress_loop(
             status.emit("error", detail=detail)
             on_fatal(detail)
             return
-        status.emit("progress", records=counter.records, p99_ms=counter.p99_ms(), rate=counter.rate())
+        status.emit("progress", records=counter.records, rate=counter.rate(), **extra())
 
 
 def _load_spec(path: Path) -> Any:
@@ -214,14 +209,24 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
             fatal.append(detail)
             stop_event.set()
 
+        scorers: list[Any] = []
+
+        def own_numbers() -> dict[str, Any]:
+            """The scorer's lag and recent p99, forwarded by the agent to the control plane (status page)."""
+            metrics = scorers[0].metrics
+            p99 = metrics.recent_p99()
+            return {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None}
+
         progress = threading.Thread(
-            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop, on_fatal),
+            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop, on_fatal, own_numbers),
             name="progress", daemon=True,
         )
 
-        def on_ready(_scorer: Any) -> None:
+        def on_ready(scorer: Any) -> None:
             # READY = the readiness inference passed AND the scorer is subscribed (Kafka reachable).
-            status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs)
+            scorers.append(scorer)
+            status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs,
+                        metrics_port=scorer.metrics.port)
             progress.start()
 
         # replica ids are unique and stable (the agent's contract): a restarted or moved replica takes its
@@ -302,7 +307,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
     parser.add_argument("--gpu-indices", default="", help="node-local (NVML) indices of the GPUs reserved, e.g. 0,1")
     parser.add_argument("--gpu-memory-mb", type=int, default=0, help="absolute GPU memory budget of this replica")
-    parser.add_argument("--metrics-port", type=int, default=None, help="scorer /metrics port (default: none)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="scorer /metrics port, 0 = any free one (reported in the ready line); default: none")
     args = parser.parse_args(argv)
     if not args.warm and (args.spec_file is None or args.replica_id is None):
         parser.error("--spec-file and --replica-id are required (or --warm)")

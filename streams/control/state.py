@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
+#: ``ControlEvent.kind`` of an operator's request to end a replica's cool-down (``sie replica reset``)
+COOLDOWN_RESET_KIND = "cooldown_reset_requested"
+
 #: reported states of a replica that is placed and on its way to serving, or serving
 ACTIVE_STATES: frozenset[ReplicaState] = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY})
 
@@ -97,9 +100,12 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
-    #: records scored by the current worker, and the p99 (ms) of its recent inference calls (heartbeats only)
-    records: int = 0
+    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag, recent per-request p99
+    #: (ms), records scored by the current worker and its records per second of inference time
+    metrics_address: str | None = None
+    lag: int | None = None
     p99_ms: float | None = None
+    records: int = 0
     inference_rps: float | None = None
 
 
@@ -120,6 +126,8 @@ class HeartbeatInfo:
     replicas: tuple[ReplicaReport, ...]
     replayed_at: float | None = None
     sent_at: float = 0.0
+    #: ``host:port`` of the agent's own /metrics (None: it serves none)
+    metrics_address: str | None = None
     #: the agent's warm pool: workers waiting for a replica and the host memory they hold
     warm_workers: int = 0
     reserved_memory_mb: int = 0
@@ -171,6 +179,8 @@ class EventInfo:
     replica_id: str | None
     node: str | None
     detail: str
+    #: (partition, offset) on the events topic: the same record read twice is applied once
+    position: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -254,6 +264,10 @@ class ClusterState:
     leader_instance: str | None = None
     events: deque = field(default_factory=lambda: deque(maxlen=500))
     model_status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: model -> when its current spec record was applied (a re-apply or a new version ends its cool-downs)
+    spec_applied_at: dict[str, float] = field(default_factory=dict)
+    #: replica id -> the latest `sie replica reset` of it (ends cool-downs that began before it)
+    cooldown_resets: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -269,7 +283,9 @@ class ClusterState:
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
                 self.spec_errors.pop(name, None)
+                self.spec_applied_at.pop(name, None)
                 return
+            self.spec_applied_at[name] = float(record.get("applied_at_ms") or 0) / 1000.0
             import json
 
             try:
@@ -322,8 +338,10 @@ class ClusterState:
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
                 at=at,
-                records=int(r.get("records") or 0),
+                metrics_address=r.get("metrics_address"),
+                lag=r.get("lag"),
                 p99_ms=float(r["p99_ms"]) if r.get("p99_ms") is not None else None,
+                records=int(r.get("records") or 0),
                 inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
             )
             for r in record.get("replicas") or ()
@@ -340,6 +358,7 @@ class ClusterState:
                 reports,
                 replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
                 sent_at=sent_at,
+                metrics_address=record.get("metrics_address"),
                 warm_workers=int(record.get("warm_workers") or 0),
                 reserved_memory_mb=int(record.get("reserved_memory_mb") or 0),
             )
@@ -383,18 +402,24 @@ class ClusterState:
                 self.leader_epoch = epoch
                 self.leader_instance = record.get("instance_id")
 
-    def apply_event(self, record: Mapping[str, Any]) -> None:
+    def apply_event(self, record: Mapping[str, Any], position: tuple[int, int] | None = None) -> None:
+        """One event; ``position`` (partition, offset) makes a re-read of the same record a no-op."""
         with self._lock:
-            self.events.append(
-                EventInfo(
-                    at=float(record.get("ts_ms") or 0) / 1000.0,
-                    kind=str(record.get("kind") or ""),
-                    model=record.get("model"),
-                    replica_id=record.get("replica_id"),
-                    node=record.get("node"),
-                    detail=str(record.get("detail") or ""),
-                )
+            if position is not None and any(e.position == position for e in self.events):
+                return
+            event = EventInfo(
+                at=float(record.get("ts_ms") or 0) / 1000.0,
+                kind=str(record.get("kind") or ""),
+                model=record.get("model"),
+                replica_id=record.get("replica_id"),
+                node=record.get("node"),
+                detail=str(record.get("detail") or ""),
+                position=position,
             )
+            self.events.append(event)
+            if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
+                rid = str(event.replica_id)
+                self.cooldown_resets[rid] = max(event.at, self.cooldown_resets.get(rid, 0.0))
 
     def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -423,6 +448,8 @@ class ClusterState:
                 leader_epoch=self.leader_epoch,
                 leader_instance=self.leader_instance,
                 events=tuple(self.events),
+                spec_applied_at=dict(self.spec_applied_at),
+                cooldown_resets=dict(self.cooldown_resets),
             )
 
 
@@ -464,6 +491,8 @@ class StateSnapshot:
     leader_epoch: int
     leader_instance: str | None
     events: tuple[EventInfo, ...]
+    spec_applied_at: Mapping[str, float] = field(default_factory=dict)
+    cooldown_resets: Mapping[str, float] = field(default_factory=dict)
 
     def node_online(self, name: str, now: float, timeout_s: float) -> bool:
         """A heartbeat of the node was seen (live, or replayed at its broker time) within ``timeout_s``."""
@@ -850,7 +879,7 @@ class StateFeeder:
             elif suffix == "replica-status":
                 self._state.apply_replica_status(record)
             elif suffix == "events":
-                self._state.apply_event(record)
+                self._state.apply_event(record, (msg.partition(), msg.offset()))
         except Exception as exc:  # one bad record must not stop the feed
             self._skip(msg, suffix, exc)
 

@@ -38,7 +38,8 @@ from sie.streams.control.service import ControlService
 from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 
 ROUTES = [("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/v1/nodes"), ("GET", "/v1/replicas"),
-          ("GET", "/v1/models"), ("GET", "/v1/models/some-model"), ("POST", "/v1/models"), ("PUT", "/v1/models"),
+          ("GET", "/v1/models"), ("GET", "/v1/models/some-model"), ("GET", "/v1/events"),
+          ("GET", "/v1/prometheus/targets"), ("POST", "/v1/models"), ("PUT", "/v1/models"),
           ("DELETE", "/v1/models/some-model")]
 WRITES = [r for r in ROUTES if r[0] != "GET"]
 READS = [r for r in ROUTES if r[0] == "GET"]
