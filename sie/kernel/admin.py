@@ -243,17 +243,32 @@ class GroupProgress:
 def group_progress(admin: AdminClient, group_id: str, topic: str, timeout: float = 5.0) -> GroupProgress:
     """Committed offsets of ``group_id`` and the ends of ``topic`` through one admin client (read-only: the
     group is never joined).  A topic that does not exist yet has no partitions (nothing waits on it);
-    anything else that fails raises ``SieError`` naming the group and topic."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+    anything else that fails raises ``SieError`` naming the group and topic.
+
+    WHY ``describe_topics`` and not ``list_topics(topic=...)``: an AdminClient's metadata request for one
+    topic lets a broker with ``auto.create.topics.enable`` CREATE it, with the broker's default partition
+    count; sampled right after ``sie apply``, before the worker created the model's topics, that left the
+    request topic with one partition (and the autoscaler capped at one replica).  DescribeTopics never
+    creates anything."""
+    from confluent_kafka import (
+        ConsumerGroupTopicPartitions,
+        IsolationLevel,
+        KafkaError,
+        KafkaException,
+        TopicCollection,
+        TopicPartition,
+    )
     from confluent_kafka.admin import OffsetSpec
 
     try:
-        meta = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
-        if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            return GroupProgress(group_id, topic, {}, {})
-        if meta.error is not None:
-            raise SieError(f"topic {topic}: {meta.error.str()}")
-        parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        try:
+            described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(
+                timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return GroupProgress(group_id, topic, {}, {})
+            raise
+        parts = [TopicPartition(topic, p.id) for p in sorted(described.partitions, key=lambda p: p.id)]
         request = ConsumerGroupTopicPartitions(group_id, parts)
         done = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group_id].result(timeout=timeout)
         committed = {tp.partition: tp.offset for tp in done.topic_partitions if tp.offset >= 0}
