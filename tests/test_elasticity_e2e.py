@@ -96,9 +96,16 @@ def test_backlog_scales_up_to_max_at_once_and_down_one_step_per_cooldown(cluster
         # max_queue_time_ms): ceil(12000 / 10 / 500) = 3 replicas, the max, decided from one backlog sample
         ids = stream.send(12000)
         produced = time.monotonic()
-        up = wait_for(lambda: [e for e in _events(events, "paced", "scaled_up") if "-> 3" in e["detail"]], 30,
-                      lambda: f"a scale-up to 3; events {events.values()[-8:]}; autoscale "
-                              f"{(c.model('paced') or {}).get('autoscale')}\n{c.logs('control')}")[0]
+        seen: list[str] = []  # the decisions on the way (a failure shows why it held)
+
+        def scaled_to_3() -> list[dict]:
+            reason = ((c.model("paced") or {}).get("autoscale") or {}).get("reason")
+            if reason and (not seen or seen[-1] != reason):
+                seen.append(reason)
+            return [e for e in _events(events, "paced", "scaled_up") if "-> 3" in e["detail"]]
+
+        up = wait_for(scaled_to_3, 30, lambda: f"a scale-up to 3; events {events.values()[-8:]}; decisions "
+                                           f"{seen}\n{c.logs('control')}")[0]
         reached = time.monotonic() - produced
         assert "lag" in up["detail"] and "budget 10s" in up["detail"], up
         # within one decision interval of the backlog being complete (+ a reconcile pass and the reads here)
@@ -159,8 +166,16 @@ def test_min_replicas_zero_stops_when_idle_and_answers_100_later_requests_exactl
         assert not lost and not dups and not stray
         woke = _events(events, "tail", "woke_from_zero")
         assert len(woke) == 2 and "waiting with no replica" in woke[-1]["detail"]
-        described = wait_for(lambda: (d := c.sie("describe", "model", "tail")) and "first result" in d.stdout
-                             and "not yet" not in d.stdout and d, 30, "sie describe to report the first result")
+        last: list = []
+
+        def first_result_described():
+            d = c.sie("describe", "model", "tail")
+            last[:] = [d]
+            line = next((x for x in d.stdout.splitlines() if x.startswith("From zero")), "")
+            return "first result" in line and "not yet" not in line and d
+
+        described = wait_for(first_result_described, 30, lambda: "sie describe to report the first result; it said "
+                             f"{last[0].returncode}: {last[0].stdout}{last[0].stderr}; status {c.model('tail')}")
         assert "cold first request" in described.stdout, described.stdout
         print(f"\nfirst request from zero answered after {first_result - sent_at:.1f}s; describe: "
               + next(line for line in described.stdout.splitlines() if line.startswith("From zero")))

@@ -36,8 +36,8 @@ The rules, in the order they are checked (each decision carries the numbers behi
    headroom AND drain the backlog within the budget (``max_queue_time_ms x drain_budget_fraction``;
    half by default so records are served before the scorer expires them).  More needed than desired ->
    that many at once (capped at ``max_replicas`` and at the request topic's partition count: a replica
-   beyond it would get no partition).  Capacity not learned yet and the backlog grows -> double, at most
-   once per ``up_settle_s``.  Latency: p99 above the SLA's ``p99_latency_ms`` while the backlog grows ->
+   beyond it would get no partition).  Capacity not known yet and the backlog does not shrink although every
+   replica is READY -> double, at most once per ``up_settle_s``.  Latency: p99 above the SLA's ``p99_latency_ms`` while the backlog grows ->
    one more, at most once per ``up_settle_s``.
 6. **Down, slowly.**  One step per ``cooldown_s`` (since the last change either way), only when the
    replicas left would still be enough by rule 5 and p99 is within the SLA.  The last step to zero
@@ -314,7 +314,9 @@ def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDec
     if lag > 0 and (needed is None or needed > current):
         if needed is not None:
             target, why = needed, f"{needed} needed ({facts})"
-        elif settled and (previous.lag is None or lag >= previous.lag):
+        elif settled and inputs.ready >= current and (previous.lag is None or lag >= previous.lag):
+            # (only once every replica is READY: a backlog that waits for a starting replica says nothing
+            # about capacity, and doubling then just adds more cold starts, e.g. right after a wake from zero)
             target, why = current * 2, f"capacity unknown and the backlog is not shrinking ({facts})"
         else:
             target, why = current, ""

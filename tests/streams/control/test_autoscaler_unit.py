@@ -69,14 +69,16 @@ def test_scale_up_is_capped_at_the_request_topic_partitions():
     assert d.desired == 3 and "capped at the request topic's 3 partitions" in d.reason
 
 
-def test_unknown_capacity_doubles_at_most_once_per_settle_time():
+def test_unknown_capacity_doubles_at_most_once_per_settle_time_and_only_with_every_replica_ready():
     decisions = run([
-        (T0, inputs(ready=0, placed=1), sig(T0, 500, busy=True)),
-        (T0 + 2, inputs(ready=1, placed=2), sig(T0 + 2, 600, drained=0)),
-        (T0 + 16, inputs(ready=2, placed=2), sig(T0 + 16, 700, drained=0)),
+        (T0, inputs(ready=0, placed=1), sig(T0, 500, busy=True)),  # still starting: nothing to judge yet
+        (T0 + 2, inputs(ready=1, placed=1), sig(T0 + 2, 600, drained=0)),
+        (T0 + 4, inputs(ready=1, placed=2), sig(T0 + 4, 650, drained=0)),
+        (T0 + 18, inputs(ready=1, placed=2), sig(T0 + 18, 700, drained=0)),  # settled, but one is starting
+        (T0 + 20, inputs(ready=2, placed=2), sig(T0 + 20, 750, drained=0)),
     ], previous=ScaleDecision(1, "hold", "", T0 - 100, T0 - 100, T0 - 100))
-    assert [d.desired for d in decisions] == [2, 2, 4]
-    assert "capacity unknown" in decisions[0].reason
+    assert [d.desired for d in decisions] == [1, 2, 2, 2, 4]
+    assert "capacity unknown" in decisions[1].reason
 
 
 def test_scale_down_one_step_per_cooldown_and_never_below_min():
