@@ -1,0 +1,254 @@
+"""Elasticity timings with real processes on a real broker (issue 13).
+
+    SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_elasticity.py [--starts 20] [--wakes 3]
+                                                                          [--only starts,step,wake]
+
+- **starts**: replica start -> READY (the agent's own measure: worker launch to readiness inference passed
+  and scorer subscribed), ``--starts`` cold starts (no warm pool) then as many warm ones (``--warm-pool 1``:
+  a worker with the runtime imported takes the launch), one replica at a time on one in-process agent
+  (simulated L4), the fraud-rules example (python backend: the model itself loads in milliseconds, so the
+  start is the runtime).  p50/p99 of each and the ratio of the p99s (the issue's target: warm cuts p99 by
+  >= 3x).
+- **step**: a load step on a 1-replica model with ``max_replicas: 3`` (tests/fixtures/paced_model.py, 2 ms
+  per record: 500 records/s per replica whatever the machine's load): 12,000 records produced at once;
+  time from the step to the autoscaler's decision (the ``scaled_up`` event) and to 3 replicas READY.
+  Control plane: 1 s backlog interval, 0.5 s reconcile interval.
+- **wake**: a ``min_replicas: 0`` model scaled to zero; one request is produced; time to its result (the
+  cold first request), ``--wakes`` times, without and with a warm pool on the agent.
+
+Not measured here (left out, see docs/elasticity.md): p99 of a P0 model during a P2 load spike with and
+without preemption.  Results: bench/results/elasticity.txt (and .json), with the machine's load average:
+numbers taken with a load average above 3 are not comparable and are not committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sie.kernel.settings import Settings  # noqa: E402
+from tests.cluster_harness import Cluster, RequestStream, ResultTail, example_input, wait_for  # noqa: E402
+from tests.helpers import TopicTail  # noqa: E402
+
+ALLOWED = "models.fraud,tests.fixtures.paced_model"
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+
+
+# ------------------------------------------------------------------------------------- starts
+
+
+def starts(settings: Settings, count: int, warm_pool: int, root: Path) -> list[float]:
+    """``count`` replica starts, one at a time, on one in-process agent; launch -> READY seconds each."""
+    import uuid
+
+    from sie.kernel.admin import ensure_topics
+    from sie.kernel.topics import system_topics
+    from sie.workers.agent import AgentConfig
+    from sie.workers.supervisor import SupervisorPolicy
+    from tests.workers.test_agent_kafka import publish_assignment, replica_assignment, run_agent
+
+    prefix = f"b{uuid.uuid4().hex[:10]}"
+    s = settings.with_overrides(topic_prefix=prefix)
+    ensure_topics(s, system_topics(prefix), replication_factor=1)
+    from sie.schemas.spec import load_spec
+    from tests.helpers import REPO_ROOT
+
+    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc["topics"] = {"requests": f"{prefix}.model.fraud-rules.requests",
+                     "results": f"{prefix}.model.fraud-rules.results",
+                     "dead_letters": f"{prefix}.model.fraud-rules.dlq",
+                     "backfill": f"{prefix}.model.fraud-rules.backfill"}
+    doc["group_id"] = f"{prefix}.scorer.fraud-rules"
+    config = AgentConfig(node="bench", simulate_gpus="1xL4-24GB", heartbeat_s=1.0, work_dir=root / prefix,
+                         warm_pool=warm_pool, warm_pool_refill_s=0.5,
+                         policy=SupervisorPolicy(startup_timeout_s=300, drain_grace_s=15))
+    agent, stop, thread = run_agent(config, s)
+    times: list[float] = []
+    try:
+        for i in range(count):
+            if warm_pool:
+                wait_for(lambda: agent.pool is not None and agent.pool.ready() >= 1, 300, "a warm pool worker")
+            rid = f"fraud-rules-{i}"
+            publish_assignment(s, "bench", 2 * i + 1, [replica_assignment(doc, i)])
+            replica = wait_for(lambda: (r := agent.supervisor.table.current(rid)) is not None
+                               and r.start_s is not None and r, 300, f"{rid} READY")
+            if bool(replica.warm) != bool(warm_pool):
+                raise AssertionError(f"{rid}: expected a {'warm' if warm_pool else 'cold'} start")
+            times.append(replica.start_s)
+            publish_assignment(s, "bench", 2 * i + 2, [])
+            wait_for(lambda: agent.supervisor.table.current(rid) is None
+                     or not agent.supervisor.table.current(rid).state.has_process, 60, f"{rid} stopped")
+            print(f"  {'warm' if warm_pool else 'cold'} start {i + 1}/{count}: {replica.start_s:.3f}s", flush=True)
+    finally:
+        stop.set()
+        thread.join(60)
+    return times
+
+
+# ------------------------------------------------------------------------------------ cluster
+
+
+def control_config(c: Cluster, **autoscale: float) -> Path:
+    import yaml
+
+    path = c.root / "control-plane-config.yaml"
+    path.write_text(yaml.safe_dump({"control": {"reconcile_interval_s": 0.5, "backlog_interval_s": 1.0,
+                                                "autoscale": {"up_settle_s": 3, "signal_max_age_s": 5, **autoscale}}}))
+    return path
+
+
+def up(c: Cluster, nodes: list[str], warm_pool: int = 0, **autoscale: float) -> None:
+    c.extra_env["SIE_ALLOWED_MODULES"] = ALLOWED
+    c.start_control("cp-1", extra=["--config", str(control_config(c, **autoscale))])
+    for node in nodes:
+        c.start_agent(node, gpus="1xL4-24GB", heartbeat_s=1.0,
+                      extra=["--warm-pool", str(warm_pool)] if warm_pool else [])
+    c.wait_leader(60)
+
+
+def apply(c: Cluster, path: Path) -> None:
+    done = c.sie("apply", "-f", str(path))
+    if done.returncode != 0:
+        raise AssertionError(done.stdout + done.stderr)
+
+
+def step(settings: Settings, root: Path) -> dict[str, float]:
+    """A 12,000-record step on a 1-replica paced model (max 3): step -> scale-up decision, -> 3 READY."""
+    c = Cluster(settings, root / "step")
+    try:
+        up(c, ["node-a", "node-b"], cooldown_s=600)
+        spec = c.write_spec("fraud-rules", name="paced", resources={"cpu": 0.25},
+                            backend={"type": "python", "callable": "tests.fixtures.paced_model:score"},
+                            sla={"min_replicas": 1, "max_replicas": 3, "max_queue_time_ms": 20000,
+                                 "p99_latency_ms": 30000})
+        apply(c, spec)
+        c.wait_ready("paced", 1, timeout=180)
+        topics = c.spec_topics("paced")
+        events = TopicTail(c.settings, f"{c.prefix}.events")
+        tail = ResultTail(c.settings, topics)
+        stream = RequestStream(c.settings, topics["requests"], example_input(spec), "s")
+        try:
+            warm_ids = stream.send(300)  # light traffic: the replica reports its inference rate
+            wait_for(lambda: tail.count(warm_ids) == 300, 120, "light traffic answered")
+            wait_for(lambda: "(unknown)" not in (((c.model("paced") or {}).get("autoscale") or {}).get("reason") or
+                                                  "(unknown)"), 60, "a known capacity")
+            t0 = time.time()
+            ids = stream.send(12000)
+            produced = time.time() - t0
+            decided = wait_for(lambda: [e for e in events.values() if e["model"] == "paced"
+                                        and e["kind"] == "scaled_up" and "-> 3" in e["detail"]], 120,
+                               "the scale-up to 3")[0]
+            c.wait_ready("paced", 3, timeout=180)
+            ready = time.time() - t0
+            wait_for(lambda: tail.count(ids) == len(ids), 300, "every record answered")
+            drained = time.time() - t0
+            return {"produce_s": produced, "decision_s": decided["ts_ms"] / 1000 - t0, "three_ready_s": ready,
+                    "drained_s": drained}
+        finally:
+            stream.stop()
+            tail.close()
+            events.close()
+    finally:
+        c.close()
+
+
+def wake(settings: Settings, root: Path, repeats: int, warm_pool: int) -> list[float]:
+    """A min_replicas 0 model at zero: one request -> its result, ``repeats`` times."""
+    c = Cluster(settings, root / f"wake-{warm_pool}")
+    try:
+        up(c, ["node-a"], warm_pool=warm_pool, cooldown_s=4, idle_to_zero_s=4)
+        spec = c.write_spec("fraud-rules", name="tail", resources={"cpu": 0.25},
+                            sla={"min_replicas": 0, "max_replicas": 1, "max_queue_time_ms": 60000})
+        apply(c, spec)
+        topics = c.spec_topics("tail")
+        tail = ResultTail(c.settings, topics)
+        stream = RequestStream(c.settings, topics["requests"], example_input(spec), "w")
+        beats = TopicTail(c.settings, f"{c.prefix}.heartbeats")
+        out: list[float] = []
+        try:
+            for i in range(repeats):
+                wait_for(lambda: (m := c.model("tail")) and m.get("desired_replicas") == 0
+                         and not m.get("replicas") and not c.all_workers(), 120, "tail at zero")
+                if warm_pool:  # the latest heartbeat says a warm worker waits
+                    wait_for(lambda: [b for b in beats.values() if b["node"] == "node-a"][-1:][0:1]
+                             and [b for b in beats.values() if b["node"] == "node-a"][-1]["warm_workers"] >= 1,
+                             120, "a warm worker")
+                sent = time.monotonic()
+                (rid,) = stream.send(1)
+                wait_for(lambda: tail.count([rid]) == 1, 180, "the first request's result")
+                out.append(tail.first_after(sent) - sent)
+                print(f"  wake {i + 1}/{repeats} (warm pool {warm_pool}): {out[-1]:.2f}s", flush=True)
+        finally:
+            stream.stop()
+            tail.close()
+            beats.close()
+        return out
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--starts", type=int, default=20, help="cold starts, and as many warm ones")
+    parser.add_argument("--wakes", type=int, default=3, help="wakes from zero, without and with a warm pool")
+    parser.add_argument("--only", default="starts,step,wake")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "elasticity.txt")
+    args = parser.parse_args()
+    settings = Settings()
+    only = set(args.only.split(","))
+    load = os.getloadavg()
+    results: dict[str, Any] = {"load_average_1m_at_start": round(load[0], 2), "cpus": os.cpu_count()}
+    lines = [f"bench_elasticity ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs; "
+             f"load average at start {load[0]:.1f})"]
+    with tempfile.TemporaryDirectory(prefix="sie-bench-elastic-") as tmp:
+        root = Path(tmp)
+        if "starts" in only:
+            cold = starts(settings, args.starts, 0, root)
+            warm = starts(settings, args.starts, 1, root)
+            ratio = pct(cold, 0.99) / pct(warm, 0.99)
+            results["starts"] = {"cold": cold, "warm": warm, "p99_ratio": ratio}
+            for kind, t in (("cold", cold), ("warm", warm)):
+                lines.append(f"replica start -> READY, {kind}: n={len(t)} p50 {statistics.median(t) * 1000:.0f} ms, "
+                             f"p99 {pct(t, 0.99) * 1000:.0f} ms")
+            lines.append(f"warm pool cuts p99 by {ratio:.1f}x (target >= 3x)")
+        if "step" in only:
+            r = step(settings, root)
+            results["step"] = r
+            lines.append(f"load step of 12000 records on 1 replica (max 3): decision after {r['decision_s']:.1f}s, "
+                         f"3 READY after {r['three_ready_s']:.1f}s, drained after {r['drained_s']:.1f}s "
+                         f"(producing took {r['produce_s']:.1f}s)")
+        if "wake" in only:
+            for pool in (0, 1):
+                t = wake(settings, root, args.wakes, pool)
+                results[f"wake_pool_{pool}"] = t
+                lines.append(f"first request from zero, warm pool {pool}: " + ", ".join(f"{x:.2f}s" for x in t)
+                             + f" (median {statistics.median(t):.2f}s)")
+    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    lines.append(f"load average at end {results['load_average_1m_at_end']:.1f}")
+    text = "\n".join(lines)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
