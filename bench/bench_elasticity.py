@@ -16,8 +16,13 @@
 - **wake**: a ``min_replicas: 0`` model scaled to zero; one request is produced; time to its result (the
   cold first request), ``--wakes`` times, without and with a warm pool on the agent.
 
-Not measured here (left out, see docs/elasticity.md): p99 of a P0 model during a P2 load spike with and
-without preemption.  Results: bench/results/elasticity.txt (and .json), with the machine's load average:
+- **preempt**: one node (simulated L4) full of a P2 model's 2 replicas (10 GiB each) working through a
+  20,000-request spike; a P0 model needing 12 GiB is applied and gets ``--p0-rate`` requests/s for
+  ``--p0-seconds``: answered count and p50/p99 latency, with preemption off (it cannot be placed) and on
+  (it evicts one P2 replica).  Latency counts from each request's send; requests start with the apply, so
+  the first ones wait for the P0 replica's placement and start.
+
+Results: bench/results/elasticity.txt (and .json), with the machine's load average:
 numbers taken with a load average above 3 are not comparable and are not committed.
 """
 
@@ -202,6 +207,58 @@ def wake(settings: Settings, root: Path, repeats: int, warm_pool: int) -> list[f
         c.close()
 
 
+def preempt(settings: Settings, root: Path, preemption: bool, seconds: float, rate: float) -> dict[str, Any]:
+    """A node full of P2 replicas under a request spike; a P0 model applied then gets ``rate`` requests/s for
+    ``seconds``: how many are answered (within ``seconds`` more) and their latency percentiles."""
+    import threading
+
+    c = Cluster(settings, root / f"preempt-{preemption}")
+    try:
+        c.extra_env["SIE_ALLOWED_MODULES"] = ALLOWED
+        path = control_config(c)
+        import yaml
+
+        doc = yaml.safe_load(path.read_text())
+        doc["control"]["preemption"] = preemption
+        path.write_text(yaml.safe_dump(doc))
+        c.start_control("cp-1", extra=["--config", str(path)])
+        c.start_agent("node-a", gpus="1xL4-24GB", heartbeat_s=1.0)
+        c.wait_leader(60)
+        bulk = c.write_spec("fraud-rules", name="bulk", replicas=2, priorityLevel="P2",
+                            resources={"cpu": 0.25, "gpuMemoryMb": 10240})
+        apply(c, bulk)
+        c.wait_ready("bulk", 2, timeout=180)
+        bulk_stream = RequestStream(c.settings, c.spec_topics("bulk")["requests"], example_input(bulk), "p2")
+        bulk_stream.send(20000)  # the P2 spike: a backlog both bulk replicas work on
+        rt = c.write_spec("fraud-rules", name="rt", priorityLevel="P0", resources={"cpu": 0.25, "gpuMemoryMb": 12288})
+        topics = c.spec_topics("rt")
+        tail = ResultTail(c.settings, topics)
+        stream = RequestStream(c.settings, topics["requests"], example_input(rt), "p0")
+        sent: dict[str, float] = {}
+        try:
+            apply(c, rt)
+            pace, t_end = threading.Event(), time.monotonic() + seconds
+            while time.monotonic() < t_end:
+                at = time.monotonic()
+                (rid,) = stream.send(1)
+                sent[rid] = at
+                pace.wait(max(0.0, at + 1.0 / rate - time.monotonic()))
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and tail.count(sent) < len(sent):
+                pace.wait(0.2)
+            latencies = sorted(tail.arrivals[r][0][0] - at for r, at in sent.items() if tail.arrivals.get(r))
+            out: dict[str, Any] = {"preemption": preemption, "sent": len(sent), "answered": len(latencies)}
+            if latencies:
+                out.update(p50_s=pct(latencies, 0.5), p99_s=pct(latencies, 0.99), max_s=latencies[-1])
+            return out
+        finally:
+            stream.stop()
+            tail.close()
+            bulk_stream.stop()
+    finally:
+        c.close()
+
+
 # --------------------------------------------------------------------------------------- main
 
 
@@ -211,7 +268,9 @@ def main() -> int:
     parser.add_argument("--wakes", type=int, default=3, help="wakes from zero, without and with a warm pool")
     parser.add_argument("--start-model", default="fraud-scorer", choices=["fraud-scorer", "fraud-rules"],
                         help="example whose replica starts are timed (fraud-scorer: torch, the case the pool is for)")
-    parser.add_argument("--only", default="starts,step,wake")
+    parser.add_argument("--p0-seconds", type=float, default=30.0, help="how long the P0 model gets requests")
+    parser.add_argument("--p0-rate", type=float, default=10.0, help="P0 requests per second")
+    parser.add_argument("--only", default="starts,step,wake,preempt")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "elasticity.txt")
     args = parser.parse_args()
     settings = Settings()
@@ -243,6 +302,16 @@ def main() -> int:
                 results[f"wake_pool_{pool}"] = t
                 lines.append(f"first request from zero, warm pool {pool}: " + ", ".join(f"{x:.2f}s" for x in t)
                              + f" (median {statistics.median(t):.2f}s)")
+        if "preempt" in only:
+            for flag in (False, True):
+                r = preempt(settings, root, flag, args.p0_seconds, args.p0_rate)
+                results[f"p0_preemption_{'on' if flag else 'off'}"] = r
+                latency = (f"p50 {r['p50_s'] * 1000:.0f} ms, p99 {r['p99_s'] * 1000:.0f} ms" if r["answered"]
+                           else "none answered")
+                lines.append(f"P0 during a P2 spike on a full node, preemption {'on' if flag else 'off'}: "
+                             f"{r['answered']}/{r['sent']} answered within {args.p0_seconds:g}s after the last; "
+                             f"{latency} (each from its send; requests start with the apply, so the first wait for the "
+                             f"P0 replica's placement and start)")
     results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     lines.append(f"load average at end {results['load_average_1m_at_end']:.1f}")
     text = "\n".join(lines)
