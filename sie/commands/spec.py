@@ -1,6 +1,8 @@
 """`sie validate`, `sie apply`, `sie get models`, `sie delete model`: ModelService specs on the cluster.
 
-``validate`` needs no Kafka.  ``apply`` validates, refuses a new version whose
+``validate`` needs no Kafka.  ``apply`` validates, uploads the spec's artifact and its own Python package
+to the cluster (named by sha256, ``sie.commands._artifacts``; ``--no-upload`` keeps this machine's paths),
+refuses a new version whose
 I/O schema breaks the applied one (the control plane's ``POST /v1/models``
 refuses it too; ``--allow-breaking`` overrides), then publishes the spec on the
 compacted specs topic and waits for the broker's acknowledgement.  Applying
@@ -27,39 +29,25 @@ _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
                     help="Go through this control plane's HTTP API instead of Kafka (token: SIE_API_TOKEN).")
 
 
-def _api_documents(path: Path) -> list[str]:
-    """The YAML documents of a spec file as the API should get them: relative artifact paths made absolute
-    (the control plane has no file to resolve them against)."""
-    import yaml
-
-    from sie.schemas.spec import read_yaml_documents
-
-    docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))
-    out = []
-    for doc in docs:
-        backend = (doc.get("spec") or {}).get("backend") if "kind" in doc else doc.get("backend")
-        if isinstance(backend, dict) and isinstance(backend.get("artifact"), str):
-            artifact = Path(backend["artifact"]).expanduser()
-            if not artifact.is_absolute():
-                backend["artifact"] = str((path.resolve().parent / artifact).resolve())
-        out.append(yaml.safe_dump(doc, sort_keys=False))
-    return out
-
-
-def _load_all(settings: Settings, files: tuple[Path, ...]):
-    """Every spec of every file, checked against this node's spec policy; all files' problems in one SpecError."""
+def _load_by_file(settings: Settings, files: tuple[Path, ...]):
+    """(file, its specs) for every file, checked against this node's spec policy; all files' problems in one
+    SpecError."""
     from sie.schemas.spec import InvalidSpec
     from sie.schemas.spec_policy import load_local_specs
 
-    specs, failures = [], []
+    loaded, failures = [], []
     for path in files:
         try:
-            specs.extend(load_local_specs(path, settings))
+            loaded.append((path, load_local_specs(path, settings)))
         except InvalidSpec as exc:
             failures.append(str(exc))
     if failures:
         raise SpecError("\n".join(failures))
-    return specs
+    return loaded
+
+
+def _load_all(settings: Settings, files: tuple[Path, ...]):
+    return [spec for _path, specs in _load_by_file(settings, files) for spec in specs]
 
 
 def _print_ok(spec, verb: str = "ok") -> None:
@@ -85,23 +73,35 @@ def _comparable(doc: dict) -> dict:
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
 @click.option("--allow-breaking", is_flag=True, help="Publish even if the new version's schema breaks the applied one.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for Kafka.")
+@click.option("--upload/--no-upload", default=True, show_default=True,
+              help="Upload the spec's artifact and its own Python package (found next to the spec) to the "
+                   "cluster, named by sha256, so every node can fetch them. --no-upload publishes this "
+                   "machine's paths (one machine, or a filesystem every node shares).")
 @_URL
 @click.pass_obj
-def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float,
+def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float, upload: bool,
           control_url: str | None) -> None:
-    """Validate specs and publish them on the cluster's specs topic (key = model name)."""
+    """Validate specs, upload what they need, and publish them on the cluster's specs topic (key = model name)."""
+    from sie.commands._artifacts import ApiUploader, KafkaUploader, document_for_api, for_cluster
     from sie.schemas.compat import check_spec_compatibility
     from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
-    specs = _load_all(settings, files)
+    loaded = _load_by_file(settings, files)
     if control_url:
+        import yaml
+
         from sie.commands._api import ApiRefused, ControlApi
+        from sie.schemas.spec import read_yaml_documents
 
         if allow_breaking:
             raise SieError("--allow-breaking is not offered through the API; apply without --control-url")
         api = ControlApi(settings, control_url, timeout=timeout)
-        for path in files:
-            for text in _api_documents(path):
+        for path, specs in loaded:
+            docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))  # the order load_specs read
+            for doc, spec in zip(docs, specs):
+                if upload:
+                    spec = for_cluster(spec, path, settings, ApiUploader(api))
+                text = yaml.safe_dump(document_for_api(doc, spec), sort_keys=False)
                 try:
                     answer = api.request("POST", "/v1/models", text)
                 except ApiRefused as exc:
@@ -114,23 +114,27 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
         return
     ensure_specs_topic(settings)
     applied = read_specs(settings, timeout=timeout)
-    for spec in specs:
-        current = applied.get(spec.name)
-        if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
-            _print_ok(spec, "unchanged")
-            continue
-        if current is not None and current.version != spec.version:
-            breaks = check_spec_compatibility(current, spec)
-            if breaks and not allow_breaking:
-                lines = "\n".join(f"  {b}" for b in breaks)
-                raise SpecError(
-                    f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
-                    f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
-                )
-        publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
-        applied[spec.name] = spec  # a later file in this run compares against what we just published
-        _print_ok(spec, "applied" if current is None else "configured")
-        click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
+    uploader = KafkaUploader(settings, timeout) if upload else None
+    for path, specs in loaded:
+        for spec in specs:
+            if uploader is not None:
+                spec = for_cluster(spec, path, settings, uploader)
+            current = applied.get(spec.name)
+            if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
+                _print_ok(spec, "unchanged")
+                continue
+            if current is not None and current.version != spec.version:
+                breaks = check_spec_compatibility(current, spec)
+                if breaks and not allow_breaking:
+                    lines = "\n".join(f"  {b}" for b in breaks)
+                    raise SpecError(
+                        f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
+                        f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
+                    )
+            publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
+            applied[spec.name] = spec  # a later file in this run compares against what we just published
+            _print_ok(spec, "applied" if current is None else "configured")
+            click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
 
 
 @click.group("get")

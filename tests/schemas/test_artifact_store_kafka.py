@@ -16,6 +16,7 @@ from sie.kernel.topics import system_topics
 from sie.schemas.artifact_cache import ArtifactCache, ArtifactRefused
 from sie.schemas.artifact_store import ArtifactStore, Manifest, chunk_size_for, upload_bytes
 from sie.schemas.spec_models import ArtifactRef
+from tests.helpers import forge_artifact
 
 pytestmark = pytest.mark.kafka
 
@@ -61,40 +62,8 @@ def test_bytes_that_do_not_match_their_digest_never_get_a_manifest(store: Artifa
     assert uploaded and store.lookup(claimed) == manifest  # the same keys again: now complete
 
 
-def _forge(store: ArtifactStore, data: bytes, corrupt: int | None = None, drop: int | None = None) -> Manifest:
-    """Chunks as an upload writes them, but chunk ``corrupt`` flipped after its digest was taken (bit rot,
-    tampering) or chunk ``drop`` never written; then a manifest claiming the whole."""
-    from confluent_kafka import Producer
-
-    from sie.schemas.avro_codec import encode
-
-    names, settings = store.settings.names, store.settings
-    sha = hashlib.sha256(data).hexdigest()
-    size = store.chunk_size
-    chunks = [data[i:i + size] for i in range(0, len(data), size)]
-    partition = store.partition_of(sha, 3)
-    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
-    offsets: list[int] = []
-    for i, chunk in enumerate(chunks):
-        digest = hashlib.sha256(chunk).hexdigest().encode()
-        if i == drop:
-            continue
-        value = bytes([chunk[0] ^ 0xFF]) + chunk[1:] if i == corrupt else chunk
-        producer.produce(store.chunk_topic, value=value, key=names.artifact_chunk_key(sha, i).encode(),
-                         partition=partition, headers=[("sie.sha256", digest)],
-                         on_delivery=lambda err, msg: offsets.append(msg.offset()) if err is None else None)
-    assert producer.flush(30) == 0
-    first = min(offsets)
-    manifest = Manifest(sha, "forged.bin", len(data), size, len(chunks), partition, first,
-                        first + len(chunks) - 1, 1)
-    producer.produce(store.manifest_topic, key=names.artifact_key(sha).encode(), value=encode("ArtifactManifest",
-                                                                                              manifest.to_record()))
-    assert producer.flush(30) == 0
-    return manifest
-
-
 def test_a_corrupt_chunk_is_refused_naming_it(store: ArtifactStore, tmp_path: Path) -> None:
-    manifest = _forge(store, os.urandom(120_000), corrupt=1)
+    manifest = forge_artifact(store, os.urandom(120_000), corrupt=1)
     with pytest.raises(ArtifactRefused, match=r"chunk 1 is corrupt: its bytes hash to sha256:") as err:
         _fetch(store, manifest, tmp_path / "cache")
     assert "upload the artifact again" in str(err.value)
@@ -102,7 +71,7 @@ def test_a_corrupt_chunk_is_refused_naming_it(store: ArtifactStore, tmp_path: Pa
 
 
 def test_a_missing_chunk_is_refused_naming_it(store: ArtifactStore, tmp_path: Path) -> None:
-    manifest = _forge(store, os.urandom(120_000), drop=2)
+    manifest = forge_artifact(store, os.urandom(120_000), drop=2)
     with pytest.raises(ArtifactRefused, match=r"chunk 2 of 3 not found on .*artifact-chunks"):
         _fetch(store, manifest, tmp_path / "cache")
 
