@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
@@ -415,7 +416,8 @@ class Controller:
         return ClusterInventory.of(dc_replace(n, online=True) if n.name in decision.holding else n for n in inventory.nodes)
 
     def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
-        return [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
+        models = [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
+        return models + connector_demands(snap.connectors, snap.specs)  # CDC connectors run as CPU replicas
 
     def _excluded(self) -> dict[str, frozenset[str]]:
         """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""
@@ -451,6 +453,7 @@ class Controller:
 
     def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], out: list[OutRecord]) -> None:
         spec_json = {name: json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":")) for name, spec in snap.specs.items()}
+        spec_json.update(connector_documents(snap.connectors, snap.specs))
         nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
         for node in sorted(nodes):
             wanted = tuple(
