@@ -172,6 +172,9 @@ class Demo:
             bootstrap = LocalKafka(self.settings, echo=self.echo).up()
             self.echo(f"  local KRaft broker answering on {bootstrap}")
         else:
+            from sie.kernel.admin import require_cluster
+
+            require_cluster(self.settings)  # one line within seconds if it does not answer
             self.echo(f"  using SIE_BOOTSTRAP_SERVERS={self.settings.bootstrap_servers}")
         report = ensure_topics(self.settings, system_topics(self.settings.topic_prefix))
         self.echo(report.table())

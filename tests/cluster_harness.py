@@ -180,8 +180,9 @@ class Cluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
-        #: more environment for every process (e.g. SIE_ALLOWED_MODULES of a test's own model packages)
-        self.extra_env = dict(extra_env or {})
+        #: more environment for every process started from now on (e.g. SIE_ALLOWED_MODULES of a test's own
+        #: model packages, SIE_ADVERTISE_HOST)
+        self.extra_env: dict[str, str] = dict(extra_env or {})
         ensure_topics(self.settings, system_topics(self.prefix))
 
     # -- environment -------------------------------------------------------------------------------
@@ -197,7 +198,8 @@ class Cluster:
         # The demo models' code (examples/models) is installed on these nodes, as a user's model package
         # would be: a spec POSTed without a file (no directory to search) still finds its callable.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "examples"), env.get("PYTHONPATH", "")) if p)
-        return {**env, **self.extra_env}
+        env.update(self.extra_env)
+        return env
 
     def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None,
                env: dict[str, str] | None = None, cwd: Path | None = None) -> Proc:

@@ -27,6 +27,16 @@ def echo(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def unsquashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A broken model version (redrive tests): logits, not probabilities (out of the declared range [0, 1])."""
+    return [{"p": row["x"] - 0.5} for row in rows]
+
+
+def squashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Its fix: the missing squash."""
+    return [{"p": min(1.0, max(0.0, row["x"]))} for row in rows]
+
+
 def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = None) -> dict[str, Any]:
     """A Kubernetes-style ModelService for ``echo``; a unique name gives unique topics and group."""
     name = name or f"echo-{uuid.uuid4().hex[:10]}"

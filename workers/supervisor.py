@@ -92,6 +92,9 @@ class ReplicaSnapshot:
     signal: int | None
     target_hash: str
     gpu_indices: tuple[int, ...]
+    metrics_port: int | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
 
 CommandBuilder = Callable[[DesiredReplica], LaunchSpec]
@@ -195,6 +198,7 @@ class Supervisor:
             replica.last_progress_at = now
             if "records" in event and isinstance(event["records"], int):
                 replica.records = event["records"]
+            _take_reported(replica, event)
             if kind == "ready" and replica.state == ReplicaState.STARTING:
                 self._transition(replica, ReplicaState.READY, "readiness inference passed")
             elif kind == "error":
@@ -275,6 +279,7 @@ class Supervisor:
         replica.started_at = replica.last_progress_at = now
         replica.exit = None
         replica.worker_error = None
+        replica.metrics_port = replica.lag = replica.p99_ms = None
         self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
 
     def _predecessor_running(self, replica: ActualReplica) -> bool:
@@ -312,4 +317,21 @@ class Supervisor:
             signal=exit_info.signal if exit_info else None,
             target_hash=replica.desired.target_hash,
             gpu_indices=replica.desired.gpu_indices,
+            metrics_port=replica.metrics_port if replica.state.has_process else None,
+            lag=replica.lag if replica.state.has_process else None,
+            p99_ms=replica.p99_ms if replica.state.has_process else None,
         )
+
+
+def _take_reported(replica: ActualReplica, event: dict) -> None:
+    """A worker's own numbers from a status line, each taken only if it has the right type and range
+    (the line comes from another process: a bad value is ignored, never trusted)."""
+    port = event.get("metrics_port")
+    if type(port) is int and 0 < port < 65536:
+        replica.metrics_port = port
+    lag = event.get("lag")
+    if type(lag) is int and lag >= 0:
+        replica.lag = lag
+    if "p99_ms" in event:
+        p99 = event["p99_ms"]
+        replica.p99_ms = float(p99) if type(p99) in (int, float) and 0 <= p99 < 1e12 else None

@@ -12,12 +12,12 @@ can reach the port can try tokens; use TLS, ``SIE_API_TLS_CERT``/``SIE_API_TLS_K
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import configure_logging, require_kafka
 from sie.kernel.settings import Settings
 
 
@@ -42,7 +42,8 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     from sie.streams.control.controller import ControlConfig
     from sie.streams.control.service import ControlService
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging("info")
     overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
     if config_path is not None:
         config = ControlConfig.from_yaml(config_path, **overrides)

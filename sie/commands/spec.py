@@ -1,12 +1,13 @@
 """`sie validate`, `sie apply`, `sie get models`, `sie delete model`: ModelService specs on the cluster.
 
-``validate`` needs no Kafka.  ``apply`` validates, uploads the spec's artifact and its own Python package
-to the cluster (named by sha256, ``sie.commands._artifacts``; ``--no-upload`` keeps this machine's paths),
-refuses a new version whose
+``validate`` needs no Kafka (``--load`` runs the model once on the CPU).  ``apply`` validates, uploads the
+spec's artifact and its own Python package to the cluster (named by sha256, ``sie.commands._artifacts``;
+``--no-upload`` keeps this machine's paths), refuses a new version whose
 I/O schema breaks the applied one (the control plane's ``POST /v1/models``
 refuses it too; ``--allow-breaking`` overrides), then publishes the spec on the
 compacted specs topic and waits for the broker's acknowledgement.  Applying
-the same spec twice changes nothing.
+the same spec twice changes nothing, except that a replica of it in cool-down (FAILED on a node) is
+placed again: the spec is re-published, which ends cool-downs that began before it.
 
 With ``--control-url`` (``SIE_CONTROL_URL``) ``apply``, ``get models`` and ``delete model`` go through
 a control plane's HTTP API instead of Kafka, with the bearer token of ``SIE_API_TOKEN``: the control
@@ -17,10 +18,12 @@ credentials that may write the specs topic (docs/security.md, role ``control``).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import require_kafka
 from sie.kernel.errors import SieError, SpecError
 from sie.kernel.settings import Settings
 
@@ -58,11 +61,35 @@ def _print_ok(spec, verb: str = "ok") -> None:
 
 @click.command("validate")
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
+@click.option("--load", is_flag=True,
+              help="Also load the artifact on the CPU, score exampleInput and check the output against "
+                   "outputSchema (shape, types, ranges), as a worker would. Runs the model's code.")
 @click.pass_obj
-def validate(settings: Settings, files: tuple[Path, ...]) -> None:
-    """Check ModelService spec files; print each model and what SIE cannot honour (warnings)."""
+def validate(settings: Settings, files: tuple[Path, ...], load: bool) -> None:
+    """Check ModelService spec files; print each model and what SIE cannot honour (warnings).
+
+    Without --load only the document is checked (no Kafka, no model code); with it, each model is loaded
+    and run once, and every problem is listed (exit 1).
+    """
+    failures: list[str] = []
     for spec in _load_all(settings, files):
         _print_ok(spec)
+        if not load:
+            continue
+        from sie.workers.load_check import load_check
+
+        report = load_check(spec)
+        for note in report.notes:
+            click.echo(f"  note: {note}")
+        if report.skipped:
+            click.echo(f"  load: skipped: {report.skipped}")
+        elif report.ok:
+            shown = json.dumps(report.outputs, default=str)
+            click.echo(f"  load: ok on cpu in {report.seconds:.2f}s; exampleInput -> {shown[:300]}")
+        else:
+            failures += [f"{spec.model_id}: {problem}" for problem in report.problems]
+    if failures:
+        raise SpecError("\n".join(failures))
 
 
 def _comparable(doc: dict) -> dict:
@@ -112,16 +139,27 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
                 for warning in answer.get("warnings", []):
                     click.echo(f"  warning: {warning}")
         return
+    require_kafka(settings)
     ensure_specs_topic(settings)
     applied = read_specs(settings, timeout=timeout)
     uploader = KafkaUploader(settings, timeout) if upload else None
+    cooling: dict[str, list[str]] | None = None
     for path, specs in loaded:
         for spec in specs:
             if uploader is not None:
                 spec = for_cluster(spec, path, settings, uploader)
             current = applied.get(spec.name)
             if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
-                _print_ok(spec, "unchanged")
+                if cooling is None:
+                    cooling = _cooling_replicas(settings, timeout)
+                if not cooling.get(spec.name):
+                    _print_ok(spec, "unchanged")
+                    continue
+                # the same spec again, but a replica of it is in cool-down: re-publishing it is the operator's
+                # "I fixed it" (the control plane ends cool-downs that began before a spec was applied)
+                publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
+                _print_ok(spec, "re-applied")
+                click.echo(f"  cool-down ended for {', '.join(cooling[spec.name])}: placed again on the next pass")
                 continue
             if current is not None and current.version != spec.version:
                 breaks = check_spec_compatibility(current, spec)
@@ -135,6 +173,14 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
             applied[spec.name] = spec  # a later file in this run compares against what we just published
             _print_ok(spec, "applied" if current is None else "configured")
             click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
+
+
+def _cooling_replicas(settings: Settings, timeout: float) -> dict[str, list[str]]:
+    """Model -> its replicas in a cool-down, as the leader last published (the model-status topic)."""
+    from sie.commands.cluster import statuses_json
+
+    models, _ = statuses_json(settings, None, timeout)
+    return {m["name"]: [r["replica_id"] for r in m.get("replicas") or () if r.get("cooldowns")] for m in models}
 
 
 @click.group("get")
@@ -170,6 +216,7 @@ def get_models(settings: Settings, output: str, timeout: float, control_url: str
             click.echo("(no models applied)")
         return
 
+    require_kafka(settings)
     snapshot = read_spec_snapshot(settings, timeout=timeout)
     for problem in snapshot.problems:
         click.echo(f"warning: {problem}", err=True)
@@ -196,11 +243,20 @@ def delete() -> None:
 
 @delete.command("model")
 @click.argument("name")
+@click.option("--purge", is_flag=True, help="Also delete the model's topics (requests, results, dead letters, "
+                                            "backfill) and consumer groups (scorer, redrive), after confirmation.")
+@click.option("--yes", is_flag=True, help="With --purge: do not ask (needed when stdin is not a terminal).")
 @click.option("--timeout", type=float, default=30.0, show_default=True)
 @_URL
 @click.pass_obj
-def delete_model(settings: Settings, name: str, timeout: float, control_url: str | None) -> None:
-    """Delete an applied model (a deleted record, then a tombstone, on the specs topic)."""
+def delete_model(settings: Settings, name: str, purge: bool, yes: bool, timeout: float,
+                 control_url: str | None) -> None:
+    """Delete an applied model (a deleted record, then a tombstone, on the specs topic).
+
+    --purge then removes its data: the topics its spec names and its groups, once its scorers have left
+    (the control plane drains them when the spec is deleted).  A model deleted earlier can be purged too:
+    its default topic names are used then.
+    """
     from sie.schemas.spec_store import delete_spec, read_specs
 
     if control_url:
@@ -208,16 +264,37 @@ def delete_model(settings: Settings, name: str, timeout: float, control_url: str
 
         from sie.commands._api import ControlApi
 
+        if purge:
+            raise SieError("--purge deletes topics and groups with Kafka admin rights: run it without --control-url")
         ControlApi(settings, control_url, timeout=timeout).request("DELETE", f"/v1/models/{quote(name, safe='')}")
         click.echo(f"deleted: {name} via {control_url}")
         return
 
+    require_kafka(settings)
     applied = read_specs(settings, timeout=timeout)
-    if name not in applied:
+    if name not in applied and not purge:
         known = ", ".join(sorted(applied)) or "none"
         raise SieError(f"model {name!r} is not applied on {settings.bootstrap_servers} (applied: {known})")
-    delete_spec(settings, applied[name], timeout=timeout)
-    click.echo(f"deleted: {name} {applied[name].version}")
+    spec = applied.get(name)
+    if purge:
+        from sie.commands.purge import plan_purge
+
+        plan = plan_purge(settings, name, spec, timeout)
+        click.echo(plan.describe())
+        if not plan.topics and not plan.groups and spec is None:
+            raise SieError(f"model {name!r} is not applied and has no topics or groups left to purge")
+        if not yes:
+            if not sys.stdin.isatty():
+                raise click.UsageError("--purge deletes data: confirm at a terminal, or pass --yes")
+            click.confirm("delete these for good?", abort=True)
+    if spec is not None:
+        delete_spec(settings, spec, timeout=timeout)
+        click.echo(f"deleted: {name} {spec.version}")
+    if purge:
+        from sie.commands.purge import run_purge
+
+        for line in run_purge(settings, plan, timeout):
+            click.echo(line)
 
 
 command = validate

@@ -26,16 +26,18 @@ def command() -> None:
 def ensure(settings: Settings, replication_factor: int | None, prefix: str | None, specs: tuple[Path, ...],
            partitions: int | None) -> None:
     """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
+    from sie.commands._runtime import require_kafka
     from sie.kernel.admin import ensure_topics, model_topic_specs
     from sie.kernel.topics import system_topics
     from sie.schemas.spec import load_specs
 
+    require_kafka(settings)
     topics = system_topics(prefix or settings.topic_prefix)
     for path in specs:
         for spec in load_specs(path, topic_prefix=prefix or settings.topic_prefix):
             t = spec.topics
             names = [t.requests, t.results, t.dead_letters, t.backfill, settings.names.backfill_dead_letter_topic(t.backfill)]
-            topics.extend(model_topic_specs(names, partitions or settings.request_partitions))
+            topics.extend(model_topic_specs(names, partitions or settings.request_partitions, settings.max_record_bytes))
     report = ensure_topics(settings, topics, replication_factor)
     click.echo(report.table())
     click.echo(f"{len(report.created)} created, {len(report.fixed)} fixed, {len(report.existing)} existing "
@@ -43,16 +45,19 @@ def ensure(settings: Settings, replication_factor: int | None, prefix: str | Non
 
 
 @command.command("list")
-@click.option("--all", "show_all", is_flag=True, help="Include Kafka's internal topics (__consumer_offsets, ...).")
+@click.option("--all", "show_all", is_flag=True,
+              help="Every topic of the cluster, Kafka's internal ones (__consumer_offsets, ...) included.")
 @click.pass_obj
 def list_topics(settings: Settings, show_all: bool) -> None:
-    """List topics with partitions and replication."""
-    from sie.kernel.admin import wait_for_cluster
+    """List this SIE cluster's topics (names under SIE_TOPIC_PREFIX) with partitions and replication."""
+    from sie.kernel.admin import require_cluster
 
-    md = wait_for_cluster(settings, timeout=10)
-    click.echo(f"{len(md.brokers)} broker(s) at {settings.bootstrap_servers}")
+    md = require_cluster(settings)
+    prefix = settings.topic_prefix + "."
+    click.echo(f"{len(md.brokers)} broker(s) at {settings.bootstrap_servers}"
+               + ("" if show_all else f"; topics {prefix}* (--all: every topic)"))
     for name in sorted(md.topics):
-        if name.startswith("__") and not show_all:
+        if not show_all and not name.startswith(prefix):
             continue
         parts = md.topics[name].partitions
         rf = len(next(iter(parts.values())).replicas) if parts else 0

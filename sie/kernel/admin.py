@@ -110,17 +110,32 @@ def wait_for_cluster(settings: Settings, timeout: float = 30.0, clients: KafkaCl
     refused = refused if refused is not None else []
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            return admin.list_topics(timeout=max(0.5, min(2.0, deadline - time.monotonic())))
+        try:  # short calls: Ctrl-C is seen between them (a blocked C call holds the signal back)
+            return admin.list_topics(timeout=max(0.2, min(1.0, deadline - time.monotonic())))
         except KafkaException as exc:
-            admin.poll(0.1)  # serve error_cb: an authentication failure shows there, not in the exception
+            # serve error_cb (an authentication failure shows there, not in the exception) and librdkafka's
+            # log lines (sie.kafka logger: shown with `sie -v`)
+            admin.poll(0.1)
             if refused:
                 raise NotAuthenticated(settings.bootstrap_servers, settings.sasl_username, refused[-1].str()) from exc
             if time.monotonic() >= deadline:
                 raise KafkaUnavailable(
-                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s ({exc}): "
-                    "start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
-                ) from exc
+                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:g}s "
+                    f"({kafka_error_text(exc)}): start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
+                ) from None
+
+
+def require_cluster(settings: Settings, clients: KafkaClients | None = None) -> ClusterMetadata:
+    """What every command that needs Kafka calls first: the metadata within ``settings.connect_timeout_s``,
+    else ``KafkaUnavailable`` with one line naming the servers (not a 30 s wait and a traceback)."""
+    return wait_for_cluster(settings, settings.connect_timeout_s, clients)
+
+
+def kafka_error_text(exc: BaseException) -> str:
+    """The readable part of a ``KafkaException`` (``Local: Broker transport failure``), not its repr."""
+    first = exc.args[0] if exc.args else exc
+    text = first.str() if hasattr(first, "str") else str(first)
+    return text.removeprefix("Failed to get metadata: ")
 
 
 def cluster_broker_count(settings: Settings, timeout: float = 10.0) -> int:

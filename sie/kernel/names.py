@@ -13,6 +13,9 @@ ACL per resource type covers a whole SIE cluster and two clusters on one Kafka n
     <p>.control.state                           control-plane state reader (assign(), never joined)
     <p>.agent.<node>                            a node agent's assignments reader (assign(), never joined)
     <p>.reader.<purpose>.<unique>               a one-off reader's group (assign(), never joined)
+    <p>.redrive.<model>.<reason>                dead-letter redrive: group (its committed offsets mark what was
+                                                redriven) and transactional id, one per (model, reason)
+    <p>.cli.<command>                           a one-shot CLI writer's client id (`sie replica reset`)
     <p>.artifacts / <p>.artifact-chunks         artifact manifests (key sha256:<hex>) / their chunks (sha256:<hex>/<i>)
     <p>.connectors                              CDC connectors applied through the control plane (key = name)
     cdc:<connector>                             a connector's replica "model" in placements (never a model name)
@@ -128,6 +131,17 @@ class Names:
     def backfill_client_id(self, job_id: str, role: str) -> str:
         """``role``: which of the job's clients (``consumer``, ``probe``, ``plan-reader``, ``plan-writer``)."""
         return f"{self.prefix}.backfill.{job_id}.{role}"
+
+    def redrive_group(self, model: str, reason: str) -> str:
+        """The committed offsets of this group on a model's dead-letter topic are the redrive mark: every
+        dead letter of ``reason`` before them was sent back once, exactly once."""
+        return f"{self.prefix}.redrive.{model}.{reason}"
+
+    def redrive_transactional_id(self, model: str, reason: str) -> str:
+        return f"{self.prefix}.redrive.{model}.{reason}"
+
+    def cli_client_id(self, command: str) -> str:
+        return f"{self.prefix}.cli.{command}"
 
     def reader_group(self, purpose: str, unique: str) -> str:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""

@@ -142,6 +142,26 @@ class Settings(BaseSettings):
         default_factory=list, description="API paths served without a token: any of /healthz, /metrics (default: none)."
     )
 
+    connect_timeout_s: float = Field(
+        5.0, gt=0,
+        description="How long a command waits for the first answer of Kafka before it gives up with one line "
+                    "naming the servers (SIE_CONNECT_TIMEOUT_S).")
+
+    # --- Observability (docs/observability.md) ---------------------------------------------------
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off", description="OpenTelemetry tracing of requests (traceparent in Kafka headers): off (default, no cost), "
+                           "otlp (export to SIE_OTLP_ENDPOINT) or console (print spans).")
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint when SIE_TRACING=otlp.")
+    trace_sample_ratio: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Share of the traces SIE starts (sie produce, CDC rows) that are recorded; a request that "
+                    "arrives with a traceparent follows its sampled flag.")
+    advertise_host: str | None = Field(
+        None, description="Host name or address Prometheus reaches this node's /metrics endpoints at (the agent's "
+                          "and its workers'), as the control plane's service discovery lists them; default: "
+                          "this machine's host name.")
+
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
     replication_factor: int | None = Field(
@@ -251,8 +271,14 @@ class Settings(BaseSettings):
         return value
 
     def kafka_client_config(self, **overrides: Any) -> dict[str, Any]:
-        """librdkafka configuration shared by every producer, consumer and admin client."""
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        """librdkafka configuration shared by every producer, consumer and admin client.
+
+        ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
+        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw.
+        """
+        from sie.kernel.kafka_log import kafka_logger
+
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger()}
         passthrough = {
             "security.protocol": self.security_protocol,
             "sasl.mechanism": self.sasl_mechanism,

@@ -18,8 +18,12 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
   DELETE /v1/connectors/{name} delete (202), 404 unknown                                       operator
   GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
+  GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
+  GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
   GET    /healthz              role (leader/standby), epoch, whether the state has caught up   viewer*
   GET    /metrics              Prometheus text format                                          viewer*
+  GET    /status               the status page (static HTML + JS; it calls the routes above    none
+                               with a viewer token the user types in: ``status_page``)
 (* served without a token when listed in ``SIE_API_PUBLIC_PATHS``; an anonymous /healthz then says
 only status, role and whether the state caught up, not the error texts.)
 
@@ -86,7 +90,10 @@ class ApiError(Exception):
         self.status, self.error, self.errors, self.headers = status, error, errors or [], headers
 
 
-def model_json(service: Any, name: str) -> dict[str, Any] | None:
+def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """One model as the API shows it; ``numbers``: ``observability.model_numbers`` when already computed."""
+    from sie.streams.control.observability import event_rows, model_numbers
+
     status = service.controller.statuses.get(name)
     snap = service.state.snapshot()
     spec = snap.specs.get(name)
@@ -109,13 +116,14 @@ def model_json(service: Any, name: str) -> dict[str, Any] | None:
             "scheduling": spec.scheduling.model_dump(mode="json"),
             "min_replicas": spec.sla.min_replicas,
             "max_replicas": spec.sla.max_replicas,
+            "p99_latency_ms": spec.sla.p99_latency_ms,
             "topics": spec.topics.model_dump(mode="json"),
         }
-    out["events"] = [
-        {"ts_ms": int(e.at * 1000), "kind": e.kind, "replica_id": e.replica_id, "node": e.node, "detail": e.detail}
-        for e in snap.events
-        if e.model == name
-    ][-20:]
+    if numbers is None:
+        numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
+    # from the workers, through their agents' heartbeats: lag (sum), recent p99 (worst replica)
+    out["live"] = numbers.get(name, {"lag": None, "p99_ms": None, "reporting": 0})
+    out["events"] = event_rows((e for e in snap.events if e.model == name), 20)
     return out
 
 
@@ -262,9 +270,31 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
 
     @app.get("/v1/models", summary="Desired vs actual per applied model")
     def models(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        from sie.streams.control.observability import model_numbers
+
         snap = service.state.snapshot()
         names = sorted(set(service.controller.statuses) | set(snap.specs) | set(snap.spec_errors))
-        return {"models": [m for m in (model_json(service, n) for n in names) if m is not None]}
+        numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
+        return {"models": [m for m in (model_json(service, n, numbers) for n in names) if m is not None]}
+
+    @app.get("/v1/events", summary="The latest events of the cluster (placements, failures, audit)")
+    def events(limit: int = 50, _: Principal = Depends(viewer)) -> dict[str, Any]:
+        from sie.streams.control.observability import event_rows
+
+        if not 1 <= limit <= 500:
+            raise ApiError(422, f"limit: must be between 1 and 500 (got {limit})",
+                           [{"field": "limit", "reason": "must be between 1 and 500"}])
+        return {"events": event_rows(service.state.snapshot().events, limit)}
+
+    @app.get("/v1/prometheus/targets", summary="Prometheus http_sd: the /metrics endpoints of agents and workers")
+    def prometheus_targets(_: Principal = Depends(viewer)) -> list[dict[str, Any]]:
+        from sie.streams.control.observability import prometheus_targets
+
+        return prometheus_targets(service.state.snapshot(), service.clock(), service.config.node_timeout_s)
+
+    from sie.streams.control.status_page import add_status_page
+
+    add_status_page(app)
 
     @app.get("/v1/models/{name}", summary="One model: status, spec summary, recent events")
     def model(name: str, _: Principal = Depends(viewer)) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 re-derives everything from the ``ClusterState`` snapshot, so running it twice changes nothing, and a
 restarted control plane reaches the same decision.  Order of one pass:
 
-1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down;
+1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down, which a
+   re-applied spec (a new version included), a deleted model or ``sie replica reset`` ends early;
 2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
 3. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
    assignment of every node, so healthy replicas keep their node and GPU (no restart after a
@@ -107,6 +108,25 @@ class ControlConfig:
                     raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """A replica kept off a node after it FAILED there: until when, why, and since when (the FAILED report).
+
+    It ends at ``until``, or earlier (operators control it) when the model's spec is applied again after
+    ``since`` (a fix shipped as a new version, or the same spec re-applied), when the model is deleted, or
+    when ``sie replica reset`` asks for it after ``since``.  FAILED reports made before such a clear are
+    stale (a heartbeat read late) and start nothing.
+    """
+
+    until: float
+    reason: str
+    model: str
+    since: float
+
+    def to_json(self, node: str) -> dict[str, Any]:
+        return {"node": node, "until_ms": int(self.until * 1000), "reason": self.reason}
 
 
 # ---------------------------------------------------------------------------------- side effects
@@ -235,8 +255,8 @@ class Controller:
         self.leadership = leadership
         self.config = config
         self.metrics = metrics
-        # (replica id, node) -> (until, reason): keep that replica off that node
-        self.exclusions: dict[tuple[str, str], tuple[float, str]] = {}
+        # (replica id, node) -> its cool-down: keep that replica off that node
+        self.exclusions: dict[tuple[str, str], Cooldown] = {}
         # what this process published and the feeder may not have read back yet: node -> assignment
         self._published: dict[str, AssignmentInfo] = {}
         self._status_published: dict[str, ModelStatus] = {}
@@ -360,20 +380,54 @@ class Controller:
     # -- steps -------------------------------------------------------------------------------------
 
     def _record_failures(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
-        """FAILED on the node the replica is assigned to -> exclusion (replica, node) for the cool-down."""
+        """FAILED on the node the replica is assigned to -> exclusion (replica, node) for the cool-down;
+        cool-downs that a re-apply, a delete or a reset ended are cleared (``Cooldown``)."""
+        self._clear_cooldowns(snap, now, out)
         assigned = {(a.replica_id, node) for node, info in self._published_view(snap).items() for a in info.replicas}
         for report in self.state.drain_failures():
             key = (report.replica_id, report.node)
             until = report.at + self.config.failure_cooldown_s
             if key not in assigned or until <= now or key in self.exclusions:
                 continue
+            if report.at <= self._cleared_since(snap, report.model, report.replica_id):
+                continue  # FAILED before the spec was re-applied or the replica reset: stale
             reason = report.reason or "crashed too often"
-            self.exclusions[key] = (until, reason)
+            self.exclusions[key] = Cooldown(until, reason, report.model, report.at)
             out.append(self._event(now, "replica_failed", report.model, report.replica_id, report.node,
-                                   f"replica FAILED on {report.node}: {reason}; kept off it for {self.config.failure_cooldown_s:g}s"))
-        for key, (until, _) in list(self.exclusions.items()):
-            if until <= now:
+                                   f"replica FAILED on {report.node}: {reason}; kept off it for "
+                                   f"{self.config.failure_cooldown_s:g}s (or until a re-apply or "
+                                   f"`sie replica reset {report.replica_id}`)"))
+
+    @staticmethod
+    def _cleared_since(snap: StateSnapshot, model: str, replica_id: str) -> float:
+        """The latest time a cool-down of ``replica_id`` was ended by an operator: its spec (re)applied, or
+        a reset asked for; FAILED reports made before it are stale."""
+        return max(snap.spec_applied_at.get(model, 0.0), snap.cooldown_resets.get(replica_id, 0.0))
+
+    def _clear_cooldowns(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
+        for key, cd in list(self.exclusions.items()):
+            rid, node = key
+            why = None
+            if cd.model not in snap.specs:
+                why = "the model is no longer applied"
+            elif snap.spec_applied_at.get(cd.model, 0.0) > cd.since:
+                why = f"spec {cd.model} {snap.specs[cd.model].version} applied after the failure"
+            elif snap.cooldown_resets.get(rid, 0.0) > cd.since:
+                why = f"reset by hand (sie replica reset {rid})"
+            elif cd.until <= now:
+                del self.exclusions[key]  # ran out: placement simply uses the node again
+                continue
+            if why is not None:
                 del self.exclusions[key]
+                out.append(self._event(now, "cooldown_cleared", cd.model, rid, node,
+                                       f"cool-down of {rid} on {node} cleared: {why}"))
+
+    def cooldowns(self) -> dict[str, list[dict[str, Any]]]:
+        """Replica id -> its cool-downs (node, until_ms, reason): what ``ModelStatus`` shows."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for (rid, node), cd in sorted(self.exclusions.items()):
+            out.setdefault(rid, []).append(cd.to_json(node))
+        return out
 
     def _inventory(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
         inventory = self._guarded(snap.inventory(now, self.config.node_timeout_s), snap, now, out)
@@ -511,7 +565,7 @@ class Controller:
         if bad:
             return f"gpu {node}/{bad[0]} failed"
         if (rid, node) in self.exclusions:
-            return f"replica FAILED on {node}: {self.exclusions[(rid, node)][1]}"
+            return f"replica FAILED on {node}: {self.exclusions[(rid, node)].reason}"
         return "spec or constraints changed"
 
     def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
@@ -528,8 +582,10 @@ class Controller:
             self._status_loaded = True
         epoch = self.leadership.epoch
         statuses: dict[str, ModelStatus] = {}
+        cooldowns = self.cooldowns()
         for name in sorted(set(snap.specs) | set(snap.spec_errors)):
-            statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now, self.config.node_timeout_s, epoch)
+            statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now,
+                                          self.config.node_timeout_s, epoch, cooldowns)
             if not statuses[name].same_as(self._status_published.get(name)):
                 out.append(OutRecord("model-status", name, "ModelStatus", statuses[name].to_record()))
         for name in sorted(set(self._status_published) - set(statuses)):

@@ -34,11 +34,8 @@ from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
 
 log = logging.getLogger(__name__)
 
-#: ``sie_control_replicas{state=...}`` series exported even at 0, so a dashboard's "no FAILED" is a 0, not a gap
-_ALWAYS_EXPORTED = frozenset({
-    ReplicaState.READY, ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.FAILED,
-    ReplicaState.UNSCHEDULABLE, ReplicaState.UNKNOWN,
-})
+#: the phases of a model's status (``sie_control_model_phase`` is one-hot over these)
+MODEL_PHASES = ("Ready", "Progressing", "Degraded", "Unschedulable", "Invalid")
 
 
 class ControlMetrics:
@@ -49,9 +46,18 @@ class ControlMetrics:
 
         self.registry = CollectorRegistry()
         self.models = Gauge("sie_control_models", "Models with an applied spec", registry=self.registry)
+        # every state / node state is set on every pass (0 when none): a series never keeps an old count
         self.replicas = Gauge("sie_control_replicas", "Desired replicas by actual state", ["state"], registry=self.registry)
-        self.nodes_online = Gauge("sie_control_nodes_online", "Nodes with a heartbeat within the timeout", registry=self.registry)
-        self.nodes_total = Gauge("sie_control_nodes", "Registered nodes", registry=self.registry)
+        self.nodes = Gauge("sie_control_nodes", "Registered nodes by liveness (online: a heartbeat within the timeout)",
+                           ["state"], registry=self.registry)
+        model = ["model_id", "priority_level"]
+        self.model_desired = Gauge("sie_control_model_replicas_desired", "Replicas the model's spec asks for", model,
+                                   registry=self.registry)
+        self.model_ready = Gauge("sie_control_model_replicas_ready", "Replicas of the model READY on its version", model,
+                                 registry=self.registry)
+        self.model_phase = Gauge("sie_control_model_phase", "1 for the model's current phase, 0 for the others",
+                                 [*model, "phase"], registry=self.registry)
+        self._models_seen: dict[str, str] = {}  # model -> priority level of the series exported
         self.leader = Gauge("sie_control_leader", "1 while this instance leads", registry=self.registry)
         self.epoch = Gauge("sie_control_leader_epoch", "Leader epoch this instance knows", registry=self.registry)
         self.reconcile_seconds = Histogram(
@@ -77,14 +83,16 @@ class ControlMetrics:
         self.guard.set(1 if report.guard else 0)
         self.stale.set(1 if report.skipped else 0)
         self.models.set(len(snap.specs))
-        self.nodes_total.set(len(snap.nodes))
-        self.nodes_online.set(sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s)))
+        online = sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s))
+        self.nodes.labels("online").set(online)
+        self.nodes.labels("offline").set(len(snap.nodes) - online)
         counts: dict[ReplicaState, int] = {}
         for status in report.statuses.values():
             for r in status.replicas:
                 counts[r.state] = counts.get(r.state, 0) + 1
-        for state in set(counts) | _ALWAYS_EXPORTED:
+        for state in ReplicaState:
             self.replicas.labels(state.value).set(counts.get(state, 0))
+        self._observe_models(report.statuses)
         if report.plan is not None:
             self.unplaced.set(len(report.plan.unplaced))
         for r in report.of("events"):
@@ -92,6 +100,24 @@ class ControlMetrics:
                 self.placements.labels(r.value["kind"]).inc()
         for name in report.errors:
             self.errors.labels(name).inc()
+
+    def _observe_models(self, statuses: Any) -> None:
+        """Per-model gauges; the series of a model that is gone (or changed priority) are removed."""
+        seen: dict[str, str] = {}
+        for name, status in statuses.items():
+            priority = status.priority_level or ""
+            seen[name] = priority
+            self.model_desired.labels(name, priority).set(status.desired_replicas)
+            self.model_ready.labels(name, priority).set(status.ready_replicas)
+            for phase in MODEL_PHASES:
+                self.model_phase.labels(name, priority, phase).set(1 if status.phase == phase else 0)
+        for name, priority in self._models_seen.items():
+            if seen.get(name) != priority:
+                self.model_desired.remove(name, priority)
+                self.model_ready.remove(name, priority)
+                for phase in MODEL_PHASES:
+                    self.model_phase.remove(name, priority, phase)
+        self._models_seen = seen
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
+#: ``ControlEvent.kind`` of an operator's request to end a replica's cool-down (``sie replica reset``)
+COOLDOWN_RESET_KIND = "cooldown_reset_requested"
+
 #: reported states of a replica that is placed and on its way to serving, or serving
 ACTIVE_STATES: frozenset[ReplicaState] = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY})
 
@@ -97,6 +100,10 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
+    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag and recent p99 (ms)
+    metrics_address: str | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ class HeartbeatInfo:
     replicas: tuple[ReplicaReport, ...]
     replayed_at: float | None = None
     sent_at: float = 0.0
+    #: ``host:port`` of the agent's own /metrics (None: it serves none)
+    metrics_address: str | None = None
 
     @property
     def alive_at(self) -> float | None:
@@ -164,6 +173,8 @@ class EventInfo:
     replica_id: str | None
     node: str | None
     detail: str
+    #: (partition, offset) on the events topic: the same record read twice is applied once
+    position: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +261,10 @@ class ClusterState:
     #: CDC connectors applied through the API (``sie.schemas.connector_store.ConnectorInfo``), by name
     connectors: dict[str, Any] = field(default_factory=dict)
     connector_errors: dict[str, str] = field(default_factory=dict)
+    #: model -> when its current spec record was applied (a re-apply or a new version ends its cool-downs)
+    spec_applied_at: dict[str, float] = field(default_factory=dict)
+    #: replica id -> the latest `sie replica reset` of it (ends cool-downs that began before it)
+    cooldown_resets: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -265,7 +280,9 @@ class ClusterState:
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
                 self.spec_errors.pop(name, None)
+                self.spec_applied_at.pop(name, None)
                 return
+            self.spec_applied_at[name] = float(record.get("applied_at_ms") or 0) / 1000.0
             import json
 
             try:
@@ -335,6 +352,9 @@ class ClusterState:
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
                 at=at,
+                metrics_address=r.get("metrics_address"),
+                lag=r.get("lag"),
+                p99_ms=r.get("p99_ms"),
             )
             for r in record.get("replicas") or ()
         )
@@ -350,6 +370,7 @@ class ClusterState:
                 reports,
                 replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
                 sent_at=sent_at,
+                metrics_address=record.get("metrics_address"),
             )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
@@ -391,18 +412,24 @@ class ClusterState:
                 self.leader_epoch = epoch
                 self.leader_instance = record.get("instance_id")
 
-    def apply_event(self, record: Mapping[str, Any]) -> None:
+    def apply_event(self, record: Mapping[str, Any], position: tuple[int, int] | None = None) -> None:
+        """One event; ``position`` (partition, offset) makes a re-read of the same record a no-op."""
         with self._lock:
-            self.events.append(
-                EventInfo(
-                    at=float(record.get("ts_ms") or 0) / 1000.0,
-                    kind=str(record.get("kind") or ""),
-                    model=record.get("model"),
-                    replica_id=record.get("replica_id"),
-                    node=record.get("node"),
-                    detail=str(record.get("detail") or ""),
-                )
+            if position is not None and any(e.position == position for e in self.events):
+                return
+            event = EventInfo(
+                at=float(record.get("ts_ms") or 0) / 1000.0,
+                kind=str(record.get("kind") or ""),
+                model=record.get("model"),
+                replica_id=record.get("replica_id"),
+                node=record.get("node"),
+                detail=str(record.get("detail") or ""),
+                position=position,
             )
+            self.events.append(event)
+            if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
+                rid = str(event.replica_id)
+                self.cooldown_resets[rid] = max(event.at, self.cooldown_resets.get(rid, 0.0))
 
     def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -433,6 +460,8 @@ class ClusterState:
                 events=tuple(self.events),
                 connectors=dict(self.connectors),
                 connector_errors=dict(self.connector_errors),
+                spec_applied_at=dict(self.spec_applied_at),
+                cooldown_resets=dict(self.cooldown_resets),
             )
 
 
@@ -476,6 +505,8 @@ class StateSnapshot:
     events: tuple[EventInfo, ...]
     connectors: Mapping[str, Any] = field(default_factory=dict)
     connector_errors: Mapping[str, str] = field(default_factory=dict)
+    spec_applied_at: Mapping[str, float] = field(default_factory=dict)
+    cooldown_resets: Mapping[str, float] = field(default_factory=dict)
 
     def node_online(self, name: str, now: float, timeout_s: float) -> bool:
         """A heartbeat of the node was seen (live, or replayed at its broker time) within ``timeout_s``."""
@@ -862,7 +893,7 @@ class StateFeeder:
             elif suffix == "replica-status":
                 self._state.apply_replica_status(record)
             elif suffix == "events":
-                self._state.apply_event(record)
+                self._state.apply_event(record, (msg.partition(), msg.offset()))
         except Exception as exc:  # one bad record must not stop the feed
             self._skip(msg, suffix, exc)
 

@@ -266,12 +266,13 @@ def test_cdc_stage_and_backfill_run_as_their_principals(world: dict[str, Any]) -
     box: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: box.setdefault("r", _catch(lambda: stage.run(stop))), daemon=True)
     thread.start()
-    try:
-        requests = wait_until(lambda: consume_all(admin, spec.topics.requests, timeout=10) or None, 60,
-                              message="requests converted by the CDC stage")
+    try:  # every source record committed (the stage's counters move only after a commit)
+        wait_until(lambda: stage.summary().records >= len(events), 60,
+                   message=lambda: f"the CDC stage to commit {len(events)} events ({stage.summary().line()})")
     finally:
         stop.set()
         thread.join(30)
+    requests = consume_all(admin, spec.topics.requests, timeout=30)  # the stage stopped: this end is final
     assert not isinstance(box.get("r"), BaseException), box.get("r")
     assert requests
 

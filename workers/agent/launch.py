@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec
@@ -31,6 +32,53 @@ from sie.workers.replica import DesiredReplica
 #: the entry points of the two kinds of replica process
 WORKER_MODULE = "sie.workers.worker_main"
 CONNECTOR_MODULE = "sie.connectors.worker"
+
+
+class MetricsPorts:
+    """Which /metrics port each worker of this agent binds (``sie agent --worker-metrics-ports``).
+
+    ``"0"`` (default): any free port; the worker reports the one it bound (``ready`` status line) and
+    the agent advertises it.  ``"9500-9599"``: a port of that range (a firewall can open exactly it),
+    never the same for two live replicas; a replica keeps its port across restarts.  ``"off"``: none.
+    """
+
+    def __init__(self, spec: str = "0") -> None:
+        text = spec.strip().lower()
+        self.enabled = text != "off"
+        self.range: tuple[int, int] | None = None
+        if text in ("0", "off"):
+            return
+        low, sep, high = text.partition("-")
+        try:
+            first, last = int(low), int(high if sep else low)
+        except ValueError:
+            raise ConfigError(f"--worker-metrics-ports: expected 0, off or a range such as 9500-9599 (got {spec!r})") from None
+        if not 1024 <= first <= last <= 65535:
+            raise ConfigError(f"--worker-metrics-ports: the range must lie within 1024-65535 (got {spec!r})")
+        self.range = (first, last)
+        self._held: dict[str, int] = {}
+
+    def port_for(self, replica_id: str, live: Iterable[str]) -> int | None:
+        """The port to pass to the worker of ``replica_id`` (None: no metrics server); ``live``: the
+        replica ids whose workers still run (their ports stay taken)."""
+        if not self.enabled:
+            return None
+        if self.range is None:
+            return 0
+        alive = set(live) | {replica_id}
+        self._held = {rid: port for rid, port in self._held.items() if rid in alive}
+        if replica_id in self._held:
+            return self._held[replica_id]
+        taken = set(self._held.values())
+        first, last = self.range
+        for port in range(first, last + 1):
+            if port not in taken:
+                self._held[replica_id] = port
+                return port
+        # not LaunchRefused (that is FAILED for good): a port frees up when a replica stops, so this is a
+        # crash the supervisor retries with backoff
+        raise ConfigError(f"--worker-metrics-ports {first}-{last}: every port is taken by a live replica; "
+                          "widen the range")
 
 
 class WorkerCommandBuilder:
@@ -46,6 +94,8 @@ class WorkerCommandBuilder:
         settings: Settings | None = None,
         spec_policy: Any = None,
         artifacts: Any = None,
+        metrics_ports: MetricsPorts | None = None,
+        live_replicas: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
@@ -61,6 +111,8 @@ class WorkerCommandBuilder:
         self.progress_interval_s = progress_interval_s
         #: False with simulated GPUs: the indices name GPUs that do not exist, so hide CUDA entirely
         self.real_gpus = real_gpus
+        self.metrics_ports = metrics_ports or MetricsPorts()
+        self._live_replicas = live_replicas
 
     def _check(self, desired: DesiredReplica, spec_doc: Any) -> None:
         """The node's spec policy, exactly as the API applies it; a refusal names the field."""
@@ -133,8 +185,10 @@ class WorkerCommandBuilder:
             "--replica-id", desired.replica_id,
             "--progress-interval", str(self.progress_interval_s),
         )
-        if module == WORKER_MODULE:
+        if module == WORKER_MODULE:  # a connector replica is CPU-only and serves no /metrics of its own
+            port = self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
             argv += ("--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
-                     "--gpu-memory-mb", str(desired.gpu_memory_mb))
+                     "--gpu-memory-mb", str(desired.gpu_memory_mb),
+                     *(("--metrics-port", str(port)) if port is not None else ()))
         return LaunchSpec(name=desired.replica_id, argv=argv, env=env, cwd=str(directory),
                           log_path=directory / "worker.log")

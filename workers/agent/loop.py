@@ -28,6 +28,7 @@ agent starts them afresh from the assignment.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -40,7 +41,7 @@ from sie.kernel.settings import Settings
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
 from sie.workers.agent.artifacts import ArtifactFetcher
-from sie.workers.agent.launch import WorkerCommandBuilder
+from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
 from sie.workers.metrics import AgentMetrics
 from sie.workers.process import ProcessLauncher, SubprocessLauncher
 from sie.workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
@@ -58,6 +59,8 @@ class AgentConfig:
     simulate_gpus: str | None = None
     heartbeat_s: float = 2.0
     metrics_port: int | None = None
+    #: the workers' /metrics ports: "0" any free one (reported by the worker), "A-B" a range, "off"
+    worker_metrics_ports: str = "0"
     #: None: ``<settings.cache_dir>/agent``
     work_dir: Path | None = None
     policy: SupervisorPolicy = field(default_factory=SupervisorPolicy)
@@ -110,7 +113,11 @@ class Agent:
             settings=settings,
             spec_policy=policy,
             artifacts=self.artifacts,
+            metrics_ports=MetricsPorts(config.worker_metrics_ports),
+            live_replicas=lambda: [r.replica_id for r in self.supervisor.table.all() if r.state.has_process],
         )
+        #: where Prometheus reaches this node's /metrics endpoints (the control plane's service discovery)
+        self.advertise_host = settings.advertise_host or socket.gethostname()
         self.supervisor = Supervisor(launcher or SubprocessLauncher(), self.commands, self._clock, config.policy)
         self.metrics = AgentMetrics(config.node)
         self.metrics_port: int | None = None
@@ -318,7 +325,8 @@ class Agent:
         snapshots = self.supervisor.snapshots()
         gpus = self._gpu_metrics(snapshots)
         self._seq += 1
-        record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots)
+        record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
+                                    self.advertise_host, self.metrics_port)
         self._produce("heartbeats", self.config.node, "Heartbeat", record)
         self.metrics.heartbeats.labels(self.config.node).inc()
         self.metrics.observe_gpus(gpus)

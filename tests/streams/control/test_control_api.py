@@ -39,7 +39,8 @@ from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 
 ARTIFACT = "/v1/artifacts/sha256:" + "0" * 64
 ROUTES = [("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/v1/nodes"), ("GET", "/v1/replicas"),
-          ("GET", "/v1/models"), ("GET", "/v1/models/some-model"), ("POST", "/v1/models"), ("PUT", "/v1/models"),
+          ("GET", "/v1/models"), ("GET", "/v1/models/some-model"), ("GET", "/v1/events"),
+          ("GET", "/v1/prometheus/targets"), ("POST", "/v1/models"), ("PUT", "/v1/models"),
           ("DELETE", "/v1/models/some-model"),
           ("GET", "/v1/connectors"), ("GET", "/v1/connectors/some-model"), ("POST", "/v1/connectors"),
           ("POST", "/v1/connectors/some-model/pause"), ("POST", "/v1/connectors/some-model/resume"),
