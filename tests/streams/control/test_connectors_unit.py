@@ -90,3 +90,36 @@ def test_an_unreadable_or_deleted_connector() -> None:
     state.apply_connector("orders", connector_record(spec, False, 1))
     state.apply_connector("orders", connector_record(spec, False, 2, deleted=True))
     assert state.snapshot().connectors == {}
+
+
+def _placed(publisher: FakePublisher) -> list[str]:
+    return [r["replica_id"] for r in publisher.last("assignments")[0].value["replicas"]]
+
+
+def _fail_connector(state: ClusterState, controller: Controller, clock: FakeClock) -> None:
+    controller.reconcile(clock())
+    heartbeat(state, "cpu-1", clock.advance(1), [], [report("cdc:orders-0", "FAILED", "crashed 3 times: ValueError")])
+    controller.reconcile(clock())
+
+
+def test_a_failed_connector_replica_cools_down_until_the_connector_is_applied_again() -> None:
+    state, controller, publisher, clock = _world()
+    _fail_connector(state, controller, clock)
+    controller.reconcile(clock.advance(1))  # a connector is not a model: its cool-down is not "no longer applied"
+    assert _placed(publisher) == ["fraud-0"] and ("cdc:orders-0", "cpu-1") in controller.exclusions
+    state.apply_connector("orders", connector_record(parse_connector_spec(ORDERS), False,
+                                                     int(clock.advance(5) * 1000)))  # the operator's fix
+    controller.reconcile(clock())
+    assert sorted(_placed(publisher)) == ["cdc:orders-0", "fraud-0"] and controller.exclusions == {}
+    cleared = [e.value for e in publisher.all("events") if e.value["kind"] == "cooldown_cleared"]
+    assert len(cleared) == 1 and "connector orders applied after the failure" in cleared[0]["detail"]
+
+
+def test_a_deleted_connector_forgets_its_cooldown() -> None:
+    state, controller, publisher, clock = _world()
+    _fail_connector(state, controller, clock)
+    state.apply_connector("orders", None)
+    controller.reconcile(clock.advance(1))
+    assert controller.exclusions == {}
+    cleared = [e.value for e in publisher.all("events") if e.value["kind"] == "cooldown_cleared"]
+    assert "the connector is no longer applied" in cleared[0]["detail"]
