@@ -42,6 +42,10 @@ SAMPLES: dict[str, dict] = {
                                   "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
                                   "actual_version": "1", "cooldowns": []}],
                     "epoch": 3, "updated_at_ms": 8},
+    "ArtifactManifest": {"sha256": "ab" * 32, "name": "fraud.safetensors", "size": 1_234_567, "chunk_size": 524288,
+                         "chunks": 3, "chunk_partition": 1, "first_offset": 10, "last_offset": 12, "created_ms": 9},
+    "ConnectorRecord": {"name": "orders-to-fraud", "spec_json": "{}", "applied_at_ms": 10, "paused": True,
+                        "deleted": False},
 }
 
 
