@@ -112,8 +112,11 @@ class WarmPool:
     def _spawn(self, now: float) -> None:
         index = self._spawned
         self._spawned += 1
-        spec = LaunchSpec(name=f"warm-{index}", argv=(self.python, "-m", WORKER_MODULE, "--warm"), env=self.env,
-                          log_path=self.log_dir / f"warm-{index % max(1, 2 * self.size)}.log")
+        # ``-P`` and a folder of its own, as a cold worker (launch.py): nothing near the agent is on its sys.path;
+        # it moves to the replica's folder when it takes a replica (``take_assignment``)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        spec = LaunchSpec(name=f"warm-{index}", argv=(self.python, "-P", "-m", WORKER_MODULE, "--warm"), env=self.env,
+                          cwd=str(self.log_dir), log_path=self.log_dir / f"warm-{index % max(1, 2 * self.size)}.log")
         try:
             handle = self._launcher.start(spec)
         except OSError as exc:
@@ -169,7 +172,7 @@ class PooledLauncher:
             handle = self.pool.take()
             if handle is not None:
                 env = {k: v for k, v in spec.env.items() if self.pool.env.get(k) != v}
-                payload = {"args": list(spec.warm_args), "env": env,
+                payload = {"args": list(spec.warm_args), "env": env, "cwd": spec.cwd,
                            "log_path": str(spec.log_path) if spec.log_path is not None else None}
                 try:
                     handle.assign(payload, spec.log_path)

@@ -50,29 +50,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from sie.schemas.worker_status import StatusWriter
+
+__all__ = ["CountingBackend", "StatusWriter", "main", "run_worker"]
 
 log = logging.getLogger("sie.worker")
-
-
-class StatusWriter:
-    """Writes status lines to the agent (or nowhere, when run by hand without --status-fd)."""
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self._stream is None:
-            log.info("status %s %s", event, fields)
-            return
-        line = json.dumps({"event": event, **fields}, default=str)
-        with self._lock:
-            try:
-                self._stream.write(line + "\n")
-                self._stream.flush()
-            except (BrokenPipeError, OSError):
-                pass  # the agent is gone; PDEATHSIG will end us
 
 
 #: the window and the most calls the inference rate reported with progress covers
@@ -190,6 +174,13 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     # (the agent did too; a worker started by hand with a spec file gets the same check).
     policy = SpecPolicy.from_settings(settings)
     policy.enforce(spec, source=f"replica {args.replica_id}")
+    if spec.backend.modules_path is not None:  # the agent checked the archive too; a worker run by hand did not
+        from sie.schemas.module_bundle import check_bundle
+        from sie.schemas.spec_parse import InvalidSpec
+
+        problems = check_bundle(spec.backend.modules_path, policy.allowed_modules)
+        if problems:
+            raise InvalidSpec(f"replica {args.replica_id}", problems)
     status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
     backend = create_backend(_backend_config(spec, args, policy))
     try:
@@ -283,6 +274,8 @@ def take_assignment(payload: dict[str, Any], status_fd: int | None) -> argparse.
     """Become the replica ``payload`` names: its environment, its log file, its arguments."""
     env = payload.get("env") or {}
     os.environ.update({str(k): str(v) for k, v in env.items()})
+    if payload.get("cwd"):
+        os.chdir(str(payload["cwd"]))  # the replica's folder, where a cold worker would have started
     log_path = payload.get("log_path")
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,10 @@ SAMPLES: dict[str, dict] = {
                                   "woke_at_ms": None, "first_result_ms": None, "lag": 5000, "arrival_rate": 10.0,
                                   "drain_rate": 120.5, "drain_time_s": 45.2, "budget_s": 30.0, "p99_ms": 12.0,
                                   "needed": 3}},
+    "ArtifactManifest": {"sha256": "ab" * 32, "name": "fraud.safetensors", "size": 1_234_567, "chunk_size": 524288,
+                         "chunks": 3, "chunk_partition": 1, "first_offset": 10, "last_offset": 12, "created_ms": 9},
+    "ConnectorRecord": {"name": "orders-to-fraud", "spec_json": "{}", "applied_at_ms": 10, "paused": True,
+                        "deleted": False},
 }
 
 

@@ -50,9 +50,9 @@ def pool(tmp_path: Path) -> tuple[WarmPool, PoolLauncher, FakeClock]:
 
 def worker_spec(rid: str = "m-0") -> LaunchSpec:
     args = ("--spec-file", "/w/spec.json", "--replica-id", rid)
-    return LaunchSpec(name=rid, argv=("py", "-m", "sie.workers.worker_main", *args),
+    return LaunchSpec(name=rid, argv=("py", "-P", "-m", "sie.workers.worker_main", *args),
                       env={"SIE_TOPIC_PREFIX": "p", "KEEP": "1", "SIE_REPLICA_ID": rid, "CUDA_VISIBLE_DEVICES": "0"},
-                      log_path=Path("/w/m-0/worker.log"), warm_args=args)
+                      cwd="/w/m-0", log_path=Path("/w/m-0/worker.log"), warm_args=args)
 
 
 def test_pool_fills_one_worker_per_pass_and_hands_out_only_warm_ones(pool: Any) -> None:
@@ -60,7 +60,8 @@ def test_pool_fills_one_worker_per_pass_and_hands_out_only_warm_ones(pool: Any) 
     wp.maintain()
     wp.maintain()
     wp.maintain()
-    assert [h.spec.argv for h in launcher.started] == [("py", "-m", "sie.workers.worker_main", "--warm")] * 2
+    assert [h.spec.argv for h in launcher.started] == [("py", "-P", "-m", "sie.workers.worker_main", "--warm")] * 2
+    assert {h.spec.cwd for h in launcher.started} == {str(wp.log_dir)}  # a folder of its own, not the agent's
     assert wp.take() is None  # started, not warm yet
     launcher.started[1].emit(event="warm", import_s=2.5)
     wp.maintain()
@@ -101,6 +102,7 @@ def test_pooled_launcher_hands_the_replica_to_a_warm_worker_or_starts_cold(pool:
     assert handle.assigned == {
         "args": ["--spec-file", "/w/spec.json", "--replica-id", "m-0"],
         "env": {"SIE_REPLICA_ID": "m-0", "CUDA_VISIBLE_DEVICES": "0"},  # only what the pool's env lacks
+        "cwd": "/w/m-0",  # the replica's folder, as a cold start's
         "log_path": "/w/m-0/worker.log",
     }
     # a launch that is not a worker never takes a pool worker
@@ -190,14 +192,16 @@ def test_warm_worker_takes_its_assignment(tmp_path: Path, monkeypatch: pytest.Mo
     import io
 
     monkeypatch.setenv("SIE_TEST_MARK", "old")
+    monkeypatch.chdir(tmp_path)  # (restored after the test: taking the assignment moves the process)
+    (tmp_path / "m-3").mkdir()
     payload = {"args": ["--spec-file", str(tmp_path / "s.json"), "--replica-id", "m-3"],
-               "env": {"SIE_TEST_MARK": "new"}, "log_path": None}
+               "env": {"SIE_TEST_MARK": "new"}, "cwd": str(tmp_path / "m-3"), "log_path": None}
     got = worker_main.wait_for_assignment(io.StringIO(json.dumps(payload) + "\n"))
     args = worker_main.take_assignment(got, 7)
     assert (args.replica_id, args.status_fd, args.warm) == ("m-3", 7, False)
     import os
 
-    assert os.environ["SIE_TEST_MARK"] == "new"
+    assert os.environ["SIE_TEST_MARK"] == "new" and os.getcwd() == str(tmp_path / "m-3")
     assert worker_main.wait_for_assignment(io.StringIO("")) is None
     with pytest.raises(ValueError, match="'args' list"):
         worker_main.wait_for_assignment(io.StringIO('{"argv": 1}\n'))
