@@ -43,8 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sie.kernel.settings import Settings  # noqa: E402
 from tests.cluster_harness import Cluster, RequestStream, ResultTail, example_input, wait_for  # noqa: E402
 from tests.helpers import TopicTail  # noqa: E402
-
-ALLOWED = "models.fraud,tests.fixtures.paced_model"
+from tests.test_elasticity_e2e import PACED_MODEL_ENV  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -118,7 +117,7 @@ def control_config(c: Cluster, **autoscale: float) -> Path:
 
 
 def up(c: Cluster, nodes: list[str], warm_pool: int = 0, **autoscale: float) -> None:
-    c.extra_env["SIE_ALLOWED_MODULES"] = ALLOWED
+    c.extra_env.update(PACED_MODEL_ENV)
     c.start_control("cp-1", extra=["--config", str(control_config(c, **autoscale))])
     for node in nodes:
         c.start_agent(node, gpus="1xL4-24GB", heartbeat_s=1.0,
@@ -214,7 +213,7 @@ def preempt(settings: Settings, root: Path, preemption: bool, seconds: float, ra
 
     c = Cluster(settings, root / f"preempt-{preemption}")
     try:
-        c.extra_env["SIE_ALLOWED_MODULES"] = ALLOWED
+        c.extra_env.update(PACED_MODEL_ENV)
         path = control_config(c)
         import yaml
 

@@ -14,6 +14,7 @@ a 12 s cool-down, 8 s idle-to-zero.  The backlog test's model sleeps 2 ms per re
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +23,24 @@ import pytest
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import Cluster, RequestStream, ResultTail, StatusTail, example_input, try_get, wait_for
+from tests.cluster_harness import (
+    REPO,
+    Cluster,
+    RequestStream,
+    ResultTail,
+    StatusTail,
+    example_input,
+    try_get,
+    wait_for,
+)
 from tests.helpers import TopicTail
 
 pytestmark = pytest.mark.kafka
+
+#: the paced test model is allowed and importable on the nodes (workers run with ``python -P`` in their replica
+#: folder, so the repository is not on their sys.path unless PYTHONPATH says so); the demo models stay importable
+PACED_MODEL_ENV = {"SIE_ALLOWED_MODULES": "models.fraud,tests.fixtures.paced_model",
+                   "PYTHONPATH": os.pathsep.join((str(REPO), str(REPO / "examples")))}
 
 BACKLOG_INTERVAL_S = 1.0
 RECONCILE_S = 0.5
@@ -36,7 +51,7 @@ IDLE_S = 8.0
 @pytest.fixture()
 def cluster(kafka_settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(kafka_settings, tmp_path)
-    c.extra_env["SIE_ALLOWED_MODULES"] = "models.fraud,tests.fixtures.paced_model"
+    c.extra_env.update(PACED_MODEL_ENV)
     try:
         yield c
     finally:
