@@ -45,6 +45,7 @@ RECORDS = (
     "ControlEvent",
     "LeaderEpoch",
     "ModelStatus",
+    "Rollout",
 )
 
 

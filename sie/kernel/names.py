@@ -37,7 +37,7 @@ def check_instance(instance: str, what: str = "instance") -> str:
 
 #: system topic suffixes (the catalogue with partitions and policies is sie.kernel.topics)
 SYSTEM_TOPICS = ("specs", "nodes", "heartbeats", "assignments", "replica-status", "events", "control-leader",
-                 "model-status", "backfill-plans")
+                 "model-status", "backfill-plans", "rollouts")
 
 
 @dataclass(frozen=True)

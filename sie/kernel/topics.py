@@ -44,6 +44,7 @@ _SYSTEM = [
     ("control-leader", 1, True, "control-plane leadership epochs, key = cluster", {}),
     ("model-status", 1, True, "desired vs actual per model published by the leading control plane, key = model", {}),
     ("backfill-plans", 1, True, "the bounded range of each backfill job, fixed at its start, key = job id", {}),
+    ("rollouts", 1, True, "each model's rollout (phase, version weights + epoch, timeline), key = model", {}),
 ]
 
 
