@@ -239,3 +239,85 @@ def read_rollouts(settings: Any, timeout_s: float = 15.0) -> list[dict[str, Any]
     finally:
         consumer.close()
     return [rec for rec in latest.values() if rec is not None]
+
+
+#: dead-letter reasons that are the version's fault (a malformed request is nobody's canary problem)
+_VERSION_FAULTS = frozenset({b"inference_error", b"output_violation", b"result_too_large"})
+
+
+class KafkaVersionWindows:
+    """Canary and stable numbers read from what the scorers committed: the model's results (status, version,
+    queue + inference ms) and dead letters (``sie.version``, ``sie.reason``), read_committed.
+
+    WHY from the output topics rather than metrics: they are exactly what was answered, by which version,
+    and when (the record timestamp), the same for every replica; no scrape interval or lost heartbeat can
+    make the gates judge a window they did not see.  ``window`` drains what has arrived (non-blocking).
+    """
+
+    def __init__(self, settings: Any, spec: Any, keep_s: float = 600.0,
+                 consumer_factory: Callable[[dict], Any] | None = None) -> None:
+        import uuid
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        self._model = spec.name
+        self._results, self._dlq = spec.topics.results, spec.topics.dead_letters
+        self._consumer = (consumer_factory or Consumer)(settings.kafka_client_config(**{
+            "group.id": settings.names.reader_group("rollout-gates", uuid.uuid4().hex[:8]),
+            "enable.auto.commit": False, "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
+        assign = []
+        for topic in (self._results, self._dlq):
+            md = self._consumer.list_topics(topic, timeout=10)
+            assign += [TopicPartition(topic, p, -2) for p in sorted(md.topics[topic].partitions)]
+        self._consumer.assign(assign)
+        self._keep_ms = int(keep_s * 1000)
+        #: version -> [(ts_ms, latency_ms or None, kind)] kind: ok | expired | error
+        self._seen: dict[str, list[tuple[int, float | None, str]]] = {}
+
+    def _drain(self) -> None:
+        import orjson
+
+        from sie.streams.eos.records import safe_headers
+
+        while True:
+            msgs = self._consumer.consume(1000, 0)
+            for m in msgs:
+                if m.error() or m.value() is None:
+                    continue
+                ts = m.timestamp()[1]
+                if m.topic() == self._results:
+                    try:
+                        doc = orjson.loads(m.value())
+                        timings = doc.get("timings") or {}
+                        latency = float(timings.get("queue_ms", 0.0)) + float(timings.get("inference_ms", 0.0))
+                        version, status = str(doc["version"]), doc.get("status")
+                    except Exception:  # a result we cannot read does not count for either version
+                        continue
+                    self._seen.setdefault(version, []).append(
+                        (ts, latency if status == "ok" else None, "ok" if status == "ok" else "expired"))
+                else:
+                    headers = dict(safe_headers(m) or [])
+                    version_b, reason = headers.get("sie.version"), headers.get("sie.reason")
+                    if version_b is None:
+                        continue
+                    kind = "error" if reason in _VERSION_FAULTS else "expired" if reason == b"expired" else ""
+                    if kind:
+                        self._seen.setdefault(version_b.decode(errors="replace"), []).append((ts, None, kind))
+            if len(msgs) < 1000:
+                return
+
+    def window(self, model: str, version: str, since_ms: int) -> VersionWindow:
+        if model != self._model:
+            return VersionWindow()
+        self._drain()
+        rows = self._seen.get(version, [])
+        if rows and rows[0][0] < since_ms - self._keep_ms:  # bounded memory: forget what no window needs
+            rows[:] = [r for r in rows if r[0] >= since_ms - self._keep_ms]
+        inside = [r for r in rows if r[0] >= since_ms]
+        latencies = sorted(r[1] for r in inside if r[1] is not None)
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None
+        return VersionWindow(requests=len(inside), errors=sum(1 for r in inside if r[2] == "error"),
+                             expired=sum(1 for r in inside if r[2] == "expired"), p99_ms=p99)
+
+    def close(self) -> None:
+        self._consumer.close()
