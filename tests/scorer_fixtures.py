@@ -37,6 +37,26 @@ def squashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"p": min(1.0, max(0.0, row["x"]))} for row in rows]
 
 
+def echo_canary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``echo`` that cannot score 1 row in 20 (x % 20 == 3): the rollout tests' bad canary."""
+    for row in rows:
+        if int(row["x"]) % 20 == 3:
+            raise ValueError("canary cannot score this row")
+    return echo(rows)
+
+
+def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
+    """``echo_spec`` at another version / with another callable of this module / a rollout block."""
+    from sie.schemas.spec import parse_spec
+
+    doc = echo_spec_doc(name)
+    doc["spec"]["model"]["version"] = version
+    doc["spec"]["backend"]["callable"] = f"tests.scorer_fixtures:{callable_name}"
+    if rollout is not None:
+        doc["spec"]["rollout"] = rollout
+    return parse_spec(doc)
+
+
 def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = None) -> dict[str, Any]:
     """A Kubernetes-style ModelService for ``echo``; a unique name gives unique topics and group."""
     name = name or f"echo-{uuid.uuid4().hex[:10]}"

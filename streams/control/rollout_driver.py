@@ -151,6 +151,16 @@ class RolloutDriver:
         updated = Entry(new, entry.stable_spec, entry.canary_spec)
         return updated, self._records(updated, entry.rollout, now)
 
+    def run_once(self, publisher: Any) -> int:
+        """One leader tick: each changed rollout's records in one transaction (``publisher.publish``), and
+        only after it committed does the driver's view move on (a failed publish is tried again next tick)."""
+        changed = 0
+        for entry, records in self.tick():
+            publisher.publish(records)
+            self.commit(entry)
+            changed += 1
+        return changed
+
     def commit(self, entry: Entry) -> None:
         """After its records were published: the driver's view moves on only with what Kafka holds."""
         self.entries[entry.rollout.model] = entry

@@ -193,3 +193,17 @@ class KafkaWeightSource:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def run_rollout_scorer(config: Any, backend_factory: Callable[[Any], Any], stop_event: Any,
+                       on_ready: Callable[[RolloutScorer], None] | None = None, weights: WeightSource | None = None,
+                       **scorer_kwargs: Any) -> Any:
+    """``run_scorer`` that follows the model's rollout (weights from the rollouts topic unless given)."""
+    backend = backend_factory(config.spec)
+    source = weights or KafkaWeightSource(config.settings, config.spec.name)
+    scorer = RolloutScorer(config, RoutingTable.single(config.spec.version, backend), weights=source,
+                           backend_factory=backend_factory, **scorer_kwargs)
+    try:
+        return scorer.run(stop_event, on_ready=(lambda: on_ready(scorer)) if on_ready else None)
+    finally:
+        source.close()
