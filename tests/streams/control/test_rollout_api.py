@@ -123,3 +123,36 @@ def test_a_standby_refuses_writes_naming_the_leader(env):
     service.rollouts.tick()
     r = client.post("/v1/models", content=_new_version(doc, rollout={}), headers=_auth(OPERATOR_TOKEN))
     assert r.status_code == 503 and "not the leader" in r.json()["error"]
+
+
+def test_the_cli_steers_a_rollout_through_the_api(env, tmp_path):
+    """`sie rollout pause|status|abort` and `sie get rollouts` against a served control API."""
+    from click.testing import CliRunner
+
+    from sie.cli import cli
+    from sie.streams.control.api import ApiServer
+
+    client, service, _p, _a, _l, doc = env
+    r = client.post("/v1/models", content=_new_version(doc, rollout={"steps": [50, 100], "intervalSeconds": 1}),
+                    headers=_auth(OPERATOR_TOKEN))
+    assert r.status_code == 202
+    service.rollouts.tick()
+    service.rollouts.tick()  # Canary(step 1/2, 50%)
+    server = ApiServer(create_app(service, TokenStore(service.settings), (), Audit()), "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{server.port}"
+    runner = CliRunner()
+    env_vars = {"SIE_API_TOKEN": OPERATOR_TOKEN, "SIE_CONTROL_URL": url}
+    try:
+        out = runner.invoke(cli, ["rollout", "pause", "m"], env=env_vars)
+        assert out.exit_code == 0, out.output
+        assert "m: Paused[Canary(step 1/2, 50%)] (canary 50%, epoch 1)" in out.output
+        out = runner.invoke(cli, ["get", "rollouts"], env={**env_vars, "SIE_API_TOKEN": VIEWER_TOKEN})
+        assert out.exit_code == 0 and "1.0.0" in out.output and "Paused[Canary(step 1/2, 50%)]" in out.output
+        out = runner.invoke(cli, ["rollout", "status", "m"], env=env_vars)
+        assert out.exit_code == 0 and "Surging -> Canary" in out.output and "paused by operator" in out.output
+        out = runner.invoke(cli, ["rollout", "abort", "m"], env={**env_vars, "SIE_API_TOKEN": VIEWER_TOKEN})
+        assert out.exit_code != 0 and "needs role operator" in str(out.exception)
+        out = runner.invoke(cli, ["rollout", "abort", "m"], env=env_vars)
+        assert out.exit_code == 0 and "RollingBack" in out.output
+    finally:
+        server.stop()
