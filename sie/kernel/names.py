@@ -118,6 +118,10 @@ class Names:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
         return f"{self.prefix}.reader.{purpose}.{unique}"
 
+    def reader_group_prefix(self, purpose: str | None = None) -> str:
+        """What every reader group (or those of one purpose) starts with: PREFIXED ACLs."""
+        return f"{self.prefix}.reader." + (f"{purpose}." if purpose else "")
+
     # --- control plane and agents ---------------------------------------------------------------------
     @property
     def control_group(self) -> str:
