@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import orjson
 import pytest
@@ -184,3 +185,136 @@ def test_a_canary_that_dead_letters_rolls_back_exactly_once(cluster):
     last = rollout.epoch
     assert all(orjson.loads(m.value())["version"] == "1.0.0" for m in results
                if int(dict(m.headers() or []).get(EPOCH_HEADER, b"0")) == last)
+
+
+# --- a leader SIGKILLed mid-rollout: the new leader resumes from the rollouts topic ------------------------
+
+def _http(port: int, method: str, path: str, body: str | None = None, token: str = "") -> tuple[int, Any]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body.encode() if body else None,
+                                 method=method, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except (OSError, ValueError):
+        return 0, None
+
+
+def _spawn_control(settings, instance: str, port: int):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+    from tests.scorer_fixtures import ALLOWED_MODULES
+
+    env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": settings.topic_prefix,
+           "SIE_API_TOKENS": json.dumps([e.model_dump() for e in settings.api_tokens]),
+           "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES)}
+    return subprocess.Popen([sys.executable, "-m", "sie", "control", "--http-port", str(port), "--http-host",
+                             "127.0.0.1", "--instance", instance, "--no-ensure-topics"],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _epoch_weights(events: list[dict]) -> dict[int, int]:
+    """epoch -> canary weight, rebuilt from the timeline (the epoch is bumped on every weight change)."""
+    weights, epoch, weight = {0: 0}, 0, 0
+    for e in events:
+        if e["weight_bp"] != weight:
+            epoch, weight = epoch + 1, e["weight_bp"]
+            weights[epoch] = weight
+    return weights
+
+
+def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka_settings):
+    import signal
+    import socket
+
+    import yaml
+
+    from sie.schemas.spec import parse_spec
+    from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, leader_takeover_bound_s, with_api_tokens
+    from tests.scorer_fixtures import echo_spec_doc
+
+    settings = with_api_tokens(kafka_settings.with_overrides(topic_prefix=f"rk{uuid.uuid4().hex[:8]}"))
+    ensure_topics(settings, system_topics(settings.topic_prefix))
+    name = f"rk-{uuid.uuid4().hex[:8]}"
+    doc = echo_spec_doc(name)
+    stable = parse_spec(doc, topic_prefix=settings.topic_prefix)
+    canary_doc = {**doc, "spec": {**doc["spec"], "model": {"name": name, "version": "1.1.0"},
+                                  "rollout": {"steps": [10, 50, 100], "intervalSeconds": 4,
+                                              "gates": ROLLOUT["gates"]}}}
+    topics_for(settings, stable, partitions=4)
+    ports = {}
+    for instance in ("cp-a", "cp-b"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports[instance] = s.getsockname()[1]
+    procs = {n: _spawn_control(settings, n, p) for n, p in ports.items()}
+    stop, ready = threading.Event(), threading.Event()
+    config = ScorerConfig(settings=settings, spec=stable, instance="rk-0", max_wait_ms=10, session_timeout_ms=6000)
+    thread = threading.Thread(target=run_rollout_scorer, args=(config, load_echo_backend, stop),
+                              kwargs={"on_ready": lambda _s: ready.set()}, daemon=True)
+    load = None
+
+    def role(port):
+        status, body = _http(port, "GET", "/healthz", token=VIEWER_TOKEN)
+        return body.get("role") if isinstance(body, dict) else None
+
+    def rollout_at(port):
+        status, body = _http(port, "GET", f"/v1/rollouts/{name}", token=VIEWER_TOKEN)
+        return body if status == 200 else None
+
+    try:
+        roles = wait_until(lambda: (r := {n: role(p) for n, p in ports.items()}) and "leader" in r.values()
+                           and None not in r.values() and r, 60, message="both control planes up, one leading")
+        leader = next(n for n, r in roles.items() if r == "leader")
+        standby = next(n for n in ports if n != leader)
+        assert _http(ports[leader], "POST", "/v1/models", yaml.safe_dump(doc), OPERATOR_TOKEN)[0] == 202
+        wait_until(lambda: _http(ports[leader], "GET", f"/v1/models/{name}", token=VIEWER_TOKEN)[0] == 200, 30,
+                   message="the leader sees 1.0.0")
+        thread.start()
+        wait_until(ready.is_set, 30, message="scorer ready")
+        load = Load(settings, stable.topics.requests)
+        status, body = _http(ports[leader], "POST", "/v1/models", yaml.safe_dump(canary_doc), OPERATOR_TOKEN)
+        assert status == 202 and body["rollout"] == "Pending", body
+        wait_until(lambda: (r := rollout_at(ports[leader])) and r["phase"] == "Canary", 30,
+                   message="rollout in Canary on the first leader")
+        procs[leader].send_signal(signal.SIGKILL)
+        procs[leader].wait(10)
+        wait_until(lambda: role(ports[standby]) == "leader", 2 * leader_takeover_bound_s(), message="takeover")
+        final = wait_until(lambda: (r := rollout_at(ports[standby])) and r["phase"] in ("Complete", "RolledBack")
+                           and r, 90, message=lambda: f"the new leader finishes the rollout ({rollout_at(ports[standby])})")
+        ids = load.stop()
+        load = None
+        results, dead = prove_exactly_once(settings, stable, ids, timeout=60)
+    finally:
+        if load is not None:
+            load.stop()
+        stop.set()
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(15)
+            except Exception:
+                p.kill()
+        thread.join(30)
+    assert final["phase"] == "Complete", final["events"]
+    # one timeline across both leaders: every step once, in order
+    assert [e["weight_bp"] for e in final["events"] if e["to"] == "Canary"] == [1000, 5000, 10000]
+    weights = _epoch_weights(final["events"])
+    for m in [*results, *dead]:
+        epoch = int(dict(m.headers() or []).get(EPOCH_HEADER, b"0"))
+        version = orjson.loads(m.value())["version"]
+        expected = weighted_table(("1.0.0", None), ("1.1.0", None), weights[epoch]).route(
+            m.key(), str(orjson.loads(m.value())["id"])).version
+        assert version == expected
+    print(f"leader SIGKILL mid-rollout: resumed, {final['label']}; {len(results)} answers")
