@@ -53,7 +53,8 @@ class Rollouts:
     """The control service's rollouts (``service.rollouts``)."""
 
     def __init__(self, settings: Any, leadership: Any, publisher: Any, clock: Callable[[], float] = time.time,
-                 windows: Any = None, reader: Callable[[Any], list[dict[str, Any]]] = read_rollouts) -> None:
+                 windows: Any = None, reader: Callable[[Any], list[dict[str, Any]]] = read_rollouts,
+                 registry: Any = None) -> None:
         from sie.schemas.spec import ModelService
 
         self._settings = settings
@@ -70,6 +71,7 @@ class Rollouts:
         self._standby: list[Entry] = []
         self._standby_at = float("-inf")
         self._mono = time.monotonic
+        self._metrics = RolloutMetrics(registry) if registry is not None else None
 
     # --- the leader's loop ---------------------------------------------------------------------
     def tick(self) -> int:
@@ -90,6 +92,8 @@ class Rollouts:
                     if entry.rollout.terminal and hasattr(self._windows, "close"):
                         self._windows.close(model)
                 self.last_error = None
+                if self._metrics is not None:
+                    self._metrics.export(self.driver.entries.values())
                 return changed
             except Exception as exc:  # a failed pass is retried next tick; the reconcile loop goes on
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -133,12 +137,39 @@ class Rollouts:
         try:
             self._standby = [Entry.from_record(r) for r in self._reader(self._settings)]
             self.last_error = None
+            if self._metrics is not None:
+                self._metrics.export(self._standby)
         except Exception as exc:  # the view stays as it was; /healthz shows why
             self.last_error = f"reading the rollouts topic: {type(exc).__name__}: {exc}"
 
     def _require_leader(self) -> None:
         if not self._leadership.is_leader or not self._loaded:
             raise NotLeader("this control plane is not the leader (or has not resumed the rollouts yet)")
+
+
+class RolloutMetrics:
+    """Per model: the rollout's phase (1 for the current one, 0 for the others), canary weight and epoch."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Gauge
+
+        from sie.streams.control.rollout import Phase
+
+        self._phases = [str(p) for p in Phase]
+        self.phase = Gauge("sie_rollout_phase", "1 for the rollout's current phase, 0 for the others",
+                           ["model_id", "phase"], registry=registry)
+        self.weight = Gauge("sie_rollout_canary_weight_ratio", "Share of requests on the new version (0..1)",
+                            ["model_id"], registry=registry)
+        self.epoch = Gauge("sie_rollout_weight_epoch", "Weight epoch the scorers apply", ["model_id"],
+                           registry=registry)
+
+    def export(self, entries: Any) -> None:
+        for entry in entries:
+            r = entry.rollout
+            for phase in self._phases:
+                self.phase.labels(r.model, phase).set(1 if phase == str(r.phase) else 0)
+            self.weight.labels(r.model).set(r.weight_bp / 10_000)
+            self.epoch.labels(r.model).set(r.epoch)
 
 
 def describe(entry: Entry) -> dict[str, Any]:

@@ -176,7 +176,8 @@ class ControlService:
         from sie.streams.control.rollout_service import Rollouts
 
         #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API
-        self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock)
+        self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
+                                 registry=self.metrics.registry)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None

@@ -47,7 +47,10 @@ def env(tmp_path: Path):
     service = ControlService(settings, http_port=None)
     published = Published()
     leadership = Leader()
-    service.rollouts = Rollouts(settings, leadership, published, reader=lambda _s: [])
+    from prometheus_client import CollectorRegistry
+
+    service.registry = CollectorRegistry()
+    service.rollouts = Rollouts(settings, leadership, published, reader=lambda _s: [], registry=service.registry)
     service.rollouts.tick()  # becomes leader: resumes (nothing stored) and drives
     doc = echo_spec_doc("m")
     from sie.schemas.spec import parse_spec
@@ -98,6 +101,10 @@ def test_applying_a_new_version_with_a_rollout_block_starts_a_rollout(env):
     r = client.post("/v1/models", content=_new_version(doc, "1.2.0"), headers=_auth(OPERATOR_TOKEN))
     assert r.status_code == 409 and "rollout is in progress" in r.json()["error"]
     service.rollouts.tick()  # Canary(step 1)
+    registry = service.registry
+    assert registry.get_sample_value("sie_rollout_canary_weight_ratio", {"model_id": "m"}) == 0.5
+    assert registry.get_sample_value("sie_rollout_phase", {"model_id": "m", "phase": "Canary"}) == 1
+    assert registry.get_sample_value("sie_rollout_phase", {"model_id": "m", "phase": "Surging"}) == 0
     r = client.post("/v1/rollouts/m/pause", headers=_auth(OPERATOR_TOKEN))
     assert r.status_code == 200 and r.json()["label"].startswith("Paused[Canary(step 1/2, 50%)")
     r = client.post("/v1/rollouts/m/pause", headers=_auth(OPERATOR_TOKEN))
