@@ -35,6 +35,7 @@ log = logging.getLogger("sie.scorer.rollout")
 EPOCH_HEADER = "sie.routing.epoch"
 #: rollout phases after which the canary version is no longer served in-process
 _ROLLED_BACK = frozenset({"RolledBack", "Failed"})
+_TERMINAL = frozenset({"Complete", *_ROLLED_BACK})
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,15 @@ class RolloutScorer(Scorer):
         if record is None or record.get("model") != self.config.spec.name:
             return
         ws = WeightSet.from_record(record)
+        own = self.config.spec.version
+        if ws.phase in _TERMINAL and own not in (ws.stable_version, ws.canary_version):
+            # a finished rollout between two other versions (this replica runs a version applied since): its
+            # own version answers everything, and nothing of the old record is stamped on its answers
+            if self._applied is not None:
+                self._backends = {own: self._backends[own]}
+                self.set_routing(RoutingTable.single(own, self._backends[own]))
+                self._applied, self.epoch = None, 0
+            return
         key = (ws.epoch, ws.phase, ws.stable_version, ws.canary_version, ws.canary_bp)
         if key == self._applied:
             return

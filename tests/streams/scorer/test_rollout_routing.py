@@ -154,3 +154,20 @@ def test_weight_set_rejects_a_weight_out_of_range():
     spec = echo_spec()
     with pytest.raises(ValueError, match="weight_bp must be in"):
         WeightSet.from_record(record(spec, spec.to_document(), "Canary", BUCKETS + 1, 1))
+
+
+def test_a_finished_rollout_between_other_versions_is_ignored():
+    """A replica of a version applied after the rollout (no rollout block) serves its own version only."""
+    from sie.streams.scorer.rollout import RolloutScorer
+
+    spec = echo_spec()
+    own = spec.model_copy(update={"version": "1.2.0"})
+    source = Source()
+    loaded: list[str] = []
+    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=own, instance="t-1"),
+                           RoutingTable.single("1.2.0", Backend("1.2.0", 2.0)), weights=source,
+                           backend_factory=lambda s: loaded.append(s.version) or Backend(s.version, 3.0))
+    source.record = record(spec, {**spec.to_document(), "version": "1.1.0"}, "Complete", BUCKETS, 3)
+    prepared = scorer.prepare(batch(spec, 20))
+    assert {orjson.loads(o.value)["version"] for o in prepared.outputs} == {"1.2.0"}
+    assert loaded == [] and all(not o.headers for o in prepared.outputs)
