@@ -8,6 +8,7 @@ without torch's start-up cost.  ``x == -1`` makes it raise: a poison *row*
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,12 @@ def echo_canary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if int(row["x"]) % 20 == 3:
             raise ValueError("canary cannot score this row")
+    return echo(rows)
+
+
+def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``echo`` that takes 60 ms more per batch: the rollout tests' slow canary."""
+    time.sleep(0.06)  # the model's own compute time, not synchronisation
     return echo(rows)
 
 
@@ -119,7 +126,6 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -100,10 +100,10 @@ def cluster(kafka_settings):
     return settings
 
 
-def run_rollout(settings, canary_callable: str):
+def run_rollout(settings, canary_callable: str, rollout: dict | None = None):
     name = f"ro-{uuid.uuid4().hex[:8]}"
     stable = echo_version_spec(name, "1.0.0")
-    canary = echo_version_spec(name, "1.1.0", canary_callable, ROLLOUT)
+    canary = echo_version_spec(name, "1.1.0", canary_callable, rollout or ROLLOUT)
     topics_for(settings, stable, partitions=4)
     stop, ready = threading.Event(), threading.Event()
     config = ScorerConfig(settings=settings, spec=stable, instance="ro-0", max_wait_ms=10, session_timeout_ms=6000)
@@ -185,6 +185,16 @@ def test_a_canary_that_dead_letters_rolls_back_exactly_once(cluster):
     last = rollout.epoch
     assert all(orjson.loads(m.value())["version"] == "1.0.0" for m in results
                if int(dict(m.headers() or []).get(EPOCH_HEADER, b"0")) == last)
+
+
+def test_a_slower_canary_rolls_back_on_the_relative_p99_gate(cluster):
+    """The canary takes 60 ms more per batch; both versions' rows share each batch's queue time, so its p99 is
+    stable's + 60 ms, and the gate (ratio 1.0 + 20 ms) fails it whatever the machine's load."""
+    gates = {"minSamples": 50, "p99MaxMs": 10_000, "p99MaxRatio": 1.0, "p99SlackMs": 20}
+    rollout, _elapsed, by_version, results, dead = run_rollout(cluster, "echo_slow", {**ROLLOUT, "gates": gates})
+    assert rollout.phase is Phase.ROLLED_BACK, rollout.events
+    reason = next(e.reason for e in rollout.events if e.target is Phase.ROLLING_BACK)
+    assert "p99" in reason and not dead
 
 
 # --- a leader SIGKILLed mid-rollout: the new leader resumes from the rollouts topic ------------------------
