@@ -100,28 +100,32 @@ def cluster(kafka_settings):
     return settings
 
 
-def run_rollout(settings, canary_callable: str, rollout: dict | None = None):
+def run_rollout(settings, canary_callable: str, rollout: dict | None = None, replicas: int = 1):
     name = f"ro-{uuid.uuid4().hex[:8]}"
     stable = echo_version_spec(name, "1.0.0")
     canary = echo_version_spec(name, "1.1.0", canary_callable, rollout or ROLLOUT)
     topics_for(settings, stable, partitions=4)
-    stop, ready = threading.Event(), threading.Event()
-    config = ScorerConfig(settings=settings, spec=stable, instance="ro-0", max_wait_ms=10, session_timeout_ms=6000)
+    stop = threading.Event()
+    ready = [threading.Event() for _ in range(replicas)]
     errors: list[BaseException] = []
+    summaries: list = []
 
-    def serve():
+    def serve(i: int):
+        config = ScorerConfig(settings=settings, spec=stable, instance=f"ro-{i}", max_wait_ms=10,
+                              session_timeout_ms=6000)
         try:
-            run_rollout_scorer(config, load_echo_backend, stop, on_ready=lambda _s: ready.set())
+            summaries.append(run_rollout_scorer(config, load_echo_backend, stop, on_ready=lambda _s: ready[i].set()))
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=serve, args=(i,), daemon=True) for i in range(replicas)]
+    for t in threads:
+        t.start()
     publisher = Publisher(settings)
     windows = KafkaVersionWindows(settings, stable)
     load = None
     try:
-        wait_until(ready.is_set, 30, message="scorer ready")
+        wait_until(lambda: all(r.is_set() for r in ready), 30, message="scorers ready")
         load = Load(settings, stable.topics.requests)
         driver = RolloutDriver(windows)
         entry, records = driver.begin(stable, canary)
@@ -147,7 +151,8 @@ def run_rollout(settings, canary_callable: str, rollout: dict | None = None):
         if load is not None:
             load.stop()
         stop.set()
-        thread.join(30)
+        for t in threads:
+            t.join(30)
         windows.close()
         publisher.close()
     assert not errors, errors
@@ -164,6 +169,7 @@ def run_rollout(settings, canary_callable: str, rollout: dict | None = None):
         by_version[version] = by_version.get(version, 0) + 1
     print(f"{canary_callable}: {rollout.label} in {elapsed:.1f} s; answers {by_version}, {len(dead)} dead letters; "
           f"epochs {publisher.weights}")  # shown with -s: the numbers behind the report
+    assert len(summaries) == replicas and all(x.records_in > 0 for x in summaries), summaries  # each one scored
     return rollout, elapsed, by_version, results, dead
 
 
@@ -173,6 +179,12 @@ def test_a_rollout_completes_under_load_exactly_once_and_key_sticky(cluster):
     assert [e.weight_bp for e in rollout.events if e.target is Phase.CANARY] == [1000, 5000, 10000]
     assert set(by_version) == {"1.0.0", "1.1.0"} and not dead
     assert elapsed < 30, f"3 steps of 2 s took {elapsed:.1f} s"
+
+
+def test_two_scorer_replicas_apply_the_same_weights(cluster):
+    """Each replica picks the weights up on its own, at its own batch boundaries: the proof holds across both."""
+    rollout, _elapsed, by_version, results, dead = run_rollout(cluster, "echo", replicas=2)
+    assert rollout.phase is Phase.COMPLETE and set(by_version) == {"1.0.0", "1.1.0"} and not dead
 
 
 def test_a_canary_that_dead_letters_rolls_back_exactly_once(cluster):
