@@ -45,6 +45,8 @@ RECORDS = (
     "ControlEvent",
     "LeaderEpoch",
     "ModelStatus",
+    "ArtifactManifest",
+    "ConnectorRecord",
     "Rollout",
 )
 

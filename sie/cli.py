@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "sie.commands.agent",
     "sie.commands.produce",
     "sie.commands.cdc",
+    "sie.commands.connector",
     "sie.commands.backfill",
     "sie.commands.control",
     "sie.commands.token",

@@ -36,29 +36,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from sie.schemas.worker_status import StatusWriter
+
+__all__ = ["CountingBackend", "StatusWriter", "main", "run_worker"]
 
 log = logging.getLogger("sie.worker")
-
-
-class StatusWriter:
-    """Writes status lines to the agent (or nowhere, when run by hand without --status-fd)."""
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self._stream is None:
-            log.info("status %s %s", event, fields)
-            return
-        line = json.dumps({"event": event, **fields}, default=str)
-        with self._lock:
-            try:
-                self._stream.write(line + "\n")
-                self._stream.flush()
-            except (BrokenPipeError, OSError):
-                pass  # the agent is gone; PDEATHSIG will end us
 
 
 class CountingBackend:
@@ -156,6 +140,13 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     # (the agent did too; a worker started by hand with a spec file gets the same check).
     policy = SpecPolicy.from_settings(settings)
     policy.enforce(spec, source=f"replica {args.replica_id}")
+    if spec.backend.modules_path is not None:  # the agent checked the archive too; a worker run by hand did not
+        from sie.schemas.module_bundle import check_bundle
+        from sie.schemas.spec_parse import InvalidSpec
+
+        problems = check_bundle(spec.backend.modules_path, policy.allowed_modules)
+        if problems:
+            raise InvalidSpec(f"replica {args.replica_id}", problems)
     status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
     backend = create_backend(_backend_config(spec, args, policy))
     try:

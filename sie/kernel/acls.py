@@ -8,12 +8,14 @@ scorer     read its model's request topic, write its results and dead letters (d
            ``ensure_model_topics`` checks them), its consumer group, Write on its transactional ids
            (PREFIXED ``<p>.scorer.<model>.``: one per replica); read ``rollouts`` (version weights).  No cluster IdempotentWrite: Write on a
            topic implies it since Kafka 2.8 (KIP-679), and the scorer's producer is transactional.
-agent      read ``assignments``; write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.
-           Its workers are scorers: give them the scorer principal (``SIE_WORKER_SASL_USERNAME``).
+agent      read ``assignments``, ``artifacts`` and ``artifact-chunks`` (it fetches what its replicas need);
+           write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.  Its workers are
+           scorers (and CDC stages for connectors): give them that principal (``SIE_WORKER_SASL_USERNAME``).
 control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``/
-           ``rollouts`` (transactionally, txn id ``<p>.control``) and ``specs`` (the API's writes); its election
-           and state-reader groups; describe the system topics' configs (``sie control`` checks them); read
-           the model topics (rollout gates judge what each version answered).
+           ``rollouts`` (transactionally, txn id ``<p>.control``) and ``specs``, ``connectors``, ``artifacts``,
+           ``artifact-chunks`` (the API's writes); its election and state-reader groups; describe the system
+           topics' configs (``sie control`` checks them); read the model topics (rollout gates judge what
+           each version answered).
 cdc        read the connector's source topics and its group, write the target request topics and the
            connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
 backfill   read the model's request topic, write the backfill results and their dead letters, read and
@@ -44,9 +46,11 @@ RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
 #: the control topics the control plane replays into its state (``sie.streams.control.state``)
 CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events",
-                 "model-status", "rollouts")
-#: the control topics the control plane writes (the leader transactionally; the API specs and audit events)
-CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs", "rollouts")
+                 "model-status", "connectors", "artifacts", "artifact-chunks", "rollouts")
+#: the control topics the control plane writes (the leader transactionally; the API specs, connectors,
+#: uploaded artifacts and audit events)
+CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs", "connectors", "artifacts",
+                  "artifact-chunks", "rollouts")
 
 
 @dataclass(frozen=True, order=True)
@@ -135,6 +139,8 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
               PREFIXED)
     elif role == "agent":
         r.add("topic", system("assignments"), ["read"], "this node's replicas")
+        for suffix in ("artifacts", "artifact-chunks"):
+            r.add("topic", system(suffix), ["read"], "artifacts its replicas need (fetched, verified by sha256)")
         for suffix in ("nodes", "heartbeats", "replica-status"):
             r.add("topic", system(suffix), ["write"], "registration, heartbeats, replica states")
         if nodes:

@@ -164,6 +164,11 @@ class ControlService:
 
         #: the node's spec rules: POST /v1/models and the state's view of the specs topic apply the same
         self.spec_policy = SpecPolicy.from_settings(settings)
+        from sie.schemas.artifact_store import ArtifactStore, KnownArtifacts
+
+        self.clients = clients or KafkaClients()
+        #: artifacts on the cluster, for the API (uploads, and the check that a spec's artifact is there)
+        self.artifacts = KnownArtifacts(ArtifactStore(settings, clients=self.clients))
         self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
         self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients,
