@@ -47,6 +47,7 @@ RECORDS = (
     "ModelStatus",
     "ArtifactManifest",
     "ConnectorRecord",
+    "Rollout",
 )
 
 

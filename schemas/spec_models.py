@@ -188,6 +188,8 @@ class ModelService(_Frozen):
     kafka_input: KafkaInput | None = None
     example_input: dict[str, Any] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    #: the ``rollout`` block as written (validated at parse time: ``sie.schemas.rollout_policy``); None = defaults
+    rollout: dict[str, Any] | None = None
     description: str | None = None
     source: str | None = None
     warnings: tuple[str, ...] = ()

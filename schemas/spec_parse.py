@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sie.kernel.errors import SpecError
+from sie.kernel.errors import ConfigError, SpecError
 from sie.kernel.names import ModelTopics, Names
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
@@ -728,6 +728,25 @@ def _common_sections(issues: _Issues, sec: _Section, d: dict[str, Any], paths: d
     p, v = sec.take("labels")
     if v is not _MISSING:
         d["labels"] = _str_map(issues, p, v)
+    p, v = sec.take("rollout")
+    if v is not _MISSING and v is not None:
+        _read_rollout(issues, p, v, d)
+
+
+def _read_rollout(issues: _Issues, path: str, value: Any, d: dict[str, Any]) -> None:
+    """The rollout policy, checked now (``spec.rollout.steps: ...``), kept as written."""
+    from sie.schemas.rollout_policy import Policy
+
+    if not isinstance(value, dict):
+        issues.error(path, "must be a mapping (steps, intervalSeconds, surgeTimeoutSeconds, gates)", value)
+        return
+    try:
+        Policy.from_document(value)
+    except ConfigError as exc:
+        sub, _sep, reason = str(exc).removeprefix("rollout").partition(": ")
+        issues.error(path + sub, reason)
+        return
+    d["rollout"] = value
 
 
 def _read_flat(issues: _Issues, doc: dict, base_dir: Path | None) -> tuple[dict[str, Any], dict[str, str]]:

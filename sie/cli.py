@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "sie.commands.kafka",
     "sie.commands.topics",
     "sie.commands.spec",
+    "sie.commands.rollout",
     "sie.commands.score",
     "sie.commands.predict",
     "sie.commands.agent",

@@ -155,7 +155,8 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
     from sie.schemas.spec_policy import SpecPolicy
-    from sie.streams.scorer import ScorerConfig, run_scorer
+    from sie.streams.scorer import ScorerConfig
+    from sie.streams.scorer.rollout import run_rollout_scorer
     from sie.workers.backends import create_backend
     from sie.workers.readiness import readiness_inference
 
@@ -225,7 +226,18 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port,
                               static_membership=True)
         try:
-            summary = run_scorer(config, lambda *_a, **_k: counter, stop_event, on_ready=on_ready)
+            def load_version(model_spec: Any) -> Any:
+                """Own version: the loaded backend; the other version of a rollout (issue 11): checked against
+                this node's policy, loaded and proven by a real inference before it gets any traffic."""
+                if model_spec.version == spec.version:
+                    return counter
+                policy.enforce(model_spec, source=f"replica {args.replica_id} rollout to {model_spec.version}")
+                other = create_backend(_backend_config(model_spec, args, policy))
+                other.load()
+                readiness_inference(other, model_spec)
+                return other
+
+            summary = run_rollout_scorer(config, load_version, stop_event, on_ready=on_ready)
         finally:
             progress_stop.set()
         log.info("scorer stopped: %s", summary.line() if hasattr(summary, "line") else summary)

@@ -6,17 +6,18 @@ authenticates).  What each role does on Kafka, and so what it is allowed:
 =========  ===============================================================================================
 scorer     read its model's request topic, write its results and dead letters (describe their configs:
            ``ensure_model_topics`` checks them), its consumer group, Write on its transactional ids
-           (PREFIXED ``<p>.scorer.<model>.``: one per replica).  No cluster IdempotentWrite: Write on a
+           (PREFIXED ``<p>.scorer.<model>.``: one per replica); read ``rollouts`` (version weights).  No cluster IdempotentWrite: Write on a
            topic implies it since Kafka 2.8 (KIP-679), and the scorer's producer is transactional.
 agent      read ``assignments``, ``artifacts`` and ``artifact-chunks`` (it fetches what its replicas need);
            write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.  Its workers are
            scorers (and CDC stages for connectors): give them that principal (``SIE_WORKER_SASL_USERNAME``).
-control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``
-           (transactionally, txn id ``<p>.control``) and ``specs``, ``connectors``, ``artifacts``,
+control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``/
+           ``rollouts`` (transactionally, txn id ``<p>.control``) and ``specs``, ``connectors``, ``artifacts``,
            ``artifact-chunks`` (the API's writes); its election and state-reader groups; describe the system
-           topics' configs (``sie control`` checks them); describe the scorer groups and the model topics
-           (the autoscaler reads each model's lag: committed offsets and topic ends; a spec with its own
-           topics or group needs those too).
+           topics' configs (``sie control`` checks them); read the model topics (rollout gates judge what
+           each version answered; the autoscaler reads each request topic's end); describe the scorer
+           groups (the autoscaler reads each model's committed offsets; a spec with its own topics or
+           group needs those too).
 cdc        read the connector's source topics and its group, write the target request topics and the
            connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
 backfill   read the model's request topic, write the backfill results and their dead letters, read and
@@ -47,11 +48,11 @@ RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
 #: the control topics the control plane replays into its state (``sie.streams.control.state``)
 CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events",
-                 "model-status", "connectors", "artifacts", "artifact-chunks")
+                 "model-status", "connectors", "artifacts", "artifact-chunks", "rollouts")
 #: the control topics the control plane writes (the leader transactionally; the API specs, connectors,
 #: uploaded artifacts and audit events)
 CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs", "connectors", "artifacts",
-                  "artifact-chunks")
+                  "artifact-chunks", "rollouts")
 
 
 @dataclass(frozen=True, order=True)
@@ -135,6 +136,9 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
                   "every model's requests, results and dead letters", PREFIXED)
             r.add("group", names.scorer_prefix, ["read"], "every scorer group", PREFIXED)
             r.add("transactional_id", names.scorer_prefix, ["write"], "every scorer replica", PREFIXED)
+        r.add("topic", system("rollouts"), ["read"], "version weights of its model's rollout")
+        r.add("group", names.reader_group_prefix("rollout-weights"), ["read"], "rollouts reader (never joined)",
+              PREFIXED)
     elif role == "agent":
         r.add("topic", system("assignments"), ["read"], "this node's replicas")
         for suffix in ("artifacts", "artifact-chunks"):
@@ -154,7 +158,9 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         r.add("group", names.control_state_group, ["read"], "state reader (never joined)")
         r.add("transactional_id", names.control_transactional_id, ["write"], "the leader's fenced writer")
         r.add("group", names.scorer_prefix, ["describe"], "autoscaler: each scorer group's committed offsets", PREFIXED)
-        r.add("topic", names.model_topic_prefix, ["describe"], "autoscaler: the request topics' ends", PREFIXED)
+        r.add("topic", names.model_topic_prefix, ["read"],
+              "rollout gates: what each version answered; autoscaler: the request topics' ends", PREFIXED)
+        r.add("group", names.reader_group_prefix(), ["read"], "rollouts and gate readers (never joined)", PREFIXED)
     elif role == "cdc":
         if connector is None or not source_topics or not models:
             raise ConfigError("role cdc: pass --connector NAME, --source-topic TOPIC (repeatable) and the target "

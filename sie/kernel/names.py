@@ -40,7 +40,8 @@ def check_instance(instance: str, what: str = "instance") -> str:
 
 #: system topic suffixes (the catalogue with partitions and policies is sie.kernel.topics)
 SYSTEM_TOPICS = ("specs", "nodes", "heartbeats", "assignments", "replica-status", "events", "control-leader",
-                 "model-status", "backfill-plans", "artifacts", "artifact-chunks", "connectors")
+                 "model-status", "backfill-plans", "artifacts", "artifact-chunks", "connectors",
+                 "rollouts")
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,10 @@ class Names:
     def reader_group(self, purpose: str, unique: str) -> str:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
         return f"{self.prefix}.reader.{purpose}.{unique}"
+
+    def reader_group_prefix(self, purpose: str | None = None) -> str:
+        """What every reader group (or those of one purpose) starts with: PREFIXED ACLs."""
+        return f"{self.prefix}.reader." + (f"{purpose}." if purpose else "")
 
     # --- control plane and agents ---------------------------------------------------------------------
     @property

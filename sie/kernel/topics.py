@@ -50,6 +50,7 @@ _SYSTEM = [
     ("artifacts", 1, True, "artifact manifests (size, chunks, where they are), key = sha256:<hex>", {}),
     ("artifact-chunks", 3, True, "artifact bytes in chunks, key = sha256:<hex>/<index>", {}),
     ("connectors", 1, True, "CDC connectors applied through the control plane (spec, paused), key = name", {}),
+    ("rollouts", 1, True, "each model's rollout (phase, version weights + epoch, timeline), key = model", {}),
 ]
 
 

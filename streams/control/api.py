@@ -20,6 +20,10 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
   GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
   GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
+  GET    /v1/rollouts          every model's rollout: phase, step, weight, epoch, timeline      viewer
+  GET    /v1/rollouts/{name}   one model's rollout, 404 none                                  viewer
+  POST   /v1/rollouts/{name}/{pause|resume|promote|abort}  steer it (200), 409 not allowed   operator
+                               in its phase, 503 on a standby (the leader drives rollouts)
   GET    /healthz              role (leader/standby), epoch, whether the state has caught up   viewer*
   GET    /metrics              Prometheus text format                                          viewer*
   GET    /status               the status page (static HTML + JS; it calls the routes above    none
@@ -338,6 +342,28 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         audit.record(principal, "delete", name, "accepted", _client(request))
         return JSONResponse(body, status_code=202)
 
+    @app.get("/v1/rollouts", summary="Every model's rollout: phase, step, canary weight, epoch, timeline")
+    def rollouts(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        return {"rollouts": service.rollouts.list()}
+
+    @app.get("/v1/rollouts/{name}", summary="One model's rollout")
+    def rollout(name: str, _: Principal = Depends(viewer)) -> dict[str, Any]:
+        found = [r for r in service.rollouts.list() if r["model"] == name]
+        if not found:
+            raise ApiError(404, f"model {name!r} has no rollout")
+        return found[0]
+
+    @app.post("/v1/rollouts/{name}/{action}", summary="pause, resume, promote or abort a model's rollout")
+    async def rollout_action(name: str, action: str, request: Request,
+                             principal: Principal = Depends(operator)) -> dict[str, Any]:
+        try:
+            body = await run_in_threadpool(_rollout_action, service, name, action, principal.name)
+        except ApiError as exc:
+            audit.record(principal, f"rollout {action}", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, f"rollout {action}", name, f"accepted: {body['label']}", _client(request))
+        return body
+
     _artifact_routes(app, service, operator, viewer, audit, _client)
     _connector_routes(app, service, operator, viewer, audit, _client)
     app.add_middleware(RequestGuard, max_body=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S,
@@ -529,6 +555,19 @@ def _connector_routes(app: Any, service: Any, operator: Any, viewer: Any, audit:
         return await _guarded(request, principal, "delete connector", name, remove)
 
 
+def _rollout_action(service: Any, name: str, action: str, who: str) -> dict[str, Any]:
+    from sie.streams.control.rollout import RolloutError
+    from sie.streams.control.rollout_service import NotLeader, describe
+
+    try:
+        return describe(service.rollouts.act(name, action, who))
+    except NotLeader as exc:
+        raise ApiError(503, f"{exc}; send it to the leader ({service.state.leader_instance or 'unknown'})") from None
+    except RolloutError as exc:
+        status = 404 if "no rollout" in str(exc) else 422 if "must be pause" in str(exc) else 409
+        raise ApiError(status, str(exc)) from None
+
+
 def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
     from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
     from sie.streams.control.placement import validate_tier_request
@@ -566,11 +605,31 @@ def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
         if ref is not None and ref.uri is None and service.artifacts.known(ref.sha256) is None]
     if missing:
         raise ApiError(422, missing[0]["reason"], missing)
+    if current is not None and current.version != spec.version:
+        if service.rollouts.active(spec.name):
+            raise ApiError(409, f"{spec.name}: a rollout is in progress; promote or abort it first "
+                                f"(sie rollout abort {spec.name})", [{"field": "spec.version", "reason": "in_progress"}])
+        if spec.rollout is not None:  # the spec asks for a rollout: the leader moves traffic step by step
+            return _start_rollout(service, current, spec)
     from sie.schemas.spec_store import publish_spec
 
     publish_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False)
     return 202, {"name": spec.name, "version": spec.version, "accepted": True,
                  "status": f"/v1/models/{spec.name}", "warnings": list(spec.warnings)}
+
+
+def _start_rollout(service: Any, current: Any, spec: Any) -> tuple[int, dict[str, Any]]:
+    from sie.streams.control.rollout_driver import RolloutRefused
+    from sie.streams.control.rollout_service import NotLeader
+
+    try:
+        entry = service.rollouts.begin(current, spec)
+    except NotLeader as exc:
+        raise ApiError(503, f"{exc}; send it to the leader ({service.state.leader_instance or 'unknown'})") from None
+    except RolloutRefused as exc:
+        raise ApiError(409, str(exc), [{"field": "spec.version", "reason": exc.kind}]) from None
+    return 202, {"name": spec.name, "version": spec.version, "accepted": True, "rollout": entry.rollout.label,
+                 "status": f"/v1/rollouts/{spec.name}", "warnings": list(spec.warnings)}
 
 
 def _delete_model(service: Any, name: str) -> dict[str, Any]:

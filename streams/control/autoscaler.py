@@ -16,8 +16,8 @@ The rules, in the order they are checked (each decision carries the numbers behi
 
 1. **Bounds.**  ``min_replicas .. max_replicas`` from the spec; a P0 model never goes below 1 (it is
    never scaled to zero, whatever its spec says).  ``min == max``: the count is fixed, nothing is measured.
-2. **Hold** without acting when a rollout of the model is in progress (``ModelInputs.rollout``: the hook the
-   rollout work sets; no scaling fights with it), when there is no backlog signal, or when the signal is
+2. **Hold** without acting when a rollout of the model is in progress (``ModelInputs.rollout``, from the
+   control plane's rollouts: no scaling fights with a rollout), when there is no backlog signal, or when the signal is
    older than ``signal_max_age_s`` (no component acts on a view it knows is stale).
 3. **Blocked.**  Replicas added by a scale-up that could not be placed (no node has room) are reported
    once and taken back: the count falls to what is placed and no scale-up is tried again for

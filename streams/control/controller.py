@@ -224,7 +224,8 @@ class SignalSource(Protocol):
 
 class RolloutView(Protocol):
     """The rollout hook: why a rollout of ``model`` holds its autoscaling right now (None: no rollout in
-    progress).  Nothing sets it yet; the rollout work will, so scaling never fights a rollout."""
+    progress), so scaling never fights a rollout.  ``sie control`` passes its ``Rollouts``
+    (``rollout_service.Rollouts.in_progress``)."""
 
     def in_progress(self, model: str) -> str | None: ...
 

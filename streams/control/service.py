@@ -221,8 +221,15 @@ class ControlService:
         self.sampler = BacklogSampler(settings, self._autoscaled_models, clock=clock,
                                       interval_s=config.backlog_interval_s, clients=clients,
                                       rate_window_s=config.backlog_window_s)
+        from sie.streams.control.rollout_service import Rollouts
+
+        #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API;
+        #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
+        self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
+                                 registry=self.metrics.registry)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
-                                     self.elector, config, self.metrics, view=self.feeder, signals=self.sampler)
+                                     self.elector, config, self.metrics, view=self.feeder, signals=self.sampler,
+                                     rollouts=self.rollouts)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None
@@ -299,6 +306,7 @@ class ControlService:
         whatever still escapes it ends this run, and the supervisor restarts the loop with backoff."""
         while not self._stop.is_set():
             self.controller.reconcile(self.clock())
+            self.rollouts.tick()
             self._observe_threads()
             self._wake.wait(self.config.reconcile_interval_s)
             self._wake.clear()
@@ -348,4 +356,5 @@ class ControlService:
             "feeder_errors": self.feeder.errors,
             "feeder_last_error": self.feeder.last_error,
             "election_error": self.elector.last_error,
+            "rollouts_error": self.rollouts.last_error,
         }
