@@ -46,7 +46,7 @@ SCORER_FAULTS = {
 
 def _failed(fault: str, exc: BaseException) -> FaultResult:
     why = " ".join(str(exc).split())[:300].replace("|", "/")
-    return FaultResult(fault, "-", float("nan"), float("nan"), 0, -1, -1, f"FAILED: {why}")
+    return FaultResult(fault, "-", float("nan"), float("nan"), 0, -1, -1, float("nan"), f"FAILED: {why}")
 
 
 def run_scorer_faults(kafka: LocalKafka, root: Path, which: list[str], repeats: int, rate: float,

@@ -46,11 +46,18 @@ from tests.cluster_harness import Cluster, ResultTail, StatusTail, example_input
 from tests.helpers import consume_all, leader_takeover_bound_s, wait_until
 from tests.scorer_fixtures import ScorerProcess, echo_spec_doc
 
-#: stall and recovery bound of every fault in the campaign (seconds): a fault that stalls a partition
-#: longer fails its trial.  Derived from the configuration: broker.session.timeout.ms 5 s (the controller
-#: fences a dead/paused broker and moves its leaderships) + the scorer's session timeout 6 s (a rebalance
-#: after a coordinator move) + librdkafka's metadata refresh and retry backoffs; x2 for a loaded 2-core host.
+#: stall and recovery bound of the control-plane faults (seconds): a fault that stalls a partition longer
+#: fails its trial.  From the configuration: the control group's session 6 s + the node timeout 6 s + a
+#: worker start; x2 for a loaded 2-core host.
 STALL_BOUND_S = 30.0
+#: the bound of a broker fault (SIGKILL or SIGSTOP).  A call the scorer made to a frozen broker, a
+#: ``send_offsets_to_transaction`` while the group coordinator is dead (librdkafka #5456), and one that waits
+#: for the coordinator to finish the previous transaction's markers on a frozen partition leader, hang until
+#: librdkafka's request timeouts (30-60 s by default) or the scorer's hang watchdog
+#: (``ScorerConfig.txn_hang_limit_s`` 25 s, which then re-creates the producer); + a rejoin (session 6 s) +
+#: the controller's fencing (5 s) + a re-created producer's ``init_transactions``: measured up to 38 s on a
+#: loaded 2-core host (bench/results/faults.txt), so 60 s.  Without a coordinator or a hung call: 6-10 s.
+BROKER_BOUND_S = 60.0
 #: the scorer's consumer-group session timeout (tests.scorer_fixtures.ScorerProcess passes it)
 SCORER_SESSION_S = 6.0
 PARTITIONS = 4
@@ -71,15 +78,16 @@ class FaultResult:
     delivered: int
     lost: int
     doubled: int
+    bound_s: float
     note: str = ""
 
     def row(self) -> str:
-        return (f"| {self.fault} | {self.target} | {self.stall_s:.2f} | {self.recovery_s:.2f} | {self.delivered} "
-                f"| {self.lost} | {self.doubled} | {self.note} |")
+        return (f"| {self.fault} | {self.target} | {self.stall_s:.2f} | {self.recovery_s:.2f} | {self.bound_s:g} "
+                f"| {self.delivered} | {self.lost} | {self.doubled} | {self.note} |")
 
 
-TABLE_HEADER = ("| fault | target | stall (s) | recovery (s) | requests | lost | doubled | notes |\n"
-                "|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = ("| fault | target | stall (s) | recovery (s) | bound (s) | requests | lost | doubled | notes |\n"
+                "|---|---|---|---|---|---|---|---|---|")
 
 
 # ------------------------------------------------------------------------------------- kafka lookups
@@ -382,12 +390,12 @@ class ScorerRig:
         t0 = time.monotonic()
         self.kafka.kill_broker(broker)
         try:
-            obs.wait_answered_after(t0, STALL_BOUND_S, f"{fault}: scoring with broker {broker} dead")
+            obs.wait_answered_after(t0, BROKER_BOUND_S, f"{fault}: scoring with broker {broker} dead")
         finally:
             self.kafka.start_broker(broker, timeout=120)
         t1 = time.monotonic()
-        end = obs.wait_answered_after(t1, STALL_BOUND_S, f"{fault}: scoring after broker {broker} restarted")
-        return self._result(fault, desc, t0, end, f"broker down {t1 - t0:.1f} s")
+        end = obs.wait_answered_after(t1, BROKER_BOUND_S, f"{fault}: scoring after broker {broker} restarted")
+        return self._result(fault, desc, t0, end, f"broker down {t1 - t0:.1f} s", BROKER_BOUND_S)
 
     def pause_and_resume(self, fault: str, target: tuple[int, str], hold_s: float = 1.5 * SCORER_SESSION_S
                          ) -> FaultResult:
@@ -400,20 +408,20 @@ class ScorerRig:
         t0 = time.monotonic()
         self.kafka.pause_broker(broker)
         try:
-            obs.wait_answered_after(t0, STALL_BOUND_S + hold_s, f"{fault}: scoring with broker {broker} paused",
+            obs.wait_answered_after(t0, max(BROKER_BOUND_S, hold_s), f"{fault}: scoring with broker {broker} paused",
                                     also=lambda: time.monotonic() - t0 >= hold_s)
         finally:
             self.kafka.resume_broker(broker)
         t1 = time.monotonic()
-        end = obs.wait_answered_after(t1, STALL_BOUND_S, f"{fault}: scoring after broker {broker} resumed")
-        return self._result(fault, desc, t0, end, f"paused {t1 - t0:.1f} s")
+        end = obs.wait_answered_after(t1, BROKER_BOUND_S, f"{fault}: scoring after broker {broker} resumed")
+        return self._result(fault, desc, t0, end, f"paused {t1 - t0:.1f} s", BROKER_BOUND_S)
 
-    def _result(self, fault: str, desc: str, t0: float, end: float, note: str) -> FaultResult:
+    def _result(self, fault: str, desc: str, t0: float, end: float, note: str, bound: float) -> FaultResult:
         stall, recovery = self.observer.measure(t0, end)
         delivered, lost, doubled = self.observer.settle()
         self.alive()
         said = self.scorer_said()
-        return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled,
+        return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled, bound,
                            note + (f"; scorer: {said}" if said else ""))
 
     def scorer_said(self) -> str:
@@ -576,7 +584,7 @@ class ControlRig:
     def _result(self, fault: str, desc: str, t0: float, end: float, note: str) -> FaultResult:
         stall, recovery = self.observer.measure(t0, end)
         delivered, lost, doubled = self.observer.settle()
-        return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled, note)
+        return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled, STALL_BOUND_S, note)
 
     def close(self) -> tuple[int, int, int]:
         try:
