@@ -465,7 +465,9 @@ class ResultTail:
     the awaited count is seen.
     """
 
-    def __init__(self, settings: Settings, topics: dict[str, str]) -> None:
+    def __init__(self, settings: Settings, topics: dict[str, str], **consumer_overrides: Any) -> None:
+        """``consumer_overrides``: more librdkafka properties of the tail's consumer (the fault campaign gives
+        it short request timeouts, so the instrument is not what stalls when a broker freezes)."""
         from confluent_kafka import Consumer, TopicPartition
 
         from sie.kernel.admin import ensure_model_topics
@@ -479,7 +481,8 @@ class ResultTail:
         self._stop = threading.Event()
         self._config = settings.kafka_client_config(**{
             "group.id": f"tail-{uuid.uuid4().hex[:10]}", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.partition.eof": True})
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.partition.eof": True,
+            **consumer_overrides})
         self._consumer = Consumer(self._config)
         self._partitions: dict[str, list[int]] = {}
         self._reached: dict[str, dict[int, int]] = {topic: {} for topic in self.kinds}

@@ -134,13 +134,14 @@ REPO = Path(__file__).resolve().parent.parent
 class ScorerProcess:
     """``python -m sie score`` as a child process (the real CLI), with its output in a file."""
 
-    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str) -> None:
+    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
         self.log_path = log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def output(self) -> str:
