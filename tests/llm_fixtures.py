@@ -74,9 +74,9 @@ class FakeLLMProcess:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return
-            except OSError:
+            except OSError as exc:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"fake LLM server did not start: {self.log_path.read_text()[-2000:]}")
+                    raise AssertionError(f"fake LLM server did not start: {self.log_path.read_text()[-2000:]}") from exc
                 time.sleep(0.05)  # polling a port that is not bound yet: there is nothing to wait on
 
     def kill(self) -> None:

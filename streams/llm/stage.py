@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
 from sie.kernel.authz import from_kafka_error
 from sie.kernel.clients import KafkaClients
@@ -122,6 +122,7 @@ class LLMScorer:
         self.window = Window()
         self._done: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self._paused: set[TP] = set()
+        self._reassigned = False
         self._consumer: Any = None
         self._stop = threading.Event()
         self.eos: ExactlyOnce | None = None
@@ -181,12 +182,8 @@ class LLMScorer:
     def _poll(self, consumer: Any) -> None:
         room = self.llm.pending_limit - self.window.size
         if room > 0:
-            if self._paused:
-                assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-                again = [TopicPartition(t, p) for (t, p) in self._paused if (t, p) in assigned]
-                if again:
-                    consumer.resume(again)
-                self._paused.clear()
+            if self._paused or self._reassigned:
+                self._resume(consumer)
             msgs = consumer.consume(min(room, _MAX_CONSUME), 0.02 if self.window.size else 0.1)
         else:  # full: keep polling (rebalances, liveness) with the partitions paused
             new = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._paused]
@@ -321,12 +318,17 @@ class LLMScorer:
         if self._consumer is not None:
             rewind(self._consumer, firsts, self._stop)
             if self._paused:
-                assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
-                again = [TopicPartition(t, p) for (t, p) in self._paused if (t, p) in assigned]
-                if again:
-                    self._consumer.resume(again)
-                self._paused.clear()
+                self._resume(self._consumer)
         return status
+
+    def _resume(self, consumer: Any) -> None:
+        """Resume EVERY assigned partition, not only those we paused: a partition revoked while paused and
+        assigned again may still be paused in librdkafka (resuming one that is not paused is a no-op)."""
+        assigned = consumer.assignment()
+        if assigned:
+            consumer.resume(assigned)
+        self._paused.clear()
+        self._reassigned = False
 
     def _stats(self, entries: list[Any]) -> dict[str, Any]:
         now_ms = self._wall() * 1000.0
@@ -373,6 +375,7 @@ class LLMScorer:
 
     # --- rebalances (inside consume(): no transaction is open) -------------------------------------------------
     def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+        self._reassigned = True  # the next poll with room resumes everything assigned (see _resume)
         log.info("llm scorer %s: assigned %s", self.config.spec.name, [p.partition for p in partitions])
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
