@@ -64,7 +64,7 @@ def run_window(settings: Settings, url: str, slots: int, n: int, warmup: float, 
     from sie.streams.llm.stage import LLMScorer
     from sie.streams.scorer.config import ScorerConfig
 
-    spec = llm_spec([{"url": url, "concurrency": slots}], request_timeout_s=120)
+    spec = llm_spec([{"url": url, "concurrency": slots}], request_timeout_s=120, output_mode="text")
     topics_for(settings, spec)
     produce_requests(settings, spec.topics.requests, backlog(n))
     scorer = LLMScorer(ScorerConfig(settings=settings, spec=spec, instance="bench"),
@@ -93,7 +93,7 @@ def run_batch(settings: Settings, url: str, slots: int, n: int, max_batch: int, 
     from sie.streams.scorer import ScorerConfig, run_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    spec = llm_spec([url], max_concurrency=slots)
+    spec = llm_spec([url], max_concurrency=slots, output_mode="text")
     # the batch path's own spelling of "that server": server_url
     spec.backend.config.pop("endpoints", None)
     spec.backend.config["server_url"] = url

@@ -89,7 +89,8 @@ class Dispatcher:
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
-        self.busy = 0  # workers inside a request (read without the lock: a gauge)
+        self._busy_lock = threading.Lock()
+        self.busy = 0  # workers inside a request (the sie_llm_in_flight gauge)
         self.error: BaseException | None = None
 
     def start(self) -> None:
@@ -111,8 +112,9 @@ class Dispatcher:
         self._closed.set()
         for _ in self._threads:
             self._queue.put(None)
+        deadline = time.monotonic() + 2.0  # workers blocked in a generation are daemons: not waited for
         for t in self._threads:
-            t.join(timeout=1.0)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         self._client.close()
 
     # --- one worker ----------------------------------------------------------------------------------
@@ -124,11 +126,13 @@ class Dispatcher:
                     return
                 if not self._is_current(job):
                     continue
-                self.busy += 1
+                with self._busy_lock:
+                    self.busy += 1
                 try:
                     done = self._run(job)
                 finally:
-                    self.busy -= 1
+                    with self._busy_lock:
+                        self.busy -= 1
                 if done:
                     job.finished = self._clock()
                     self._on_done(job)
