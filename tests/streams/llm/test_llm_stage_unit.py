@@ -33,14 +33,15 @@ def sglang_answer(request: httpx.Request) -> httpx.Response:
 class Harness:
     """An LLMScorer on a thread over ``values`` spread round-robin on ``partitions`` partitions."""
 
-    def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, **cfg) -> None:
+    def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, consumer_class=FakeConsumer,
+                 **cfg) -> None:
         self.spec = llm_spec([{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20, **cfg)
         topic = self.spec.topics.requests
         self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS)
                         for i, v in enumerate(values)]
         self.n = len(values)
         self.stop = threading.Event()
-        self.consumer = FakeConsumer(self.records, partitions={topic: partitions})
+        self.consumer = consumer_class(self.records, partitions={topic: partitions})
         self.producers: list[FakeProducer] = []
 
         def make_producer(_cfg):
@@ -191,6 +192,42 @@ def test_a_revoked_partition_commits_its_finished_prefix_and_drops_the_rest():
         gate.set()
         h.close()
         assert ids(h.visible(h.spec.topics.results)) == Counter({f"q{i}": 1 for i in range(4)})
+    finally:
+        gate.set()
+        h.stop.set()
+
+
+class StickyPauseConsumer(FakeConsumer):
+    """A client that keeps a partition's pause flag across revoke and re-assignment (whether librdkafka
+    does depends on its version and the assignment strategy: the scorer must not care)."""
+
+    def _drop(self, keys):
+        kept = self._paused & set(keys)
+        super()._drop(keys)
+        self._paused |= kept
+
+
+def test_a_partition_revoked_while_paused_and_assigned_again_is_resumed():
+    from confluent_kafka import TopicPartition
+
+    gate = threading.Event()
+
+    def handler(request):
+        gate.wait(10)
+        return sglang_answer(request)
+
+    h = Harness([question(i) for i in range(30)], handler, concurrency=2, max_pending=4,
+                consumer_class=StickyPauseConsumer)
+    try:
+        tp = TopicPartition(h.spec.topics.requests, 0)
+        wait_until(lambda: h.consumer.called("pause"), 10, message="window full: paused")
+        h.consumer.revoke([tp])
+        wait_until(lambda: h.scorer.window.size == 0, 10, message="revoked")
+        h.consumer.reassign([tp])  # back to us, still paused inside the client
+        gate.set()
+        wait_until(lambda: h.all_committed(), 15, message=lambda: f"all committed (have {h.committed()})")
+        h.close()
+        assert ids(h.visible(h.spec.topics.results)) == Counter({f"q{i}": 1 for i in range(30)})
     finally:
         gate.set()
         h.stop.set()
