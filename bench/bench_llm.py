@@ -1,7 +1,7 @@
 """LLM requests through Kafka: the continuous in-flight window vs the Little's-law bound and vs the batch
 path, in the same run, against the fake LLM server (its own process) on a real broker.
 
-    SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_llm.py [--duration 40] [--warmup 10]
+    SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_llm.py [--duration 45] [--warmup 10]
         [--slots 64] [--mean-s 1.0] [--p99-s 5.0] [--batch-sizes 1024,64]
 
 The server runs ``--slots`` generations at once (more wait in its queue, as in SGLang's scheduler), each
@@ -12,8 +12,8 @@ Each path scores its own fresh topics (4 partitions) from a backlog large enough
 * ``batch(max_batch=N)``: the current scorer (``run_scorer``) over the SGLang backend pointed at the same
   server with ``max_concurrency`` = slots threads: a batch of up to N rows is generated, then committed.
 
-Throughput is measured on committed results (read_committed) between ``warmup`` and
-``warmup + duration`` seconds after the scorer is ready.  The window's broker-side transaction time
+Throughput is measured on committed results (read_committed) in the ``duration`` seconds after a
+``warmup``, between the first and the last change of the committed count (``measure``).  The window's broker-side transaction time
 (produce + send_offsets + commit of one prefix) is reported as p50/p99.
 Results: bench/results/llm.txt (with the load average at the start: 2 shared cores).
 """
@@ -43,18 +43,30 @@ def backlog(n: int) -> list[tuple[bytes, bytes]]:
             for i in range(n)]
 
 
-def measure(settings: Settings, spec, start, warmup: float, duration: float) -> tuple[float, int]:
-    """Results/s committed in [warmup, warmup + duration] after ``start()`` returned (it starts the scorer)."""
+def measure(settings: Settings, spec, start, warmup: float, duration: float) -> float:
+    """Committed results/s after ``warmup`` s, over ``duration`` s, after ``start()`` (it starts the scorer
+    and returns its stop function).  Rate between the first and the last moment the committed count
+    changed in the window: a batch path commits in steps of up to ``max_batch`` results, and a rate from
+    fixed window edges would be off by up to a batch (falls back to the edges with fewer than 2 steps)."""
     reader = CommittedReader(settings, spec.topics.results)
     try:
         stop = start()
-        ready = time.monotonic()
-        time.sleep(warmup)  # a benchmark's measurement window, not a synchronisation
+        time.sleep(warmup)  # a benchmark's warm-up, not a synchronisation
         c0, t0 = reader.count(), time.monotonic()
-        time.sleep(duration)
-        c1, t1 = reader.count(), time.monotonic()
+        steps: list[tuple[float, int]] = []
+        last = c0
+        while time.monotonic() - t0 < duration:
+            time.sleep(0.1)  # sampling the committed count
+            c = reader.count()
+            if c != last:
+                steps.append((time.monotonic(), c))
+                last = c
+        end = time.monotonic()
         stop()
-        return (c1 - c0) / (t1 - t0), int(time.monotonic() - ready)
+        if len(steps) >= 3:
+            (ta, ca), (tb, cb) = steps[0], steps[-1]
+            return (cb - ca) / (tb - ta)
+        return (last - c0) / (end - t0)
     finally:
         reader.close()
 
@@ -82,7 +94,7 @@ def run_window(settings: Settings, url: str, slots: int, n: int, warmup: float, 
             thread.join(60)
         return halt
 
-    rate, _ = measure(settings, spec, start, warmup, duration)
+    rate = measure(settings, spec, start, warmup, duration)
     txn = sorted(scorer.txn_times)
     return {"rate": rate, "txn_p50_ms": 1000 * statistics.median(txn) if txn else None,
             "txn_p99_ms": 1000 * txn[int(0.99 * (len(txn) - 1))] if txn else None, "txns": len(txn)}
@@ -121,13 +133,13 @@ def run_batch(settings: Settings, url: str, slots: int, n: int, max_batch: int, 
             thread.join(120)
         return halt
 
-    rate, _ = measure(settings, spec, start, warmup, duration)
+    rate = measure(settings, spec, start, warmup, duration)
     return {"rate": rate}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--duration", type=float, default=45.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--mean-s", type=float, default=1.0)
