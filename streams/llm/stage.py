@@ -47,6 +47,7 @@ from sie.kernel.clients import KafkaClients
 from sie.streams.eos import BatchStatus, ExactlyOnce, start_producer
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import ConsumerFatal, RetryLater
+from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared
 from sie.streams.eos.transaction import close_quietly, rewind
 from sie.streams.llm.config import LLMConfig
@@ -155,6 +156,7 @@ class LLMScorer:
             if on_ready:
                 on_ready()
             next_commit = self._clock() + self.llm.commit_interval_s
+            next_lag = self._clock()
             while not stop.is_set():
                 dispatcher.check()
                 self._poll(consumer)
@@ -165,6 +167,9 @@ class LLMScorer:
                     next_commit = now + self.llm.commit_interval_s
                     self.llm_metrics.in_flight.set(dispatcher.busy)
                     self.llm_metrics.endpoints_up.set(self.pool.in_service())
+                if now >= next_lag:
+                    self.metrics.set_lag(consumer_lag(consumer))
+                    next_lag = now + cfg.lag_interval_s
             self._drain()
             self._commit()  # SIGTERM: what is finished becomes visible; the rest is redone by the next owner
         finally:
