@@ -19,6 +19,7 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         poison_after: 3                # 5xx answers to one request (others served meanwhile) -> dead letter
         served_model_name / model      # OpenAI "model" field
         prompt_template, output_mode, sampling_params, output_ranges, extra_body   (protocols.py)
+        quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject}    (quota.py)
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from sie.streams.llm.dispatch import Dispatcher, Job
 from sie.streams.llm.metrics import LLMMetrics
 from sie.streams.llm.pool import EndpointPool
 from sie.streams.llm.protocols import BadOutput, LLMMapping, Protocol
+from sie.streams.llm.quota import Quotas
 from sie.streams.llm.window import TP, Window
 from sie.streams.scorer.codec import Codec, Poison, Request
 from sie.streams.scorer.config import ScorerConfig
@@ -118,6 +119,8 @@ class LLMScorer:
         self._dlq_topic = spec.topics.dead_letters
         self._max_queue_ms = spec.sla.max_queue_time_ms
         self._max_record_bytes = config.settings.max_record_bytes
+        quotas = backend_cfg.get("quotas")
+        self.quotas = Quotas(quotas, clock) if quotas else None
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
                                  clock=clock)
         self.window = Window()
@@ -231,6 +234,13 @@ class LLMScorer:
                 self._finish_dead(tp, offset, entry.epoch, msg, DeadLetterReason.EXPIRED,
                                   f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}")
             return
+        if self.quotas is not None:
+            caller = self.quotas.caller(parsed.extra)
+            refused = self.quotas.admit(caller)
+            if refused is not None:
+                self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", refused)
+                return
+            entry.info["caller"] = caller
         try:
             prompt = self.mapping.prompt(parsed.inputs)
         except BadOutput as exc:
@@ -255,6 +265,9 @@ class LLMScorer:
             if entry is None:  # its partition was dropped meanwhile
                 continue
             self.llm_metrics.generation.observe(max(0.0, job.finished - job.started))
+            if self.quotas is not None and job.generation is not None:
+                used = (job.generation.prompt_tokens or 0) + (job.generation.completion_tokens or 0)
+                self.quotas.charge(str(entry.info.get("caller", "-")), used)
             msg, req = entry.msg, entry.info.get("req")
             detail, reason = job.error, DeadLetterReason.INFERENCE_ERROR
             if detail is None and job.generation is not None and isinstance(req, Request):
@@ -290,10 +303,12 @@ class LLMScorer:
         doc["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
         return orjson.dumps(doc)
 
-    def _finish_dead(self, tp: TP, offset: int, epoch: int, msg: Any, reason: DeadLetterReason, detail: str) -> None:
-        out = dead_letter(self._dlq_topic, msg, reason.value, detail, self._codec.dead_letter_tags(self._version),
+    def _finish_dead(self, tp: TP, offset: int, epoch: int, msg: Any, reason: DeadLetterReason | str,
+                     detail: str) -> None:
+        why = reason.value if isinstance(reason, DeadLetterReason) else reason
+        out = dead_letter(self._dlq_topic, msg, why, detail, self._codec.dead_letter_tags(self._version),
                           self._max_record_bytes)
-        self.window.finish(tp, offset, epoch, [out], {"kind": "dead", "reason": reason.value})
+        self.window.finish(tp, offset, epoch, [out], {"kind": "dead", "reason": why})
 
     # --- committing -----------------------------------------------------------------------------------------
     def _commit(self) -> BatchStatus | None:

@@ -11,73 +11,9 @@ import httpx
 import orjson
 from confluent_kafka import KafkaError
 
-from sie.kernel.settings import Settings
-from sie.streams.llm.config import LLMConfig
-from sie.streams.llm.stage import LLMScorer
-from sie.streams.scorer.config import ScorerConfig
-from tests.fakes.kafka_clients import NOW_MS, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
+from tests.fakes.kafka_clients import FakeConsumer, kafka_error
 from tests.helpers import wait_until
-from tests.llm_fixtures import llm_spec
-
-
-def question(i: int, text: str | None = None) -> bytes:
-    return orjson.dumps({"id": f"q{i}", "inputs": {"question": text or f"question {i} please"}})
-
-
-def sglang_answer(request: httpx.Request) -> httpx.Response:
-    body = orjson.loads(request.read())
-    return httpx.Response(200, json={"text": "answer to " + body["text"],
-                                     "meta_info": {"prompt_tokens": 3, "completion_tokens": 4}})
-
-
-class Harness:
-    """An LLMScorer on a thread over ``values`` spread round-robin on ``partitions`` partitions."""
-
-    def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, consumer_class=FakeConsumer,
-                 **cfg) -> None:
-        self.spec = llm_spec([{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20, **cfg)
-        topic = self.spec.topics.requests
-        self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS)
-                        for i, v in enumerate(values)]
-        self.n = len(values)
-        self.stop = threading.Event()
-        self.consumer = consumer_class(self.records, partitions={topic: partitions})
-        self.producers: list[FakeProducer] = []
-
-        def make_producer(_cfg):
-            self.producers.append(FakeProducer(faults, consumer=self.consumer))
-            return self.producers[-1]
-
-        config = ScorerConfig(settings=Settings(), spec=self.spec, instance="t-0", retry_backoff_s=0.0)
-        self.scorer = LLMScorer(config, LLMConfig.from_backend_config(self.spec.backend.config),
-                                clients=fake_clients(consumer=self.consumer, producer=make_producer).clients,
-                                http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-                                wall_clock=lambda: NOW_MS / 1000 + 0.5)
-        self.summary = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.summary = self.scorer.run(self.stop)
-
-    def visible(self, topic=None):
-        return [r for p in self.producers for r in p.visible if topic is None or r[0] == topic]
-
-    def committed(self, partition=0) -> int:
-        return self.consumer.committed_offsets.get((self.spec.topics.requests, partition), 0)
-
-    def all_committed(self, partitions=1) -> bool:
-        return sum(self.committed(p) for p in range(partitions)) == self.n
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(15)
-        assert not self.thread.is_alive()
-        return self.summary
-
-
-def ids(records) -> Counter:
-    return Counter(orjson.loads(v)["id"] for _t, v, _k, _h in records)
+from tests.llm_fixtures import Harness, ids, question, sglang_answer
 
 
 def test_a_slow_head_holds_back_its_partition_only_and_nothing_beyond_it_is_produced():
