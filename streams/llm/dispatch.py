@@ -157,6 +157,9 @@ class Dispatcher:
             try:
                 response = self._client.post(endpoint.url + path, json=job.body)
             except httpx.HTTPError as exc:  # refused, reset, timed out, protocol error: the server's fault
+                if self._closed.is_set():  # our own client closed under the request: not the server's fault
+                    pool.release(endpoint)
+                    return False
                 pool.failed(endpoint, f"{type(exc).__name__}: {str(exc)[:120]}")
                 continue
             status = response.status_code
