@@ -13,7 +13,7 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         request_timeout_s: 120         # read timeout of one generation
         connect_timeout_s: 5
         commit_interval_ms: 100        # the commit cadence
-        max_pending: <8 x capacity>    # records consumed and not yet committed (in flight, queued, finished)
+        max_pending: <16 x capacity>    # records consumed and not yet committed (in flight, queued, finished)
         endpoint_backoff_s: 0.5        # first ejection; doubles per failure up to endpoint_backoff_max_s
         endpoint_backoff_max_s: 30
         poison_after: 3                # 5xx answers to one request (others served meanwhile) -> dead letter
@@ -47,7 +47,7 @@ class LLMConfig:
     request_timeout_s: float = 120.0
     connect_timeout_s: float = 5.0
     commit_interval_s: float = 0.1
-    max_pending: int = 0  # 0: eight times the pool's capacity (pending_limit)
+    max_pending: int = 0  # 0: sixteen times the pool's capacity (pending_limit)
     backoff_s: float = 0.5
     backoff_max_s: float = 30.0
     poison_after: int = 3
@@ -63,7 +63,7 @@ class LLMConfig:
         time most of the window is finished records behind a slow head.  By Little's law the window must
         hold throughput x residence, and residence is about the tail of the generation time, not its
         mean: 2 x C held the server at 31% of its bound in bench_llm (lognormal mean 1 s, p99 5 s)."""
-        return self.max_pending or 8 * self.capacity
+        return self.max_pending or 16 * self.capacity
 
     def pool_endpoints(self) -> list[Endpoint]:
         return [Endpoint(url, concurrency, weight) for url, concurrency, weight in self.endpoints]
