@@ -62,7 +62,8 @@ class LLMConfig:
         earlier record of its partition is finished (the commit rule), so with a heavy-tailed generation
         time most of the window is finished records behind a slow head.  By Little's law the window must
         hold throughput x residence, and residence is about the tail of the generation time, not its
-        mean: 2 x C held the server at 31% of its bound in bench_llm (lognormal mean 1 s, p99 5 s)."""
+        mean: in bench_llm (lognormal mean 1 s, p99 5 s) 2 x C held the server at 31% of its bound, 8 x C
+        at 85%, 16 x C at 100%."""
         return self.max_pending or 16 * self.capacity
 
     def pool_endpoints(self) -> list[Endpoint]:
