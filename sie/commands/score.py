@@ -45,6 +45,9 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
             session_timeout_ms: int, expired_to: str, log_level: str) -> None:
     """Score a model's request topic exactly once until SIGTERM/SIGINT.
 
+    An sglang spec whose backend config names running servers (``endpoints`` or ``server_url``) is served
+    through the LLM window (up to the servers' concurrency in flight, short transactions; docs/llm.md).
+
     Ensures the model's topics exist, loads the backend, prints `ready ...`
     once subscribed, finishes and commits the current batch on SIGTERM, and
     prints a summary line on exit.
@@ -83,5 +86,13 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
         sys.stdout.flush()
 
     started = time.monotonic()
-    summary = run_rollout_scorer(config, load_backend, stop, on_ready=ready)  # follows the model's rollouts
+    from sie.streams.llm.config import uses_window
+
+    if uses_window(spec):  # an LLM served by running servers: the continuous in-flight window (docs/llm.md)
+        from sie.streams.llm.stage import run_llm_scorer
+
+        policy.enforce(spec)
+        summary = run_llm_scorer(config, stop, on_ready=ready)
+    else:
+        summary = run_rollout_scorer(config, load_backend, stop, on_ready=ready)  # follows the model's rollouts
     click.echo(f"stopped after {time.monotonic() - started:.1f}s: {summary.line()}")

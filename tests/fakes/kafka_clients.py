@@ -202,6 +202,12 @@ class FakeConsumer(_Recorder):
             self._events.append(("lost" if lost else "revoke", list(partitions)))
             self._cond.notify_all()
 
+    def reassign(self, partitions: list[TopicPartition]) -> None:
+        """A rebalance hands ``partitions`` (back) to this consumer; ``on_assign`` runs in the next poll."""
+        with self._cond:
+            self._events.append(("assign", list(partitions)))
+            self._cond.notify_all()
+
     def inject_error(self, error: KafkaError, topic: str = "", partition: int = -1) -> None:
         """The next poll/consume hands out an error event."""
         with self._cond:

@@ -1,0 +1,103 @@
+"""LLMConfig: the window's knobs, read once from ``spec.backend.config`` (plus the scorer's Kafka config).
+
+Spec keys (``backend: sglang``; all optional except an endpoint)::
+
+    backend:
+      type: sglang
+      config:
+        protocol: sglang | openai-completions | openai-chat     # default sglang
+        endpoints:                                               # or server_url: one endpoint
+          - http://10.0.0.5:30000                                # concurrency: max_concurrency
+          - {url: http://10.0.0.6:8000, concurrency: 32, weight: 2}
+        max_concurrency: 16            # per endpoint, when an endpoint does not say
+        request_timeout_s: 120         # read timeout of one generation
+        connect_timeout_s: 5
+        commit_interval_ms: 100        # the commit cadence
+        max_pending: <16 x capacity>    # records consumed and not yet committed (in flight, queued, finished)
+        endpoint_backoff_s: 0.5        # first ejection; doubles per failure up to endpoint_backoff_max_s
+        endpoint_backoff_max_s: 30
+        poison_after: 3                # 5xx answers to one request (others served meanwhile) -> dead letter
+        served_model_name / model      # OpenAI "model" field
+        prompt_template, output_mode, sampling_params, output_ranges, extra_body   (protocols.py)
+        quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject}    (quota.py)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sie.kernel.errors import ConfigError
+from sie.streams.llm.pool import Endpoint
+from sie.streams.llm.protocols import PROTOCOLS
+
+
+def _num(cfg: Mapping[str, Any], name: str, default: float, low: float) -> float:
+    value = cfg.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+        raise ConfigError(f"spec.backend.config.{name}: must be a number >= {low:g} (got {value!r})")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    endpoints: tuple[tuple[str, int, float], ...]  # (url, concurrency, weight)
+    protocol: str = "sglang"
+    request_timeout_s: float = 120.0
+    connect_timeout_s: float = 5.0
+    commit_interval_s: float = 0.1
+    max_pending: int = 0  # 0: sixteen times the pool's capacity (pending_limit)
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    poison_after: int = 3
+
+    @property
+    def capacity(self) -> int:
+        return sum(c for _, c, _ in self.endpoints)
+
+    @property
+    def pending_limit(self) -> int:
+        """Records consumed and not committed.  Not C: a finished record waits in the window until every
+        earlier record of its partition is finished (the commit rule), so with a heavy-tailed generation
+        time most of the window is finished records behind a slow head.  By Little's law the window must
+        hold throughput x residence, and residence is about the tail of the generation time, not its
+        mean: in bench_llm (lognormal mean 1 s, p99 5 s) 2 x C held the server at 31% of its bound, 8 x C
+        at 85%, 16 x C at 100%."""
+        return self.max_pending or 16 * self.capacity
+
+    def pool_endpoints(self) -> list[Endpoint]:
+        return [Endpoint(url, concurrency, weight) for url, concurrency, weight in self.endpoints]
+
+    @classmethod
+    def from_backend_config(cls, cfg: Mapping[str, Any]) -> LLMConfig:
+        per = int(_num(cfg, "max_concurrency", 16, 1))
+        raw = cfg.get("endpoints") or ([cfg["server_url"]] if cfg.get("server_url") else [])
+        if not isinstance(raw, list) or not raw:
+            raise ConfigError("spec.backend.config.endpoints: list the servers' URLs (or set server_url) to "
+                              "use the LLM window")
+        endpoints = []
+        for i, item in enumerate(raw):
+            spec = item if isinstance(item, Mapping) else {"url": item}
+            url = spec.get("url")
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"spec.backend.config.endpoints[{i}].url: an http(s) URL is needed (got {url!r})")
+            endpoints.append((url.rstrip("/"), int(_num(spec, "concurrency", per, 1)), _num(spec, "weight", 1.0, 0)))
+        protocol = str(cfg.get("protocol") or "sglang")
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"spec.backend.config.protocol: must be one of {', '.join(PROTOCOLS)} (got {protocol!r})")
+        return cls(tuple(endpoints), protocol,
+                   request_timeout_s=_num(cfg, "request_timeout_s", 120.0, 0.001),
+                   connect_timeout_s=_num(cfg, "connect_timeout_s", 5.0, 0.001),
+                   commit_interval_s=_num(cfg, "commit_interval_ms", 100, 1) / 1000.0,
+                   max_pending=int(_num(cfg, "max_pending", 0, 0)),
+                   backoff_s=_num(cfg, "endpoint_backoff_s", 0.5, 0.001),
+                   backoff_max_s=_num(cfg, "endpoint_backoff_max_s", 30.0, 0.001),
+                   poison_after=int(_num(cfg, "poison_after", 3, 1)))
+
+
+def uses_window(spec: Any) -> bool:
+    """True when ``spec`` is served through the LLM window: an sglang backend whose config names servers."""
+    backend = getattr(spec, "backend", None)
+    cfg = getattr(backend, "config", None) or {}
+    return getattr(backend, "type", None) == "sglang" and bool(cfg.get("endpoints") or cfg.get("server_url"))

@@ -1,0 +1,142 @@
+"""An endpoint pool: which server a request goes to, and which servers are out for a while.
+
+Each endpoint (an SGLang child, a server on another node, an external URL) has a concurrency limit
+and a weight.  ``acquire(key)`` blocks until some endpoint has a free slot and returns it:
+
+* **key-sticky**: among the endpoints in service, the one preferred for ``key`` is chosen by weighted
+  rendezvous hashing (the same key -> the same endpoint while it is up, so its prefix cache is hit; only
+  the keys of an endpoint that leaves move).  If the preferred one is full, the least loaded endpoint
+  with a free slot takes the request (throughput over locality).  No key: least loaded (in-flight /
+  concurrency / weight);
+* **ejection**: ``failed(endpoint)`` (connection refused or reset, a timeout, a 5xx) takes the endpoint
+  out of service for a backoff that doubles per failure (``backoff_s`` .. ``backoff_max_s``); failures
+  reported while it is already out do not count again (a burst of in-flight requests failing together
+  is one failure).  When the backoff ends it is *half-open*: one request at a time until one succeeds,
+  then its full concurrency again.  The request that failed is re-dispatched by its caller
+  (``sie.streams.llm.dispatch``), never dead-lettered: an endpoint outage is not the request's fault.
+
+Weights are plain numbers a traffic director may change at run time (``set_weight``).  Thread-safe:
+one lock, one condition that every slot release notifies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger("sie.llm")
+
+
+@dataclass
+class Endpoint:
+    """One server; the counters are guarded by the pool's lock."""
+
+    url: str
+    concurrency: int
+    weight: float = 1.0
+    in_flight: int = 0
+    failures: int = 0  # consecutive failures; > 0 means half-open once the backoff has ended
+    out_until: float = 0.0
+    served: int = 0
+    last_error: str = ""
+
+    def up(self, now: float) -> bool:
+        return now >= self.out_until
+
+    def limit(self) -> int:
+        return 1 if self.failures else self.concurrency
+
+
+def _rendezvous(key: bytes, url: str, weight: float) -> float:
+    digest = hashlib.blake2b(key + b"\x00" + url.encode(), digest_size=8).digest()
+    u = (int.from_bytes(digest, "big") + 1) / (2**64 + 2)  # in (0, 1)
+    return -weight / math.log(u)
+
+
+class EndpointPool:
+    """Endpoints with concurrency, health and key-sticky choice (module docstring)."""
+
+    def __init__(self, endpoints: Sequence[Endpoint], *, backoff_s: float = 0.5, backoff_max_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not endpoints:
+            raise ValueError("endpoint pool: at least one endpoint is needed (spec.backend.config.endpoints)")
+        self.endpoints = list(endpoints)
+        self._backoff = backoff_s
+        self._backoff_max = backoff_max_s
+        self._clock = clock
+        self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        """Requests the pool serves at once when every endpoint is up."""
+        return sum(e.concurrency for e in self.endpoints)
+
+    def set_weight(self, url: str, weight: float) -> None:
+        with self._cond:
+            for e in self.endpoints:
+                if e.url == url:
+                    e.weight = max(0.0, weight)
+            self._cond.notify_all()
+
+    def choose(self, key: bytes | None, now: float) -> Endpoint | None:
+        """The endpoint for ``key`` now (a free slot), or None if every endpoint is full or out. Lock held."""
+        live = [e for e in self.endpoints if e.up(now) and e.weight > 0]
+        free = [e for e in live if e.in_flight < e.limit()]
+        if not free:
+            return None
+        if key is not None:
+            preferred = max(live, key=lambda e: _rendezvous(key, e.url, e.weight))
+            if preferred.in_flight < preferred.limit():
+                return preferred
+        return min(free, key=lambda e: (e.in_flight / e.limit() / e.weight, e.in_flight))
+
+    def acquire(self, key: bytes | None, stop: threading.Event, give_up: Callable[[], bool] = lambda: False,
+                ) -> Endpoint | None:
+        """A slot on an endpoint (count it in flight), waiting while none is free; None once ``stop`` is
+        set or ``give_up()`` says the request is no longer wanted."""
+        with self._cond:
+            while not stop.is_set() and not give_up():
+                now = self._clock()
+                chosen = self.choose(key, now)
+                if chosen is not None:
+                    chosen.in_flight += 1
+                    return chosen
+                back = [e.out_until - now for e in self.endpoints if not e.up(now)]
+                self._cond.wait(min([0.2, *back]) if back else 0.2)
+        return None
+
+    def release(self, endpoint: Endpoint) -> None:
+        """The request on ``endpoint`` got an answer (any answer: the server is up)."""
+        with self._cond:
+            endpoint.in_flight -= 1
+            endpoint.served += 1
+            if endpoint.failures:
+                log.info("endpoint %s answers again: back in service", endpoint.url)
+            endpoint.failures = 0
+            self._cond.notify_all()
+
+    def failed(self, endpoint: Endpoint, why: str) -> float:
+        """The request on ``endpoint`` got no usable answer (the server's fault): take it out for a while.
+        Returns the backoff (0 when it was already out: the failure is part of the same outage)."""
+        with self._cond:
+            endpoint.in_flight -= 1
+            endpoint.last_error = why
+            now = self._clock()
+            backoff = 0.0
+            if endpoint.up(now):
+                endpoint.failures += 1
+                backoff = min(self._backoff * 2 ** (endpoint.failures - 1), self._backoff_max)
+                endpoint.out_until = now + backoff
+                log.warning("endpoint %s failed (%s): out of service for %.1fs", endpoint.url, why, backoff)
+            self._cond.notify_all()
+            return backoff
+
+    def in_service(self) -> int:
+        now = self._clock()
+        with self._cond:
+            return sum(1 for e in self.endpoints if e.up(now))

@@ -1,0 +1,193 @@
+"""Wire protocols of LLM servers: one request in, text and token counts out.
+
+Three protocols, chosen by ``spec.backend.config.protocol``:
+
+* ``sglang`` (default): SGLang's native ``POST /generate``
+  ``{"text", "sampling_params": {"max_new_tokens", "temperature", "json_schema"}, "rid", "stream": false}``
+  -> ``{"text", "meta_info": {"prompt_tokens", "completion_tokens", ...}}``;
+* ``openai-completions``: ``POST /v1/completions`` ``{"model", "prompt", "max_tokens", "temperature"}``
+  -> ``{"choices": [{"text"}], "usage": {"prompt_tokens", "completion_tokens"}}`` (vLLM, SGLang,
+  llama.cpp server, TGI);
+* ``openai-chat``: ``POST /v1/chat/completions`` with one user message and, for JSON output,
+  ``response_format: {"type": "json_schema", ...}`` -> ``choices[0].message.content`` and ``usage``.
+
+Structured output: the JSON schema generated from ``spec.outputSchema`` is sent as SGLang's
+``sampling_params.json_schema`` and as OpenAI chat's ``response_format``; the completions endpoint has
+no standard field for it (servers differ: vLLM ``guided_json``, SGLang ``json_schema``), so extra body
+fields come from ``config.extra_body`` there.
+
+The mapping from the generated text to the result's ``outputs`` (``LLMMapping``) is the one the
+batch-path SGLang backend documents: ``output_mode`` ``json`` (parse, cast each declared field) or
+``text`` (the one string field gets the text); fields named like token counts are filled from them.
+Nothing here does I/O: ``sie.streams.llm.dispatch`` sends what ``Protocol.request`` builds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+META_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency")
+_JSON_TYPES = {"float": "number", "int": "integer", "bool": "boolean", "string": "string"}
+PROTOCOLS = ("sglang", "openai-completions", "openai-chat")
+
+
+class BadOutput(Exception):
+    """The server answered, but the answer cannot be this request's result (a dead letter, not an outage)."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one request produced: the text and its token counts (None where the server did not say)."""
+
+    text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    meta: Mapping[str, Any] | None = None
+
+
+def output_json_schema(fields: Sequence[tuple[str, str]],
+                       ranges: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """JSON schema of the output fields (``(name, type)``) for constrained decoding."""
+    properties: dict[str, Any] = {}
+    for name, type_name in fields:
+        if name in META_FIELDS:
+            continue
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(type_name, "string")}
+        bounds = (ranges or {}).get(name)
+        if bounds is not None and type_name in ("int", "float"):
+            prop["minimum"], prop["maximum"] = bounds[0], bounds[1]
+        properties[name] = prop
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def _cast(value: Any, type_name: str, name: str) -> Any:
+    try:
+        if type_name == "float":
+            return float(value)
+        if type_name == "int":
+            return int(value)
+        if type_name == "bool":
+            if isinstance(value, str):
+                return value.strip().lower() in ("true", "1", "yes")
+            return bool(value)
+        return value if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise BadOutput(f"outputs.{name}: cannot read {str(value)[:80]!r} as {type_name}") from exc
+
+
+class LLMMapping:
+    """Request inputs -> prompt, generated text -> ``outputs`` (module docstring)."""
+
+    def __init__(self, fields: Sequence[tuple[str, str]], config: Mapping[str, Any]) -> None:
+        self.fields = tuple(fields)
+        own = [(n, t) for n, t in self.fields if n not in META_FIELDS]  # token counts etc. come from the server
+        strings = [n for n, t in own if t == "string"]
+        default_mode = "text" if len(own) == 1 and len(strings) == 1 else "json"
+        self.mode = str(config.get("output_mode") or default_mode)
+        if self.mode not in ("json", "text"):
+            raise ValueError(f"spec.backend.config.output_mode: must be 'json' or 'text' (got {self.mode!r})")
+        if self.mode == "text" and len(strings) != 1:
+            raise ValueError(f"spec.backend.config.output_mode: 'text' needs exactly one string output field "
+                             f"(got {strings})")
+        self.text_field = strings[0] if self.mode == "text" else None
+        self.template = config.get("prompt_template")
+        self.schema = output_json_schema(self.fields, config.get("output_ranges")) if self.mode == "json" else None
+
+    def prompt(self, inputs: Mapping[str, Any]) -> str:
+        if not self.template:
+            return json.dumps(dict(inputs), sort_keys=True)
+        try:
+            return str(self.template).format(**inputs)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise BadOutput(f"spec.backend.config.prompt_template: {type(exc).__name__} {str(exc)[:80]} "
+                            f"with this request's inputs") from None
+
+    def outputs(self, gen: Generation) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.mode == "text":
+            out[self.text_field or ""] = gen.text
+        else:
+            try:
+                parsed = json.loads(gen.text)
+            except json.JSONDecodeError:
+                raise BadOutput(f"generated text is not JSON for the output schema: {gen.text[:120]!r}") from None
+            if not isinstance(parsed, dict):
+                raise BadOutput(f"generated JSON is not an object: {gen.text[:120]!r}")
+            for name, type_name in self.fields:
+                if name in parsed and name not in META_FIELDS:
+                    out[name] = _cast(parsed[name], type_name, name)
+        meta = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens, **(gen.meta or {})}
+        for name, type_name in self.fields:
+            if name in META_FIELDS and name not in out and meta.get(name) is not None:
+                out[name] = _cast(meta[name], type_name, name)
+        return out
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Protocol:
+    """One server protocol: ``request`` builds (path, body); ``parse`` reads the answer or raises ``BadOutput``."""
+
+    def __init__(self, name: str, mapping: LLMMapping, config: Mapping[str, Any]) -> None:
+        if name not in PROTOCOLS:
+            raise ValueError(f"spec.backend.config.protocol: must be one of {', '.join(PROTOCOLS)} (got {name!r})")
+        self.name = name
+        self.mapping = mapping
+        sampling = {"max_new_tokens": 128, "temperature": 0.0, **dict(config.get("sampling_params") or {})}
+        self.max_tokens = int(sampling["max_new_tokens"])
+        self.temperature = float(sampling["temperature"])
+        self.sampling = sampling
+        if name == "sglang" and mapping.schema is not None and "regex" not in sampling and "json_schema" not in sampling:
+            sampling["json_schema"] = json.dumps(mapping.schema)
+        self.model = str(config.get("served_model_name") or config.get("model") or "default")
+        self.extra_body = dict(config.get("extra_body") or {})
+
+    @property
+    def path(self) -> str:
+        return {"sglang": "/generate", "openai-completions": "/v1/completions",
+                "openai-chat": "/v1/chat/completions"}[self.name]
+
+    def request(self, prompt: str, rid: str) -> dict[str, Any]:
+        """The JSON body of one request for ``prompt``; ``rid`` is stable per Kafka record (logs, dedup)."""
+        if self.name == "sglang":
+            return {"text": prompt, "sampling_params": self.sampling, "stream": False, "rid": rid}
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                                **self.extra_body}
+        if self.name == "openai-completions":
+            body["prompt"] = prompt
+        else:
+            body["messages"] = [{"role": "user", "content": prompt}]
+            if self.mapping.schema is not None and "response_format" not in body:
+                body["response_format"] = {"type": "json_schema",
+                                           "json_schema": {"name": "outputs", "schema": self.mapping.schema}}
+        return body
+
+    def parse(self, doc: Any) -> Generation:
+        if not isinstance(doc, dict):
+            raise BadOutput(f"{self.path} answered {type(doc).__name__}, not a JSON object")
+        if self.name == "sglang":
+            text = doc.get("text")
+            meta = doc.get("meta_info") if isinstance(doc.get("meta_info"), dict) else {}
+            if not isinstance(text, str):
+                raise BadOutput(f"{self.path} answered no 'text'")
+            return Generation(text, _int(meta.get("prompt_tokens")), _int(meta.get("completion_tokens")),
+                              {k: meta[k] for k in META_FIELDS if k in meta})
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise BadOutput(f"{self.path} answered no choices")
+        first = choices[0]
+        if self.name == "openai-completions":
+            text = first.get("text")
+        else:
+            message = first.get("message")
+            text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(text, str):
+            raise BadOutput(f"{self.path} answered a choice without text")
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+        meta = {"finish_reason": first["finish_reason"]} if first.get("finish_reason") is not None else {}
+        return Generation(text, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), meta)

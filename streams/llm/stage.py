@@ -1,0 +1,427 @@
+"""The LLM scorer: a model's request topic -> a continuous in-flight window of generations -> results,
+exactly once.  ``docs/llm.md`` is the user-facing description.
+
+The loop (one thread; the generations run on the dispatcher's C workers)::
+
+    while not stop:
+        consume up to (max_pending - window.size) records     # full: the partitions are paused instead
+        each record -> window.add; poison/expired -> finished at once (dead letter / expired result);
+                       else -> a Job queued to the workers (they take the next one as each finishes)
+        finished jobs -> window.finish (result, or dead letter inference_error/output_violation)
+        every commit_interval: window.take_ready() -> ONE short transaction via ExactlyOnce.run_batch:
+                       its results + dead letters + offsets (last of each partition's prefix + 1)
+
+The commit rule: only each partition's *contiguous finished prefix* is produced and committed
+(``sie.streams.llm.window``), so no output exists for an offset beyond the committed one and a replay
+from the committed offset can never answer a record twice.  The transaction opens after inference (the
+outputs are built before ``begin``), so it lasts milliseconds whatever the generation time.
+
+Failure -> what happens:
+
+* a transaction aborts or the producer is re-created (``run_batch`` not COMMITTED): the whole window is
+  dropped and every partition it held is rewound to the committed offsets read back from Kafka (only
+  Kafka knows whether an unknown-outcome commit made it); those records are generated again;
+* revoke: the finished prefix is committed first (still our generation), then the partitions' records
+  are dropped; lost: dropped; their generations finishing later are ignored (window epochs);
+* crash (SIGKILL): nothing uncommitted was ever visible; the next owner reads from the committed offset
+  and generates the unfinished records again: the generation repeats, the visible result is one;
+* an endpoint outage: the dispatcher re-dispatches to another endpoint (never a dead letter);
+* stop (SIGTERM): what is finished is committed; requests in flight are abandoned (redone by the next owner).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+from sie.kernel.authz import from_kafka_error
+from sie.kernel.clients import KafkaClients
+from sie.streams.eos import BatchStatus, ExactlyOnce, start_producer
+from sie.streams.eos.deadletter import dead_letter
+from sie.streams.eos.errors import ConsumerFatal, RetryLater
+from sie.streams.eos.lag import consumer_lag
+from sie.streams.eos.records import Output, Prepared
+from sie.streams.eos.transaction import close_quietly, rewind
+from sie.streams.llm.config import LLMConfig
+from sie.streams.llm.dispatch import Dispatcher, Job
+from sie.streams.llm.metrics import LLMMetrics
+from sie.streams.llm.pool import EndpointPool
+from sie.streams.llm.protocols import BadOutput, LLMMapping, Protocol
+from sie.streams.llm.quota import Quotas
+from sie.streams.llm.window import TP, Window
+from sie.streams.scorer.codec import Codec, Poison, Request
+from sie.streams.scorer.config import ScorerConfig
+from sie.streams.scorer.errors import DeadLetterReason
+from sie.streams.scorer.loop import ScorerSummary
+from sie.streams.scorer.metrics import ScorerMetrics
+
+log = logging.getLogger("sie.llm")
+
+_MAX_CONSUME = 500
+
+
+class _Observer:
+    def __init__(self, metrics: ScorerMetrics) -> None:
+        self._m = metrics
+
+    def aborted(self) -> None:
+        self._m.txn_aborts.inc()
+
+    def producer_restarted(self) -> None:
+        self._m.producer_restarts.inc()
+
+    def retry_later(self, exc: RetryLater) -> None:  # never raised here: generation happens before the cycle
+        self._m.backend_outages.inc()
+
+
+def output_fields(spec: Any) -> list[tuple[str, str]]:
+    fields = getattr(getattr(spec, "output_schema", None), "fields", None) or ()
+    return [(str(f.name), str(getattr(f, "type", "string"))) for f in fields]
+
+
+class LLMScorer:
+    """Scores one LLM model's request topic through the in-flight window (module docstring)."""
+
+    def __init__(self, config: ScorerConfig, llm: LLMConfig, *, validator: Callable[[dict], dict] | None = None,
+                 clients: KafkaClients | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time, metrics: ScorerMetrics | None = None,
+                 http_client: Any = None) -> None:
+        spec = config.spec
+        self.config = config
+        self.llm = llm
+        if validator is None:
+            from sie.schemas.validation import compile_validator
+
+            validator = compile_validator(spec.input_schema)
+        from sie.schemas.validation import compile_output_check
+
+        self._codec = Codec(spec.name, validator, config.request_limit, config.max_json_depth)
+        self._check_outputs = compile_output_check(spec.output_schema)
+        backend_cfg = dict(getattr(spec.backend, "config", None) or {})
+        self.mapping = LLMMapping(output_fields(spec), backend_cfg)
+        self.protocol = Protocol(llm.protocol, self.mapping, backend_cfg)
+        self._version = str(spec.version)
+        self._clients = clients or KafkaClients()
+        self._clock = clock
+        self._wall = wall_clock
+        self.metrics = metrics or ScorerMetrics.for_spec(spec)
+        self.llm_metrics = LLMMetrics(self.metrics.model_id, self.metrics.registry)
+        self._http_client = http_client
+        self._results_topic = spec.topics.results
+        self._dlq_topic = spec.topics.dead_letters
+        self._max_queue_ms = spec.sla.max_queue_time_ms
+        self._max_record_bytes = config.settings.max_record_bytes
+        quotas = backend_cfg.get("quotas")
+        self.quotas = Quotas(quotas, clock) if quotas else None
+        self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
+                                 clock=clock)
+        self.window = Window()
+        self._done: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._paused: set[TP] = set()
+        self._reassigned = False
+        self._consumer: Any = None
+        self._stop = threading.Event()
+        self.eos: ExactlyOnce | None = None
+        self.dispatcher: Dispatcher | None = None
+        self._counts = dict(batches=0, records_in=0, results=0, expired=0, dead_letters=0)
+        #: seconds of each committed transaction (run_batch: produce + offsets + commit), for the bench
+        self.txn_times: list[float] = []
+
+    # --- running -------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> ScorerSummary:
+        cfg = self.config
+        self._stop = stop
+        if cfg.metrics_port is not None:
+            self.metrics.serve(cfg.metrics_port)
+        producer = start_producer(cfg.producer_config(), stop, self._clients.producer, cfg.eos_limits())
+        if stop.is_set():
+            return self.summary()
+        consumer = self._consumer = self._clients.consumer(cfg.consumer_config())
+        dispatcher = self.dispatcher = Dispatcher(
+            self.pool, self.protocol, self.pool.capacity, stop, on_done=self._done.put, is_current=self._current,
+            timeout_s=self.llm.request_timeout_s, connect_timeout_s=self.llm.connect_timeout_s,
+            poison_after=self.llm.poison_after, client=self._http_client, clock=self._clock)
+        try:
+            self.eos = ExactlyOnce(producer, consumer, stop, cfg.eos_limits(), observer=_Observer(self.metrics),
+                                   fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give "
+                                               f"every replica a distinct --instance", clock=self._clock)
+            dispatcher.start()
+            consumer.subscribe([cfg.spec.topics.requests], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                               on_lost=self._on_lost)
+            if on_ready:
+                on_ready()
+            next_commit = self._clock() + self.llm.commit_interval_s
+            next_lag = self._clock()
+            while not stop.is_set():
+                dispatcher.check()
+                self._poll(consumer)
+                self._drain()
+                now = self._clock()
+                if now >= next_commit:
+                    self._commit()
+                    next_commit = now + self.llm.commit_interval_s
+                    self.llm_metrics.in_flight.set(dispatcher.busy)
+                    self.llm_metrics.endpoints_up.set(self.pool.in_service())
+                if now >= next_lag:
+                    self.metrics.set_lag(consumer_lag(consumer))
+                    next_lag = now + cfg.lag_interval_s
+            self._drain()
+            self._commit()  # SIGTERM: what is finished becomes visible; the rest is redone by the next owner
+        finally:
+            dispatcher.close()
+            close_quietly(consumer, producer)
+            self.metrics.close()
+        return self.summary()
+
+    def summary(self) -> ScorerSummary:
+        eos = self.eos
+        return ScorerSummary(**self._counts, aborts=eos.aborts if eos else 0,
+                             producer_restarts=eos.producer_restarts if eos else 0)
+
+    # --- consuming -------------------------------------------------------------------------------------
+    def _poll(self, consumer: Any) -> None:
+        room = self.llm.pending_limit - self.window.size
+        if room > 0:
+            if self._paused or self._reassigned:
+                self._resume(consumer)
+            msgs = consumer.consume(min(room, _MAX_CONSUME), 0.02 if self.window.size else 0.1)
+        else:  # full: keep polling (rebalances, liveness) with the partitions paused
+            new = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._paused]
+            if new:
+                consumer.pause(new)
+                self._paused.update((tp.topic, tp.partition) for tp in new)
+            msgs = consumer.consume(1, 0.02)
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                denied = from_kafka_error(err, self.config.consumer_config(), "READ", msg.topic() or None)
+                if denied is not None:
+                    raise denied
+                if err.fatal():
+                    raise ConsumerFatal(f"consumer: fatal error {err.str()}; restart the stage")
+                log.warning("consumer: %s", err.str())
+                continue
+            self._accept(msg)
+
+    def _accept(self, msg: Any) -> None:
+        entry = self.window.add(msg)
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        tp = (topic, partition)
+        ts_type, ts = msg.timestamp()
+        ts_ms = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
+        parsed = self._codec.parse(topic, partition, offset, msg.key(), msg.value(), ts_ms)
+        if type(parsed) is Poison:
+            self._finish_dead(tp, offset, entry.epoch, msg, parsed.reason, parsed.detail)
+            return
+        assert isinstance(parsed, Request)
+        now_ms = self._wall() * 1000.0
+        queue_ms = now_ms - ts_ms if ts_ms is not None and ts_ms < now_ms else 0.0
+        max_q = self._max_queue_ms
+        if max_q is not None and queue_ms > max_q:
+            if self.config.expired_to == "result":
+                value = self._codec.expired(parsed, self._version, queue_ms, max_q)
+                self.window.finish(tp, offset, entry.epoch, [Output(self._results_topic, value, parsed.key, -1, None,
+                                                                    msg, "expired")], {"kind": "expired"})
+            else:
+                self._finish_dead(tp, offset, entry.epoch, msg, DeadLetterReason.EXPIRED,
+                                  f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}")
+            return
+        if self.quotas is not None:
+            caller = self.quotas.caller(parsed.extra)
+            refused = self.quotas.admit(caller)
+            if refused is not None:
+                self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", refused)
+                return
+            entry.info["caller"] = caller
+        try:
+            prompt = self.mapping.prompt(parsed.inputs)
+        except BadOutput as exc:
+            self._finish_dead(tp, offset, entry.epoch, msg, DeadLetterReason.INFERENCE_ERROR, str(exc))
+            return
+        entry.info["req"] = parsed
+        rid = f"{topic}:{partition}:{offset}:{uuid.uuid4().hex[:8]}"  # unique among in-flight requests
+        assert self.dispatcher is not None
+        self.dispatcher.submit(Job(tp, offset, entry.epoch, msg.key(), self.protocol.request(prompt, rid)))
+
+    def _current(self, job: Job) -> bool:
+        return self.window.epoch(job.tp) == job.epoch
+
+    # --- finished generations ----------------------------------------------------------------------------
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self._done.get_nowait()
+            except queue.Empty:
+                return
+            entry = self.window.get(job.tp, job.offset, job.epoch)
+            if entry is None:  # its partition was dropped meanwhile
+                continue
+            self.llm_metrics.generation.observe(max(0.0, job.finished - job.started))
+            if self.quotas is not None and job.generation is not None:
+                used = (job.generation.prompt_tokens or 0) + (job.generation.completion_tokens or 0)
+                self.quotas.charge(str(entry.info.get("caller", "-")), used)
+            msg, req = entry.msg, entry.info.get("req")
+            detail, reason = job.error, DeadLetterReason.INFERENCE_ERROR
+            if detail is None and job.generation is not None and isinstance(req, Request):
+                gen = job.generation
+                try:
+                    outputs = self.mapping.outputs(gen)
+                    if self._check_outputs is not None:
+                        try:
+                            outputs = self._check_outputs(outputs)
+                        except ValueError as exc:
+                            raise _Violation(str(exc)) from None
+                    inference_ms = (job.finished - job.started) * 1000.0
+                    value = self._result(req, outputs, inference_ms, gen.prompt_tokens, gen.completion_tokens)
+                except BadOutput as exc:
+                    detail = str(exc)
+                except _Violation as exc:
+                    reason, detail = DeadLetterReason.OUTPUT_VIOLATION, f"model {self._codec.model}: {exc}"
+                except TypeError as exc:
+                    detail = f"outputs: not JSON-serialisable ({exc})"
+                else:
+                    self.window.finish(job.tp, job.offset, job.epoch,
+                                       [Output(self._results_topic, value, req.key, -1, None, msg, "result")],
+                                       {"kind": "ok", "req": req, "prompt_tokens": gen.prompt_tokens or 0,
+                                        "completion_tokens": gen.completion_tokens or 0})
+                    continue
+            self._finish_dead(job.tp, job.offset, job.epoch, msg, reason, detail or "no answer")
+
+    def _result(self, req: Request, outputs: dict[str, Any], inference_ms: float, prompt_tokens: int | None,
+                completion_tokens: int | None) -> bytes:
+        now_ms = self._wall() * 1000.0
+        queue_ms = max(0.0, now_ms - req.timestamp_ms - inference_ms) if req.timestamp_ms is not None else 0.0
+        doc = orjson.loads(self._codec.result(req, self._version, outputs, queue_ms, inference_ms, 1))
+        doc["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        return orjson.dumps(doc)
+
+    def _finish_dead(self, tp: TP, offset: int, epoch: int, msg: Any, reason: DeadLetterReason | str,
+                     detail: str) -> None:
+        why = reason.value if isinstance(reason, DeadLetterReason) else reason
+        out = dead_letter(self._dlq_topic, msg, why, detail, self._codec.dead_letter_tags(self._version),
+                          self._max_record_bytes)
+        self.window.finish(tp, offset, epoch, [out], {"kind": "dead", "reason": why})
+
+    # --- committing -----------------------------------------------------------------------------------------
+    def _commit(self) -> BatchStatus | None:
+        """One short transaction of every partition's finished prefix (module docstring)."""
+        entries = self.window.take_ready()
+        if not entries or self.eos is None:
+            return None
+        outputs = [o for e in entries for o in e.outputs or ()]
+        stats = self._stats(entries)
+        started = self._clock()
+        status, _ = self.eos.run_batch([e.msg for e in entries], lambda _b: Prepared(outputs, stats), self._rejected)
+        took = self._clock() - started
+        if status is BatchStatus.COMMITTED:
+            self.txn_times.append(took)
+            self.llm_metrics.txn.observe(took)
+            self._committed(stats, entries)
+            return status
+        # Aborted or producer re-created: only Kafka knows what is committed. Drop the window, rewind all.
+        firsts = self.window.first_offsets()
+        for e in entries:
+            tp = (e.msg.topic(), e.msg.partition())
+            firsts[tp] = min(firsts.get(tp, e.msg.offset()), e.msg.offset())
+        dropped = self.window.reset()
+        log.warning("transaction of %d records not committed (%s); %d more records in flight dropped, "
+                    "rewinding %d partitions to the committed offsets", len(entries), status.value, dropped,
+                    len(firsts))
+        if self._consumer is not None:
+            rewind(self._consumer, firsts, self._stop)
+            if self._paused:
+                self._resume(self._consumer)
+        return status
+
+    def _resume(self, consumer: Any) -> None:
+        """Resume EVERY assigned partition, not only those we paused: a partition revoked while paused and
+        assigned again may still be paused in librdkafka (resuming one that is not paused is a no-op)."""
+        assigned = consumer.assignment()
+        if assigned:
+            consumer.resume(assigned)
+        self._paused.clear()
+        self._reassigned = False
+
+    def _stats(self, entries: list[Any]) -> dict[str, Any]:
+        now_ms = self._wall() * 1000.0
+        ok = expired = 0
+        dead: dict[str, int] = {}
+        latencies: list[float] = []
+        oldest = 0.0
+        for e in entries:
+            kind = e.info.get("kind")
+            if kind == "ok":
+                ok += 1
+            elif kind == "expired":
+                expired += 1
+            else:
+                reason = e.info.get("reason", "inference_error")
+                dead[reason] = dead.get(reason, 0) + 1
+                continue
+            ts_type, ts = e.msg.timestamp()
+            if ts_type != TIMESTAMP_NOT_AVAILABLE and ts < now_ms:
+                latencies.append(now_ms - ts)
+                oldest = max(oldest, now_ms - ts)
+        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest,
+                "queued": {self._version: latencies} if latencies else {}, "at_ms": now_ms,
+                "prompt_tokens": sum(int(e.info.get("prompt_tokens", 0)) for e in entries),
+                "completion_tokens": sum(int(e.info.get("completion_tokens", 0)) for e in entries)}
+
+    def _rejected(self, output: Output, detail: str, stats: dict[str, Any]) -> Output:
+        """A result the producer refused (too large): its request is dead-lettered instead."""
+        stats["expired" if output.kind == "expired" else "ok"] -= 1
+        stats["dead"]["result_too_large"] = stats["dead"].get("result_too_large", 0) + 1
+        return dead_letter(self._dlq_topic, output.source, DeadLetterReason.RESULT_TOO_LARGE.value, detail,
+                           self._codec.dead_letter_tags(self._version), self._max_record_bytes)
+
+    def _committed(self, stats: dict[str, Any], entries: list[Any]) -> None:
+        c = self._counts
+        c["batches"] += 1
+        c["records_in"] += len(entries)
+        c["results"] += stats["ok"]
+        c["expired"] += stats["expired"]
+        c["dead_letters"] += sum(stats["dead"].values())
+        self.metrics.batch_committed(stats, len(entries), self.eos.last_commit_s if self.eos else None,
+                                     self._wall() * 1000.0)
+        self.llm_metrics.add_tokens(stats["prompt_tokens"], stats["completion_tokens"])
+
+    # --- rebalances (inside consume(): no transaction is open) -------------------------------------------------
+    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+        self._reassigned = True  # the next poll with room resumes everything assigned (see _resume)
+        log.info("llm scorer %s: assigned %s", self.config.spec.name, [p.partition for p in partitions])
+
+    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+        self._drain()
+        self._commit()  # still our generation: what is finished is not redone by the next owner
+        self._dropped(partitions, lost=False)
+
+    def _on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
+        self._dropped(partitions, lost=True)
+
+    def _dropped(self, partitions: list[Any], lost: bool) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        dropped = self.window.drop(tps)
+        self._paused.difference_update(tps)
+        self.metrics.clear_lag()
+        log.log(logging.WARNING if lost else logging.INFO, "llm scorer %s: %s %s (dropped %d uncommitted records)",
+                self.config.spec.name, "lost" if lost else "revoked", [p.partition for p in partitions], dropped)
+
+
+class _Violation(Exception):
+    pass
+
+
+def run_llm_scorer(config: ScorerConfig, stop: threading.Event, on_ready: Callable[[LLMScorer], None] | None = None,
+                   **kwargs: Any) -> ScorerSummary:
+    """Serve ``config.spec`` through the window until ``stop`` is set (``sie score`` for endpoint specs)."""
+    llm = LLMConfig.from_backend_config(dict(getattr(config.spec.backend, "config", None) or {}))
+    scorer = LLMScorer(config, llm, **kwargs)
+    return scorer.run(stop, on_ready=(lambda: on_ready(scorer)) if on_ready else None)

@@ -1,0 +1,101 @@
+"""The endpoint pool on a fake clock: key stickiness, concurrency limits, ejection, backoff, half-open."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from sie.streams.llm.pool import Endpoint, EndpointPool
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pool(n: int = 3, concurrency: int = 4, clock: Clock | None = None) -> EndpointPool:
+    return EndpointPool([Endpoint(f"http://e{i}", concurrency) for i in range(n)], backoff_s=1.0,
+                        backoff_max_s=8.0, clock=clock or Clock())
+
+
+def test_the_same_key_goes_to_the_same_endpoint_and_keys_spread():
+    p = pool()
+    stop = threading.Event()
+    first = {}
+    for i in range(60):
+        key = f"user-{i}".encode()
+        e = p.acquire(key, stop)
+        first[key] = e.url
+        p.release(e)
+    for key, url in first.items():  # again: the same choice for each key
+        e = p.acquire(key, stop)
+        assert e.url == url
+        p.release(e)
+    spread = Counter(first.values())
+    assert len(spread) == 3 and min(spread.values()) >= 10, spread
+
+
+def test_a_full_preferred_endpoint_spills_to_the_least_loaded():
+    p = pool(2, concurrency=1)
+    stop = threading.Event()
+    a = p.acquire(b"k", stop)
+    b = p.acquire(b"k", stop)  # k's endpoint is full: the other one takes it
+    assert a.url != b.url
+    assert p.choose(b"k", 100.0) is None  # both full
+    p.release(a)
+    assert p.acquire(b"k", stop).url == a.url
+
+
+def test_weights_steer_unkeyed_traffic_and_zero_weight_takes_none():
+    p = pool(2, concurrency=100)
+    p.set_weight("http://e1", 0.0)
+    stop = threading.Event()
+    got = Counter(p.acquire(None, stop).url for _ in range(50))
+    assert got == {"http://e0": 50}
+
+
+def test_a_failing_endpoint_is_out_for_a_doubling_backoff_then_half_open():
+    clock = Clock()
+    p = pool(2, concurrency=4, clock=clock)
+    stop = threading.Event()
+    e0 = p.endpoints[0]
+    e0.in_flight = 3  # three requests in flight on e0 when it dies
+    assert p.failed(e0, "ConnectError") == 1.0
+    assert p.failed(e0, "ConnectError") == 0.0 and p.failed(e0, "ConnectError") == 0.0  # same outage: once
+    assert e0.failures == 1 and e0.in_flight == 0
+    assert all(p.acquire(f"k{i}".encode(), stop).url == "http://e1" for i in range(4))  # e0 is out
+    clock.now += 1.0  # backoff over: half-open, one request at a time
+    probe = p.acquire(None, stop)
+    assert probe is e0 and e0.limit() == 1 and p.choose(None, clock.now) is None
+    assert p.failed(e0, "ConnectError") == 2.0  # failed again: the backoff doubles
+    clock.now += 2.0
+    e = p.acquire(None, stop)
+    assert e is e0
+    p.release(e)  # an answer: back to full concurrency
+    assert e0.failures == 0 and e0.limit() == 4
+
+
+def test_backoff_is_capped_and_acquire_gives_up_on_stop():
+    clock = Clock()
+    p = pool(1, concurrency=1, clock=clock)
+    e0 = p.endpoints[0]
+    backoffs = []
+    for _ in range(6):
+        e0.in_flight += 1
+        backoffs.append(p.failed(e0, "timeout"))
+        clock.now += backoffs[-1]
+    assert backoffs == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    clock.now -= 1.0  # still out
+    stop = threading.Event()
+    stop.set()
+    assert p.acquire(None, stop) is None
+
+
+def test_a_pool_needs_an_endpoint():
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        EndpointPool([])
