@@ -53,6 +53,14 @@ class AgentMetrics:
             "sie_agent_update_seconds", "Duration of one supervisor update pass.", ["node"], registry=r,
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
         )
+        self.start_seconds = Histogram(
+            "sie_replica_start_seconds", "Worker launch to READY (readiness inference passed), by start kind.",
+            ["node", "model", "start"], registry=r,
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0, 120.0, 300.0),
+        )
+        self.pool_workers = Gauge("sie_warm_pool_workers", "Warm-pool workers, by state (warm, starting).",
+                                  ["node", "state"], registry=r)
+        self.pool_memory = Gauge("sie_warm_pool_memory_bytes", "Host memory the warm pool holds.", ["node"], registry=r)
         self._known_replicas: set[tuple[str, str]] = set()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
@@ -103,3 +111,10 @@ class AgentMetrics:
 
     def observe_transition(self, snapshot: Any) -> None:
         self.transitions.labels(self.node, snapshot.model, snapshot.state.value).inc()
+        if snapshot.state == ReplicaState.READY and getattr(snapshot, "start_s", None) is not None:
+            self.start_seconds.labels(self.node, snapshot.model, "warm" if snapshot.warm else "cold").observe(snapshot.start_s)
+
+    def observe_pool(self, status: dict[str, Any]) -> None:
+        self.pool_workers.labels(self.node, "warm").set(status["warm"])
+        self.pool_workers.labels(self.node, "starting").set(status["starting"])
+        self.pool_memory.labels(self.node).set(status["memory_mb"] * _MB)

@@ -62,6 +62,9 @@ class LaunchSpec:
     log_path: Path | None = None
     #: pass a status pipe and append ``--status-fd N`` to argv
     status_pipe: bool = True
+    #: a worker's own arguments (argv after ``-m sie.workers.worker_main``): a warm-pool worker can take this
+    #: launch instead of a new process (``sie.workers.warm_pool``); None: only a new process will do
+    warm_args: tuple[str, ...] | None = None
 
 
 class ProcessHandle(Protocol):
@@ -136,7 +139,11 @@ def pdeathsig_preexec(parent_pid: int) -> Any:
 
 
 class SubprocessHandle:
-    """A real child process: Popen plus a reader thread for its status pipe."""
+    """A real child process: Popen plus a reader thread for its status pipe.  ``warm``: the process was
+    started ahead of time by the warm pool and handed this replica (``assign``) instead of being spawned
+    for it."""
+
+    warm = False
 
     def __init__(self, popen: subprocess.Popen[bytes], status_fd: int | None, log_path: Path | None) -> None:
         self._popen = popen
@@ -188,6 +195,19 @@ class SubprocessHandle:
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
 
+    def assign(self, payload: Mapping[str, Any], log_path: Path | None) -> None:
+        """Hand a waiting warm worker its replica: one JSON line on its stdin (OSError if it is gone).
+        Its output goes to ``log_path`` from now on (the worker redirects itself), so crash reasons quote
+        the replica's log."""
+        stdin = self._popen.stdin
+        if stdin is None:
+            raise OSError(f"worker {self.pid} was not started to wait for an assignment")
+        stdin.write(json.dumps(dict(payload)).encode() + b"\n")
+        stdin.flush()
+        stdin.close()
+        self.warm = True
+        self._log_path = log_path
+
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
 
@@ -203,7 +223,11 @@ class SubprocessHandle:
 
 
 class SubprocessLauncher:
-    """Starts real processes with PDEATHSIG, a status pipe and a log file."""
+    """Starts real processes with PDEATHSIG, a status pipe and a log file (``keep_stdin``: a pipe to the
+    child's stdin stays open, for the warm pool's workers that wait for an assignment there)."""
+
+    def __init__(self, keep_stdin: bool = False) -> None:
+        self.keep_stdin = keep_stdin
 
     def start(self, spec: LaunchSpec) -> SubprocessHandle:
         argv = list(spec.argv)
@@ -220,7 +244,7 @@ class SubprocessLauncher:
                 argv,
                 env=dict(spec.env) if spec.env else None,
                 cwd=spec.cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self.keep_stdin else subprocess.DEVNULL,
                 stdout=log_file if log_file is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,) if write_fd is not None else (),

@@ -78,11 +78,16 @@ class ActualReplica:
     worker_error: str | None = None
     #: set when the replica is no longer desired (or its target changed): drain, then forget it
     retiring: bool = False
-    #: what the current process reported of itself: its /metrics port (``ready``), its consumer lag and
-    #: recent p99 (``progress``); None until it said so, reset when a new process starts
+    #: what the current process reported of itself: its /metrics port (``ready``), its consumer lag,
+    #: recent per-request p99 and records per second of inference time (``progress``; the autoscaler's
+    #: capacity estimate before it measured one); None until it said so, reset when a new process starts
     metrics_port: int | None = None
     lag: int | None = None
     p99_ms: float | None = None
+    inference_rps: float | None = None
+    #: seconds from launch to READY of the current worker, and whether a warm-pool worker took the launch
+    start_s: float | None = None
+    warm: bool = False
 
     @property
     def replica_id(self) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -95,6 +95,10 @@ class ReplicaSnapshot:
     metrics_port: int | None = None
     lag: int | None = None
     p99_ms: float | None = None
+    inference_rps: float | None = None
+    #: launch -> READY of the current worker (None until READY); ``warm``: a warm-pool worker took the launch
+    start_s: float | None = None
+    warm: bool = False
 
 
 CommandBuilder = Callable[[DesiredReplica], LaunchSpec]
@@ -109,8 +113,12 @@ class Supervisor:
         command_builder: CommandBuilder,
         clock: Clock | None = None,
         policy: SupervisorPolicy | None = None,
+        gpu_capacity_mb: Mapping[int, int] | None = None,
     ) -> None:
         self._launcher = launcher
+        #: node-local GPU index -> MiB: a replica is not started on a GPU that processes still running there
+        #: (an evicted or moved replica draining) would over-commit; None: not checked (simulated GPUs too)
+        self.gpu_capacity_mb = dict(gpu_capacity_mb) if gpu_capacity_mb else None
         self._build = command_builder
         self._clock = clock or MonotonicClock()
         self.policy = policy or SupervisorPolicy()
@@ -190,6 +198,10 @@ class Supervisor:
         if replica.state in (ReplicaState.PENDING, ReplicaState.CRASHED) and now >= replica.next_start_at:
             if self._predecessor_running(replica):
                 return  # same id, old target still draining: don't double the memory on the GPU
+            busy = self._gpu_busy(replica)
+            if busy is not None:
+                replica.reason = busy  # reported with the next heartbeat; launched once the GPU has room
+                return
             self._launch(replica, now)
 
     def _consume_events(self, replica: ActualReplica, now: float) -> None:
@@ -200,7 +212,9 @@ class Supervisor:
                 replica.records = event["records"]
             _take_reported(replica, event)
             if kind == "ready" and replica.state == ReplicaState.STARTING:
-                self._transition(replica, ReplicaState.READY, "readiness inference passed")
+                replica.start_s = now - replica.started_at
+                self._transition(replica, ReplicaState.READY, "readiness inference passed"
+                                 + (" (warm start)" if replica.warm else ""))
             elif kind == "error":
                 replica.worker_error = str(event.get("detail", "worker reported an error"))
 
@@ -279,8 +293,27 @@ class Supervisor:
         replica.started_at = replica.last_progress_at = now
         replica.exit = None
         replica.worker_error = None
-        replica.metrics_port = replica.lag = replica.p99_ms = None
+        replica.metrics_port = replica.lag = replica.p99_ms = replica.inference_rps = replica.start_s = None
+        replica.warm = bool(getattr(replica.handle, "warm", False))
         self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
+
+    def _gpu_busy(self, replica: ActualReplica) -> str | None:
+        """Why ``replica`` must wait before it starts: a GPU it is assigned would be over-committed by the
+        processes still running on it (an evicted replica draining its last batch), else None."""
+        capacity = self.gpu_capacity_mb
+        want = replica.desired
+        if capacity is None or not want.gpu_indices or not want.gpu_memory_mb:
+            return None
+        share = want.gpu_memory_mb / len(want.gpu_indices)
+        for index in want.gpu_indices:
+            holders = [o for o in self.table.all() if o is not replica and o.state.has_process
+                       and index in o.desired.gpu_indices]
+            held = sum(o.desired.gpu_memory_mb / max(1, len(o.desired.gpu_indices)) for o in holders)
+            if holders and held + share > capacity.get(index, 0):
+                names = ", ".join(sorted(o.replica_id for o in holders))
+                return (f"waiting for GPU {index}: {held:.0f} MiB still held by {names} (draining) + {share:.0f} "
+                        f"MiB > {capacity.get(index, 0)} MiB")
+        return None
 
     def _predecessor_running(self, replica: ActualReplica) -> bool:
         return any(
@@ -320,6 +353,9 @@ class Supervisor:
             metrics_port=replica.metrics_port if replica.state.has_process else None,
             lag=replica.lag if replica.state.has_process else None,
             p99_ms=replica.p99_ms if replica.state.has_process else None,
+            inference_rps=replica.inference_rps if replica.state.has_process else None,
+            start_s=replica.start_s,
+            warm=replica.warm,
         )
 
 
@@ -335,3 +371,6 @@ def _take_reported(replica: ActualReplica, event: dict) -> None:
     if "p99_ms" in event:
         p99 = event["p99_ms"]
         replica.p99_ms = float(p99) if type(p99) in (int, float) and 0 <= p99 < 1e12 else None
+    if "rate" in event:
+        rate = event["rate"]
+        replica.inference_rps = float(rate) if type(rate) in (int, float) and 0 < rate < 1e12 else None

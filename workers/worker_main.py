@@ -1,6 +1,7 @@
 """One replica's worker process: load the backend, prove readiness with a real inference, run the scorer.
 
     python -m sie.workers.worker_main --spec-file SPEC.json --replica-id fraud-scorer-0 --status-fd 5
+    python -m sie.workers.worker_main --warm --status-fd 5       (warm pool: imports done, waits on stdin)
 
 The agent starts one of these per replica (``sie.workers.process`` gives it
 PR_SET_PDEATHSIG and the status pipe).  It runs the SAME exactly-once scorer as
@@ -14,15 +15,26 @@ the replica's log file):
     {"event": "loading", "pid": 123}                       backend load started
     {"event": "ready", "latency_ms": 1.2, "outputs": {...}, "metrics_port": P}
                                                             readiness inference passed; /metrics on P
-    {"event": "progress", "records": N, "lag": L, "p99_ms": X}
+    {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X}
                                                             every --progress-interval s (liveness), with
-                                                            the scorer's consumer lag and recent p99
+                                                            records per second of inference time over the
+                                                            last minute (null if none), the scorer's consumer
+                                                            lag and its recent per-request p99
     {"event": "draining"}                                   SIGTERM received
     {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
     {"event": "stopped", "records": N}                      clean exit (0) after a drain
 
 Settings (Kafka connection, topic prefix) come from SIE_* environment variables,
 read once here at the entry point; the agent passes its environment through.
+
+Warm mode (``--warm``, the agent's warm pool, ``sie.workers.warm_pool``): the process imports the
+runtime (torch, the backends, the scorer, the Kafka client) and reports ``{"event": "warm"}``, then
+blocks on stdin for ONE JSON line ``{"args": [...], "env": {...}, "log_path": "..."}``: the arguments a
+cold worker would have been started with, the environment additions (``CUDA_VISIBLE_DEVICES`` among
+them: importing torch does not initialise CUDA, so setting it now still takes effect) and the replica's
+log file (stdout/stderr move there).  From then on it is an ordinary worker: the spec policy is applied
+to the spec before anything of it is imported, exactly as in a cold start.  EOF on stdin (the agent
+stopped, or shrank its pool) ends the process.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +59,44 @@ __all__ = ["CountingBackend", "StatusWriter", "main", "run_worker"]
 log = logging.getLogger("sie.worker")
 
 
-class CountingBackend:
-    """Delegates to the loaded backend and counts scored records (the progress the agent watches)."""
+#: the window and the most calls the inference rate reported with progress covers
+RATE_WINDOW_S = 60.0
+RATE_MAX_SAMPLES = 2048
 
-    def __init__(self, inner: Any) -> None:
+
+class CountingBackend:
+    """Delegates to the loaded backend, counts scored records (the progress the agent watches) and times its
+    inference calls (the records per second of inference time the autoscaler sizes a first scale-up with,
+    before it measured a replica's throughput under a backlog)."""
+
+    def __init__(self, inner: Any, clock: Any = time.monotonic) -> None:
         self._inner = inner
         self.device = getattr(inner, "device", "cpu")
         self.records = 0
         self._lock = threading.Lock()
+        self._clock = clock
+        self._latencies: deque[tuple[float, float, int]] = deque(maxlen=RATE_MAX_SAMPLES)
 
     def load(self) -> None:
         """Already loaded (and proven by the readiness inference): loading twice would double the memory."""
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        started = self._clock()
         outputs = self._inner.infer(inputs)
+        ended = self._clock()
         with self._lock:
             self.records += len(inputs)
+            self._latencies.append((ended, (ended - started) * 1000.0, len(inputs)))
         return outputs
+
+    def rate(self) -> float | None:
+        """Records per second of inference time over the last ``RATE_WINDOW_S`` (what the replica could do if it
+        did nothing but infer; None: no call ended in the window)."""
+        since = self._clock() - RATE_WINDOW_S
+        with self._lock:
+            recent = [(ms, n) for at, ms, n in self._latencies if at >= since]
+        spent = sum(ms for ms, _ in recent) / 1000.0
+        return round(sum(n for _, n in recent) / spent, 3) if recent and spent > 0 else None
 
     def close(self) -> None:
         self._inner.close()
@@ -87,7 +122,7 @@ def _progress_loop(
             status.emit("error", detail=detail)
             on_fatal(detail)
             return
-        status.emit("progress", records=counter.records, **extra())
+        status.emit("progress", records=counter.records, rate=counter.rate(), **extra())
 
 
 def _load_spec(path: Path) -> Any:
@@ -214,17 +249,75 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     return 0
 
 
+#: what a warm worker imports before it waits: everything a cold worker imports before it loads a spec
+WARM_IMPORTS = (
+    "torch", "numpy", "confluent_kafka", "fastavro", "pydantic",
+    "sie.kernel.settings", "sie.kernel.admin", "sie.schemas.spec", "sie.schemas.spec_policy",
+    "sie.workers.backends", "sie.workers.backends.torch_backend", "sie.workers.backends.python_backend",
+    "sie.workers.readiness", "sie.streams.scorer",
+)
+
+
+def warm_up() -> float:
+    """Import the runtime (``WARM_IMPORTS``; one that is not installed is skipped); seconds it took."""
+    import importlib
+
+    started = time.perf_counter()
+    for name in WARM_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # e.g. an optional backend's library: a cold worker would not need it either
+            log.info("warm-up: %s not imported (%s)", name, exc)
+    return time.perf_counter() - started
+
+
+def wait_for_assignment(stream: Any) -> dict[str, Any] | None:
+    """One JSON line from the agent (None on EOF: the agent is gone or shrank its pool)."""
+    line = stream.readline()
+    if not line:
+        return None
+    payload = json.loads(line)
+    if not isinstance(payload, dict) or not isinstance(payload.get("args"), list):
+        raise ValueError("warm worker: the assignment must be a JSON object with an 'args' list")
+    return payload
+
+
+def take_assignment(payload: dict[str, Any], status_fd: int | None) -> argparse.Namespace:
+    """Become the replica ``payload`` names: its environment, its log file, its arguments."""
+    env = payload.get("env") or {}
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    if payload.get("cwd"):
+        os.chdir(str(payload["cwd"]))  # the replica's folder, where a cold worker would have started
+    log_path = payload.get("log_path")
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    args = parse_args([str(a) for a in payload["args"]])
+    args.status_fd = status_fd
+    return args
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sie.workers.worker_main", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec-file", type=Path, required=True, help="ModelService document (JSON, to_document form)")
-    parser.add_argument("--replica-id", required=True, help="stable replica id, e.g. fraud-scorer-0")
+    parser.add_argument("--warm", action="store_true",
+                        help="warm pool: import the runtime, then wait for the replica's arguments on stdin")
+    parser.add_argument("--spec-file", type=Path, help="ModelService document (JSON, to_document form)")
+    parser.add_argument("--replica-id", help="stable replica id, e.g. fraud-scorer-0")
     parser.add_argument("--status-fd", type=int, default=None, help="fd of the status pipe to the agent")
     parser.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
     parser.add_argument("--gpu-indices", default="", help="node-local (NVML) indices of the GPUs reserved, e.g. 0,1")
     parser.add_argument("--gpu-memory-mb", type=int, default=0, help="absolute GPU memory budget of this replica")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="scorer /metrics port, 0 = any free one (reported in the ready line); default: none")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.warm and (args.spec_file is None or args.replica_id is None):
+        parser.error("--spec-file and --replica-id are required (or --warm)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stream = os.fdopen(args.status_fd, "w", buffering=1, encoding="utf-8") if args.status_fd is not None else None
     status = StatusWriter(stream)
+    if args.warm:
+        status.emit("warm", pid=os.getpid(), import_s=round(warm_up(), 3))
+        try:
+            payload = wait_for_assignment(sys.stdin)
+            if payload is None:
+                return 0
+            args = take_assignment(payload, args.status_fd)
+        except (ValueError, OSError, SystemExit) as exc:  # SystemExit: argparse refused the arguments
+            status.emit("error", detail=f"warm worker: unusable assignment: {exc}")
+            return 1
     try:
         return run_worker(args, status)
     except Exception as exc:  # SieError (bad spec/artifact/readiness) or anything unexpected: report, exit 1

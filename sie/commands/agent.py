@@ -50,12 +50,14 @@ def _parse_labels(text: str | None) -> dict[str, str]:
               help="A READY worker silent this long is hung: killed and restarted.")
 @click.option("--drain-grace-s", type=click.FloatRange(min=0), default=15.0, show_default=True,
               help="SIGTERM -> SIGKILL escalation when a worker is drained.")
+@click.option("--warm-pool", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Workers kept started with the runtime imported; a replica start takes one (docs/elasticity.md).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_obj
 def command(settings: Settings, node: str, labels: str | None, tier: str | None, simulate_gpus: str | None,
             metrics_port: int | None, worker_metrics_ports: str, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
             crash_window_s: float, backoff_max_s: float, startup_timeout_s: float, liveness_timeout_s: float,
-            drain_grace_s: float, log_level: str) -> None:
+            drain_grace_s: float, warm_pool: int, log_level: str) -> None:
     """Run the node agent for NODE until SIGTERM/SIGINT (which drains its workers).
 
     Killing the agent with SIGKILL kills its workers too (PR_SET_PDEATHSIG): that
@@ -76,7 +78,7 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     )
     config = AgentConfig(
         node=node, labels=_parse_labels(labels), tier=tier, simulate_gpus=simulate_gpus, heartbeat_s=heartbeat_s,
-        metrics_port=metrics_port, worker_metrics_ports=worker_metrics_ports, policy=policy,
+        metrics_port=metrics_port, worker_metrics_ports=worker_metrics_ports, policy=policy, warm_pool=warm_pool,
         **({"work_dir": work_dir} if work_dir is not None else {}),
     )
     require_kafka(settings)  # one line within seconds, not a KafkaException traceback (logs start after it)

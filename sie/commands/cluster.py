@@ -208,6 +208,8 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
         click.echo(f"Replicas:    min {spec['min_replicas']}, max {spec['max_replicas']}")
     click.echo(f"Phase:       {model.get('phase')}" + (f" ({model['reason']})" if model.get("reason") else ""))
     click.echo(f"Ready:       {model.get('ready_replicas', 0)}/{model.get('desired_replicas', 0)}")
+    for line in _autoscale_lines(model.get("autoscale")):
+        click.echo(line)
     click.echo("Replicas:")
     now_ms = time.time() * 1000
     for r in model.get("replicas") or ():
@@ -227,6 +229,19 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
         click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}{repeated}")
     if not events:
         click.echo("  (none recent)")
+
+
+def _autoscale_lines(auto: dict[str, Any] | None) -> list[str]:
+    """The autoscaler's decision (docs/elasticity.md), and the first request's latency after a wake from zero."""
+    if not auto:
+        return []
+    lines = [f"Autoscale:   {auto['action']}: {auto['reason']}"]
+    if auto.get("woke_at_ms"):
+        woke = time.strftime("%H:%M:%S", time.localtime(auto["woke_at_ms"] / 1000))
+        first = auto.get("first_result_ms")
+        lines.append(f"From zero:   woke at {woke}; first result "
+                     + (f"{first / 1000:.1f}s after waking (cold first request)" if first is not None else "not yet"))
+    return lines
 
 
 command = describe

@@ -15,7 +15,9 @@ control    read every control topic, write ``assignments``/``events``/``control-
            ``rollouts`` (transactionally, txn id ``<p>.control``) and ``specs``, ``connectors``, ``artifacts``,
            ``artifact-chunks`` (the API's writes); its election and state-reader groups; describe the system
            topics' configs (``sie control`` checks them); read the model topics (rollout gates judge what
-           each version answered).
+           each version answered; the autoscaler reads each request topic's end); describe the scorer
+           groups (the autoscaler reads each model's committed offsets; a spec with its own topics or
+           group needs those too).
 cdc        read the connector's source topics and its group, write the target request topics and the
            connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
 backfill   read the model's request topic, write the backfill results and their dead letters, read and
@@ -155,7 +157,9 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         r.add("group", names.control_group, ["read"], "leader election")
         r.add("group", names.control_state_group, ["read"], "state reader (never joined)")
         r.add("transactional_id", names.control_transactional_id, ["write"], "the leader's fenced writer")
-        r.add("topic", names.model_topic_prefix, ["read"], "rollout gates: what each version answered", PREFIXED)
+        r.add("group", names.scorer_prefix, ["describe"], "autoscaler: each scorer group's committed offsets", PREFIXED)
+        r.add("topic", names.model_topic_prefix, ["read"],
+              "rollout gates: what each version answered; autoscaler: the request topics' ends", PREFIXED)
         r.add("group", names.reader_group_prefix(), ["read"], "rollouts and gate readers (never joined)", PREFIXED)
     elif role == "cdc":
         if connector is None or not source_topics or not models:

@@ -211,6 +211,81 @@ def delete_topics(settings: Settings, topics: Sequence[str], timeout: float = 30
     return deleted
 
 
+@dataclass(frozen=True)
+class GroupProgress:
+    """How far a consumer group has come on one topic: per partition, the next offset the group will read
+    (its committed offset; the low watermark where it never committed, which is where ``earliest`` starts it)
+    and the topic's end (the last stable offset: what a ``read_committed`` reader can reach)."""
+
+    group: str
+    topic: str
+    committed: dict[int, int]
+    ends: dict[int, int]
+
+    @property
+    def partitions(self) -> int:
+        return len(self.ends)
+
+    @property
+    def committed_total(self) -> int:
+        return sum(self.committed.get(p, 0) for p in self.ends)
+
+    @property
+    def end_total(self) -> int:
+        return sum(self.ends.values())
+
+    @property
+    def lag(self) -> int:
+        """Records appended but not yet committed by the group (the backlog)."""
+        return sum(max(0, end - self.committed.get(p, end)) for p, end in self.ends.items())
+
+
+def group_progress(admin: AdminClient, group_id: str, topic: str, timeout: float = 5.0) -> GroupProgress:
+    """Committed offsets of ``group_id`` and the ends of ``topic`` through one admin client (read-only: the
+    group is never joined).  A topic that does not exist yet has no partitions (nothing waits on it);
+    anything else that fails raises ``SieError`` naming the group and topic.
+
+    WHY ``describe_topics`` and not ``list_topics(topic=...)``: an AdminClient's metadata request for one
+    topic lets a broker with ``auto.create.topics.enable`` CREATE it, with the broker's default partition
+    count; sampled right after ``sie apply``, before the worker created the model's topics, that left the
+    request topic with one partition (and the autoscaler capped at one replica).  DescribeTopics never
+    creates anything."""
+    from confluent_kafka import (
+        ConsumerGroupTopicPartitions,
+        IsolationLevel,
+        KafkaError,
+        KafkaException,
+        TopicCollection,
+        TopicPartition,
+    )
+    from confluent_kafka.admin import OffsetSpec
+
+    try:
+        try:
+            described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(
+                timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return GroupProgress(group_id, topic, {}, {})
+            raise
+        parts = [TopicPartition(topic, p.id) for p in sorted(described.partitions, key=lambda p: p.id)]
+        request = ConsumerGroupTopicPartitions(group_id, parts)
+        done = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group_id].result(timeout=timeout)
+        committed = {tp.partition: tp.offset for tp in done.topic_partitions if tp.offset >= 0}
+
+        def offsets(spec: OffsetSpec) -> dict[int, int]:
+            futures = admin.list_offsets({tp: spec for tp in parts}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                         request_timeout=timeout)
+            return {tp.partition: int(f.result(timeout=timeout).offset) for tp, f in futures.items()}
+
+        ends = offsets(OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        for p, low in offsets(OffsetSpec.earliest()).items():  # type: ignore[no-untyped-call]
+            committed[p] = max(committed.get(p, low), low)  # never committed, or behind retention: starts at low
+        return GroupProgress(group_id, topic, committed, ends)
+    except KafkaException as exc:
+        raise SieError(f"progress of group {group_id} on {topic}: {exc.args[0].str()}") from exc
+
+
 # ---- provisioning --------------------------------------------------------------------------------
 #: topic configs a topic's readers depend on (besides cleanup.policy): drift is fixed, not only reported
 _ENFORCED_CONFIGS = ("message.timestamp.type",)

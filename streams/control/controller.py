@@ -7,13 +7,17 @@ restarted control plane reaches the same decision.  Order of one pass:
 1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down, which a
    re-applied spec (a new version included), a deleted model or ``sie replica reset`` ends early;
 2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
-3. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
+3. autoscaling: the replica count of each model (``autoscaler.decide``: backlog, throughput, p99, bounds,
+   cool-down; leader only, state published with the model's status); without a backlog signal source
+   every model gets ``sla.min_replicas`` as before;
+4. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
    assignment of every node, so healthy replicas keep their node and GPU (no restart after a
-   control-plane restart or failover);
-4. assignments: a node's Assignment is published only when its replica set differs from the last one
+   control-plane restart or failover); with ``preemption`` a P0/P1 replica that finds no room evicts
+   lower-priority ones (``placement`` module docstring), each eviction an event;
+5. assignments: a node's Assignment is published only when its replica set differs from the last one
    published for it (the epoch is not part of the comparison);
-5. events and ModelStatus (status only when it changed);
-6. publish everything of the pass in ONE transaction, and only while leading.
+6. events and ModelStatus (status only when it changed);
+7. publish everything of the pass in ONE transaction, and only while leading.
 
 Each step runs in its own try/except: a failing step becomes a subsystem error in ``health`` and a
 metric, never a crashed loop.  Side effects go through ``Publisher`` (a fake in unit tests).
@@ -39,6 +43,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sie.kernel.names import Names
+from sie.schemas.replica_state import ReplicaState
+from sie.streams.control.autoscaler import AutoscalePolicy, ModelInputs, ModelSignals, ScaleDecision, bounds, decide
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
@@ -61,6 +67,11 @@ class ControlConfig:
     ``failure_cooldown_s``: after a replica reports FAILED on a node, it is kept off that node this long.
     ``reconcile_interval_s``: how often the loop runs (it also runs soon after a change is seen).
     ``strategy``: only ``binpack`` exists (the article's default).
+    ``preemption``: a P0 (then P1) replica that finds no room evicts the cheapest set of lower-priority
+    replicas on one node (``placement`` module docstring); False: it stays unschedulable.
+    ``autoscale``: the autoscaler's policy (``autoscaler.AutoscalePolicy``); ``backlog_interval_s``: how often
+    each autoscaled model's backlog is sampled, ``backlog_window_s``: the window its rates are measured over
+    (``signals.BacklogSampler``).
     ``mass_offline_fraction``: when at least this fraction of the nodes that were online go offline within
     one ``node_timeout_s`` while no heartbeat arrives from any node or the state reader lags, the leader
     holds their replicas where they are instead of removing them (``liveness.MassOfflineGuard``); 1.0 holds
@@ -73,6 +84,10 @@ class ControlConfig:
     reconcile_interval_s: float = 1.0
     strategy: str = "binpack"
     mass_offline_fraction: float = 0.5
+    preemption: bool = True
+    autoscale: AutoscalePolicy = AutoscalePolicy()
+    backlog_interval_s: float = 2.0
+    backlog_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -81,11 +96,15 @@ class ControlConfig:
             raise ConfigError(f"control.mass_offline_fraction: must be > 0 and <= 1 (got {self.mass_offline_fraction})")
         if self.node_timeout_s <= 0:
             raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
+        for key in ("backlog_interval_s", "backlog_window_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"control.{key}: must be > 0 (got {getattr(self, key)})")
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> ControlConfig:
         """Read the article's control-plane-config.yaml (``scheduling.strategy``,
-        ``monitoring.interval_seconds``) plus SIE's ``control:`` section; unknown keys are ignored."""
+        ``monitoring.interval_seconds``) plus SIE's ``control:`` section (with ``control.autoscale:``, the
+        ``AutoscalePolicy`` fields, and ``control.preemption``); unknown keys are ignored."""
         import yaml
 
         from sie.kernel.errors import ConfigError
@@ -101,12 +120,31 @@ class ControlConfig:
                 raise ConfigError(f"{path}: scheduling.strategy: only 'binpack' is supported (got {strategy!r})")
             values["strategy"] = strategy
         control = doc.get("control") or {}
-        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction"):
+        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction",
+                    "backlog_interval_s", "backlog_window_s"):
             if key in control:
                 try:
                     values[key] = float(control[key])
                 except (TypeError, ValueError):
                     raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
+        if "preemption" in control:
+            if not isinstance(control["preemption"], bool):
+                raise ConfigError(f"{path}: control.preemption: must be true or false (got {control['preemption']!r})")
+            values["preemption"] = control["preemption"]
+        autoscale = control.get("autoscale") or {}
+        if autoscale:
+            from dataclasses import fields
+
+            known = {f.name for f in fields(AutoscalePolicy)}
+            policy: dict[str, float] = {}
+            for key, value in autoscale.items():
+                if key not in known:
+                    raise ConfigError(f"{path}: control.autoscale.{key}: unknown (known: {', '.join(sorted(known))})")
+                try:
+                    policy[key] = float(value)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{path}: control.autoscale.{key}: must be a number (got {value!r})") from None
+            values["autoscale"] = AutoscalePolicy(**policy)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -178,6 +216,25 @@ class StateView(Protocol):
         ...
 
 
+class SignalSource(Protocol):
+    """Each autoscaled model's latest backlog signal (``signals.BacklogSampler`` in production)."""
+
+    def signals(self) -> Mapping[str, ModelSignals]: ...
+
+
+class RolloutView(Protocol):
+    """The rollout hook: why a rollout of ``model`` holds its autoscaling right now (None: no rollout in
+    progress), so scaling never fights a rollout.  ``sie control`` passes its ``Rollouts``
+    (``rollout_service.Rollouts.in_progress``)."""
+
+    def in_progress(self, model: str) -> str | None: ...
+
+
+class NoRollouts:
+    def in_progress(self, model: str) -> str | None:
+        return None
+
+
 class FreshView:
     """A state that is always complete and current (unit tests feed ``ClusterState`` directly)."""
 
@@ -228,6 +285,8 @@ class ReconcileReport:
     skipped: str | None = None
     #: why the mass-offline guard holds nodes online this pass (None: it does not)
     guard: str | None = None
+    #: the autoscaler's decision per autoscaled model this pass
+    decisions: Mapping[str, ScaleDecision] = field(default_factory=dict)
 
     def of(self, topic: str) -> list[OutRecord]:
         return [r for r in self.published if r.topic == topic]
@@ -247,9 +306,18 @@ class Controller:
         config: ControlConfig = ControlConfig(),
         metrics: Any | None = None,
         view: StateView | None = None,
+        signals: SignalSource | None = None,
+        rollouts: RolloutView | None = None,
     ) -> None:
         self.state = state
         self.view: StateView = view if view is not None else FreshView()
+        #: None: no autoscaling (every model gets sla.min_replicas)
+        self.signals = signals
+        self.rollouts: RolloutView = rollouts if rollouts is not None else NoRollouts()
+        #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
+        self.decisions: dict[str, ScaleDecision] = {}
+        self._decisions_seeded = False
+        self._last_plan: PlacementPlan | None = None
         self.guard = MassOfflineGuard(config.node_timeout_s, config.mass_offline_fraction)
         self._guard_decision = GuardDecision()
         self.publisher = publisher
@@ -263,6 +331,8 @@ class Controller:
         self._status_published: dict[str, ModelStatus] = {}
         self._status_loaded = False
         self._unplaced_reported: dict[str, str] = {}
+        #: replica id -> why it was evicted, while it has no node again
+        self._evicted: dict[str, str] = {}
         self._node_online: dict[str, bool] = {}
         self._gpu_healthy: dict[tuple[str, int], bool] = {}
         self._led_last_pass = False
@@ -282,6 +352,7 @@ class Controller:
             # new term: forget what a previous term of ours published; the topic is the truth now
             self._published.clear()
             self._unplaced_reported.clear()
+            self._decisions_seeded = False  # continue from the last decision published, not our own guesses
         self._led_last_pass = leader
         snap = self.state.snapshot()
         wait = self._stale_view(snap, now)
@@ -309,13 +380,17 @@ class Controller:
 
         step("failures", lambda: self._record_failures(snap, now, out))
         inventory = step("nodes", lambda: self._inventory(snap, now, out))
+        counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out))
+        if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
+            counts = {name: d.desired for name, d in self.decisions.items()}
         if inventory is not None:
             published = self._published_view(snap)
-            plan = step("placement", lambda: self._place(snap, inventory, published))
+            plan = step("placement", lambda: self._place(snap, inventory, published, counts))
             if plan is not None:
                 step("assignments", lambda: self._assignments(snap, plan, published, out))
                 step("events", lambda: self._placement_events(plan, published, inventory, now, out))
         if plan is not None:
+            self._last_plan = plan
             statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
         published_records: tuple[OutRecord, ...] = ()
         if leader and out:
@@ -336,7 +411,8 @@ class Controller:
         self.statuses = statuses or self.statuses
         durations["total"] = time.perf_counter() - started
         report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations,
-                                 guard=self._guard_decision.reason)
+                                 guard=self._guard_decision.reason,
+                                 decisions={n: d for n, d in self.decisions.items() if n in snap.specs})
         self.last_report = report
         self._observe(report, snap, now)
         return report
@@ -485,8 +561,9 @@ class Controller:
             return inventory
         return ClusterInventory.of(dc_replace(n, online=True) if n.name in decision.holding else n for n in inventory.nodes)
 
-    def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
-        models = [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
+    def _demands(self, snap: StateSnapshot, counts: Mapping[str, int] | None = None) -> list[ReplicaDemand]:
+        counts = counts or {}
+        models = [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name], counts.get(name))]
         return models + connector_demands(snap.connectors, snap.specs)  # CDC connectors run as CPU replicas
 
     def _excluded(self) -> dict[str, frozenset[str]]:
@@ -496,13 +573,36 @@ class Controller:
             out.setdefault(rid, set()).add(node)
         return {rid: frozenset(nodes) for rid, nodes in out.items()}
 
-    def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo]) -> PlacementPlan:
+    def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
+               counts: Mapping[str, int] | None = None) -> PlacementPlan:
         current: dict[str, tuple[str, tuple[int, ...]]] = {}
         for node in sorted(published):
             for a in published[node].replicas:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
-        plan = place(self._demands(snap), inventory, current, excluded=self._excluded())
-        return self._explain_exclusions(plan)
+        plan = place(self._demands(snap, counts), inventory, current, excluded=self._excluded(),
+                     preempt=self.config.preemption)
+        return self._explain_preemptions(self._explain_exclusions(plan))
+
+    def _explain_preemptions(self, plan: PlacementPlan) -> PlacementPlan:
+        """A replica evicted by an earlier pass and still without a node keeps "preempted by ..." leading its
+        reason (the next pass only sees that no node has room, not why it lost its place)."""
+        for rid, pre in plan.preempted.items():
+            self._evicted[rid] = pre.describe()
+        for rid in list(self._evicted):
+            if rid not in plan.unplaced:
+                del self._evicted[rid]  # placed again, or no longer wanted
+        stale = {rid: note for rid, note in self._evicted.items() if "preempted by" not in plan.unplaced[rid].reason}
+        if not stale:
+            return plan
+        from dataclasses import replace as dc_replace
+        from types import MappingProxyType
+
+        unplaced = dict(plan.unplaced)
+        for rid, note in stale.items():
+            u = unplaced[rid]
+            unplaced[rid] = dc_replace(u, reason=f"unschedulable: {note}; no other node has room "
+                                                 f"({u.reason.removeprefix('unschedulable: ')})")
+        return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory, plan.preempted)
 
     def _explain_exclusions(self, plan: PlacementPlan) -> PlacementPlan:
         """Unplaced while excluded from some node: lead with the FAILED report that caused it."""
@@ -519,7 +619,7 @@ class Controller:
                 if "excluded from every eligible node" not in u.reason:
                     reason += f" ({u.reason.removeprefix('unschedulable: ')})"
                 unplaced[rid] = dc_replace(u, reason=reason)
-        return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory)
+        return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory, plan.preempted)
 
     def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], out: list[OutRecord]) -> None:
         spec_json = {name: json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":")) for name, spec in snap.specs.items()}
@@ -547,13 +647,21 @@ class Controller:
         for node in sorted(published):
             for a in published[node].replicas:
                 before.setdefault(a.replica_id, (node, a))
+        for rid, pre in sorted(plan.preempted.items()):
+            if rid not in before:
+                continue  # evicted in the plan only (never published there): nothing to drain
+            now_at = plan.placements.get(rid)
+            after = (f"re-placed on {now_at.node}" if now_at is not None else
+                     "unschedulable: no other node has room")
+            out.append(self._event(now, "preempted", pre.victim_model, rid, pre.node, f"{pre.describe()}; drained; {after}"))
         for rid, p in sorted(plan.placements.items()):
             old = before.get(rid)
             where = f"{p.node}" + (f" gpu {','.join(map(str, p.gpu_indices))}" if p.gpu_indices else " (cpu)")
             if old is None:
                 out.append(self._event(now, "placed", p.model, rid, p.node, f"{rid} placed on {where}" + (f" ({p.note})" if p.note else "")))
             elif (old[0], old[1].gpu_indices) != (p.node, tuple(p.gpu_indices)):
-                why = self._why_moved(rid, old[0], old[1].gpu_indices, inventory)
+                why = (plan.preempted[rid].describe() if rid in plan.preempted
+                       else self._why_moved(rid, old[0], old[1].gpu_indices, inventory))
                 out.append(self._event(now, "moved", p.model, rid, p.node, f"{rid} moved from {old[0]} to {where}: {why}"))
             self._unplaced_reported.pop(rid, None)
         for rid, u in sorted(plan.unplaced.items()):
@@ -566,7 +674,10 @@ class Controller:
         wanted = set(plan.placements) | set(plan.unplaced)
         for rid, (node, a) in sorted(before.items()):
             if rid not in wanted:
-                out.append(self._event(now, "removed", a.model, rid, node, f"{rid} removed from {node}: no longer desired"))
+                decision = self.decisions.get(a.model)
+                why = (f"scaled down ({decision.reason})" if decision is not None and decision.scaled
+                       else "no longer desired")
+                out.append(self._event(now, "removed", a.model, rid, node, f"{rid} removed from {node}: {why}"))
         for rid in list(self._unplaced_reported):
             if rid not in wanted:
                 del self._unplaced_reported[rid]
@@ -585,6 +696,8 @@ class Controller:
         return "spec or constraints changed"
 
     def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
+        from dataclasses import replace as dc_replace
+
         if not self._status_loaded:
             from sie.streams.control.status import ModelStatus as MS
 
@@ -602,11 +715,89 @@ class Controller:
         for name in sorted(set(snap.specs) | set(snap.spec_errors)):
             statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now,
                                           self.config.node_timeout_s, epoch, cooldowns)
+            decision = self.decisions.get(name)
+            if decision is not None and name in snap.specs:
+                statuses[name] = dc_replace(statuses[name], autoscale=decision.to_record())
             if not statuses[name].same_as(self._status_published.get(name)):
                 out.append(OutRecord("model-status", name, "ModelStatus", statuses[name].to_record()))
         for name in sorted(set(self._status_published) - set(statuses)):
             out.append(OutRecord("model-status", name, "ModelStatus", None))
         return statuses
+
+    # -- autoscaling -----------------------------------------------------------------------------------
+
+    _EVENT_OF_ACTION = {"up": "scaled_up", "down": "scaled_down", "to_zero": "scaled_to_zero",
+                        "wake": "woke_from_zero", "blocked": "scale_blocked", "bounds": "scaled_to_bounds"}
+
+    def _seed_decisions(self, now: float) -> None:
+        """The decisions last published (``model-status`` topic): a new leader, or a standby, continues
+        from them instead of starting every model at its minimum."""
+        with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic (like statuses)
+            records = {name: rec.get("autoscale") for name, rec in self.state.model_status.items()}
+        self.decisions = {}
+        for name, rec in records.items():
+            if rec:
+                try:
+                    self.decisions[name] = ScaleDecision.from_record(rec, now)
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("autoscale state of %s unreadable (starting it afresh): %s", name, exc)
+
+    def _autoscale_inputs(self, name: str, spec: Any, snap: StateSnapshot, now: float) -> ModelInputs:
+        ready, p99, rates = 0, None, []
+        for node, hb in snap.heartbeats.items():
+            if not snap.node_online(node, now, self.config.node_timeout_s):
+                continue
+            for r in hb.replicas:
+                if r.model == name and r.state == ReplicaState.READY:
+                    ready += 1
+                    if r.p99_ms is not None:
+                        p99 = r.p99_ms if p99 is None else max(p99, r.p99_ms)
+                    if r.inference_rps:
+                        rates.append(r.inference_rps)
+        placed = unplaced = 0
+        unplaced_reason = None
+        plan = self._last_plan
+        if plan is not None:
+            placed = sum(1 for p in plan.placements.values() if p.model == name)
+            mine = sorted((u for u in plan.unplaced.values() if u.model == name), key=lambda u: u.replica_id)
+            unplaced = len(mine)
+            unplaced_reason = mine[0].reason if mine else None
+        sla = spec.sla
+        return ModelInputs(name, str(spec.priority_level), int(sla.min_replicas), int(sla.max_replicas),
+                           sla.max_queue_time_ms, sla.p99_latency_ms, ready, placed, unplaced, unplaced_reason, p99,
+                           sum(rates) / len(rates) if rates else None, self.rollouts.in_progress(name))
+
+    def _autoscale(self, snap: StateSnapshot, now: float, leader: bool, out: list[OutRecord]) -> dict[str, int]:
+        """Replica count per model.  The leader decides (and publishes each change as an event); a standby
+        follows the decisions on the topic, so its API shows what the leader decided."""
+        if self.signals is None:
+            return {name: max(0, int(spec.sla.min_replicas)) for name, spec in snap.specs.items()}
+        if not leader or not self._decisions_seeded:
+            self._seed_decisions(now)
+            self._decisions_seeded = leader
+        signals = self.signals.signals() if leader else {}
+        counts: dict[str, int] = {}
+        for name in sorted(snap.specs):
+            spec = snap.specs[name]
+            inputs = self._autoscale_inputs(name, spec, snap, now)
+            previous = self.decisions.get(name)
+            lo, hi, _ = bounds(inputs)
+            if lo == hi:
+                self.decisions.pop(name, None)  # a fixed-size model has nothing to decide
+                counts[name] = lo
+                continue
+            if not leader:
+                counts[name] = previous.desired if previous is not None else max(0, inputs.min_replicas)
+                continue
+            decision = decide(inputs, signals.get(name), previous, now, self.config.autoscale)
+            self.decisions[name] = decision
+            counts[name] = decision.desired
+            if decision.scaled and (previous is None or decision.desired != previous.desired or decision.action == "blocked"):
+                log.info("autoscale %s: %s", name, decision.reason)
+                out.append(self._event(now, self._EVENT_OF_ACTION[decision.action], name, None, None, decision.reason))
+        for gone in set(self.decisions) - set(snap.specs):
+            del self.decisions[gone]
+        return counts
 
     # -- bookkeeping -------------------------------------------------------------------------------
 

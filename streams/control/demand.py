@@ -64,16 +64,15 @@ def make_demands(model: str, replicas: int = 1, **fields: Any) -> list[ReplicaDe
     return [ReplicaDemand(model=model, index=i, **fields) for i in range(replicas)]
 
 
-def demands_from_spec(spec: Any) -> list[ReplicaDemand]:
-    """The replicas to place now for a ModelService: ``sla.min_replicas`` of them.
-
-    ``sla.max_replicas`` is not acted on: there is no autoscaler yet (one would add demands through
-    ``Placer.add_model``). Reads only the agreed attributes of ``sie.schemas.spec.ModelService`` (duck-typed, so tests can
-    pass a small stand-in).
+def demands_from_spec(spec: Any, replicas: int | None = None) -> list[ReplicaDemand]:
+    """The replicas to place now for a ModelService: ``replicas`` of them (the autoscaler's count), or
+    ``sla.min_replicas`` when not given.  Ids are ``<model>-0 .. <model>-(n-1)``: scaling down removes the
+    highest index, so the replicas that stay keep their ids and places.  Reads only the agreed attributes of
+    ``sie.schemas.spec.ModelService`` (duck-typed, so tests can pass a small stand-in).
     """
     res = spec.resources
     sched = spec.scheduling
-    replicas = max(0, int(spec.sla.min_replicas))  # 0 = scaled to zero (long-tail models)
+    replicas = max(0, int(spec.sla.min_replicas if replicas is None else replicas))  # 0 = scaled to zero (long tail)
     return make_demands(
         spec.name,
         replicas,

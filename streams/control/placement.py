@@ -27,8 +27,16 @@ Decisions (WHY in brackets):
 - Order: P0, P1, P2; within a priority larger first (whole GPUs, GPU memory, CPU, host memory), then
   replica id (first-fit-decreasing; deterministic whatever the input order).
 - Stability: a current placement that is still valid (node online and eligible, GPUs healthy, room)
-  is kept before anything new is placed [no churn when a model arrives]. No preemption: a P0 replica
-  that does not fit is reported unplaced, P2 replicas are not evicted.
+  is kept before anything new is placed [no churn when a model arrives].
+- Preemption (``preempt=True``; the controller's default, off for a bare ``place()``): a P0 replica that
+  finds no room evicts the cheapest set of P2 replicas, then if that is not enough P1 replicas, that frees
+  enough on ONE GPU of one node (whole-GPU replicas: enough whole GPUs of one node; CPU-only: enough CPU and
+  host memory of one node); a P1 replica may evict P2 replicas; nothing ever evicts a P0 replica.
+  Cheapest = only P2 victims before any P1, then the fewest victims, then the least memory evicted beyond
+  the need [each eviction is a drain and a restart elsewhere]. The evicted replicas are then placed again
+  like any other (elsewhere if there is room, by the same rules: an evicted P1 may in turn evict P2);
+  those that find no room are unplaced with ``preempted by ...`` leading their reason. ``plan.preempted``
+  lists every eviction (the controller publishes each as an event).
 - Exclusions: ``excluded[replica_id]`` is a set of nodes that replica must not use (the controller keeps
   a replica that FAILED on a node off it for a cool-down). They are per replica, not per model, so they
   are checked per node and never change the pools or another replica's options; a current placement on
@@ -42,7 +50,7 @@ import re
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
@@ -89,6 +97,28 @@ class Unplaced:
     reason: str
 
 
+@dataclass(frozen=True)
+class Preemption:
+    """A replica evicted so that a higher-priority one fits: ``victim`` left ``node``/``gpu_indices``
+    for ``by``, which needed ``needed`` (what the victims held there is ``freed_mb``)."""
+
+    victim: str
+    victim_model: str
+    victim_priority: str
+    node: str
+    gpu_indices: tuple[int, ...]
+    by: str
+    by_model: str
+    by_priority: str
+    needed: str
+    freed_mb: int
+
+    def describe(self) -> str:
+        where = f"{self.node}" + (f" gpu {','.join(map(str, self.gpu_indices))}" if self.gpu_indices else "")
+        return (f"preempted by {self.by} ({self.by_priority}, needs {self.needed}) on {where}: "
+                f"{self.victim} is {self.victim_priority}")
+
+
 # The current placement given to a full pass: replica id -> Placement or (node, gpu indices).
 Current = Mapping[str, Placement | tuple[str, Sequence[int]]]
 # Nodes a replica must not be placed on: replica id -> node names.
@@ -120,6 +150,8 @@ class PlacementPlan:
     placements: Mapping[str, Placement]
     unplaced: Mapping[str, Unplaced]
     inventory: ClusterInventory
+    #: evictions made by this plan: victim replica id -> Preemption
+    preempted: Mapping[str, Preemption] = field(default_factory=lambda: MappingProxyType({}))
 
     def outcome(self, replica_id: str) -> Placement | Unplaced:
         found = self.placements.get(replica_id) or self.unplaced.get(replica_id)
@@ -345,8 +377,10 @@ def _pool_key(state: NodeState) -> tuple:
 class _Allocator:
     """Mutable free-capacity bookkeeping behind ``place`` and ``Placer`` (never exposed)."""
 
-    def __init__(self, inventory: ClusterInventory, excluded: Excluded | None = None) -> None:
+    def __init__(self, inventory: ClusterInventory, excluded: Excluded | None = None, preempt: bool = False) -> None:
         self.inventory = inventory
+        self.preempt = preempt
+        self.preempted: dict[str, Preemption] = {}
         self.excluded: dict[str, frozenset[str]] = {rid: frozenset(n) for rid, n in (excluded or {}).items() if n}
         self.nodes: dict[str, _Node] = {}
         self.pools: dict[tuple, _Pool] = {}
@@ -361,7 +395,8 @@ class _Allocator:
 
     def plan(self) -> PlacementPlan:
         return PlacementPlan(
-            MappingProxyType(dict(self.placements)), MappingProxyType(dict(self.unplaced)), self.inventory
+            MappingProxyType(dict(self.placements)), MappingProxyType(dict(self.unplaced)), self.inventory,
+            MappingProxyType({rid: p for rid, p in self.preempted.items()}),
         )
 
     # -- nodes and GPUs
@@ -490,6 +525,9 @@ class _Allocator:
             self.place(d)
 
     def _fail(self, d: ReplicaDemand, reason: str) -> Unplaced:
+        evicted = self.preempted.get(d.replica_id)
+        if evicted is not None:
+            reason = f"{evicted.describe()}; no other node has room ({reason})"
         u = Unplaced(d.replica_id, d.model, d.version, UNSCHEDULABLE_PREFIX + reason)
         self.unplaced[d.replica_id] = u
         self.unplaced_demands[d.replica_id] = d
@@ -537,6 +575,15 @@ class _Allocator:
         return self.excluded.get(d.replica_id, frozenset())
 
     def place(self, d: ReplicaDemand) -> Placement | Unplaced:
+        """Place ``d`` by the rules; when it finds no room and may preempt, evict for it (module docstring)."""
+        out = self._place_plain(d)
+        if isinstance(out, Unplaced) and self.preempt and d.priority != "P2":
+            placed = self._preempt(d)
+            if placed is not None:
+                return placed
+        return out
+
+    def _place_plain(self, d: ReplicaDemand) -> Placement | Unplaced:
         pools = self._eligible(d)
         if not pools:
             return self._fail(d, self._explain_no_node(d))
@@ -549,6 +596,113 @@ class _Allocator:
         if d.gpu_memory_mb > 0:
             return self._place_shared(d, pools)
         return self._place_cpu(d, pools)
+
+    # -- preemption
+
+    def _victims(self, d: ReplicaDemand, node: _Node, rids: Iterable[str]) -> list[ReplicaDemand] | None:
+        """The demands behind ``rids`` if every one may be evicted for ``d`` (strictly lower priority)."""
+        out = []
+        for rid in sorted(set(rids)):
+            v = self.demands[rid]
+            if v.priority_rank <= d.priority_rank:
+                return None
+            out.append(v)
+        return out
+
+    def _host_fits_after(self, d: ReplicaDemand, node: _Node, victims: Sequence[ReplicaDemand]) -> bool:
+        cpu = node.cpu_free + sum(v.cpu for v in victims)
+        if cpu + _CPU_EPSILON < d.cpu:
+            return False
+        return node.mem_free is None or node.mem_free + sum(v.memory_mb for v in victims) >= d.memory_mb
+
+    def _greedy(self, d: ReplicaDemand, node: _Node, held: Mapping[str, int], missing_mb: int) -> list[ReplicaDemand] | None:
+        """Fewest evictable replicas of ``held`` (rid -> MiB) that free ``missing_mb`` and the host room:
+        P2 before P1, largest first (largest-first needs the fewest to cover an amount)."""
+        pool = [(self.demands[rid], mb) for rid, mb in held.items() if self.demands[rid].priority_rank > d.priority_rank]
+        pool.sort(key=lambda vm: (-vm[0].priority_rank, -vm[1], vm[0].replica_id))
+        chosen: list[ReplicaDemand] = []
+        freed = 0
+        for v, mb in pool:
+            if freed >= missing_mb and self._host_fits_after(d, node, chosen):
+                break
+            chosen.append(v)
+            freed += mb
+        if freed < missing_mb or not self._host_fits_after(d, node, chosen):
+            return None
+        return chosen
+
+    def _eviction(self, d: ReplicaDemand, node: _Node) -> tuple[tuple, list[ReplicaDemand], list[_Gpu]] | None:
+        """The cheapest eviction on ``node`` that makes room for ``d``: (cost, victims, gpus to use)."""
+        def cost(victims: Sequence[ReplicaDemand], freed: int, need: int, extra: tuple = ()) -> tuple:
+            uses_p1 = any(v.priority == "P1" for v in victims)
+            return (uses_p1, len(victims), freed - need, *extra)
+
+        best: tuple[tuple, list[ReplicaDemand], list[_Gpu]] | None = None
+        if d.gpus > 0:
+            per = math.ceil(d.gpu_memory_mb / d.gpus)
+            options = []
+            for g in node.gpus.values():
+                if g.capacity < per or g.capacity <= 0:
+                    continue
+                victims = self._victims(d, node, g.held)
+                if victims is not None:
+                    options.append((len(victims), -min((v.priority_rank for v in victims), default=3), g.index, g, victims))
+            if len(options) < d.gpus:
+                return None
+            options.sort(key=lambda o: (o[1], o[0], o[2]))
+            chosen = options[: d.gpus]
+            victims = list({v.replica_id: v for o in chosen for v in o[4]}.values())
+            if not victims or not self._host_fits_after(d, node, victims):
+                return None
+            freed = sum(sum(o[3].held.values()) for o in chosen)
+            return cost(victims, freed, 0), victims, sorted((o[3] for o in chosen), key=lambda g: g.index)
+        if d.gpu_memory_mb > 0:
+            for g in sorted(node.gpus.values(), key=lambda g: g.index):
+                if g.capacity < d.gpu_memory_mb:
+                    continue
+                victims = self._greedy(d, node, g.held, d.gpu_memory_mb - g.free)
+                if not victims:
+                    continue
+                freed = sum(g.held[v.replica_id] for v in victims)
+                level = 0 if not node.models[d.model] else 1
+                cand = (cost(victims, freed, d.gpu_memory_mb - g.free, (level, g.index)), victims, [g])
+                if best is None or cand[0] < best[0]:
+                    best = cand
+            return best
+        held = {rid: 0 for rid, p in self.placements.items() if p.node == node.state.name}
+        victims = self._greedy(d, node, held, 0)
+        if not victims:
+            return None
+        return cost(victims, 0, 0), victims, []
+
+    def _preempt(self, d: ReplicaDemand) -> Placement | None:
+        """Evict the cheapest set of lower-priority replicas on one eligible node for ``d``, place ``d`` there,
+        then place the evicted replicas again (elsewhere if there is room)."""
+        banned = self._banned(d)
+        best: tuple | None = None
+        for pref, pool in self._eligible(d):
+            for name in pool.names:
+                node = self.nodes[name]
+                if name in banned:
+                    continue
+                found = self._eviction(d, node)
+                if found is not None and (best is None or (found[0], pref, name) < best[0]):
+                    best = ((found[0], pref, name), node, found[1], found[2])
+        if best is None:
+            return None
+        _, node, victims, gpus = best
+        needed = (f"{d.gpus} whole GPU(s)" if d.gpus else f"{d.gpu_memory_mb} MiB GPU memory" if d.gpu_memory_mb
+                  else f"{d.cpu:g} CPU")
+        for v in victims:
+            p = self.placements[v.replica_id]
+            freed = sum(self.nodes[p.node].gpus[i].held.get(v.replica_id, 0) for i in p.gpu_indices if i in node.gpus)
+            self.preempted[v.replica_id] = Preemption(
+                v.replica_id, v.model, v.priority, p.node, p.gpu_indices, d.replica_id, d.model, d.priority, needed, freed)
+            self.release(v.replica_id)
+        placed = self._commit(d, node, gpus)
+        for v in _ordered(victims):
+            self.place(v)
+        return placed
 
     def _place_shared(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]]) -> Placement | Unplaced:
         """Best fit among GPUs already in use; only when none fits, open an empty GPU, taken from the most
@@ -682,9 +836,10 @@ def _slot(value: Placement | tuple[str, Sequence[int]]) -> tuple[str, tuple[int,
 
 
 def _full_pass(
-    demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None, excluded: Excluded | None = None
+    demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None, excluded: Excluded | None = None,
+    preempt: bool = False,
 ) -> _Allocator:
-    alloc = _Allocator(inventory, excluded)
+    alloc = _Allocator(inventory, excluded, preempt)
     pending = []
     for d in _ordered(_unique(demands)):
         cur = current.get(d.replica_id) if current else None
@@ -701,11 +856,13 @@ def place(
     inventory: ClusterInventory,
     current: Current | None = None,
     excluded: Excluded | None = None,
+    preempt: bool = False,
 ) -> PlacementPlan:
     """Full placement pass: keep the still-valid ``current`` placements, then place the rest in priority
-    order, never putting a replica on a node of ``excluded[replica_id]``. Same inputs (in any order) ->
-    equal plan."""
-    return _full_pass(demands, inventory, current, excluded).plan()
+    order, never putting a replica on a node of ``excluded[replica_id]``; with ``preempt``, a P0/P1 replica
+    that finds no room evicts lower-priority ones (module docstring). Same inputs (in any order) -> equal
+    plan."""
+    return _full_pass(demands, inventory, current, excluded, preempt).plan()
 
 
 class Placer:

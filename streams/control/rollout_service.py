@@ -123,6 +123,15 @@ class Rollouts:
             entry = self.driver.get(model)
             return entry is not None and not entry.rollout.terminal
 
+    def in_progress(self, model: str) -> str | None:
+        """Why a rollout holds ``model``'s autoscaling (the controller's ``RolloutView``; None: no unfinished
+        rollout): scaling while a canary's gates compare versions would change what they compare."""
+        with self._lock:
+            entry = self.driver.get(model)
+            if entry is None or entry.rollout.terminal:
+                return None
+            return f"rollout to {entry.rollout.canary_version}: {entry.rollout.label}"
+
     def list(self) -> list[dict[str, Any]]:
         """Every model's rollout (JSON-able): the leader's view, or the topic's on a standby."""
         with self._lock:

@@ -28,8 +28,10 @@ from typing import Any
 from sie.kernel.clients import KafkaClients
 from sie.kernel.supervised import SupervisedThread
 from sie.schemas.replica_state import ReplicaState
+from sie.streams.control.autoscaler import bounds
 from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
+from sie.streams.control.signals import BacklogSampler
 from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,8 @@ class ControlMetrics:
         self.nodes = Gauge("sie_control_nodes", "Registered nodes by liveness (online: a heartbeat within the timeout)",
                            ["state"], registry=self.registry)
         model = ["model_id", "priority_level"]
-        self.model_desired = Gauge("sie_control_model_replicas_desired", "Replicas the model's spec asks for", model,
+        self.model_desired = Gauge("sie_control_model_replicas_desired",
+                                   "Replicas the model should have (the spec's count, or the autoscaler's)", model,
                                    registry=self.registry)
         self.model_ready = Gauge("sie_control_model_replicas_ready", "Replicas of the model READY on its version", model,
                                  registry=self.registry)
@@ -76,6 +79,14 @@ class ControlMetrics:
                                registry=self.registry)
         self.restarts = Gauge("sie_control_thread_restarts", "Restarts of a supervised background thread",
                               ["thread"], registry=self.registry)
+        # desired vs ready of an autoscaled model: sie_control_model_replicas_desired/ready (the autoscaler's count)
+        self.lag = Gauge("sie_autoscale_lag_records", "Records waiting in the model's request topic (scorer group lag)",
+                         ["model_id"], registry=self.registry)
+        self.scale_events = Counter("sie_autoscale_events_total", "Scaling decisions published", ["model_id", "action"],
+                                    registry=self.registry)
+        self.preemptions = Counter("sie_control_preemptions_total", "Replicas evicted for a higher-priority one",
+                                   ["victim_priority", "by_priority"], registry=self.registry)
+        self._autoscaled: set[str] = set()
 
     def observe(self, report: ReconcileReport, snap: StateSnapshot, now: float, timeout_s: float) -> None:
         self.reconcile_seconds.observe(report.durations.get("total", 0.0))
@@ -100,6 +111,31 @@ class ControlMetrics:
                 self.placements.labels(r.value["kind"]).inc()
         for name in report.errors:
             self.errors.labels(name).inc()
+        self._observe_elasticity(report)
+
+    def _observe_elasticity(self, report: ReconcileReport) -> None:
+        """The backlog of each autoscaled model, scaling decisions and evictions (desired vs ready is in the
+        per-model gauges: an autoscaled model's desired count is the autoscaler's)."""
+        for name, decision in report.decisions.items():
+            if decision.lag is not None:
+                self.lag.labels(name).set(decision.lag)
+        for gone in self._autoscaled - set(report.decisions):
+            try:
+                self.lag.remove(gone)
+            except KeyError:
+                pass
+        self._autoscaled = set(report.decisions)
+        for r in report.of("events"):
+            if r.value is None or r.value.get("model") is None:
+                continue
+            decision = report.decisions.get(r.value["model"])
+            if decision is not None and decision.scaled and r.value["kind"] in _SCALE_EVENTS:
+                self.scale_events.labels(r.value["model"], decision.action).inc()
+        if report.plan is not None:
+            for rid, pre in report.plan.preempted.items():
+                if any(r.value is not None and r.value["kind"] == "preempted" and r.value["replica_id"] == rid
+                       for r in report.of("events")):
+                    self.preemptions.labels(pre.victim_priority, pre.by_priority).inc()
 
     def _observe_models(self, statuses: Any) -> None:
         """Per-model gauges; the series of a model that is gone (or changed priority) are removed."""
@@ -123,6 +159,10 @@ class ControlMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+_SCALE_EVENTS = frozenset({"scaled_up", "scaled_down", "scaled_to_zero", "woke_from_zero", "scale_blocked",
+                           "scaled_to_bounds"})
 
 
 class SteadyWallClock:
@@ -176,13 +216,20 @@ class ControlService:
                                   on_skip=lambda topic: self.metrics.skipped.labels(topic).inc())
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
                                      on_change=self._on_leadership, clock=clock, clients=clients)
-        self.controller = Controller(self.state, TransactionalPublisher(self.elector),
-                                     self.elector, config, self.metrics, view=self.feeder)
+        #: the autoscaler's backlog signal: sampled only while this instance leads (a standby follows the
+        #: decisions on the model-status topic), only for models that can scale
+        self.sampler = BacklogSampler(settings, self._autoscaled_models, clock=clock,
+                                      interval_s=config.backlog_interval_s, clients=clients,
+                                      rate_window_s=config.backlog_window_s)
         from sie.streams.control.rollout_service import Rollouts
 
-        #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API
+        #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API;
+        #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
         self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
                                  registry=self.metrics.registry)
+        self.controller = Controller(self.state, TransactionalPublisher(self.elector),
+                                     self.elector, config, self.metrics, view=self.feeder, signals=self.sampler,
+                                     rollouts=self.rollouts)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None
@@ -196,6 +243,7 @@ class ControlService:
     def start(self) -> ControlService:
         self.feeder.start()
         self.elector.start()
+        self.sampler.start()
         self._loop.start()
         if self._http_port is not None:
             from sie.streams.control.api import ApiServer, AuditLog, create_app
@@ -224,6 +272,7 @@ class ControlService:
             self.http.stop()
             self.audit.close()
         self._loop.join(10)
+        self.sampler.stop()
         self.elector.stop()
         self.feeder.stop()
         log.info("sie control %s stopped", self.instance_id)
@@ -231,6 +280,20 @@ class ControlService:
     def wait(self) -> None:
         while not self._stop.wait(0.5):
             pass
+
+    def _autoscaled_models(self) -> dict[str, tuple[str, str]]:
+        """Models whose count can change (min != max, P0 never below one): name -> (scorer group, request topic)."""
+        if not self.elector.is_leader:
+            return {}
+        from sie.streams.control.autoscaler import ModelInputs
+
+        out = {}
+        for name, spec in self.state.snapshot().specs.items():
+            lo, hi, _ = bounds(ModelInputs(name, str(spec.priority_level), int(spec.sla.min_replicas),
+                                           int(spec.sla.max_replicas)))
+            if lo != hi:
+                out[name] = (spec.group_id, spec.topics.requests)
+        return out
 
     # -- loop --------------------------------------------------------------------------------------
 
@@ -250,7 +313,7 @@ class ControlService:
 
     def _observe_threads(self) -> None:
         threads = {"state_feeder": self.feeder.thread_status(), "leader_elector": self.elector.thread_status(),
-                   "reconcile_loop": self._loop.status()}
+                   "reconcile_loop": self._loop.status(), "backlog_sampler": self.sampler.thread_status()}
         if self.http is not None:
             threads["http"] = self.http.status()
         for name, status in threads.items():
@@ -270,6 +333,7 @@ class ControlService:
             "reconcile_loop": {**loop.to_json(), **controller["reconcile"]} if loop.ok else
                               {**loop.to_json(), "detail": f"loop thread {loop.state}: {loop.last_error}"},
             "liveness_guard": controller["liveness_guard"],
+            "backlog_sampler": self.sampler.status(),
         }
         if self.http is not None:
             http = self.http.status()

@@ -100,10 +100,13 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
-    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag and recent p99 (ms)
+    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag, recent per-request p99
+    #: (ms), records scored by the current worker and its records per second of inference time
     metrics_address: str | None = None
     lag: int | None = None
     p99_ms: float | None = None
+    records: int = 0
+    inference_rps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class HeartbeatInfo:
     sent_at: float = 0.0
     #: ``host:port`` of the agent's own /metrics (None: it serves none)
     metrics_address: str | None = None
+    #: the agent's warm pool: workers waiting for a replica and the host memory they hold
+    warm_workers: int = 0
+    reserved_memory_mb: int = 0
 
     @property
     def alive_at(self) -> float | None:
@@ -354,7 +360,9 @@ class ClusterState:
                 at=at,
                 metrics_address=r.get("metrics_address"),
                 lag=r.get("lag"),
-                p99_ms=r.get("p99_ms"),
+                p99_ms=float(r["p99_ms"]) if r.get("p99_ms") is not None else None,
+                records=int(r.get("records") or 0),
+                inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
             )
             for r in record.get("replicas") or ()
         )
@@ -371,6 +379,8 @@ class ClusterState:
                 replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
                 sent_at=sent_at,
                 metrics_address=record.get("metrics_address"),
+                warm_workers=int(record.get("warm_workers") or 0),
+                reserved_memory_mb=int(record.get("reserved_memory_mb") or 0),
             )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
@@ -541,7 +551,8 @@ class StateSnapshot:
 
     def inventory(self, now: float, timeout_s: float) -> ClusterInventory:
         """The placer's view: registered nodes, online iff a heartbeat was seen within ``timeout_s``;
-        GPU health from the latest heartbeat (falls back to the registration).  A node that sends
+        GPU health from the latest heartbeat (falls back to the registration); host memory less what the
+        agent's warm pool holds (``reserved_memory_mb`` of its heartbeat).  A node that sends
         heartbeats but never registered is left out: without its inventory it cannot be placed on."""
         nodes = []
         for name, info in self.nodes.items():
@@ -567,7 +578,9 @@ class StateSnapshot:
                         labels=labels,
                         online=self.node_online(name, now, timeout_s),
                         cpu_count=max(0.0, info.cpu_count),
-                        memory_mb=max(0, info.memory_mb),
+                        # 0 would mean "not reported, not enforced": a pool holding it all leaves 1 MiB
+                        memory_mb=(max(1, info.memory_mb - (hb.reserved_memory_mb if hb is not None else 0))
+                                   if info.memory_mb > 0 else 0),
                         gpus=gpus,
                     )
                 )

@@ -86,6 +86,8 @@ class ModelStatus:
     replicas: tuple[ReplicaView, ...]
     epoch: int = 0
     updated_at_ms: int = 0
+    #: the autoscaler's decision (``autoscaler.ScaleDecision.to_record``); None for a fixed-size model
+    autoscale: Mapping[str, Any] | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The Avro ``ModelStatus`` record (also the JSON the HTTP API returns)."""
@@ -101,6 +103,7 @@ class ModelStatus:
             "replicas": [r.to_record() for r in self.replicas],
             "epoch": self.epoch,
             "updated_at_ms": self.updated_at_ms,
+            "autoscale": dict(self.autoscale) if self.autoscale is not None else None,
         }
 
     @classmethod
@@ -117,16 +120,31 @@ class ModelStatus:
             replicas=tuple(ReplicaView.from_record(r) for r in rec.get("replicas") or ()),
             epoch=int(rec.get("epoch") or 0),
             updated_at_ms=int(rec.get("updated_at_ms") or 0),
+            autoscale=dict(rec["autoscale"]) if rec.get("autoscale") else None,
         )
 
     def same_as(self, other: ModelStatus | None) -> bool:
-        """Equal apart from when/by whom it was computed (decides whether to re-publish)."""
+        """Equal apart from when/by whom it was computed and the autoscaler's moving numbers (decides whether
+        to re-publish: the lag and rates change every pass, the decision rarely)."""
         if other is None:
             return False
         a, b = self.to_record(), other.to_record()
         for key in ("epoch", "updated_at_ms"):
             a.pop(key), b.pop(key)
+        auto_a, auto_b = a.pop("autoscale"), b.pop("autoscale")
+        if (auto_a is None) != (auto_b is None):
+            return False
+        if auto_a is not None and _decision_identity(auto_a) != _decision_identity(auto_b):
+            return False
         return a == b
+
+
+#: the fields of an autoscale record that are the decision (the rest are the numbers behind it)
+_DECISION_FIELDS = ("desired", "action", "last_scale_at_ms", "blocked_until_ms", "woke_at_ms", "first_result_ms")
+
+
+def _decision_identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(record.get(k) for k in _DECISION_FIELDS)
 
 
 def _replica_view(

@@ -118,3 +118,24 @@ def test_three_brokers_get_rf3_and_min_isr_2(kafka_cluster3: LocalKafka) -> None
         configs = topic_configs(settings, spec.name)
         assert configs["min.insync.replicas"] == "2", spec.name
         assert configs["cleanup.policy"] == ("compact" if spec.compacted else "delete")
+
+
+def test_group_progress_reads_the_backlog_and_never_creates_a_missing_topic(kafka_settings: Settings) -> None:
+    """A broker with auto.create.topics.enable creates a topic an AdminClient asks metadata for; the
+    autoscaler's sampler reads before the worker creates the model's topics, so it must not."""
+    from sie.kernel.admin import admin_client, group_progress
+    from tests.helpers import produce_json
+
+    missing, name = unique_topic("progress-missing"), unique_topic("progress")
+    admin = admin_client(kafka_settings)
+    empty = group_progress(admin, "no-such-group", missing)
+    assert (empty.partitions, empty.lag) == (0, 0)
+    ensure_model_topics(kafka_settings, [name], partitions=3)
+    try:
+        produce_json(kafka_settings, name, [{"id": str(i)} for i in range(7)])
+        progress = group_progress(admin, "never-committed", name)
+        assert (progress.partitions, progress.end_total, progress.lag, progress.committed_total) == (3, 7, 7, 0)
+        # (checked last: a broker creates an auto-created topic within its own time, well before this)
+        assert missing not in wait_for_cluster(kafka_settings).topics
+    finally:
+        delete_topics(kafka_settings, [name])

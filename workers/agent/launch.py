@@ -179,16 +179,17 @@ class WorkerCommandBuilder:
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in desired.gpu_indices) if self.real_gpus else ""
         env["SIE_REPLICA_ID"] = desired.replica_id
-        argv: tuple[str, ...] = (
-            self.python, "-P", "-m", module,
+        args: tuple[str, ...] = (
             "--spec-file", str(spec_file),
             "--replica-id", desired.replica_id,
             "--progress-interval", str(self.progress_interval_s),
         )
         if module == WORKER_MODULE:  # a connector replica is CPU-only and serves no /metrics of its own
             port = self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
-            argv += ("--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
+            args += ("--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
                      "--gpu-memory-mb", str(desired.gpu_memory_mb),
                      *(("--metrics-port", str(port)) if port is not None else ()))
-        return LaunchSpec(name=desired.replica_id, argv=argv, env=env, cwd=str(directory),
-                          log_path=directory / "worker.log")
+        return LaunchSpec(name=desired.replica_id, argv=(self.python, "-P", "-m", module, *args), env=env,
+                          cwd=str(directory), log_path=directory / "worker.log",
+                          # a warm-pool worker (a scorer worker with the runtime imported) may take this launch
+                          warm_args=args if module == WORKER_MODULE else None)

@@ -14,7 +14,11 @@ workers: PR_SET_PDEATHSIG fires when the spawning thread exits):
     2. ``supervisor.update()``: each replica moves one step; every state change
        is published on ``replica-status`` (key = replica id);
     3. every ``heartbeat_s``: a Heartbeat (GPU metrics + a ReplicaReport per
-       replica) on ``heartbeats`` (key = node) and the /metrics gauges.
+       replica, the warm pool's size and memory) on ``heartbeats`` (key = node)
+       and the /metrics gauges;
+    4. the warm pool (``--warm-pool N``, ``sie.workers.warm_pool``): keep N
+       workers with the runtime imported; a launch takes one instead of
+       starting a process (from this same thread: PR_SET_PDEATHSIG).
 
 Each subsystem runs in its own try/except: a broker hiccup while heartbeating
 does not stop supervision, and failures are counted in
@@ -69,6 +73,10 @@ class AgentConfig:
     worker_progress_interval_s: float = 1.0
     #: extra time after the drain grace for workers to exit when the agent stops
     shutdown_extra_s: float = 5.0
+    #: pre-started workers (runtime imported) a launch can take instead of a cold start; 0 = none
+    warm_pool: int = 0
+    #: a taken pool worker is replaced this long after (its import would compete with the replica's start)
+    warm_pool_refill_s: float = 3.0
 
     def node_work_dir(self, settings: Settings) -> Path:
         return (self.work_dir or settings.cache_dir / "agent") / self.node
@@ -118,7 +126,19 @@ class Agent:
         )
         #: where Prometheus reaches this node's /metrics endpoints (the control plane's service discovery)
         self.advertise_host = settings.advertise_host or socket.gethostname()
-        self.supervisor = Supervisor(launcher or SubprocessLauncher(), self.commands, self._clock, config.policy)
+        from sie.workers.warm_pool import PooledLauncher, WarmPool
+
+        self.pool: WarmPool | None = None
+        launcher = launcher or SubprocessLauncher()
+        if config.warm_pool > 0:
+            env = {**self.commands.base_env, "PYTHONUNBUFFERED": "1"}
+            self.pool = WarmPool(config.warm_pool, env, config.node_work_dir(settings) / "warm-pool",
+                                 python=self.commands.python, clock=self._clock,
+                                 refill_delay_s=config.warm_pool_refill_s)
+            launcher = PooledLauncher(self.pool, launcher)
+        # real GPUs: a replica waits for GPU memory still held by a draining one (simulated GPUs hold nothing)
+        capacity = None if config.simulate_gpus else {g.index: g.memory_total_mb for g in self.inventory.gpus}
+        self.supervisor = Supervisor(launcher, self.commands, self._clock, config.policy, gpu_capacity_mb=capacity)
         self.metrics = AgentMetrics(config.node)
         self.metrics_port: int | None = None
         self._topics = {
@@ -160,6 +180,8 @@ class Agent:
         """One pass: assignments, supervision, heartbeat (each isolated)."""
         self._guard("assignments", self._poll_assignments)
         self._guard("supervisor", self._supervise)
+        if self.pool is not None:
+            self._guard("warm_pool", self.pool.maintain)
         if self._clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self._clock.monotonic() + self.config.heartbeat_s
             self._guard("heartbeat", self._heartbeat)
@@ -325,12 +347,15 @@ class Agent:
         snapshots = self.supervisor.snapshots()
         gpus = self._gpu_metrics(snapshots)
         self._seq += 1
+        warm, reserved = (self.pool.ready(), self.pool.memory_mb()) if self.pool is not None else (0, 0)
         record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
-                                    self.advertise_host, self.metrics_port)
+                                    self.advertise_host, self.metrics_port, warm, reserved)
         self._produce("heartbeats", self.config.node, "Heartbeat", record)
         self.metrics.heartbeats.labels(self.config.node).inc()
         self.metrics.observe_gpus(gpus)
         self.metrics.observe_replicas(snapshots)
+        if self.pool is not None:
+            self.metrics.observe_pool(self.pool.status())
 
     def _gpu_metrics(self, snapshots: list[ReplicaSnapshot]) -> list[Any]:
         """Fresh NVML readings; simulated GPUs report the budgets of the replicas running on them as used."""
@@ -350,6 +375,8 @@ class Agent:
     def _shutdown(self) -> None:
         """Drain every worker, publishing each state change, within the drain grace (+ a margin)."""
         log.info("agent %s: stopping; draining %d replicas", self.config.node, len(self.supervisor.table))
+        if self.pool is not None:
+            self.pool.close()
         self.supervisor.set_desired([])
         deadline = self._clock.monotonic() + self.config.policy.drain_grace_s + self.config.shutdown_extra_s
         while self._clock.monotonic() < deadline:

@@ -59,12 +59,16 @@ def replica_report(snapshot: ReplicaSnapshot, host: str | None = None) -> dict[s
         "metrics_address": address(host, snapshot.metrics_port),
         "lag": snapshot.lag,
         "p99_ms": snapshot.p99_ms,
+        "records": snapshot.records,
+        "inference_rps": snapshot.inference_rps,
     }
 
 
 def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot],
-              host: str | None = None, metrics_port: int | None = None) -> dict[str, Any]:
-    """``host``: where Prometheus reaches this node; ``metrics_port``: the agent's own /metrics."""
+              host: str | None = None, metrics_port: int | None = None,
+              warm_workers: int = 0, reserved_memory_mb: int = 0) -> dict[str, Any]:
+    """``host``: where Prometheus reaches this node; ``metrics_port``: the agent's own /metrics;
+    ``warm_workers`` / ``reserved_memory_mb``: its warm pool (placement subtracts the memory it holds)."""
     return {
         "node": node,
         "ts_ms": ts_ms,
@@ -72,6 +76,8 @@ def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: I
         "gpus": [gpu_record(g) for g in gpus],
         "replicas": [replica_report(s, host) for s in snapshots],
         "metrics_address": address(host, metrics_port),
+        "warm_workers": warm_workers,
+        "reserved_memory_mb": reserved_memory_mb,
     }
 
 

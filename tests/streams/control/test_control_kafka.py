@@ -147,9 +147,10 @@ def test_http_api_and_assignments(settings):
     reader = AssignmentReader(settings)
     try:
         port = svc.http_port
-        wait_until(lambda: _http(port, "GET", "/healthz")[1]["role"] == "leader", 30, message="solo instance to lead")
-        health = _http(port, "GET", "/healthz")[1]
-        assert health["epoch"] >= 1 and health["state_caught_up"]
+        # leading and caught up are two threads' news (elector, state feeder): wait for both, in either order
+        health = wait_until(lambda: (h := _http(port, "GET", "/healthz")[1])["role"] == "leader"
+                            and h["state_caught_up"] and h, 30, message="solo instance to lead, caught up")
+        assert health["epoch"] >= 1
         nodes = wait_until(lambda: [n for n in _http(port, "GET", "/v1/nodes")[1]["nodes"] if n["status"] == "online"], 15,
                            message="fake nodes online")
         assert {n["name"] for n in nodes} == {"node-1", "fast-0"}

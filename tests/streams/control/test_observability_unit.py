@@ -87,7 +87,7 @@ def _status(name: str, states: list[ReplicaState], priority: str = "P0") -> Mode
 
 def _observe(metrics: ControlMetrics, statuses: dict, nodes: int = 0) -> str:
     report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, statuses=statuses, plan=None,
-                             errors={}, of=lambda _topic: [])
+                             errors={}, of=lambda _topic: [], decisions={})
     snap = SimpleNamespace(specs=statuses, nodes={f"n{i}": None for i in range(nodes)},
                            node_online=lambda name, now, timeout: name != "n0")
     metrics.observe(report, snap, NOW, 10)
@@ -136,3 +136,25 @@ def test_new_routes_need_a_viewer_and_answer_json(client: TestClient):
         assert client.get(path, headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}).status_code == 200
     bad = client.get("/v1/events?limit=0", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "limit"
+
+
+def test_elasticity_metrics_backlog_scale_events_and_preemptions():
+    from sie.streams.control.autoscaler import ScaleDecision
+
+    metrics = ControlMetrics()
+    up = ScaleDecision(3, "up", "1 -> 3", NOW, NOW, NOW, lag=12_000)
+    events = [SimpleNamespace(value={"kind": "scaled_up", "model": "paced", "replica_id": None}),
+              SimpleNamespace(value={"kind": "preempted", "model": "bulk", "replica_id": "bulk-1"})]
+    plan = SimpleNamespace(unplaced={}, preempted={"bulk-1": SimpleNamespace(victim_priority="P2", by_priority="P0")})
+    report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, plan=plan, errors={},
+                             statuses={"paced": _status("paced", [ReplicaState.READY] * 3)},
+                             of=lambda topic: events if topic == "events" else [], decisions={"paced": up})
+    snap = SimpleNamespace(specs=report.statuses, nodes={}, node_online=lambda *a: True)
+    metrics.observe(report, snap, NOW, 10)
+    text = generate_latest(metrics.registry).decode()
+    assert 'sie_autoscale_lag_records{model_id="paced"} 12000.0' in text
+    assert 'sie_autoscale_events_total{action="up",model_id="paced"} 1.0' in text
+    assert 'sie_control_preemptions_total{by_priority="P0",victim_priority="P2"} 1.0' in text
+    # the model is no longer autoscaled: its backlog series goes (a counter of past events stays)
+    metrics.observe(SimpleNamespace(**{**vars(report), "decisions": {}, "plan": None}), snap, NOW, 10)
+    assert "sie_autoscale_lag_records{" not in generate_latest(metrics.registry).decode()

@@ -89,6 +89,7 @@ def test_reads_need_a_token_and_writes_need_an_operator(env):
 
 def test_applying_a_new_version_with_a_rollout_block_starts_a_rollout(env):
     client, service, published, audit, _l, doc = env
+    assert service.rollouts.in_progress("m") is None  # no rollout: nothing holds the autoscaler
     r = client.post("/v1/models", content=_new_version(doc, rollout={"steps": [50, 100], "intervalSeconds": 1}),
                     headers=_auth(OPERATOR_TOKEN))
     assert r.status_code == 202, r.text
@@ -105,6 +106,8 @@ def test_applying_a_new_version_with_a_rollout_block_starts_a_rollout(env):
     assert registry.get_sample_value("sie_rollout_canary_weight_ratio", {"model_id": "m"}) == 0.5
     assert registry.get_sample_value("sie_rollout_phase", {"model_id": "m", "phase": "Canary"}) == 1
     assert registry.get_sample_value("sie_rollout_phase", {"model_id": "m", "phase": "Surging"}) == 0
+    # the autoscaler's rollout hook: an unfinished rollout holds the model's scaling, and says why
+    assert service.rollouts.in_progress("m") == "rollout to 1.1.0: Canary(step 1/2, 50%)"
     r = client.post("/v1/rollouts/m/pause", headers=_auth(OPERATOR_TOKEN))
     assert r.status_code == 200 and r.json()["label"].startswith("Paused[Canary(step 1/2, 50%)")
     r = client.post("/v1/rollouts/m/pause", headers=_auth(OPERATOR_TOKEN))
