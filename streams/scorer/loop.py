@@ -8,8 +8,10 @@ The consume loop, the transaction cycle and every recovery path are the exactly-
     (the layer then commits offsets + results + dead letters atomically)
 
 ``BackendUnavailable`` (a ``RetryLater``) makes the layer abort and retry the batch after a backoff:
-an outage never becomes dead letters.  A stop request (SIGTERM) is honoured between batches: the
-current batch is committed, the consumer closed (leaving the group), and ``run`` returns a summary.
+an outage never becomes dead letters.  By default commits are pipelined (``ScorerConfig.pipelined``):
+batch N commits on the layer's committer thread while batch N+1 is parsed, validated and scored here.
+A stop request (SIGTERM) is honoured between batches: the batch in flight is committed, the consumer
+closed (leaving the group), and ``run`` returns a summary.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ class Scorer:
             name=f"scorer {cfg.spec.name}", topics=[cfg.spec.topics.requests],
             producer_config=cfg.producer_config(), consumer_config=cfg.consumer_config(),
             max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
-            tick_interval_s=cfg.lag_interval_s, limits=cfg.eos_limits(),
+            tick_interval_s=cfg.lag_interval_s, limits=cfg.eos_limits(), pipelined=cfg.pipelined,
             fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give every replica a "
                         f"distinct --instance"),
             self, clients=self._clients, observer=_MetricsObserver(self.metrics), clock=self._clock)
