@@ -61,8 +61,8 @@ def main() -> int:
     ap.add_argument("--max-requests", type=int, default=50_000, help="requests of the backlog run measuring max")
     ap.add_argument("--contestants", default="sie,serial,null,quix,quixt", help=f"comma list of {','.join(CONTESTANTS)}")
     ap.add_argument("--quix-python", default=None, help="python of the Quix Streams virtualenv (bench_scoring.py)")
-    ap.add_argument("--quix-commit-interval", type=float, default=bs.QUIX_TUNED_COMMIT_S,
-                    help="commit_interval (s) of the tuned Quix contestant")
+    ap.add_argument("--quix-commit-interval", default=str(bs.QUIX_TUNED_COMMIT_S),
+                    help="commit_interval (s) of the tuned Quix contestant; a comma list runs one per value (a sweep)")
     ap.add_argument("--no-write", action="store_true", help="don't write bench/results/latency.*")
     args = ap.parse_args()
     args.latency_warmup_seconds = args.warmup_seconds  # what bench_scoring.Bench.run_latency reads
@@ -103,10 +103,16 @@ def main() -> int:
                 rates.append(("half", max_rate / 2))
             else:
                 rates.append((item, float(item)))
+        intervals = [float(v) for v in args.quix_commit_interval.split(",") if v.strip()]
+        runs = [(name, {"commit_interval": v} if name == "quixt" else {})
+                for name in chosen for v in (intervals if name == "quixt" else [None])]
         for rate_key, rate in rates:
-            for name in chosen:
+            for name, run_extra in runs:
                 label, role, extra = CONTESTANTS[name]
+                extra = {**extra, **run_extra}
                 key = f"{name}_{rate_key}"
+                while key in phases:  # the same contestant twice in --contestants: a repeat (noise check)
+                    key = f"{name}{len(key)}_{rate_key}"
                 python = quix_python if role == "quix" else None
                 if role == "quix" and python is None:
                     phases[key] = bs.Phase(key, f"{label} @ {rate:,.0f}/s", 1, 0, error=f"not measured: {bs.QUIX_MISSING}")
@@ -119,7 +125,6 @@ def main() -> int:
                     trace = bench.tmp / f"{key}.trace.json"
                     cfg["trace"] = str(trace)
                 if role == "quix":
-                    cfg.setdefault("commit_interval", args.quix_commit_interval)
                     cfg["state_dir"] = str(bench.tmp / f"{key}-state")
                     label = f"Quix EOS, commit {cfg['commit_interval']:g}s"
                 ph = bs.Phase(key, f"{label} @ {rate:,.0f}/s", 1, 0,

@@ -638,6 +638,12 @@ class Bench:
             p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 1})
             p.list_topics(topics["requests"], timeout=10)  # connected, metadata known: no start-up in the first requests
             sent = [0.0] * n
+            acked = [0.0] * n  # the broker acknowledged the request (delivery report)
+
+            def on_ack(err: Any, _msg: Any, index: int) -> None:
+                if err is None:
+                    acked[index] = time.time()
+
             start = time.time()
             i = 0
             next_note = start + 3
@@ -648,7 +654,8 @@ class Bench:
                     key, value = records[i]
                     t = time.time()
                     sent[i] = t
-                    p.produce(topics["requests"], value, key, timestamp=int(t * 1000))
+                    p.produce(topics["requests"], value, key, timestamp=int(t * 1000),
+                              on_delivery=lambda err, msg, index=i: on_ack(err, msg, index))
                     i += 1
                 p.poll(0)
                 if now >= next_note:
@@ -686,7 +693,7 @@ class Bench:
                              "steady_p50_ms": _pct(steady, 50), "steady_p99_ms": _pct(steady, 99),
                              "steady_max_ms": steady[-1] if steady else float("nan")}
         if trace is not None and trace.exists():
-            phase.split = latency_split(json.loads(trace.read_text()), seen, sent, warm_until)
+            phase.split = latency_split(json.loads(trace.read_text()), seen, sent, acked, warm_until)
         if len(lat) < n:
             phase.error = f"only {len(lat):,}/{n:,} results arrived"
         log(f"  {phase.label}: after {self.args.latency_warmup_seconds:.0f}s warm-up p50 "
@@ -699,14 +706,17 @@ class Bench:
         return phase
 
 
-SPLIT_STEPS = ("queue", "prepare", "wait", "produce", "commit", "visible")
+SPLIT_STEPS = ("broker", "queue", "prepare", "wait", "produce", "commit", "visible")
 
 
-def latency_split(trace: list[list], seen: list[tuple], sent: list[float], warm_until: float) -> dict[str, Any]:
+def latency_split(trace: list[list], seen: list[tuple], sent: list[float], acked: list[float],
+                  warm_until: float) -> dict[str, Any]:
     """Where each steady-state request's latency went, from the scorer's per-batch ``BatchTimes``:
 
-    queue   request timestamp -> the batcher handed its batch over (client linger, broker, fetch, waiting
-            in librdkafka's queue while the loop was busy);
+    broker  request timestamp -> the broker acknowledged it (client linger, produce round trip; the scorer
+            can fetch it from about then: a busy machine shows up here first);
+    queue   acknowledged -> the batcher handed its batch over (fetch, waiting in librdkafka's queue while
+            the loop was busy; slightly negative when the fetch beat the acknowledgement);
     prepare parse + validate + inference of its batch;
     wait    pipelined: the previous batch's commit was still in flight;
     produce begin_transaction + producing the batch's outputs;
@@ -732,11 +742,16 @@ def latency_split(trace: list[list], seen: list[tuple], sent: list[float], warm_
         if k < 0 or not batches[k][0] <= offset <= batches[k][1]:
             continue
         collected, prepared, begun, produced, committed = batches[k][2]
-        marks = (sent[idx], collected, prepared, begun, produced, committed, seen_at)
+        marks = (sent[idx], acked[idx] or sent[idx], collected, prepared, begun, produced, committed, seen_at)
         rows.append(tuple((b - a) * 1000 for a, b in zip(marks, marks[1:])) + ((seen_at - sent[idx]) * 1000,))
     if not rows:
         return {}
-    out: dict[str, Any] = {"samples": len(rows)}
+    sizes = [sum(hi - lo + 1 for lo, hi in span.values()) for span, *_t in trace]
+    cycles = sorted(b[5] for b in trace if b[5])
+    out: dict[str, Any] = {"samples": len(rows), "batches": len(trace), "mean_batch": sum(sizes) / len(sizes),
+                           "max_batch": max(sizes),
+                           "commits_per_s": (len(cycles) - 1) / (cycles[-1] - cycles[0]) if len(cycles) > 1 and
+                           cycles[-1] > cycles[0] else 0.0}
     tail = sorted(rows, key=lambda r: r[-1])[-max(1, len(rows) // 100):]
     for i, step in enumerate(SPLIT_STEPS):
         values = sorted(r[i] for r in rows)
@@ -750,7 +765,9 @@ def split_line(split: dict[str, Any]) -> str:
     """One line: ``step p50/p99 [slowest-1% mean]`` per step."""
     return "split ms (p50/p99 [slowest 1% mean]): " + ", ".join(
         f"{step} {split[step]['p50_ms']:.1f}/{split[step]['p99_ms']:.1f} [{split[step]['tail_mean_ms']:.1f}]"
-        for step in SPLIT_STEPS) + f"; slowest 1% total {split['tail_total_mean_ms']:.1f}"
+        for step in SPLIT_STEPS) + (f"; slowest 1% total {split['tail_total_mean_ms']:.1f}; {split['batches']} batches, "
+                                    f"mean {split['mean_batch']:.1f} max {split['max_batch']} records, "
+                                    f"{split['commits_per_s']:.0f} commits/s")
 
 
 def _timeline(pairs: list[tuple[float, float]], start: float) -> list[list[float]]:
@@ -813,7 +830,7 @@ def role_cmd(role: str, cfg: dict, python: str | None = None) -> list[str]:
 
 # --- Quix Streams: its own virtualenv (quixstreams pins confluent-kafka < 2.13; SIE runs on its own version) ---
 QUIX_DEFAULT_COMMIT_S = 5.0  # quixstreams.Application(commit_interval=...) default
-QUIX_TUNED_COMMIT_S = 0.0  # its best latency here: commit after every processed message (see docs/benchmarks.md)
+QUIX_TUNED_COMMIT_S = 0.1  # its best latency here (bench_latency.py sweep, docs/benchmarks.md)
 QUIX_VENV = ROOT / "bench" / ".venv-quix"
 QUIX_MISSING = "no Quix Streams virtualenv: run bench/setup_quix_venv.sh (or pass --quix-python)"
 
