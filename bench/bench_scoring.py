@@ -14,16 +14,21 @@ the results as they become visible):
                  synchronously: what people write first. Slow: measured on a subset.
 * (d) ``faust``  a faust-streaming agent iterating the stream (json, validate,
                  infer one row per event, send), default at_least_once. Subset.
-* latency        the SIE scorer again, fed by a rate-limited producer at half of (a)'s
-                 measured throughput; end-to-end latency = request produce time (the
-                 record's timestamp) -> result visible to the read_committed reader.
+* (e) ``quix``   a Quix Streams application, ``processing_guarantee="exactly-once"``
+                 (json, validate, infer one row per message, to_topic) at its default
+                 commit interval (5 s) and (e') tuned for latency; its own virtualenv
+                 (``bench/setup_quix_venv.sh``: quixstreams pins confluent-kafka < 2.13). Subset.
+* latency        at 200/s, 2,000/s and half of (a)'s measured throughput, same run: the
+                 SIE scorer (traced: a per-request time split, see ``latency_split``)
+                 and Quix EOS at both commit intervals; end-to-end latency = request
+                 record timestamp -> result visible to the read_committed reader.
 
 Throughput of a backlog run: the contestant is started on an empty topic and waited
 for until its consumer group is stable with every partition assigned (so start-up and
 the first rebalance are not measured), then all requests are produced at once; the
 rate is results/s between the first and the last result the reader sees.
 
-Usage: ``python bench/bench_scoring.py [--requests 100000] [--quick] [--only sie,null]``;
+Usage: ``python bench/bench_scoring.py [--requests 100000] [--quick] [--only sie,null,quix,latency]``;
 writes bench/results/scoring.txt and scoring.json (``--no-write`` for a dry run).
 A contestant's own process is started as ``python bench/bench_scoring.py _role NAME JSON``.
 """
