@@ -52,6 +52,7 @@ CONTESTANTS = {
 
 
 def main() -> int:
+    bs.exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each controlled-rate run")
     ap.add_argument("--warmup-seconds", type=float, default=2.0, help="left out of the steady-state figures")
@@ -63,6 +64,7 @@ def main() -> int:
     ap.add_argument("--quix-python", default=None, help="python of the Quix Streams virtualenv (bench_scoring.py)")
     ap.add_argument("--quix-commit-interval", default=str(bs.QUIX_TUNED_COMMIT_S),
                     help="commit_interval (s) of the tuned Quix contestant; a comma list runs one per value (a sweep)")
+    ap.add_argument("--keep-logs", default=None, help="copy the contestants' logs and traces to this folder")
     ap.add_argument("--no-write", action="store_true", help="don't write bench/results/latency.*")
     args = ap.parse_args()
     args.latency_warmup_seconds = args.warmup_seconds  # what bench_scoring.Bench.run_latency reads
@@ -89,6 +91,13 @@ def main() -> int:
         bench.run_backlog(bs.Phase("warmup", "warmup", 1, 10_000),
                           [bs.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec), "instance": "w"})],
                           group, topics, records[:10_000], None)
+        # and at a controlled rate: the first latency run after the broker started was slower for every
+        # contestant (JIT, transaction coordinator and group coordinator warming up)
+        topics, spec, group = setup("warmup_rate")
+        bs.log("warmup: null pipeline at 500/s for 5 s (not reported)")
+        bench.run_latency(bs.Phase("warmup_rate", "warmup", 1, 0),
+                          bs.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec), "instance": "w2"}),
+                          group, topics, records, 500.0, 5.0)
         rates: list[tuple[str, float]] = []
         for item in (r.strip() for r in args.rates.split(",") if r.strip()):
             if item == "half":
@@ -166,16 +175,19 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
     ]
     if max_rate:
         lines.append(f"# SIE scorer max throughput (backlog): {max_rate:,.0f} requests/s -> half = {max_rate / 2:,.0f}/s")
-    lines += ["", f"{'contestant @ rate':<44}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'results':>9}  note"]
+    lines += ["", f"{'contestant @ rate':<44}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'results':>9}"
+                  f"{'cpu %':>7}{'broker %':>9}  note"]
     for ph in phases.values():
         if ph.key == "max":
             continue
         L = ph.latency
         if not L:
-            lines.append(f"{ph.label:<44}{'':>8}{'':>9}{'':>9}{'':>9}{ph.results:>9,}  {ph.error or 'no results'}")
+            lines.append(f"{ph.label:<44}{'':>8}{'':>9}{'':>9}{'':>9}{ph.results:>9,}{'':>7}{'':>9}  "
+                         f"{ph.error or 'no results'}")
             continue
         lines.append(f"{ph.label:<44}{L['achieved_rate']:>8,.0f}{L['steady_p50_ms']:>9.1f}{L['steady_p99_ms']:>9.1f}"
-                     f"{L['steady_max_ms']:>9.1f}{ph.results:>9,}  {ph.error}")
+                     f"{L['steady_max_ms']:>9.1f}{ph.results:>9,}{ph.cpu_contestant_pct:>7.0f}{ph.cpu_broker_pct:>9.0f}"
+                     f"  {ph.error}")
         if ph.split:
             lines.append("    " + bs.split_line(ph.split))
     lines += ["", "ratios within each rate (p99 of the other / p99 of SIE; > 1 = SIE lower):"]

@@ -13,8 +13,8 @@ Batch size adapts to the load (``max_wait`` 0, the default of the scorer): once 
 there, ``collect`` takes every record librdkafka has already fetched, up to ``max_batch``, without
 waiting for more.  Under a backlog the prefetch queue is full and batches are ``max_batch`` (fewer,
 larger transactions drain fastest); when the queue is short a batch is what arrived during the
-previous cycle (with pipelined commits: during the previous commit), so at light load a record waits
-for no timer at all.  A ``max_wait`` > 0 lingers instead: a batch closes ``max_wait`` after its first
+previous cycle, so at light load a record waits for no timer at all.  With pipelined commits the batch
+stays open while the previous commit runs (``hold``): it closes when that commit returns, or when full.  A ``max_wait`` > 0 lingers instead: a batch closes ``max_wait`` after its first
 record was seen, or when full (fewer transactions at light load, at the price of that much latency).
 Memory: at most ``max_batch`` records here plus librdkafka's bounded prefetch queue.
 """
@@ -30,6 +30,10 @@ from sie.streams.eos.errors import ConsumerFatal
 
 log = logging.getLogger("sie.eos")
 
+#: while a batch is held open for a running commit, how long one ``consume`` waits before ``hold`` is asked
+#: again (the commit's end is seen within this much)
+HOLD_POLL_S = 0.001
+
 
 class Batcher:
     """Collects up to ``max_batch`` records, waiting at most ``max_wait_s`` once one has arrived."""
@@ -44,12 +48,18 @@ class Batcher:
         self._buffer: list[Any] = []
         self.consumer_errors = 0
 
-    def collect(self) -> list[Any]:
+    def collect(self, hold: Callable[[], bool] | None = None) -> list[Any]:
         """The next batch; empty if nothing arrived within ``idle_timeout_s``.
 
         Two phases: wait for one record, then take what is already fetched (``max_wait`` 0), or fill until
         full or ``max_wait`` after that FIRST record (not after the first ``consume`` call returned).
         Timeouts are rounded up to 1 ms: librdkafka truncates shorter ones to 0 and the loop would spin.
+
+        ``hold`` (adaptive batches, pipelined commits: "the previous commit is still running"): the batch
+        stays open, taking records as they arrive, while ``hold()`` is true and it is not full.  A record
+        arriving during a commit then joins the batch that commits next, instead of waiting for a whole
+        extra cycle behind a batch closed at the commit's start; under a backlog the batch is full at once
+        and its preparation overlaps the commit.
         """
         buf = self._buffer = []
         clock = self._clock
@@ -63,6 +73,8 @@ class Batcher:
         if self._max_wait <= 0:  # adaptive: what is already fetched, no waiting (consume(n, 0) never blocks)
             if len(buf) < self._max_batch:
                 self._accept(self._consumer.consume(self._max_batch - len(buf), 0))
+            while hold is not None and len(buf) < self._max_batch and hold():
+                self._accept(self._consumer.consume(self._max_batch - len(buf), HOLD_POLL_S))
             batch, self._buffer = self._buffer, []
             return batch
         deadline = clock() + self._max_wait

@@ -13,11 +13,16 @@ producing and committing, whatever the inference time; and a dependency that is 
 is found before anything was produced.
 
 Pipelined (``start_batch``/``settle``, what ``StreamLoop`` runs by default): the commit of batch N runs on
-one committer thread while the caller's thread collects and prepares batch N+1 (librdkafka releases the
-GIL while it waits for the coordinator), so the commit's round trips overlap the next batch's work::
+one committer thread while the caller's thread collects batch N+1 (librdkafka releases the GIL while it
+waits for the coordinator)::
 
-    loop thread:  collect N+1 | prepare N+1 | settle(N) | begin N+1, produce N+1, start commit N+1 | collect N+2 ...
-    committer:    ... commit N (send_offsets + commit_transaction) ...|                            | commit N+1 ...
+    loop thread:  collect N+1 (open while commit N runs) | prepare N+1 | settle(N) | begin N+1, produce, start commit N+1 | ...
+    committer:    ... commit N (send_offsets + commit_transaction) ...|                                             | commit N+1 ...
+
+``StreamLoop`` keeps batch N+1 open while commit N runs (``Batcher.collect(hold=commit_running)``): under a
+backlog N+1 is full at once and its preparation (parse, validate, infer) overlaps the commit's round
+trips; at light load it closes when commit N returns, so a record arriving during a commit is in the
+next transaction (a batch closed at the commit's start would make it wait for a whole extra commit).
 
 The rules that keep it exactly once:
 
@@ -212,8 +217,13 @@ class ExactlyOnce:
 
     @property
     def in_flight(self) -> bool:
-        """A commit is running on the committer thread (``settle`` waits for it)."""
+        """A commit was started on the committer thread and not settled yet (``settle`` waits for it)."""
         return self._inflight is not None
+
+    def commit_running(self) -> bool:
+        """The started commit has not returned yet (the batcher holds the next batch open meanwhile)."""
+        inflight = self._inflight
+        return inflight is not None and not inflight.future.done()
 
     # --- serial ---------------------------------------------------------------------------------------
     def run_batch(self, batch: list[Any], prepare: Callable[[list[Any]], Prepared[T]],

@@ -8,7 +8,8 @@ records mean::
     consumer.subscribe(topics, on_assign/on_revoke/on_lost)   # revoke/lost: settle the in-flight commit,
     on_ready()                                                 # then drop the partitions' collected records
     while not stop:
-        batch = batcher.collect()          # consume(); rebalance callbacks run here
+        batch = batcher.collect(hold)      # consume(); rebalance callbacks run here; pipelined: held open
+                                           # while the previous commit runs (or until full)
         every tick_interval_s: processor.tick(consumer)        # lag gauges, progress logs
         outcomes = eos.start_batch(batch, processor.prepare, processor.rejected)
         for each committed outcome: processor.committed(value, size)   # counters move only for visible work
@@ -16,8 +17,9 @@ records mean::
     close_quietly(consumer, producer)      # leaves the group: partitions move to the others at once
 
 Pipelined (``StageSettings.pipelined``, the default): ``start_batch`` returns as soon as the batch's commit
-has started on the committer thread, so the next ``collect`` and ``prepare`` overlap the commit's round
-trips; the rules that keep this exactly once are in ``sie.streams.eos.cycle``.  With ``pipelined=False``
+has started on the committer thread, so the next ``collect`` (and, when that batch fills up first, its
+``prepare``) overlaps the commit's round trips; the rules that keep this exactly once are in
+``sie.streams.eos.cycle``.  With ``pipelined=False``
 each batch is committed before the next is collected (``run_batch``).
 
 A stop request (SIGTERM) is honoured between batches: the batch in flight is committed first.
@@ -154,8 +156,9 @@ class StreamLoop(Generic[T]):
                 on_ready()
             next_tick = self._clock()
             prepare, rejected, pipelined, wall = self._processor.prepare, self._processor.rejected, cfg.pipelined, self._wall
+            hold = eos.commit_running if pipelined else None
             while not stop.is_set():
-                batch = batcher.collect()
+                batch = batcher.collect(hold)
                 collected_at = wall()
                 if self._clock() >= next_tick:
                     self._processor.tick(consumer)

@@ -181,3 +181,25 @@ def test_a_stop_request_commits_the_batch_in_flight_and_counts_it():
     assert consumer.committed_offsets[(TOPIC, 0)] == 40  # the last batch (its commit started after stop) committed
     assert sum(n for kind, n in processor.events if kind == "committed") == 40
     assert len(values(producers)) == 40 and consumer.closed
+
+
+def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_returns():
+    from sie.streams.eos.batcher import Batcher
+
+    consumer = FakeConsumer(records(1))
+    consumer.assign([TopicPartition(TOPIC, 0, 0)])
+    asked: list[bool] = []
+
+    def commit_running() -> bool:
+        asked.append(True)
+        if len(asked) == 1:  # a record arrives while the previous commit is still running
+            consumer.append(FakeMessage(TOPIC, 0, 1, b"k1", b"v1"))
+            return True
+        return False  # the commit returned: the batch closes
+
+    batch = Batcher(consumer, 10, 0.0, 1.0).collect(commit_running)
+    assert [m.offset() for m in batch] == [0, 1] and len(asked) == 2
+    consumer.append(FakeMessage(TOPIC, 0, 2, b"k2", b"v2"))
+    consumer.append(FakeMessage(TOPIC, 0, 3, b"k3", b"v3"))
+    assert [m.offset() for m in Batcher(consumer, 1, 0.0, 1.0).collect(lambda: True)] == [2]  # full: closes at once
+    assert [m.offset() for m in Batcher(consumer, 10, 0.0, 1.0).collect()] == [3]  # serial: what is fetched
