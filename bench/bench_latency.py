@@ -171,7 +171,8 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
         f"{load_start[0]:.1f}, at end {load_end[0]:.1f}" + ("  (SHARED, LOADED MACHINE: compare within the run)"
                                                               if max(load_start[0], load_end[0]) > 1.5 else ""),
         "# end-to-end = request timestamp -> result visible to a read_committed reader; split (SIE only, from its "
-        "per-batch timings): queue -> prepare -> wait (previous commit) -> produce -> commit -> visible",
+        "per-batch timings): broker (request acknowledged) -> queue -> prepare -> wait (previous commit) -> produce -> "
+        "commit -> visible",
     ]
     if max_rate:
         lines.append(f"# SIE scorer max throughput (backlog): {max_rate:,.0f} requests/s -> half = {max_rate / 2:,.0f}/s")

@@ -1043,11 +1043,11 @@ def main() -> int:
 
         quix_python = find_quix_python(args.quix_python)
         if wanted("quix") and quix_python is None:
-            for key, label in (("quix", "(e) Quix Streams EOS"), ("quix_tuned", "(e') Quix EOS, tuned commit")):
+            for key, label in (("quix", "(e) Quix EOS"), ("quix_tuned", "(e') Quix EOS tuned")):
                 phases[key] = Phase(key, label, 1, 0, error=f"not measured: {QUIX_MISSING}")
         elif wanted("quix"):
-            for key, label, interval in (("quix", "(e) Quix Streams EOS", QUIX_DEFAULT_COMMIT_S),
-                                         ("quix_tuned", "(e') Quix EOS, tuned commit", args.quix_commit_interval)):
+            for key, label, interval in (("quix", "(e) Quix EOS", QUIX_DEFAULT_COMMIT_S),
+                                         ("quix_tuned", "(e') Quix EOS", args.quix_commit_interval)):
                 subset_run(key, f"{label} {interval:g}s", "quix", args.quix_requests, args.quix_seconds, "failed",
                            python=quix_python, commit_interval=interval, state_dir=str(bench.tmp / f"{key}-state"))
 
@@ -1119,16 +1119,17 @@ def build_report(phases: dict[str, Phase], args: argparse.Namespace, started: fl
         lines += ["", "controlled rate, same run; end-to-end = request record timestamp (set when handed to the client, "
                       "linger.ms 1) -> result visible to a read_committed reader; steady state = after a "
                       f"{args.latency_warmup_seconds:g}s warm-up:",
-                  f"  {'contestant @ rate':<36}{'req/s':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-                  f"{'results':>9}  note"]
+                  f"  {'contestant @ rate':<36}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+                  f"{'results':>9}{'cpu %':>7}{'broker %':>9}  note"]
     for lat in lat_phases:
         L = lat.latency
         if not L:
-            lines.append(f"  {lat.label:<36}{'':>8}{'':>9}{'':>9}{'':>9}{'':>9}{lat.results:>9,}  "
+            lines.append(f"  {lat.label:<36}{'':>8}{'':>9}{'':>9}{'':>9}{lat.results:>9,}{'':>16}  "
                          f"{lat.error or 'no results'}")
             continue
-        lines.append(f"  {lat.label:<36}{L['achieved_rate']:>8,.0f}{L['steady_p50_ms']:>9.1f}{L['p90_ms']:>9.1f}"
-                     f"{L['steady_p99_ms']:>9.1f}{L['steady_max_ms']:>9.1f}{lat.results:>9,}  {lat.error}")
+        lines.append(f"  {lat.label:<36}{L['achieved_rate']:>8,.0f}{L['steady_p50_ms']:>9.1f}{L['steady_p99_ms']:>9.1f}"
+                     f"{L['steady_max_ms']:>9.1f}{lat.results:>9,}{lat.cpu_contestant_pct:>7.0f}{lat.cpu_broker_pct:>9.0f}"
+                     f"  {lat.error}")
         if lat.split:
             lines.append("      " + split_line(lat.split))
         if lat.latency_timeline:
@@ -1180,7 +1181,7 @@ def build_report(phases: dict[str, Phase], args: argparse.Namespace, started: fl
     if SCORER_EXTRA or SCORER_ENTRY != ["-m", "sie"]:
         lines.append(f"NOT THE DEFAULT SCORER: entry {' '.join(SCORER_ENTRY)}, extra args {' '.join(SCORER_EXTRA)!r}")
     lines += ["", "baselines: (b) the scorer's own librdkafka settings and batching (max_batch, max_wait_ms above), one transaction per batch, "
-                  "bytes copied; (b') the same with producer retry.backoff.ms=2 instead of 5; (c) json + 1-row infer + produce + flush + commit(sync) per message, no validation; "
+                  "bytes copied; (b') the same with producer retry.backoff.ms=5 instead of 1; (c) json + 1-row infer + produce + flush + commit(sync) per message, no validation; "
                   "(d) faust-streaming agent, json serializer, validate + 1-row infer + send per event, at_least_once; "
                   "(e) Quix Streams Application, processing_guarantee exactly-once, json, validate + 1-row infer per message, "
                   "to_topic; commit_interval 5 s (its default) and tuned (e'), in its own virtualenv (confluent-kafka < 2.13)"]
