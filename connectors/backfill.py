@@ -191,8 +191,12 @@ class BackfillJob:
     def __init__(self, config: BackfillConfig, *,
                  progress: Callable[[str], None] | None = None,
                  clients: KafkaClients | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tracing: Any = None) -> None:
+        from sie.kernel.tracing import tracing_from_settings
+
         self.config = config
+        #: sie.kernel.tracing.Tracing: a backfilled request's trace (if it carries one) goes on to its result
+        self._tracing = tracing or tracing_from_settings(config.settings, "sie-backfill")
         self._clients = clients or KafkaClients()
         self._inference: Inference | None = None
         self._progress_out = progress or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -441,7 +445,13 @@ class BackfillJob:
                         continue
                 outputs[i] = self._dead_letter(batch[i], DeadLetterReason.INFERENCE_ERROR, detail)
                 counts.dead[DeadLetterReason.INFERENCE_ERROR.value] += 1
-        return Prepared([o for o in outputs if o is not None], counts)
+        prepared = [o for o in outputs if o is not None]
+        if self._tracing.enabled:
+            from sie.connectors.tracing import carry_traces
+
+            carry_traces(self._tracing, f"sie.backfill {cfg.job_id}", prepared, start_new=False,
+                         attributes={"sie.backfill.job": cfg.job_id, "sie.version": version})
+        return Prepared(prepared, counts)
 
     def _rejected(self, output: Output, detail: str, counts: _BatchCounts) -> Output:
         """A result too large to write: its request is dead-lettered instead."""

@@ -5,8 +5,10 @@ Why a separate stage (and not the scorer reading the CDC topic through the adapt
 * the scorer stays format-agnostic: it reads one wire contract (``docs/scoring.md``) whatever produced it;
 * conversion scales on its own (it is cheap per row; inference is not), and needs no model or GPU;
 * a poison CDC event is dead-lettered *here*, with its own reason (``invalid_json``, ``malformed_event``,
-  ``cast_error``, ``schema_mismatch``, ``missing_primary_key``) and the source bytes unchanged, before it
-  could ever reach the model;
+  ``cast_error``, ``schema_mismatch``, ``missing_primary_key``, ``null_in_required_field``, and
+  ``conversion_error`` for anything unforeseen), the source bytes unchanged and, for a row-level failure,
+  the row's coordinates (``sie.cdc.db|table|op|pk|position`` headers), before it could ever reach the model.
+  No record can stop the stage: converting one never raises (``CdcConverter.convert``);
 * requests are keyed ``db.table:pk``, so every change of one row lands on one request partition in order
   (a row's changes share a source partition too: canal/Debezium partition by primary key, and one stage
   instance owns a source partition at a time).
@@ -29,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
 from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
@@ -37,9 +39,12 @@ from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
 from sie.streams.eos import EosLimits, StageSettings, StreamLoop
-from sie.streams.eos.deadletter import RECORD_OVERHEAD, dead_letter
+from sie.streams.eos.deadletter import RECORD_OVERHEAD, dead_letter, short
 from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared
+
+if TYPE_CHECKING:
+    from sie.schemas.spec_models import IOSchema, ModelService
 
 log = logging.getLogger("sie.cdc")
 
@@ -51,6 +56,8 @@ class CdcStageConfig:
     connector: CdcConnectorSpec
     instance: str
     field_types: Mapping[str, str] | None = None  # model input field -> type; None = values passed uncast
+    # the model's input schema: types and NULL rules (to_requests docstring); give it or field_types
+    input_schema: IOSchema | None = None
     request_topic: str | None = None  # default: connector.request_topic, else the model's default topic
     dead_letter_topic: str | None = None  # default: sie.cdc.<connector>.dlq
     max_batch: int = 1000
@@ -172,10 +179,15 @@ class CdcStage:
     """Converts one connector's source topic exactly once. Build, then ``run(stop)``."""
 
     def __init__(self, config: CdcStageConfig, *, clients: KafkaClients | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tracing: Any = None) -> None:
+        from sie.kernel.tracing import tracing_from_settings
+
         self.config = config
+        #: sie.kernel.tracing.Tracing: a CDC row starts (or continues) the trace of the requests it becomes
+        self._tracing = tracing or tracing_from_settings(config.settings, "sie-cdc")
         spec = config.connector
-        self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic)
+        self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic,
+                                      topic_prefix=config.settings.topic_prefix, input_schema=config.input_schema)
         self.request_topic = self.converter.request_topic
         self.dead_letter_topic = config.dlq
         if self.request_topic == spec.source_topic or self.dead_letter_topic == spec.source_topic:
@@ -245,7 +257,11 @@ class CdcStage:
         for msg in batch:
             outcome = convert(msg.key(), msg.value())
             if outcome.error is not None:
-                outputs.append(self._dead_letter(msg, outcome.error.reason.value, outcome.error.detail, counts))
+                error = outcome.error
+                tags = self._tags
+                if error.coordinates:
+                    tags = tags + [(f"sie.cdc.{k}", short(v).encode()) for k, v in error.coordinates.items()]
+                outputs.append(self._dead_letter(msg, error.reason.value, error.detail, counts, tags))
                 continue
             requests = [Output(request_topic, req.value, req.key, -1, None, msg, "request") for req in outcome.requests]
             too_large = next((r for r in requests if r.size() > limit), None)
@@ -258,6 +274,11 @@ class CdcStage:
             counts.requests += len(requests)
             if outcome.skipped:
                 counts.skipped.update(outcome.skipped)
+        if self._tracing.enabled:
+            from sie.connectors.tracing import carry_traces
+
+            carry_traces(self._tracing, f"sie.cdc {self.config.connector.name}", outputs, start_new=True,
+                         attributes={"sie.connector": self.config.connector.name})
         return Prepared(outputs, counts)
 
     def rejected(self, output: Output, detail: str, counts: _BatchCounts) -> Output:
@@ -268,9 +289,10 @@ class CdcStage:
     def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
         pass
 
-    def _dead_letter(self, msg: Any, reason: str, detail: str, counts: _BatchCounts) -> Output:
+    def _dead_letter(self, msg: Any, reason: str, detail: str, counts: _BatchCounts,
+                     tags: list[tuple[str, bytes]] | None = None) -> Output:
         counts.dead[reason] += 1
-        return dead_letter(self.dead_letter_topic, msg, reason, detail, self._tags, self._max_record_bytes)
+        return dead_letter(self.dead_letter_topic, msg, reason, detail, tags or self._tags, self._max_record_bytes)
 
     def committed(self, counts: _BatchCounts, n: int) -> None:
         """Counters move only after a commit, so they count what readers can see."""
@@ -298,6 +320,7 @@ def run_cdc_stage(config: CdcStageConfig, stop: threading.Event,
     return stage.run(stop, on_ready=(lambda: on_ready(stage)) if on_ready else None)
 
 
-def field_types_of(model_spec: Any) -> dict[str, str]:
-    """``{field: type}`` of a ``ModelService``'s input schema (what ``CdcConverter`` coerces to)."""
+def field_types_of(model_spec: ModelService) -> dict[str, str]:
+    """``{field: type}`` of a ``ModelService``'s input schema (what ``CdcConverter`` coerces to); pass
+    ``input_schema=model_spec.input_schema`` instead to apply the model's NULL rules too."""
     return {f.name: f.type for f in model_spec.input_schema.fields}

@@ -4,6 +4,9 @@ Requests are validated against the model's ``input_schema`` *before* they are se
 a caller learns about a bad payload at once instead of finding it later in the dead-letter topic.
 The producer is idempotent (``enable.idempotence``, ``acks=all``): a retry inside librdkafka never
 duplicates a request.  Delivery failures are counted and reported, never dropped silently.
+
+With tracing on (``SIE_TRACING``, ``sie.kernel.tracing``) each sampled request gets a producer span
+(ended when the broker acknowledges it) and its ``traceparent`` header: the scorer continues that trace.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
 
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
+from sie.kernel.tracing import DISABLED, TRACEPARENT, Tracing
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -36,10 +41,21 @@ class ProduceSummary:
     rejected_examples: list[str] = field(default_factory=list)
     delivery_failures: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    #: sent but with no delivery report when the producer gave up waiting (broker unreachable)
+    undelivered: int = 0
+    #: sent with a null key because --allow-missing-key let a line without the key field through
+    null_keys: int = 0
+    #: the input was not read to its end (SIGINT/SIGTERM)
+    interrupted: bool = False
 
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every line read was delivered: nothing rejected, failed, undelivered or left unread."""
+        return not (self.rejected_total or self.delivery_failures or self.undelivered or self.interrupted)
 
     def reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] += 1
@@ -49,7 +65,10 @@ class ProduceSummary:
     def lines(self) -> list[str]:
         rate = self.delivered / self.seconds if self.seconds > 0 else 0.0
         out = [f"sent {self.sent}, delivered {self.delivered} in {self.seconds:.2f} s ({rate:,.0f}/s), "
-               f"rejected {self.rejected_total}, failed {sum(self.delivery_failures.values())}"]
+               f"rejected {self.rejected_total}, failed {sum(self.delivery_failures.values())}"
+               + (f", undelivered {self.undelivered}" if self.undelivered else "")
+               + (f", {self.null_keys} with a null key" if self.null_keys else "")
+               + (" (interrupted: the rest of the input was not read)" if self.interrupted else "")]
         out += [f"  rejected ({reason}): {n}" for reason, n in sorted(self.rejected.items())]
         out += [f"    e.g. {example}" for example in self.rejected_examples]
         out += [f"  delivery failed ({reason}): {n}" for reason, n in sorted(self.delivery_failures.items())]
@@ -98,10 +117,12 @@ class RequestProducer:
     """
 
     def __init__(self, settings: Settings, topic: str, *, validator: Validator | None = None,
-                 rate: float | None = None, extra_config: dict[str, Any] | None = None) -> None:
-        from confluent_kafka import Producer
+                 rate: float | None = None, extra_config: dict[str, Any] | None = None,
+                 tracing: Tracing = DISABLED) -> None:
+        from sie.kernel.clients import KafkaClients
 
         self.topic = topic
+        self._tracing = tracing
         self.summary = ProduceSummary()
         self._validator = validator
         self._limiter = RateLimiter(rate)
@@ -114,7 +135,8 @@ class RequestProducer:
             "queue.buffering.max.messages": 200_000,
             **(extra_config or {}),
         })
-        self._producer = Producer(config)
+        self._producer = KafkaClients().producer(config)
+        self._bootstrap = settings.bootstrap_servers
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         if err is None:
@@ -122,8 +144,20 @@ class RequestProducer:
         else:
             self.summary.delivery_failures[err.name()] += 1
 
-    def send(self, request: dict[str, Any], key: str | bytes | None = None) -> bool:
-        """Validate (if configured) and send one request; False if it was rejected before sending."""
+    def _on_delivery_traced(self, span: Any, err: Any, msg: Any) -> None:
+        self._on_delivery(err, msg)
+        if err is None:
+            span.set_attribute("messaging.kafka.partition", msg.partition())
+            span.set_attribute("messaging.kafka.offset", msg.offset())
+        else:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, err.name()))
+        span.end()
+
+    def send(self, request: dict[str, Any], key: str | bytes | None = None, parent: str | None = None) -> bool:
+        """Validate (if configured) and send one request; False if it was rejected before sending.
+        ``parent``: the caller's own ``traceparent`` (the request's span is then its child)."""
         if self._validator is not None:
             try:
                 request = {**request, "inputs": self._validator(request["inputs"])}
@@ -132,9 +166,17 @@ class RequestProducer:
                 return False
         value = orjson.dumps(request)
         self._limiter.acquire()
+        headers, on_delivery = None, self._on_delivery
+        if self._tracing.enabled:
+            span = self._tracing.start(f"sie.produce {self.topic}", parent=parent, kind="producer", attributes={
+                "messaging.system": "kafka", "messaging.destination.name": self.topic,
+                "sie.request_id": str(request.get("id", ""))})
+            if span is not None:
+                headers = [(TRACEPARENT, Tracing.traceparent(span))]
+                on_delivery = partial(self._on_delivery_traced, span)
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=key, on_delivery=self._on_delivery)
+                self._producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
                 break
             except BufferError:  # local queue full: let librdkafka drain it
                 self._producer.poll(0.05)
@@ -143,12 +185,13 @@ class RequestProducer:
         return True
 
     def flush(self, timeout: float = 60.0) -> ProduceSummary:
-        """Wait for every delivery report; raise if some never completed."""
+        """Wait for every delivery report; raise (the counts kept in ``summary``) if some never completed."""
         remaining = self._producer.flush(timeout)
         self.summary.seconds = time.monotonic() - self._started
+        self.summary.undelivered = remaining
         if remaining:
             raise ProduceError(f"{remaining} requests not delivered to {self.topic} within {timeout:.0f} s: "
-                               f"is the cluster reachable ({self._producer})?")
+                               f"is Kafka at {self._bootstrap} reachable (sie kafka status)?")
         return self.summary
 
     def __enter__(self) -> RequestProducer:
@@ -171,24 +214,86 @@ def read_jsonl(lines: Iterable[str | bytes], summary: ProduceSummary) -> Iterato
             summary.reject("not_a_request", str(exc))
 
 
+class MissingKey(ValueError):
+    """The key field is absent or null (``absent``), or not a scalar; ``str`` says where it was looked for."""
+
+    def __init__(self, message: str, absent: bool = True) -> None:
+        super().__init__(message)
+        self.absent = absent
+
+
+_MISSING = object()
+
+
+def _walk(doc: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if not isinstance(doc, dict) or part not in doc:
+            return _MISSING
+        doc = doc[part]
+    return doc
+
+
+def _suggest(request: dict[str, Any], leaf: str) -> str:
+    """``metadata.customer_id`` when the leaf name is one level down under another object."""
+    for name, value in request.items():
+        if name != "inputs" and isinstance(value, dict) and leaf in value:
+            return f"; it is at {name}.{leaf}: use --key-field {name}.{leaf}"
+    return ""
+
+
 def key_of(request: dict[str, Any], key_field: str | None) -> str | None:
-    """The Kafka key: a field of the inputs (or of the request) named by ``key_field``."""
+    """The Kafka key named by ``key_field``, a dotted path looked up in ``inputs`` first, then in the
+    request (``card``, ``metadata.customer_id``, ``id``).  ``MissingKey`` when it is absent or null (a
+    silent null key would lose per-key order); a number or a boolean becomes its JSON text."""
     if key_field is None:
         return None
-    value = request.get("inputs", {}).get(key_field, request.get(key_field))
-    return None if value is None else str(value)
+    parts = key_field.split(".")
+    value = _walk(request.get("inputs"), parts)
+    if value is _MISSING or value is None:
+        value = _walk(request, parts)
+    if value is _MISSING or value is None:
+        raise MissingKey(f"no {key_field!r} in inputs or the request" + ("" if value is _MISSING else " (null)")
+                         + _suggest(request, parts[-1]))
+    if isinstance(value, (dict, list)):
+        raise MissingKey(f"{key_field!r} is a JSON {'object' if isinstance(value, dict) else 'array'}; a key "
+                         f"field must be a string, number or boolean", absent=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def produce_jsonl(settings: Settings, topic: str, lines: Iterable[str | bytes], *,
                   validator: Validator | None = None, key_field: str | None = None,
-                  rate: float | None = None,
-                  progress: Callable[[ProduceSummary], None] | None = None) -> ProduceSummary:
-    """Send every JSON line as a request; returns the summary (sent, rejected with reasons, failed)."""
-    producer = RequestProducer(settings, topic, validator=validator, rate=rate)
+                  allow_missing_key: bool = False, rate: float | None = None,
+                  progress: Callable[[ProduceSummary], None] | None = None,
+                  summary_out: list[ProduceSummary] | None = None,
+                  tracing: Tracing = DISABLED) -> ProduceSummary:
+    """Send every JSON line as a request; returns the summary (sent, rejected with reasons, failed).
+
+    A line whose ``key_field`` is missing is rejected (``missing_key``) unless ``allow_missing_key``
+    (then it is sent with a null key and counted).  SIGINT (``KeyboardInterrupt``) stops reading: what was
+    sent is flushed and the summary says ``interrupted``.  ``summary_out`` receives the summary before the
+    final flush, so a caller still has the counts when the flush raises ``ProduceError``.
+    """
+    producer = RequestProducer(settings, topic, validator=validator, rate=rate, tracing=tracing)
+    summary = producer.summary
+    if summary_out is not None:
+        summary_out.append(summary)
     last_report = time.monotonic()
-    for _line_no, request in read_jsonl(lines, producer.summary):
-        producer.send(request, key=key_of(request, key_field))
-        if progress is not None and time.monotonic() - last_report >= 1.0:
-            progress(producer.summary)
-            last_report = time.monotonic()
+    try:
+        for line_no, request in read_jsonl(lines, summary):
+            try:
+                key = key_of(request, key_field)
+            except MissingKey as exc:
+                if not (allow_missing_key and exc.absent):
+                    summary.reject("missing_key", f"line {line_no}: --key-field {exc}")
+                    continue
+                key = None
+                summary.null_keys += 1
+            producer.send(request, key=key)
+            if progress is not None and time.monotonic() - last_report >= 1.0:
+                progress(summary)
+                last_report = time.monotonic()
+    except KeyboardInterrupt:
+        summary.interrupted = True
     return producer.flush()

@@ -37,9 +37,9 @@ class ReplicaState(enum.StrEnum):
               batch and leaves the consumer group; SIGKILL after the drain grace.
     STOPPED   exited after a drain, or forgotten before it ever ran (terminal; the agent drops it
               from its table once reported).
-    FAILED    crashed ``max_crashes`` times within the crash window, or could not be started that
-              often (terminal on this node; the control plane keeps it off the node for a cool-down
-              and places it elsewhere).
+    FAILED    crashed ``max_crashes`` times within the crash window, could not be started that
+              often, or its spec was refused by the node's spec policy (terminal on this node; the
+              control plane keeps it off the node for a cool-down and places it elsewhere).
     CRASHED   exited or was killed without being asked to; restarted after a backoff.
 
     Never reported by an agent:
@@ -102,8 +102,8 @@ TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
     _S.PENDING: frozenset(
         {
             _S.STARTING,  # launched
-            _S.CRASHED,  # the launch itself failed (OSError, rejected spec)
-            _S.FAILED,  # ... and that was the max_crashes-th crash in the window
+            _S.CRASHED,  # the launch itself failed (OSError, unreadable spec)
+            _S.FAILED,  # ... and that was the max_crashes-th crash in the window; or the node's spec policy refused it
             _S.STOPPED,  # no longer assigned before it was launched
         }
     ),
@@ -127,7 +127,7 @@ TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
         {
             _S.STARTING,  # backoff elapsed: relaunched (restarts += 1)
             _S.CRASHED,  # the relaunch itself failed: another crash (see above)
-            _S.FAILED,  # ... that was the max_crashes-th crash in the window
+            _S.FAILED,  # ... that was the max_crashes-th crash in the window; or the spec policy refused it
             _S.STOPPED,  # no longer assigned while waiting for its restart
         }
     ),

@@ -19,7 +19,8 @@ from sie.schemas.spec_models import FieldSpec, IOSchema
 JSON_DIR = Path(__file__).resolve().parent / "json"
 DOCUMENTS = ("request", "result", "dead-letter")
 
-DLQ_REASONS = ("invalid_json", "schema_violation", "too_large", "expired", "inference_error", "result_too_large")
+DLQ_REASONS = ("invalid_json", "schema_violation", "too_large", "expired", "inference_error", "result_too_large",
+               "output_violation")
 RESULT_STATUSES = ("ok", "expired")
 RESULT_KEYS = ("id", "model", "version", "status", "outputs", "source", "timings")
 RESERVED_REQUEST_KEYS = frozenset({"model", "version", "status", "outputs", "source", "timings", "error"})

@@ -52,8 +52,42 @@ __all__ = [
 ]
 
 
+#: bounds checked before (size) and while (depth, nodes) a YAML text is composed, i.e. before anything expands
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 100_000
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one), aliases, and documents
+    nested or sized beyond the bounds above.
+
+    Aliases are refused at composition, before any node is built: a ~1 KB document of nested aliases
+    ("billion laughs") would otherwise become a graph that expands to gigabytes as soon as the spec is
+    serialised.  A spec never needs one (write the value out); anchors alone are harmless.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases are not allowed in a spec (*{event.anchor}); write the value out", event.start_mark)
+        self._nodes += 1
+        if self._nodes > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(None, None, f"more than {MAX_YAML_NODES} YAML nodes", self.peek_event().start_mark)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                              self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -73,7 +107,14 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 
 def read_yaml_documents(text: str, source: str) -> list[Any]:
-    """Every YAML document in ``text``; a syntax error becomes an InvalidSpec naming the line."""
+    """Every YAML document in ``text``; a syntax error becomes an InvalidSpec naming the line.
+
+    The size bound is checked before parsing; aliases, depth and node count while composing (see
+    ``_StrictLoader``): a hostile document is refused in microseconds, with memory bounded by its size.
+    """
+    size = len(text.encode("utf-8", "surrogatepass")) if len(text) * 4 > MAX_YAML_BYTES else len(text)
+    if size > MAX_YAML_BYTES:
+        raise InvalidSpec(source, [f"yaml: {size} bytes, more than {MAX_YAML_BYTES}; a spec is a small document"])
     try:
         return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except yaml.YAMLError as exc:

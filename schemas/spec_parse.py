@@ -198,11 +198,18 @@ def parse_quantity(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("not a quantity")
     if isinstance(value, (int, float)):
-        return float(value)
-    match = _QUANTITY_RE.match(str(value).strip())
-    if not match:
-        raise ValueError("not a Kubernetes quantity (e.g. 32Gi, 512Mi, 500m, 2)")
-    return float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
+        try:
+            q = float(value)
+        except OverflowError:  # an integer beyond 1.8e308
+            q = math.inf
+    else:
+        match = _QUANTITY_RE.match(str(value).strip())
+        if not match:
+            raise ValueError("not a Kubernetes quantity (e.g. 32Gi, 512Mi, 500m, 2)")
+        q = float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
+    if not math.isfinite(q):  # '9' * 400, 1e400, .inf, .nan: no resource is that large
+        raise ValueError("not a finite quantity (too large, or NaN)")
+    return q
 
 
 # ---------------------------------------------------------------- section readers

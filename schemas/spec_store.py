@@ -59,9 +59,9 @@ def ensure_specs_topic(settings: Settings) -> None:
 
 def _produce(settings: Settings, messages: list[tuple[str, bytes | None]], timeout: float) -> None:
     """Send ``(key, value)`` pairs in order with an idempotent producer; raise unless every one is acknowledged."""
-    from confluent_kafka import Producer
+    from sie.kernel.clients import KafkaClients
 
-    producer = Producer(settings.kafka_client_config(**{
+    producer = KafkaClients().producer(settings.kafka_client_config(**{
         "enable.idempotence": True,  # no duplicates or reordering on retry
         "acks": "all",
         "message.timeout.ms": int(timeout * 1000),
@@ -139,21 +139,24 @@ class SpecSnapshot:
 
 def read_spec_snapshot(settings: Settings, timeout: float = 30.0) -> SpecSnapshot:
     """Replay the specs topic from the beginning to its current end (every partition reports EOF)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-    from sie.kernel.admin import admin_client
+    from sie.kernel.admin import admin_client, wait_for_cluster
+    from sie.kernel.authz import topic_denied
+    from sie.kernel.clients import KafkaClients
 
     topic = specs_topic(settings)
     snapshot = SpecSnapshot()
-    try:
-        metadata = admin_client(settings).list_topics(timeout=timeout)
-    except Exception as exc:  # KafkaException: broker unreachable
-        raise KafkaUnavailable(f"{settings.bootstrap_servers} did not answer: {exc}; is Kafka up (sie kafka up)?") from exc
-    if topic not in metadata.topics:
+    metadata = wait_for_cluster(settings, timeout)  # KafkaUnavailable / NotAuthenticated with the fix
+    if topic not in metadata.topics:  # missing, or invisible to this principal (ACLs): tell which
+        if settings.security_protocol not in (None, "PLAINTEXT"):
+            denied = topic_denied(admin_client(settings), topic, settings.kafka_client_config(), "READ", timeout)
+            if denied is not None:
+                raise denied
         return snapshot
     partitions = sorted(metadata.topics[topic].partitions)
-    consumer = Consumer(settings.kafka_client_config(**{
-        "group.id": f"sie-spec-reader-{uuid.uuid4().hex[:8]}",  # never committed: a fresh replay each time
+    consumer = KafkaClients().consumer(settings.kafka_client_config(**{
+        "group.id": settings.names.reader_group("specs", uuid.uuid4().hex[:8]),  # never committed or joined
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "fetch.wait.max.ms": 50,  # an empty fetch at the end returns fast: EOF is what we wait for

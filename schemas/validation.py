@@ -239,3 +239,16 @@ def compile_validator(io_schema: IOSchema, prefix: str = "inputs") -> Validator:
     ]
     exec(compile("\n".join(lines), f"<validator {prefix}>", "exec"), env)  # noqa: S102 - source built from a validated schema
     return env["validate"]
+
+
+def compile_output_check(io_schema: IOSchema) -> Validator | None:
+    """The run-time check of a model's ``outputs`` (``prefix='outputs'``), or None when the spec declares no
+    output schema (nothing to enforce: no per-row cost at all).
+
+    Compiled once per scorer like the input validator: a type, a ``range``, a missing required field or an
+    undeclared one (``unknown_fields: reject``) raises ``SchemaViolation`` naming ``outputs.<field>``, and the
+    scorer dead-letters the request as ``output_violation`` instead of publishing an ``ok`` result.
+    """
+    if not io_schema.fields and io_schema.unknown_fields == "allow":
+        return None
+    return compile_validator(io_schema, prefix="outputs")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up SIE on this machine: check prerequisites, install the Python package
 # and its dependencies (torch is a large download: pip skips it when present),
-# and fetch Apache Kafka from Maven Central once per machine.
+# fetch Apache Kafka from Maven Central once per machine, and install Prometheus
+# and Chromium (Debian packages) for the observability tests where apt-get can.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,23 @@ step "installing the sie package and its dependencies (first run downloads torch
 
 step "fetching Apache Kafka from Maven Central (once per machine)"
 "$PY" -m sie kafka fetch
+
+# Optional: the observability tests need `prometheus`/`promtool` and `chromium`; without them they skip,
+# saying so. Installed from Debian's packages when this runs as root with apt-get (CI does).
+step "installing Prometheus and Chromium for the observability tests (optional)"
+if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null; then
+  echo "prometheus and chromium already installed"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus chromium; }
+  if apt_install >/tmp/sie-apt.log 2>&1 || { apt-get update -q >>/tmp/sie-apt.log 2>&1 && apt_install >>/tmp/sie-apt.log 2>&1; }; then
+    echo "installed: $(prometheus --version 2>&1 | head -1); $(chromium --version 2>&1 | head -1)"
+  else
+    echo "warning: apt-get could not install prometheus/chromium (see /tmp/sie-apt.log): their tests will skip"
+  fi
+else
+  echo "note: prometheus/chromium not installed and apt-get is not usable here (not root?): their tests will skip;"
+  echo "      Debian/Ubuntu: sudo apt-get install prometheus chromium"
+fi
 
 echo
 echo "setup done."

@@ -113,9 +113,11 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float, logs: Path
     raise DemoError(f"{what}: not reached within {timeout:.0f} s; see the logs in {logs}")
 
 
-def http_json(url: str, timeout: float = 3.0) -> Any:
+def http_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
+    """GET ``url`` with a bearer token; None while the control plane does not answer (or refuses)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
     except OSError:
         return None
@@ -134,6 +136,13 @@ class Demo:
         self.work.mkdir(parents=True, exist_ok=True)
         self.started_at = time.time()
         self.procs = Processes(self.work / "logs")
+
+    def api(self, path: str) -> Any:
+        """GET a control-plane route with the local operator token (``sie control`` writes it at its first
+        start when no token is configured; SIE_API_TOKEN wins)."""
+        from sie.streams.control.auth import client_token
+
+        return http_json(f"{self.http}{path}", client_token(self.settings))
 
     def step(self, title: str) -> None:
         self.echo(f"\n==> {title}")
@@ -163,6 +172,9 @@ class Demo:
             bootstrap = LocalKafka(self.settings, echo=self.echo).up()
             self.echo(f"  local KRaft broker answering on {bootstrap}")
         else:
+            from sie.kernel.admin import require_cluster
+
+            require_cluster(self.settings)  # one line within seconds if it does not answer
             self.echo(f"  using SIE_BOOTSTRAP_SERVERS={self.settings.bootstrap_servers}")
         report = ensure_topics(self.settings, system_topics(self.settings.topic_prefix))
         self.echo(report.table())
@@ -197,10 +209,10 @@ class Demo:
         self.procs.start("agent-gpu-02", ["agent", "--node", "gpu-02", "--simulate-gpus", "2xL4-24GB",
                                           "--labels", "zone=b"], env)
         logs = self.procs.log_dir
-        wait_for("control plane leading", lambda: (http_json(f"{self.http}/healthz") or {}).get("role") == "leader",
+        wait_for("control plane leading", lambda: (self.api("/healthz") or {}).get("role") == "leader",
                  60, logs)
         wait_for("both agents online", lambda: sum(
-            1 for n in (http_json(f"{self.http}/v1/nodes") or {}).get("nodes", []) if n.get("status") == "online") >= 2,
+            1 for n in (self.api("/v1/nodes") or {}).get("nodes", []) if n.get("status") == "online") >= 2,
                  60, logs)
         self.echo(f"  control plane leading at {self.http}; nodes gpu-01 (tier-0) and gpu-02 online")
         for path in DEMO_SPECS:
@@ -211,14 +223,14 @@ class Demo:
         started = time.monotonic()
 
         def ready() -> bool:
-            replicas = (http_json(f"{self.http}/v1/replicas") or {}).get("replicas", [])
+            replicas = (self.api("/v1/replicas") or {}).get("replicas", [])
             mine = [r for r in replicas if r.get("model") in ("fraud-scorer", "fraud-rules")]
             return len(mine) >= 2 and all(r.get("state") == ReplicaState.READY for r in mine)
 
         wait_for("demo models READY", ready, 120, logs)
         self.echo(f"  fraud-scorer and fraud-rules READY after {time.monotonic() - started:.1f} s "
                   "(each passed a real inference of its exampleInput)")
-        for r in (http_json(f"{self.http}/v1/replicas") or {}).get("replicas", []):
+        for r in (self.api("/v1/replicas") or {}).get("replicas", []):
             self.echo(f"    {r.get('replica_id'):<22} {r.get('state'):<14} node={r.get('node')} "
                       f"{r.get('reason') or ''}".rstrip())
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sie.connectors.cdc.config import CdcConnectorSpec, parse_connector_spec
+from sie.schemas.spec_models import FieldSpec, IOSchema
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cdc"
 
@@ -18,6 +19,15 @@ ORDER_FIELD_TYPES = {
     "is_first_order": "bool",
     "created_at_ms": "int",
 }
+# the same fields as a model's input schema, with each NULL rule once: amount may be null, is_first_order is
+# optional (left out when NULL), the others are required and not nullable (NULL -> null_in_required_field)
+ORDER_INPUT_SCHEMA = IOSchema(fields=(
+    FieldSpec(name="amount", type="float", nullable=True),
+    FieldSpec(name="customer_id", type="int"),
+    FieldSpec(name="currency", type="string"),
+    FieldSpec(name="is_first_order", type="bool", required=False),
+    FieldSpec(name="created_at_ms", type="int"),
+))
 ORDER_MAPPING = {
     "amount": "amount",
     "customer_id": "customer_id",

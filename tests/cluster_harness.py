@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.helpers import TopicTail, behind, end_offsets, read_up_to, wait_until
+from tests.helpers import OPERATOR_TOKEN, TopicTail, behind, end_offsets, read_up_to, wait_until, with_api_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,12 +49,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http(port: int, method: str, path: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
-    """One HTTP call to a control plane; (status, JSON or text). Connection errors raise OSError."""
+def http(port: int, method: str, path: str, body: Any = None, timeout: float = 10.0,
+         token: str | None = OPERATOR_TOKEN) -> tuple[int, Any]:
+    """One HTTP call to a control plane (as the harness's operator unless ``token`` says otherwise);
+    (status, JSON or text). Connection errors raise OSError."""
     data = None
     if body is not None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
@@ -168,6 +171,8 @@ class Cluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
+        #: more environment for every process started from now on (e.g. SIE_ADVERTISE_HOST)
+        self.extra_env: dict[str, str] = {}
         ensure_topics(self.settings, system_topics(self.prefix))
 
     # -- environment -------------------------------------------------------------------------------
@@ -176,9 +181,14 @@ class Cluster:
     def env(self) -> dict[str, str]:
         env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
                "SIE_TOPIC_PREFIX": self.prefix, "PYTHONUNBUFFERED": "1"}
+        # The control planes accept the harness's known tokens (no token file written into ~/.cache);
+        # `sie` CLI commands run by the harness send the operator token.
+        env["SIE_API_TOKENS"] = json.dumps([e.model_dump() for e in with_api_tokens(self.settings).api_tokens])
+        env["SIE_API_TOKEN"] = OPERATOR_TOKEN
         # The demo models' code (examples/models) is installed on these nodes, as a user's model package
         # would be: a spec POSTed without a file (no directory to search) still finds its callable.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "examples"), env.get("PYTHONPATH", "")) if p)
+        env.update(self.extra_env)
         return env
 
     def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None) -> Proc:

@@ -6,6 +6,9 @@
 - ``kafka_cluster3`` (session, started on first use): 3 brokers on free ports,
   for fault tests; tests using it are marked ``cluster3`` automatically.
 - ``private_kafka`` (function): a fresh single broker the test may kill/restart.
+- ``secure_kafka`` (session, started on first use): a single broker with SASL_SSL (SCRAM-SHA-512), TLS and
+  ACLs enforced (``sie kafka up --secure``); tests using it are marked ``secure_kafka`` automatically
+  (``-m "not secure_kafka"`` deselects them).
 
 Brokers started here are not detached: Ctrl-C in the terminal stops them too.
 Tests that use any of these fixtures get the ``kafka`` marker automatically,
@@ -23,7 +26,7 @@ import pytest
 from sie.infra.kafka.local import LocalKafka, free_base_port
 from sie.kernel.settings import Settings
 
-_KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka"}
+_KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka", "secure_kafka"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,6 +36,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.kafka)
         if "kafka_cluster3" in names:
             item.add_marker(pytest.mark.cluster3)
+        if "secure_kafka" in names:
+            item.add_marker(pytest.mark.secure_kafka)
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +46,9 @@ def base_settings() -> Settings:
     return Settings()
 
 
-def _start_local(base_settings: Settings, brokers: int, data_dir: Path) -> LocalKafka:
+def _start_local(base_settings: Settings, brokers: int, data_dir: Path, secure: bool = False) -> LocalKafka:
     kafka = LocalKafka(base_settings, brokers=brokers, base_port=free_base_port(2 * brokers),
-                       data_dir=data_dir, detach=False)
+                       data_dir=data_dir, detach=False, secure=secure)
     kafka.up(timeout=180 if brokers == 3 else 90)
     return kafka
 
@@ -86,3 +91,14 @@ def private_kafka(base_settings: Settings, tmp_path_factory: pytest.TempPathFact
         yield kafka
     finally:
         kafka.down(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A secured single broker of its own: ``secure_kafka.settings_for_clients(user)`` connects as ``user``
+    (default the super user ``admin``); ``secure_kafka.create_user(name)`` adds a SCRAM user."""
+    kafka = _start_local(base_settings, 1, tmp_path_factory.mktemp("kafka-secure"), secure=True)
+    try:
+        yield kafka
+    finally:
+        kafka.down()

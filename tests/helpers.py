@@ -283,3 +283,19 @@ def leader_takeover_bound_s() -> float:
     session_ms = next(p.default for p in control.params if p.name == "session_timeout_ms")
     heartbeat_ms = max(500, session_ms // 6)
     return (session_ms + heartbeat_ms) / 1000 + FAILOVER_SLACK_S
+
+
+# ---- control API tokens (tests configure the control plane with known tokens instead of a generated one) ----
+OPERATOR_TOKEN = "sie_test-operator-token-0123456789abcdefghijklmnopq"
+VIEWER_TOKEN = "sie_test-viewer-token-0123456789abcdefghijklmnopqrs"
+
+
+def with_api_tokens(settings: Settings) -> Settings:
+    """``settings`` whose control plane accepts ``OPERATOR_TOKEN`` (operator) and ``VIEWER_TOKEN`` (viewer)."""
+    import hashlib
+
+    from sie.kernel.settings import ApiTokenEntry
+
+    entries = [ApiTokenEntry(name=role, role=role, sha256=hashlib.sha256(token.encode()).hexdigest())
+               for role, token in (("operator", OPERATOR_TOKEN), ("viewer", VIEWER_TOKEN))]
+    return settings.model_copy(update={"api_tokens": entries})

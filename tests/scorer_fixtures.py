@@ -27,6 +27,16 @@ def echo(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def unsquashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A broken model version (redrive tests): logits, not probabilities (out of the declared range [0, 1])."""
+    return [{"p": row["x"] - 0.5} for row in rows]
+
+
+def squashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Its fix: the missing squash."""
+    return [{"p": min(1.0, max(0.0, row["x"]))} for row in rows]
+
+
 def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = None) -> dict[str, Any]:
     """A Kubernetes-style ModelService for ``echo``; a unique name gives unique topics and group."""
     name = name or f"echo-{uuid.uuid4().hex[:10]}"
@@ -64,11 +74,21 @@ def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms:
     return path
 
 
+#: what a node running the test model must allow (SIE_ALLOWED_MODULES): the demo's package and this module
+ALLOWED_MODULES = ("models.fraud", "tests.scorer_fixtures")
+
+
+def echo_policy():
+    from sie.schemas.spec_policy import SpecPolicy
+
+    return SpecPolicy(allowed_modules=ALLOWED_MODULES)
+
+
 def load_echo_backend(spec):
-    """The backend_factory for ``run_scorer``: the real python backend, loaded."""
+    """The backend_factory for ``run_scorer``: the real python backend, loaded (under a policy allowing it)."""
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    backend = create_backend(backend_config_from_spec(spec))
+    backend = create_backend(backend_config_from_spec(spec, echo_policy()))
     backend.load()
     return backend
 
@@ -94,7 +114,7 @@ class ScorerProcess:
         cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES)}
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def output(self) -> str:

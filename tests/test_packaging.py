@@ -58,7 +58,8 @@ def test_the_wheel_carries_what_a_run_needs_without_a_checkout(wheel: Path) -> N
                    "sie/schemas/avro/ModelSpecRecord.avsc", "sie/schemas/json/request.schema.json",
                    "sie/examples/fraud-scorer.yaml", "sie/examples/article/model-spec.yaml",
                    "sie/examples/models/fraud/fraud_scorer.pt", "sie/examples/models/fraud/rules.py",
-                   "sie/infra/prometheus/sie-rules.yml", "sie/infra/grafana/sie-overview.json"):
+                   "sie/infra/prometheus/sie-rules.yml", "sie/infra/grafana/sie-overview.json",
+                   "sie/streams/control/static/status.html", "sie/streams/control/static/status.js"):
         assert needed in names, f"{needed} missing from the wheel"
 
 

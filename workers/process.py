@@ -32,9 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sie.kernel.errors import SieError
 from sie.workers.replica import ExitInfo
 
 log = logging.getLogger(__name__)
+
+
+class LaunchRefused(SieError):
+    """A replica this node will not start at all (its spec breaks the node's policy): the supervisor
+    marks it FAILED with this reason at once instead of retrying a launch that can never be allowed."""
 
 PR_SET_PDEATHSIG = 1
 

@@ -78,6 +78,11 @@ class ActualReplica:
     worker_error: str | None = None
     #: set when the replica is no longer desired (or its target changed): drain, then forget it
     retiring: bool = False
+    #: what the current process reported of itself: its /metrics port (``ready``), its consumer lag and
+    #: recent p99 (``progress``); None until it said so, reset when a new process starts
+    metrics_port: int | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
     @property
     def replica_id(self) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sie.schemas.replica_state import ReplicaTransitionError, check_transition
-from sie.workers.process import LaunchSpec, ProcessLauncher
+from sie.workers.process import LaunchRefused, LaunchSpec, ProcessLauncher
 from sie.workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,9 @@ class ReplicaSnapshot:
     signal: int | None
     target_hash: str
     gpu_indices: tuple[int, ...]
+    metrics_port: int | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
 
 CommandBuilder = Callable[[DesiredReplica], LaunchSpec]
@@ -192,6 +195,7 @@ class Supervisor:
             replica.last_progress_at = now
             if "records" in event and isinstance(event["records"], int):
                 replica.records = event["records"]
+            _take_reported(replica, event)
             if kind == "ready" and replica.state == ReplicaState.STARTING:
                 self._transition(replica, ReplicaState.READY, "readiness inference passed")
             elif kind == "error":
@@ -252,7 +256,11 @@ class Supervisor:
         is_restart = replica.state == ReplicaState.CRASHED
         try:
             replica.handle = self._launcher.start(self._build(replica.desired))
-        except Exception as exc:  # OSError, or a spec the command builder rejects
+        except LaunchRefused as exc:  # the node's policy refuses the spec: no retry can change that
+            replica.handle = None
+            self._transition(replica, ReplicaState.FAILED, str(exc))
+            return
+        except Exception as exc:  # OSError, or a spec the command builder cannot read
             replica.handle = None
             self._on_crash(replica, f"could not start worker: {exc}", now)
             return
@@ -261,6 +269,7 @@ class Supervisor:
         replica.started_at = replica.last_progress_at = now
         replica.exit = None
         replica.worker_error = None
+        replica.metrics_port = replica.lag = replica.p99_ms = None
         self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
 
     def _predecessor_running(self, replica: ActualReplica) -> bool:
@@ -298,4 +307,21 @@ class Supervisor:
             signal=exit_info.signal if exit_info else None,
             target_hash=replica.desired.target_hash,
             gpu_indices=replica.desired.gpu_indices,
+            metrics_port=replica.metrics_port if replica.state.has_process else None,
+            lag=replica.lag if replica.state.has_process else None,
+            p99_ms=replica.p99_ms if replica.state.has_process else None,
         )
+
+
+def _take_reported(replica: ActualReplica, event: dict) -> None:
+    """A worker's own numbers from a status line, each taken only if it has the right type and range
+    (the line comes from another process: a bad value is ignored, never trusted)."""
+    port = event.get("metrics_port")
+    if type(port) is int and 0 < port < 65536:
+        replica.metrics_port = port
+    lag = event.get("lag")
+    if type(lag) is int and lag >= 0:
+        replica.lag = lag
+    if "p99_ms" in event:
+        p99 = event["p99_ms"]
+        replica.p99_ms = float(p99) if type(p99) in (int, float) and 0 <= p99 < 1e12 else None

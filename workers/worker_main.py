@@ -12,8 +12,11 @@ Status protocol (one JSON object per line on ``--status-fd``; stdout/stderr go t
 the replica's log file):
 
     {"event": "loading", "pid": 123}                       backend load started
-    {"event": "ready", "latency_ms": 1.2, "outputs": {...}}  readiness inference passed
-    {"event": "progress", "records": N}                     every --progress-interval s (liveness)
+    {"event": "ready", "latency_ms": 1.2, "outputs": {...}, "metrics_port": P}
+                                                            readiness inference passed; /metrics on P
+    {"event": "progress", "records": N, "lag": L, "p99_ms": X}
+                                                            every --progress-interval s (liveness), with
+                                                            the scorer's consumer lag and recent p99
     {"event": "draining"}                                   SIGTERM received
     {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
     {"event": "stopped", "records": N}                      clean exit (0) after a drain
@@ -85,7 +88,7 @@ class CountingBackend:
 
 def _progress_loop(
     status: StatusWriter, counter: CountingBackend, interval: float, stop: threading.Event,
-    on_fatal: Any,
+    on_fatal: Any, extra: Any = dict,
 ) -> None:
     """Liveness lines, and the check that the backend can still serve at all.
 
@@ -100,7 +103,7 @@ def _progress_loop(
             status.emit("error", detail=detail)
             on_fatal(detail)
             return
-        status.emit("progress", records=counter.records)
+        status.emit("progress", records=counter.records, **extra())
 
 
 def _load_spec(path: Path) -> Any:
@@ -110,7 +113,7 @@ def _load_spec(path: Path) -> Any:
         return ModelService.from_document(json.load(f))
 
 
-def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
+def _backend_config(spec: Any, args: argparse.Namespace, policy: Any = None) -> Any:
     """The spec's backend config plus what only the agent knows: the GPUs reserved and the memory budget.
 
     (A server backend such as SGLang needs the physical GPU index for NVML and the
@@ -119,7 +122,7 @@ def _backend_config(spec: Any, args: argparse.Namespace) -> Any:
     """
     from sie.workers.backends import backend_config_from_spec
 
-    config = backend_config_from_spec(spec)
+    config = backend_config_from_spec(spec, policy)
     indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
     extra = {
         "gpu_indices": indices, "gpu_memory_mb": args.gpu_memory_mb, "replica_id": args.replica_id,
@@ -132,6 +135,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     """Load, prove readiness, score until SIGTERM. Returns the exit code."""
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.streams.scorer import ScorerConfig, run_scorer
     from sie.workers.backends import create_backend
     from sie.workers.readiness import readiness_inference
@@ -147,8 +151,12 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
 
     settings = Settings()
     spec = _load_spec(args.spec_file)
+    # The spec came over Kafka: check it against this node's policy before importing or opening anything
+    # (the agent did too; a worker started by hand with a spec file gets the same check).
+    policy = SpecPolicy.from_settings(settings)
+    policy.enforce(spec, source=f"replica {args.replica_id}")
     status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
-    backend = create_backend(_backend_config(spec, args))
+    backend = create_backend(_backend_config(spec, args, policy))
     try:
         backend.load()
         result = readiness_inference(backend, spec)
@@ -166,14 +174,24 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
             fatal.append(detail)
             stop_event.set()
 
+        scorers: list[Any] = []
+
+        def own_numbers() -> dict[str, Any]:
+            """The scorer's lag and recent p99, forwarded by the agent to the control plane (status page)."""
+            metrics = scorers[0].metrics
+            p99 = metrics.recent_p99()
+            return {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None}
+
         progress = threading.Thread(
-            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop, on_fatal),
+            target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop, on_fatal, own_numbers),
             name="progress", daemon=True,
         )
 
-        def on_ready(_scorer: Any) -> None:
+        def on_ready(scorer: Any) -> None:
             # READY = the readiness inference passed AND the scorer is subscribed (Kafka reachable).
-            status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs)
+            scorers.append(scorer)
+            status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs,
+                        metrics_port=scorer.metrics.port)
             progress.start()
 
         # replica ids are unique and stable (the agent's contract): a restarted or moved replica takes its
@@ -201,7 +219,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
     parser.add_argument("--gpu-indices", default="", help="node-local (NVML) indices of the GPUs reserved, e.g. 0,1")
     parser.add_argument("--gpu-memory-mb", type=int, default=0, help="absolute GPU memory budget of this replica")
-    parser.add_argument("--metrics-port", type=int, default=None, help="scorer /metrics port (default: none)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="scorer /metrics port, 0 = any free one (reported in the ready line); default: none")
     return parser.parse_args(argv)
 
 

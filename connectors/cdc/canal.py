@@ -15,7 +15,6 @@ Traps handled here (see docs in connectors/cdc/__init__.py):
 from __future__ import annotations
 
 from hashlib import blake2b
-from typing import Any
 
 from orjson import dumps
 
@@ -29,9 +28,12 @@ from sie.connectors.cdc.model import (
     Op,
     RowChange,
     SkipReason,
+    check_names,
     load_json_object,
+    position_part,
     require,
 )
+from sie.kernel.untrusted import preview
 
 FORMAT = "canal-json"
 
@@ -60,7 +62,7 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
         if skip is None:
             if get("isDdl") is True:
                 return DecodeResult(skipped=SkipReason.DDL)
-            raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown type {kind!r}")
+            raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown type {preview(kind)}")
         return DecodeResult(skipped=skip)
 
     database = get("database")
@@ -87,14 +89,19 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
     pk_names = get("pkNames")
     if pk_names is None:  # MINIMAL row image or no key: the converter asks for `primary_keys` (missing_primary_key)
         pk_names = []
-    if not isinstance(pk_names, list):
-        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'pkNames' must be an array or null")
+    elif type(pk_names) is not list or (len(pk_names) != 1 or type(pk_names[0]) is not str):
+        pk_names = check_names(pk_names, "pkNames", qualified)
     casters = canal_casters(qualified, get("mysqlType"), get("sqlType"), options.tinyint1_as_bool)
     es = get("es")
-    ts_ms = es if isinstance(es, int) else None
+    ts_ms = es if type(es) is int else None
     gtid = get("gtid")
     batch = get("id")
-    position = f"batch={batch},es={es}" + (f",gtid={gtid}" if gtid else "")
+    # canal writes ints here (and a gtid string): the common case skips position_part's checks
+    es_text = str(es) if type(es) is int else position_part(es, "es", FORMAT)
+    batch_text = str(batch) if type(batch) is int else position_part(batch, "id", FORMAT)
+    position = f"batch={batch_text},es={es_text}"
+    if gtid:
+        position += f",gtid={gtid if type(gtid) is str else position_part(gtid, 'gtid', FORMAT)}"
 
     columns = options.columns
     if columns is not None and pk_names:
@@ -125,23 +132,21 @@ def decode_canal(key: bytes | None, value: bytes | None, options: DecodeOptions 
             pk = {name: image.get(name) for name in pk_names}
         digest = blake2b(dumps((kind, raw, raw_old)), digest_size=6).hexdigest()
         rows.append(
-            RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, f"{es}.{digest}")
+            RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, f"{es_text}.{digest}")
         )
     return DecodeResult(tuple(rows))
 
 
-_pk_columns: dict[tuple[frozenset[str], tuple[Any, ...]], frozenset[str]] = {}
+_pk_columns: dict[tuple[frozenset[str], tuple[str, ...]], frozenset[str]] = {}
 
 
-def _with_pk(columns: frozenset[str], pk_names: list[Any]) -> frozenset[str]:
+def _with_pk(columns: frozenset[str], pk_names: list[str]) -> frozenset[str]:
     """``columns | pk_names``, cached (a table's pk names repeat in every message)."""
+    key = (columns, tuple(pk_names))  # the names are strings (checked by the decoder): hashable
     try:
-        key = (columns, tuple(pk_names))
         return _pk_columns[key]
     except KeyError:
         pass
-    except TypeError:  # an unhashable pk name: let frozenset.union raise as before
-        return columns.union(pk_names)
     merged = columns.union(pk_names)
     if len(_pk_columns) >= 4096:
         _pk_columns.clear()

@@ -31,15 +31,29 @@ from datetime import UTC, date, datetime
 from typing import Any, NamedTuple
 
 from sie.connectors.cdc.model import CdcDecodeError, CdcErrorReason
+from sie.kernel.untrusted import exception_text, preview
 
 Caster = Callable[[Any], Any]
 
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _EPOCH = datetime(1970, 1, 1)
 _MAX_CACHE = 4096
+# What a request can carry: orjson writes integers in [-2**63, 2**64 - 1] (MySQL BIGINT and BIGINT UNSIGNED).
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+# |scale| of a decimal: PostgreSQL allows -1000..1000 (MySQL 0..30); beyond, 10**scale is a CPU sink.
+MAX_DECIMAL_SCALE = 1000
+# Everything a caster raises on a value that does not fit its type (casters are pure functions of the value).
+CAST_FAILURES = (ValueError, TypeError, ArithmeticError, AttributeError, KeyError, IndexError, binascii.Error)
 
 
 # --------------------------------------------------------------------------- canal (strings)
+
+def _to_float_text(v: str) -> float:
+    f = float(v)
+    if f - f == 0.0:  # False for inf and nan ('1e999', 'nan'): orjson would write them as null
+        return f
+    raise ValueError("not a finite number")
+
 
 def _to_bool_text(v: str) -> bool:
     if v == "1" or v == "\x01":
@@ -112,7 +126,8 @@ _BASE_RE = re.compile(r"^\s*([a-z ]+?)\s*(?:\((\d+)(?:\s*,\s*\d+)?\))?(?:\s+(?:u
 _SQLTYPE_CASTERS: dict[int, Caster | None] = {
     -7: _to_bool_text, 16: _to_bool_text,           # BIT, BOOLEAN
     -6: int, 5: int, 4: int, -5: int,               # TINYINT SMALLINT INTEGER BIGINT
-    6: float, 7: float, 8: float, 2: float, 3: float,  # FLOAT REAL DOUBLE NUMERIC DECIMAL
+    6: _to_float_text, 7: _to_float_text, 8: _to_float_text,  # FLOAT REAL DOUBLE
+    2: _to_float_text, 3: _to_float_text,           # NUMERIC DECIMAL
     91: _to_date_text, 93: _to_datetime_text,       # DATE TIMESTAMP
 }
 
@@ -134,7 +149,7 @@ def canal_caster_for(mysql_type: str | None, sql_type: int | None, tinyint1_as_b
             if base in _INT_TYPES:
                 return int
             if base in _FLOAT_TYPES:
-                return float
+                return _to_float_text
             if base == "datetime" or base == "timestamp":
                 return _to_datetime_text
             if base == "date":
@@ -159,6 +174,8 @@ def canal_casters(
     last = _canal_last.get((table, tinyint1_as_bool))
     if last is not None and last[0] == mysql_types and last[1] == sql_types:
         return last[2]
+    _check_type_map(table, "mysqlType", mysql_types, str)
+    _check_type_map(table, "sqlType", sql_types, int)
     key = (
         table,
         tuple(mysql_types.items()) if mysql_types else None,
@@ -182,6 +199,20 @@ def canal_casters(
             _canal_last.clear()
         _canal_last[(table, tinyint1_as_bool)] = (mysql_types, sql_types, casters)
     return casters
+
+
+def _check_type_map(table: str, field: str, types: Any, kind: type) -> None:
+    """``mysqlType``/``sqlType``: null or an object of column -> type name (int code); else malformed."""
+    if types is None:
+        return
+    if type(types) is not dict:
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{table}: {field!r} must be an object or null, "
+                                                             f"got {preview(types)}")
+    for col, declared in types.items():
+        if declared is not None and type(declared) is not kind:
+            raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{table}.{col}: {field} must be "
+                                                                 f"{'a type name' if kind is str else 'an integer'}, "
+                                                                 f"got {preview(declared)}")
 
 
 class _RowPlan(NamedTuple):
@@ -235,7 +266,7 @@ def cast_row(
                 if cast is not None and v is not None:
                     try:
                         v = cast[1](v)
-                    except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+                    except CAST_FAILURES as exc:
                         raise _cast_error(table, col, v, cast[0], exc) from None
                 out[col] = v
         return out
@@ -246,13 +277,15 @@ def cast_row(
             continue
         try:
             out[col] = fn(v)
-        except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+        except CAST_FAILURES as exc:
             raise _cast_error(table, col, v, declared, exc) from None
     return out
 
 
 def _cast_error(table: str, col: str, v: Any, declared: str, exc: Exception) -> CdcDecodeError:
-    return CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {str(v)[:60]!r} as {declared} ({exc})")
+    return CdcDecodeError(
+        CdcErrorReason.CAST_ERROR, f"{table}.{col}: cannot read {preview(v)} as {declared} ({exception_text(exc, 120, with_type=False)})"
+    )
 
 
 _ABSENT = object()
@@ -283,7 +316,7 @@ def cast_row_reusing(
             continue
         try:
             out[col] = fn(v)
-        except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+        except CAST_FAILURES as exc:
             raise _cast_error(table, col, v, declared, exc) from None
     return out
 
@@ -293,6 +326,8 @@ def cast_row_reusing(
 def decode_decimal_bytes(b64: str, scale: int) -> float:
     """Debezium ``precise`` decimal: base64 of the big-endian two's-complement
     unscaled integer.  Python's int/int division is correctly rounded."""
+    if not -MAX_DECIMAL_SCALE <= scale <= MAX_DECIMAL_SCALE:
+        raise ValueError(f"decimal scale {preview(scale)} is outside [-{MAX_DECIMAL_SCALE}, {MAX_DECIMAL_SCALE}]")
     unscaled = int.from_bytes(base64.b64decode(b64, validate=True), "big", signed=True)
     return unscaled / (10**scale) if scale >= 0 else float(unscaled * 10 ** (-scale))
 
@@ -301,8 +336,17 @@ def _variable_scale_decimal(v: dict[str, Any]) -> float:
     return decode_decimal_bytes(v["value"], int(v["scale"]))
 
 
+def _int64(v: Any) -> int:
+    """An epoch number or bit field as int, within 64 bits (Debezium writes longs; a larger value is
+    not a time, and its text would be thousands of digits)."""
+    n = int(v)
+    if INT_MIN <= n <= INT_MAX:
+        return n
+    raise ValueError("outside the 64-bit integer range")
+
+
 def _days_to_date(v: int) -> str:
-    return date.fromordinal(_EPOCH_ORDINAL + int(v)).isoformat()
+    return date.fromordinal(_EPOCH_ORDINAL + _int64(v)).isoformat()
 
 
 _day_text: dict[int, str] = {}
@@ -321,7 +365,7 @@ def _epoch_day_text(days: int) -> str:
 
 def _micros_to_datetime(us: int) -> str:
     """Epoch microseconds -> ``datetime.isoformat()`` text, built without datetime objects."""
-    days, rem = divmod(int(us), 86_400_000_000)
+    days, rem = divmod(_int64(us), 86_400_000_000)
     day = _epoch_day_text(days)
     secs, micro = divmod(rem, 1_000_000)
     h, secs = divmod(secs, 3600)
@@ -332,8 +376,9 @@ def _micros_to_datetime(us: int) -> str:
 
 
 def _micros_to_time(us: int) -> str:
+    us = _int64(us)
     sign = "-" if us < 0 else ""
-    secs, micro = divmod(abs(int(us)), 1_000_000)
+    secs, micro = divmod(abs(us), 1_000_000)
     h, secs = divmod(secs, 3600)
     m, s = divmod(secs, 60)
     text = f"{sign}{h:02d}:{m:02d}:{s:02d}"
@@ -341,21 +386,24 @@ def _micros_to_time(us: int) -> str:
 
 
 def _bits(v: str) -> int:
-    return int.from_bytes(base64.b64decode(v, validate=True), "little")
+    raw = base64.b64decode(v, validate=True)
+    if len(raw) > 8:  # MySQL BIT(M) has M <= 64
+        raise ValueError(f"{len(raw)} bytes is more than 64 bits")
+    return int.from_bytes(raw, "little")
 
 
 _DEBEZIUM_NAMED: dict[str, Caster | None] = {
     "io.debezium.time.Date": _days_to_date,
     "org.apache.kafka.connect.data.Date": _days_to_date,
-    "io.debezium.time.Timestamp": lambda v: _micros_to_datetime(int(v) * 1000),
-    "org.apache.kafka.connect.data.Timestamp": lambda v: _micros_to_datetime(int(v) * 1000),
+    "io.debezium.time.Timestamp": lambda v: _micros_to_datetime(_int64(v) * 1000),
+    "org.apache.kafka.connect.data.Timestamp": lambda v: _micros_to_datetime(_int64(v) * 1000),
     "io.debezium.time.MicroTimestamp": _micros_to_datetime,
-    "io.debezium.time.NanoTimestamp": lambda v: _micros_to_datetime(int(v) // 1000),
+    "io.debezium.time.NanoTimestamp": lambda v: _micros_to_datetime(_int64(v) // 1000),
     "io.debezium.time.ZonedTimestamp": None,  # already ISO-8601 with offset
-    "io.debezium.time.Time": lambda v: _micros_to_time(int(v) * 1000),
-    "org.apache.kafka.connect.data.Time": lambda v: _micros_to_time(int(v) * 1000),
+    "io.debezium.time.Time": lambda v: _micros_to_time(_int64(v) * 1000),
+    "org.apache.kafka.connect.data.Time": lambda v: _micros_to_time(_int64(v) * 1000),
     "io.debezium.time.MicroTime": _micros_to_time,
-    "io.debezium.time.NanoTime": lambda v: _micros_to_time(int(v) // 1000),
+    "io.debezium.time.NanoTime": lambda v: _micros_to_time(_int64(v) // 1000),
     "io.debezium.data.VariableScaleDecimal": _variable_scale_decimal,
     "io.debezium.data.Bits": _bits,
 }
@@ -383,9 +431,12 @@ def debezium_casters(table: str, fields: list[dict[str, Any]]) -> dict[str, tupl
                 params = f.get("parameters") or {}
                 try:
                     scale = int(params.get("scale", "0"))
+                    if not -MAX_DECIMAL_SCALE <= scale <= MAX_DECIMAL_SCALE:
+                        raise ValueError(scale)
                 except (TypeError, ValueError):
                     raise CdcDecodeError(
-                        CdcErrorReason.MALFORMED_EVENT, f"{table}.{col}: Decimal schema has a bad scale {params!r}"
+                        CdcErrorReason.MALFORMED_EVENT,
+                        f"{table}.{col}: Decimal schema has a bad scale {preview(params.get('scale'))}",
                     ) from None
                 casters[col] = (f"Decimal(scale={scale})", _scaled_decoder(scale))
             elif name in _DEBEZIUM_NAMED:
@@ -465,27 +516,38 @@ def _temporal_to_epoch_ms(text: str) -> int | None:
 
 def _text_to_number(v: str, where: str, kind: str) -> float:
     try:
-        return float(v)
+        f = float(v)
     except ValueError:
         pass
+    else:
+        if f - f == 0.0:
+            return f
+        raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: {preview(v)} is not a finite number")
     ms = _temporal_to_epoch_ms(v)
     if ms is not None:
         return ms
     if _B64_RE.match(v) and len(v) >= 4:
         raise CdcDecodeError(
             CdcErrorReason.CAST_ERROR,
-            f"{where}: {v!r} looks like a Debezium base64 'precise' decimal and its scale is unknown; "
+            f"{where}: {preview(v)} looks like a Debezium base64 'precise' decimal and its scale is unknown; "
             f"set decimal.handling.mode=string or double on the Debezium connector, keep value schemas "
             f"enabled, or set decimal_scales: {{<db.table.column>: <scale>}} in the connector spec",
         )
-    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {v[:60]!r} to {kind}")
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {preview(v)} to {kind}")
+
+
+def _too_large(v: Any, where: str, kind: str) -> CdcDecodeError:
+    return CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: {preview(v)} is too large for {kind}")
 
 
 def _coerce_float(v: Any, where: str) -> Any:
     if v is None or type(v) is float:
         return v
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond 1.8e308 (e.g. a 400-digit BIGINT text)
+            raise _too_large(v, where, "a float") from None
     if isinstance(v, str):
         if len(v) >= 10 and v[4] == "-" and v[7] == "-":
             ms = _fast_epoch_ms(v)
@@ -507,14 +569,20 @@ def _coerce_int(v: Any, where: str) -> Any:
             if ms is not None:
                 return ms
         try:
-            return int(v)
-        except ValueError:
+            return _in_int_range(int(v), where)
+        except ValueError:  # not an integer text (or beyond 4,300 digits)
             v = _text_to_number(v, where, "int")
             if type(v) is int:
                 return v
     if isinstance(v, float) and v.is_integer():
-        return int(v)
-    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {v!r} to int without losing digits")
+        return _in_int_range(int(v), where)
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {preview(v)} to int without losing digits")
+
+
+def _in_int_range(n: int, where: str) -> int:
+    if INT_MIN <= n <= INT_MAX:
+        return n
+    raise _too_large(n, where, "a 64-bit integer")
 
 
 def _coerce_bool(v: Any, where: str) -> Any:
@@ -528,7 +596,7 @@ def _coerce_bool(v: Any, where: str) -> Any:
             return True
         if low in ("0", "false", "f", "no", "n"):
             return False
-    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {str(v)[:60]!r} to bool")
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {preview(v)} to bool")
 
 
 def _coerce_string(v: Any, where: str) -> Any:
@@ -537,8 +605,10 @@ def _coerce_string(v: Any, where: str) -> Any:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
+        if type(v) is int and not INT_MIN <= v <= INT_MAX:  # str() of a huge int is slow, and refused past 4,300 digits
+            raise _too_large(v, where, "a string field")
         return str(v)
-    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {type(v).__name__} to string")
+    raise CdcDecodeError(CdcErrorReason.CAST_ERROR, f"{where}: cannot convert {preview(v)} to string")
 
 
 COERCERS: dict[str, Callable[[Any, str], Any]] = {

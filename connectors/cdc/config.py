@@ -108,8 +108,8 @@ class CdcConnectorSpec(BaseModel):
         for column, scale in v.items():
             if column.count(".") < 2:
                 raise ValueError(f"key {column!r} must be 'db.table.column'")
-            if scale < 0:
-                raise ValueError(f"{column}: scale must be >= 0 (got {scale})")
+            if not 0 <= scale <= 1000:  # PostgreSQL's maximum; MySQL's is 30
+                raise ValueError(f"{column}: scale must be between 0 and 1000 (got {scale})")
         return v
 
     @field_validator("primary_keys")
@@ -143,11 +143,39 @@ class CdcConnectorSpec(BaseModel):
         return self
 
 
-def _path(loc: tuple[Any, ...]) -> str:
+def _path(loc: tuple[Any, ...], doc: dict[str, Any] | None = None) -> str:
+    """``connector.<key as written>[i]...``: the top-level key in the spelling the document used."""
     out = "connector"
-    for part in loc:
+    for i, part in enumerate(loc):
+        if i == 0 and doc is not None and isinstance(part, str) and part not in doc:
+            written = [k for k in (_SNAKE.get(part), part) if k is not None and k in doc]
+            part = written[0] if written else part
         out += f"[{part}]" if isinstance(part, int) else f".{part}"
     return out
+
+
+#: camelCase alias -> snake_case field name (both spellings are accepted)
+_SNAKE = {to_camel(name): name for name in CdcConnectorSpec.model_fields}
+_KNOWN_KEYS = ", ".join(to_camel(name) for name in CdcConnectorSpec.model_fields)
+_TYPE_WORDS = {"bool_type": "a boolean (true/false)", "string_type": "a string", "int_type": "an integer",
+               "list_type": "a list", "dict_type": "a mapping"}
+
+
+def _reason(err: dict[str, Any]) -> str:
+    """pydantic's error as the ModelService spec words it (``unknown key; known keys: ...``)."""
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"unknown key; known keys: {_KNOWN_KEYS}"
+    if kind == "missing":
+        return "required"
+    if kind == "literal_error":
+        expected = str((err.get("ctx") or {}).get("expected", ""))
+        return "must be one of " + expected.replace("'", "").replace(" or ", ", ")
+    if kind in _TYPE_WORDS:
+        return f"must be {_TYPE_WORDS[kind]}"
+    if kind == "too_short":
+        return "must not be empty"
+    return str(err["msg"]).removeprefix("Value error, ").replace("Input should be", "must be")
 
 
 def parse_connector_spec(doc: Any, source: str = "<dict>") -> CdcConnectorSpec:
@@ -167,10 +195,9 @@ def parse_connector_spec(doc: Any, source: str = "<dict>") -> CdcConnectorSpec:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
-            shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
-            problems.append(f"{_path(err['loc'])}: {msg}{shown}")
+            shown = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+            problems.append(f"{_path(err['loc'], doc)}: {_reason(err)}{shown}")
         raise ConnectorSpecError(f"{source}: " + "; ".join(problems)) from None
 
 

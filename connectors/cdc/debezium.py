@@ -28,6 +28,7 @@ import orjson
 from sie.connectors.cdc.casting import cast_row, cast_row_reusing, debezium_casters, scale_casters
 from sie.connectors.cdc.model import (
     DEFAULT_OPTIONS,
+    MAX_JSON_DEPTH,
     CdcDecodeError,
     CdcErrorReason,
     DecodeOptions,
@@ -35,9 +36,13 @@ from sie.connectors.cdc.model import (
     Op,
     RowChange,
     SkipReason,
+    check_depth,
+    load_json,
     load_json_object,
+    position_part,
     require,
 )
+from sie.kernel.untrusted import preview
 
 FORMAT = "debezium-json"
 
@@ -60,9 +65,11 @@ def _key_pk(key: bytes | None) -> dict[str, Any] | None:
     if not key:
         return None
     try:
-        doc = orjson.loads(key)
-    except orjson.JSONDecodeError:
-        return None
+        doc = load_json(key, "key")
+    except CdcDecodeError as exc:
+        if exc.reason is CdcErrorReason.INVALID_JSON:
+            return None
+        raise  # nested too deep: a key no converter writes
     if isinstance(doc, dict):
         payload, _ = _unwrap(doc)
         if isinstance(payload, dict):
@@ -71,12 +78,38 @@ def _key_pk(key: bytes | None) -> dict[str, Any] | None:
 
 
 def _row_fields(schema: dict[str, Any] | None, which: str) -> list[dict[str, Any]] | None:
+    """The value schema's row struct fields (``before``/``after``), checked for the shape casting reads."""
     if schema is None:
         return None
-    for f in schema.get("fields") or ():
-        if f.get("field") == which and isinstance(f.get("fields"), list):
-            return f["fields"]
+    top = schema.get("fields")
+    if top is None:
+        return None
+    _check_struct_fields(top, "schema.fields")
+    for f in top:
+        if f.get("field") == which and f.get("fields") is not None:
+            fields = f["fields"]
+            _check_struct_fields(fields, f"schema.fields[{which}].fields")
+            return fields  # type: ignore[no-any-return]
     return None
+
+
+def _check_struct_fields(fields: Any, path: str) -> None:
+    """Connect struct fields: an array of objects with a string ``field``, an optional string ``name``
+    and optional object ``parameters`` (``malformed_event`` otherwise)."""
+    if type(fields) is not list:
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} {path} must be an array, got {preview(fields)}")
+    for i, f in enumerate(fields):
+        if type(f) is not dict:
+            problem = f"must be an object, got {preview(f)}"
+        elif type(f.get("field")) is not str:
+            problem = f"'field' must be a string, got {preview(f.get('field'))}"
+        elif f.get("name") is not None and type(f["name"]) is not str:
+            problem = f"'name' must be a string, got {preview(f['name'])}"
+        elif f.get("parameters") is not None and type(f["parameters"]) is not dict:
+            problem = f"'parameters' must be an object, got {preview(f['parameters'])}"
+        else:
+            continue
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} {path}[{i}]: {problem}")
 
 
 def _classify_non_row(payload: dict[str, Any]) -> SkipReason | None:
@@ -119,14 +152,14 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
         )
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has no 'op'{hint}")
     if not isinstance(code, str):
-        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event 'op' must be a string, got {code!r}")
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event 'op' must be a string, got {preview(code)}")
     op = _OPS.get(code)
     if op is None:
         skip = _SKIP_OPS.get(code)
         if skip is not None:
             return DecodeResult(skipped=skip)
         raise CdcDecodeError(
-            CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown op {code!r} (expected c, u, d, r, t or m)"
+            CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown op {preview(code)} (expected c, u, d, r, t or m)"
         )
 
     source = require(payload, "source", dict, FORMAT)
@@ -144,6 +177,8 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: {op.value} event without an 'after' image")
     if before_raw is not None and not isinstance(before_raw, dict):
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'before' must be an object or null")
+    if after_raw is not None and not isinstance(after_raw, dict):  # a delete's 'after' (others checked above)
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{qualified}: 'after' must be an object or null")
 
     which = "after" if after_raw is not None else "before"
     casters = entry.casters.get((qualified, which)) if entry is not None else None
@@ -181,11 +216,19 @@ def decode_debezium(key: bytes | None, value: bytes | None, options: DecodeOptio
         pk = {}
 
     ts = source.get("ts_ms")
-    ts_ms = ts if isinstance(ts, int) else payload.get("ts_ms")
-    if source.get("file") is not None and source.get("pos") is not None:
-        position = f"{source['file']}:{source['pos']}:{source.get('row', 0)}"
+    if type(ts) is not int:
+        ts = payload.get("ts_ms")
+    ts_ms = ts if type(ts) is int else None
+    file, pos = source.get("file"), source.get("pos")
+    if file is not None and pos is not None:
+        row_no = source.get("row", 0)
+        if type(file) is str and type(pos) is int and type(row_no) is int:  # what Debezium writes
+            position = f"{file}:{pos}:{row_no}"
+        else:
+            position = (f"{position_part(file, 'source.file', FORMAT)}:{position_part(pos, 'source.pos', FORMAT)}:"
+                        f"{position_part(row_no, 'source.row', FORMAT)}")
     elif source.get("lsn") is not None:
-        position = f"lsn:{source['lsn']}"
+        position = f"lsn:{position_part(source['lsn'], 'source.lsn', FORMAT)}"
     else:
         position = f"ts:{ts_ms}"
     return DecodeResult(
@@ -256,10 +299,16 @@ def _split_cached(value: bytes | None) -> tuple[_SchemaEntry, Any] | None:
         if entry is None or not value.startswith(entry.prefix):
             return None
         _last_schema[0] = entry
+    body = memoryview(value)[len(entry.prefix):-1]
     try:
-        payload = orjson.loads(memoryview(value)[len(entry.prefix):-1])
+        payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
+    if type(payload) is dict:
+        # the wrapper adds one level; the payload's opening brackets bound its depth (check_depth's pre-check)
+        opening = value.count(b"{", len(entry.prefix)) + value.count(b"[", len(entry.prefix))
+        if opening > MAX_JSON_DEPTH - 1:
+            check_depth(value, {"payload": payload})
     return entry, payload
 
 

@@ -30,9 +30,13 @@ from sie.connectors.cdc.model import (
     Op,
     RowChange,
     SkipReason,
+    check_names,
+    load_json,
     load_json_object,
+    position_part,
     require,
 )
+from sie.kernel.untrusted import preview
 
 FORMAT = "maxwell-json"
 
@@ -44,9 +48,11 @@ def _key_pk_columns(key: bytes | None) -> list[str] | None:
     if not key:
         return None
     try:
-        doc = orjson.loads(key)
-    except orjson.JSONDecodeError:
-        return None
+        doc = load_json(key, "key")
+    except CdcDecodeError as exc:
+        if exc.reason is CdcErrorReason.INVALID_JSON:
+            return None
+        raise  # nested too deep: a key Maxwell never writes
     if isinstance(doc, dict):
         cols = [k[3:] for k in doc if k.startswith("pk.")]
         return cols or None
@@ -66,7 +72,7 @@ def decode_maxwell(key: bytes | None, value: bytes | None, options: DecodeOption
             return DecodeResult(skipped=SkipReason.CONTROL_EVENT)
         if kind.startswith(("table-", "database-")) or "sql" in doc:
             return DecodeResult(skipped=SkipReason.DDL)
-        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown type {kind!r}")
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{FORMAT} event has unknown type {preview(kind)}")
     database = require(doc, "database", str, FORMAT)
     table = require(doc, "table", str, FORMAT)
     qualified = f"{database}.{table}"
@@ -83,7 +89,9 @@ def decode_maxwell(key: bytes | None, value: bytes | None, options: DecodeOption
         before, after, changed = None, data, None
 
     pk_cols = doc.get("primary_key_columns")
-    if not isinstance(pk_cols, list):
+    if isinstance(pk_cols, list):
+        check_names(pk_cols, "primary_key_columns", qualified)
+    else:
         pk_cols = _key_pk_columns(key) or ()
     pk = {c: data.get(c) for c in pk_cols}
 
@@ -94,16 +102,18 @@ def decode_maxwell(key: bytes | None, value: bytes | None, options: DecodeOption
     # Maxwell writes xoffset on every row of a transaction but the last, which
     # carries "commit": true instead; keep the two distinguishable.
     xid = doc.get("xid")
-    offset = doc["xoffset"] if doc.get("xoffset") is not None else "commit"
+    offset = position_part(doc["xoffset"], "xoffset", FORMAT) if doc.get("xoffset") is not None else "commit"
     binlog = doc.get("position") if isinstance(doc.get("position"), str) else None
     if xid is not None:
+        xid = position_part(xid, "xid", FORMAT)
         ref = f"{xid}.{offset}"
         position = f"{binlog + ',' if binlog else ''}xid={xid}:{offset}"
     elif binlog:
         ref = position = binlog
     else:
-        position = f"ts={doc.get('ts')}"
-        ref = f"{doc.get('ts')}.{hashlib.blake2b(orjson.dumps((kind, data, old)), digest_size=6).hexdigest()}"
+        ts = position_part(doc.get("ts"), "ts", FORMAT)
+        position = f"ts={ts}"
+        ref = f"{ts}.{hashlib.blake2b(orjson.dumps((kind, data, old)), digest_size=6).hexdigest()}"
     return DecodeResult(
         rows=(RowChange(FORMAT, database, table, op, pk, before, after, changed, ts_ms, position, ref),)
     )

@@ -20,6 +20,13 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from sie.kernel.untrusted import json_text_depth_exceeds, preview
+
+# Deeper nesting is ``malformed_event``: a CDC event is 3-6 levels deep (a JSON column adds its own) and
+# the scorer rejects requests nested deeper than its ``max_json_depth`` (64) anyway.  Bounding depth at
+# parse time is what makes every later ``==``, ``str`` and ``orjson.dumps`` on event values safe.
+MAX_JSON_DEPTH = 64
+
 
 class Op(str, Enum):
     """Row operation.  ``READ`` is a snapshot/bootstrap row (Debezium ``r``,
@@ -56,15 +63,22 @@ class CdcErrorReason(str, Enum):
     CAST_ERROR = "cast_error"                # a value does not fit its declared/target type
     SCHEMA_MISMATCH = "schema_mismatch"      # a mapped column is absent from the row image
     MISSING_PRIMARY_KEY = "missing_primary_key"  # no pk in the event and none configured
+    NULL_IN_REQUIRED_FIELD = "null_in_required_field"  # SQL NULL for a model input that is required, not nullable
+    CONVERSION_ERROR = "conversion_error"    # an unforeseen failure (a bug): dead-lettered, never a crash loop
 
 
 class CdcDecodeError(Exception):
     """Poison input.  ``str(e)`` is ``"<reason>: <detail>"``; the detail names the
-    table/column and the fix so a dead-letter reader can act on it."""
+    table/column and the fix so a dead-letter reader can act on it.
 
-    def __init__(self, reason: CdcErrorReason | str, detail: str) -> None:
+    ``coordinates`` (``db``, ``table``, ``op``, ``pk``, ``position``) are set when the failing row is
+    known; the stage writes them as ``sie.cdc.*`` dead-letter headers."""
+
+    def __init__(self, reason: CdcErrorReason | str, detail: str,
+                 coordinates: dict[str, str] | None = None) -> None:
         self.reason = CdcErrorReason(reason)
         self.detail = detail
+        self.coordinates = coordinates or {}
         super().__init__(f"{self.reason.value}: {detail}")
 
     def as_dict(self) -> dict[str, str]:
@@ -134,18 +148,38 @@ class DecodeOptions(NamedTuple):
 DEFAULT_OPTIONS = DecodeOptions()
 
 
+def load_json(value: bytes | str, what: str = "value") -> Any:
+    """Parse JSON text and bound its nesting (``MAX_JSON_DEPTH``), or raise the right dead-letter reason."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise CdcDecodeError(
+            CdcErrorReason.INVALID_JSON, f"record {what} is not JSON ({exc}); starts with {preview(value)}"
+        ) from None
+    check_depth(value, doc, what)
+    return doc
+
+
+def check_depth(text: bytes | str, doc: Any, what: str = "value") -> None:
+    """``malformed_event`` when ``doc`` (parsed from ``text``) is nested deeper than ``MAX_JSON_DEPTH``."""
+    depth = json_text_depth_exceeds(text, doc, MAX_JSON_DEPTH)
+    if depth:
+        raise CdcDecodeError(
+            CdcErrorReason.MALFORMED_EVENT,
+            f"record {what} is nested {depth}+ levels deep (at most {MAX_JSON_DEPTH} are accepted)",
+        )
+
+
 def load_json_object(value: bytes | str | None, what: str = "value") -> dict[str, Any]:
     """Parse one JSON object or raise the right dead-letter reason."""
     if value is None:
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"record {what} is null")
-    try:
-        doc = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        head = bytes(value[:60]) if isinstance(value, (bytes, bytearray, memoryview)) else str(value)[:60]
-        raise CdcDecodeError(CdcErrorReason.INVALID_JSON, f"record {what} is not JSON ({exc}); starts with {head!r}") from None
+    if not isinstance(value, (bytes, str)):
+        raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"record {what} is {preview(value)}, not bytes")
+    doc = load_json(value, what)
     if not isinstance(doc, dict):
         raise CdcDecodeError(
-            CdcErrorReason.MALFORMED_EVENT, f"record {what} must be a JSON object, got {type(doc).__name__}"
+            CdcErrorReason.MALFORMED_EVENT, f"record {what} must be a JSON object, got {describe(doc)}"
         )
     return doc
 
@@ -154,8 +188,44 @@ def require(doc: dict[str, Any], field: str, kind: type | tuple[type, ...], fmt:
     """``doc[field]`` checked for presence and type; a missing/mistyped field is malformed."""
     value = doc.get(field)
     if not isinstance(value, kind):
-        got = "missing" if field not in doc else f"{type(value).__name__} {str(value)[:40]!r}"
+        got = "missing" if field not in doc else describe(value)
         raise CdcDecodeError(CdcErrorReason.MALFORMED_EVENT, f"{fmt} event field {field!r} is {got}")
+    return value
+
+
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def describe(value: Any) -> str:
+    """``a string 'abc'``, ``a number 5``, ``null``, ``an array of 2 items``: what a JSON value is, bounded."""
+    kind = _JSON_KINDS.get(type(value))
+    if kind is None or type(value) in (dict, list):
+        return preview(value, 40)
+    return kind if value is None else f"{kind} {preview(value, 40)}"
+
+
+def position_part(value: Any, field: str, fmt: str) -> str:
+    """Text of a source-position field (batch id, binlog file/pos, gtid, xid ...) for ``position``/``ref``.
+
+    A position is made of scalars; an object or array there is a malformed event (and formatting one
+    would put an arbitrary structure into every request id)."""
+    t = type(value)
+    if t is str:
+        return value  # type: ignore[no-any-return]
+    if t is int or t is float or value is None or t is bool:
+        return str(value)
+    raise CdcDecodeError(
+        CdcErrorReason.MALFORMED_EVENT, f"{fmt} event field {field!r} must be a string or a number, got {preview(value)}"
+    )
+
+
+def check_names(value: Any, field: str, where: str) -> list[str]:
+    """A JSON array of column names (``pkNames``, ``primary_key_columns``), else ``malformed_event``."""
+    if type(value) is not list or any(type(n) is not str for n in value):
+        raise CdcDecodeError(
+            CdcErrorReason.MALFORMED_EVENT, f"{where}: {field!r} must be an array of column names, got {preview(value)}"
+        )
     return value
 
 
@@ -179,8 +249,15 @@ def _pk_value(value: Any) -> str:
         return "null"
     if value is True or value is False:
         return "true" if value else "false"
-    text = value if isinstance(value, str) else str(value)
-    return _escape(text)
+    t = type(value)
+    if t is str:
+        return _escape(value)
+    if t is int or t is float:
+        return _escape(str(value))
+    raise CdcDecodeError(
+        CdcErrorReason.MALFORMED_EVENT,
+        f"primary key value {preview(value)}: a key column must hold a string, number or boolean",
+    )
 
 
 def _escape(text: str) -> str:

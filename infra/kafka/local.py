@@ -30,6 +30,7 @@ from typing import Any
 
 from sie.infra.kafka.fetch import LOG4J_CONFIG, Echo, ensure_jars, require_tool
 from sie.infra.kafka.layout import HOST, ClusterLayout, NodeLayout, render_properties
+from sie.infra.kafka.security import ADMIN, MECHANISM, SCRAM_ITERATIONS, USERS, SecurityFiles, secure_server_properties
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 
@@ -50,12 +51,17 @@ class ClusterState:
     cluster_id: str
     kafka_version: str
     pids: dict[int, int] = field(default_factory=dict)
+    #: SASL_SSL + SCRAM + ACLs (``sie kafka up --secure``); secrets in ``<data_dir>/secrets``
+    secure: bool = False
 
     def with_pid(self, node_id: int, pid: int | None) -> ClusterState:
         pids = {k: v for k, v in self.pids.items() if k != node_id}
         if pid is not None:
             pids[node_id] = pid
-        return ClusterState(self.brokers, self.base_port, self.cluster_id, self.kafka_version, pids)
+        return ClusterState(self.brokers, self.base_port, self.cluster_id, self.kafka_version, pids, self.secure)
+
+    def stopped(self) -> ClusterState:
+        return ClusterState(self.brokers, self.base_port, self.cluster_id, self.kafka_version, {}, self.secure)
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -63,7 +69,7 @@ class ClusterState:
             return None
         raw = json.loads(path.read_text())
         return cls(raw["brokers"], raw["base_port"], raw["cluster_id"], raw["kafka_version"],
-                   {int(k): int(v) for k, v in raw.get("pids", {}).items()})
+                   {int(k): int(v) for k, v in raw.get("pids", {}).items()}, bool(raw.get("secure", False)))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +112,14 @@ def free_base_port(count: int, low: int = 20000, high: int = 32000, attempts: in
     raise ConfigError(f"no {count} consecutive free ports between {low} and {high}")
 
 
+def _write_private_text(path: Path, text: str) -> None:
+    """Write a file only its owner can read (server.properties of a secured node holds the admin password)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     if not path.is_file():
         return f"(no log at {path})"
@@ -113,12 +127,16 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text[-lines:])
 
 
-def probe_brokers(bootstrap: str, timeout: float) -> set[int] | None:
-    """Node ids in the cluster metadata as seen through ``bootstrap``; None if nobody answered."""
+def probe_brokers(bootstrap: str, timeout: float, security: dict[str, Any] | None = None) -> set[int] | None:
+    """Node ids in the cluster metadata as seen through ``bootstrap``; None if nobody answered.
+
+    ``security``: librdkafka properties of a secured cluster (an admin's SASL_SSL settings).
+    """
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({
+        **(security or {}),
         "bootstrap.servers": bootstrap,
         "reconnect.backoff.max.ms": 500,  # default 10 s would delay noticing a broker that just came up
         "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
@@ -191,6 +209,7 @@ class LocalKafka:
         base_port: int = 9092,
         data_dir: Path | None = None,
         *,
+        secure: bool = False,
         detach: bool = True,
         echo: Echo = _quiet,
         clock: Clock = time.monotonic,
@@ -199,6 +218,8 @@ class LocalKafka:
         self.settings = settings
         self.data_dir = Path(data_dir or settings.kafka_data_dir).resolve()
         self._requested = ClusterLayout(brokers, base_port, self.data_dir)
+        self._secure_requested = secure
+        self.security = SecurityFiles(self.data_dir / "secrets")
         self._detach = detach
         self._echo = echo
         self._clock = clock
@@ -225,9 +246,23 @@ class LocalKafka:
     def bootstrap_servers(self) -> str:
         return self.layout.bootstrap_servers
 
-    def settings_for_clients(self) -> Settings:
-        """``settings`` with bootstrap_servers pointing at this cluster."""
-        return self.settings.with_overrides(bootstrap_servers=self.bootstrap_servers)
+    @property
+    def secure(self) -> bool:
+        state = self._state()
+        return state.secure if state is not None else self._secure_requested
+
+    def settings_for_clients(self, user: str = ADMIN) -> Settings:
+        """``settings`` pointing at this cluster; on a secured one, as ``user`` (default the super user
+        ``admin``; ``sie-scorer`` etc. for a role's least-privilege principal)."""
+        if not self.secure:
+            return self.settings.with_overrides(bootstrap_servers=self.bootstrap_servers)
+        return self.security.client_settings(self.settings, user, self.bootstrap_servers)
+
+    def _probe_security(self) -> dict[str, Any] | None:
+        if not self.secure:
+            return None
+        return {"security.protocol": "SASL_SSL", "sasl.mechanism": MECHANISM, "sasl.username": ADMIN,
+                "sasl.password": self.security.password(ADMIN), "ssl.ca.location": str(self.security.ca_cert)}
 
     def _alive(self, node: NodeLayout, state: ClusterState | None) -> bool:
         pid = state.pids.get(node.node_id) if state else None
@@ -244,6 +279,11 @@ class LocalKafka:
         if state is not None:
             recorded = ClusterLayout(state.brokers, state.base_port, self.data_dir)
             running = [n.node_id for n in recorded.nodes if self._alive(n, state)]
+            if state.secure != self._secure_requested:
+                raise ConfigError(
+                    f"{self.data_dir} holds a {'secured' if state.secure else 'plaintext'} cluster: run "
+                    f"`sie kafka down --wipe --data-dir {self.data_dir}` first or pass another --data-dir"
+                )
             if (state.brokers, state.base_port) != (layout.brokers, layout.base_port):
                 if running:
                     raise ConfigError(
@@ -260,7 +300,8 @@ class LocalKafka:
                 self._wait_ready(layout, state, timeout)
                 return layout.bootstrap_servers
         else:
-            state = ClusterState(layout.brokers, layout.base_port, new_cluster_id(), self.settings.kafka_version)
+            state = ClusterState(layout.brokers, layout.base_port, new_cluster_id(), self.settings.kafka_version,
+                                 secure=self._secure_requested)
         to_start = [n for n in layout.nodes if not self._alive(n, state)]
         for node in to_start:
             for port in (node.broker_port, node.controller_port):
@@ -270,6 +311,8 @@ class LocalKafka:
                     )
         lib = ensure_jars(self.settings, echo=self._echo)
         java = require_tool("java")
+        if state.secure:
+            self.security.ensure()
         state.save(self.state_file)
         self._format(layout, to_start, state, lib, java)
         started = time.monotonic()
@@ -282,8 +325,48 @@ class LocalKafka:
             for node in to_start:
                 self._stop_node(node, self._state(), signal.SIGKILL, timeout=10)
             raise
+        if state.secure:
+            self._create_users(timeout)
         self._echo(f"cluster ready in {time.monotonic() - started:.1f}s (data and logs in {self.data_dir})")
         return layout.bootstrap_servers
+
+    def create_user(self, name: str, timeout: float = 30.0) -> Path:
+        """Another SCRAM user (e.g. one principal per test); returns its password file (mode 0600)."""
+        if not self.secure:
+            raise ConfigError(f"{self.data_dir} is not a secured cluster: users need `sie kafka up --secure`")
+        self.security.add_user(name)
+        self._create_users(timeout, [name])
+        return self.security.password_file(name)
+
+    def _create_users(self, timeout: float, users: list[str] | None = None) -> None:
+        """SCRAM credentials of every SIE role's user (the admin's came with the storage format); idempotent."""
+        from confluent_kafka.admin import (
+            AdminClient,
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        config = {"bootstrap.servers": self.bootstrap_servers, **(self._probe_security() or {}), "log_level": 3}
+        admin = AdminClient(config)
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+        users = users or [u for u in USERS if u != ADMIN]
+        upserts = [UserScramCredentialUpsertion(u, info, self.security.password(u).encode()) for u in users]
+        for user, future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).items():
+            try:
+                future.result(timeout=timeout)
+            except Exception as exc:
+                raise SieError(f"creating SCRAM user {user} on {self.bootstrap_servers} failed: {exc}") from None
+        deadline = self._clock() + timeout
+        while True:  # the brokers learn new credentials from the metadata log: wait until they can log in
+            probe = {**config, "sasl.username": users[-1], "sasl.password": self.security.password(users[-1])}
+            if probe_brokers(self.bootstrap_servers, 2.0,
+                             {k: v for k, v in probe.items() if k != "bootstrap.servers"}) is not None:
+                break
+            if self._clock() >= deadline:
+                raise KafkaUnavailable(f"SCRAM users not usable on {self.bootstrap_servers} after {timeout:.0f}s")
+            self._sleep(0.2)
+        self._echo(f"SCRAM-SHA-512 users: {', '.join(users)} (passwords in {self.security.root / 'users'}, mode 0600)")
 
     def down(self, timeout: float = 30.0, wipe: bool = False) -> list[int]:
         """Stop every broker (SIGTERM, SIGKILL after ``timeout``); return the node ids stopped.
@@ -302,7 +385,7 @@ class LocalKafka:
                 stopped.append(node.node_id)
             state = self._state()
             if state is not None:
-                ClusterState(state.brokers, state.base_port, state.cluster_id, state.kafka_version).save(self.state_file)
+                state.stopped().save(self.state_file)
         if wipe and self.data_dir.exists():
             import shutil
 
@@ -319,13 +402,14 @@ class LocalKafka:
         nodes = []
         for node in layout.nodes:
             alive = self._alive(node, state)
-            answers = alive and probe_brokers(node.bootstrap, timeout) is not None
+            answers = alive and probe_brokers(node.bootstrap, timeout, self._probe_security()) is not None
             nodes.append({"node_id": node.node_id, "pid": state.pids.get(node.node_id), "port": node.broker_port,
                           "controller_port": node.controller_port, "alive": alive, "answers": answers,
                           "log": str(node.server_log)})
         return {"data_dir": str(self.data_dir), "running": all(n["answers"] for n in nodes),
                 "brokers": layout.brokers, "bootstrap_servers": layout.bootstrap_servers,
-                "cluster_id": state.cluster_id, "kafka_version": state.kafka_version, "nodes": nodes}
+                "cluster_id": state.cluster_id, "kafka_version": state.kafka_version, "nodes": nodes,
+                "secure": state.secure, "secrets_dir": str(self.security.root) if state.secure else None}
 
     # ---- fault-test controls -------------------------------------------------------------
     def kill_broker(self, node_id: int) -> None:
@@ -335,6 +419,21 @@ class LocalKafka:
     def stop_broker(self, node_id: int, timeout: float = 30.0) -> None:
         """SIGTERM one node (controlled shutdown) and wait until it exits (SIGKILL after ``timeout``)."""
         self._stop_node(self.layout.node(node_id), self._state(), signal.SIGTERM, timeout)
+
+    def pause_broker(self, node_id: int) -> None:
+        """SIGSTOP one node: a broker that is there but answers nothing (GC pause, stalled VM), so calls
+        time out instead of failing fast.  ``resume_broker`` lets it go on where it stopped."""
+        state = self._state()
+        node = self.layout.node(node_id)
+        if state is None or not self._alive(node, state):
+            raise ConfigError(f"broker {node_id} of {self.data_dir} is not running: nothing to pause")
+        self._procs.signal(state.pids[node_id], signal.SIGSTOP)
+
+    def resume_broker(self, node_id: int) -> None:
+        """SIGCONT a node paused by ``pause_broker``."""
+        state = self._state()
+        if state is not None and node_id in state.pids:
+            self._procs.signal(state.pids[node_id], signal.SIGCONT)
 
     def start_broker(self, node_id: int, timeout: float = 60.0) -> None:
         """Restart a stopped node of this cluster and wait until it answers and is back in the metadata."""
@@ -361,12 +460,17 @@ class LocalKafka:
         pending = []
         for node in nodes:
             node.logs_dir.mkdir(parents=True, exist_ok=True)
-            node.properties_file.write_text(render_properties(layout.server_properties(node)))
+            props = layout.server_properties(node)
+            if state.secure:
+                props.update(secure_server_properties(self.security, node.broker_port, node.controller_port, HOST))
+            _write_private_text(node.properties_file, render_properties(props))  # holds the admin's password
             if not (node.data_dir / "meta.properties").is_file():
                 cmd = self._java_cmd(node, lib, java, "kafka.tools.StorageTool", "256m") + [
                     "format", "-t", state.cluster_id, "-c", str(node.properties_file)]
                 if layout.brokers == 1:
                     cmd.append("--standalone")
+                if state.secure:  # the brokers' own principal must exist before they can talk to each other
+                    cmd += ["--add-scram", f"{MECHANISM}=[name={ADMIN},password={self.security.password(ADMIN)}]"]
                 pending.append((node, subprocess.Popen(cmd, cwd=node.dir, stdin=subprocess.DEVNULL,
                                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
         if pending:
@@ -374,7 +478,10 @@ class LocalKafka:
         for node, proc in pending:
             out, _ = proc.communicate()
             if proc.returncode != 0:
-                raise SieError(f"formatting node {node.node_id} in {node.data_dir} failed: {out.strip()[-2000:]}")
+                text = out.strip()[-2000:]
+                if state.secure:
+                    text = text.replace(self.security.password(ADMIN), "********")
+                raise SieError(f"formatting node {node.node_id} in {node.data_dir} failed: {text}")
 
     def _start_node(self, node: NodeLayout, state: ClusterState, lib: Path, java: str) -> ClusterState:
         cmd = self._java_cmd(node, lib, java, "kafka.Kafka", self.settings.kafka_heap) + [str(node.properties_file)]
@@ -415,9 +522,10 @@ class LocalKafka:
                         f"tail of {node.server_log}:\n{log_tail(node.server_log)}\n"
                         f"stdout ({node.stdout_log}):\n{log_tail(node.stdout_log, 10)}"
                     )
-            seen = probe_brokers(layout.bootstrap_servers, timeout=1.0)
+            security = self._probe_security()
+            seen = probe_brokers(layout.bootstrap_servers, timeout=1.0, security=security)
             if seen is not None and expected <= seen and all(
-                probe_brokers(n.bootstrap, timeout=1.0) is not None for n in must_answer
+                probe_brokers(n.bootstrap, timeout=1.0, security=security) is not None for n in must_answer
             ):
                 return
             if self._clock() >= deadline:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 
 
@@ -33,6 +33,9 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--tier", help="Node pool tier, e.g. tier-0 (only P0 models are placed there).")
 @click.option("--simulate-gpus", help="Pretend to have these GPUs, e.g. 2xA100-80GB (marked simulated).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), help="Serve Prometheus /metrics here (0 = any).")
+@click.option("--worker-metrics-ports", default="0", show_default=True,
+              help="Prometheus /metrics ports of the workers: 0 = any free port, A-B = one of that range, off = none. "
+                   "Each is advertised in the heartbeat (the control plane's /v1/prometheus/targets lists them).")
 @click.option("--heartbeat-s", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Heartbeat interval.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where worker specs and logs go, in <dir>/<node>/ [default: <SIE_CACHE_DIR>/agent, i.e. ~/.cache/sie/agent].")
@@ -50,7 +53,7 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_obj
 def command(settings: Settings, node: str, labels: str | None, tier: str | None, simulate_gpus: str | None,
-            metrics_port: int | None, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
+            metrics_port: int | None, worker_metrics_ports: str, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
             crash_window_s: float, backoff_max_s: float, startup_timeout_s: float, liveness_timeout_s: float,
             drain_grace_s: float, log_level: str) -> None:
     """Run the node agent for NODE until SIGTERM/SIGINT (which drains its workers).
@@ -62,18 +65,22 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     from sie.workers.gpu import parse_simulated_gpus
     from sie.workers.supervisor import SupervisorPolicy
 
-    configure_logging(log_level)
     if simulate_gpus:
         parse_simulated_gpus(simulate_gpus, node=node)  # ConfigError now, not in the loop
+    from sie.workers.agent.launch import MetricsPorts
+
+    MetricsPorts(worker_metrics_ports)  # ConfigError now, not at the first launch
     policy = SupervisorPolicy(
         backoff_max_s=backoff_max_s, max_crashes=max_crashes, crash_window_s=crash_window_s,
         startup_timeout_s=startup_timeout_s, liveness_timeout_s=liveness_timeout_s, drain_grace_s=drain_grace_s,
     )
     config = AgentConfig(
         node=node, labels=_parse_labels(labels), tier=tier, simulate_gpus=simulate_gpus, heartbeat_s=heartbeat_s,
-        metrics_port=metrics_port, policy=policy,
+        metrics_port=metrics_port, worker_metrics_ports=worker_metrics_ports, policy=policy,
         **({"work_dir": work_dir} if work_dir is not None else {}),
     )
+    require_kafka(settings)  # one line within seconds, not a KafkaException traceback (logs start after it)
+    configure_logging(log_level)
     stop = stop_on_signals("draining workers")
     agent = Agent(config, settings)
     agent.run(stop)

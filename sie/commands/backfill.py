@@ -12,10 +12,8 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import EXIT_INTERRUPTED, configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
-
-EXIT_INTERRUPTED = 3
 
 
 @click.command("backfill")
@@ -56,10 +54,12 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     from sie.connectors.backfill import BackfillConfig, BackfillJob, check_job_id
     from sie.connectors.backfill_plan import parse_bound
     from sie.kernel.errors import ConfigError
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.workers.backends import backend_config_from_spec, create_backend
 
     settings: Settings = ctx.obj
-    configure_logging(log_level)
+    if spec_file is None:
+        require_kafka(settings)  # the spec comes from the cluster
     spec = resolve_spec(settings, model, spec_file)
     if model is not None and spec.name != model:
         raise click.UsageError(f"--spec {spec_file} is model {spec.name!r}, not --model {model!r}")
@@ -79,13 +79,17 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
         source_topic=source_topic, output_topic=output_topic, dead_letter_topic=dead_letter_topic, rate=rate,
         max_live_lag=max_live_lag or None, max_batch=max_batch, progress_interval_s=progress_interval)
 
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging(log_level)
     job = BackfillJob(config)
     plan = job.plan()  # before loading the model: a bad range fails fast
     ranges = ", ".join(f"p{r.partition} [{r.start}, {r.end})" for r in plan.ranges) or "none"
     click.echo(f"backfill {job_id}: {plan.total} offsets of {plan.source_topic} ({ranges}) -> {plan.output_topic} "
                f"with {spec.name} {spec.version}", err=True)
 
-    backend = create_backend(backend_config_from_spec(spec))
+    # the node's rules for model code and files; a spec file read here also makes its own folder a model root
+    policy = SpecPolicy.from_settings(settings, extra_roots=[spec_file.resolve().parent] if spec_file else [])
+    backend = create_backend(backend_config_from_spec(policy.enforce(spec), policy))
     backend.load()
 
     stop = stop_on_signals()

@@ -2,7 +2,8 @@
 
 Decision: by default the CLI reads Kafka directly (nodes + recent heartbeats, the compacted
 model-status topic the leader publishes, recent events), so it works when no control plane is up or
-reachable; ``--control-url http://host:8470`` asks a control plane's HTTP API instead (same JSON).
+reachable; ``--control-url http://host:8470`` asks a control plane's HTTP API instead (same JSON),
+with the bearer token of ``SIE_API_TOKEN`` (``sie.commands._api``).
 ``get nodes``/``get replicas`` are added to the ``get`` group of ``sie.commands.spec``.
 """
 
@@ -11,8 +12,6 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
-from urllib.error import URLError
-from urllib.request import urlopen
 
 import click
 
@@ -21,24 +20,24 @@ from sie.kernel.errors import KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 
 _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
-                    help="Ask this control plane's HTTP API instead of reading Kafka.")
+                    help="Ask this control plane's HTTP API instead of reading Kafka (token: SIE_API_TOKEN).")
 _OUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 _TIMEOUT = click.option("--timeout", type=float, default=20.0, show_default=True, help="Seconds to read Kafka.")
 NODE_TIMEOUT_S = 6.0
 
 
-def _http(url: str, path: str) -> Any:
-    try:
-        with urlopen(url.rstrip("/") + path, timeout=10) as resp:
-            return json.loads(resp.read())
-    except URLError as exc:
-        raise SieError(f"control plane {url} did not answer {path}: {getattr(exc, 'reason', exc)}; check --control-url") from None
+def _http(settings: Settings, url: str, path: str) -> Any:
+    from sie.commands._api import ControlApi
+
+    return ControlApi(settings, url).get(path)
 
 
 def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     """Replay the given control topics to their end into a ClusterState."""
+    from sie.commands._runtime import require_kafka
     from sie.streams.control.state import ClusterState, StateFeeder
 
+    require_kafka(settings)
     state = ClusterState()
     feeder = StateFeeder(settings, state, topics=topics).start()
     try:
@@ -70,7 +69,7 @@ def _ago(ms: int | None) -> str:
 
 def nodes_json(settings: Settings, control_url: str | None, timeout: float) -> list[dict[str, Any]]:
     if control_url:
-        return _http(control_url, "/v1/nodes")["nodes"]
+        return _http(settings, control_url, "/v1/nodes")["nodes"]
     state = _read_state(settings, ("nodes", "heartbeats"), timeout)
     return [v.to_json() for v in state.snapshot().node_views(time.time(), NODE_TIMEOUT_S)]
 
@@ -106,7 +105,7 @@ def get_nodes(settings: Settings, control_url: str | None, output: str, timeout:
 
 def statuses_json(settings: Settings, control_url: str | None, timeout: float) -> tuple[list[dict[str, Any]], Any]:
     if control_url:
-        return _http(control_url, "/v1/models")["models"], None
+        return _http(settings, control_url, "/v1/models")["models"], None
     state = _read_state(settings, ("specs", "model-status", "events"), timeout)
     return [state.model_status[n] for n in sorted(state.model_status)], state
 
@@ -136,6 +135,32 @@ def get_replicas(settings: Settings, control_url: str | None, output: str, timeo
 # ---------------------------------------------------------------------------------------- describe
 
 
+def _describe_data_path(settings: Settings, spec: Any) -> None:
+    """Topics, records/s over the last minute, dead-letter rate, scorer lag (best effort: a line saying why
+    when Kafka does not answer these)."""
+    from sie.commands._datapath import group_lag, traffic
+
+    t = spec.topics
+    click.echo(f"Topics:      requests {t.requests}, results {t.results}, dead letters {t.dead_letters}")
+    try:
+        seen = traffic(settings, [t.requests, t.results, t.dead_letters])
+        lag = group_lag(settings, spec.group_id, t.requests)
+    except Exception as exc:  # KafkaException: a describe must still show the rest
+        click.echo(f"Traffic:     unavailable ({str(exc).splitlines()[0][:200]})")
+        return
+    req, res, dlq = (seen.get(name) for name in (t.requests, t.results, t.dead_letters))
+    if req is None:
+        click.echo(f"Traffic:     (topic {t.requests} does not exist yet: nothing was sent)")
+        return
+    out = (res.records if res else 0) + (dlq.records if dlq else 0)
+    dead_rate = f"{100.0 * dlq.records / out:.1f}% of outputs" if dlq and out else "0%"
+    approx = "" if all(x is None or x.exact for x in (req, res, dlq)) else " (~: from offsets)"
+    click.echo(f"Traffic:     last {req.window_s:.0f}s{approx}: requests {req.per_s:.2f}/s, results "
+               f"{res.per_s if res else 0.0:.2f}/s, dead letters {dlq.per_s if dlq else 0.0:.2f}/s ({dead_rate})")
+    click.echo(f"Lag:         {lag if lag is not None else '-'} request(s) not yet scored (group {spec.group_id}, "
+               f"{req.partitions} partitions)")
+
+
 @click.group("describe")
 def describe() -> None:
     """Explain one object in detail."""
@@ -147,11 +172,16 @@ def describe() -> None:
 @_TIMEOUT
 @click.pass_obj
 def describe_model(settings: Settings, name: str, control_url: str | None, timeout: float) -> None:
-    """Spec summary, desired vs actual, each replica's state and reason, recent events."""
+    """Spec summary, ready/desired, each replica's state, reason and cool-down, the model's topics with
+    records/s over the last minute, dead-letter rate and scorer lag (read from Kafka), recent events."""
     if control_url:
+        from sie.commands._api import ApiRefused
+
         try:
-            model = _http(control_url, f"/v1/models/{name}")
-        except SieError:
+            model = _http(settings, control_url, f"/v1/models/{name}")
+        except ApiRefused as exc:
+            if exc.status != 404:
+                raise
             raise SieError(f"model {name!r}: not found at {control_url} (sie get models lists applied models)") from None
         spec, events = model.get("spec"), model.get("events", [])
     else:
@@ -166,8 +196,9 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
             spec = {"version": spec_obj.version, "priority_level": spec_obj.priority_level, "service_type": spec_obj.service_type,
                     "backend": spec_obj.backend.type, "resources": spec_obj.resources.model_dump(mode="json"),
                     "min_replicas": spec_obj.sla.min_replicas, "max_replicas": spec_obj.sla.max_replicas}
-        events = [{"ts_ms": int(e.at * 1000), "kind": e.kind, "replica_id": e.replica_id, "node": e.node, "detail": e.detail}
-                  for e in state.snapshot().events if e.model == name][-15:]
+        from sie.streams.control.observability import event_rows
+
+        events = event_rows((e for e in state.snapshot().events if e.model == name), 15)
         model = model or {"name": name, "phase": "Pending", "reason": "no control plane has reconciled it yet", "replicas": []}
     click.echo(f"Name:        {name}")
     if spec:
@@ -176,15 +207,24 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
         click.echo(f"Resources:   gpuMemoryMb={res['gpu_memory_mb']} gpus={res['gpus']} cpu={res['cpu']:g} memoryMb={res['memory_mb']}")
         click.echo(f"Replicas:    min {spec['min_replicas']}, max {spec['max_replicas']}")
     click.echo(f"Phase:       {model.get('phase')}" + (f" ({model['reason']})" if model.get("reason") else ""))
-    click.echo(f"Desired:     {model.get('desired_replicas', 0)}   Ready: {model.get('ready_replicas', 0)}")
+    click.echo(f"Ready:       {model.get('ready_replicas', 0)}/{model.get('desired_replicas', 0)}")
     click.echo("Replicas:")
+    now_ms = time.time() * 1000
     for r in model.get("replicas") or ():
         where = f"{r['node']}" + (f" gpu {','.join(map(str, r['gpu_indices']))}" if r["gpu_indices"] else "") if r["node"] else "-"
         click.echo(f"  {r['replica_id']:<24} {r['state']:<14} {where:<20} {r['reason'] or ''}".rstrip())
+        for c in r.get("cooldowns") or ():
+            left = max(0.0, (c["until_ms"] - now_ms) / 1000)
+            click.echo(f"    cool-down: kept off {c['node']} for {left:.0f}s more: {c['reason']} "
+                       f"(`sie replica reset {r['replica_id']}` ends it)")
+    if not control_url and spec_obj is not None:
+        _describe_data_path(settings, spec_obj)
     click.echo("Events:")
     for e in events or ():
         stamp = time.strftime("%H:%M:%S", time.localtime(e["ts_ms"] / 1000))
-        click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}")
+        repeated = f" (x{e['count']}, first at {time.strftime('%H:%M:%S', time.localtime(e['first_ts_ms'] / 1000))})" \
+            if e.get("count", 1) > 1 else ""
+        click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}{repeated}")
     if not events:
         click.echo("  (none recent)")
 

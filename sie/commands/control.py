@@ -3,23 +3,28 @@
 Start several on different machines for high availability: they join one consumer group, the member
 holding partition 0 of ``control-leader`` leads, the others keep a warm copy of the state and answer
 the HTTP API.  SIGTERM/SIGINT stop cleanly: the instance leaves the group so a standby takes over at
-once.  docs/control-plane.md describes the loop, leadership and timings.
+once.  docs/control-plane.md describes the loop, leadership and timings; docs/security.md the API's
+tokens, roles and TLS.
+
+The API listens on 127.0.0.1 unless ``--http-host`` says otherwise (an explicit choice: anyone who
+can reach the port can try tokens; use TLS, ``SIE_API_TLS_CERT``/``SIE_API_TLS_KEY``, off loopback).
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import configure_logging, require_kafka
 from sie.kernel.settings import Settings
 
 
 @click.command("control")
 @click.option("--http-port", type=int, default=8470, show_default=True, help="HTTP API port (0 = any free port).")
-@click.option("--http-host", default="0.0.0.0", show_default=True, help="Interface the HTTP API listens on.")
+@click.option("--http-host", default="127.0.0.1", show_default=True,
+              help="Interface the HTTP API listens on (another address than loopback is an explicit choice).")
 @click.option("--instance", "instance_id", default=None, help="Instance id (default: <hostname>-<random>).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="control-plane-config.yaml (scheduling.strategy, control.node_timeout_s ...).")
@@ -37,7 +42,8 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     from sie.streams.control.controller import ControlConfig
     from sie.streams.control.service import ControlService
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging("info")
     overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
     if config_path is not None:
         config = ControlConfig.from_yaml(config_path, **overrides)
@@ -53,8 +59,22 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    import ipaddress
+
+    try:
+        loopback = ipaddress.ip_address(http_host).is_loopback
+    except ValueError:
+        loopback = http_host == "localhost"
+    if not loopback and settings.api_tls_cert is None:
+        click.echo(f"warning: the control API listens on {http_host} without TLS: bearer tokens cross the network "
+                   "in clear text; set SIE_API_TLS_CERT and SIE_API_TLS_KEY", err=True)
     service.start()
-    click.echo(f"sie control {service.instance_id}: http on :{service.http_port}, group {settings.names.control_group}", err=True)
+    scheme = service.http.scheme if service.http is not None else "http"
+    click.echo(f"sie control {service.instance_id}: {scheme} on {http_host}:{service.http_port}, "
+               f"group {settings.names.control_group}", err=True)
+    if settings.api_token_file.is_file():
+        click.echo(f"  local operator token: {settings.api_token_file} (the CLI reads it when SIE_API_TOKEN is unset)",
+                   err=True)
     try:
         service.wait()
     finally:

@@ -44,12 +44,31 @@ def fetch(settings: Settings) -> None:
 @click.option("--base-port", type=int, default=9092, show_default=True,
               help="Node i listens on base+2(i-1) (clients) and base+2(i-1)+1 (controller).")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for the cluster.")
+@click.option("--secure", is_flag=True,
+              help="SASL_SSL (SCRAM-SHA-512) + TLS with a local CA, ACLs enforced (StandardAuthorizer, nothing allowed "
+                   "without an ACL), and one SCRAM user per SIE role; see docs/security.md.")
 @_DATA_DIR
 @click.pass_obj
-def up(settings: Settings, brokers: str, base_port: int, timeout: float, data_dir: Path | None) -> None:
+def up(settings: Settings, brokers: str, base_port: int, timeout: float, secure: bool, data_dir: Path | None) -> None:
     """Start the cluster in the background (no-op if it already runs); print the bootstrap servers."""
-    bootstrap = _local(settings, data_dir, brokers=int(brokers), base_port=base_port).up(timeout=timeout)
+    kafka = _local(settings, data_dir, brokers=int(brokers), base_port=base_port, secure=secure)
+    bootstrap = kafka.up(timeout=timeout)
     click.echo(f"bootstrap servers: {bootstrap}")
+    if kafka.secure:
+        _print_secure_usage(kafka)
+
+
+def _print_secure_usage(kafka) -> None:  # noqa: ANN001 - LocalKafka, imported lazily
+    """How to connect as the admin or as a role (paths only: no password is ever printed)."""
+    from sie.infra.kafka.security import ADMIN, USERS
+
+    click.echo(f"secured: SASL_SSL, SCRAM-SHA-512, ACLs enforced; CA {kafka.security.ca_cert}")
+    click.echo("connect as the admin (super user):")
+    for key, value in kafka.security.client_env(ADMIN).items():
+        click.echo(f"  export {key}={value}")
+    click.echo(f"other users ({', '.join(u for u in USERS if u != ADMIN)}): the same with SIE_SASL_USERNAME and "
+               f"SIE_SASL_PASSWORD_FILE={kafka.security.password_file('<user>')}; grant their ACLs with "
+               "`sie acls apply --role ROLE --principal USER` as the admin")
 
 
 @command.command("down")
@@ -75,6 +94,8 @@ def status(settings: Settings, data_dir: Path | None) -> None:
         raise KafkaUnavailable(f"no local cluster in {report['data_dir']}: run `sie kafka up`")
     click.echo(f"bootstrap servers: {report['bootstrap_servers']}")
     click.echo(f"data dir: {report['data_dir']}  kafka {report['kafka_version']}  cluster id {report['cluster_id']}")
+    if report.get("secure"):
+        click.echo(f"secured: SASL_SSL + SCRAM-SHA-512, ACLs enforced; credentials in {report['secrets_dir']} (mode 0600)")
     for node in report["nodes"]:
         state = "answers" if node["answers"] else ("running, not answering" if node["alive"] else "down")
         click.echo(f"  node {node['node_id']}  port {node['port']}  pid {node['pid'] or '-'}  {state}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 from sie.streams.scorer.config import ScorerConfig
 
@@ -53,13 +53,15 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     prints a summary line on exit.
     """
     from sie.kernel.admin import ensure_model_topics
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec_policy import SpecPolicy, load_local_spec
     from sie.streams.scorer import ScorerConfig, default_instance, run_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    configure_logging(log_level)
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
-    spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
+    spec = load_local_spec(spec_file, settings)
+    policy = SpecPolicy.from_settings(settings, extra_roots=[spec_file.resolve().parent])
+    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    configure_logging(log_level)
     topics = spec.topics
     ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters],
                         partitions or settings.request_partitions)
@@ -71,7 +73,7 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     )
 
     def load_backend(model_spec):
-        backend = create_backend(backend_config_from_spec(model_spec))
+        backend = create_backend(backend_config_from_spec(policy.enforce(model_spec), policy))
         backend.load()
         return backend
 

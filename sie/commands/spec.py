@@ -1,33 +1,63 @@
 """`sie validate`, `sie apply`, `sie get models`, `sie delete model`: ModelService specs on the cluster.
 
-``validate`` needs no Kafka.  ``apply`` validates, refuses a new version whose
-I/O schema breaks the applied one (the control plane's ``POST /v1/models``
+``validate`` needs no Kafka (``--load`` runs the model once on the CPU).  ``apply`` validates, refuses a
+new version whose I/O schema breaks the applied one (the control plane's ``POST /v1/models``
 refuses it too; ``--allow-breaking`` overrides), then publishes the spec on the
 compacted specs topic and waits for the broker's acknowledgement.  Applying
-the same spec twice changes nothing.
+the same spec twice changes nothing, except that a replica of it in cool-down (FAILED on a node) is
+placed again: the spec is re-published, which ends cool-downs that began before it.
+
+With ``--control-url`` (``SIE_CONTROL_URL``) ``apply``, ``get models`` and ``delete model`` go through
+a control plane's HTTP API instead of Kafka, with the bearer token of ``SIE_API_TOKEN``: the control
+plane then checks the caller's role and writes an audit event.  Without it they need Kafka
+credentials that may write the specs topic (docs/security.md, role ``control``).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
+from sie.commands._runtime import require_kafka
 from sie.kernel.errors import SieError, SpecError
 from sie.kernel.settings import Settings
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
+_URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
+                    help="Go through this control plane's HTTP API instead of Kafka (token: SIE_API_TOKEN).")
+
+
+def _api_documents(path: Path) -> list[str]:
+    """The YAML documents of a spec file as the API should get them: relative artifact paths made absolute
+    (the control plane has no file to resolve them against)."""
+    import yaml
+
+    from sie.schemas.spec import read_yaml_documents
+
+    docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))
+    out = []
+    for doc in docs:
+        backend = (doc.get("spec") or {}).get("backend") if "kind" in doc else doc.get("backend")
+        if isinstance(backend, dict) and isinstance(backend.get("artifact"), str):
+            artifact = Path(backend["artifact"]).expanduser()
+            if not artifact.is_absolute():
+                backend["artifact"] = str((path.resolve().parent / artifact).resolve())
+        out.append(yaml.safe_dump(doc, sort_keys=False))
+    return out
 
 
 def _load_all(settings: Settings, files: tuple[Path, ...]):
-    """Every spec of every file; all files' problems in one SpecError."""
-    from sie.schemas.spec import InvalidSpec, load_specs
+    """Every spec of every file, checked against this node's spec policy; all files' problems in one SpecError."""
+    from sie.schemas.spec import InvalidSpec
+    from sie.schemas.spec_policy import load_local_specs
 
     specs, failures = [], []
     for path in files:
         try:
-            specs.extend(load_specs(path, topic_prefix=settings.topic_prefix))
+            specs.extend(load_local_specs(path, settings))
         except InvalidSpec as exc:
             failures.append(str(exc))
     if failures:
@@ -43,11 +73,35 @@ def _print_ok(spec, verb: str = "ok") -> None:
 
 @click.command("validate")
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
+@click.option("--load", is_flag=True,
+              help="Also load the artifact on the CPU, score exampleInput and check the output against "
+                   "outputSchema (shape, types, ranges), as a worker would. Runs the model's code.")
 @click.pass_obj
-def validate(settings: Settings, files: tuple[Path, ...]) -> None:
-    """Check ModelService spec files; print each model and what SIE cannot honour (warnings)."""
+def validate(settings: Settings, files: tuple[Path, ...], load: bool) -> None:
+    """Check ModelService spec files; print each model and what SIE cannot honour (warnings).
+
+    Without --load only the document is checked (no Kafka, no model code); with it, each model is loaded
+    and run once, and every problem is listed (exit 1).
+    """
+    failures: list[str] = []
     for spec in _load_all(settings, files):
         _print_ok(spec)
+        if not load:
+            continue
+        from sie.workers.load_check import load_check
+
+        report = load_check(spec)
+        for note in report.notes:
+            click.echo(f"  note: {note}")
+        if report.skipped:
+            click.echo(f"  load: skipped: {report.skipped}")
+        elif report.ok:
+            shown = json.dumps(report.outputs, default=str)
+            click.echo(f"  load: ok on cpu in {report.seconds:.2f}s; exampleInput -> {shown[:300]}")
+        else:
+            failures += [f"{spec.model_id}: {problem}" for problem in report.problems]
+    if failures:
+        raise SpecError("\n".join(failures))
 
 
 def _comparable(doc: dict) -> dict:
@@ -58,19 +112,50 @@ def _comparable(doc: dict) -> dict:
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
 @click.option("--allow-breaking", is_flag=True, help="Publish even if the new version's schema breaks the applied one.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for Kafka.")
+@_URL
 @click.pass_obj
-def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float) -> None:
+def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float,
+          control_url: str | None) -> None:
     """Validate specs and publish them on the cluster's specs topic (key = model name)."""
     from sie.schemas.compat import check_spec_compatibility
     from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     specs = _load_all(settings, files)
+    if control_url:
+        from sie.commands._api import ApiRefused, ControlApi
+
+        if allow_breaking:
+            raise SieError("--allow-breaking is not offered through the API; apply without --control-url")
+        api = ControlApi(settings, control_url, timeout=timeout)
+        for path in files:
+            for text in _api_documents(path):
+                try:
+                    answer = api.request("POST", "/v1/models", text)
+                except ApiRefused as exc:
+                    body = exc.body if isinstance(exc.body, dict) else {}
+                    details = [f"  {e.get('field')}: {e.get('reason')}" for e in body.get("errors", [])]
+                    raise SpecError("\n".join([str(exc), *details])) from None
+                click.echo(f"applied: {answer['name']} {answer['version']} via {control_url}")
+                for warning in answer.get("warnings", []):
+                    click.echo(f"  warning: {warning}")
+        return
+    require_kafka(settings)
     ensure_specs_topic(settings)
     applied = read_specs(settings, timeout=timeout)
+    cooling: dict[str, list[str]] | None = None
     for spec in specs:
         current = applied.get(spec.name)
         if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
-            _print_ok(spec, "unchanged")
+            if cooling is None:
+                cooling = _cooling_replicas(settings, timeout)
+            if not cooling.get(spec.name):
+                _print_ok(spec, "unchanged")
+                continue
+            # the same spec again, but a replica of it is in cool-down: re-publishing it is the operator's
+            # "I fixed it" (the control plane ends cool-downs that began before a spec was applied)
+            publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
+            _print_ok(spec, "re-applied")
+            click.echo(f"  cool-down ended for {', '.join(cooling[spec.name])}: placed again on the next pass")
             continue
         if current is not None and current.version != spec.version:
             breaks = check_spec_compatibility(current, spec)
@@ -86,6 +171,14 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
         click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
 
 
+def _cooling_replicas(settings: Settings, timeout: float) -> dict[str, list[str]]:
+    """Model -> its replicas in a cool-down, as the leader last published (the model-status topic)."""
+    from sie.commands.cluster import statuses_json
+
+    models, _ = statuses_json(settings, None, timeout)
+    return {m["name"]: [r["replica_id"] for r in m.get("replicas") or () if r.get("cooldowns")] for m in models}
+
+
 @click.group("get")
 def get() -> None:
     """Show what is applied on the cluster."""
@@ -94,11 +187,32 @@ def get() -> None:
 @get.command("models")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--timeout", type=float, default=30.0, show_default=True)
+@_URL
 @click.pass_obj
-def get_models(settings: Settings, output: str, timeout: float) -> None:
+def get_models(settings: Settings, output: str, timeout: float, control_url: str | None) -> None:
     """Applied models: the latest spec per model on the specs topic."""
     from sie.schemas.spec_store import read_spec_snapshot
 
+    if control_url:
+        from sie.commands._api import ControlApi
+
+        models = ControlApi(settings, control_url, timeout=timeout).get("/v1/models")["models"]
+        if output == "json":
+            click.echo(json.dumps(models, indent=2))
+            return
+        table = [("NAME", "VERSION", "BACKEND", "PRIORITY", "PHASE", "READY")]
+        for m in models:
+            spec = m.get("spec") or {}
+            table.append((m["name"], spec.get("version", "-"), spec.get("backend", "-"), spec.get("priority_level", "-"),
+                          m.get("phase", "-"), f"{m.get('ready_replicas', 0)}/{m.get('desired_replicas', 0)}"))
+        widths = [max(len(str(r[i])) for r in table) for i in range(len(table[0]))]
+        for row in table:
+            click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if not models:
+            click.echo("(no models applied)")
+        return
+
+    require_kafka(settings)
     snapshot = read_spec_snapshot(settings, timeout=timeout)
     for problem in snapshot.problems:
         click.echo(f"warning: {problem}", err=True)
@@ -125,18 +239,58 @@ def delete() -> None:
 
 @delete.command("model")
 @click.argument("name")
+@click.option("--purge", is_flag=True, help="Also delete the model's topics (requests, results, dead letters, "
+                                            "backfill) and consumer groups (scorer, redrive), after confirmation.")
+@click.option("--yes", is_flag=True, help="With --purge: do not ask (needed when stdin is not a terminal).")
 @click.option("--timeout", type=float, default=30.0, show_default=True)
+@_URL
 @click.pass_obj
-def delete_model(settings: Settings, name: str, timeout: float) -> None:
-    """Delete an applied model (a deleted record, then a tombstone, on the specs topic)."""
+def delete_model(settings: Settings, name: str, purge: bool, yes: bool, timeout: float,
+                 control_url: str | None) -> None:
+    """Delete an applied model (a deleted record, then a tombstone, on the specs topic).
+
+    --purge then removes its data: the topics its spec names and its groups, once its scorers have left
+    (the control plane drains them when the spec is deleted).  A model deleted earlier can be purged too:
+    its default topic names are used then.
+    """
     from sie.schemas.spec_store import delete_spec, read_specs
 
+    if control_url:
+        from urllib.parse import quote
+
+        from sie.commands._api import ControlApi
+
+        if purge:
+            raise SieError("--purge deletes topics and groups with Kafka admin rights: run it without --control-url")
+        ControlApi(settings, control_url, timeout=timeout).request("DELETE", f"/v1/models/{quote(name, safe='')}")
+        click.echo(f"deleted: {name} via {control_url}")
+        return
+
+    require_kafka(settings)
     applied = read_specs(settings, timeout=timeout)
-    if name not in applied:
+    if name not in applied and not purge:
         known = ", ".join(sorted(applied)) or "none"
         raise SieError(f"model {name!r} is not applied on {settings.bootstrap_servers} (applied: {known})")
-    delete_spec(settings, applied[name], timeout=timeout)
-    click.echo(f"deleted: {name} {applied[name].version}")
+    spec = applied.get(name)
+    if purge:
+        from sie.commands.purge import plan_purge
+
+        plan = plan_purge(settings, name, spec, timeout)
+        click.echo(plan.describe())
+        if not plan.topics and not plan.groups and spec is None:
+            raise SieError(f"model {name!r} is not applied and has no topics or groups left to purge")
+        if not yes:
+            if not sys.stdin.isatty():
+                raise click.UsageError("--purge deletes data: confirm at a terminal, or pass --yes")
+            click.confirm("delete these for good?", abort=True)
+    if spec is not None:
+        delete_spec(settings, spec, timeout=timeout)
+        click.echo(f"deleted: {name} {spec.version}")
+    if purge:
+        from sie.commands.purge import run_purge
+
+        for line in run_purge(settings, plan, timeout):
+            click.echo(line)
 
 
 command = validate

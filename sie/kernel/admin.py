@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sie.kernel.clients import KafkaClients, admin_config
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
@@ -78,29 +78,64 @@ class EnsureReport:
 # ---- cluster helpers -----------------------------------------------------------------------------
 # Every helper takes ``clients`` (``sie.kernel.clients.KafkaClients``): a component that was handed fakes
 # makes its admin calls on them too (unit tests without a broker); None = the real librdkafka clients.
-def admin_client(settings: Settings, clients: KafkaClients | None = None) -> AdminClient:
-    config = admin_config(settings)
+def admin_client(settings: Settings, clients: KafkaClients | None = None, **overrides: Any) -> AdminClient:
+    config = {**admin_config(settings), **overrides}
     config.setdefault("log_level", 4)  # warnings and up; hides the info line each destroyed client prints
     admin: AdminClient = (clients or KafkaClients()).admin(config)
     return admin
 
 
+def watched_admin(settings: Settings, clients: KafkaClients | None = None) -> tuple[AdminClient, list[Any]]:
+    """An admin client plus the list its error callback fills with authentication failures (a refused
+    SASL login shows only there, not in the failing call's exception)."""
+    from sie.kernel.authz import AUTHENTICATION_ERRORS
+
+    refused: list[Any] = []
+    admin = admin_client(settings, clients,
+                         error_cb=lambda err: refused.append(err) if err.name() in AUTHENTICATION_ERRORS else None)
+    return admin, refused
+
+
 def wait_for_cluster(settings: Settings, timeout: float = 30.0, clients: KafkaClients | None = None,
-                     admin: AdminClient | None = None) -> ClusterMetadata:
-    """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise."""
+                     admin: AdminClient | None = None, refused: list[Any] | None = None) -> ClusterMetadata:
+    """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise, and
+    ``NotAuthenticated`` within seconds when the cluster refuses our credentials (not after ``timeout``).
+    ``admin``/``refused`` reuse a client from ``watched_admin``."""
     from confluent_kafka import KafkaException
 
-    admin = admin or admin_client(settings, clients)
+    from sie.kernel.authz import NotAuthenticated
+
+    if admin is None:
+        admin, refused = watched_admin(settings, clients)
+    refused = refused if refused is not None else []
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            return admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+        try:  # short calls: Ctrl-C is seen between them (a blocked C call holds the signal back)
+            return admin.list_topics(timeout=max(0.2, min(1.0, deadline - time.monotonic())))
         except KafkaException as exc:
+            # serve error_cb (an authentication failure shows there, not in the exception) and librdkafka's
+            # log lines (sie.kafka logger: shown with `sie -v`)
+            admin.poll(0.1)
+            if refused:
+                raise NotAuthenticated(settings.bootstrap_servers, settings.sasl_username, refused[-1].str()) from exc
             if time.monotonic() >= deadline:
                 raise KafkaUnavailable(
-                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s ({exc}): "
-                    "start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
-                ) from exc
+                    f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:g}s "
+                    f"({kafka_error_text(exc)}): start one with `sie kafka up` or set SIE_BOOTSTRAP_SERVERS"
+                ) from None
+
+
+def require_cluster(settings: Settings, clients: KafkaClients | None = None) -> ClusterMetadata:
+    """What every command that needs Kafka calls first: the metadata within ``settings.connect_timeout_s``,
+    else ``KafkaUnavailable`` with one line naming the servers (not a 30 s wait and a traceback)."""
+    return wait_for_cluster(settings, settings.connect_timeout_s, clients)
+
+
+def kafka_error_text(exc: BaseException) -> str:
+    """The readable part of a ``KafkaException`` (``Local: Broker transport failure``), not its repr."""
+    first = exc.args[0] if exc.args else exc
+    text = first.str() if hasattr(first, "str") else str(first)
+    return text.removeprefix("Failed to get metadata: ")
 
 
 def cluster_broker_count(settings: Settings, timeout: float = 10.0) -> int:
@@ -177,6 +212,10 @@ def delete_topics(settings: Settings, topics: Sequence[str], timeout: float = 30
 
 
 # ---- provisioning --------------------------------------------------------------------------------
+#: topic configs a topic's readers depend on (besides cleanup.policy): drift is fixed, not only reported
+_ENFORCED_CONFIGS = ("message.timestamp.type",)
+
+
 def ensure_topics(
     settings: Settings,
     topics: Sequence[TopicSpec],
@@ -184,16 +223,18 @@ def ensure_topics(
     timeout: float = 30.0,
     clients: KafkaClients | None = None,
 ) -> EnsureReport:
-    """Create missing topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
+    """Create missing topics, fix cleanup.policy (and ``_ENFORCED_CONFIGS``) drift, report partition
+    mismatches (idempotent)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    admin = admin_client(settings, clients)  # one client for every step: it sees what it created
-    md = wait_for_cluster(settings, timeout, admin=admin)
+    admin, refused = watched_admin(settings, clients)  # one client for every step: it sees what it created
+    md = wait_for_cluster(settings, timeout, admin=admin, refused=refused)
     rf = resolve_replication(settings, len(md.brokers), replication_factor)
     min_isr = min_insync_for(rf)
 
     missing = [t for t in topics if t.name not in md.topics]
+    _check_visible(admin, settings, missing, timeout)
     created: set[str] = set()
     if missing:
         futures = admin.create_topics(
@@ -225,14 +266,36 @@ def ensure_topics(
                          "adding partitions moves keys; recreate the topic if that is acceptable)")
         elif partitions > spec.partitions:
             notes.append(f"has {partitions} partitions, more than the {spec.partitions} wanted (kept)")
-        policy = topic_configs(settings, spec.name, timeout, admin=admin).get("cleanup.policy", "delete")
+        current = topic_configs(settings, spec.name, timeout, admin=admin)
+        policy = current.get("cleanup.policy", "delete")
         action = Action.EXISTING
         if policy != wanted_policy:
             _set_topic_config(admin, spec.name, {"cleanup.policy": wanted_policy}, timeout)
             notes.append(f"cleanup.policy was {policy}, set to {wanted_policy}")
             action, policy = Action.FIXED, wanted_policy
+        for key in _ENFORCED_CONFIGS:
+            wanted = spec.config.get(key)
+            if wanted is not None and current.get(key) != wanted:
+                _set_topic_config(admin, spec.name, {key: wanted}, timeout)
+                notes.append(f"{key} was {current.get(key)}, set to {wanted}")
+                action = Action.FIXED
         outcomes.append(TopicOutcome(spec.name, partitions, replication, policy, action, tuple(notes)))
     return EnsureReport(tuple(outcomes))
+
+
+def _check_visible(admin: AdminClient, settings: Settings, missing: Sequence[TopicSpec], timeout: float) -> None:
+    """On a cluster with ACLs a topic this principal may not Describe is absent from the metadata, exactly like
+    a missing one; asked for by name, Kafka says which: refuse with the missing permission instead of trying
+    (and failing) to create a topic that may well exist."""
+    from sie.kernel.authz import topic_denied
+
+    if not missing or settings.security_protocol in (None, "PLAINTEXT"):  # no principal, no ACLs to miss
+        return
+    for spec in missing:
+        denied = topic_denied(admin, spec.name, settings.kafka_client_config(), "DESCRIBE (implied by READ or WRITE)",
+                              timeout)
+        if denied is not None:
+            raise denied
 
 
 def _set_topic_config(admin: AdminClient, topic: str, values: dict[str, str], timeout: float) -> None:

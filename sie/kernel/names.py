@@ -13,6 +13,9 @@ ACL per resource type covers a whole SIE cluster and two clusters on one Kafka n
     <p>.control.state                           control-plane state reader (assign(), never joined)
     <p>.agent.<node>                            a node agent's assignments reader (assign(), never joined)
     <p>.reader.<purpose>.<unique>               a one-off reader's group (assign(), never joined)
+    <p>.redrive.<model>.<reason>                dead-letter redrive: group (its committed offsets mark what was
+                                                redriven) and transactional id, one per (model, reason)
+    <p>.cli.<command>                           a one-shot CLI writer's client id (`sie replica reset`)
 """
 
 from __future__ import annotations
@@ -100,6 +103,17 @@ class Names:
         """``role``: which of the job's clients (``consumer``, ``probe``, ``plan-reader``, ``plan-writer``)."""
         return f"{self.prefix}.backfill.{job_id}.{role}"
 
+    def redrive_group(self, model: str, reason: str) -> str:
+        """The committed offsets of this group on a model's dead-letter topic are the redrive mark: every
+        dead letter of ``reason`` before them was sent back once, exactly once."""
+        return f"{self.prefix}.redrive.{model}.{reason}"
+
+    def redrive_transactional_id(self, model: str, reason: str) -> str:
+        return f"{self.prefix}.redrive.{model}.{reason}"
+
+    def cli_client_id(self, command: str) -> str:
+        return f"{self.prefix}.cli.{command}"
+
     def reader_group(self, purpose: str, unique: str) -> str:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
         return f"{self.prefix}.reader.{purpose}.{unique}"
@@ -132,3 +146,35 @@ class Names:
     def agent_client_id(self, node: str, role: str | None = None) -> str:
         """The agent's own client id, or that of one of its clients (``role``, e.g. ``assignments``)."""
         return f"{self.prefix}.agent.{node}" + (f".{role}" if role else "")
+
+    # --- prefixes: what one PREFIXED ACL covers (sie.kernel.acls); each derives from the name it covers ---
+    @property
+    def model_topic_prefix(self) -> str:
+        """Every model's default data-path topics (``<p>.model.``)."""
+        return self.model_topics("").requests[: -len(".requests")]
+
+    def scorer_transactional_id_prefix(self, model: str) -> str:
+        """Every replica's transactional id of one model's scorer (``<p>.scorer.<model>.``)."""
+        return self.scorer_transactional_id(model, "")
+
+    @property
+    def scorer_prefix(self) -> str:
+        """Every scorer group and transactional id (``<p>.scorer.``)."""
+        return self.scorer_group("")
+
+    @property
+    def agent_group_prefix(self) -> str:
+        return self.agent_group("")
+
+    def cdc_transactional_id_prefix(self, connector: str) -> str:
+        return self.cdc_transactional_id(connector, "")
+
+    @property
+    def cdc_prefix(self) -> str:
+        """Every CDC stage group, transactional id and CDC dead-letter topic (``<p>.cdc.``)."""
+        return self.cdc_group("")
+
+    @property
+    def backfill_prefix(self) -> str:
+        """Every backfill job's group and transactional id (``<p>.backfill.``)."""
+        return self.backfill_group("")

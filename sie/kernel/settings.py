@@ -6,18 +6,57 @@ Every field can be overridden by an environment variable ``SIE_<FIELD>``
 (e.g. ``SIE_BOOTSTRAP_SERVERS``).  Kafka security settings are passed through
 unchanged to librdkafka so the same CLI works against a secured production
 cluster.
+
+Secrets (SASL passwords, API tokens, secret librdkafka properties) are ``SecretStr``: ``repr()``,
+``str()``, logs and ``model_dump()`` show ``**********``; only the places that hand them to a
+client (``kafka_client_config``) or to a child process (``to_env``) read the value.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sie.kernel.names import Names
+
+#: the demo's model package (examples/models/fraud): the only code a spec may name out of the box
+DEFAULT_ALLOWED_MODULES = ("models.fraud",)
+#: paths of the control API that may be served without a token when an operator asks for it
+PUBLIC_PATH_CHOICES = ("/healthz", "/metrics")
+API_ROLES = ("viewer", "operator")
+_MODULE_RE_TEXT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class ApiTokenEntry(BaseModel):
+    """One API token as the control plane stores it: a name, a role and the SHA-256 of the token.
+
+    The token itself is never stored by the server (tokens are 256-bit random, so a plain SHA-256
+    cannot be reversed or brute-forced; a slow password hash would only slow every request down).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._@-]+$")
+    role: Literal["viewer", "operator"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_ms: int = 0
+
+
+def _split_list(value: Any) -> Any:
+    """A list setting from the environment: JSON (``'["a","b"]'``) or comma-separated (``a,b``)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return []
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
 
 
 def _default_cache_dir() -> Path:
@@ -27,7 +66,8 @@ def _default_cache_dir() -> Path:
 class Settings(BaseSettings):
     """SIE configuration. Env prefix ``SIE_``; nested dicts as JSON."""
 
-    model_config = SettingsConfigDict(env_prefix="SIE_", frozen=True, extra="ignore")
+    # hide_input_in_errors: a bad SIE_* value is named, never echoed (it may be a password or a token)
+    model_config = SettingsConfigDict(env_prefix="SIE_", frozen=True, extra="ignore", hide_input_in_errors=True)
 
     # --- Kafka connection -------------------------------------------------
     bootstrap_servers: str = Field(
@@ -38,14 +78,78 @@ class Settings(BaseSettings):
     )
     sasl_mechanism: str | None = Field(None, description="sasl.mechanism, e.g. PLAIN, SCRAM-SHA-512.")
     sasl_username: str | None = Field(None, description="sasl.username.")
-    sasl_password: str | None = Field(None, description="sasl.password.")
+    sasl_password: SecretStr | None = Field(None, description="sasl.password (never shown; prefer SIE_SASL_PASSWORD_FILE).")
+    sasl_password_file: Path | None = Field(
+        None, description="File holding sasl.password (read when a client is built; wins over SIE_SASL_PASSWORD)."
+    )
     ssl_ca_location: str | None = Field(None, description="ssl.ca.location (CA bundle path).")
-    ssl_certificate_location: str | None = Field(None, description="ssl.certificate.location.")
-    ssl_key_location: str | None = Field(None, description="ssl.key.location.")
+    ssl_certificate_location: str | None = Field(None, description="ssl.certificate.location (mTLS client cert).")
+    ssl_key_location: str | None = Field(None, description="ssl.key.location (mTLS client key).")
+    ssl_key_password: SecretStr | None = Field(None, description="ssl.key.password of an encrypted client key.")
     kafka_extra: dict[str, str] = Field(
         default_factory=dict,
         description="Any other librdkafka property, as JSON (SIE_KAFKA_EXTRA='{\"ssl.endpoint.identification.algorithm\":\"none\"}').",
     )
+    kafka_secrets: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="librdkafka properties whose values are secrets, as JSON "
+                    "(SIE_KAFKA_SECRETS='{\"sasl.oauthbearer.client.secret\":\"...\"}'); never shown.",
+    )
+    # An agent's workers may run as another Kafka principal than the agent itself (least privilege:
+    # the agent needs no access to model topics, the scorer none to the assignments topic).
+    worker_sasl_username: str | None = Field(None, description="sasl.username of the workers an agent starts.")
+    worker_sasl_password: SecretStr | None = Field(None, description="sasl.password of the agent's workers.")
+    worker_sasl_password_file: Path | None = Field(None, description="File with the workers' sasl.password.")
+
+    # --- What a spec may name (checked wherever a spec is read: CLI, API, control plane, agent, worker) ---
+    allowed_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_MODULES),
+        description="Module prefixes a spec's backend.moduleClass / backend.callable may import "
+                    "(SIE_ALLOWED_MODULES=models.fraud,acme.models). Standard-library modules are never allowed.",
+    )
+    model_roots: Annotated[list[Path] | None, NoDecode] = Field(
+        None, description="Directories model artifacts must be under (SIE_MODEL_ROOTS=/srv/models,/opt/m); "
+                          "default: <cache_dir>/models and the packaged demo models.",
+    )
+
+    # --- Control-plane HTTP API -------------------------------------------------------------------
+    api_tokens_file: Path = Field(
+        None, description="Hashed API tokens of the control plane (default: <cache_dir>/control/api-tokens.json)."
+    )  # type: ignore[assignment]  # filled in by _derive_paths
+    api_tokens: list[ApiTokenEntry] = Field(
+        default_factory=list, description="More hashed API tokens, as JSON [{name, role, sha256}] (SIE_API_TOKENS)."
+    )
+    api_token: SecretStr | None = Field(None, description="Bearer token the CLI sends to a control plane (SIE_API_TOKEN).")
+    api_token_file: Path = Field(
+        None, description="Operator token written at the control plane's first start and read by a local CLI "
+                          "when SIE_API_TOKEN is unset (default: <cache_dir>/control/operator.token, mode 0600).",
+    )  # type: ignore[assignment]  # filled in by _derive_paths
+    api_tls_cert: Path | None = Field(None, description="PEM certificate of the control API (HTTPS when set).")
+    api_tls_key: Path | None = Field(None, description="PEM private key of the control API.")
+    api_ca: Path | None = Field(None, description="CA bundle the CLI verifies an HTTPS control API against.")
+    api_public_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="API paths served without a token: any of /healthz, /metrics (default: none)."
+    )
+
+    connect_timeout_s: float = Field(
+        5.0, gt=0,
+        description="How long a command waits for the first answer of Kafka before it gives up with one line "
+                    "naming the servers (SIE_CONNECT_TIMEOUT_S).")
+
+    # --- Observability (docs/observability.md) ---------------------------------------------------
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off", description="OpenTelemetry tracing of requests (traceparent in Kafka headers): off (default, no cost), "
+                           "otlp (export to SIE_OTLP_ENDPOINT) or console (print spans).")
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint when SIE_TRACING=otlp.")
+    trace_sample_ratio: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Share of the traces SIE starts (sie produce, CDC rows) that are recorded; a request that "
+                    "arrives with a traceparent follows its sampled flag.")
+    advertise_host: str | None = Field(
+        None, description="Host name or address Prometheus reaches this node's /metrics endpoints at (the agent's "
+                          "and its workers'), as the control plane's service discovery lists them; default: "
+                          "this machine's host name.")
 
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
@@ -93,7 +197,46 @@ class Settings(BaseSettings):
                 values["kafka_cache_dir"] = cache / "kafka"
             if not values.get("kafka_data_dir"):
                 values["kafka_data_dir"] = cache / "kafka-run"
+            if not values.get("api_tokens_file"):
+                values["api_tokens_file"] = cache / "control" / "api-tokens.json"
+            if not values.get("api_token_file"):
+                values["api_token_file"] = cache / "control" / "operator.token"
         return values
+
+    @field_validator("allowed_modules", "api_public_paths", mode="before")
+    @classmethod
+    def _parse_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("model_roots", mode="before")
+    @classmethod
+    def _parse_roots(cls, value: Any) -> Any:
+        return None if value is None else _split_list(value)
+
+    @field_validator("allowed_modules")
+    @classmethod
+    def _check_modules(cls, value: list[str]) -> list[str]:
+        """A prefix is a dotted module name, never empty (that would allow everything) nor the standard library."""
+        import re
+
+        for prefix in value:
+            if not re.match(_MODULE_RE_TEXT, prefix):
+                raise ValueError(f"SIE_ALLOWED_MODULES: {prefix!r} is not a dotted module name (e.g. acme.models)")
+            top = prefix.split(".")[0]
+            if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+                raise ValueError(f"SIE_ALLOWED_MODULES: {prefix!r} is in the Python standard library; a spec "
+                                 "may only name model code (e.g. acme.models)")
+            if top == "sie":
+                raise ValueError(f"SIE_ALLOWED_MODULES: {prefix!r} is SIE itself; a spec may only name model code")
+        return value
+
+    @field_validator("api_public_paths")
+    @classmethod
+    def _check_public(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if path not in PUBLIC_PATH_CHOICES:
+                raise ValueError(f"SIE_API_PUBLIC_PATHS: {path!r} cannot be public; choose from {', '.join(PUBLIC_PATH_CHOICES)}")
+        return value
 
     @field_validator("kafka_extra", mode="before")
     @classmethod
@@ -103,21 +246,54 @@ class Settings(BaseSettings):
         return value
 
     def kafka_client_config(self, **overrides: Any) -> dict[str, Any]:
-        """librdkafka configuration shared by every producer, consumer and admin client."""
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        """librdkafka configuration shared by every producer, consumer and admin client.
+
+        ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
+        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw.
+        """
+        from sie.kernel.kafka_log import kafka_logger
+
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger()}
         passthrough = {
             "security.protocol": self.security_protocol,
             "sasl.mechanism": self.sasl_mechanism,
             "sasl.username": self.sasl_username,
-            "sasl.password": self.sasl_password,
+            "sasl.password": self.sasl_password_value(),
             "ssl.ca.location": self.ssl_ca_location,
             "ssl.certificate.location": self.ssl_certificate_location,
             "ssl.key.location": self.ssl_key_location,
+            "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
         }
         config.update({k: v for k, v in passthrough.items() if v is not None})
         config.update(self.kafka_extra)
+        config.update({k: v.get_secret_value() for k, v in self.kafka_secrets.items()})
         config.update(overrides)
         return config
+
+    def sasl_password_value(self) -> str | None:
+        """The SASL password: from ``sasl_password_file`` when set (read now, so a rotated file is picked
+        up by the next client), else ``sasl_password``."""
+        from sie.kernel.errors import ConfigError
+
+        if self.sasl_password_file is not None:
+            try:
+                return self.sasl_password_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"SIE_SASL_PASSWORD_FILE: cannot read {self.sasl_password_file} "
+                                  f"({exc.strerror or exc}); check the path and its permissions") from None
+        value: Any = self.sasl_password  # a str when set through model_copy/with_overrides (not validated)
+        return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+    def worker_settings(self) -> Settings:
+        """The settings an agent hands its workers: its own, with the workers' Kafka principal if one is set."""
+        if not self.worker_sasl_username:
+            return self
+        return self.model_copy(update={
+            "sasl_username": self.worker_sasl_username,
+            "sasl_password": self.worker_sasl_password,
+            "sasl_password_file": self.worker_sasl_password_file,
+            "worker_sasl_username": None, "worker_sasl_password": None, "worker_sasl_password_file": None,
+        })
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``SIE_*`` variables, for child processes (an agent's workers).
@@ -127,11 +303,12 @@ class Settings(BaseSettings):
         environment happened to say).
         """
         env: dict[str, str] = {}
-        for name, value in self.model_dump().items():
+        for name in type(self).model_fields:
+            value = _plain(getattr(self, name))
             if value is None:
                 continue
             key = f"SIE_{name.upper()}"
-            env[key] = json.dumps(value) if isinstance(value, dict) else str(value)
+            env[key] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         return env
 
     @property
@@ -142,3 +319,18 @@ class Settings(BaseSettings):
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields changed (CLI options override env)."""
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})
+
+
+def _plain(value: Any) -> Any:
+    """A settings value as plain data for ``to_env`` (secrets revealed: the child needs them)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -34,7 +34,10 @@ class TopicSpec:
 _SYSTEM = [
     ("specs", 1, True, "ModelService specs, key = model name; tombstone = deleted", {}),
     ("nodes", 1, True, "node registry: inventory of each node (CPU, memory, GPUs), key = node", {}),
-    ("heartbeats", 3, False, "agent heartbeats with GPU metrics, key = node", {"retention.ms": str(6 * 3600 * 1000)}),
+    # LogAppendTime: a heartbeat's timestamp is the broker's, never the agent's clock (replayed heartbeats
+    # count as seen at that time; an agent whose clock is off cannot look dead or alive because of it)
+    ("heartbeats", 3, False, "agent heartbeats with GPU metrics, key = node",
+     {"retention.ms": str(6 * 3600 * 1000), "message.timestamp.type": "LogAppendTime"}),
     ("assignments", 3, True, "desired replicas per node published by the control plane, key = node", {}),
     ("replica-status", 3, False, "replica state changes reported by agents, key = replica id", {}),
     ("events", 1, False, "control-plane decisions and failures (placements, evictions, unschedulable)", {}),

@@ -1,32 +1,66 @@
-"""HTTP API of the control plane (stdlib ``ThreadingHTTPServer``; no web framework).
+"""HTTP API of the control plane: FastAPI on uvicorn, in a thread of ``sie control``.
 
-Routes (JSON):
-  GET    /v1/models            desired vs actual per model (ModelStatus)
-  GET    /v1/models/{name}     one model: status, spec summary, recent events
-  POST   /v1/models            YAML or JSON ModelService -> specs topic (202); 422 invalid (field paths);
-                               409 a P1/P2 model asking for tier-0 nodes or a schema-breaking version
-  DELETE /v1/models/{name}     delete (202), 404 unknown
-  GET    /v1/nodes             nodes with liveness, tier, GPUs
-  GET    /v1/replicas          every desired replica with node, GPU, state, reason
-  GET    /healthz              role (leader/standby), epoch, whether the state has caught up
-  GET    /metrics              Prometheus text format
+Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
+  GET    /v1/models            desired vs actual per model (ModelStatus)                      viewer
+  GET    /v1/models/{name}     one model: status, spec summary, recent events                 viewer
+  POST   /v1/models            YAML or JSON ModelService -> specs topic (202); 422 invalid     operator
+                               (field paths, spec policy); 409 a P1/P2 model asking for tier-0
+                               nodes or a schema-breaking version
+  DELETE /v1/models/{name}     delete (202), 404 unknown                                       operator
+  GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
+  GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
+  GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
+  GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
+  GET    /healthz              role (leader/standby), epoch, whether the state has caught up   viewer*
+  GET    /metrics              Prometheus text format                                          viewer*
+  GET    /status               the status page (static HTML + JS; it calls the routes above    none
+                               with a viewer token the user types in: ``status_page``)
+(* served without a token when listed in ``SIE_API_PUBLIC_PATHS``; an anonymous /healthz then says
+only status, role and whether the state caught up, not the error texts.)
+
+Every request needs ``Authorization: Bearer <token>`` (``sie.streams.control.auth``): none or an
+unknown token -> 401, a viewer token on a write -> 403.  Every write by an authenticated caller
+(applied, refused, forbidden) is an audit event (kind ``audit``: who, what, outcome, when) on the
+events topic.  Errors are ``{"error": ..., "errors": [{"field", "reason"}]}`` and never carry
+internals: a 500 says only a reference that the control plane's log has next to the traceback.
+
+WHY FastAPI/Starlette on uvicorn: routing, the OpenAPI document, bearer-auth dependencies and
+TLS come from well-kept libraries instead of a hand-written ``http.server``; uvicorn's asyncio server
+bounds concurrency (``limit_concurrency``: 503 beyond), header size and keep-alive, and the guards
+below add what it lacks: a deadline for a request's headers (slowloris) and for its body, and the
+body size cap enforced while reading (not only from Content-Length).
 
 Any instance answers, standby included: reads come from its warm state, writes go to Kafka (the
 specs topic), which the leader then reconciles.  An unschedulable spec is still accepted (202): its
 reason shows in the model's status, because capacity may appear later (a node joins).
 """
 
-from __future__ import annotations
-
-import json
+# No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations
+# (Request, Depends, Principal) as objects, and they are imported inside ``create_app``.
+import asyncio
 import logging
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import socket
+import threading
+import time
+import uuid
 from typing import Any
-from urllib.parse import unquote, urlparse
+
+from sie.kernel.errors import ConfigError
+from sie.kernel.supervised import ThreadStatus
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
+#: seconds a client has to send a request's headers (from connect, or from the previous response)
+HEADER_TIMEOUT_S = 10.0
+#: seconds a client has to send a request's body once its headers arrived
+BODY_TIMEOUT_S = 10.0
+#: connections + in-flight requests beyond which uvicorn answers 503
+MAX_CONCURRENCY = 64
+#: bytes of a request line + headers (h11 refuses more with 431-like 400)
+MAX_HEADER_BYTES = 16 * 1024
+#: seconds a write waits for Kafka's acknowledgement of the spec record
+PUBLISH_TIMEOUT_S = 15.0
 
 
 def _problem_to_error(problem: str) -> dict[str, str]:
@@ -36,18 +70,28 @@ def _problem_to_error(problem: str) -> dict[str, str]:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, errors: list[dict[str, str]] | None = None) -> None:
+    def __init__(self, status: int, error: str, errors: list[dict[str, str]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(error)
-        self.status, self.error, self.errors = status, error, errors or []
+        self.status, self.error, self.errors, self.headers = status, error, errors or [], headers
 
 
-def model_json(service: Any, name: str) -> dict[str, Any] | None:
+def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """One model as the API shows it; ``numbers``: ``observability.model_numbers`` when already computed."""
+    from sie.streams.control.observability import event_rows, model_numbers
+
     status = service.controller.statuses.get(name)
     snap = service.state.snapshot()
     spec = snap.specs.get(name)
     if status is None and spec is None and name not in snap.spec_errors:
         return None
-    out: dict[str, Any] = status.to_record() if status is not None else {"name": name, "phase": "Pending", "reason": "not reconciled yet"}
+    out: dict[str, Any]
+    if status is not None:
+        out = status.to_record()
+    elif name in snap.spec_errors:
+        out = {"name": name, "phase": "Invalid", "reason": snap.spec_errors[name]}
+    else:
+        out = {"name": name, "phase": "Pending", "reason": "not reconciled yet"}
     if spec is not None:
         out["spec"] = {
             "version": spec.version,
@@ -58,145 +102,467 @@ def model_json(service: Any, name: str) -> dict[str, Any] | None:
             "scheduling": spec.scheduling.model_dump(mode="json"),
             "min_replicas": spec.sla.min_replicas,
             "max_replicas": spec.sla.max_replicas,
+            "p99_latency_ms": spec.sla.p99_latency_ms,
             "topics": spec.topics.model_dump(mode="json"),
         }
-    out["events"] = [
-        {"ts_ms": int(e.at * 1000), "kind": e.kind, "replica_id": e.replica_id, "node": e.node, "detail": e.detail}
-        for e in snap.events
-        if e.model == name
-    ][-20:]
+    if numbers is None:
+        numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
+    # from the workers, through their agents' heartbeats: lag (sum), recent p99 (worst replica)
+    out["live"] = numbers.get(name, {"lag": None, "p99_ms": None, "reporting": 0})
+    out["events"] = event_rows((e for e in snap.events if e.model == name), 20)
     return out
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "sie-control/1"
-    service: Any = None  # set by make_server
+# ------------------------------------------------------------------------------------------- audit
 
-    def log_message(self, fmt: str, *args: Any) -> None:  # route access logs to logging, not stderr
-        log.debug("%s " + fmt, self.address_string(), *args)
 
-    # -- plumbing ----------------------------------------------------------------------------------
+class AuditLog:
+    """Audit events (kind ``audit``) on the events topic: who did what to which model, the outcome, when.
 
-    def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
-        data = body if isinstance(body, bytes) else (json.dumps(body, indent=2) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    One idempotent producer per API (made on first use). A write is answered only after its audit
+    record was acknowledged or failed; a failure is logged at ERROR (the spec itself is already on
+    Kafka or refused, so the answer stays the truth).
+    """
 
-    def _dispatch(self, method: str) -> None:
-        path = urlparse(self.path).path.rstrip("/") or "/"
+    def __init__(self, settings: Any, clock: Any = time.time) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._producer: Any = None
+        self._lock = threading.Lock()
+
+    def record(self, principal: Any, action: str, model: str | None, outcome: str, client: str) -> None:
+        from sie.kernel.clients import idempotent_producer_config
+        from sie.schemas.avro_codec import encode
+
+        who = f"{principal.name} ({principal.role})" if principal is not None else "anonymous"
+        detail = f"{who} {action} {model or '-'}: {outcome}; from {client}"
+        value = encode("ControlEvent", {"ts_ms": int(self._clock() * 1000), "kind": "audit", "model": model,
+                                        "replica_id": None, "node": None, "detail": detail[:2000]})
+        log.info("audit: %s", detail)
         try:
-            status, body, ctype = self._route(method, path)
-            self._send(status, body, ctype)
-        except ApiError as exc:
-            self._send(exc.status, {"error": exc.error, "errors": exc.errors})
-        except Exception as exc:  # the API must answer, never hang up
-            log.exception("%s %s failed", method, path)
-            self._send(500, {"error": f"{type(exc).__name__}: {exc}", "errors": []})
+            with self._lock:
+                if self._producer is None:
+                    from confluent_kafka import Producer
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        self._dispatch("GET")
+                    names = self._settings.names
+                    self._producer = Producer(idempotent_producer_config(
+                        self._settings, f"{names.control_group}.audit", **{"message.timeout.ms": 10_000}))
+                errors: list[str] = []
+                self._producer.produce(self._settings.names.system_topic("events"), key=(model or "cluster").encode(),
+                                       value=value, on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+                left = self._producer.flush(10)
+            if left or errors:
+                log.error("audit event not written (%s): %s", errors[:1] or "not acknowledged in 10 s", detail)
+        except Exception:  # never let auditing turn an answered write into a 500
+            log.exception("audit event not written: %s", detail)
 
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
+    def close(self) -> None:
+        """Flush and drop the producer (its threads stop with it)."""
+        with self._lock:
+            if self._producer is not None:
+                self._producer.flush(5)
+                self._producer = None
 
-    def do_PUT(self) -> None:  # noqa: N802
-        self._dispatch("POST")
 
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._dispatch("DELETE")
+# --------------------------------------------------------------------------------------- app
 
-    # -- routes ------------------------------------------------------------------------------------
 
-    def _route(self, method: str, path: str) -> tuple[int, Any, str]:
-        svc = self.service
-        if method == "GET" and path == "/healthz":
-            return 200, svc.health(), "application/json"
-        if method == "GET" and path == "/metrics":
-            return 200, svc.metrics.render(), "text/plain; version=0.0.4"
-        if method == "GET" and path == "/v1/nodes":
-            snap = svc.state.snapshot()
-            views = snap.node_views(svc.clock(), svc.config.node_timeout_s)
-            return 200, {"nodes": [v.to_json() for v in views]}, "application/json"
-        if method == "GET" and path == "/v1/replicas":
-            replicas = [r.to_record() for s in svc.controller.statuses.values() for r in s.replicas]
-            return 200, {"replicas": sorted(replicas, key=lambda r: r["replica_id"])}, "application/json"
-        if path == "/v1/models":
-            if method == "GET":
-                names = sorted(set(svc.controller.statuses) | set(svc.state.snapshot().specs))
-                return 200, {"models": [m for m in (model_json(svc, n) for n in names) if m is not None]}, "application/json"
-            if method == "POST":
-                return self._post_model()
-        if path.startswith("/v1/models/"):
-            name = unquote(path[len("/v1/models/"):])
-            if method == "GET":
-                found = model_json(svc, name)
-                if found is None:
-                    raise ApiError(404, f"model {name!r} is not applied")
-                return 200, found, "application/json"
-            if method == "DELETE":
-                return self._delete_model(name)
-        raise ApiError(404 if method == "GET" else 405, f"no route {method} {path}")
+def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), audit: AuditLog | None = None) -> Any:
+    """The FastAPI application of one control-plane instance."""
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    def _read_body(self) -> str:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length <= 0:
-            raise ApiError(400, "empty body: send a ModelService as YAML or JSON")
-        if length > MAX_BODY:
-            raise ApiError(413, f"body of {length} bytes exceeds {MAX_BODY}")
-        try:
-            return self.rfile.read(length).decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, "body is not UTF-8 text") from None
+    from sie.streams.control.auth import Principal
 
-    def _post_model(self) -> tuple[int, Any, str]:
-        from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
-        from sie.streams.control.placement import validate_tier_request
+    app = FastAPI(title="SIE control plane", version="1", docs_url=None, redoc_url=None,
+                  description="Model specs, nodes and replicas of one SIE cluster. Bearer token required "
+                              "(viewer: GET; operator: POST/DELETE).")
+    bearer = HTTPBearer(auto_error=False, description="An API token (sie token create; SIE_API_TOKEN).")
+    audit = audit or AuditLog(service.settings)
 
-        svc = self.service
-        text = self._read_body()
-        try:
-            docs = read_yaml_documents(text, "request body")
-            if len(docs) != 1 or not isinstance(docs[0], dict):
-                raise InvalidSpec("request body", [f"document: expected one ModelService mapping, found {len(docs)} document(s)"])
-            spec = parse_spec(docs[0], source="request body", topic_prefix=svc.settings.topic_prefix)
-        except InvalidSpec as exc:
-            raise ApiError(422, str(exc).splitlines()[0], [_problem_to_error(p) for p in exc.problems]) from None
-        snap = svc.state.snapshot()
-        conflict = validate_tier_request(spec, snap.inventory(svc.clock(), svc.config.node_timeout_s))
-        if conflict:
-            raise ApiError(409, conflict, [{"field": "spec.scheduling", "reason": conflict}])
-        current = snap.specs.get(spec.name)
-        if current is not None and current.version != spec.version:
-            from sie.schemas.compat import check_spec_compatibility
+    def _client(request: Request) -> str:
+        return f"{request.client.host}:{request.client.port}" if request.client else "unknown"
 
-            breaks = check_spec_compatibility(current, spec)
-            if breaks:
-                raise ApiError(409, f"{spec.name} {spec.version}: schema_incompatible with applied {current.version}",
-                               [{"field": b.field, "reason": b.detail} for b in breaks])
-        from sie.schemas.spec_store import publish_spec
+    def authenticate(request: Request, creds: HTTPAuthorizationCredentials | None) -> Principal | None:
+        principal = tokens.authenticate(creds.credentials if creds is not None else None)
+        if principal is None and creds is not None:
+            log.warning("rejected an unknown token for %s %s from %s", request.method, request.url.path, _client(request))
+        return principal
 
-        publish_spec(svc.settings, spec, timeout=15.0, ensure_topic=False)
-        return 202, {
-            "name": spec.name, "version": spec.version, "accepted": True,
-            "status": f"/v1/models/{spec.name}", "warnings": list(spec.warnings),
-        }, "application/json"
+    def require(role: str, public: str | None = None) -> Any:
+        def dependency(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
+            principal = authenticate(request, creds)
+            if principal is None:
+                if public is not None and public in public_paths:
+                    return None
+                raise ApiError(401, "authentication required: send 'Authorization: Bearer <token>' (a token from "
+                                    "`sie token create`, or the operator token file; SIE_API_TOKEN for the CLI)",
+                               headers={"WWW-Authenticate": "Bearer"})
+            if not principal.may(role):
+                if request.method in ("POST", "PUT", "DELETE"):
+                    name = request.path_params.get("name")
+                    audit.record(principal, f"{request.method} {request.url.path}", name, "forbidden", _client(request))
+                raise ApiError(403, f"token {principal.name!r} has role {principal.role}; "
+                                    f"{request.method} {request.url.path} needs role {role}")
+            request.state.principal = principal
+            return principal
+        return dependency
 
-    def _delete_model(self, name: str) -> tuple[int, Any, str]:
-        from sie.schemas.spec_store import delete_spec
+    viewer = require("viewer")
+    operator = require("operator")
 
-        svc = self.service
-        spec = svc.state.snapshot().specs.get(name)
-        if spec is None:
+    # -- errors: one shape, no internals ------------------------------------------------------------
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.error, "errors": exc.errors}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        text = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return JSONResponse({"error": text, "errors": []}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": ".".join(map(str, e.get("loc", ()))), "reason": str(e.get("msg", ""))} for e in exc.errors()]
+        return JSONResponse({"error": "invalid request", "errors": errors}, status_code=422)
+
+    # -- reads ----------------------------------------------------------------------------------------
+    @app.get("/healthz", summary="Role, epoch and whether this instance's state caught up")
+    def healthz(principal: Principal | None = Depends(require("viewer", public="/healthz"))) -> dict[str, Any]:
+        health = service.health()
+        if principal is None:  # anonymous (public path): no error texts, which may name hosts
+            return {k: health[k] for k in ("status", "role", "state_caught_up")}
+        return health
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    def metrics(_: Principal | None = Depends(require("viewer", public="/metrics"))) -> Response:
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/nodes", summary="Registered nodes with liveness, tier and GPUs")
+    def nodes(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        snap = service.state.snapshot()
+        views = snap.node_views(service.clock(), service.config.node_timeout_s)
+        return {"nodes": [v.to_json() for v in views]}
+
+    @app.get("/v1/replicas", summary="Every desired replica: node, GPUs, state, reason")
+    def replicas(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        items = [r.to_record() for s in service.controller.statuses.values() for r in s.replicas]
+        return {"replicas": sorted(items, key=lambda r: r["replica_id"])}
+
+    @app.get("/v1/models", summary="Desired vs actual per applied model")
+    def models(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        from sie.streams.control.observability import model_numbers
+
+        snap = service.state.snapshot()
+        names = sorted(set(service.controller.statuses) | set(snap.specs) | set(snap.spec_errors))
+        numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
+        return {"models": [m for m in (model_json(service, n, numbers) for n in names) if m is not None]}
+
+    @app.get("/v1/events", summary="The latest events of the cluster (placements, failures, audit)")
+    def events(limit: int = 50, _: Principal = Depends(viewer)) -> dict[str, Any]:
+        from sie.streams.control.observability import event_rows
+
+        if not 1 <= limit <= 500:
+            raise ApiError(422, f"limit: must be between 1 and 500 (got {limit})",
+                           [{"field": "limit", "reason": "must be between 1 and 500"}])
+        return {"events": event_rows(service.state.snapshot().events, limit)}
+
+    @app.get("/v1/prometheus/targets", summary="Prometheus http_sd: the /metrics endpoints of agents and workers")
+    def prometheus_targets(_: Principal = Depends(viewer)) -> list[dict[str, Any]]:
+        from sie.streams.control.observability import prometheus_targets
+
+        return prometheus_targets(service.state.snapshot(), service.clock(), service.config.node_timeout_s)
+
+    from sie.streams.control.status_page import add_status_page
+
+    add_status_page(app)
+
+    @app.get("/v1/models/{name}", summary="One model: status, spec summary, recent events")
+    def model(name: str, _: Principal = Depends(viewer)) -> dict[str, Any]:
+        found = model_json(service, name)
+        if found is None:
             raise ApiError(404, f"model {name!r} is not applied")
-        delete_spec(svc.settings, spec, timeout=15.0)
-        return 202, {"name": name, "deleted": True}, "application/json"
+        return found
+
+    # -- writes ---------------------------------------------------------------------------------------
+    body_doc = {"requestBody": {"required": True, "content": {
+        "application/yaml": {"schema": {"type": "string"}}, "application/json": {"schema": {"type": "object"}}},
+        "description": f"One ModelService document (YAML or JSON, at most {MAX_BODY} bytes)."}}
+
+    async def _apply(request: Request, principal: Principal) -> JSONResponse:
+        raw = await request.body()
+        client = _client(request)
+        try:
+            status, body = await run_in_threadpool(_post_model, service, raw)
+        except ApiError as exc:
+            audit.record(principal, "apply", None, f"refused {exc.status}: {exc.error}", client)
+            raise
+        audit.record(principal, "apply", body["name"], f"accepted version {body['version']}", client)
+        return JSONResponse(body, status_code=status)
+
+    @app.post("/v1/models", status_code=202, summary="Apply a ModelService (publish it on the specs topic)",
+              openapi_extra=body_doc)
+    async def post_model(request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        return await _apply(request, principal)
+
+    @app.put("/v1/models", status_code=202, summary="Same as POST", openapi_extra=body_doc)
+    async def put_model(request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        return await _apply(request, principal)
+
+    @app.delete("/v1/models/{name}", status_code=202, summary="Delete an applied model")
+    async def delete_model(name: str, request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        try:
+            body = await run_in_threadpool(_delete_model, service, name)
+        except ApiError as exc:
+            audit.record(principal, "delete", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, "delete", name, "accepted", _client(request))
+        return JSONResponse(body, status_code=202)
+
+    app.add_middleware(RequestGuard, max_body=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S)
+    return app
 
 
-def make_server(service: Any, host: str, port: int) -> ThreadingHTTPServer:
-    handler = type("ControlHandler", (_Handler,), {"service": service})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
+    from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
+    from sie.streams.control.placement import validate_tier_request
+
+    if not raw:
+        raise ApiError(400, "empty body: send a ModelService as YAML or JSON")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "body is not UTF-8 text") from None
+    try:
+        docs = read_yaml_documents(text, "request body")
+        if len(docs) != 1 or not isinstance(docs[0], dict):
+            raise InvalidSpec("request body", [f"document: expected one ModelService mapping, found {len(docs)} document(s)"])
+        spec = parse_spec(docs[0], source="request body", topic_prefix=service.settings.topic_prefix)
+        service.spec_policy.enforce(spec, "request body")
+    except InvalidSpec as exc:
+        raise ApiError(422, str(exc).splitlines()[0], [_problem_to_error(p) for p in exc.problems]) from None
+    snap = service.state.snapshot()
+    conflict = validate_tier_request(spec, snap.inventory(service.clock(), service.config.node_timeout_s))
+    if conflict:
+        raise ApiError(409, conflict, [{"field": "spec.scheduling", "reason": conflict}])
+    current = snap.specs.get(spec.name)
+    if current is not None and current.version != spec.version:
+        from sie.schemas.compat import check_spec_compatibility
+
+        breaks = check_spec_compatibility(current, spec)
+        if breaks:
+            raise ApiError(409, f"{spec.name} {spec.version}: schema_incompatible with applied {current.version}",
+                           [{"field": b.field, "reason": b.detail} for b in breaks])
+    from sie.schemas.spec_store import publish_spec
+
+    publish_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False)
+    return 202, {"name": spec.name, "version": spec.version, "accepted": True,
+                 "status": f"/v1/models/{spec.name}", "warnings": list(spec.warnings)}
+
+
+def _delete_model(service: Any, name: str) -> dict[str, Any]:
+    from sie.schemas.spec_store import delete_spec
+
+    spec = service.state.snapshot().specs.get(name)
+    if spec is None:
+        raise ApiError(404, f"model {name!r} is not applied")
+    delete_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S)
+    return {"name": name, "deleted": True}
+
+
+# ------------------------------------------------------------------------------------ guards
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _BodyTimeout(Exception):
+    pass
+
+
+class RequestGuard:
+    """ASGI middleware: body size cap (Content-Length and bytes actually read), body deadline, and a
+    500 without internals for anything a route did not handle (the traceback goes to the log with a
+    reference the answer quotes)."""
+
+    def __init__(self, app: Any, max_body: int, body_timeout_s: float) -> None:
+        self.app = app
+        self.max_body = max_body
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def reply(status: int, error: str) -> None:
+            from starlette.responses import JSONResponse
+
+            if not started:
+                await JSONResponse({"error": error, "errors": []}, status_code=status,
+                                   headers={"Connection": "close"})(scope, receive, send)
+
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await reply(413, f"body larger than {self.max_body} bytes")
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        received = 0
+
+        async def guarded_receive() -> Any:
+            nonlocal received
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.001, deadline - loop.time()))
+            except TimeoutError:
+                raise _BodyTimeout() from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise _BodyTooLarge()
+            return message
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, guarded_receive, tracking_send)
+        except _BodyTooLarge:
+            await reply(413, f"body larger than {self.max_body} bytes")
+        except _BodyTimeout:
+            await reply(408, f"body not received within {self.body_timeout_s:g} s")
+        except Exception:
+            ref = uuid.uuid4().hex[:12]
+            log.exception("control API: %s %s failed (ref %s)", scope.get("method"), scope.get("path"), ref)
+            await reply(500, f"internal error (ref {ref}); the control plane's log has the details")
+
+
+def _guarded_h11() -> Any:
+    """uvicorn's h11 protocol plus a deadline for a request's headers: uvicorn itself waits forever for
+    the first request of a connection, so a client sending nothing (or a byte a minute) would hold a
+    connection slot for good."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_deadline()
+
+        def _arm_header_deadline(self) -> None:
+            handle = getattr(self, "_header_deadline", None)
+            if handle is not None:
+                handle.cancel()
+            self._header_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_overdue)
+
+        def _headers_overdue(self) -> None:
+            # IDLE: the client has not finished a request's headers since the deadline was armed
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            handle = getattr(self, "_header_deadline", None)
+            if handle is not None:
+                handle.cancel()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+# ------------------------------------------------------------------------------------ server
+
+
+class ApiServer:
+    """uvicorn serving the app from a daemon thread; the socket is bound in ``start`` (a port in use
+    fails there, in the caller's thread, with the address in the message)."""
+
+    def __init__(self, app: Any, host: str, port: int, tls_cert: Any = None, tls_key: Any = None) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("SIE_API_TLS_CERT and SIE_API_TLS_KEY: set both (HTTPS) or neither (HTTP)")
+        self._app, self._host, self._port = app, host, port
+        self._tls = (str(tls_cert), str(tls_key)) if tls_cert is not None else None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int | None:
+        return self._socket.getsockname()[1] if self._socket is not None else None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._tls else "http"
+
+    def start(self, timeout: float = 10.0) -> "ApiServer":
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._host, self._port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"control API: cannot listen on {self._host}:{self._port} ({exc.strerror or exc}); "
+                              "pass another --http-port") from None
+        sock.listen(128)
+        self._socket = sock
+        config = uvicorn.Config(
+            self._app, log_config=None, access_log=False, lifespan="off", http=_guarded_h11(),
+            timeout_keep_alive=5, limit_concurrency=MAX_CONCURRENCY, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            ssl_certfile=self._tls[0] if self._tls else None, ssl_keyfile=self._tls[1] if self._tls else None,
+            server_header=False,
+        )
+        self._server = uvicorn.Server(config)
+
+        def serve() -> None:
+            try:
+                self._server.run(sockets=[sock])
+            except BaseException as exc:  # SystemExit from a failed startup (e.g. a bad TLS key)
+                self._error = exc
+                log.error("control API stopped: %s", type(exc).__name__)
+
+        self._thread = threading.Thread(target=serve, name="sie-control-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ConfigError(f"control API did not start on {self._host}:{self._port}"
+                                  + (" (check SIE_API_TLS_CERT / SIE_API_TLS_KEY)" if self._tls else "")
+                                  + "; see the log above")
+            time.sleep(0.01)
+        return self
+
+    def status(self) -> ThreadStatus:
+        """The serving thread as health shows it.  Not restarted in-process when it dies (its socket was
+        bound at start): /healthz then stops answering, and the process supervisor's probe restarts
+        the whole control plane, which is stateless apart from Kafka."""
+        running = self._thread is not None and self._thread.is_alive()
+        stopping = self._server is not None and self._server.should_exit
+        state = "running" if running else ("stopped" if stopping else "dead")
+        error = None if self._error is None else type(self._error).__name__
+        return ThreadStatus("sie-control-http", state, 0, error, None)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._socket is not None:
+            self._socket.close()

@@ -4,7 +4,8 @@
 re-derives everything from the ``ClusterState`` snapshot, so running it twice changes nothing, and a
 restarted control plane reaches the same decision.  Order of one pass:
 
-1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down;
+1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down, which a
+   re-applied spec (a new version included), a deleted model or ``sie replica reset`` ends early;
 2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
 3. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
    assignment of every node, so healthy replicas keep their node and GPU (no restart after a
@@ -16,6 +17,15 @@ restarted control plane reaches the same decision.  Order of one pass:
 
 Each step runs in its own try/except: a failing step becomes a subsystem error in ``health`` and a
 metric, never a crashed loop.  Side effects go through ``Publisher`` (a fake in unit tests).
+
+No pass acts on a view it knows is stale (``StateView``, the state feeder in production):
+
+* while the state reader is not caught up, died, or stalled, the pass is SKIPPED (``ReconcileReport.skipped``);
+* after catching up (at start-up, after a reader restart) the pass is skipped until every node seen in the
+  replayed heartbeats has been heard LIVE, for at most one ``node_timeout_s``: replayed heartbeats are
+  history, and a node must not be judged offline (its replicas moved) before it had one chance to speak;
+* when many nodes go offline at once while the silence is more likely ours than theirs, the
+  ``MassOfflineGuard`` (``liveness.py``) holds their replicas where they are.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from typing import Any, Protocol
 
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
+from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
 from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from sie.streams.control.status import ModelStatus, build_status
@@ -48,12 +59,26 @@ class ControlConfig:
     ``failure_cooldown_s``: after a replica reports FAILED on a node, it is kept off that node this long.
     ``reconcile_interval_s``: how often the loop runs (it also runs soon after a change is seen).
     ``strategy``: only ``binpack`` exists (the article's default).
+    ``mass_offline_fraction``: when at least this fraction of the nodes that were online go offline within
+    one ``node_timeout_s`` while no heartbeat arrives from any node or the state reader lags, the leader
+    holds their replicas where they are instead of removing them (``liveness.MassOfflineGuard``); 1.0 holds
+    only when every node goes silent.  Default 0.5: losing half the cluster at once is rarer than losing
+    sight of it.
     """
 
     node_timeout_s: float = 6.0
     failure_cooldown_s: float = 300.0
     reconcile_interval_s: float = 1.0
     strategy: str = "binpack"
+    mass_offline_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        from sie.kernel.errors import ConfigError
+
+        if not 0.0 < self.mass_offline_fraction <= 1.0:
+            raise ConfigError(f"control.mass_offline_fraction: must be > 0 and <= 1 (got {self.mass_offline_fraction})")
+        if self.node_timeout_s <= 0:
+            raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> ControlConfig:
@@ -74,7 +99,7 @@ class ControlConfig:
                 raise ConfigError(f"{path}: scheduling.strategy: only 'binpack' is supported (got {strategy!r})")
             values["strategy"] = strategy
         control = doc.get("control") or {}
-        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s"):
+        for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction"):
             if key in control:
                 try:
                     values[key] = float(control[key])
@@ -82,6 +107,25 @@ class ControlConfig:
                     raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """A replica kept off a node after it FAILED there: until when, why, and since when (the FAILED report).
+
+    It ends at ``until``, or earlier (operators control it) when the model's spec is applied again after
+    ``since`` (a fix shipped as a new version, or the same spec re-applied), when the model is deleted, or
+    when ``sie replica reset`` asks for it after ``since``.  FAILED reports made before such a clear are
+    stale (a heartbeat read late) and start nothing.
+    """
+
+    until: float
+    reason: str
+    model: str
+    since: float
+
+    def to_json(self, node: str) -> dict[str, Any]:
+        return {"node": node, "until_ms": int(self.until * 1000), "reason": self.reason}
 
 
 # ---------------------------------------------------------------------------------- side effects
@@ -113,6 +157,35 @@ class Leadership(Protocol):
     def epoch(self) -> int: ...
 
     def step_down(self, reason: str) -> None: ...
+
+
+class StateView(Protocol):
+    """How fresh the state is (the state feeder in production; ``FreshView`` in unit tests)."""
+
+    @property
+    def caught_up_at(self) -> float | None:
+        """When the reader last caught up (controller clock); None while it is not caught up."""
+        ...
+
+    def stale_reason(self) -> str | None:
+        """Why the state may be missing records right now (None: it is not)."""
+        ...
+
+    def lag_reason(self) -> str | None:
+        """Why heartbeats are read late (None: they are not)."""
+        ...
+
+
+class FreshView:
+    """A state that is always complete and current (unit tests feed ``ClusterState`` directly)."""
+
+    caught_up_at: float | None = float("-inf")
+
+    def stale_reason(self) -> str | None:
+        return None
+
+    def lag_reason(self) -> str | None:
+        return None
 
 
 @dataclass
@@ -151,6 +224,8 @@ class ReconcileReport:
     errors: Mapping[str, str]
     durations: Mapping[str, float]
     skipped: str | None = None
+    #: why the mass-offline guard holds nodes online this pass (None: it does not)
+    guard: str | None = None
 
     def of(self, topic: str) -> list[OutRecord]:
         return [r for r in self.published if r.topic == topic]
@@ -169,14 +244,18 @@ class Controller:
         leadership: Leadership,
         config: ControlConfig = ControlConfig(),
         metrics: Any | None = None,
+        view: StateView | None = None,
     ) -> None:
         self.state = state
+        self.view: StateView = view if view is not None else FreshView()
+        self.guard = MassOfflineGuard(config.node_timeout_s, config.mass_offline_fraction)
+        self._guard_decision = GuardDecision()
         self.publisher = publisher
         self.leadership = leadership
         self.config = config
         self.metrics = metrics
-        # (replica id, node) -> (until, reason): keep that replica off that node
-        self.exclusions: dict[tuple[str, str], tuple[float, str]] = {}
+        # (replica id, node) -> its cool-down: keep that replica off that node
+        self.exclusions: dict[tuple[str, str], Cooldown] = {}
         # what this process published and the feeder may not have read back yet: node -> assignment
         self._published: dict[str, AssignmentInfo] = {}
         self._status_published: dict[str, ModelStatus] = {}
@@ -187,6 +266,8 @@ class Controller:
         self._led_last_pass = False
         self.last_report: ReconcileReport | None = None
         self.statuses: dict[str, ModelStatus] = {}
+        #: True once a pass acted (was not skipped for a stale view)
+        self.acted = False
 
     # -- the pass ----------------------------------------------------------------------------------
 
@@ -201,6 +282,14 @@ class Controller:
             self._unplaced_reported.clear()
         self._led_last_pass = leader
         snap = self.state.snapshot()
+        wait = self._stale_view(snap, now)
+        if wait is not None:
+            durations["total"] = time.perf_counter() - started
+            report = ReconcileReport(now, leader, (), None, self.statuses, {}, durations, skipped=wait)
+            self.last_report = report
+            self._observe(report, snap, now)
+            return report
+        self.acted = True
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -244,35 +333,103 @@ class Controller:
             self._remember([], statuses)
         self.statuses = statuses or self.statuses
         durations["total"] = time.perf_counter() - started
-        report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations)
+        report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations,
+                                 guard=self._guard_decision.reason)
         self.last_report = report
+        self._observe(report, snap, now)
+        return report
+
+    def _observe(self, report: ReconcileReport, snap: StateSnapshot, now: float) -> None:
         if self.metrics is not None:
             try:
                 self.metrics.observe(report, snap, now, self.config.node_timeout_s)
             except Exception:  # metrics are best effort
                 log.exception("metrics update failed")
-        return report
+
+    def _stale_view(self, snap: StateSnapshot, now: float) -> str | None:
+        """Why this pass must not act (module docstring), or None."""
+        stale = self.view.stale_reason()
+        if stale is not None:
+            return stale
+        caught_up_at = self.view.caught_up_at
+        if caught_up_at is None:
+            return "state reader not caught up"
+        timeout = self.config.node_timeout_s
+        if now < caught_up_at + timeout:
+            unheard = sorted(n for n in snap.heartbeats if n in snap.nodes and not snap.heard_live(n, now, timeout))
+            if unheard:
+                shown = ", ".join(unheard[:10]) + (f" and {len(unheard) - 10} more" if len(unheard) > 10 else "")
+                return (f"caught up {now - caught_up_at:.1f}s ago; waiting up to {caught_up_at + timeout - now:.1f}s "
+                        f"for a live heartbeat of {shown} before judging liveness")
+        return None
+
+    def health(self) -> dict[str, Any]:
+        """The reconcile loop and the mass-offline guard, as ``/healthz`` shows them."""
+        report = self.last_report
+        if report is None:
+            loop: dict[str, Any] = {"ok": False, "detail": "no reconcile pass yet"}
+        elif report.skipped:
+            loop = {"ok": False, "detail": f"not acting: {report.skipped}"}
+        elif report.errors:
+            loop = {"ok": False, "detail": "; ".join(f"{k}: {v}" for k, v in sorted(report.errors.items()))}
+        else:
+            loop = {"ok": True, "detail": "reconciling"}
+        return {"reconcile": loop, "liveness_guard": self.guard.status()}
 
     # -- steps -------------------------------------------------------------------------------------
 
     def _record_failures(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
-        """FAILED on the node the replica is assigned to -> exclusion (replica, node) for the cool-down."""
+        """FAILED on the node the replica is assigned to -> exclusion (replica, node) for the cool-down;
+        cool-downs that a re-apply, a delete or a reset ended are cleared (``Cooldown``)."""
+        self._clear_cooldowns(snap, now, out)
         assigned = {(a.replica_id, node) for node, info in self._published_view(snap).items() for a in info.replicas}
         for report in self.state.drain_failures():
             key = (report.replica_id, report.node)
             until = report.at + self.config.failure_cooldown_s
             if key not in assigned or until <= now or key in self.exclusions:
                 continue
+            if report.at <= self._cleared_since(snap, report.model, report.replica_id):
+                continue  # FAILED before the spec was re-applied or the replica reset: stale
             reason = report.reason or "crashed too often"
-            self.exclusions[key] = (until, reason)
+            self.exclusions[key] = Cooldown(until, reason, report.model, report.at)
             out.append(self._event(now, "replica_failed", report.model, report.replica_id, report.node,
-                                   f"replica FAILED on {report.node}: {reason}; kept off it for {self.config.failure_cooldown_s:g}s"))
-        for key, (until, _) in list(self.exclusions.items()):
-            if until <= now:
+                                   f"replica FAILED on {report.node}: {reason}; kept off it for "
+                                   f"{self.config.failure_cooldown_s:g}s (or until a re-apply or "
+                                   f"`sie replica reset {report.replica_id}`)"))
+
+    @staticmethod
+    def _cleared_since(snap: StateSnapshot, model: str, replica_id: str) -> float:
+        """The latest time a cool-down of ``replica_id`` was ended by an operator: its spec (re)applied, or
+        a reset asked for; FAILED reports made before it are stale."""
+        return max(snap.spec_applied_at.get(model, 0.0), snap.cooldown_resets.get(replica_id, 0.0))
+
+    def _clear_cooldowns(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
+        for key, cd in list(self.exclusions.items()):
+            rid, node = key
+            why = None
+            if cd.model not in snap.specs:
+                why = "the model is no longer applied"
+            elif snap.spec_applied_at.get(cd.model, 0.0) > cd.since:
+                why = f"spec {cd.model} {snap.specs[cd.model].version} applied after the failure"
+            elif snap.cooldown_resets.get(rid, 0.0) > cd.since:
+                why = f"reset by hand (sie replica reset {rid})"
+            elif cd.until <= now:
+                del self.exclusions[key]  # ran out: placement simply uses the node again
+                continue
+            if why is not None:
                 del self.exclusions[key]
+                out.append(self._event(now, "cooldown_cleared", cd.model, rid, node,
+                                       f"cool-down of {rid} on {node} cleared: {why}"))
+
+    def cooldowns(self) -> dict[str, list[dict[str, Any]]]:
+        """Replica id -> its cool-downs (node, until_ms, reason): what ``ModelStatus`` shows."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for (rid, node), cd in sorted(self.exclusions.items()):
+            out.setdefault(rid, []).append(cd.to_json(node))
+        return out
 
     def _inventory(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
-        inventory = snap.inventory(now, self.config.node_timeout_s)
+        inventory = self._guarded(snap.inventory(now, self.config.node_timeout_s), snap, now, out)
         for node in inventory.nodes:
             was = self._node_online.get(node.name)
             if was is not None and was != node.online:
@@ -289,6 +446,27 @@ class Controller:
                     out.append(self._event(now, kind, None, None, node.name, f"gpu {node.name}/{g.index} ({g.product}) {'healthy again' if g.healthy else 'reported unhealthy'}"))
                 self._gpu_healthy[key] = g.healthy
         return inventory
+
+    def _guarded(self, inventory: ClusterInventory, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
+        """The mass-offline guard's verdict applied: held nodes count as online this pass."""
+        from dataclasses import replace as dc_replace
+
+        alive_at = {}
+        for node in inventory.nodes:
+            hb = snap.heartbeats.get(node.name)
+            alive_at[node.name] = hb.alive_at if hb is not None else None
+        online = {n.name for n in inventory.nodes if n.online}
+        decision = self.guard.assess(now, alive_at, online, self.view.lag_reason())
+        self._guard_decision = decision
+        if decision.engaged:
+            log.warning("liveness guard: %s", decision.engaged)
+            out.append(self._event(now, "liveness_guard", None, None, None, decision.engaged))
+        if decision.released:
+            log.warning("liveness guard released: %s", decision.released)
+            out.append(self._event(now, "liveness_guard_released", None, None, None, decision.released))
+        if not decision.holding:
+            return inventory
+        return ClusterInventory.of(dc_replace(n, online=True) if n.name in decision.holding else n for n in inventory.nodes)
 
     def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
         return [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
@@ -384,7 +562,7 @@ class Controller:
         if bad:
             return f"gpu {node}/{bad[0]} failed"
         if (rid, node) in self.exclusions:
-            return f"replica FAILED on {node}: {self.exclusions[(rid, node)][1]}"
+            return f"replica FAILED on {node}: {self.exclusions[(rid, node)].reason}"
         return "spec or constraints changed"
 
     def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
@@ -401,8 +579,10 @@ class Controller:
             self._status_loaded = True
         epoch = self.leadership.epoch
         statuses: dict[str, ModelStatus] = {}
+        cooldowns = self.cooldowns()
         for name in sorted(set(snap.specs) | set(snap.spec_errors)):
-            statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now, self.config.node_timeout_s, epoch)
+            statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now,
+                                          self.config.node_timeout_s, epoch, cooldowns)
             if not statuses[name].same_as(self._status_published.get(name)):
                 out.append(OutRecord("model-status", name, "ModelStatus", statuses[name].to_record()))
         for name in sorted(set(self._status_published) - set(statuses)):

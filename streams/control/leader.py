@@ -13,15 +13,30 @@ WHY both:
   producer epoch, the broker rejects the zombie's next transaction (``PRODUCER_FENCED``), and the
   zombie steps down.  Readers use ``read_committed`` so an aborted zombie write is never seen.
 
-The leader epoch (published as a ``LeaderEpoch`` record, stamped on every Assignment) is the highest
-epoch on ``control-leader`` + 1, read AFTER ``init_transactions()`` so a zombie's open transaction is
-already resolved when we read.  "Read to the end" means up to the partition's high watermark taken after
+The leader epoch (published as a ``LeaderEpoch`` record, stamped on every Assignment) is
+``max(highest epoch on control-leader + 1, wall-clock seconds)``, the topic read AFTER
+``init_transactions()`` so a zombie's open transaction is already resolved when we read.
+
+WHY the wall-clock floor: agents ignore an Assignment whose epoch is lower than one they have applied
+(a deposed leader's late record must not win).  If the ``control-leader`` topic is ever recreated (or
+lost, or a cluster is rebuilt next to an old ``assignments`` topic), "highest + 1" restarts at 1 and every
+agent that remembers epoch N ignores every new assignment, silently, forever.  With the floor, a leader
+that finds no history still starts above any epoch an earlier incarnation can have reached: those started
+at their own wall-clock seconds and grew by one per election, and nobody elects a leader more than once a
+second for long.  Picked over an incarnation id in the records (agents compare (incarnation, epoch)) because
+it needs no schema change and no agent upgrade: deployed agents keep their plain ``epoch >= newest`` rule.
+What it assumes: the new leader's clock is not behind the old one's by more than the time between the two
+elections (NTP keeps it far closer); "highest + 1" still guarantees a strict increase while the topic lives.  "Read to the end" means up to the partition's high watermark taken after
 ``init_transactions`` (not an end-of-partition event, which librdkafka sends once and a failed attempt
 would have consumed).
 
 Every write goes through the exactly-once layer's ``TransactionalProducer`` (watchdog on each call,
-retriable -> retry, abortable -> abort): a commit that timed out is aborted, never left open to wedge
-every later transaction; a fatal error (fenced) makes this instance step down.
+retriable -> retry, abortable -> abort, fatal -> ``Fenced``, on which this instance steps down).  A commit
+that times out is called again and completes once the broker answers; if it is given up, librdkafka
+refuses to abort it (``_CONFLICT``: it goes on in the background), so the producer is dropped, this
+instance steps down and runs for leader again with a fresh producer, whose ``init_transactions`` settles
+the old transaction.  Never is a transaction left open to make every later ``begin_transaction`` fail
+(measured on a SIGSTOPped broker: tests/streams/control/test_leader_kafka.py).
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sie.kernel.clients import KafkaClients, group_member_config, transactional_producer_config
+from sie.kernel.supervised import SupervisedThread, ThreadStatus
 from sie.streams.control.controller import OutRecord
 from sie.streams.eos import EosLimits, Fenced, ProducerFatal, TransactionalProducer
 
@@ -50,6 +66,8 @@ class LeaderElector:
     One background thread polls the group consumer (keeps membership alive, runs elections).
     ``is_leader``/``epoch`` are read by the controller; ``producer`` is the fenced transactional
     producer while leading (None otherwise).  Callbacks let the service react (log, metrics).
+    The thread is supervised: if it dies it steps down (a leader without its election thread cannot
+    keep its group membership), and a fresh run rejoins the group after a backoff.
     """
 
     def __init__(
@@ -79,9 +97,11 @@ class LeaderElector:
         self._max_epoch_seen = 0
         self._resubscribe = False
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = SupervisedThread("sie-control-leader", self._run, self._stop)
         self.last_error: str | None = None
         self.elections = 0
+        #: when the first of the current run of failed election attempts failed (None: not failing)
+        self.election_failing_since: float | None = None
 
     # -- Leadership protocol (used by the controller) ----------------------------------------------
 
@@ -108,7 +128,25 @@ class LeaderElector:
     @property
     def alive(self) -> bool:
         """The election thread runs (False before start, after stop, or if it died)."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.alive
+
+    def thread_status(self) -> ThreadStatus:
+        return self._thread.status()
+
+    def status(self) -> dict[str, Any]:
+        """The elector as ``/healthz`` shows it: not ok while its thread is not running or while it holds
+        partition 0 and its election attempts fail (no one leads then)."""
+        thread = self._thread.status()
+        out: dict[str, Any] = {**thread.to_json(), "elections": self.elections}
+        failing = self.election_failing_since
+        if not thread.ok:
+            out.update(ok=False, detail=f"election thread {thread.state}: {thread.last_error}")
+        elif failing is not None and self._holds_p0 and not self._leader:
+            out.update(ok=False, detail=f"holds partition 0 but cannot take the lead "
+                                        f"(failing for {time.monotonic() - failing:.0f}s): {self.last_error}")
+        else:
+            out["detail"] = f"leader (epoch {self._epoch})" if self._leader else "standby"
+        return out
 
     def step_down(self, reason: str) -> None:
         """Stop publishing now; rejoin the group so it can re-decide (a fenced member may still hold p0)."""
@@ -126,15 +164,13 @@ class LeaderElector:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> LeaderElector:
-        self._thread = threading.Thread(target=self._run, name="sie-control-leader", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Leave the group (close) so a standby takes over at once instead of after the session timeout."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.join(timeout)
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -166,6 +202,11 @@ class LeaderElector:
         consumer.subscribe([self._topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
 
     def _run(self) -> None:
+        """One run of the election thread: a fresh group member; raises only on what the run cannot go on
+        with (the supervisor restarts it)."""
+        with self._lock:
+            self._holds_p0 = False
+            self._resubscribe = False
         consumer = self._consumer()
         try:
             self._subscribe(consumer)
@@ -181,12 +222,17 @@ class LeaderElector:
                 if self._holds_p0 and not self._leader and not self._resubscribe:
                     try:
                         self._elect(consumer)
+                        self.election_failing_since = None
                     except Exception as exc:  # retried on the next loop while we still hold p0
                         self.last_error = f"election failed: {exc}"
+                        if self.election_failing_since is None:
+                            self.election_failing_since = time.monotonic()
                         log.warning("election failed (will retry): %s", exc)
                         self._stop.wait(1.0)
+                elif not self._holds_p0:
+                    self.election_failing_since = None
         finally:
-            self.step_down("stopping")
+            self.step_down("stopping" if self._stop.is_set() else "the election thread died")
             try:
                 consumer.close()  # leave the group: the standby is assigned p0 right away
             except Exception:
@@ -239,8 +285,9 @@ class LeaderElector:
             if not self._read_to_end(consumer):
                 producer.discard()
                 return
-            epoch = self._max_epoch_seen + 1
-            now_ms = int(self._clock() * 1000)
+            now = self._clock()
+            epoch = max(self._max_epoch_seen + 1, int(now))  # the wall-clock floor: module docstring
+            now_ms = int(now * 1000)
             records = [
                 OutRecord("control-leader", "cluster", "LeaderEpoch",
                           {"instance_id": self.instance_id, "epoch": epoch, "ts_ms": now_ms}),

@@ -1,8 +1,18 @@
 """``sie control`` as one object: state feeder, leader elector, controller loop, HTTP API.
 
 Start order: feeder (rebuild state from the topics) -> elector (join the group) -> loop (reconcile
-only once the feeder caught up) -> HTTP.  Stop order is the reverse, and the elector closes its
+only once the feeder caught up) -> HTTP (``sie.streams.control.api``: FastAPI on uvicorn, bearer
+tokens from ``sie.streams.control.auth``; loopback unless another address is asked for).  Stop order is the reverse, and the elector closes its
 consumer so the group hands partition 0 to a standby at once (no 6 s session wait on a clean stop).
+
+Every background thread runs under a ``SupervisedThread`` (``sie.kernel.supervised``): if one dies it
+is restarted with backoff, in-process, because each can start from scratch (the feeder resumes where
+it stopped and counts as stale until caught up again; the elector rejoins the group, and a death while
+leading steps down first; the loop and the HTTP server hold no state of their own).  ``health()``
+reports each thread and subsystem, ``ok`` False with the reasons while any is not well.
+
+The clock is ``SteadyWallClock``: wall-clock seconds that never jump (an NTP step would otherwise make
+every node look offline, or a dead one alive, for the size of the step).
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sie.kernel.clients import KafkaClients
+from sie.kernel.supervised import SupervisedThread
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
@@ -23,11 +34,8 @@ from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
 
 log = logging.getLogger(__name__)
 
-#: ``sie_control_replicas{state=...}`` series exported even at 0, so a dashboard's "no FAILED" is a 0, not a gap
-_ALWAYS_EXPORTED = frozenset({
-    ReplicaState.READY, ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.FAILED,
-    ReplicaState.UNSCHEDULABLE, ReplicaState.UNKNOWN,
-})
+#: the phases of a model's status (``sie_control_model_phase`` is one-hot over these)
+MODEL_PHASES = ("Ready", "Progressing", "Degraded", "Unschedulable", "Invalid")
 
 
 class ControlMetrics:
@@ -38,9 +46,18 @@ class ControlMetrics:
 
         self.registry = CollectorRegistry()
         self.models = Gauge("sie_control_models", "Models with an applied spec", registry=self.registry)
+        # every state / node state is set on every pass (0 when none): a series never keeps an old count
         self.replicas = Gauge("sie_control_replicas", "Desired replicas by actual state", ["state"], registry=self.registry)
-        self.nodes_online = Gauge("sie_control_nodes_online", "Nodes with a heartbeat within the timeout", registry=self.registry)
-        self.nodes_total = Gauge("sie_control_nodes", "Registered nodes", registry=self.registry)
+        self.nodes = Gauge("sie_control_nodes", "Registered nodes by liveness (online: a heartbeat within the timeout)",
+                           ["state"], registry=self.registry)
+        model = ["model_id", "priority_level"]
+        self.model_desired = Gauge("sie_control_model_replicas_desired", "Replicas the model's spec asks for", model,
+                                   registry=self.registry)
+        self.model_ready = Gauge("sie_control_model_replicas_ready", "Replicas of the model READY on its version", model,
+                                 registry=self.registry)
+        self.model_phase = Gauge("sie_control_model_phase", "1 for the model's current phase, 0 for the others",
+                                 [*model, "phase"], registry=self.registry)
+        self._models_seen: dict[str, str] = {}  # model -> priority level of the series exported
         self.leader = Gauge("sie_control_leader", "1 while this instance leads", registry=self.registry)
         self.epoch = Gauge("sie_control_leader_epoch", "Leader epoch this instance knows", registry=self.registry)
         self.reconcile_seconds = Histogram(
@@ -50,19 +67,32 @@ class ControlMetrics:
         self.placements = Counter("sie_control_placement_events_total", "Placement decisions published", ["kind"], registry=self.registry)
         self.errors = Counter("sie_control_errors_total", "Reconcile subsystem failures", ["subsystem"], registry=self.registry)
         self.unplaced = Gauge("sie_control_replicas_unplaced", "Desired replicas without a node", registry=self.registry)
+        self.guard = Gauge("sie_control_liveness_guard", "1 while the mass-offline guard holds nodes online",
+                           registry=self.registry)
+        self.stale = Gauge("sie_control_state_stale", "1 while reconcile passes are skipped (the state is stale)",
+                           registry=self.registry)
+        self.skipped = Counter("sie_control_state_records_skipped_total",
+                               "Control records the state reader could not read or apply (skipped)", ["topic"],
+                               registry=self.registry)
+        self.restarts = Gauge("sie_control_thread_restarts", "Restarts of a supervised background thread",
+                              ["thread"], registry=self.registry)
 
     def observe(self, report: ReconcileReport, snap: StateSnapshot, now: float, timeout_s: float) -> None:
         self.reconcile_seconds.observe(report.durations.get("total", 0.0))
         self.leader.set(1 if report.leader else 0)
+        self.guard.set(1 if report.guard else 0)
+        self.stale.set(1 if report.skipped else 0)
         self.models.set(len(snap.specs))
-        self.nodes_total.set(len(snap.nodes))
-        self.nodes_online.set(sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s)))
+        online = sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s))
+        self.nodes.labels("online").set(online)
+        self.nodes.labels("offline").set(len(snap.nodes) - online)
         counts: dict[ReplicaState, int] = {}
         for status in report.statuses.values():
             for r in status.replicas:
                 counts[r.state] = counts.get(r.state, 0) + 1
-        for state in set(counts) | _ALWAYS_EXPORTED:
+        for state in ReplicaState:
             self.replicas.labels(state.value).set(counts.get(state, 0))
+        self._observe_models(report.statuses)
         if report.plan is not None:
             self.unplaced.set(len(report.plan.unplaced))
         for r in report.of("events"):
@@ -71,10 +101,41 @@ class ControlMetrics:
         for name in report.errors:
             self.errors.labels(name).inc()
 
+    def _observe_models(self, statuses: Any) -> None:
+        """Per-model gauges; the series of a model that is gone (or changed priority) are removed."""
+        seen: dict[str, str] = {}
+        for name, status in statuses.items():
+            priority = status.priority_level or ""
+            seen[name] = priority
+            self.model_desired.labels(name, priority).set(status.desired_replicas)
+            self.model_ready.labels(name, priority).set(status.ready_replicas)
+            for phase in MODEL_PHASES:
+                self.model_phase.labels(name, priority, phase).set(1 if status.phase == phase else 0)
+        for name, priority in self._models_seen.items():
+            if seen.get(name) != priority:
+                self.model_desired.remove(name, priority)
+                self.model_ready.remove(name, priority)
+                for phase in MODEL_PHASES:
+                    self.model_phase.remove(name, priority, phase)
+        self._models_seen = seen
+
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+class SteadyWallClock:
+    """Seconds since the Unix epoch that never jump: the wall time at creation plus the monotonic time
+    elapsed since.  Liveness compares two readings of this clock (when a heartbeat was read, now), so a
+    wall-clock step cannot turn every node offline; stamps on records stay close to wall time."""
+
+    def __init__(self) -> None:
+        self._wall0 = time.time()
+        self._mono0 = time.monotonic()
+
+    def __call__(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0)
 
 
 def default_instance_id() -> str:
@@ -90,29 +151,34 @@ class ControlService:
         config: ControlConfig = ControlConfig(),
         instance_id: str | None = None,
         http_port: int | None = 8470,
-        http_host: str = "0.0.0.0",
-        clock: Callable[[], float] = time.time,
+        http_host: str = "127.0.0.1",
+        clock: Callable[[], float] | None = None,
         session_timeout_ms: int = 6000,
         clients: KafkaClients | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
         self.instance_id = instance_id or default_instance_id()
-        self.clock = clock
-        self.state = ClusterState()
+        self.clock = clock = clock or SteadyWallClock()
+        from sie.schemas.spec_policy import SpecPolicy
+
+        #: the node's spec rules: POST /v1/models and the state's view of the specs topic apply the same
+        self.spec_policy = SpecPolicy.from_settings(settings)
+        self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
-        self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients)
+        self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients,
+                                  lag_limit_s=config.node_timeout_s / 2,
+                                  on_skip=lambda topic: self.metrics.skipped.labels(topic).inc())
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
                                      on_change=self._on_leadership, clock=clock, clients=clients)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
-                                     self.elector, config, self.metrics)
+                                     self.elector, config, self.metrics, view=self.feeder)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._loop: threading.Thread | None = None
-        self._http_thread: threading.Thread | None = None
+        self._loop = SupervisedThread("sie-control-loop", self._run, self._stop)
         self.started_at = clock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -120,29 +186,34 @@ class ControlService:
     def start(self) -> ControlService:
         self.feeder.start()
         self.elector.start()
-        self._loop = threading.Thread(target=self._run, name="sie-control-loop", daemon=True)
         self._loop.start()
         if self._http_port is not None:
-            from sie.streams.control.api import make_server
+            from sie.streams.control.api import ApiServer, AuditLog, create_app
+            from sie.streams.control.auth import TokenStore, ensure_initial_token
 
-            self.http = make_server(self, self._http_host, self._http_port)
-            self._http_thread = threading.Thread(target=self.http.serve_forever, name="sie-control-http", daemon=True)
-            self._http_thread.start()
+            created = ensure_initial_token(self.settings)
+            if created is not None:
+                log.warning("no API token was configured: created an operator token in %s (mode 0600); "
+                            "`sie token create` makes more", created)
+            self.tokens = TokenStore(self.settings)
+            self.audit = AuditLog(self.settings)
+            app = create_app(self, self.tokens, tuple(self.settings.api_public_paths), self.audit)
+            self.http = ApiServer(app, self._http_host, self._http_port,
+                                  self.settings.api_tls_cert, self.settings.api_tls_key).start()
         log.info("sie control %s started (http %s)", self.instance_id, self.http_port)
         return self
 
     @property
     def http_port(self) -> int | None:
-        return self.http.server_address[1] if self.http is not None else None
+        return self.http.port if self.http is not None else None
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
         if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
-        if self._loop is not None:
-            self._loop.join(10)
+            self.http.stop()
+            self.audit.close()
+        self._loop.join(10)
         self.elector.stop()
         self.feeder.stop()
         log.info("sie control %s stopped", self.instance_id)
@@ -158,22 +229,48 @@ class ControlService:
         self._wake.set()  # reconcile right away after an election
 
     def _run(self) -> None:
-        while not self._stop.is_set() and not self.feeder.caught_up.wait(0.2):
-            pass
+        """The reconcile loop.  A pass isolates its steps and skips itself while the state is stale;
+        whatever still escapes it ends this run, and the supervisor restarts the loop with backoff."""
         while not self._stop.is_set():
-            try:
-                self.controller.reconcile(self.clock())
-            except Exception:  # reconcile isolates its steps; this is the last line of defence
-                log.exception("reconcile pass failed")
+            self.controller.reconcile(self.clock())
+            self._observe_threads()
             self._wake.wait(self.config.reconcile_interval_s)
             self._wake.clear()
+
+    def _observe_threads(self) -> None:
+        threads = {"state_feeder": self.feeder.thread_status(), "leader_elector": self.elector.thread_status(),
+                   "reconcile_loop": self._loop.status()}
+        if self.http is not None:
+            threads["http"] = self.http.status()
+        for name, status in threads.items():
+            self.metrics.restarts.labels(name).set(status.restarts)
 
     # -- read side for the API ---------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
+        """What ``/healthz`` answers: ``ok`` (False while any subsystem is not well; the HTTP layer should
+        answer 503 then), ``reasons`` (one line per subsystem that is not ok) and ``subsystems``."""
         report = self.controller.last_report
+        controller = self.controller.health()
+        loop = self._loop.status()
+        subsystems: dict[str, dict[str, Any]] = {
+            "state_feeder": self.feeder.status(),
+            "leader_elector": self.elector.status(),
+            "reconcile_loop": {**loop.to_json(), **controller["reconcile"]} if loop.ok else
+                              {**loop.to_json(), "detail": f"loop thread {loop.state}: {loop.last_error}"},
+            "liveness_guard": controller["liveness_guard"],
+        }
+        if self.http is not None:
+            http = self.http.status()
+            subsystems["http"] = {**http.to_json(), "detail": "serving" if http.ok else f"{http.state}: {http.last_error}"}
+        reasons = [f"{name}: {sub.get('detail')}" for name, sub in subsystems.items() if not sub.get("ok")]
+        restarted = any(int(sub.get("restarts") or 0) for sub in subsystems.values())
+        starting = not restarted and not self.controller.acted
         return {
-            "status": "ok" if self.feeder.caught_up.is_set() else "starting",
+            "ok": not reasons,
+            "status": "ok" if not reasons else ("starting" if starting else "degraded"),
+            "reasons": reasons,
+            "subsystems": subsystems,
             "instance": self.instance_id,
             "role": "leader" if self.elector.is_leader else "standby",
             "epoch": self.elector.epoch if self.elector.is_leader else self.state.leader_epoch,

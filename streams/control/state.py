@@ -7,9 +7,24 @@ value per key, so a restart loses nothing).  ``StateFeeder`` is the only Kafka-f
 every control topic ``read_committed`` from the beginning and hands each decoded record to
 ``ClusterState``.
 
-Node liveness uses the time a heartbeat was SEEN, capped by the record's own timestamp
-(``min(record ts, now)``): replaying six hours of old heartbeats at start-up must not make a dead
-node look alive, and a node whose clock runs ahead must not stay alive longer than it should.
+Node liveness never uses the agent's clock (an agent whose clock is ten minutes off must neither look
+dead nor stay alive after it died):
+
+* a heartbeat read LIVE (its partition already read to the end it had when the feeder started) counts
+  as seen at the control plane's own clock when it was read (``HeartbeatInfo.seen_at``);
+* a heartbeat read while REPLAYING history counts as seen at the time the broker appended it
+  (``message.timestamp.type=LogAppendTime`` on the heartbeats topic), capped at now
+  (``HeartbeatInfo.replayed_at``): replaying ten minutes of old heartbeats at start-up does not make a
+  node that died nine minutes ago look alive.  On a topic still stamped by its producers (CreateTime,
+  created before SIE set LogAppendTime; ``sie topics ensure`` fixes it) that is the agent's clock, which
+  is why the controller also waits, after catching up, for a live heartbeat of every node it saw in the
+  replay before it acts on liveness (``Controller`` docstring).
+
+The feeder runs under a ``SupervisedThread``: whatever kills its loop (a client error, a bug) restarts
+it with backoff, resuming every partition where it stopped, and the state counts as stale (not caught
+up) until it has read to the end again.  One record that cannot be read or applied (undecodable key or
+value, a field of the wrong type) is counted, logged with its coordinates and skipped: it never stops
+the feed.
 """
 
 from __future__ import annotations
@@ -24,12 +39,16 @@ from typing import Any
 
 from sie.kernel.clients import KafkaClients, state_reader_config
 from sie.kernel.names import SYSTEM_TOPICS
+from sie.kernel.supervised import SupervisedThread, ThreadStatus
 from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+#: ``ControlEvent.kind`` of an operator's request to end a replica's cool-down (``sie replica reset``)
+COOLDOWN_RESET_KIND = "cooldown_reset_requested"
 
 #: reported states of a replica that is placed and on its way to serving, or serving
 ACTIVE_STATES: frozenset[ReplicaState] = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY})
@@ -81,15 +100,37 @@ class ReplicaReport:
     exit_code: int | None = None
     signal: int | None = None
     at: float = 0.0
+    #: from heartbeats only: the worker's /metrics ``host:port``, its consumer lag and recent p99 (ms)
+    metrics_address: str | None = None
+    lag: int | None = None
+    p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
 class HeartbeatInfo:
+    """The latest heartbeat of a node and when the control plane last had proof of its life.
+
+    ``seen_at``: the control plane's clock when it last READ a heartbeat of this node live (None: none
+    read live yet).  ``replayed_at``: the broker's append time (capped at now) of the latest heartbeat
+    read while replaying history (None: none).  ``sent_at``: the agent's own stamp, shown, never used
+    for liveness.
+    """
+
     node: str
-    seen_at: float
+    seen_at: float | None
     seq: int
     gpus: tuple[GpuReport, ...]
     replicas: tuple[ReplicaReport, ...]
+    replayed_at: float | None = None
+    sent_at: float = 0.0
+    #: ``host:port`` of the agent's own /metrics (None: it serves none)
+    metrics_address: str | None = None
+
+    @property
+    def alive_at(self) -> float | None:
+        """The latest proof of life, live or replayed."""
+        stamps = [t for t in (self.seen_at, self.replayed_at) if t is not None]
+        return max(stamps) if stamps else None
 
 
 @dataclass(frozen=True)
@@ -132,6 +173,8 @@ class EventInfo:
     replica_id: str | None
     node: str | None
     detail: str
+    #: (partition, offset) on the events topic: the same record read twice is applied once
+    position: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +244,9 @@ class ClusterState:
     """
 
     max_events: int = 500
+    #: ``sie.schemas.spec_policy.SpecPolicy``: a spec on the topic that breaks it is kept out of ``specs``
+    #: (never placed) and its reason shown in ``spec_errors``, exactly as ``POST /v1/models`` refuses it
+    spec_policy: Any = None
     specs: dict[str, Any] = field(default_factory=dict)
     spec_errors: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
@@ -212,6 +258,10 @@ class ClusterState:
     leader_instance: str | None = None
     events: deque = field(default_factory=lambda: deque(maxlen=500))
     model_status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: model -> when its current spec record was applied (a re-apply or a new version ends its cool-downs)
+    spec_applied_at: dict[str, float] = field(default_factory=dict)
+    #: replica id -> the latest `sie replica reset` of it (ends cool-downs that began before it)
+    cooldown_resets: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -227,15 +277,24 @@ class ClusterState:
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
                 self.spec_errors.pop(name, None)
+                self.spec_applied_at.pop(name, None)
                 return
+            self.spec_applied_at[name] = float(record.get("applied_at_ms") or 0) / 1000.0
             import json
 
             try:
-                self.specs[name] = ModelService.from_document(json.loads(record["spec_json"]))
-                self.spec_errors.pop(name, None)
+                spec = ModelService.from_document(json.loads(record["spec_json"]))
             except Exception as exc:  # a spec we cannot read is a status, not a crash
                 self.specs.pop(name, None)
                 self.spec_errors[name] = f"spec record unreadable: {str(exc).splitlines()[0]}"
+                return
+            problems = self.spec_policy.check(spec) if self.spec_policy is not None else []
+            if problems:  # written to the topic directly, past the API: refused here all the same
+                self.specs.pop(name, None)
+                self.spec_errors[name] = "spec refused: " + "; ".join(problems)
+                return
+            self.specs[name] = spec
+            self.spec_errors.pop(name, None)
 
     def apply_node(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -256,9 +315,12 @@ class ClusterState:
                 started_at=float(record.get("started_at_ms") or 0) / 1000.0,
             )
 
-    def apply_heartbeat(self, record: Mapping[str, Any], seen_at: float) -> None:
-        """``seen_at`` = when this heartbeat counts as proof of life (caller caps it by the record ts)."""
+    def apply_heartbeat(self, record: Mapping[str, Any], seen_at: float | None, replayed_at: float | None = None) -> None:
+        """The node's latest heartbeat.  ``seen_at``: the reader's clock when it read this record live;
+        None for a record replayed from history, whose proof of life is ``replayed_at`` (broker time)."""
         node = str(record["node"])
+        sent_at = float(record.get("ts_ms") or 0) / 1000.0
+        at = seen_at if seen_at is not None else (replayed_at if replayed_at is not None else sent_at)
         reports = tuple(
             ReplicaReport(
                 replica_id=str(r["replica_id"]),
@@ -269,15 +331,27 @@ class ClusterState:
                 reason=r.get("reason"),
                 restarts=int(r.get("restarts") or 0),
                 pid=r.get("pid"),
-                at=seen_at,
+                at=at,
+                metrics_address=r.get("metrics_address"),
+                lag=r.get("lag"),
+                p99_ms=r.get("p99_ms"),
             )
             for r in record.get("replicas") or ()
         )
-        info = HeartbeatInfo(node, seen_at, int(record.get("seq") or 0), tuple(_gpu(g) for g in record.get("gpus") or ()), reports)
+        gpus = tuple(_gpu(g) for g in record.get("gpus") or ())
         with self._lock:
             old = self.heartbeats.get(node)
-            if old is None or seen_at >= old.seen_at:
-                self.heartbeats[node] = info
+            # one node's heartbeats share a partition (key = node): the one read last is the newest
+            self.heartbeats[node] = HeartbeatInfo(
+                node,
+                seen_at if seen_at is not None else (old.seen_at if old else None),
+                int(record.get("seq") or 0),
+                gpus,
+                reports,
+                replayed_at=replayed_at if replayed_at is not None else (old.replayed_at if old else None),
+                sent_at=sent_at,
+                metrics_address=record.get("metrics_address"),
+            )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
                     self.failures.append(r)
@@ -318,18 +392,24 @@ class ClusterState:
                 self.leader_epoch = epoch
                 self.leader_instance = record.get("instance_id")
 
-    def apply_event(self, record: Mapping[str, Any]) -> None:
+    def apply_event(self, record: Mapping[str, Any], position: tuple[int, int] | None = None) -> None:
+        """One event; ``position`` (partition, offset) makes a re-read of the same record a no-op."""
         with self._lock:
-            self.events.append(
-                EventInfo(
-                    at=float(record.get("ts_ms") or 0) / 1000.0,
-                    kind=str(record.get("kind") or ""),
-                    model=record.get("model"),
-                    replica_id=record.get("replica_id"),
-                    node=record.get("node"),
-                    detail=str(record.get("detail") or ""),
-                )
+            if position is not None and any(e.position == position for e in self.events):
+                return
+            event = EventInfo(
+                at=float(record.get("ts_ms") or 0) / 1000.0,
+                kind=str(record.get("kind") or ""),
+                model=record.get("model"),
+                replica_id=record.get("replica_id"),
+                node=record.get("node"),
+                detail=str(record.get("detail") or ""),
+                position=position,
             )
+            self.events.append(event)
+            if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
+                rid = str(event.replica_id)
+                self.cooldown_resets[rid] = max(event.at, self.cooldown_resets.get(rid, 0.0))
 
     def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -358,6 +438,8 @@ class ClusterState:
                 leader_epoch=self.leader_epoch,
                 leader_instance=self.leader_instance,
                 events=tuple(self.events),
+                spec_applied_at=dict(self.spec_applied_at),
+                cooldown_resets=dict(self.cooldown_resets),
             )
 
 
@@ -399,10 +481,19 @@ class StateSnapshot:
     leader_epoch: int
     leader_instance: str | None
     events: tuple[EventInfo, ...]
+    spec_applied_at: Mapping[str, float] = field(default_factory=dict)
+    cooldown_resets: Mapping[str, float] = field(default_factory=dict)
 
     def node_online(self, name: str, now: float, timeout_s: float) -> bool:
+        """A heartbeat of the node was seen (live, or replayed at its broker time) within ``timeout_s``."""
         hb = self.heartbeats.get(name)
-        return hb is not None and now - hb.seen_at <= timeout_s
+        alive_at = hb.alive_at if hb is not None else None
+        return alive_at is not None and now - alive_at <= timeout_s
+
+    def heard_live(self, name: str, now: float, timeout_s: float) -> bool:
+        """A heartbeat of the node was READ live within ``timeout_s`` (replayed ones do not count)."""
+        hb = self.heartbeats.get(name)
+        return hb is not None and hb.seen_at is not None and now - hb.seen_at <= timeout_s
 
     def node_views(self, now: float, timeout_s: float) -> list[NodeView]:
         out = []
@@ -418,7 +509,7 @@ class StateSnapshot:
                     memory_mb=info.memory_mb if info else 0,
                     gpus=gpus,
                     simulated=(info.simulated if info else False) or any(g.simulated for g in gpus),
-                    last_heartbeat=hb.seen_at if hb else None,
+                    last_heartbeat=(hb.alive_at or hb.sent_at or None) if hb else None,
                     labels=dict(info.labels) if info else {},
                 )
             )
@@ -484,24 +575,48 @@ class StateSnapshot:
 STATE_TOPICS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events", "model-status")
 
 
-def decode_value(value: bytes) -> dict[str, Any]:
-    """Avro single-object bytes -> record dict (the codec may return ``(name, record)``)."""
+#: topic suffix -> the one record type its values may be (anything else on it is skipped)
+RECORD_OF_TOPIC = {
+    "specs": "ModelSpecRecord", "nodes": "NodeRegistration", "assignments": "Assignment",
+    "control-leader": "LeaderEpoch", "heartbeats": "Heartbeat", "replica-status": "ReplicaStatus",
+    "events": "ControlEvent", "model-status": "ModelStatus",
+}
+
+
+def decode_value(value: bytes, expected: str | None = None) -> dict[str, Any]:
+    """Avro single-object bytes -> record dict (the codec may return ``(name, record)``); with ``expected``,
+    a record of another type is an error."""
     from sie.schemas import avro_codec
 
-    decoded = avro_codec.decode(value)
+    decoded = avro_codec.decode(value, expected)
     if isinstance(decoded, tuple):
         decoded = decoded[-1]
     return dict(decoded)
 
 
-class StateFeeder:
-    """Reads every control topic (read_committed, from the beginning) into a ``ClusterState``.
+#: topics read from a time window, not from the beginning (history, not state: not compacted)
+HISTORY_TOPICS = frozenset({"heartbeats", "replica-status", "events"})
+_LAG_CHECK_S = 1.0  # how often the feeder compares its position on the heartbeats partitions with their end
+_KEY_SHOWN = 64  # bytes of a skipped record's key shown in logs and health
 
-    ``caught_up`` is set once every partition reached the end it had at start-up: the controller does
-    not reconcile before that (a half-read assignments topic would look like "nothing is placed" and
-    the leader would move healthy replicas).  Heartbeats and replica-status are not compacted: only
-    the last ``history_s`` seconds of them are read (``offsets_for_times``), enough for liveness and
-    recent failures.
+
+class StateFeeder:
+    """Reads every control topic (read_committed) into a ``ClusterState``, on a supervised thread.
+
+    ``caught_up`` is set once every partition reached the end it had when the current run started: the
+    controller does not reconcile before that (a half-read assignments topic would look like "nothing is
+    placed" and the leader would move healthy replicas).  Heartbeats and replica-status are not
+    compacted: only the last ``history_s`` seconds of them are read (``offsets_for_times``), enough for
+    liveness and recent failures.  A run that dies is restarted (backoff) and resumes every partition
+    after the last record it read; ``caught_up`` is cleared until that run reached the end again.
+
+    How stale the state is, for the controller and health:
+
+    * ``stale_reason()``: the state may miss records of any topic (not caught up, the loop died and waits
+      to restart, or it has not polled for ``stall_limit_s``): nothing should act on it;
+    * ``lag_reason()``: caught up once, but now behind the end of a heartbeats partition for more than
+      ``lag_limit_s``: nodes look more silent than they are (evidence for the controller's mass-offline
+      guard, which then holds removals).
     """
 
     def __init__(
@@ -512,37 +627,106 @@ class StateFeeder:
         history_s: float = 600.0,
         topics: Iterable[str] = STATE_TOPICS,
         clients: KafkaClients | None = None,
+        lag_limit_s: float = 3.0,
+        stall_limit_s: float = 15.0,
+        on_skip: Callable[[str], None] | None = None,
+        backoff_initial_s: float = 0.5,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         self._settings = settings
         self._clients = clients or KafkaClients()
         self._state = state
         self._clock = clock
+        self._monotonic = monotonic
         self._history_s = history_s
+        self._lag_limit_s = lag_limit_s
+        self._stall_limit_s = stall_limit_s
+        self._on_skip = on_skip
         self._topics = {settings.names.system_topic(s): s for s in topics if s in SYSTEM_TOPICS}
         self.caught_up = threading.Event()
+        #: the feeder's clock when the current run caught up (None while not caught up)
+        self.caught_up_at: float | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = SupervisedThread("sie-control-state", self._run, self._stop, backoff_initial_s=backoff_initial_s)
+        self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition (kept across runs)
+        self._run_start: dict[tuple[str, int], int] = {}  # where the current run started, per partition
+        self._behind: dict[tuple[str, int], tuple[float, int]] = {}  # heartbeats partition -> (since, end to reach)
+        self._lag_checked = 0.0
+        self._polled_at: float | None = None
         self.errors = 0
+        self.skipped = 0
         self.last_error: str | None = None
+        self.last_skipped: str | None = None
 
     def start(self) -> StateFeeder:
-        self._thread = threading.Thread(target=self._run, name="sie-control-state", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.join(timeout)
+
+    # -- staleness ---------------------------------------------------------------------------------
+
+    def stale_reason(self) -> str | None:
+        """Why the state may miss records right now (None: caught up and reading)."""
+        thread = self._thread.status()
+        if thread.state == "restarting":
+            return f"state reader died ({thread.last_error}); restart {thread.restarts} pending"
+        if thread.state != "running":
+            return f"state reader {thread.state}"
+        if not self.caught_up.is_set():
+            again = f" again after restart {thread.restarts}" if thread.restarts else ""
+            return f"state reader is reading the control topics to their end{again} (not caught up)"
+        polled = self._polled_at
+        if polled is not None and self._monotonic() - polled > self._stall_limit_s:
+            return f"state reader stalled: no poll for {self._monotonic() - polled:.0f}s"
+        return None
+
+    def lag_s(self) -> float:
+        """How long the feeder has been behind an end of a heartbeats partition it saw (0: not behind)."""
+        behind = list(self._behind.values())
+        return max((self._monotonic() - since for since, _end in behind), default=0.0)
+
+    def lag_reason(self) -> str | None:
+        lag = self.lag_s()
+        if lag > self._lag_limit_s:
+            return f"state reader {lag:.0f}s behind the end of the heartbeats topic"
+        return None
+
+    def thread_status(self) -> ThreadStatus:
+        return self._thread.status()
+
+    def status(self) -> dict[str, Any]:
+        """The feeder as ``/healthz`` shows it."""
+        thread = self._thread.status()
+        problem = self.stale_reason() or self.lag_reason()
+        return {
+            "ok": problem is None,
+            "detail": problem or "caught up",
+            "state": thread.state,
+            "restarts": thread.restarts,
+            "last_death": thread.last_error,
+            "caught_up": self.caught_up.is_set(),
+            "lag_s": round(self.lag_s(), 1),
+            "skipped_records": self.skipped,
+            "last_skipped": self.last_skipped,
+            "client_errors": self.errors - self.skipped,
+            "last_error": self.last_error,
+        }
+
+    # -- the loop ----------------------------------------------------------------------------------
 
     def _assign_all(self, consumer: Any) -> dict[tuple[str, int], int]:
-        """Assign every partition; return the end offsets to reach before ``caught_up``."""
+        """Assign every partition (resuming after the last record a previous run read); return the end
+        offsets to reach before ``caught_up``."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         metadata = consumer.list_topics(timeout=10)
         since_ms = int((self._clock() - self._history_s) * 1000)
         parts: list[TopicPartition] = []
         ends: dict[tuple[str, int], int] = {}
+        self._run_start = {}
         for topic, suffix in self._topics.items():
             meta = metadata.topics.get(topic)
             if meta is None or meta.error is not None:
@@ -550,58 +734,118 @@ class StateFeeder:
                 continue
             for p in sorted(meta.partitions):
                 lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if suffix in ("heartbeats", "replica-status", "events"):
+                resume = self._next.get((topic, p))
+                if resume is not None:
+                    start = max(resume, lo)
+                elif suffix in HISTORY_TOPICS:
                     found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms)], timeout=10)[0]
                     start = found.offset if found.offset >= 0 else hi
                 else:
                     start = OFFSET_BEGINNING
                 parts.append(TopicPartition(topic, p, start))
-                if hi > (lo if start == OFFSET_BEGINNING else max(start, lo)):
+                first = lo if start == OFFSET_BEGINNING else max(start, lo)
+                self._run_start[(topic, p)] = first
+                if hi > first:
                     ends[(topic, p)] = hi
         consumer.assign(parts)
         return ends
 
-    def _run(self) -> None:
-        from confluent_kafka import KafkaError
+    def _caught_up(self) -> None:
+        self.caught_up_at = self._clock()
+        self.caught_up.set()
 
+    def _run(self) -> None:
+        """One run: a fresh consumer, every partition assigned, read until stopped.  Raises on whatever
+        the run cannot go on with (the supervisor restarts it); one bad record never gets here."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.caught_up.clear()
+        self.caught_up_at = None
+        self._behind.clear()
+        self._polled_at = None
         names = self._settings.names
         consumer = self._clients.consumer(state_reader_config(
             self._settings, names.control_state_group, names.control_state_client_id))
         try:
             pending = self._assign_all(consumer)
             if not pending:
-                self.caught_up.set()
+                self._caught_up()
             while not self._stop.is_set():
+                self._polled_at = self._monotonic()
                 msg = consumer.poll(0.2)
+                if self.caught_up.is_set():
+                    self._check_lag(consumer)
                 if msg is None:
                     continue
                 key = (msg.topic(), msg.partition())
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         if pending.pop(key, None) is not None and not pending:
-                            self.caught_up.set()
+                            self._caught_up()
                         continue
                     self.errors += 1
-                    self.last_error = str(msg.error())
+                    self.last_error = f"consumer: {error}"
+                    if error.fatal():
+                        raise KafkaException(error)
                     continue
-                self._apply(msg)
+                self._next[key] = msg.offset() + 1
+                self._apply(msg, live=key not in pending)
                 if key in pending and msg.offset() + 1 >= pending[key]:
                     del pending[key]
                     if not pending:
-                        self.caught_up.set()
-        except Exception as exc:  # the feeder dying silently would freeze the state: say why, loudly
-            self.errors += 1
-            self.last_error = f"state feeder stopped: {exc}"
-            log.exception("state feeder stopped")
+                        self._caught_up()
+        except Exception as exc:
+            self.last_error = f"state reader died: {type(exc).__name__}: {exc}"
+            raise
         finally:
-            consumer.close()
+            if not self._stop.is_set():
+                self.caught_up.clear()  # whatever ended this run, the state is stale until the next one caught up
+                self.caught_up_at = None
+            try:
+                consumer.close()
+            except Exception as exc:
+                log.warning("closing the state reader's consumer: %s", exc)
 
-    def _apply(self, msg: Any) -> None:
+    def _check_lag(self, consumer: Any) -> None:
+        """Every second: is an end of a heartbeats partition seen earlier still not reached?"""
+        from confluent_kafka import TopicPartition
+
+        now = self._monotonic()
+        if now - self._lag_checked < _LAG_CHECK_S:
+            return
+        self._lag_checked = now
+        for (topic, p), start in self._run_start.items():
+            if self._topics.get(topic) != "heartbeats":
+                continue
+            try:
+                _lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            except Exception as exc:  # no end known yet: nothing to compare with
+                log.debug("watermarks of %s[%d]: %s", topic, p, exc)
+                continue
+            position = self._next.get((topic, p), start)
+            target = self._behind.get((topic, p))
+            if target is not None and position >= target[1]:
+                del self._behind[(topic, p)]
+                target = None
+            if target is None and hi > position:
+                self._behind[(topic, p)] = (now, hi)
+
+    def _replayed_at(self, msg: Any) -> float | None:
+        """A replayed heartbeat's proof of life: its broker timestamp, capped at now."""
+        _kind, ts_ms = msg.timestamp()
+        if ts_ms is None or ts_ms <= 0:
+            return None
+        return min(ts_ms / 1000.0, self._clock())
+
+    def _apply(self, msg: Any, live: bool) -> None:
+        """Decode and apply one record; anything wrong with it is counted and skipped (``_skip``)."""
         suffix = self._topics.get(msg.topic())
-        key = msg.key().decode() if msg.key() else ""
-        value = msg.value()
         try:
-            record = decode_value(value) if value is not None else None
+            raw_key = msg.key()
+            key = raw_key.decode("utf-8") if raw_key else ""
+            value = msg.value()
+            record = decode_value(value, RECORD_OF_TOPIC.get(suffix or "")) if value is not None else None
             if suffix == "specs":
                 self._state.apply_spec(key, record)
             elif suffix == "nodes":
@@ -615,14 +859,28 @@ class StateFeeder:
             elif record is None:
                 return
             elif suffix == "heartbeats":
-                ts_type, ts_ms = msg.timestamp()
-                stamp = float(record.get("ts_ms") or ts_ms) / 1000.0
-                self._state.apply_heartbeat(record, seen_at=min(stamp, self._clock()))
+                if live:
+                    self._state.apply_heartbeat(record, seen_at=self._clock())
+                else:
+                    self._state.apply_heartbeat(record, seen_at=None, replayed_at=self._replayed_at(msg))
             elif suffix == "replica-status":
                 self._state.apply_replica_status(record)
             elif suffix == "events":
-                self._state.apply_event(record)
+                self._state.apply_event(record, (msg.partition(), msg.offset()))
         except Exception as exc:  # one bad record must not stop the feed
-            self.errors += 1
-            self.last_error = f"{msg.topic()}[{msg.partition()}]@{msg.offset()} key={key!r}: {exc}"
-            log.warning("skipping undecodable record %s", self.last_error)
+            self._skip(msg, suffix, exc)
+
+    def _skip(self, msg: Any, suffix: str | None, exc: Exception) -> None:
+        raw_key = msg.key()
+        shown = raw_key[:_KEY_SHOWN].decode("utf-8", "backslashreplace") if raw_key else ""
+        text = (str(exc).splitlines() or [""])[0][:200]
+        self.errors += 1
+        self.skipped += 1
+        self.last_error = self.last_skipped = (
+            f"{msg.topic()}[{msg.partition()}]@{msg.offset()} key={shown!r}: {type(exc).__name__}: {text}")
+        log.warning("skipping a control record that cannot be applied: %s", self.last_skipped)
+        if self._on_skip is not None:
+            try:
+                self._on_skip(suffix or msg.topic())
+            except Exception:
+                log.exception("counting a skipped record failed")

@@ -9,7 +9,7 @@ the last record per model is the answer.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sie.schemas.replica_state import ReplicaState, parse_state
@@ -36,6 +36,8 @@ class ReplicaView:
     reason: str | None = None
     restarts: int = 0
     actual_version: str | None = None
+    #: nodes the replica is kept off after it FAILED there: ``{node, until_ms, reason}`` (``Cooldown``)
+    cooldowns: tuple[Mapping[str, Any], ...] = ()
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,7 @@ class ReplicaView:
             "reason": self.reason,
             "restarts": self.restarts,
             "actual_version": self.actual_version,
+            "cooldowns": [dict(c) for c in self.cooldowns],
         }
 
     @classmethod
@@ -64,6 +67,7 @@ class ReplicaView:
             reason=rec.get("reason"),
             restarts=int(rec.get("restarts") or 0),
             actual_version=rec.get("actual_version"),
+            cooldowns=tuple(dict(c) for c in rec.get("cooldowns") or ()),
         )
 
 
@@ -166,8 +170,9 @@ def build_status(
     now: float,
     timeout_s: float,
     epoch: int,
+    cooldowns: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> ModelStatus:
-    """Desired (the plan) vs actual (agents' reports) for one model."""
+    """Desired (the plan) vs actual (agents' reports) for one model; ``cooldowns`` by replica id."""
     if spec is None:
         return ModelStatus(name, "", "", "", "Invalid", spec_error or "spec missing", 0, 0, (), epoch, int(now * 1000))
     views: list[ReplicaView] = []
@@ -178,6 +183,9 @@ def build_status(
         else:
             u = plan.unplaced[rid]
             views.append(ReplicaView(rid, u.model, u.version, None, (), 0, ReplicaState.UNSCHEDULABLE, u.reason))
+    if cooldowns:
+        views = [replace(v, cooldowns=tuple(cooldowns[v.replica_id])) if v.replica_id in cooldowns else v
+                 for v in views]
     desired = len(views)
     ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
     not_ready = [v for v in views if v.state != ReplicaState.READY]

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sie.kernel.authz import from_kafka_error
 from sie.streams.eos.errors import ConsumerFatal
 
 log = logging.getLogger("sie.eos")
@@ -39,8 +40,10 @@ class Batcher:
     """Collects up to ``max_batch`` records, waiting at most ``max_wait_s`` once one has arrived."""
 
     def __init__(self, consumer: Any, max_batch: int, max_wait_s: float, idle_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, client_config: dict[str, Any] | None = None) -> None:
         self._consumer = consumer
+        #: the consumer's librdkafka config: names the principal and group of an authorization failure
+        self._client_config = client_config or {}
         self._max_batch = max_batch
         self._max_wait = max_wait_s
         self._idle_timeout = idle_timeout_s
@@ -93,6 +96,9 @@ class Batcher:
             if err is None:
                 buf.append(msg)
                 continue
+            denied = from_kafka_error(err, self._client_config, "READ", msg.topic() or None)
+            if denied is not None:  # a missing ACL: final, no retry adds it
+                raise denied
             if err.fatal():
                 raise ConsumerFatal(f"consumer: fatal error {err.str()}; restart the stage")
             self.consumer_errors += 1

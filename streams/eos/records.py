@@ -12,6 +12,8 @@ committing, whatever the inference time: a slow model cannot push a batch past `
 
 from __future__ import annotations
 
+import gc
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -50,11 +52,36 @@ class Prepared(Generic[T]):
     value: T | None = None
 
 
+_read_headers = operator.methodcaller("headers")
+
+#: what an undecodable header list is replaced with on its message
+_UNDECODABLE = ("sie.headers.dropped", b"the record's headers could not be decoded (a key is not UTF-8)")
+
+
 def safe_headers(msg: Any) -> Headers | None:
-    """``msg.headers()``, or None when they cannot be decoded (a non-UTF-8 key: confluent-kafka raises
-    ``SystemError``); a dead letter then carries ``sie.headers.dropped`` instead of the originals."""
+    """``msg.headers()``, or None when they cannot be decoded; a dead letter then carries
+    ``sie.headers.dropped`` instead of the originals.
+
+    confluent-kafka (2.16) turns a header key that is not UTF-8 into a tuple with a NULL item, returned
+    WITH an exception set.  Called as ``msg.headers()`` in a warm loop, CPython 3.11's specialised call
+    path skips the check for that and hands the broken list over (the exception then surfaces in some
+    later, unrelated call); later calls return the cached list; touching the NULL item crashes the
+    interpreter.  So: the call goes through ``operator.methodcaller`` (the generic call path always
+    checks, so ``SystemError`` is raised here), every tuple is checked without touching its items
+    (``gc.get_referents`` skips NULL slots), and a broken list is replaced on the message (the old one
+    is freed safely) so that no later reader of this message can meet it.
+    """
     try:
-        headers = msg.headers()
+        headers = _read_headers(msg)
     except (SystemError, UnicodeDecodeError, ValueError):
+        msg.set_headers([_UNDECODABLE])
         return None
-    return list(headers) if headers else []
+    if not headers:
+        return []
+    for item in headers:
+        if type(item) is not tuple or len(gc.get_referents(item)) != len(item):
+            msg.set_headers([_UNDECODABLE])
+            return None
+    if headers[0] == _UNDECODABLE:  # replaced by an earlier read
+        return None
+    return list(headers)

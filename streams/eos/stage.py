@@ -145,7 +145,8 @@ class StreamLoop(Generic[T]):
         consumer = self._clients.consumer(cfg.consumer_config)
         eos: ExactlyOnce | None = None
         try:
-            self.batcher = batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock)
+            self.batcher = batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock,
+                                             client_config=cfg.consumer_config)
             self.eos = eos = ExactlyOnce(producer, consumer, stop, cfg.limits, observer=self._observer,
                                          fenced_hint=cfg.fenced_hint, clock=self._clock, wall_clock=self._wall,
                                          on_rewind=self._rewound)

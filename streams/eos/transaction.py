@@ -31,7 +31,8 @@ committed offsets in short, stop-aware tries; ``close_quietly`` bounds
 
 Errors (``call``): ``retriable()`` -> the same call again, a bounded number of
 times; ``txn_requires_abort()`` -> ``TxnAbortable``; ``fatal()`` ->
-``ProducerFatal``.  After an abort or a producer re-creation the consumer is
+``ProducerFatal``; an authorization failure (a missing ACL) -> ``NotAuthorized``
+(``sie.kernel.authz``), which stops the stage: no retry can add the ACL.  After an abort or a producer re-creation the consumer is
 rewound to the *committed* offsets (``rewind``), read back from Kafka, because
 after an unknown commit outcome (timeout, fencing) only Kafka knows whether the
 batch made it.
@@ -47,6 +48,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
+from sie.kernel.authz import from_kafka_error
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import CallAbandoned, call_bounded
 from sie.streams.eos.errors import ProducerFatal, ProducerHung, RecordRejected, TxnAbortable
@@ -68,6 +70,9 @@ def _per_record_codes() -> frozenset[int]:
 
 
 _PER_RECORD = _per_record_codes()
+#: the ACL operation a transaction call needs (offsets join the group's commit: Read on the group)
+_OPERATION = {"send_offsets_to_transaction": "READ", "commit_transaction": "WRITE", "begin_transaction": "WRITE",
+              "abort_transaction": "WRITE"}
 
 
 def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
@@ -105,6 +110,14 @@ class TransactionalProducer:
         self._backoff = backoff_s
         self._stop = stop
         self._producer: Any = None
+        #: topics written in the open transaction (named when the broker refuses one without saying which)
+        self._txn_topics: set[str] = set()
+        #: (topic, error) of a record refused for authorization in the open transaction
+        self._refused: tuple[str, Any] | None = None
+
+    def _on_failed_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None and self._refused is None and from_kafka_error(err, self._config, "WRITE") is not None:
+            self._refused = (msg.topic(), err)
 
     @property
     def transactional_id(self) -> str:
@@ -127,7 +140,11 @@ class TransactionalProducer:
         deadline = None if patience_s is None else time.monotonic() + patience_s
         delay = self._backoff
         while not self._stop.is_set():
-            producer = self._factory(self._config)
+            # Delivery reports of failed records only (nothing per successful record): a record the broker
+            # refuses for a missing ACL (e.g. a topic this principal may not write or create) fails only
+            # there, as "N message(s) failed delivery" from commit_transaction.
+            producer = self._factory({**self._config, "delivery.report.only.error": True,
+                                      "on_delivery": self._on_failed_delivery})
             try:
                 call_bounded(lambda: producer.init_transactions(_CALL_TIMEOUT_S), "init_transactions",
                              _CALL_TIMEOUT_S + _WATCHDOG_GRACE_S, self._stop)
@@ -140,6 +157,10 @@ class TransactionalProducer:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 problem = err.str() if err else str(exc)
                 cause = exc
+                denied = from_kafka_error(err, self._config, "WRITE")
+                if denied is not None:
+                    _purge(producer)
+                    raise denied from exc
                 if err is None or not err.retriable():
                     _purge(producer)
                     raise KafkaUnavailable(
@@ -180,7 +201,20 @@ class TransactionalProducer:
 
     # --- transaction calls ------------------------------------------------------
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
-        return call(fn, what, self._attempts, self._backoff)
+        try:
+            return call(fn, what, self._attempts, self._backoff)
+        except (TxnAbortable, ProducerFatal) as exc:  # a missing ACL is final: say which, do not retry
+            if self._refused is not None:  # a record was refused: its delivery report names the topic
+                topic, refused = self._refused
+                denied = from_kafka_error(refused, self._config, "WRITE", topic)
+            else:
+                cause = exc.__cause__
+                err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+                denied = from_kafka_error(err, self._config, _OPERATION.get(what, "WRITE"),
+                                          topics=tuple(sorted(self._txn_topics)))
+            if denied is not None:
+                raise denied from exc
+            raise
 
     def _guarded(self, fn: Callable[[], Any], what: str) -> Any:
         """``_call`` on a watchdog thread: a call hung past its timeout -> ``ProducerHung``.
@@ -196,6 +230,8 @@ class TransactionalProducer:
     def begin(self) -> None:
         if self._producer is None:  # a restart was interrupted by a stop request
             raise ProducerFatal("begin_transaction: no producer (its restart was interrupted)")
+        self._txn_topics.clear()
+        self._refused = None
         self._call(self._producer.begin_transaction, "begin_transaction")
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int = -1,
@@ -206,6 +242,7 @@ class TransactionalProducer:
         ``TxnAbortable`` / ``ProducerFatal`` when the transaction or the producer is the problem.
         """
         p = self._producer
+        self._txn_topics.add(topic)
         while True:
             try:
                 if headers is None:
@@ -217,6 +254,9 @@ class TransactionalProducer:
                 p.poll(0.05)
             except KafkaException as exc:  # e.g. the transaction entered an error state
                 err = exc.args[0]
+                denied = from_kafka_error(err, self._config, "WRITE", topics=(topic,))
+                if denied is not None:
+                    raise denied from exc
                 if err.fatal():
                     raise ProducerFatal(f"produce to {topic}: {err.str()}") from exc
                 if err.code() in _PER_RECORD and not err.txn_requires_abort():

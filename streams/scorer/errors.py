@@ -24,6 +24,7 @@ class DeadLetterReason(str, enum.Enum):
     EXPIRED = "expired"
     INFERENCE_ERROR = "inference_error"
     RESULT_TOO_LARGE = "result_too_large"  # the result (request metadata copied in) exceeds the record limit
+    OUTPUT_VIOLATION = "output_violation"  # the model's output breaks spec.outputSchema (a type, a range, a field)
 
 
 class ScorerError(SieError):

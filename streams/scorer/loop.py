@@ -4,7 +4,8 @@ The consume loop, the transaction cycle and every recovery path are the exactly-
 (``sie.streams.eos.StreamLoop`` / ``ExactlyOnce``); this module only says what one batch means::
 
     for record: parse/validate -> dead letter (poison) | expired result | group by version
-    for version: ONE inference over its rows -> results (failing rows isolated, dead-lettered)
+    for version: ONE inference over its rows -> results (failing rows isolated, dead-lettered;
+                 an output that breaks spec.outputSchema is dead-lettered output_violation, never ok)
     (the layer then commits offsets + results + dead letters atomically)
 
 ``BackendUnavailable`` (a ``RetryLater``) makes the layer abort and retry the batch after a backoff:
@@ -26,6 +27,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 
 from sie.kernel.clients import KafkaClients
+from sie.kernel.tracing import Tracing, tracing_from_settings
 from sie.streams.eos import StageSettings, StreamLoop
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import RetryLater
@@ -37,6 +39,7 @@ from sie.streams.scorer.errors import DeadLetterReason
 from sie.streams.scorer.inference import Inference, InferenceFailed, canary_row
 from sie.streams.scorer.metrics import ScorerMetrics
 from sie.streams.scorer.routing import RouteEntry, RoutingTable
+from sie.streams.scorer.tracing import ScorerTrace
 
 log = logging.getLogger("sie.scorer")
 
@@ -83,7 +86,8 @@ class Scorer:
                  clients: KafkaClients | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
-                 metrics: ScorerMetrics | None = None) -> None:
+                 metrics: ScorerMetrics | None = None,
+                 tracing: Tracing | None = None) -> None:
         spec = config.spec
         self.config = config
         self._routing = routing
@@ -92,10 +96,16 @@ class Scorer:
 
             validator = compile_validator(spec.input_schema)
         self._codec = Codec(spec.name, validator, config.request_limit, config.max_json_depth)
+        from sie.schemas.validation import compile_output_check
+
+        #: spec.outputSchema enforced on every result (None: the spec declares none); compiled once
+        self._check_outputs = compile_output_check(spec.output_schema)
         self._clients = clients or KafkaClients()
         self._clock = clock
         self._wall = wall_clock
-        self.metrics = metrics or ScorerMetrics(spec.model_id, spec.service_type, spec.priority_level)
+        self.metrics = metrics or ScorerMetrics.for_spec(spec)
+        #: spans of traced requests (sie.kernel.tracing); off unless SIE_TRACING or a test says otherwise
+        self._trace = ScorerTrace(tracing or tracing_from_settings(config.settings, "sie-scorer"), spec.name)
         self._results_topic = spec.topics.results
         self._dlq_topic = spec.topics.dead_letters
         self._max_queue_ms = spec.sla.max_queue_time_ms
@@ -133,6 +143,7 @@ class Scorer:
             self._loop.run(stop, on_ready)
         finally:
             self.metrics.close()
+            self._trace.flush()
         return self.summary()
 
     def summary(self) -> ScorerSummary:
@@ -150,26 +161,28 @@ class Scorer:
         self._same_partition = self._partition_counts_match(consumer)
 
     def tick(self, consumer: Any) -> None:
-        gauge = self.metrics.consumer_lag
-        for partition, lag in consumer_lag(consumer).items():
-            gauge.labels(partition=str(partition)).set(lag)
+        self.metrics.set_lag(consumer_lag(consumer))
 
     def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
-        self.metrics.consumer_lag.clear()
+        self.metrics.clear_lag()
 
     def prepare(self, batch: list) -> Prepared[dict[str, Any]]:
         """One output per record of ``batch``, in batch order, built before any transaction opens."""
         table = self._routing  # one table for the whole batch, even if set_routing() runs meanwhile
         codec = self._codec
         now_ms = self._wall() * 1000.0
+        t0 = self._clock()
         max_q = self._max_queue_ms
         results_topic = self._results_topic
         same_partition = self._same_partition
+        check_outputs = self._check_outputs
         outputs: list[Output | None] = [None] * len(batch)
         groups: dict[str, tuple[RouteEntry, list[int], list[Request], list[float]]] = {}
         dead: dict[str, int] = {}
         expired = 0
         oldest_ms = 0.0
+        #: version -> queue times (ms) of the requests answered with a result: the per-request latency
+        queued: dict[str, list[float]] = {}
         for i, msg in enumerate(batch):
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             ts_type, ts = msg.timestamp()
@@ -190,6 +203,7 @@ class Scorer:
                     outputs[i] = Output(results_topic, codec.expired(parsed, entry.version, queue_ms, max_q), key,
                                         partition if same_partition else -1, None, msg, "expired")
                     expired += 1
+                    queued.setdefault(entry.version, []).append(queue_ms)
                 else:
                     outputs[i] = self._dead_letter(
                         msg, DeadLetterReason.EXPIRED,
@@ -204,15 +218,24 @@ class Scorer:
             group[3].append(queue_ms)
 
         ok = 0
+        timing: dict[str, tuple[float, float, int]] = {}  # version -> (start after t0 ms, duration ms, rows)
         for version, (entry, indices, requests, queue_times) in groups.items():
             rows = [r.inputs for r in requests]
             started = self._clock()
             scored = self._inference_for(entry.backend).run(rows)  # BackendUnavailable: nothing produced yet
             inference_ms = (self._clock() - started) * 1000.0
-            self.metrics.inference_latency.observe(inference_ms / 1000.0)
+            self.metrics.inference(version).observe(inference_ms / 1000.0)
             n = len(rows)
+            timing[version] = ((started - t0) * 1000.0, inference_ms, n)
+            answered = queued.setdefault(version, [])
             for i, req, queue_ms, out in zip(indices, requests, queue_times, scored):
+                reason = DeadLetterReason.INFERENCE_ERROR
                 detail = out.detail if type(out) is InferenceFailed else None
+                if detail is None and check_outputs is not None:
+                    try:
+                        out = check_outputs(out)
+                    except ValueError as exc:  # SchemaViolation naming outputs.<field>: never an ok result
+                        reason, detail = DeadLetterReason.OUTPUT_VIOLATION, f"model {codec.model} {version}: {exc}"
                 if detail is None:
                     try:
                         value = codec.result(req, version, out, queue_ms, inference_ms, n)
@@ -222,10 +245,14 @@ class Scorer:
                         outputs[i] = Output(results_topic, value, req.key,
                                             req.partition if same_partition else -1, None, batch[i], "result")
                         ok += 1
+                        answered.append(queue_ms)
                         continue
-                outputs[i] = self._dead_letter(batch[i], DeadLetterReason.INFERENCE_ERROR, detail, version)
-                dead["inference_error"] = dead.get("inference_error", 0) + 1
-        stats = {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms}
+                outputs[i] = self._dead_letter(batch[i], reason, detail, version)
+                dead[reason.value] = dead.get(reason.value, 0) + 1
+        stats = {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms, "queued": queued, "at_ms": now_ms}
+        if self._trace.enabled:
+            versions = {i: v for v, group in groups.items() for i in group[1]}
+            stats["spans"] = self._trace.prepared(batch, outputs, versions, timing, now_ms)
         return Prepared([o for o in outputs if o is not None], stats)
 
     def rejected(self, output: Output, detail: str, stats: dict[str, Any]) -> Output:
@@ -239,24 +266,17 @@ class Scorer:
 
     def committed(self, stats: dict[str, Any], n: int) -> None:
         """Metrics and counters, only after a successful commit (so they count committed work)."""
-        m = self.metrics
         c = self._counts
         c["batches"] += 1
         c["records_in"] += n
         c["results"] += stats["ok"]
         c["expired"] += stats["expired"]
-        m.records_in.inc(n)
-        m.batch_size.observe(n)
-        if self._loop is not None and self._loop.eos is not None:
-            m.txn_commit.observe(self._loop.eos.last_commit_s)
-        m.queue_time.observe(stats["oldest_ms"] / 1000.0)
-        if stats["ok"]:
-            m.records_out.labels(status="ok").inc(stats["ok"])
-        if stats["expired"]:
-            m.records_out.labels(status="expired").inc(stats["expired"])
-        for reason, count in stats["dead"].items():
-            m.dead_letters.labels(reason=reason).inc(count)
-            c["dead_letters"] += count
+        c["dead_letters"] += sum(stats["dead"].values())
+        commit_s = self._loop.eos.last_commit_s if self._loop is not None and self._loop.eos is not None else None
+        now_ms = self._wall() * 1000.0
+        self.metrics.batch_committed(stats, n, commit_s, now_ms)
+        if "spans" in stats:
+            self._trace.committed(stats["spans"], commit_s, now_ms)
 
     # --- helpers -----------------------------------------------------------------------
     def _inference_for(self, backend: Any) -> Inference:

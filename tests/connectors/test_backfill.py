@@ -23,7 +23,7 @@ from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.kernel.admin import ensure_model_topics
 from sie.kernel.errors import ConfigError
 from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
-from tests.scorer_fixtures import CommittedReader, echo_spec, load_echo_backend, write_echo_spec
+from tests.scorer_fixtures import ALLOWED_MODULES, CommittedReader, echo_spec, load_echo_backend, write_echo_spec
 
 REPO = REPO_ROOT
 BASE_MS = 1_700_000_000_000
@@ -232,7 +232,8 @@ def _backfill_cli(spec_path: Path, bootstrap: str, job_id: str, log: Path, *extr
     return subprocess.Popen(
         [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "backfill", "--spec", str(spec_path),
          "--job-id", job_id, "--progress-interval", "0.2", "--max-batch", "50", *extra],
-        cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES)})
 
 
 def _done(log: Path) -> int:

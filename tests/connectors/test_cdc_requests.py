@@ -16,7 +16,15 @@ from sie.connectors.cdc import (
     load_connector_spec,
     rows_to_requests,
 )
-from tests.cdc_support import ORDER_FIELD_TYPES, encode, make_spec, malformed_cases, record, records
+from tests.cdc_support import (
+    ORDER_FIELD_TYPES,
+    ORDER_INPUT_SCHEMA,
+    encode,
+    make_spec,
+    malformed_cases,
+    record,
+    records,
+)
 
 CREATED_MS = 1610676724000  # 2021-01-15T02:12:04 read as UTC
 
@@ -217,6 +225,53 @@ def test_unexpected_shapes_deep_inside_are_malformed_not_crashes():
     doc["mysqlType"] = ["not", "a", "map"]
     outcome = converter("canal-json").convert(None, encode(doc))
     assert outcome.error is not None and outcome.error.reason.value == "malformed_event"
+
+
+def _canal_insert(**row) -> bytes:
+    doc = json.loads(record("canal_insert.json")[1])
+    doc["data"][0].update(row)
+    return encode(doc)
+
+
+def test_sql_null_follows_the_models_input_schema():
+    """nullable -> null; optional (not required) -> left out; required and not nullable -> a dead letter
+    in the stage, naming the field, the column and the row, with the row's coordinates."""
+    conv = CdcConverter(make_spec("canal-json"), input_schema=ORDER_INPUT_SCHEMA)
+    _req, value = only_request(conv.convert(None, _canal_insert(amount=None, is_first_order=None)))
+    assert value["inputs"] == {"amount": None, "customer_id": 501, "currency": "EUR", "created_at_ms": CREATED_MS}
+
+    outcome = conv.convert(None, _canal_insert(created_at="0000-00-00 00:00:00"))  # MySQL zero date reads as NULL
+    assert outcome.requests == [] and outcome.error.reason.value == "null_in_required_field"
+    assert "inputs.created_at_ms" in outcome.error.detail and "shop.orders.created_at" in outcome.error.detail
+    assert outcome.error.coordinates == {"db": "shop", "table": "orders", "op": "insert", "pk": "10001",
+                                         "position": "batch=2,es=1610676724000"}
+
+
+def test_without_the_schema_null_is_passed_on():
+    _req, value = only_request(converter("canal-json").convert(None, _canal_insert(customer_id=None)))
+    assert value["inputs"]["customer_id"] is None
+
+
+def test_field_types_and_input_schema_are_alternatives():
+    with pytest.raises(ValueError, match="not both"):
+        CdcConverter(make_spec("canal-json"), ORDER_FIELD_TYPES, input_schema=ORDER_INPUT_SCHEMA)
+
+
+def test_row_level_errors_carry_the_rows_coordinates_and_record_level_ones_do_not():
+    conv = converter("canal-json", mapping={"amount": "missing_col"})
+    outcome = conv.convert(*record("canal_insert.json"))
+    assert outcome.error.reason.value == "schema_mismatch"
+    assert outcome.error.coordinates["pk"] == "10001" and outcome.error.coordinates["table"] == "orders"
+    assert converter("canal-json").convert(None, b"[]").error.coordinates == {}
+
+
+def test_an_unforeseen_exception_is_a_conversion_error_outcome(monkeypatch):
+    conv = converter("canal-json")
+    monkeypatch.setattr(conv, "_decode", lambda *_: (_ for _ in ()).throw(RecursionError("deep")))
+    outcome = conv.convert(None, b"{}")
+    assert outcome.requests == [] and outcome.error.reason.value == "conversion_error"
+    assert outcome.error.detail == "unexpected RecursionError: deep"
+    assert conv.stats()["errors.conversion_error"] == 1
 
 
 def test_stats_count_every_outcome():

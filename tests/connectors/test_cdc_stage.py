@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 
 from sie.connectors.cdc import parse_connector_spec
 from sie.connectors.cdc_stage import CdcStage, CdcStageConfig
-from tests.cdc_support import ORDER_FIELD_TYPES, ORDER_MAPPING, malformed_cases, records
+from tests.cdc_support import ORDER_FIELD_TYPES, ORDER_INPUT_SCHEMA, ORDER_MAPPING, malformed_cases, records
 from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
 from tests.scorer_fixtures import CommittedReader
 
@@ -55,9 +55,9 @@ class StageThread:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.summary = None
-        config = CdcStageConfig(settings=settings, connector=spec, instance="t0", field_types=ORDER_FIELD_TYPES,
-                                request_topic=topics.requests, dead_letter_topic=topics.dlq, max_wait_ms=10,
-                                session_timeout_ms=6000, **overrides)
+        overrides = {"field_types": ORDER_FIELD_TYPES, **overrides}
+        config = CdcStageConfig(settings=settings, connector=spec, instance="t0", request_topic=topics.requests,
+                                dead_letter_topic=topics.dlq, max_wait_ms=10, session_timeout_ms=6000, **overrides)
         self.stage = CdcStage(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -212,6 +212,102 @@ def test_canal_event_without_primary_key_is_dead_lettered_as_missing_primary_key
     finally:
         stage.close()
     assert [d.headers["sie.reason"] for d in dead] == [b"missing_primary_key"]
+
+
+# --- poison that used to crash the stage, and NULL into the model's required inputs --------------------------
+def _order_row(pk: int, **overrides) -> dict:
+    return {"id": str(pk), "customer_id": "1", "amount": "1.25", "currency": "EUR", "is_first_order": "0",
+            "created_at": "2021-01-15 02:12:04", **overrides}
+
+
+def _canal_with(row: dict, **doc_overrides) -> bytes:
+    doc = json.loads(canal_row_event("INSERT", [row]))
+    for key, value in doc_overrides.items():
+        if key == "mysql":
+            doc["mysqlType"].update(value)
+        else:
+            doc[key] = value
+    return json.dumps(doc).encode()
+
+
+def test_poison_that_crashed_the_stage_and_null_into_required_inputs_become_one_dead_letter_each(kafka_settings):
+    """Nesting 1,000 levels deep (RecursionError when formatted), a 400-digit BIGINT into a float input
+    (OverflowError), '1e999' (inf, written as null) and SQL NULL into a required, non-nullable input
+    among valid rows: every valid row is one request, every bad one one dead letter with its reason and
+    the stage never stops."""
+    topics = Topics(kafka_settings, source_partitions=1)
+    nested = "[" * 1000 + "]" * 1000
+    stream = [
+        (None, _canal_with(_order_row(1))),                                               # 0 request
+        (None, _canal_with(_order_row(2)).replace(b'"1.25"', nested.encode())),  # 1 malformed_event (a column)
+        (None, _canal_with(_order_row(3)).replace(b'"database": "shop"', b'"database": ' + nested.encode())),  # 2 (ditto)
+        (None, _canal_with(_order_row(4, amount="9" * 400), mysql={"amount": "bigint(20)"})),  # 3 cast_error
+        (None, _canal_with(_order_row(5))),                                               # 4 request
+        (None, _canal_with(_order_row(6, customer_id=None))),                             # 5 null_in_required_field
+        (None, _canal_with(_order_row(7, amount=None, is_first_order=None))),             # 6 request: null, omitted
+        (None, _canal_with(_order_row(8, amount="1e999"))),                               # 7 cast_error
+        (None, _canal_with(_order_row(9))),                                               # 8 request
+    ]
+    produce(kafka_settings, topics.source, stream)
+    stage = StageThread(kafka_settings, connector(topics, "canal-json"), topics, field_types=None,
+                        input_schema=ORDER_INPUT_SCHEMA)
+    try:
+        _recs, by_key = requests_by_key(kafka_settings, topics.requests, 4, stage, len(stream))
+        dead = consume_all(kafka_settings, topics.dlq, expected=5, timeout=30)
+        assert stage.thread.is_alive() and stage.error is None  # still running after every poison record
+    finally:
+        summary = stage.close()
+
+    assert sorted(by_key) == [b"shop.orders:1", b"shop.orders:5", b"shop.orders:7", b"shop.orders:9"]
+    assert all(len(docs) == 1 for docs in by_key.values())
+    assert by_key[b"shop.orders:7"][0]["inputs"] == {"amount": None, "customer_id": 1, "currency": "EUR",
+                                                    "created_at_ms": 1610676724000}  # nullable: null; optional: left out
+    reasons = {int(d.headers["sie.source.offset"]): d.headers["sie.reason"].decode() for d in dead}
+    assert reasons == {1: "malformed_event", 2: "malformed_event", 3: "cast_error", 5: "null_in_required_field",
+                       7: "cast_error"}
+    by_offset = {int(d.headers["sie.source.offset"]): d for d in dead}
+    for offset, d in by_offset.items():
+        assert (d.key, d.value) == stream[offset]  # the source bytes, unchanged
+    assert b"nested" in by_offset[1].headers["sie.detail"] and b"nested" in by_offset[2].headers["sie.detail"]
+    assert b"amount" in by_offset[3].headers["sie.detail"] and b"amount" in by_offset[7].headers["sie.detail"]
+    null = by_offset[5].headers
+    assert b"customer_id" in null["sie.detail"]
+    assert (null["sie.cdc.db"], null["sie.cdc.table"], null["sie.cdc.pk"], null["sie.cdc.op"]) == (
+        b"shop", b"orders", b"6", b"insert")
+    assert null["sie.cdc.position"] == b"batch=9,es=1610676800000"
+    assert summary.records == len(stream) and summary.requests == 4
+    assert summary.dead_letters == {"malformed_event": 2, "cast_error": 2, "null_in_required_field": 1}
+
+
+def test_an_unforeseen_failure_converting_one_record_is_a_conversion_error_dead_letter(kafka_settings, monkeypatch):
+    """The last line of defence: whatever a record makes the conversion raise, it is dead-lettered and the
+    partition moves on (raising would crash the stage, and a restart would read the same record again)."""
+    from sie.connectors.cdc import to_requests
+
+    real = to_requests.DECODERS["canal-json"]
+
+    def flaky_decoder(key, value, options):
+        if b"boom" in value:
+            raise RuntimeError("boom: a bug, not a bad record")
+        return real(key, value, options)
+
+    monkeypatch.setitem(to_requests.DECODERS, "canal-json", flaky_decoder)
+    topics = Topics(kafka_settings, source_partitions=1)
+    stream = [(None, _canal_with(_order_row(1))), (None, _canal_with(_order_row(2), sql="boom")),
+              (None, _canal_with(_order_row(3)))]
+    produce(kafka_settings, topics.source, stream)
+    stage = StageThread(kafka_settings, connector(topics, "canal-json"), topics)
+    try:
+        _recs, by_key = requests_by_key(kafka_settings, topics.requests, 2, stage, len(stream))
+        dead = consume_all(kafka_settings, topics.dlq, expected=1, timeout=30)
+        assert stage.thread.is_alive() and stage.error is None
+    finally:
+        summary = stage.close()
+    assert sorted(by_key) == [b"shop.orders:1", b"shop.orders:3"]
+    (d,) = dead
+    assert d.headers["sie.reason"] == b"conversion_error" and d.headers["sie.source.offset"] == b"1"
+    assert d.headers["sie.detail"].startswith(b"unexpected RuntimeError: boom")
+    assert summary.dead_letters == {"conversion_error": 1}
 
 
 # --- Debezium and Maxwell -------------------------------------------------------------------------------

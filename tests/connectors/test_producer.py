@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from sie.cli import main
-from sie.connectors.producer import RateLimiter, as_request, key_of, produce_jsonl
+from sie.connectors.producer import MissingKey, RateLimiter, as_request, key_of, produce_jsonl
 from sie.schemas.spec import load_spec
 from sie.schemas.validation import compile_validator
 from tests.helpers import REPO_ROOT, consume_all, create_topic, unique_topic
@@ -35,6 +35,19 @@ def test_key_of_reads_inputs_then_request() -> None:
     assert key_of({"inputs": {"card": 7}}, "card") == "7"
     assert key_of({"id": "x", "inputs": {}}, "id") == "x"
     assert key_of({"inputs": {}}, None) is None
+
+
+def test_key_of_follows_dotted_paths_and_refuses_missing_or_structured_keys() -> None:
+    request = {"id": "r1", "inputs": {"card": True, "geo": {"zip": 1234}}, "metadata": {"customer_id": "c9"}}
+    assert key_of(request, "metadata.customer_id") == "c9"
+    assert key_of(request, "geo.zip") == "1234"  # inputs first
+    assert key_of(request, "card") == "true"
+    with pytest.raises(MissingKey, match=r"use --key-field metadata.customer_id") as missing:
+        key_of(request, "customer_id")
+    assert missing.value.absent
+    with pytest.raises(MissingKey, match="JSON object") as structured:
+        key_of(request, "geo")
+    assert not structured.value.absent
 
 
 def test_rate_limiter_spaces_acquisitions() -> None:
@@ -80,7 +93,7 @@ def test_sie_produce_cli_from_a_spec_file(kafka_settings, tmp_path: Path, monkey
     requests.write_bytes(b"\n".join(orjson.dumps(_valid_inputs(i)) for i in range(7)) + b"\n{\"amount\": -5}\n")
     code = main(["produce", "--spec", str(FRAUD_SPEC), "--file", str(requests)])
     out = capsys.readouterr().out
-    assert code == 0, out
+    assert code == 4, out  # a rejected line: exit 4 (sie/cli.py), the counts say which
     assert f"fraud-scorer -> {topic}" in out
     assert "sent 7, delivered 7" in out and "rejected (schema_violation): 1" in out
     assert len(consume_all(kafka_settings, topic, expected=7)) == 7

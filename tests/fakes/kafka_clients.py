@@ -16,6 +16,9 @@ where the code under test depends on it, and nowhere else:
   order across clients); ``faults[name]`` scripts what a call raises: a list is used up one per call, a
   single exception is raised on every call.  Transactional records become visible (``visible``) only when
   their transaction commits; ``begin_transaction`` with a transaction still open fails as librdkafka does.
+  A commit that timed out (a retriable ``_TIMED_OUT`` fault) goes on in the background, as librdkafka's does:
+  until ``commit_transaction`` is called again and succeeds, ``abort_transaction`` and ``begin_transaction``
+  fail with ``_CONFLICT`` (measured on a SIGSTOPped broker: tests/streams/control/test_leader_kafka.py).
 * ``FakeAdmin`` keeps a set of topics (metadata, configs) and the committed offsets of other groups.
 """
 
@@ -426,6 +429,7 @@ class FakeProducer(_Recorder):
         self.visible: list[Produced] = []  # committed (or, without transactions, delivered)
         self.transactions: list[list[Produced]] = []  # each committed transaction's records
         self.undelivered = undelivered  # what flush() reports as not delivered
+        self.commit_in_progress = False  # a commit timed out and goes on in the background
         self._offsets: list[TopicPartition] = []
         self._deliveries: list[tuple[Callable[..., Any], Any]] = []
         self.purged = False
@@ -446,8 +450,13 @@ class FakeProducer(_Recorder):
         self._call("init_transactions")
         self.transactional = True
 
+    def _refuse_while_committing(self) -> None:
+        if self.commit_in_progress:
+            raise kafka_error(KafkaError._CONFLICT, "Conflicting commit_transaction API call is already in progress")
+
     def begin_transaction(self) -> None:
         self._call("begin_transaction")
+        self._refuse_while_committing()
         if self.in_transaction:
             raise kafka_error(KafkaError._STATE, "Operation not valid in state InTransaction")
         self.in_transaction, self.pending, self._offsets = True, [], []
@@ -474,7 +483,13 @@ class FakeProducer(_Recorder):
         self._offsets = list(offsets)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
-        self._call("commit_transaction")
+        try:
+            self._call("commit_transaction")
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError._TIMED_OUT and exc.args[0].retriable():
+                self.commit_in_progress = True
+            raise
+        self.commit_in_progress = False
         self.visible += self.pending
         self.transactions.append(self.pending)
         if self.consumer is not None:
@@ -483,6 +498,7 @@ class FakeProducer(_Recorder):
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         self._call("abort_transaction")
+        self._refuse_while_committing()
         self.in_transaction, self.pending, self._offsets = False, [], []
 
     def poll(self, timeout: float = 0) -> int:

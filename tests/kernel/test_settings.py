@@ -15,6 +15,7 @@ def test_env_overrides_and_security_passthrough(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("SIE_SASL_MECHANISM", "SCRAM-SHA-512")
     monkeypatch.setenv("SIE_KAFKA_EXTRA", '{"ssl.endpoint.identification.algorithm": "none"}')
     config = Settings().kafka_client_config(**{"group.id": "g"})
+    assert config.pop("logger").name == "sie.kafka"  # librdkafka's log lines go through Python logging
     assert config == {"bootstrap.servers": "kafka-1:9093", "security.protocol": "SASL_SSL",
                       "sasl.mechanism": "SCRAM-SHA-512", "ssl.endpoint.identification.algorithm": "none",
                       "group.id": "g"}
@@ -36,3 +37,33 @@ def test_workers_get_the_agents_settings_not_its_environment(tmp_path) -> None:
     launch = builder(DesiredReplica(replica_id="m-0", model="m", version="1", spec_json="{}"))
     assert launch.env["SIE_BOOTSTRAP_SERVERS"] == "127.0.0.1:29092"
     assert launch.env["SIE_TOPIC_PREFIX"] == "blue"
+
+
+def test_secrets_are_never_shown_but_reach_clients_and_children(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    password_file = tmp_path / "pw"
+    password_file.write_text("from-the-file\n")
+    settings = Settings(sasl_username="svc", sasl_password="hunter2-secret", api_token="sie_tok-secret",
+                        kafka_secrets={"sasl.oauthbearer.client.secret": "oidc-secret"})
+    shown = repr(settings) + str(settings) + str(settings.model_dump())
+    for secret in ("hunter2-secret", "sie_tok-secret", "oidc-secret"):
+        assert secret not in shown
+    config = settings.kafka_client_config()
+    assert config["sasl.password"] == "hunter2-secret" and config["sasl.oauthbearer.client.secret"] == "oidc-secret"
+    assert settings.with_overrides(sasl_password_file=password_file).kafka_client_config()["sasl.password"] == "from-the-file"
+    for key, value in settings.to_env().items():  # an agent's workers get them
+        monkeypatch.setenv(key, value)
+    assert Settings() == settings
+    monkeypatch.setenv("SIE_KAFKA_SECRETS", '{"x": ["not-a-string-secret"]}')
+    with pytest.raises(ValueError) as info:
+        Settings()
+    assert "not-a-string-secret" not in str(info.value)
+
+
+def test_workers_may_run_as_their_own_principal() -> None:
+    agent = Settings(sasl_username="sie-agent", sasl_password="a", worker_sasl_username="sie-scorer",
+                     worker_sasl_password="s")
+    worker = agent.worker_settings()
+    assert worker.kafka_client_config()["sasl.username"] == "sie-scorer"
+    assert worker.kafka_client_config()["sasl.password"] == "s"
+    assert worker.worker_sasl_username is None
+    assert Settings(sasl_username="x").worker_settings().sasl_username == "x"

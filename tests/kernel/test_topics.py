@@ -39,8 +39,11 @@ def test_system_topics_ensure_is_idempotent(kafka_settings: Settings) -> None:
         assert sorted(second.existing) == sorted(s.name for s in specs)
         for spec, outcome in zip(specs, second.topics):
             assert outcome.partitions == spec.partitions
-            policy = topic_configs(kafka_settings, spec.name)["cleanup.policy"]
-            assert policy == ("compact" if spec.compacted else "delete"), spec.name
+            configs = topic_configs(kafka_settings, spec.name)
+            assert configs["cleanup.policy"] == ("compact" if spec.compacted else "delete"), spec.name
+            # heartbeats carry the broker's time, never the agent's clock (control-plane liveness)
+            assert configs["message.timestamp.type"] == (
+                "LogAppendTime" if spec.name.endswith(".heartbeats") else "CreateTime"), spec.name
     finally:
         delete_topics(kafka_settings, [s.name for s in specs])
 
@@ -57,6 +60,11 @@ def test_policy_drift_is_fixed_and_partition_mismatch_reported(kafka_settings: S
         assert any("has 2 partitions, wants 4" in m for m in report.mismatches)
         again = ensure_topics(kafka_settings, [TopicSpec(name, 2, compacted=True, purpose="test")])
         assert again.topics[0].action is Action.EXISTING and again.mismatches == []
+        stamped = ensure_topics(kafka_settings, [TopicSpec(name, 2, compacted=True, purpose="test",
+                                                           config={"message.timestamp.type": "LogAppendTime"})])
+        assert stamped.topics[0].action is Action.FIXED
+        assert "message.timestamp.type was CreateTime, set to LogAppendTime" in stamped.topics[0].notes
+        assert topic_configs(kafka_settings, name)["message.timestamp.type"] == "LogAppendTime"
     finally:
         delete_topics(kafka_settings, [name])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,15 @@ from sie.workers.supervisor import SupervisorPolicy
 from tests.fakes.kafka_clients import FakeClients, FakeConsumer, FakeMessage, FakeProducer, fake_clients
 from tests.fakes.workers import FakeClock, FakeLauncher
 from tests.helpers import wait_until
+from tests.scorer_fixtures import echo_spec
 
 NODE = "n1"
-SETTINGS = Settings()
+SETTINGS = Settings(allowed_modules=["tests.scorer_fixtures"])  # the echo test model may run here
+
+
+def spec_json(replica_id: str) -> str:
+    """A real (echo) ModelService document: the agent checks every spec against its policy before launching."""
+    return json.dumps(echo_spec(name=replica_id.replace("_", "-")).to_document(), sort_keys=True)
 ASSIGNMENTS = SETTINGS.names.system_topic("assignments")
 HEARTBEAT_S = 2.0
 
@@ -48,7 +54,7 @@ class World:
     def assign(self, node: str, epoch: int, replica_ids: list[str], partition: int = 0) -> None:
         record = {"node": node, "epoch": epoch, "issued_at_ms": 0, "replicas": [
             {"replica_id": rid, "model": "m", "version": "1.0.0", "gpu_indices": [0], "gpu_memory_mb": 1024,
-             "spec_json": json.dumps({"replica": rid})} for rid in replica_ids]}
+             "spec_json": spec_json(rid)} for rid in replica_ids]}
         self._append(node, encode("Assignment", record), partition)
 
     def tombstone(self, node: str, partition: int = 0) -> None:
@@ -76,27 +82,38 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    consumer = FakeConsumer(partitions={ASSIGNMENTS: 3})
-    producer = FakeProducer()
-    clients = fake_clients(consumer=consumer, producer=producer)
-    launcher, clock = FakeLauncher(exit_on_term=True), FakeClock()
-    config = AgentConfig(node=NODE, labels={"zone": "a"}, tier="tier-1", simulate_gpus="1xL4", heartbeat_s=HEARTBEAT_S,
-                         work_dir=tmp_path, loop_interval_s=0.01,
-                         policy=SupervisorPolicy(startup_timeout_s=60, liveness_timeout_s=60, drain_grace_s=5))
-    agent = Agent(config, SETTINGS, launcher=launcher, clock=clock, clients=clients.clients,
-                  inventory_probe=lambda: host_inventory(probe=lambda: parse_simulated_gpus("1xL4", node=NODE)))
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), name="agent-under-test", daemon=True)
-    thread.start()
-    w = World(agent, consumer, producer, clients, launcher, clock, stop, thread, {})
-    wait_until(agent.ready.is_set, message="agent registered")
-    try:
-        yield w
-    finally:
-        stop.set()
-        thread.join(10)
-        assert not thread.is_alive(), "the agent did not stop"
+def start_agent(tmp_path: Path) -> Iterator[Callable[..., World]]:
+    """``start_agent(consumer)``: an agent on its own thread over ``consumer`` (default: 3 empty partitions)."""
+    made: list[World] = []
+
+    def start(consumer: FakeConsumer | None = None, offsets: dict[int, int] | None = None) -> World:
+        consumer = consumer or FakeConsumer(partitions={ASSIGNMENTS: 3})
+        producer = FakeProducer()
+        clients = fake_clients(consumer=consumer, producer=producer)
+        launcher, clock = FakeLauncher(exit_on_term=True), FakeClock()
+        config = AgentConfig(node=NODE, labels={"zone": "a"}, tier="tier-1", simulate_gpus="1xL4",
+                             heartbeat_s=HEARTBEAT_S, work_dir=tmp_path, loop_interval_s=0.01,
+                             policy=SupervisorPolicy(startup_timeout_s=60, liveness_timeout_s=60, drain_grace_s=5))
+        agent = Agent(config, SETTINGS, launcher=launcher, clock=clock, clients=clients.clients,
+                      inventory_probe=lambda: host_inventory(probe=lambda: parse_simulated_gpus("1xL4", node=NODE)))
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), name="agent-under-test", daemon=True)
+        thread.start()
+        w = World(agent, consumer, producer, clients, launcher, clock, stop, thread, dict(offsets or {}))
+        made.append(w)
+        wait_until(agent.ready.is_set, message="agent registered")
+        return w
+
+    yield start
+    for w in made:
+        w.stop.set()
+        w.thread.join(10)
+        assert not w.thread.is_alive(), "the agent did not stop"
+
+
+@pytest.fixture
+def world(start_agent: Callable[..., World]) -> World:
+    return start_agent()
 
 
 def test_registers_once_then_reads_every_assignment_partition_from_the_beginning_without_a_group(world: World):
@@ -132,7 +149,7 @@ def test_follows_the_newest_assignment_of_its_node_only(world: World):
     assert world.launcher.started[0].signals == []  # a-0 is still desired: left alone
     # the worker got the assignment's spec and GPU
     spec_file = Path(world.launcher.started[1].spec.argv[world.launcher.started[1].spec.argv.index("--spec-file") + 1])
-    assert json.loads(spec_file.read_text()) == {"replica": "b-0"}
+    assert json.loads(spec_file.read_text()) == json.loads(spec_json("b-0"))
     assert world.launcher.started[1].spec.env["CUDA_VISIBLE_DEVICES"] == ""  # simulated GPUs: CUDA hidden
 
 
@@ -189,3 +206,40 @@ def test_stopping_drains_publishes_stopped_and_closes_the_clients(world: World):
     assert world.consumer.closed
     last_flush = world.producer.called("flush")[-1].seq
     assert all(c.seq < last_flush for c in world.producer.called("produce"))  # flushed after the last record
+
+
+def assignment(node: str, epoch: int, replica_ids: list[str]) -> bytes:
+    return encode("Assignment", {"node": node, "epoch": epoch, "issued_at_ms": 0, "replicas": [
+        {"replica_id": rid, "model": "m", "version": "1.0.0", "gpu_indices": [0], "gpu_memory_mb": 1024,
+         "spec_json": json.dumps({"replica": rid})} for rid in replica_ids]})
+
+
+def test_a_restarted_agent_acts_on_no_assignment_before_it_read_the_topic_to_its_end(start_agent):
+    """Issue 9, case 9: the compacted topic still holds an older record of this node; acting on it launched
+    replicas that the newer record, read moments later, drained again."""
+    consumer = FakeConsumer([FakeMessage(ASSIGNMENTS, 0, 0, NODE.encode(), assignment(NODE, 1, ["stale-0"]))],
+                            partitions={ASSIGNMENTS: 3})
+    consumer.set_watermarks(ASSIGNMENTS, 0, high=2)  # the newer record is in Kafka, not fetched yet
+    world = start_agent(consumer, offsets={0: 1})
+    world.settle()
+    assert world.launcher.started == [] and world.statuses() == []
+    assert world.records("heartbeats")  # it heartbeats meanwhile: alive, running nothing yet
+    assert world.agent.replaying
+
+    world.assign(NODE, 2, ["a-0"], partition=0)
+    wait_until(lambda: world.launcher.started, message="the newest assignment acted on")
+    world.settle()
+    assert not world.agent.replaying
+    assert [h.spec.name for h in world.launcher.started] == ["a-0"]  # stale-0 never ran
+    assert {rid for rid, _state in world.statuses()} == {"a-0"}
+
+
+def test_a_tombstone_read_during_the_replay_wins_over_the_record_before_it(start_agent):
+    consumer = FakeConsumer([FakeMessage(ASSIGNMENTS, 1, 0, NODE.encode(), assignment(NODE, 1, ["gone-0"])),
+                             FakeMessage(ASSIGNMENTS, 1, 1, NODE.encode(), None)], partitions={ASSIGNMENTS: 3})
+    world = start_agent(consumer, offsets={1: 2})
+    world.settle()
+    assert not world.agent.replaying and world.launcher.started == []
+    world.assign(NODE, 3, ["b-0"], partition=1)
+    wait_until(lambda: world.launcher.started, message="the next assignment acted on at once")
+    assert [h.spec.name for h in world.launcher.started] == ["b-0"]

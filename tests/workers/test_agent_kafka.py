@@ -185,3 +185,74 @@ def test_killing_the_agent_kills_its_workers(cluster: dict[str, Any]) -> None:
         if agent.poll() is None:
             agent.kill()
             agent.wait(10)
+
+
+def test_agent_refuses_an_assignment_whose_spec_names_arbitrary_code(cluster: dict[str, Any]) -> None:
+    """Written straight to the assignments topic (past the API and the control plane): the agent checks the
+    spec exactly as the API does, publishes FAILED with the reason, and never starts a process."""
+    settings, doc, tails = cluster["settings"], cluster["spec_doc"], cluster["tails"]
+    marker = cluster["work_dir"] / "pwned"
+    weights = cluster["work_dir"] / "w.safetensors"
+    weights.write_bytes(b"x")
+    evil = {**doc, "name": "evil", "backend": {**doc["backend"], "type": "torch", "callable": None, "format": "safetensors",
+                                             "artifact": str(weights), "module_class": "subprocess:Popen",
+                                             "module_kwargs": {"args": f"touch {marker}", "shell": True}}}
+    publish_assignment(settings, "n2", 1, [{**replica_assignment(evil), "replica_id": "evil-0", "model": "evil"}])
+    config = AgentConfig(node="n2", simulate_gpus="1xL4-24GB", heartbeat_s=0.5, work_dir=cluster["work_dir"])
+    agent, stop, thread = run_agent(config, settings)
+    status = tails["replica-status"]
+    try:
+        failed = wait_until(lambda: status.find(replica_id="evil-0", state="FAILED"), timeout=20,
+                            message=lambda: f"FAILED status; seen {status.values()}")[0]
+        assert "spec refused: spec.backend.moduleClass: module 'subprocess' is not in this node's allowed modules" \
+            in failed["reason"]
+        assert "spec.backend.artifact" in failed["reason"]  # the work dir is not a model root
+        assert [v["state"] for v in status.find(replica_id="evil-0")] == ["PENDING", "FAILED"]  # never STARTING
+        assert agent.supervisor.table.current("evil-0").handle is None
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not marker.exists()
+
+
+def test_a_restarted_agent_replays_the_assignments_to_their_end_before_it_launches_anything(cluster: dict[str, Any]) -> None:
+    """Issue 9, case 9: the compacted topic still holds an older record of the node; an agent that acted on each
+    batch as it came launched that stale replica and drained it again when the newer record arrived."""
+    from confluent_kafka import Producer
+
+    from sie.workers.gpu import host_inventory, parse_simulated_gpus
+    from tests.fakes.workers import FakeLauncher
+
+    settings = cluster["settings"]
+    topic = f"{settings.topic_prefix}.assignments"
+
+    def record(epoch: int, replica_id: str) -> bytes:
+        return encode("Assignment", {"node": "n9", "epoch": epoch, "issued_at_ms": 0, "replicas": [{
+            "replica_id": replica_id, "model": "m", "version": "1", "gpu_indices": [], "gpu_memory_mb": 0,
+            "spec_json": json.dumps(cluster["spec_doc"])}]})  # a spec the node's policy accepts
+
+    producer = Producer(settings.kafka_client_config(**{"acks": "all", "linger.ms": 20}))
+    producer.produce(topic, key=b"n9", value=record(1, "stale-0"), partition=0)
+    for i in range(1200):  # more than one consume() batch of other nodes' records between the two
+        producer.produce(topic, key=f"other-{i}".encode(), value=None, partition=0)
+    producer.produce(topic, key=b"n9", value=record(2, "current-0"), partition=0)
+    assert producer.flush(30) == 0
+
+    launcher = FakeLauncher()
+    agent = Agent(AgentConfig(node="n9", simulate_gpus="1xL4", heartbeat_s=0.5, work_dir=cluster["work_dir"]),
+                  settings, launcher=launcher,
+                  inventory_probe=lambda: host_inventory(probe=lambda: parse_simulated_gpus("1xL4", node="n9")))
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: launcher.started, timeout=30, message="a replica launched")
+        assert launcher.started[0].spec.name == "current-0"  # the first launch is already the newest record's
+        wait_until(lambda: "current-0" in [s["replica_id"] for s in cluster["tails"]["replica-status"].values()],
+                   timeout=10, message="current-0 reported")
+        assert [h.spec.name for h in launcher.started] == ["current-0"] and not agent.replaying
+        assert not cluster["tails"]["replica-status"].find(replica_id="stale-0")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()

@@ -374,3 +374,28 @@ def test_metrics_expose_gpus_and_replica_states(env: Any) -> None:
     assert 'sie_replica_state{model="fraud-scorer",node="n1",replica="fraud-scorer-0",state="STARTING"} 0.0' in text
     metrics.observe_replicas([])  # replica gone: its series disappear
     assert "fraud-scorer-0" not in metrics.render().decode()
+
+
+def test_a_spec_the_node_policy_refuses_fails_at_once_and_never_launches(tmp_path) -> None:
+    """The agent's command builder checks the spec exactly as the API does; a refusal is FAILED with the
+    reason, not a crash loop, and no process is ever started."""
+    import json
+
+    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec_policy import SpecPolicy
+    from sie.workers.agent.launch import WorkerCommandBuilder
+
+    good = parse_spec({"name": "ok", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"}})
+    evil_doc = good.to_document()
+    evil_doc["backend"]["callable"] = "os:system"
+    builder = WorkerCommandBuilder(tmp_path, base_env={}, spec_policy=SpecPolicy(("models.fraud",), (tmp_path,)))
+    clock, launcher = FakeClock(), FakeLauncher()
+    sup = Supervisor(launcher, builder, clock, SupervisorPolicy(immediate_first_restart=True))
+    sup.set_desired([DesiredReplica("evil-0", "evil", "1", json.dumps(evil_doc)),
+                     DesiredReplica("ok-0", "ok", "1", json.dumps(good.to_document()))])
+    changes = sup.update() + sup.update()
+    evil = [c for c in changes if c.replica_id == "evil-0"]
+    assert states(evil) == ["PENDING", "FAILED"]
+    assert evil[-1].reason.startswith("spec refused: spec.backend.callable: module 'os' is not in this node's allowed")
+    assert [h.spec.name for h in launcher.started] == ["ok-0"]  # the allowed one runs; the refused one never did
+    assert not (tmp_path / "evil-0").exists()  # not even its spec file was written

@@ -327,7 +327,7 @@ def user_module(tmp_path: Path):
 
 def test_python_backend_wrong_length_is_inference_error(user_module) -> None:
     name, where = user_module
-    backend = create_backend(python_config(f"{name}:short", search_paths=(where,)))
+    backend = create_backend(python_config(f"{name}:short", search_paths=(where,), allowed_modules=(name,)))
     assert str(where) not in sys.path
     with pytest.raises(BackendError, match="warm-up"):
         backend.load()  # the warm-up already sees 0 outputs for 1 input
@@ -338,7 +338,7 @@ def test_python_backend_wrong_length_is_inference_error(user_module) -> None:
 
 def test_python_backend_exception_is_inference_error(user_module) -> None:
     name, where = user_module
-    backend = create_backend(python_config(f"{name}:fails", search_paths=(where,)))
+    backend = create_backend(python_config(f"{name}:fails", search_paths=(where,), allowed_modules=(name,)))
     with pytest.raises(BackendError, match="feature store down"):
         backend.load()
     with pytest.raises(InferenceError, match=rf"{name}:fails raised ValueError: feature store down"):
@@ -348,10 +348,35 @@ def test_python_backend_exception_is_inference_error(user_module) -> None:
 def test_python_backend_checks_output_fields_and_import_errors(user_module) -> None:
     name, where = user_module
     with pytest.raises(BackendError, match=r"returned no \['reason'\]"):
-        loaded(python_config(f"{name}:no_reason", search_paths=(where,)))
+        loaded(python_config(f"{name}:no_reason", search_paths=(where,), allowed_modules=(name,)))
     with pytest.raises(BackendError, match="'package.module:name'"):
         loaded(python_config("models.fraud.rules.score"))
     with pytest.raises(BackendError, match="has no attribute 'nope'"):
         loaded(python_config("models.fraud.rules:nope"))
     with pytest.raises(BackendError, match="cannot import module 'no_such_pkg_sie.x'"):
-        loaded(python_config("no_such_pkg_sie.x:score"))
+        loaded(python_config("no_such_pkg_sie.x:score", allowed_modules=("no_such_pkg_sie",)))
+
+
+@pytest.fixture
+def sneaky_module(tmp_path: Path):
+    """An allowed module that imports the standard library: its re-exports must still be refused."""
+    name = f"sneaky_{uuid.uuid4().hex}"
+    marker = tmp_path / "pwned"
+    (tmp_path / f"{name}.py").write_text("import os\nfrom subprocess import Popen\n")
+    yield name, tmp_path, marker
+    sys.modules.pop(name, None)
+
+
+def test_code_outside_the_allow_list_is_never_imported_or_called(sneaky_module) -> None:
+    name, where, marker = sneaky_module
+    kwargs = {"args": f"touch {marker}", "shell": True}
+    with pytest.raises(BackendError, match="module 'subprocess' is not in this node's allowed modules"):
+        loaded(fraud_config("fraud_scorer.safetensors", module_class="subprocess:Popen", module_kwargs=kwargs))
+    for ref, why in ((f"{name}:Popen", "is defined in 'subprocess'"), (f"{name}:os.system", "steps into module 'os'"),
+                     (f"{name}:__builtins__", "__dunder__")):
+        with pytest.raises(BackendError, match=why):
+            loaded(fraud_config("fraud_scorer.safetensors", module_class=ref, module_kwargs=kwargs,
+                                search_paths=(where,), allowed_modules=(name,)))
+        with pytest.raises(BackendError, match=why):
+            loaded(python_config(ref, search_paths=(where,), allowed_modules=(name,)))
+    assert not marker.exists()

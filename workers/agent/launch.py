@@ -11,12 +11,61 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
-from sie.workers.process import LaunchSpec
+from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
+
+
+class MetricsPorts:
+    """Which /metrics port each worker of this agent binds (``sie agent --worker-metrics-ports``).
+
+    ``"0"`` (default): any free port; the worker reports the one it bound (``ready`` status line) and
+    the agent advertises it.  ``"9500-9599"``: a port of that range (a firewall can open exactly it),
+    never the same for two live replicas; a replica keeps its port across restarts.  ``"off"``: none.
+    """
+
+    def __init__(self, spec: str = "0") -> None:
+        text = spec.strip().lower()
+        self.enabled = text != "off"
+        self.range: tuple[int, int] | None = None
+        if text in ("0", "off"):
+            return
+        low, sep, high = text.partition("-")
+        try:
+            first, last = int(low), int(high if sep else low)
+        except ValueError:
+            raise ConfigError(f"--worker-metrics-ports: expected 0, off or a range such as 9500-9599 (got {spec!r})") from None
+        if not 1024 <= first <= last <= 65535:
+            raise ConfigError(f"--worker-metrics-ports: the range must lie within 1024-65535 (got {spec!r})")
+        self.range = (first, last)
+        self._held: dict[str, int] = {}
+
+    def port_for(self, replica_id: str, live: Iterable[str]) -> int | None:
+        """The port to pass to the worker of ``replica_id`` (None: no metrics server); ``live``: the
+        replica ids whose workers still run (their ports stay taken)."""
+        if not self.enabled:
+            return None
+        if self.range is None:
+            return 0
+        alive = set(live) | {replica_id}
+        self._held = {rid: port for rid, port in self._held.items() if rid in alive}
+        if replica_id in self._held:
+            return self._held[replica_id]
+        taken = set(self._held.values())
+        first, last = self.range
+        for port in range(first, last + 1):
+            if port not in taken:
+                self._held[replica_id] = port
+                return port
+        # not LaunchRefused (that is FAILED for good): a port frees up when a replica stops, so this is a
+        # crash the supervisor retries with backoff
+        raise ConfigError(f"--worker-metrics-ports {first}-{last}: every port is taken by a live replica; "
+                          "widen the range")
 
 
 class WorkerCommandBuilder:
@@ -30,29 +79,53 @@ class WorkerCommandBuilder:
         progress_interval_s: float = 1.0,
         real_gpus: bool = True,
         settings: Settings | None = None,
+        spec_policy: Any = None,
+        metrics_ports: MetricsPorts | None = None,
+        live_replicas: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
-        # same cluster, with the same topic prefix and security settings, as the agent that runs them.
-        self.base_env = {**(os.environ if base_env is None else base_env), **(settings.to_env() if settings else {})}
+        # same cluster, with the same topic prefix and security settings, as the agent that runs them
+        # (with the workers' own Kafka principal when SIE_WORKER_SASL_USERNAME is set).
+        worker_env = settings.worker_settings().to_env() if settings else {}
+        self.base_env = {**(os.environ if base_env is None else base_env), **worker_env}
+        #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
+        self.spec_policy = spec_policy
         self.python = python
         self.progress_interval_s = progress_interval_s
         #: False with simulated GPUs: the indices name GPUs that do not exist, so hide CUDA entirely
         self.real_gpus = real_gpus
+        self.metrics_ports = metrics_ports or MetricsPorts()
+        self._live_replicas = live_replicas
+
+    def _check(self, desired: DesiredReplica, spec_doc: Any) -> None:
+        """The node's spec policy, exactly as the API applies it; a refusal names the field."""
+        from sie.schemas.spec_models import ModelService
+
+        try:
+            spec = ModelService.from_document(spec_doc)
+        except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
+            raise LaunchRefused(f"spec refused: not a ModelService document: {str(exc).splitlines()[0]}") from None
+        problems = self.spec_policy.check(spec)
+        if problems:
+            raise LaunchRefused("spec refused: " + "; ".join(problems))
 
     def replica_dir(self, replica_id: str) -> Path:
         return self.work_dir / replica_id
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
+        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
+        if self.spec_policy is not None:
+            self._check(desired, spec_doc)  # before anything of the replica touches the disk
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         spec_file = directory / f"spec-{desired.target_hash}.json"
-        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
         spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
         env = dict(self.base_env)
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in desired.gpu_indices) if self.real_gpus else ""
         env["SIE_REPLICA_ID"] = desired.replica_id
+        port = self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
         return LaunchSpec(
             name=desired.replica_id,
             argv=(
@@ -62,6 +135,7 @@ class WorkerCommandBuilder:
                 "--progress-interval", str(self.progress_interval_s),
                 "--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
                 "--gpu-memory-mb", str(desired.gpu_memory_mb),
+                *(("--metrics-port", str(port)) if port is not None else ()),
             ),
             env=env,
             log_path=directory / "worker.log",

@@ -6,7 +6,11 @@ workers: PR_SET_PDEATHSIG fires when the spawning thread exits):
     1. consume ``assignments`` (all partitions, from the beginning), keep the
        latest record whose key is this node and whose epoch is not older than
        the newest seen; hand its full replica set to the supervisor
-       (level-triggered: a duplicate or replay changes nothing);
+       (level-triggered: a duplicate or replay changes nothing).  Nothing is
+       handed over before the topic was read to the end it had when the agent
+       started (REPLAY): the compacted topic may still hold older records of this
+       node, and acting on one would launch replicas that the newer record,
+       moments later, drains again (a restart storm at every agent restart);
     2. ``supervisor.update()``: each replica moves one step; every state change
        is published on ``replica-status`` (key = replica id);
     3. every ``heartbeat_s``: a Heartbeat (GPU metrics + a ReplicaReport per
@@ -24,6 +28,7 @@ agent starts them afresh from the assignment.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,8 +38,9 @@ from typing import Any
 
 from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
+from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
-from sie.workers.agent.launch import WorkerCommandBuilder
+from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
 from sie.workers.metrics import AgentMetrics
 from sie.workers.process import ProcessLauncher, SubprocessLauncher
 from sie.workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
@@ -52,6 +58,8 @@ class AgentConfig:
     simulate_gpus: str | None = None
     heartbeat_s: float = 2.0
     metrics_port: int | None = None
+    #: the workers' /metrics ports: "0" any free one (reported by the worker), "A-B" a range, "off"
+    worker_metrics_ports: str = "0"
     #: None: ``<settings.cache_dir>/agent``
     work_dir: Path | None = None
     policy: SupervisorPolicy = field(default_factory=SupervisorPolicy)
@@ -98,7 +106,12 @@ class Agent:
             progress_interval_s=config.worker_progress_interval_s,
             real_gpus=not config.simulate_gpus,
             settings=settings,
+            spec_policy=SpecPolicy.from_settings(settings),
+            metrics_ports=MetricsPorts(config.worker_metrics_ports),
+            live_replicas=lambda: [r.replica_id for r in self.supervisor.table.all() if r.state.has_process],
         )
+        #: where Prometheus reaches this node's /metrics endpoints (the control plane's service discovery)
+        self.advertise_host = settings.advertise_host or socket.gethostname()
         self.supervisor = Supervisor(launcher or SubprocessLauncher(), self.commands, self._clock, config.policy)
         self.metrics = AgentMetrics(config.node)
         self.metrics_port: int | None = None
@@ -108,6 +121,13 @@ class Agent:
         self._producer: Any = None
         self._consumer: Any = None
         self._epoch = -1
+        #: partition -> end offset still to reach before acting on assignments (empty: replay done)
+        self._replay_left: dict[int, int] = {}
+        self._replaying = True
+        self._replay_started = 0.0
+        self._replay_logged = 0.0
+        #: the newest record for this node not handed to the supervisor yet: ("assign", record) / ("tombstone", None)
+        self._unapplied: tuple[str, dict[str, Any] | None] | None = None
         self._seq = 0
         self._next_heartbeat = 0.0
         self._started_at_ms = _now_ms()
@@ -155,9 +175,10 @@ class Agent:
         self._producer = self._clients.producer(idempotent_producer_config(self.settings, names.agent_client_id(node)))
         # No consumer group: every agent reads the whole (compacted) topic itself and filters by key,
         # so there is no rebalance and no committed offset to lose; a restart re-reads the latest state.
-        # only committed assignments (the leader publishes transactionally); the group is never joined
+        # only committed assignments (the leader publishes transactionally); the group is never joined.
+        # End-of-partition events mark the end of the replay even when the log ends on transaction markers.
         self._consumer = self._clients.consumer(state_reader_config(
-            self.settings, names.agent_group(node), names.agent_client_id(node, "assignments"), partition_eof=False))
+            self.settings, names.agent_group(node), names.agent_client_id(node, "assignments"), partition_eof=True))
         topic = self._topics["assignments"]
         metadata = self._consumer.list_topics(topic, timeout=10)
         info = metadata.topics.get(topic)
@@ -169,7 +190,16 @@ class Agent:
             )
         from confluent_kafka import OFFSET_BEGINNING
 
-        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(info.partitions)])
+        partitions = sorted(info.partitions)
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        # the replay's end: what the topic holds now (read_committed: the last stable offset)
+        self._replay_left = {}
+        for p in partitions:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                self._replay_left[p] = high
+        self._replaying = True
+        self._replay_started = self._replay_logged = self._clock.monotonic()
 
     def _close(self) -> None:
         if self._consumer is not None:
@@ -197,20 +227,32 @@ class Agent:
             ", simulated" if cfg.simulate_gpus else "",
         )
 
+    @property
+    def replaying(self) -> bool:
+        """True until the assignments topic was read to the end it had at start (nothing acted on yet)."""
+        return self._replaying
+
     def _poll_assignments(self) -> None:
+        from confluent_kafka import KafkaError
+
         from sie.schemas.avro_codec import decode
 
         node = self.config.node.encode()
-        latest: dict[str, Any] | None = None
-        tombstone = False
         for msg in self._consumer.consume(num_messages=500, timeout=self.config.loop_interval_s):
-            if msg.error() is not None:
-                log.warning("agent %s: assignments consumer: %s", self.config.node, msg.error())
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._replay_left.pop(msg.partition(), None)
+                else:
+                    log.warning("agent %s: assignments consumer: %s", self.config.node, error)
                 continue
+            left = self._replay_left.get(msg.partition())
+            if left is not None and msg.offset() + 1 >= left:
+                del self._replay_left[msg.partition()]
             if msg.key() != node:
                 continue
             if msg.value() is None:  # tombstone: the control plane forgot this node
-                latest, tombstone = None, True
+                self._unapplied = ("tombstone", None)
                 continue
             try:
                 record = decode(msg.value())
@@ -223,14 +265,42 @@ class Agent:
                 log.warning("agent %s: ignoring assignment of old leader epoch %d (< %d)", self.config.node, epoch, self._epoch)
                 continue
             self._epoch = epoch
-            latest, tombstone = record, False
+            self._unapplied = ("assign", record)
+        if self._replaying and not self._replay_done():
+            return
+        unapplied, self._unapplied = self._unapplied, None
+        if unapplied is None:
+            return
+        kind, latest = unapplied
         if latest is not None:
             desired = messages.desired_from_assignment(latest)
             log.info("agent %s: assignment epoch %d: %s", self.config.node, self._epoch, [d.replica_id for d in desired])
             self.supervisor.set_desired(desired)
             self.metrics.assignments.labels(self.config.node).inc()
-        elif tombstone:
+        else:
             self.supervisor.set_desired([])
+
+    def _replay_done(self) -> bool:
+        """Every partition read to the end it had at start (by position, or an end-of-partition event)?"""
+        from confluent_kafka import TopicPartition
+
+        topic = self._topics["assignments"]
+        if self._replay_left:
+            positions = self._consumer.position([TopicPartition(topic, p) for p in sorted(self._replay_left)])
+            for tp in positions:
+                if tp.offset >= self._replay_left[tp.partition]:
+                    del self._replay_left[tp.partition]
+        if self._replay_left:
+            now = self._clock.monotonic()
+            if now - self._replay_logged >= 10.0:
+                self._replay_logged = now
+                log.warning("agent %s: still replaying %s (partition: end) after %.0fs; acting on no assignment yet",
+                            self.config.node, dict(self._replay_left), now - self._replay_started)
+            return False
+        self._replaying = False
+        log.info("agent %s: assignments replayed to their end in %.1fs; following them now",
+                 self.config.node, self._clock.monotonic() - self._replay_started)
+        return True
 
     def _supervise(self) -> None:
         start = time.perf_counter()
@@ -248,7 +318,8 @@ class Agent:
         snapshots = self.supervisor.snapshots()
         gpus = self._gpu_metrics(snapshots)
         self._seq += 1
-        record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots)
+        record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
+                                    self.advertise_host, self.metrics_port)
         self._produce("heartbeats", self.config.node, "Heartbeat", record)
         self.metrics.heartbeats.labels(self.config.node).inc()
         self.metrics.observe_gpus(gpus)

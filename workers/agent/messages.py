@@ -40,7 +40,14 @@ def node_registration(
     }
 
 
-def replica_report(snapshot: ReplicaSnapshot) -> dict[str, Any]:
+def address(host: str | None, port: int | None) -> str | None:
+    """``host:port`` of a /metrics endpoint (IPv6 literals bracketed); None without a host or a port."""
+    if not host or not port:
+        return None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def replica_report(snapshot: ReplicaSnapshot, host: str | None = None) -> dict[str, Any]:
     return {
         "replica_id": snapshot.replica_id,
         "model": snapshot.model,
@@ -49,16 +56,22 @@ def replica_report(snapshot: ReplicaSnapshot) -> dict[str, Any]:
         "pid": snapshot.pid,
         "restarts": snapshot.restarts,
         "reason": snapshot.reason or None,
+        "metrics_address": address(host, snapshot.metrics_port),
+        "lag": snapshot.lag,
+        "p99_ms": snapshot.p99_ms,
     }
 
 
-def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot]) -> dict[str, Any]:
+def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot],
+              host: str | None = None, metrics_port: int | None = None) -> dict[str, Any]:
+    """``host``: where Prometheus reaches this node; ``metrics_port``: the agent's own /metrics."""
     return {
         "node": node,
         "ts_ms": ts_ms,
         "seq": seq,
         "gpus": [gpu_record(g) for g in gpus],
-        "replicas": [replica_report(s) for s in snapshots],
+        "replicas": [replica_report(s, host) for s in snapshots],
+        "metrics_address": address(host, metrics_port),
     }
 
 

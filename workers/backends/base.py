@@ -23,6 +23,8 @@ from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from sie.kernel.errors import SieError
+from sie.kernel.settings import DEFAULT_ALLOWED_MODULES
+from sie.schemas.spec_policy import module_allowed
 
 
 class BackendError(SieError):
@@ -52,6 +54,8 @@ class BackendConfig:
     ``input_fields``/``output_fields`` keep the schema ORDER: the torch backend maps them to tensor columns.
     ``search_paths`` are directories tried (temporarily) on ``sys.path`` when importing ``module_class`` or
     ``callable``: the spec file's directory and its ancestors, so a model package next to the spec imports.
+    ``allowed_modules``: the module prefixes ``module_class``/``callable`` may come from (the node's
+    ``SIE_ALLOWED_MODULES``); nothing outside them is imported, whatever built this config.
     """
 
     type: str
@@ -68,6 +72,7 @@ class BackendConfig:
     example_input: Mapping[str, Any] | None = None
     model_id: str = "<model>"
     search_paths: tuple[Path, ...] = ()
+    allowed_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES
 
     def __post_init__(self) -> None:
         # Freeze the mappings too: a config shared by two backend instances must not be mutated by either.
@@ -150,9 +155,12 @@ def _spec_dir(spec: Any) -> Path | None:
     return None
 
 
-def backend_config_from_spec(spec: Any) -> BackendConfig:
+def backend_config_from_spec(spec: Any, policy: Any = None) -> BackendConfig:
     """Project a ``sie.schemas.spec.ModelService`` onto a ``BackendConfig``.
 
+    ``policy`` (a ``sie.schemas.spec_policy.SpecPolicy``): the node's allowed modules, and the import
+    folders derived from the spec's ``source`` kept only inside its model roots (a spec read from
+    Kafka chooses its own ``source``). Without one, the defaults: the demo's modules only.
     Tolerant (``getattr`` with defaults) so it accepts any spec-shaped object, e.g. a test double.
     """
     backend = spec.backend
@@ -161,6 +169,8 @@ def backend_config_from_spec(spec: Any) -> BackendConfig:
     if spec_dir is not None:
         spec_dir = spec_dir.resolve()
         search_paths = [spec_dir, *spec_dir.parents]
+    if policy is not None:
+        search_paths = list(policy.search_paths(search_paths))
     example = getattr(spec, "example_input", None)
     model_id = getattr(spec, "model_id", None) or getattr(spec, "name", None) or "<model>"
     return BackendConfig(
@@ -178,22 +188,36 @@ def backend_config_from_spec(spec: Any) -> BackendConfig:
         example_input=dict(example) if example is not None else None,
         model_id=str(model_id),
         search_paths=tuple(search_paths),
+        allowed_modules=tuple(policy.allowed_modules) if policy is not None else DEFAULT_ALLOWED_MODULES,
     )
 
 
 # --- shared helper: "package.module:attr" imports -------------------------------------------------------------
 
 
-def import_object(ref: str, search_paths: Iterable[Path] = (), what: str = "spec.backend.callable") -> Any:
-    """Import ``package.module:attr``.
+def import_object(ref: str, search_paths: Iterable[Path] = (), what: str = "spec.backend.callable",
+                  allowed_modules: Iterable[str] = DEFAULT_ALLOWED_MODULES) -> Any:
+    """Import ``package.module:attr``, only from ``allowed_modules`` (the last line of defence: the spec
+    policy already refused anything else wherever the spec was read).
 
+    Refused before anything is imported: a module outside the allow-list, a ``__dunder`` attribute.
+    Refused after: an attribute path that steps through a module outside the allow-list, or an object
+    defined outside it (``allowed.mod:Popen`` where ``allowed.mod`` did ``from subprocess import Popen``).
     Only the first directory in ``search_paths`` that actually contains the top-level package (``pkg/`` or
     ``pkg.py``) is put on ``sys.path``, and only for the duration of the import: model code next to a spec
     imports without the spec's whole directory tree shadowing installed packages afterwards.
     """
+    import types
+
+    allowed = tuple(allowed_modules)
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise BackendError(f"{what}: {ref!r} is not of the form 'package.module:name' (e.g. 'models.fraud.rules:score')")
+    if any(part.startswith("__") for part in attr.split(".")):
+        raise BackendError(f"{what}: {ref!r} reaches a __dunder__ attribute; name a class or function of the module")
+    if not module_allowed(module_name, allowed):
+        raise BackendError(f"{what}: module {module_name!r} is not in this node's allowed modules "
+                           f"({', '.join(allowed) or 'none'}); set SIE_ALLOWED_MODULES to allow your model package")
     top = module_name.split(".")[0]
     extra: str | None = None
     for directory in search_paths:
@@ -220,6 +244,12 @@ def import_object(ref: str, search_paths: Iterable[Path] = (), what: str = "spec
         obj = module
         for part in attr.split("."):
             obj = getattr(obj, part)
+            if isinstance(obj, types.ModuleType) and not module_allowed(obj.__name__, allowed):
+                raise BackendError(f"{what}: {ref!r} steps into module {obj.__name__!r}, outside the allowed modules")
     except AttributeError as exc:
         raise BackendError(f"{what}: module {module_name!r} has no attribute {attr!r}; check the name after ':'") from exc
+    defined_in = getattr(obj, "__module__", None)
+    if isinstance(obj, types.ModuleType) or not isinstance(defined_in, str) or not module_allowed(defined_in, allowed):
+        raise BackendError(f"{what}: {ref!r} is defined in {defined_in or 'an unknown module'!r}, outside the allowed "
+                           f"modules ({', '.join(allowed) or 'none'}); name code of your model package itself")
     return obj

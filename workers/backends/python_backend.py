@@ -27,7 +27,8 @@ class PythonBackend:
                 f"{cfg.model_id}: spec.backend.callable is required for a python backend "
                 f"(e.g. 'models.fraud.rules:score')"
             )
-        fn = import_object(cfg.callable, cfg.search_paths, what="spec.backend.callable")
+        fn = import_object(cfg.callable, cfg.search_paths, what="spec.backend.callable",
+                           allowed_modules=cfg.allowed_modules)
         if not callable(fn):
             raise BackendError(f"{cfg.model_id}: spec.backend.callable {cfg.callable} is not callable")
         self._fn = fn

@@ -171,7 +171,8 @@ def _load_safetensors(path: Path, device: str, config: BackendConfig) -> torch.n
             f"spec.backend.module_class: required with a safetensors artifact ({path.name}); e.g. "
             f"'models.fraud.model:FraudMLP'"
         )
-    cls = import_object(config.module_class, config.search_paths, what="spec.backend.module_class")
+    cls = import_object(config.module_class, config.search_paths, what="spec.backend.module_class",
+                        allowed_modules=config.allowed_modules)
     try:
         module = cls(**dict(config.module_kwargs))
     except Exception as exc:
@@ -270,13 +271,20 @@ class TorchBackend:
                     )
 
     def _warm_up(self, path: Path) -> None:
-        """Two identical rows: the first real forward pass, and the check that output shape fits the schema."""
+        """Two identical rows, then one: the first real forward passes, the check that the output shape fits
+        the schema, and that the batch dimension is not fixed (a .pt2 exported without a dynamic one)."""
         row = self.config.warmup_input()
-        try:
-            out = self._forward([row, row])
-        except InferenceError as exc:
-            raise BackendError(f"{self.config.model_id}: warm-up inference on {path.name} failed: {exc}") from exc
-        self._columns(out, 2, on_error=BackendError)
+        for batch in (2, 1):
+            try:
+                out = self._forward([row] * batch)
+            except InferenceError as exc:
+                hint = ""
+                if self.format == "export":  # the usual cause: a fixed batch size (Guard failed: x.size()[0] == 1)
+                    hint = ("; a .pt2 must be exported with a dynamic batch dimension: torch.export.export(model, "
+                            "(x,), dynamic_shapes={'x': {0: torch.export.Dim('batch')}}) (docs/backends.md)")
+                raise BackendError(
+                    f"{self.config.model_id}: warm-up inference on {path.name} failed: {exc}{hint}") from exc
+            self._columns(out, batch, on_error=BackendError)
 
     def close(self) -> None:
         module, self._module = self._module, None

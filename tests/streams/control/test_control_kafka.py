@@ -26,7 +26,15 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.controller import ControlConfig
 from sie.streams.control.service import ControlService
-from tests.helpers import REPO_ROOT, leader_takeover_bound_s, wait_until
+from tests.helpers import (
+    OPERATOR_TOKEN,
+    REPO_ROOT,
+    VIEWER_TOKEN,
+    consume_all,
+    leader_takeover_bound_s,
+    wait_until,
+    with_api_tokens,
+)
 
 pytestmark = pytest.mark.kafka
 REPO = REPO_ROOT
@@ -35,7 +43,7 @@ REPO = REPO_ROOT
 @pytest.fixture()
 def settings(kafka_settings):
     prefix = f"ctl{uuid.uuid4().hex[:8]}"
-    s = kafka_settings.with_overrides(topic_prefix=prefix)
+    s = with_api_tokens(kafka_settings.with_overrides(topic_prefix=prefix))
     ensure_topics(s, system_topics(prefix))
     return s
 
@@ -52,10 +60,13 @@ def _gpu(index: int, total: int = 16384) -> dict:
 
 
 class FakeAgent:
-    """Registers a node and heartbeats every 0.5 s from a thread (Kafka-level stand-in for an agent)."""
+    """Registers a node and heartbeats every 0.5 s from a thread (Kafka-level stand-in for an agent).
 
-    def __init__(self, settings, node: str, tier: str | None = None, gpus: int = 2) -> None:
-        self.settings, self.node, self.tier = settings, node, tier
+    ``skew_s``: how far the agent's clock is off (its heartbeats' ``ts_ms`` and the records' own timestamps)."""
+
+    def __init__(self, settings, node: str, tier: str | None = None, gpus: int = 2, skew_s: float = 0.0) -> None:
+        self.settings, self.node, self.tier, self.skew_s = settings, node, tier, skew_s
+        self.seq = 0
         self.gpus = [_gpu(i) for i in range(gpus)]
         self._stop = threading.Event()
         self._producer = _producer(settings)
@@ -71,11 +82,11 @@ class FakeAgent:
         return self
 
     def _run(self) -> None:
-        seq = 0
         while not self._stop.is_set():
-            seq += 1
+            self.seq += 1
+            now_ms = int((time.time() + self.skew_s) * 1000)
             self._producer.produce(f"{self.settings.topic_prefix}.heartbeats", key=self.node.encode(), value=encode("Heartbeat", {
-                "node": self.node, "ts_ms": int(time.time() * 1000), "seq": seq, "gpus": self.gpus, "replicas": []}))
+                "node": self.node, "ts_ms": now_ms, "seq": self.seq, "gpus": self.gpus, "replicas": []}), timestamp=now_ms)
             self._producer.flush(5)
             self._stop.wait(0.5)
 
@@ -95,22 +106,25 @@ class AssignmentReader:
             "enable.auto.commit": False, "isolation.level": "read_committed"}))
         self.consumer.subscribe([f"{settings.topic_prefix}.assignments"])
         self.latest: dict[str, dict] = {}
+        self.history: list[dict] = []  # every Assignment read, in order
 
     def poll(self) -> dict[str, dict]:
         for msg in self.consumer.consume(100, 0.3):
             if msg.error() is None and msg.value() is not None:
                 self.latest[msg.key().decode()] = decode(msg.value())
+                self.history.append(self.latest[msg.key().decode()])
         return self.latest
 
     def close(self) -> None:
         self.consumer.close()
 
 
-def _http(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+def _http(port: int, method: str, path: str, body: Any = None, token: str | None = OPERATOR_TOKEN) -> tuple[int, Any]:
     data = None
     if body is not None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             raw = resp.read()
@@ -173,11 +187,60 @@ def test_http_api_and_assignments(settings):
         wait_until(lambda: reader.poll()["node-1"]["replicas"] == [], 20, message="node-1 emptied after delete")
         metrics = _http(port, "GET", "/metrics")[1]
         assert "sie_control_leader 1.0" in metrics and "sie_control_reconcile_seconds" in metrics
+
+        # every write is an audit event on the events topic: who, what, outcome, when
+        assert _http(port, "DELETE", "/v1/models/huge", token=VIEWER_TOKEN)[0] == 403
+        audits = [decode(r.value) for r in consume_all(settings, f"{settings.topic_prefix}.events", timeout=20)
+                  if decode(r.value)["kind"] == "audit"]
+        details = [a["detail"] for a in audits]
+        assert any(d.startswith("operator (operator) apply scorer: accepted version 1.0.0; from 127.0.0.1:") for d in details)
+        assert any(d.startswith("operator (operator) apply -: refused 422") for d in details)
+        assert any(d.startswith("operator (operator) delete scorer: accepted") for d in details)
+        assert any(d.startswith("viewer (viewer) DELETE /v1/models/huge huge: forbidden") for d in details)
+        assert all(a["ts_ms"] > 0 for a in audits)
     finally:
         reader.close()
         svc.stop()
         agent.stop()
         agent0.stop()
+
+
+def test_a_spec_written_to_the_topic_directly_is_refused_and_never_placed(settings, tmp_path):
+    """Whoever can write the specs topic cannot get past the spec policy: the control plane refuses the spec
+    with the API's reasons (model phase Invalid) and places nothing."""
+    import json as _json
+
+    from sie.schemas.spec import parse_spec
+
+    agent = FakeAgent(settings, "node-1").start()
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"x")
+    doc = parse_spec({"name": "evil", "version": "1", "backend": {
+        "type": "torch", "artifact": str(weights), "format": "safetensors",
+        "moduleClass": "models.fraud.model:FraudMLP"}}, topic_prefix=settings.topic_prefix).to_document()
+    doc["backend"]["module_class"] = "subprocess:Popen"
+    doc["backend"]["module_kwargs"] = {"args": f"touch {tmp_path / 'pwned'}", "shell": True}
+    producer = _producer(settings)
+    producer.produce(f"{settings.topic_prefix}.specs", key=b"evil", value=encode("ModelSpecRecord", {
+        "name": "evil", "version": "1", "spec_json": _json.dumps(doc), "applied_at_ms": int(time.time() * 1000),
+        "deleted": False}))
+    assert producer.flush(10) == 0
+    svc = ControlService(settings, ControlConfig(reconcile_interval_s=0.3), instance_id="solo", http_port=0).start()
+    reader = AssignmentReader(settings)
+    try:
+        port = svc.http_port
+        model = wait_until(lambda: (m := _http(port, "GET", "/v1/models/evil")[1]).get("phase") == "Invalid" and m, 30,
+                           message="the spec refused")
+        assert model["reason"].startswith("spec refused: spec.backend.moduleClass: module 'subprocess'")
+        wait_until(lambda: _http(port, "GET", "/healthz")[1]["role"] == "leader", 30, message="leading")
+        wait_until(lambda: svc.controller.last_report is not None, 10, message="a reconcile pass")
+        assert all(not a["replicas"] for a in reader.poll().values())
+        assert _http(port, "GET", "/v1/replicas")[1]["replicas"] == []
+    finally:
+        reader.close()
+        svc.stop()
+        agent.stop()
+    assert not (tmp_path / "pwned").exists()
 
 
 def _free_port() -> int:
@@ -187,7 +250,8 @@ def _free_port() -> int:
 
 
 def _spawn(settings, instance: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": settings.topic_prefix}
+    env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": settings.topic_prefix,
+           "SIE_API_TOKENS": json.dumps([e.model_dump() for e in settings.api_tokens])}
     return subprocess.Popen(
         [sys.executable, "-m", "sie", "control", "--http-port", str(port), "--http-host", "127.0.0.1",
          "--instance", instance, "--no-ensure-topics"],

@@ -329,3 +329,231 @@ def test_config_file_reads_the_article_config(tmp_path):
 
     with pytest.raises(ConfigError, match="scheduling.strategy"):
         ControlConfig.from_yaml(path)
+
+
+# -- acting only on a view known to be current ---------------------------------------------------------
+
+
+class View:
+    """The controller's ``StateView`` (the state feeder in production), set by the test."""
+
+    def __init__(self, caught_up_at: float = float("-inf")) -> None:
+        self.caught_up_at: float | None = caught_up_at
+        self.stale: str | None = None
+        self.lag: str | None = None
+
+    def stale_reason(self) -> str | None:
+        return self.stale
+
+    def lag_reason(self) -> str | None:
+        return self.lag
+
+
+def replayed(state: ClusterState, node: str, at: float) -> None:
+    """A heartbeat read while replaying history: proof of life at its broker time ``at``, not "seen now"."""
+    state.apply_heartbeat({"node": node, "ts_ms": int(at * 1000), "seq": 1, "gpus": [gpu(0), gpu(1)], "replicas": []},
+                          seen_at=None, replayed_at=at)
+
+
+def assignment_of(state: ClusterState, node: str, replica_id: str) -> dict:
+    """The Assignment record a leader published earlier: ``replica_id`` of alpha on GPU 0 of ``node``."""
+    spec = state.snapshot().specs["alpha"]
+    return {"node": node, "epoch": 2, "issued_at_ms": 0, "replicas": [
+        {"replica_id": replica_id, "model": "alpha", "version": spec.version, "gpu_indices": [0],
+         "gpu_memory_mb": 4096, "spec_json": json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":"))}]}
+
+
+def beat(state: ClusterState, clock: FakeClock, *nodes: str) -> None:
+    for node in nodes:
+        heartbeat(state, node, clock(), [gpu(0), gpu(1)])
+
+
+def place_alpha(clock: FakeClock, state: ClusterState, pub: FakePublisher, ctl: Controller, replicas: int) -> dict[str, set[str]]:
+    state.apply_spec("alpha", spec_record("alpha", 4096, replicas=replicas))
+    assert not ctl.reconcile(clock()).errors
+    return assigned(pub)
+
+
+def test_a_stale_view_is_not_acted_on_and_the_reason_is_reported(world):
+    clock, state, pub, _, ctl = world
+    ctl.view = view = View()
+    view.stale = "state reader died (KafkaException: ...); restart 1 pending"
+    state.apply_spec("alpha", spec_record("alpha"))
+    rep = ctl.reconcile(clock())
+    assert rep.skipped == view.stale and rep.published == () and pub.batches == []
+    assert ctl.health()["reconcile"] == {"ok": False, "detail": f"not acting: {view.stale}"}
+    view.stale = None
+    assert "alpha-0" in set().union(*assigned(ctl.reconcile(clock()) and pub).values())
+    assert ctl.health()["reconcile"]["ok"]
+
+
+def test_after_catching_up_liveness_is_judged_only_once_each_replayed_node_spoke_live_or_a_timeout_passed():
+    clock, state, pub = FakeClock(), ClusterState(), FakePublisher()
+    view = View(caught_up_at=clock())
+    ctl = Controller(state, pub, StaticLeadership(True, 3), ControlConfig(node_timeout_s=TIMEOUT), view=view)
+    for node in ("node-a", "node-b"):
+        register(state, node, [gpu(0), gpu(1)])
+        replayed(state, node, clock() - 1)
+    state.apply_spec("alpha", spec_record("alpha"))
+    state.apply_assignment("node-b", assignment_of(state, "node-b", "alpha-0"))
+
+    clock.advance(0.5)
+    rep = ctl.reconcile(clock())
+    assert rep.skipped and "for a live heartbeat of node-a, node-b" in rep.skipped and pub.batches == []
+    clock.advance(0.5)
+    beat(state, clock, "node-a")
+    rep = ctl.reconcile(clock())
+    assert rep.skipped and "of node-b before judging liveness" in rep.skipped  # node-a spoke; node-b did not yet
+
+    clock.advance(TIMEOUT)  # one node timeout after catching up: node-b had its chance
+    beat(state, clock, "node-a")
+    rep = ctl.reconcile(clock())
+    assert rep.skipped is None and assigned(pub) == {"node-a": {"alpha-0"}, "node-b": set()}
+    assert any(e["kind"] == "moved" and "node node-b offline" in e["detail"] for e in (r.value for r in pub.all("events")))
+
+
+def test_every_node_going_silent_at_once_holds_their_replicas_until_heartbeats_flow_again(world):
+    clock, state, pub, _, ctl = world
+    before = place_alpha(clock, state, pub, ctl, replicas=2)
+    assert before == {"node-a": {"alpha-0"}, "node-b": {"alpha-1"}} or before == {"node-a": {"alpha-1"}, "node-b": {"alpha-0"}}
+    published = len(pub.all("assignments"))
+
+    clock.advance(TIMEOUT + 1)  # no heartbeat from anyone: our silence, far more likely than two dead machines
+    rep = ctl.reconcile(clock())
+    assert rep.guard and "2 of 2 nodes went offline or silent" in rep.guard
+    assert "no heartbeat has arrived from any node for 7s" in rep.guard
+    assert [r.value["kind"] for r in rep.of("events")] == ["liveness_guard"] and rep.of("assignments") == []
+    health = ctl.health()["liveness_guard"]
+    assert not health["ok"] and health["holding"] == ["node-a", "node-b"]
+    clock.advance(60)
+    rep = ctl.reconcile(clock())
+    assert rep.guard and rep.of("events") == [] and rep.of("assignments") == []  # still holding, said once
+    assert len(pub.all("assignments")) == published and assigned(pub) == before
+
+    beat(state, clock, "node-a", "node-b")  # heartbeats flow again
+    assert ctl.reconcile(clock()).guard  # released only after one full window of flowing heartbeats
+    clock.advance(TIMEOUT)
+    beat(state, clock, "node-a", "node-b")
+    rep = ctl.reconcile(clock())
+    assert rep.guard is None and [r.value["kind"] for r in rep.of("events")] == ["liveness_guard_released"]
+    assert "2 of 2 held nodes are back" in rep.of("events")[0].value["detail"]
+    assert len(pub.all("assignments")) == published and ctl.health()["liveness_guard"]["ok"]
+    assert not [e for e in pub.all("events") if e.value["kind"] in ("moved", "node_offline", "unschedulable")]
+
+
+def test_heartbeats_stopping_everywhere_hold_the_first_node_to_time_out_already(world):
+    """All heartbeats stop at once, but the nodes' last ones are spread over a heartbeat interval: the node
+    whose last heartbeat came first times out while the others still count as online.  It must be held."""
+    clock, state, pub, _, ctl = world
+    before = place_alpha(clock, state, pub, ctl, replicas=2)
+    clock.advance(1.5)
+    beat(state, clock, "node-b")  # node-b's last heartbeat, 1.5 s after node-a's
+    clock.advance(TIMEOUT - 1.5 + 0.1)  # node-a just timed out; node-b is silent for TIMEOUT - 1.4 s
+    rep = ctl.reconcile(clock())
+    assert rep.guard and "no heartbeat has arrived from any node for 5s" in rep.guard
+    assert rep.of("assignments") == [] and assigned(pub) == before
+
+
+def test_a_node_dying_alone_is_not_held_while_the_others_keep_heartbeating(world):
+    clock, state, pub, _, ctl = world
+    place_alpha(clock, state, pub, ctl, replicas=1)
+    (node,) = [n for n, ids in assigned(pub).items() if ids]
+    other = "node-b" if node == "node-a" else "node-a"
+    for _ in range(4):  # the other node heartbeats every 2 s; the first one is silent
+        clock.advance(2)
+        beat(state, clock, other)
+        rep = ctl.reconcile(clock())
+        assert rep.guard is None
+    assert assigned(pub)[other] == {"alpha-0"}  # moved at the usual time: the timeout plus one pass
+
+
+def test_a_held_node_still_silent_when_heartbeats_flow_again_is_moved_after_the_hold(world):
+    clock, state, pub, _, ctl = world
+    state.apply_node("node-b", None)
+    register(state, "node-b", [gpu(0), gpu(1)])
+    place_alpha(clock, state, pub, ctl, replicas=1)
+    (node,) = [n for n, ids in assigned(pub).items() if ids]
+    other = "node-b" if node == "node-a" else "node-a"
+    clock.advance(TIMEOUT + 1)
+    assert ctl.reconcile(clock()).guard
+    beat(state, clock, other)  # only the other node comes back
+    ctl.reconcile(clock())
+    clock.advance(TIMEOUT)
+    beat(state, clock, other)
+    rep = ctl.reconcile(clock())
+    kinds = [r.value["kind"] for r in rep.of("events")]
+    assert kinds[0] == "liveness_guard_released" and f"taken as offline: {node}" in rep.of("events")[0].value["detail"]
+    assert assigned(pub)[other] == {"alpha-0"} and assigned(pub)[node] == set()  # moved now, as for any dead node
+    assert "moved" in kinds
+
+
+@pytest.mark.parametrize("lag", ["state reader 5s behind the end of the heartbeats topic", None])
+def test_a_partial_mass_offline_is_held_only_while_the_reader_lags(lag):
+    clock, state, pub = FakeClock(), ClusterState(), FakePublisher()
+    view = View()
+    ctl = Controller(state, pub, StaticLeadership(True, 3), ControlConfig(node_timeout_s=TIMEOUT), view=view)
+    nodes = ("node-a", "node-b", "node-c")
+    for node in nodes:
+        register(state, node, [gpu(0), gpu(1)])
+    beat(state, clock, *nodes)
+    before = place_alpha(clock, state, pub, ctl, replicas=3)
+    clock.advance(TIMEOUT + 1)
+    beat(state, clock, "node-a")  # two of three go silent; node-a keeps speaking
+    view.lag = lag
+    rep = ctl.reconcile(clock())
+    if lag:  # our reader lags: the silence may be ours
+        assert rep.guard and f"2 of 3 nodes went offline or silent within {TIMEOUT:g}s while {lag}" in rep.guard
+        assert assigned(pub) == before
+    else:  # the reader keeps up and node-a is heard: two machines really went down; their replicas move
+        assert rep.guard is None and assigned(pub)["node-b"] == set() == assigned(pub)["node-c"]
+
+
+def test_a_control_plane_started_in_the_middle_of_a_global_silence_holds_too():
+    clock, state, pub = FakeClock(), ClusterState(), FakePublisher()
+    view = View(caught_up_at=clock())
+    ctl = Controller(state, pub, StaticLeadership(True, 3), ControlConfig(node_timeout_s=TIMEOUT), view=view)
+    state.apply_spec("alpha", spec_record("alpha"))
+    for node in ("node-a", "node-b"):
+        register(state, node, [gpu(0), gpu(1)])
+        replayed(state, node, clock() - 30)  # the last heartbeats are 30 s old: the silence began before we started
+    state.apply_assignment("node-a", assignment_of(state, "node-a", "alpha-0"))
+    clock.advance(TIMEOUT + 0.1)
+    rep = ctl.reconcile(clock())
+    assert rep.skipped is None and rep.guard and "2 of 2 nodes went offline or silent" in rep.guard
+    assert pub.all("assignments") == []  # node-a's assignment is left as it is
+
+
+def test_the_guard_fraction_is_a_setting(tmp_path):
+    path = tmp_path / "cp.yaml"
+    path.write_text("control: {mass_offline_fraction: 1.0}\n")
+    assert ControlConfig.from_yaml(path).mass_offline_fraction == 1.0
+    from sie.kernel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"control.mass_offline_fraction: must be > 0 and <= 1 \(got 0.0\)"):
+        ControlConfig(mass_offline_fraction=0.0)
+
+
+@pytest.mark.parametrize(("fraction", "silent", "held"), [(0.5, 2, True), (1.0, 2, False), (1.0, 3, True)])
+def test_the_guard_holds_from_the_configured_fraction_of_nodes(fraction, silent, held):
+    from sie.streams.control.liveness import MassOfflineGuard
+
+    guard = MassOfflineGuard(window_s=TIMEOUT, fraction=fraction)
+    now = 1000.0
+    nodes = {"n1": now - 1, "n2": now - 1, "n3": now - 1}
+    guard.assess(now - 1, nodes, set(nodes))  # all three online a moment ago
+    for name in list(nodes)[:silent]:
+        nodes[name] = now - TIMEOUT - 1
+    online = set(list(nodes)[silent:])
+    decision = guard.assess(now, nodes, online, lag="state reader 4s behind the end of the heartbeats topic")
+    assert bool(decision.holding) == held and guard.holding == held
+
+
+def test_a_replayed_heartbeat_proves_life_at_its_broker_time_as_one_shot_readers_see_it():
+    """`sie get nodes` reads the topics once and stops: its liveness comes from replayed heartbeats alone."""
+    state = ClusterState()
+    replayed(state, "recent", 1000.0 - 2)
+    replayed(state, "old", 1000.0 - 7)
+    snap = state.snapshot()
+    assert snap.node_online("recent", 1000.0, TIMEOUT) and not snap.node_online("old", 1000.0, TIMEOUT)
+    assert not snap.heard_live("recent", 1000.0, TIMEOUT)  # but it was not heard live: the controller waits for that
+    assert not snap.node_online("never", 1000.0, TIMEOUT)

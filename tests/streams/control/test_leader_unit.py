@@ -2,8 +2,9 @@
 
 Election: hold partition 0 of control-leader, fence earlier writers (init_transactions), read the topic to
 its high watermark, publish LeaderEpoch(max seen + 1) and a ControlEvent in one transaction.  Stepping
-down: a fenced producer or partition 0 taken away.  Transactions: one that cannot commit is aborted, never
-left open.  Failover between real processes on a real broker: test_control_kafka.py.
+down: a fenced producer or partition 0 taken away.  Transactions: a commit that times out is called again;
+one that keeps timing out cannot be aborted (librdkafka), so its producer is dropped and a new term leads:
+never left open.  Failover between real processes on a real broker: test_control_kafka.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.controller import ControlConfig, Controller, OutRecord
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
 from sie.streams.control.state import ClusterState
-from sie.streams.eos import EosLimits, Fenced, TxnAbortable
+from sie.streams.eos import EosLimits, Fenced
 from tests.fakes.kafka_clients import FakeClients, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
 from tests.helpers import wait_until
 from tests.streams.control.test_control_unit import gpu, heartbeat, register, spec_record
@@ -29,7 +30,7 @@ SETTINGS = Settings()
 NAMES = SETTINGS.names
 CONTROL_LEADER = NAMES.system_topic("control-leader")
 P0 = TopicPartition(CONTROL_LEADER, 0)
-NOW_S = 1_000_000.0
+NOW_S = 5.0  # a wall clock below every epoch on the topic: the "highest + 1" rule decides (floor: its own test)
 LIMITS = EosLimits(attempts=2, backoff_s=0.001, hang_limit_s=5.0)
 
 
@@ -63,12 +64,12 @@ class Election:
 def election() -> Iterator[Any]:
     made: list[Election] = []
 
-    def start(faults: dict[str, Any] | None = None) -> Election:
+    def start(faults: dict[str, Any] | None = None, history: tuple[int, ...] = (3, 7), now: float = NOW_S) -> Election:
         # earlier terms on the topic, each followed by its transaction's commit marker
-        consumer = FakeConsumer([FakeMessage(CONTROL_LEADER, 0, 0, b"cluster", claim(3)),
-                                 FakeMessage(CONTROL_LEADER, 0, 2, b"cluster", claim(7))])
-        consumer.add_marker(CONTROL_LEADER, 0, 1)
-        consumer.add_marker(CONTROL_LEADER, 0, 3)
+        consumer = FakeConsumer([FakeMessage(CONTROL_LEADER, 0, 2 * i, b"cluster", claim(epoch))
+                                 for i, epoch in enumerate(history)], partitions={CONTROL_LEADER: 1})
+        for i in range(len(history)):
+            consumer.add_marker(CONTROL_LEADER, 0, 2 * i + 1)
         producers: list[FakeProducer] = []
         script = dict(faults or {})  # one script for every producer the elector makes
 
@@ -77,7 +78,7 @@ def election() -> Iterator[Any]:
             return producers[-1]
 
         clients = fake_clients(consumer=consumer, producer=make_producer)
-        e = Election(LeaderElector(SETTINGS, "ctl-a", clock=lambda: NOW_S, clients=clients.clients, limits=LIMITS),
+        e = Election(LeaderElector(SETTINGS, "ctl-a", clock=lambda: now, clients=clients.clients, limits=LIMITS),
                      consumer, clients, producers)
         e.elector._on_change = lambda leader, epoch: e.changes.append((leader, epoch))
         made.append(e)
@@ -160,24 +161,75 @@ def test_losing_partition_0_steps_down_and_publishing_is_refused(election, lost)
     assert len(e.producers) == 1  # a standby without partition 0 does not try to lead
 
 
-def test_a_commit_that_times_out_is_aborted_and_the_next_publish_opens_a_fresh_transaction(election):
+def note(detail: str) -> OutRecord:
+    return OutRecord("events", "cluster", "ControlEvent", {
+        "ts_ms": 1, "kind": "note", "model": None, "replica_id": None, "node": None, "detail": detail})
+
+
+def test_a_commit_that_times_out_is_called_again_and_completes(election):
+    e = election()
+    wait_until(lambda: e.elector.is_leader, message="leadership")
+    producer = e.producers[0]
+    producer.faults["commit_transaction"] = [kafka_error(KafkaError._TIMED_OUT, "commit timed out", retriable=True)]
+    TransactionalPublisher(e.elector).publish([note("kept")])
+    assert [rec["detail"] for _t, rec in e.decoded(producer)[-1]] == ["kept"] and producer.aborts == 0
+    assert not producer.commit_in_progress and e.elector.is_leader
+
+
+def test_a_commit_that_keeps_timing_out_is_never_left_open_the_producer_is_dropped_and_a_new_term_leads(election):
+    """librdkafka refuses to abort a commit that timed out (it goes on in the background: _CONFLICT), and
+    refuses every begin_transaction until it is settled.  So the layer drops the producer (Fenced for the
+    leader), the instance steps down and a fresh producer's init_transactions settles the old transaction."""
     e = election()
     wait_until(lambda: e.elector.is_leader, message="leadership")
     producer = e.producers[0]
     timeout = [kafka_error(KafkaError._TIMED_OUT, "commit timed out", retriable=True) for _ in range(LIMITS.attempts)]
     producer.faults["commit_transaction"] = timeout
-    publisher = TransactionalPublisher(e.elector)
+    state = ClusterState()
+    controller = Controller(state, TransactionalPublisher(e.elector), e.elector, ControlConfig())
+    state.apply_spec("m", spec_record("m"))
+    register(state, "node-a", [gpu(0)])
+    heartbeat(state, "node-a", NOW_S, [gpu(0)])
 
-    def record(detail: str) -> OutRecord:
-        return OutRecord("events", "cluster", "ControlEvent", {
-            "ts_ms": 1, "kind": "note", "model": None, "replica_id": None, "node": None, "detail": detail})
-
-    with pytest.raises(TxnAbortable, match="commit_transaction"):
-        publisher.publish([record("lost")])
-    assert not producer.in_transaction and producer.aborts == 1  # aborted, not left open
+    report = controller.reconcile(NOW_S)  # the pass whose commit keeps timing out
+    assert "Conflicting commit_transaction API call is already in progress" in report.errors["publish"]
     assert len(producer.called("commit_transaction")) == 1 + LIMITS.attempts  # the election's + the retries
-    assert e.elector.is_leader  # a timeout is not a fencing
+    assert not e.elector.is_leader and producer.purged  # stepped down; nothing it queued is delivered
 
-    publisher.publish([record("kept")])  # begin_transaction would fail with a transaction still open
-    assert [rec["detail"] for _t, rec in e.decoded(producer)[-1]] == ["kept"]
-    assert "lost" not in {rec.get("detail") for txn in e.decoded(producer) for _t, rec in txn}
+    wait_until(lambda: e.elector.is_leader, message="a new term with a fresh producer")
+    assert e.elector.epoch == 9 and e.producers[1] is e.elector.producer._producer
+    report = controller.reconcile(NOW_S)  # the next pass publishes the same decisions on the new producer
+    assert report.errors == {} and report.of("assignments")
+    assert all(not p.in_transaction for p in e.producers[1:])
+    assert producer.transactions == [producer.transactions[0]]  # the old producer committed only its election
+
+
+@pytest.mark.parametrize(("history", "now", "expected"), [
+    ((), 1_700_000_000.7, 1_700_000_000),  # the topic was recreated: no history, the wall clock's seconds
+    ((3, 7), 1_700_000_000.0, 1_700_000_000),  # an old incarnation's small epochs are left far behind
+    ((1_800_000_000,), 1_700_000_000.0, 1_800_000_001),  # a clock behind the last leader's: still highest + 1
+])
+def test_the_epoch_never_goes_backwards_even_when_the_control_leader_topic_was_recreated(election, history, now,
+                                                                                         expected):
+    """Agents ignore an assignment of a lower epoch than one they applied; a leader that restarted the count
+    at 1 after the topic was recreated would be ignored by every agent, forever."""
+    e = election(history=history, now=now)
+    wait_until(lambda: e.elector.is_leader, message="leadership")
+    assert e.elector.epoch == expected
+    assert e.decoded(e.producers[0])[0][0][1]["epoch"] == expected
+
+
+def test_a_dying_election_thread_steps_down_then_is_restarted_and_leads_again(election):
+    e = election()
+    wait_until(lambda: e.elector.is_leader, message="leadership")
+    assert e.elector.status()["ok"] and e.elector.status()["detail"] == "leader (epoch 8)"
+    e.consumer.faults["poll"] = [RuntimeError("poll blew up")]  # whatever kills the thread: a bug, a client error
+
+    wait_until(lambda: e.elector.thread_status().restarts == 1, message="the election thread restarted")
+    assert (False, 8) in e.changes  # it stepped down first: without its thread it cannot keep its membership
+    assert e.producers[0].purged
+    wait_until(lambda: e.elector.is_leader, message="leadership again after the restart")
+    assert e.elector.epoch == 9 and e.changes == [(True, 8), (False, 8), (True, 9)]
+    assert len(e.consumer.called("subscribe")) == 2  # the new run joined the group afresh
+    status = e.elector.status()
+    assert status["ok"] and status["restarts"] == 1 and "RuntimeError: poll blew up" in status["last_error"]

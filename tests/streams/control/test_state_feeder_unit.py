@@ -7,7 +7,9 @@ The same feeder on a real broker: test_control_kafka.py.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
@@ -16,7 +18,7 @@ from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
 from sie.streams.control.state import STATE_TOPICS, ClusterState, StateFeeder
-from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, fake_clients
+from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, fake_clients, kafka_error
 from tests.helpers import wait_until
 
 SETTINGS = Settings()
@@ -54,13 +56,16 @@ def msg(suffix: str, partition: int, offset: int, key: str, value: bytes | None,
 
 
 class Feed:
-    def __init__(self, records: list[FakeMessage]) -> None:
+    def __init__(self, records: list[FakeMessage], state: ClusterState | None = None, **feeder_options: Any) -> None:
         partitions = {t.name: t.partitions for t in system_topics(SETTINGS.topic_prefix)}
         self.consumer = FakeConsumer(records, partitions=partitions)
         self.clients = fake_clients(consumer=self.consumer)
-        self.state = ClusterState()
+        self.state = state or ClusterState()
+        self.skipped: list[str] = []
+        self.mono = FakeMonotonic()
         self.feeder = StateFeeder(SETTINGS, self.state, clock=lambda: NOW_S, history_s=HISTORY_S,
-                                  clients=self.clients.clients)
+                                  clients=self.clients.clients, on_skip=self.skipped.append, monotonic=self.mono,
+                                  backoff_initial_s=0.01, **feeder_options)
 
     def start(self) -> Feed:
         self.feeder.start()
@@ -77,6 +82,16 @@ class Feed:
         wait_until(lambda: len(self.consumer.called("poll")) >= seen + 2, message="two feeder polls")
 
 
+class FakeMonotonic:
+    """The feeder's monotonic clock (stall and lag measurements), moved by the test."""
+
+    def __init__(self) -> None:
+        self.t = 500.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 @pytest.fixture
 def feeds() -> Iterator[list[Feed]]:
     made: list[Feed] = []
@@ -86,8 +101,8 @@ def feeds() -> Iterator[list[Feed]]:
         assert feed.consumer.closed, "the feeder must close its consumer"
 
 
-def feed(feeds: list[Feed], records: list[FakeMessage]) -> Feed:
-    feeds.append(Feed(records))
+def feed(feeds: list[Feed], records: list[FakeMessage], **options: Any) -> Feed:
+    feeds.append(Feed(records, **options))
     return feeds[-1].start()
 
 
@@ -132,7 +147,7 @@ def test_an_unreadable_record_is_counted_and_skipped_and_the_feed_goes_on(feeds)
     wait_until(lambda: f.feeder.errors == 2, message="the error event counted")
     f.consumer.append(msg("nodes", 0, 1, "node-b", registration("node-b")))
     wait_until(lambda: "node-b" in f.state.nodes, message="records after the errors still applied")
-    assert f.feeder._thread is not None and f.feeder._thread.is_alive()  # the feed never stopped
+    assert f.feeder.thread_status().state == "running" and f.feeder.thread_status().restarts == 0  # never stopped
 
 
 def test_event_like_topics_start_at_the_history_window_and_state_topics_at_the_beginning(feeds):
@@ -157,6 +172,128 @@ def test_event_like_topics_start_at_the_history_window_and_state_topics_at_the_b
     assert all(off == OFFSET_BEGINNING for (t, _p), off in starts.items() if t not in history)
 
     assert set(f.state.nodes) == {"node-a"}
-    assert set(f.state.heartbeats) == {"node-a"} and f.state.heartbeats["node-a"].seen_at == RECENT_MS / 1000
+    # replayed: proof of life at its broker timestamp, never "seen now"
+    hb = f.state.heartbeats["node-a"]
+    assert set(f.state.heartbeats) == {"node-a"} and (hb.seen_at, hb.replayed_at) == (None, RECENT_MS / 1000)
     assert set(f.state.replica_status) == {"m-1"} and f.state.drain_failures() == []  # the old FAILED is history
     assert list(f.state.events) == []
+
+
+def test_a_record_whose_key_or_value_cannot_be_read_is_skipped_with_its_coordinates(feeds):
+    """Issue 9, case 3: the key used to be decoded outside the per-record guard; one non-UTF-8 key killed
+    the reader, nothing restarted it, every node looked offline after the timeout and the leader emptied
+    every assignment."""
+    wrong_type = encode("NodeRegistration", {"node": "x", "labels": {}, "tier": None, "cpu_count": 1, "memory_mb": 1,
+                                             "gpus": [], "simulated": True, "agent_version": "t", "started_at_ms": 0})
+    f = feed(feeds, [
+        FakeMessage(topic("heartbeats"), 0, 0, b"\xff\xfenode", heartbeat("node-a", RECENT_MS), RECENT_MS),
+        msg("heartbeats", 0, 1, "node-a", wrong_type),  # valid Avro, but not a Heartbeat: no "node"... fields
+        msg("nodes", 0, 0, "node-a", registration("node-a")),
+    ])
+    wait_until(f.feeder.caught_up.is_set, message="caught up despite the bad records")
+    assert f.feeder.skipped == 2 and f.skipped == ["heartbeats", "heartbeats"]
+    assert f.feeder.last_skipped.startswith(f"{topic('heartbeats')}[0]@1 key='node-a': ")
+    status = f.feeder.status()
+    assert status["ok"] and status["skipped_records"] == 2 and status["restarts"] == 0
+
+    f.consumer.append(msg("heartbeats", 0, 2, "node-a", heartbeat("node-a", RECENT_MS)))
+    wait_until(lambda: "node-a" in f.state.heartbeats, message="the next good heartbeat applied")
+    assert f.feeder.thread_status().restarts == 0  # the feed never stopped
+
+
+def test_the_undecodable_key_is_shown_escaped_never_raw(feeds):
+    f = feed(feeds, [FakeMessage(topic("specs"), 0, 0, b"bad\xffkey", b"x")])
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    assert f.feeder.last_skipped.startswith(f"{topic('specs')}[0]@0 key='bad\\\\xffkey': UnicodeDecodeError")
+
+
+def test_a_dead_reader_is_restarted_resumes_after_the_last_record_and_is_stale_until_caught_up_again(feeds):
+    f = feed(feeds, [msg("nodes", 0, 0, "node-a", registration("node-a"))])
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    assert f.feeder.stale_reason() is None and f.feeder.caught_up_at == NOW_S
+    f.consumer.append(msg("nodes", 0, 1, "node-b", registration("node-b")))
+    wait_until(lambda: "node-b" in f.state.nodes, message="node-b applied")
+    f.consumer.faults["poll"] = [kafka_error(KafkaError._FATAL, "consumer fenced", fatal=True)]
+
+    wait_until(lambda: f.feeder.thread_status().restarts == 1, message="the reader restarted")
+    wait_until(f.feeder.caught_up.is_set, message="caught up again")
+    f.consumer.append(msg("nodes", 0, 2, "node-c", registration("node-c")))
+    wait_until(lambda: "node-c" in f.state.nodes, message="records after the restart applied")
+    first, second = [{(t, p): off for t, p, off in c.args[0]} for c in f.consumer.called("assign")]
+    assert first[(topic("nodes"), 0)] == OFFSET_BEGINNING
+    assert second[(topic("nodes"), 0)] == 2  # resumed after the last record read, nothing applied twice
+    assert second[(topic("specs"), 0)] == OFFSET_BEGINNING  # nothing read there yet: from the beginning again
+    status = f.feeder.status()
+    assert status["ok"] and status["restarts"] == 1 and "consumer fenced" in status["last_death"]
+
+
+def test_stale_while_dead_or_replaying_and_says_why(feeds):
+    f = Feed([msg("nodes", 0, 0, "node-a", registration("node-a"))])
+    f.consumer.set_watermarks(topic("nodes"), 0, high=2)  # one more record the reader has not fetched yet
+    feeds.append(f)
+    f.start()
+    wait_until(lambda: "node-a" in f.state.nodes, message="node-a applied")
+    assert "not caught up" in f.feeder.stale_reason() and not f.feeder.status()["ok"]
+    f.consumer.append(msg("nodes", 0, 1, "node-b", registration("node-b")))
+    wait_until(lambda: f.feeder.stale_reason() is None, message="caught up")
+
+    f.consumer.faults["poll"] = kafka_error(KafkaError._FATAL, "broken for good", fatal=True)  # every poll
+    wait_until(lambda: f.feeder.thread_status().restarts >= 1, message="the reader died")
+    wait_until(lambda: (r := f.feeder.stale_reason()) and "broken for good" in r, message="stale with the reason")
+    assert not f.feeder.caught_up.is_set() and f.feeder.caught_up_at is None
+
+
+def test_a_stalled_reader_is_stale(feeds):
+    release = threading.Event()
+
+    class SlowState(ClusterState):
+        def apply_node(self, name, record):  # an apply that hangs: the loop stops polling
+            release.wait(10)
+            super().apply_node(name, record)
+
+    f = feed(feeds, [], state=SlowState(), stall_limit_s=15.0)
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    f.consumer.append(msg("nodes", 0, 0, "node-a", registration("node-a")))
+    f.settle()  # the poll that took node-a has returned: the loop now hangs in apply_node
+    f.mono.t += 16
+    assert f.feeder.stale_reason() == "state reader stalled: no poll for 16s"
+    release.set()
+    wait_until(lambda: f.feeder.stale_reason() is None, message="polling again")
+
+
+def test_heartbeats_read_live_count_as_seen_now_whatever_the_agents_clock_says(feeds):
+    f = feed(feeds, [msg("heartbeats", 0, 0, "node-a", heartbeat("node-a", RECENT_MS))])
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    assert f.state.heartbeats["node-a"].seen_at is None  # replayed: history, not a live proof of life
+    ten_minutes_ms = 600_000
+    f.consumer.append(msg("heartbeats", 0, 1, "node-a", heartbeat("node-a", int(NOW_S * 1000) - ten_minutes_ms),
+                          ts=int(NOW_S * 1000) - ten_minutes_ms))  # an agent whose clock is 10 minutes behind
+    f.consumer.append(msg("heartbeats", 1, 0, "node-b", heartbeat("node-b", int(NOW_S * 1000) + ten_minutes_ms),
+                          ts=int(NOW_S * 1000) + ten_minutes_ms))  # and one 10 minutes ahead
+    wait_until(lambda: {"node-a", "node-b"} <= set(f.state.heartbeats) and f.state.heartbeats["node-a"].seq == 1
+               and f.state.heartbeats["node-a"].seen_at is not None, message="both live heartbeats applied")
+    assert f.state.heartbeats["node-a"].seen_at == f.state.heartbeats["node-b"].seen_at == NOW_S
+    snap = f.state.snapshot()
+    assert snap.node_online("node-a", NOW_S + 5, 6.0) and snap.node_online("node-b", NOW_S + 5, 6.0)
+    assert not snap.node_online("node-b", NOW_S + 7, 6.0)  # a clock ahead does not keep it alive longer
+
+
+def test_lag_behind_the_heartbeats_topic_is_measured_from_the_ends_the_reader_saw(feeds):
+    f = feed(feeds, [], lag_limit_s=3.0)
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    assert f.feeder.lag_reason() is None
+    f.consumer.set_watermarks(topic("heartbeats"), 2, high=3)  # the broker has 3 records the reader has not got
+    f.mono.t += 1.1
+    f.settle()
+    f.mono.t += 4.0
+    assert f.feeder.lag_s() == pytest.approx(4.0) and f.feeder.lag_reason() == (
+        "state reader 4s behind the end of the heartbeats topic")
+    assert f.feeder.stale_reason() is None  # lagging is not missing records: the controller's guard weighs it
+    asked = [c.args for c in f.consumer.called("get_watermark_offsets") if c.args == (topic("heartbeats"), 2)]
+    assert len(asked) >= 2  # at assignment, then the cached end each second
+    for offset in range(3):
+        f.consumer.append(msg("heartbeats", 2, offset, "node-c", heartbeat("node-c", RECENT_MS)))
+    wait_until(lambda: "node-c" in f.state.heartbeats and f.state.heartbeats["node-c"].seq == 1, message="read")
+    f.mono.t += 1.1
+    f.settle()
+    assert f.feeder.lag_reason() is None and f.feeder.lag_s() == 0.0

@@ -218,10 +218,13 @@ def test_each_request_gets_one_result_and_offsets_are_last_plus_one(pipelined):
     assert [k for _t, _v, k, _h in by_topic(visible, spec.topics.results)][:2] == [b"k0", b"k1"]  # key kept
     assert producers[0].commits == 3 and consumer.committed_offsets[(spec.topics.requests, 0)] == 250
     assert summary.results == 250 and summary.dead_letters == 0
-    assert scorer.metrics.value("sie_records_out_total", {"status": "ok"}) == 250
-    assert scorer.metrics.value("sie_txn_commit_seconds_count") == 3
-    assert scorer.metrics.value("inference_latency_seconds_count", {
-        "model_id": spec.model_id, "service_type": "scoring", "priority_level": "P1"}) == 3
+    mid = {"model_id": spec.name}  # the name: a model keeps its series across versions
+    unified = {**mid, "service_type": "scoring", "priority_level": "P1", "version": spec.version}
+    assert scorer.metrics.value("sie_records_out_total", {**mid, "status": "ok"}) == 250
+    assert scorer.metrics.value("sie_txn_commit_seconds_count", mid) == 3
+    assert scorer.metrics.value("inference_latency_seconds_count", unified) == 3
+    # one per-request observation per result, each at least its queue time
+    assert scorer.metrics.value("sie_request_latency_seconds_count", unified) == 250
 
 
 def test_poison_row_is_isolated_and_only_it_is_dead_lettered():

@@ -1,0 +1,211 @@
+"""What a spec may make a node do: which code it may import, which files it may load, how much data it carries.
+
+WHY a policy separate from the parser: the parser checks that a document is a well-formed
+ModelService; this module checks that it is *allowed on this node*.  A spec names code
+(``backend.moduleClass``, ``backend.callable``) that a worker imports and calls, and files
+(``backend.artifact``) that it opens, so whoever can apply a spec (the API, the specs topic, the
+assignments topic) could otherwise run anything as the worker's user.  The checks:
+
+* ``moduleClass`` / ``callable`` must name a module inside an allow-list of prefixes configured on the
+  node (``SIE_ALLOWED_MODULES``, default the demo's ``models.fraud``; the standard library and SIE
+  itself can never be allowed, ``sie.kernel.settings`` refuses them) and no ``__dunder`` attribute;
+* ``backend.artifact`` (and a local ``modelPath``) must resolve, symlinks followed, under one of the
+  node's model roots (``SIE_MODEL_ROOTS``; default ``<cache_dir>/models`` and the packaged demo);
+* ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
+  null, lists, string-keyed maps) of bounded depth and size.
+
+The SAME ``SpecPolicy.check`` runs wherever a spec is read: ``sie validate``/``sie apply``, ``POST
+/v1/models``, the control plane's view of the specs topic, the agent before it launches a worker, and
+the worker before it imports anything.  Each problem names the field, like the parser's.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sie.kernel.settings import DEFAULT_ALLOWED_MODULES, Settings
+
+#: ``package.module:attr[.attr]`` (the parser's CALLABLE_RE, repeated here for data read back from Kafka)
+REFERENCE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: bounds of the free-form maps of a spec (moduleKwargs, backend.config, exampleInput)
+MAX_DATA_DEPTH = 8
+MAX_DATA_BYTES = {"module_kwargs": 16 * 1024, "config": 64 * 1024, "example_input": 64 * 1024}
+_FIELD_NAMES = {"module_kwargs": "spec.backend.moduleKwargs", "config": "spec.backend.config",
+                "example_input": "spec.exampleInput"}
+
+
+def module_allowed(module: str, prefixes: Iterable[str]) -> bool:
+    """Whether ``module`` is one of ``prefixes`` or a submodule of one (``a.b`` allows ``a.b.c``, not ``a.bc``)."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def packaged_demo_root() -> Path:
+    """The installed ``sie.examples`` folder: the demo's specs and model package (read-only package data)."""
+    return Path(str(importlib.resources.files("sie.examples"))).resolve()
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+@dataclass(frozen=True)
+class SpecPolicy:
+    """The node's rules for specs (see the module docstring). Build it with ``from_settings``."""
+
+    allowed_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES
+    model_roots: tuple[Path, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, extra_roots: Iterable[Path] = ()) -> SpecPolicy:
+        """The policy of this node; ``extra_roots``: e.g. the folder of a spec file read on this machine."""
+        roots = list(settings.model_roots) if settings.model_roots is not None else [
+            settings.cache_dir / "models", packaged_demo_root()]
+        roots.extend(extra_roots)
+        return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)))
+
+    # -- the checks ------------------------------------------------------------------------------------
+    def check(self, spec: Any) -> list[str]:
+        """Every problem of ``spec`` (a ``ModelService``) under this policy, one ``field: reason`` line each."""
+        problems: list[str] = []
+        backend = spec.backend
+        for attr, path in (("module_class", "spec.backend.moduleClass"), ("callable", "spec.backend.callable")):
+            ref = getattr(backend, attr, None)
+            if ref is not None:
+                problems.extend(self.check_reference(ref, path))
+        if backend.artifact is not None:
+            problems.extend(self.check_path(backend.artifact, "spec.backend.artifact"))
+        model_path = getattr(backend, "model_path", None)
+        if model_path and (model_path.startswith(("/", "~", ".")) or ".." in PurePosixPath(model_path).parts):
+            problems.extend(self.check_path(model_path, "spec.backend.modelPath"))
+        for attr in ("module_kwargs", "config"):
+            problems.extend(check_plain_data(getattr(backend, attr, None) or {}, _FIELD_NAMES[attr], MAX_DATA_BYTES[attr]))
+        example = getattr(spec, "example_input", None)
+        if example is not None:
+            problems.extend(check_plain_data(example, _FIELD_NAMES["example_input"], MAX_DATA_BYTES["example_input"]))
+        return problems
+
+    def check_reference(self, ref: Any, path: str) -> list[str]:
+        """``package.module:attr`` inside the allow-list, with no ``__dunder`` step."""
+        if not isinstance(ref, str) or not REFERENCE_RE.match(ref):
+            return [f"{path}: must be 'package.module:name' (got {_short(ref)})"]
+        module, _, attr = ref.partition(":")
+        if any(part.startswith("__") for part in attr.split(".")):
+            return [f"{path}: {ref!r} reaches a __dunder__ attribute; name a class or function of the module"]
+        if not module_allowed(module, self.allowed_modules):
+            return [f"{path}: module {module!r} is not in this node's allowed modules "
+                    f"({', '.join(self.allowed_modules) or 'none'}); set SIE_ALLOWED_MODULES on every node to allow "
+                    "your model package (got " + _short(ref) + ")"]
+        return []
+
+    def check_path(self, value: Any, path: str) -> list[str]:
+        """An absolute path without ``..`` that resolves (symlinks followed) under a model root."""
+        text = str(value)
+        if "\x00" in text:
+            return [f"{path}: contains a NUL byte"]
+        candidate = Path(text).expanduser()
+        if not candidate.is_absolute():
+            return [f"{path}: must be an absolute path on the node, or relative to the spec file when applied "
+                    f"from a file (got {_short(text)})"]
+        if ".." in candidate.parts:
+            return [f"{path}: must not contain '..' (got {_short(text)})"]
+        real = _real(candidate)
+        if not any(_within(real, root) for root in self.model_roots):
+            roots = ", ".join(str(r) for r in self.model_roots) or "none"
+            return [f"{path}: {real} is outside this node's model roots ({roots}); put the artifact under one "
+                    "or set SIE_MODEL_ROOTS"]
+        return []
+
+    def search_paths(self, candidates: Iterable[Path]) -> tuple[Path, ...]:
+        """The import folders of ``candidates`` that are inside a model root: a spec read from Kafka names its
+        own ``source``, so its folder may only extend ``sys.path`` where this node keeps model code anyway."""
+        return tuple(p for p in candidates if any(_within(_real(p), root) for root in self.model_roots))
+
+    def enforce(self, spec: Any, source: str | None = None) -> Any:
+        """``spec`` unchanged, or ``InvalidSpec`` listing every problem."""
+        problems = self.check(spec)
+        if problems:
+            from sie.schemas.spec_parse import InvalidSpec
+
+            raise InvalidSpec(source or spec.source or spec.name, problems)
+        return spec
+
+
+def check_plain_data(value: Any, path: str, max_bytes: int, max_depth: int = MAX_DATA_DEPTH) -> list[str]:
+    """Strings, finite numbers, booleans, null, lists and string-keyed maps, at most ``max_depth`` deep and
+    ``max_bytes`` as JSON.  Walks iteratively, so no input can exhaust the stack."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    seen = 0
+    while stack:
+        item, where, depth = stack.pop()
+        seen += 1
+        if seen > max_bytes:  # every item costs at least one byte of JSON: a cheap early stop
+            return [f"{path}: larger than {max_bytes} bytes as JSON"]
+        if depth > max_depth:
+            return [f"{where}: nested deeper than {max_depth} levels"]
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return [f"{where}: must be a finite number (got {item!r})"]
+            continue
+        if isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+            continue
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    return [f"{where}: keys must be strings (got {type(k).__name__})"]
+                stack.append((v, f"{where}.{k}", depth + 1))
+            continue
+        return [f"{where}: must be plain data (string, number, boolean, null, list or map), "
+                f"got {type(item).__name__}"]
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > max_bytes:
+        return [f"{path}: {size} bytes as JSON, more than {max_bytes}"]
+    return []
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def load_local_specs(path: str | Path, settings: Settings) -> list[Any]:
+    """Every spec of a file on this machine, parsed and checked against this node's policy.
+
+    The file's own folder counts as a model root here (an artifact next to the spec you are applying
+    is yours); a node that reads the spec back from Kafka checks it against its own roots only.
+    """
+    from sie.schemas.spec import load_specs
+    from sie.schemas.spec_parse import InvalidSpec
+
+    path = Path(path)
+    specs = load_specs(path, topic_prefix=settings.topic_prefix)
+    policy = SpecPolicy.from_settings(settings, extra_roots=[path.resolve().parent])
+    problems = [p for spec in specs for p in ([f"[{spec.name}] {q}" for q in policy.check(spec)]
+                                              if len(specs) > 1 else policy.check(spec))]
+    if problems:
+        raise InvalidSpec(str(path), problems)
+    return specs
+
+
+def load_local_spec(path: str | Path, settings: Settings) -> Any:
+    """The single spec of a file on this machine, checked as ``load_local_specs`` does."""
+    from sie.schemas.spec_parse import InvalidSpec
+
+    specs = load_local_specs(path, settings)
+    if len(specs) != 1:
+        raise InvalidSpec(str(path), [f"document: expected one ModelService, found {len(specs)}"])
+    return specs[0]

@@ -1,0 +1,73 @@
+"""The CLI's client of a control plane's HTTP API (``--control-url`` / ``SIE_CONTROL_URL``).
+
+Sends the bearer token (``SIE_API_TOKEN``, else the local operator token file that ``sie control``
+wrote on this machine) and verifies HTTPS against ``SIE_API_CA`` when set.  Every failure becomes a
+``SieError`` naming the URL and the fix; the token never appears in a message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sie.kernel.errors import SieError
+from sie.kernel.settings import Settings
+
+
+class ApiRefused(SieError):
+    """The control plane answered with an error status; ``status`` and ``body`` say which."""
+
+    def __init__(self, message: str, status: int, body: Any) -> None:
+        super().__init__(message)
+        self.status, self.body = status, body
+
+
+class ControlApi:
+    """A few calls to one control plane."""
+
+    def __init__(self, settings: Settings, url: str, timeout: float = 20.0) -> None:
+        from sie.streams.control.auth import client_token
+
+        self.url = url.rstrip("/")
+        self._settings = settings
+        self._token = client_token(settings)
+        self._timeout = timeout
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def request(self, method: str, path: str, body: str | None = None) -> Any:
+        """The JSON answer of a 2xx; ``ApiRefused`` for an error status, ``SieError`` when nobody answers."""
+        import httpx
+
+        verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
+        try:
+            with httpx.Client(verify=verify, timeout=self._timeout) as client:
+                response = client.request(method, self.url + path, content=body,
+                                          headers=self._headers("application/yaml" if body is not None else None))
+        except httpx.HTTPError as exc:
+            raise SieError(f"control plane {self.url} did not answer {method} {path} ({type(exc).__name__}: {exc}); "
+                           "check --control-url / SIE_CONTROL_URL (and SIE_API_CA for https)") from None
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": response.text[:200]}
+        if response.status_code < 400:
+            return payload
+        reason = payload.get("error") if isinstance(payload, dict) else str(payload)
+        if response.status_code == 401:
+            hint = ("no token was sent: set SIE_API_TOKEN" if not self._token
+                    else "the token was not accepted: check SIE_API_TOKEN")
+            raise ApiRefused(f"control plane {self.url} refused {method} {path} (401): {hint} "
+                             f"(or run where {self._settings.api_token_file} is readable)", 401, payload)
+        if response.status_code == 403:
+            raise ApiRefused(f"control plane {self.url}: {reason} (403); ask an operator for an operator token", 403, payload)
+        raise ApiRefused(f"control plane {self.url}: {method} {path} -> {response.status_code}: {reason}",
+                         response.status_code, payload)
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)

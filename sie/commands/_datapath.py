@@ -1,0 +1,128 @@
+"""A model's data path as an operator asks about it (`sie describe model`): records per second on its topics
+over the last minute, and how far its scorer group is behind.
+
+Counts come from offsets (``list_offsets``: the last stable offset now and the first offset at ``now - window``,
+read_committed).  Offsets also number transaction markers (one per partition per committed transaction), so
+where a partition has few offsets in the window (at most ``exact_below``) its records are read and counted
+exactly; above that the markers are a small share (one per batch) and the offset count stands.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sie.kernel.settings import Settings
+
+
+@dataclass(frozen=True)
+class TopicTraffic:
+    topic: str
+    partitions: int
+    records: int  # in the window
+    window_s: float
+    exact: bool
+
+    @property
+    def per_s(self) -> float:
+        return self.records / self.window_s if self.window_s > 0 else 0.0
+
+
+def _offsets(admin: Any, tps: list[Any], spec_of: Any, timeout: float) -> dict[tuple[str, int], int]:
+    from confluent_kafka import IsolationLevel
+
+    futures = admin.list_offsets({tp: spec_of(tp) for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                 request_timeout=timeout)
+    return {(tp.topic, tp.partition): fut.result(timeout=timeout).offset for tp, fut in futures.items()}
+
+
+def _count_exact(settings: Settings, spans: dict[tuple[str, int], tuple[int, int]], timeout: float) -> dict[str, int]:
+    """Committed records in [start, end) of each partition (markers and aborted records are not delivered)."""
+    import uuid
+
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from sie.kernel.clients import KafkaClients, state_reader_config
+
+    counts: dict[str, int] = {}
+    todo = {k: v for k, v in spans.items() if v[1] > v[0]}
+    if not todo:
+        return counts
+    names = settings.names
+    consumer = KafkaClients().consumer(state_reader_config(
+        settings, names.reader_group("describe", uuid.uuid4().hex[:8]), names.cli_client_id("describe")))
+    try:
+        consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _end) in todo.items()])
+        deadline = time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            key = (msg.topic(), msg.partition())
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    todo.pop(key, None)
+                continue
+            end = todo.get(key, (0, -1))[1]
+            if msg.offset() < end:
+                counts[msg.topic()] = counts.get(msg.topic(), 0) + 1
+            if msg.offset() + 1 >= end:
+                todo.pop(key, None)
+    finally:
+        consumer.close()
+    return counts
+
+
+def traffic(settings: Settings, topics: list[str], window_s: float = 60.0, exact_below: int = 2000,
+            timeout: float = 10.0) -> dict[str, TopicTraffic]:
+    """Records written to each of ``topics`` in the last ``window_s`` seconds (missing topics are left out)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    from sie.kernel.admin import admin_client
+
+    admin = admin_client(settings)
+    md = admin.list_topics(timeout=timeout)
+    tps = [TopicPartition(t, p) for t in dict.fromkeys(topics) if t in md.topics and md.topics[t].error is None
+           for p in sorted(md.topics[t].partitions)]
+    if not tps:
+        return {}
+    since_ms = int((time.time() - window_s) * 1000)
+    ends = _offsets(admin, tps, lambda _tp: OffsetSpec.latest(), timeout)
+    starts = _offsets(admin, tps, lambda _tp: OffsetSpec.for_timestamp(since_ms), timeout)
+    spans = {k: (starts[k] if starts[k] >= 0 else ends[k], ends[k]) for k in ends}
+    small = {k: v for k, v in spans.items() if v[1] - v[0] <= exact_below}
+    exact = _count_exact(settings, small, timeout)
+    out: dict[str, TopicTraffic] = {}
+    for topic in dict.fromkeys(tp.topic for tp in tps):
+        keys = [k for k in spans if k[0] == topic]
+        approx = sum(spans[k][1] - spans[k][0] for k in keys if k not in small)
+        is_exact = all(k in small for k in keys)
+        out[topic] = TopicTraffic(topic, len(keys), exact.get(topic, 0) + approx, window_s, is_exact)
+    return out
+
+
+def group_lag(settings: Settings, group: str, topic: str, timeout: float = 10.0) -> int | None:
+    """Records of ``topic`` the consumer ``group`` has not committed yet (None: the topic does not exist)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    from sie.kernel.admin import admin_client
+
+    admin = admin_client(settings)
+    md = admin.list_topics(topic, timeout=timeout)
+    meta = md.topics.get(topic)
+    if meta is None or meta.error is not None:
+        return None
+    tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+    ends = _offsets(admin, tps, lambda _tp: OffsetSpec.latest(), timeout)
+    firsts = _offsets(admin, tps, lambda _tp: OffsetSpec.earliest(), timeout)
+    request = ConsumerGroupTopicPartitions(group, tps)
+    result = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group].result(timeout=timeout)
+    committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or ()}
+    lag = 0
+    for key, end in ends.items():
+        position = committed.get(key, -1)
+        lag += max(0, end - (position if position >= 0 else firsts[key]))
+    return lag

@@ -1,0 +1,55 @@
+"""`sie predict -f SPEC --input JSON`: one synchronous inference, no Kafka.
+
+The model is loaded as a worker loads it, the request is parsed and validated by the scorer's codec, the
+output is checked against ``outputSchema``, and the result is printed exactly as the scorer would publish
+it.  A request the scorer would dead-letter prints ``dead letter <reason>: <detail>`` and exits 4.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from sie.kernel.settings import Settings
+
+
+def _read_input(text: str) -> bytes:
+    if text == "-":
+        return sys.stdin.buffer.read()
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--input") from None
+    return text.encode()
+
+
+@click.command("predict")
+@click.option("-f", "--file", "spec_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="ModelService spec (YAML or JSON).")
+@click.option("--input", "input_text", required=True,
+              help="The request: JSON ({\"inputs\": {...}} or the bare inputs), @FILE, or - for stdin.")
+@click.option("--device", help="Override spec.backend.device (e.g. cpu).")
+@click.pass_obj
+def command(settings: Settings, spec_file: Path, input_text: str, device: str | None) -> None:
+    """Score one request with the model of SPEC and print the result JSON (stdout); no Kafka involved."""
+    from sie.commands._runtime import EXIT_PARTIAL
+    from sie.schemas.spec import load_spec
+    from sie.workers.load_check import load_for_predict, predict
+
+    spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
+    value = _read_input(input_text)
+    backend = load_for_predict(spec, device)
+    try:
+        prediction = predict(spec, backend, value, settings)
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    if prediction.value is None:
+        click.echo(f"dead letter {prediction.reason}: {prediction.detail}", err=True)
+        click.get_current_context().exit(EXIT_PARTIAL)
+    click.echo(prediction.value.decode())

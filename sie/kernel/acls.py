@@ -1,0 +1,265 @@
+"""The least-privilege Kafka ACLs of each SIE role, derived from ``sie.kernel.names`` (never restated).
+
+One principal per role (``User:<name>``; SCRAM user, mTLS subject or OAuth ``sub``, whatever the cluster
+authenticates).  What each role does on Kafka, and so what it is allowed:
+
+=========  ===============================================================================================
+scorer     read its model's request topic, write its results and dead letters (describe their configs:
+           ``ensure_model_topics`` checks them), its consumer group, Write on its transactional ids
+           (PREFIXED ``<p>.scorer.<model>.``: one per replica).  No cluster IdempotentWrite: Write on a
+           topic implies it since Kafka 2.8 (KIP-679), and the scorer's producer is transactional.
+agent      read ``assignments``; write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.
+           Its workers are scorers: give them the scorer principal (``SIE_WORKER_SASL_USERNAME``).
+control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``
+           (transactionally, txn id ``<p>.control``) and ``specs`` (the API's writes); its election and
+           state-reader groups; describe the system topics' configs (``sie control`` checks them).
+cdc        read the connector's source topics and its group, write the target request topics and the
+           connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
+backfill   read the model's request topic, write the backfill results and their dead letters, read and
+           write ``backfill-plans``, its group and transactional id, describe the scorer's group (it
+           paces itself by the live scorer's lag).
+producer   write request topics (``sie produce``, applications).
+=========  ===============================================================================================
+
+Nothing creates topics: an administrator does (``sie topics ensure``, or a scorer's topics when its
+model is applied) with a super-user principal.  Without ``--model``/``--node``/``--connector``/``--job``
+the plan covers every one of them through PREFIXED patterns (every name starts with the cluster
+prefix); with them it is LITERAL where Kafka allows.  A model name that is a dotted prefix of another
+(``fraud`` and ``fraud.v2``) shares the PREFIXED transactional-id pattern: name models accordingly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sie.kernel.errors import ConfigError, SieError
+from sie.kernel.names import Names
+
+ROLES = ("scorer", "agent", "control", "cdc", "backfill", "producer")
+LITERAL, PREFIXED = "literal", "prefixed"
+RESOURCES = ("topic", "group", "transactional_id", "cluster")
+OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
+#: the control topics the control plane replays into its state (``sie.streams.control.state``)
+CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events",
+                 "model-status")
+#: the control topics the control plane writes (the leader transactionally; the API specs and audit events)
+CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs")
+
+
+@dataclass(frozen=True, order=True)
+class AclRule:
+    """One ALLOW binding: ``principal`` may ``operation`` on ``resource`` ``name`` (``pattern``), and why."""
+
+    principal: str
+    resource: str
+    name: str
+    pattern: str
+    operation: str
+    why: str = field(compare=False, default="")
+
+    def __post_init__(self) -> None:
+        if self.resource not in RESOURCES or self.operation not in OPERATIONS or self.pattern not in (LITERAL, PREFIXED):
+            raise ValueError(f"bad ACL rule {self}")
+
+    def line(self) -> str:
+        return (f"{self.principal:<20} {self.operation.upper():<17} {self.resource.upper():<17} "
+                f"{self.pattern.upper():<9} {self.name}   # {self.why}")
+
+
+@dataclass(frozen=True)
+class ModelScope:
+    """The Kafka names of one model's scorer (from its spec, or the defaults of ``Names``)."""
+
+    model: str
+    requests: str
+    results: str
+    dead_letters: str
+    backfill: str
+    group: str
+
+    @classmethod
+    def default(cls, names: Names, model: str) -> ModelScope:
+        t = names.model_topics(model)
+        return cls(model, t.requests, t.results, t.dead_letters, t.backfill_results, names.scorer_group(model))
+
+    @classmethod
+    def of_spec(cls, spec: Any) -> ModelScope:
+        """From a ``ModelService`` (its topics and group may be overridden by the spec)."""
+        t = spec.topics
+        return cls(spec.name, t.requests, t.results, t.dead_letters, t.backfill, spec.group_id)
+
+
+def principal_of(name: str) -> str:
+    """``User:<name>`` (a name given with a type, e.g. ``User:CN=scorer``, is kept)."""
+    if not name or any(c in name for c in "\n\r\t"):
+        raise ConfigError(f"principal: must be a user name or Type:name (got {name!r})")
+    return name if ":" in name.split("=")[0] else f"User:{name}"
+
+
+class _Rules:
+    def __init__(self, principal: str) -> None:
+        self.principal = principal
+        self.rules: list[AclRule] = []
+
+    def add(self, resource: str, name: str, operations: Iterable[str], why: str, pattern: str = LITERAL) -> None:
+        for op in operations:
+            self.rules.append(AclRule(self.principal, resource, name, pattern, op, why))
+
+
+def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope] = (), nodes: Sequence[str] = (),
+         connector: str | None = None, source_topics: Sequence[str] = (), job: str | None = None) -> list[AclRule]:
+    """The ACL rules of ``role`` for ``principal`` on the cluster of ``names`` (see the module docstring)."""
+    if role not in ROLES:
+        raise ConfigError(f"role: one of {', '.join(ROLES)} (got {role!r})")
+    r = _Rules(principal_of(principal))
+    system = names.system_topic
+    if role == "scorer":
+        if models:
+            for m in models:
+                r.add("topic", m.requests, ["read", "describe_configs"], f"{m.model}: consume requests")
+                for topic in (m.results, m.dead_letters):
+                    r.add("topic", topic, ["write", "describe_configs"], f"{m.model}: results and dead letters")
+                r.add("group", m.group, ["read"], f"{m.model}: the scorer's consumer group")
+                r.add("transactional_id", names.scorer_transactional_id_prefix(m.model), ["write"],
+                      f"{m.model}: one transactional id per replica", PREFIXED)
+        else:
+            r.add("topic", names.model_topic_prefix, ["read", "write", "describe_configs"],
+                  "every model's requests, results and dead letters", PREFIXED)
+            r.add("group", names.scorer_prefix, ["read"], "every scorer group", PREFIXED)
+            r.add("transactional_id", names.scorer_prefix, ["write"], "every scorer replica", PREFIXED)
+    elif role == "agent":
+        r.add("topic", system("assignments"), ["read"], "this node's replicas")
+        for suffix in ("nodes", "heartbeats", "replica-status"):
+            r.add("topic", system(suffix), ["write"], "registration, heartbeats, replica states")
+        if nodes:
+            for node in nodes:
+                r.add("group", names.agent_group(node), ["read"], f"{node}: assignments reader (never joined)")
+        else:
+            r.add("group", names.agent_group_prefix, ["read"], "every agent's assignments reader", PREFIXED)
+    elif role == "control":
+        for suffix in CONTROL_READS:
+            ops = ["read", "describe_configs"] + (["write"] if suffix in CONTROL_WRITES else [])
+            r.add("topic", system(suffix), ops, "control-plane state" + (" it publishes" if "write" in ops else ""))
+        r.add("group", names.control_group, ["read"], "leader election")
+        r.add("group", names.control_state_group, ["read"], "state reader (never joined)")
+        r.add("transactional_id", names.control_transactional_id, ["write"], "the leader's fenced writer")
+    elif role == "cdc":
+        if connector is None or not source_topics or not models:
+            raise ConfigError("role cdc: pass --connector NAME, --source-topic TOPIC (repeatable) and the target "
+                              "--model NAME (repeatable) or -f SPEC")
+        for topic in source_topics:
+            r.add("topic", topic, ["read"], f"{connector}: change events")
+        for m in models:
+            r.add("topic", m.requests, ["write", "describe_configs"], f"{connector}: requests to {m.model}")
+        r.add("topic", names.cdc_dead_letter_topic(connector), ["write", "describe_configs"], f"{connector}: dead letters")
+        r.add("group", names.cdc_group(connector), ["read"], f"{connector}: the stage's consumer group")
+        r.add("transactional_id", names.cdc_transactional_id_prefix(connector), ["write"],
+              f"{connector}: one transactional id per stage instance", PREFIXED)
+    elif role == "backfill":
+        if not models:
+            raise ConfigError("role backfill: pass the --model NAME (or -f SPEC) it re-scores")
+        r.add("topic", system("backfill-plans"), ["read", "write", "describe_configs"], "job plans")
+        for m in models:
+            r.add("topic", m.requests, ["read"], f"{m.model}: the range to re-score")
+            for topic in (m.backfill, names.backfill_dead_letter_topic(m.backfill)):
+                r.add("topic", topic, ["write", "describe_configs"], f"{m.model}: backfill results and dead letters")
+            r.add("group", m.group, ["describe"], f"{m.model}: pacing by the live scorer's lag")
+        if job:
+            r.add("group", names.backfill_group(job), ["read"], f"job {job}")
+            r.add("transactional_id", names.backfill_transactional_id(job), ["write"], f"job {job}")
+        else:
+            r.add("group", names.backfill_prefix, ["read"], "every backfill job", PREFIXED)
+            r.add("transactional_id", names.backfill_prefix, ["write"], "every backfill job", PREFIXED)
+    elif role == "producer":
+        if models:
+            for m in models:
+                r.add("topic", m.requests, ["write"], f"requests to {m.model}")
+        else:
+            r.add("topic", names.model_topic_prefix, ["write"], "requests to every model (also results: narrow it "
+                  "with --model)", PREFIXED)
+    return sorted(set(r.rules))
+
+
+def render(rules: Sequence[AclRule]) -> str:
+    return "\n".join(rule.line() for rule in rules)
+
+
+# ---- applying through the admin client ------------------------------------------------------------------
+
+
+def to_binding(rule: AclRule) -> Any:
+    """The confluent-kafka ``AclBinding`` of a rule (host ``*``, ALLOW)."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    resource = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
+                "transactional_id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.BROKER}[rule.resource]
+    pattern = ResourcePatternType.LITERAL if rule.pattern == LITERAL else ResourcePatternType.PREFIXED
+    name = "kafka-cluster" if rule.resource == "cluster" else rule.name
+    return AclBinding(resource, name, pattern, rule.principal, "*", getattr(AclOperation, rule.operation.upper()),
+                      AclPermissionType.ALLOW)
+
+
+def apply(admin: Any, rules: Sequence[AclRule], timeout: float = 30.0, wait: bool = True) -> int:
+    """Create the bindings (existing ones are unchanged: Kafka's CreateAcls is idempotent); returns how many.
+
+    ``wait``: until the broker answering ``describe_acls`` lists every one (ACLs reach the brokers'
+    authorizers asynchronously through the metadata log), so a client started next is allowed at once.
+    """
+    if not rules:
+        return 0
+    futures = admin.create_acls([to_binding(r) for r in rules], request_timeout=timeout)
+    failed = []
+    for binding, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+        except Exception as exc:  # KafkaException: not authorized (not a super user), no authorizer, ...
+            failed.append(f"{binding.principal} {binding.operation.name} {binding.restype.name} {binding.name}: {exc}")
+    if failed:
+        raise SieError("creating ACLs failed (the admin client must be a super user or hold Alter on the cluster):\n  "
+                       + "\n  ".join(failed[:10]))
+    if wait:
+        _wait_visible(admin, [to_binding(r) for r in rules], timeout)
+    return len(futures)
+
+
+def _wait_visible(admin: Any, bindings: list[Any], timeout: float) -> None:
+    import time
+
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,  # type: ignore[arg-type]
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    wanted = set(bindings)
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = set(admin.describe_acls(everything, request_timeout=timeout).result(timeout=timeout))
+        if wanted <= seen:
+            return
+        if time.monotonic() >= deadline:
+            raise SieError(f"{len(wanted - seen)} ACL binding(s) not visible on the broker after {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def revoke(admin: Any, rules: Sequence[AclRule], timeout: float = 30.0) -> int:
+    """Delete exactly these bindings; returns how many were deleted."""
+    from confluent_kafka.admin import AclBindingFilter
+
+    if not rules:
+        return 0
+    filters = []
+    for rule in rules:
+        b = to_binding(rule)
+        filters.append(AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
+                                        b.permission_type))
+    deleted = 0
+    for future in admin.delete_acls(filters, request_timeout=timeout).values():
+        deleted += len(future.result(timeout=timeout))
+    return deleted

@@ -1,0 +1,76 @@
+"""What the control plane tells about the cluster's metrics: Prometheus targets and live numbers per model.
+
+Both come from the agents' heartbeats, which carry each node's and each worker's /metrics address
+(the agent allocates the worker ports and advertises them) and each worker's consumer lag and recent
+p99.  Only nodes that are online count: a dead node's last heartbeat would otherwise keep listing
+endpoints nobody serves, and numbers nobody measures any more.
+
+``prometheus_targets`` is Prometheus' ``http_sd`` format (``GET /v1/prometheus/targets``): one target
+group per endpoint, labelled ``sie_component`` (agent / scorer), ``sie_node``, and for a scorer
+``sie_replica`` and ``sie_model``.  The ``sie_`` prefix keeps them apart from the labels the
+endpoints export themselves (``node``, ``model_id``), which Prometheus would otherwise rename.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sie.schemas.replica_state import ReplicaState
+from sie.streams.control.state import StateSnapshot
+
+#: replica states whose worker process runs (and so serves /metrics)
+_SERVING = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING})
+
+
+def prometheus_targets(snap: StateSnapshot, now: float, timeout_s: float) -> list[dict[str, Any]]:
+    """Every /metrics endpoint of the online nodes: their agents and the workers they run."""
+    groups: list[dict[str, Any]] = []
+    for node in sorted(snap.heartbeats):
+        hb = snap.heartbeats[node]
+        if not snap.node_online(node, now, timeout_s):
+            continue
+        if hb.metrics_address:
+            groups.append({"targets": [hb.metrics_address], "labels": {"sie_component": "agent", "sie_node": node}})
+        for r in sorted(hb.replicas, key=lambda r: r.replica_id):
+            if r.metrics_address and r.state in _SERVING:
+                groups.append({"targets": [r.metrics_address], "labels": {
+                    "sie_component": "scorer", "sie_node": node, "sie_replica": r.replica_id, "sie_model": r.model}})
+    return groups
+
+
+def model_numbers(snap: StateSnapshot, now: float, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Per model, from the latest heartbeats of online nodes: ``lag`` (the sum over its replicas),
+    ``p99_ms`` (the worst replica's recent p99; None when no replica scored anything lately) and
+    ``reporting`` (replicas that reported numbers)."""
+    out: dict[str, dict[str, Any]] = {}
+    for node, hb in snap.heartbeats.items():
+        if not snap.node_online(node, now, timeout_s):
+            continue
+        for r in hb.replicas:
+            if r.lag is None and r.p99_ms is None:
+                continue
+            entry = out.setdefault(r.model, {"lag": 0, "p99_ms": None, "reporting": 0})
+            entry["reporting"] += 1
+            entry["lag"] += int(r.lag or 0)
+            if r.p99_ms is not None and (entry["p99_ms"] is None or r.p99_ms > entry["p99_ms"]):
+                entry["p99_ms"] = float(r.p99_ms)
+    return out
+
+
+def event_rows(events: Iterable[Any], limit: int) -> list[dict[str, Any]]:
+    """The last ``limit`` events as JSON rows, oldest first, the same event repeated back to back shown once
+    (``count`` says how often, ``ts_ms`` is the latest, ``first_ts_ms`` the first): a leader that says
+    "unschedulable" again after every election, or a record read twice, is one line, not a screenful."""
+    rows: list[dict[str, Any]] = []
+    for e in events:
+        ts_ms = int(e.at * 1000)
+        last = rows[-1] if rows else None
+        if last is not None and (last["kind"], last["model"], last["replica_id"], last["node"], last["detail"]) == \
+                (e.kind, e.model, e.replica_id, e.node, e.detail):
+            last["count"] += 1
+            last["ts_ms"] = max(last["ts_ms"], ts_ms)
+            continue
+        rows.append({"ts_ms": ts_ms, "first_ts_ms": ts_ms, "kind": e.kind, "model": e.model,
+                     "replica_id": e.replica_id, "node": e.node, "detail": e.detail, "count": 1})
+    return rows[-limit:] if limit > 0 else []

@@ -1,0 +1,320 @@
+"""SIE on a secured broker (SASL_SSL + SCRAM-SHA-512 + TLS, StandardAuthorizer, nothing allowed without an ACL).
+
+Every component runs as its own principal holding only the ACLs ``sie acls plan`` gives its role:
+the exactly-once scorer end to end; a scorer missing one ACL stops at once with an error naming the
+permission; the control plane and an agent whose worker runs as the scorer principal; a CDC stage; a
+backfill.  Each test makes its own users and prefix, so they share one broker.  Secrets never show in
+logs, errors, ``--help`` or ``sie kafka status``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from sie.kernel.acls import ModelScope, apply, plan
+from sie.kernel.admin import admin_client, ensure_model_topics, ensure_topics
+from sie.kernel.authz import NotAuthenticated, NotAuthorized
+from sie.kernel.settings import Settings
+from sie.kernel.topics import system_topics
+from sie.schemas.spec import load_spec
+from sie.schemas.spec_policy import SpecPolicy
+from sie.streams.scorer import ScorerConfig, run_scorer
+from tests.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
+
+pytestmark = [pytest.mark.kafka, pytest.mark.secure_kafka]
+
+RULES = EXAMPLES / "fraud-rules.yaml"
+EXAMPLE_INPUT = {"amount": 950.0, "merchant_risk": 0.8, "hour": 3, "account_age_days": 5, "is_foreign": True,
+                 "tx_count_24h": 9}
+
+
+class Principal:
+    """A SCRAM user made for one test, with the ACLs of one role."""
+
+    def __init__(self, kafka: Any, prefix: str, role: str, **scope: Any) -> None:
+        self.name = f"{role}-{uuid.uuid4().hex[:8]}"
+        self.password_file = kafka.create_user(self.name)
+        self.settings = kafka.settings_for_clients(self.name).with_overrides(topic_prefix=prefix)
+        self.rules = plan(self.settings.names, role, self.name, **scope)
+
+    def grant(self, admin: Settings, without: Any = None) -> None:
+        rules = [r for r in self.rules if without is None or not without(r)]
+        assert len(rules) < len(self.rules) or without is None, "the rule to leave out is not in the plan"
+        apply(admin_client(admin), rules)
+
+    @property
+    def password(self) -> str:
+        return self.password_file.read_text().strip()
+
+
+@pytest.fixture()
+def world(secure_kafka: Any) -> dict[str, Any]:
+    """A fresh cluster prefix, its topics (made by the admin) and the fraud-rules model under it."""
+    prefix = f"sec{uuid.uuid4().hex[:8]}"
+    admin = secure_kafka.settings_for_clients().with_overrides(topic_prefix=prefix)
+    ensure_topics(admin, system_topics(prefix))
+    spec = load_spec(RULES, topic_prefix=prefix)
+    t = spec.topics
+    ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill, f"{t.backfill}.dlq"], 2)
+    return {"kafka": secure_kafka, "prefix": prefix, "admin": admin, "spec": spec}
+
+
+def _rules_backend(spec: Any, settings: Settings) -> Any:
+    from sie.workers.backends import backend_config_from_spec, create_backend
+
+    policy = SpecPolicy.from_settings(settings)
+    backend = create_backend(backend_config_from_spec(policy.enforce(spec), policy))
+    backend.load()
+    return backend
+
+
+class ScorerThread:
+    def __init__(self, settings: Settings, spec: Any, instance: str = "s0") -> None:
+        self.stop, self.ready = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.summary: Any = None
+        self.started = time.monotonic()
+        config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10, session_timeout_ms=6000)
+
+        def run() -> None:
+            try:
+                self.summary = run_scorer(config, lambda s: _rules_backend(s, settings), self.stop,
+                                          on_ready=lambda _s: self.ready.set())
+            except BaseException as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _produce(settings: Settings, topic: str, n: int, tag: str) -> list[str]:
+    from confluent_kafka import Producer
+
+    producer = Producer(settings.kafka_client_config(**{"enable.idempotence": True, "acks": "all"}))
+    ids = [f"{tag}-{i}" for i in range(n)]
+    errors: list[str] = []
+    for i, rid in enumerate(ids):
+        producer.produce(topic, orjson.dumps({"id": rid, "inputs": {**EXAMPLE_INPUT, "amount": 10.0 + i}}),
+                         key=rid.encode(), on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+    assert producer.flush(30) == 0 and not errors, errors[:3]
+    return ids
+
+
+def _secrets(kafka: Any, *extra: Principal) -> list[str]:
+    from sie.infra.kafka.security import USERS
+
+    return [kafka.security.password(u) for u in USERS] + [p.password for p in extra]
+
+
+def test_exactly_once_scorer_end_to_end_under_its_least_privilege_principal(world: dict[str, Any], capfd: Any,
+                                                                           caplog: Any) -> None:
+    kafka, admin, spec = world["kafka"], world["admin"], world["spec"]
+    scorer = Principal(kafka, world["prefix"], "scorer", models=[ModelScope.of_spec(spec)])
+    producer = Principal(kafka, world["prefix"], "producer", models=[ModelScope.of_spec(spec)])
+    scorer.grant(admin)
+    producer.grant(admin)
+    assert {(r.operation, r.resource) for r in scorer.rules} == {
+        ("read", "topic"), ("write", "topic"), ("describe_configs", "topic"), ("read", "group"),
+        ("write", "transactional_id")}  # nothing on the cluster, no create
+
+    run = ScorerThread(scorer.settings, spec)
+    try:
+        wait_until(lambda: run.ready.is_set() or run.error, 60, message="scorer ready")
+        assert run.error is None, run.error
+        ids = _produce(producer.settings, spec.topics.requests, 60, "eos")
+        results = consume_all(admin, spec.topics.results, expected=60, timeout=60)
+    finally:
+        run.close()
+    assert run.error is None, run.error
+    seen = [json.loads(r.value)["id"] for r in results]
+    assert sorted(seen) == sorted(ids), "every request exactly once"
+    assert consume_all(admin, spec.topics.dead_letters, timeout=10) == []
+    assert run.summary.results == 60 and run.summary.aborts == 0
+
+    # the producer principal may write requests and nothing else: reading the results is refused, by name
+    with pytest.raises(NotAuthorized, match=r"may not READ topic 'sec\w+\.specs'"):
+        from sie.schemas.spec_store import read_spec_snapshot
+
+        read_spec_snapshot(producer.settings.with_overrides(topic_prefix=world["prefix"]), timeout=10)
+    out, err = capfd.readouterr()
+    text = out + err + caplog.text + repr(scorer.settings) + repr(producer.settings)
+    for secret in _secrets(kafka, scorer, producer):
+        assert secret not in text
+
+
+@pytest.mark.parametrize("missing, expected", [
+    (lambda r: r.resource == "transactional_id", r"may not WRITE transactional id 'sec\w+\.scorer\.fraud-rules\.s0'"),
+    (lambda r: r.resource == "group", r"may not READ group 'sec\w+\.scorer\.fraud-rules'"),
+    (lambda r: r.operation == "write" and r.name.endswith(".results"), r"may not WRITE topic 'sec\w+\.model\.fraud-rules\.results'"),
+], ids=["transactional-id", "group", "results-topic"])
+def test_a_principal_lacking_one_acl_stops_with_the_missing_permission(world: dict[str, Any], missing: Any,
+                                                                      expected: str) -> None:
+    kafka, admin, spec = world["kafka"], world["admin"], world["spec"]
+    scorer = Principal(kafka, world["prefix"], "scorer", models=[ModelScope.of_spec(spec)])
+    scorer.grant(admin, without=missing)
+    _produce(admin, spec.topics.requests, 5, "denied")
+    run = ScorerThread(scorer.settings, spec)
+    try:
+        wait_until(lambda: not run.thread.is_alive(), 60, message="the scorer to stop on its own")
+    finally:
+        run.close()
+    elapsed = time.monotonic() - run.started
+    assert isinstance(run.error, NotAuthorized), repr(run.error)
+    assert f"User:{scorer.name}" in str(run.error)
+    import re
+
+    assert re.search(expected, str(run.error)), str(run.error)
+    assert elapsed < 45, f"took {elapsed:.0f}s to report a missing ACL"
+    assert consume_all(admin, spec.topics.results, timeout=10) == []  # nothing half-written
+
+
+def test_wrong_password_is_a_clear_error_within_seconds(world: dict[str, Any]) -> None:
+    from sie.kernel.admin import wait_for_cluster
+
+    wrong = world["admin"].model_copy(update={"sasl_password_file": None, "sasl_password": "not-the-password"})
+    started = time.monotonic()
+    with pytest.raises(NotAuthenticated, match="refused the credentials of user 'admin'") as info:
+        wait_for_cluster(wrong, timeout=30)
+    assert time.monotonic() - started < 10
+    assert "not-the-password" not in str(info.value)
+
+
+def test_control_plane_and_agent_run_as_their_principals(world: dict[str, Any], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control plane (API write -> specs -> assignment), an agent, and its worker as the scorer principal."""
+    import httpx
+
+    from sie.streams.control.controller import ControlConfig
+    from sie.streams.control.service import ControlService
+    from sie.workers.agent import Agent, AgentConfig
+
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    control = Principal(kafka, prefix, "control")
+    agent_p = Principal(kafka, prefix, "agent", nodes=["sn1"])
+    scorer = Principal(kafka, prefix, "scorer", models=[ModelScope.of_spec(spec)])
+    for p in (control, agent_p, scorer):
+        p.grant(admin)
+    monkeypatch.setenv("PYTHONPATH", str(EXAMPLES))  # the model package is installed on this node
+    agent_settings = agent_p.settings.model_copy(update={
+        "worker_sasl_username": scorer.name, "worker_sasl_password_file": scorer.password_file})
+    svc = ControlService(with_api_tokens(control.settings), ControlConfig(reconcile_interval_s=0.3),
+                         instance_id="sec-cp", http_port=0).start()
+    agent = Agent(AgentConfig(node="sn1", simulate_gpus="1xL4-24GB", heartbeat_s=0.5, work_dir=tmp_path), agent_settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{svc.http_port}"
+    auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    try:
+        wait_until(lambda: httpx.get(f"{url}/healthz", headers=auth).json()["role"] == "leader", 60, message="leading")
+        answer = httpx.post(f"{url}/v1/models", content=RULES.read_text(), headers=auth)
+        assert answer.status_code == 202, answer.text
+        wait_until(lambda: (m := httpx.get(f"{url}/v1/models/fraud-rules", headers=auth).json()).get("phase") == "Ready"
+                   and m, 90, message=lambda: f"fraud-rules Ready; {httpx.get(f'{url}/v1/models/fraud-rules', headers=auth).json()}")
+        ids = _produce(admin, spec.topics.requests, 20, "cp")
+        results = consume_all(admin, spec.topics.results, expected=20, timeout=60)
+        assert sorted(json.loads(r.value)["id"] for r in results) == sorted(ids)
+    finally:
+        stop.set()
+        thread.join(30)
+        svc.stop()
+    worker_log = next(tmp_path.rglob("worker.log")).read_text()
+    for secret in _secrets(kafka, control, agent_p, scorer):
+        assert secret not in worker_log
+
+
+def test_cdc_stage_and_backfill_run_as_their_principals(world: dict[str, Any]) -> None:
+    from sie.connectors.backfill import BackfillConfig, BackfillJob
+    from sie.connectors.cdc import load_connector_spec
+    from sie.connectors.cdc_stage import CdcStage, CdcStageConfig, field_types_of
+
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    # CDC: canal change events -> requests of the model, exactly once, as the cdc principal
+    connector = load_connector_spec(EXAMPLES / "cdc" / "orders-to-fraud.yaml")
+    source = f"{prefix}-src.shop.orders"
+    ensure_model_topics(admin, [source], 1)
+    connector = connector.model_copy(update={"name": f"orders-{uuid.uuid4().hex[:6]}", "source_topic": source,
+                                             "model": spec.name})
+    ensure_model_topics(admin, [admin.names.cdc_dead_letter_topic(connector.name)], 1)
+    cdc = Principal(kafka, prefix, "cdc", connector=connector.name, source_topics=[source],
+                    models=[ModelScope.of_spec(spec)])
+    cdc.grant(admin)
+    events = [line for line in (EXAMPLES / "cdc" / "canal-orders.jsonl").read_bytes().splitlines() if line.strip()]
+    from confluent_kafka import Producer
+
+    producer = Producer(admin.kafka_client_config())
+    for e in events:
+        producer.produce(source, e)
+    assert producer.flush(10) == 0
+    stage = CdcStage(CdcStageConfig(settings=cdc.settings, connector=connector, instance="c0",
+                                    field_types=field_types_of(spec), max_wait_ms=10,
+                                    request_topic=spec.topics.requests))
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.setdefault("r", _catch(lambda: stage.run(stop))), daemon=True)
+    thread.start()
+    try:  # every source record committed (the stage's counters move only after a commit)
+        wait_until(lambda: stage.summary().records >= len(events), 60,
+                   message=lambda: f"the CDC stage to commit {len(events)} events ({stage.summary().line()})")
+    finally:
+        stop.set()
+        thread.join(30)
+    requests = consume_all(admin, spec.topics.requests, timeout=30)  # the stage stopped: this end is final
+    assert not isinstance(box.get("r"), BaseException), box.get("r")
+    assert requests
+
+    # backfill: re-score the requests topic into the backfill topic, as the backfill principal
+    backfill = Principal(kafka, prefix, "backfill", models=[ModelScope.of_spec(spec)])
+    backfill.grant(admin)
+    from sie.connectors.backfill_plan import parse_bound
+
+    config = BackfillConfig(settings=backfill.settings, spec=spec, job_id=f"bf-{uuid.uuid4().hex[:6]}",
+                            start=parse_bound("earliest", "--from"), end=parse_bound("now", "--to"))
+    report = BackfillJob(config, progress=lambda _l: None).run(threading.Event(), _rules_backend(spec, backfill.settings))
+    out = consume_all(admin, spec.topics.backfill, timeout=30)
+    assert report.complete and len(out) == report.scored
+    assert report.scored + sum(report.dead_letters.values()) == len(requests)
+
+
+def _catch(fn: Any) -> Any:
+    try:
+        return fn()
+    except BaseException as exc:
+        return exc
+
+
+def test_secrets_stay_out_of_status_help_plans_and_broker_logs(secure_kafka: Any) -> None:
+    from sie.cli import cli
+    from sie.commands.kafka import command as kafka_cli
+
+    runner = CliRunner()
+    status = runner.invoke(kafka_cli, ["status", "--data-dir", str(secure_kafka.data_dir)], obj=secure_kafka.settings)
+    assert status.exit_code == 0, status.output
+    assert "secured: SASL_SSL" in status.output
+    env = secure_kafka.security.client_env("admin")
+    outputs = [status.output]
+    for args in (["kafka", "up", "--help"], ["acls", "plan", "--role", "scorer", "--principal", "sie-scorer"],
+                 ["token", "--help"], ["--help"]):
+        result = runner.invoke(cli, args, env=env)
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    settings = secure_kafka.settings_for_clients()
+    outputs += [repr(settings), str(settings), str(settings.model_dump())]
+    logs = [p.read_text(errors="replace") for p in secure_kafka.data_dir.rglob("*.log")]
+    assert logs, "the broker wrote logs"
+    text = "\n".join(outputs + logs)
+    for secret in _secrets(secure_kafka):
+        assert secret not in text

@@ -1,0 +1,138 @@
+"""What the control plane tells about metrics, without Kafka: Prometheus targets from heartbeats, live
+numbers per model, events shown once, control-plane gauges that never keep an old count, and the
+status page's routes."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import generate_latest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+from sie.kernel.settings import Settings
+from sie.schemas.replica_state import ReplicaState
+from sie.streams.control.api import create_app
+from sie.streams.control.auth import TokenStore
+from sie.streams.control.observability import event_rows, model_numbers, prometheus_targets
+from sie.streams.control.service import ControlMetrics, ControlService
+from sie.streams.control.state import ClusterState
+from sie.streams.control.status import ModelStatus, ReplicaView
+from tests.helpers import VIEWER_TOKEN, with_api_tokens
+
+NOW = 10_000.0
+
+
+def _report(rid: str, state: str, address: str | None, lag: int | None = None, p99: float | None = None) -> dict:
+    return {"replica_id": rid, "model": rid.rsplit("-", 1)[0], "version": "1", "state": state, "pid": 1,
+            "restarts": 0, "reason": None, "metrics_address": address, "lag": lag, "p99_ms": p99}
+
+
+def _state() -> ClusterState:
+    state = ClusterState()
+    state.apply_heartbeat({"node": "a", "ts_ms": 0, "seq": 1, "gpus": [], "metrics_address": "a:9400", "replicas": [
+        _report("fraud-0", "READY", "a:40001", lag=5, p99=20.0),
+        _report("fraud-1", "CRASHED", "a:40002", lag=None),  # no process: not a target
+        _report("rules-0", "STARTING", "a:40003", lag=0, p99=None)]}, seen_at=NOW)
+    state.apply_heartbeat({"node": "b", "ts_ms": 0, "seq": 1, "gpus": [], "metrics_address": "b:9400", "replicas": [
+        _report("fraud-2", "READY", "b:40001", lag=7, p99=35.0)]}, seen_at=NOW)
+    state.apply_heartbeat({"node": "gone", "ts_ms": 0, "seq": 1, "gpus": [], "metrics_address": "gone:9400",
+                           "replicas": [_report("fraud-3", "READY", "gone:40001", lag=1000, p99=900.0)]},
+                          seen_at=NOW - 600)
+    return state
+
+
+def test_targets_list_online_agents_and_their_serving_workers_only():
+    targets = prometheus_targets(_state().snapshot(), NOW, timeout_s=10)
+    by_address = {g["targets"][0]: g["labels"] for g in targets}
+    assert set(by_address) == {"a:9400", "a:40001", "a:40003", "b:9400", "b:40001"}
+    assert by_address["a:40001"] == {"sie_component": "scorer", "sie_node": "a", "sie_replica": "fraud-0",
+                                     "sie_model": "fraud"}
+    assert by_address["b:9400"] == {"sie_component": "agent", "sie_node": "b"}
+
+
+def test_model_numbers_sum_lag_and_take_the_worst_p99_of_online_nodes():
+    numbers = model_numbers(_state().snapshot(), NOW, timeout_s=10)
+    assert numbers["fraud"] == {"lag": 12, "p99_ms": 35.0, "reporting": 2}
+    assert numbers["rules"] == {"lag": 0, "p99_ms": None, "reporting": 1}
+
+
+def test_the_same_event_is_shown_once_with_a_count_and_a_record_read_twice_is_applied_once():
+    state = ClusterState()
+    event = {"ts_ms": 1000, "kind": "unschedulable", "model": "m", "replica_id": "m-0", "node": None,
+             "detail": "needs 64 GiB"}
+    state.apply_event(event, (0, 5))
+    state.apply_event(event, (0, 5))  # the same record again (a re-read)
+    assert len(state.snapshot().events) == 1
+    state.apply_event({**event, "ts_ms": 2000}, (0, 6))  # said again by a new leader
+    state.apply_event({**event, "ts_ms": 3000, "kind": "placed", "node": "a", "detail": "on a"}, (0, 7))
+    rows = event_rows(state.snapshot().events, 10)
+    assert [(r["kind"], r["count"], r["first_ts_ms"], r["ts_ms"]) for r in rows] == [
+        ("unschedulable", 2, 1000, 2000), ("placed", 1, 3000, 3000)]
+    assert event_rows(state.snapshot().events, 1)[0]["kind"] == "placed"
+
+
+def _status(name: str, states: list[ReplicaState], priority: str = "P0") -> ModelStatus:
+    views = tuple(ReplicaView(f"{name}-{i}", name, "1", "a", (), 0, s) for i, s in enumerate(states))
+    ready = sum(1 for s in states if s == ReplicaState.READY)
+    return ModelStatus(name, "1", priority, "scoring", "Ready" if ready == len(states) else "Progressing", None,
+                       len(states), ready, views)
+
+
+def _observe(metrics: ControlMetrics, statuses: dict, nodes: int = 0) -> str:
+    report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, statuses=statuses, plan=None,
+                             errors={}, of=lambda _topic: [])
+    snap = SimpleNamespace(specs=statuses, nodes={f"n{i}": None for i in range(nodes)},
+                           node_online=lambda name, now, timeout: name != "n0")
+    metrics.observe(report, snap, NOW, 10)
+    return generate_latest(metrics.registry).decode()
+
+
+def test_control_gauges_never_keep_an_old_count_and_drop_models_that_are_gone():
+    metrics = ControlMetrics()
+    text = _observe(metrics, {"fraud": _status("fraud", [ReplicaState.CRASHED, ReplicaState.STOPPED])}, nodes=2)
+    assert 'sie_control_replicas{state="CRASHED"} 1.0' in text
+    assert 'sie_control_nodes{state="offline"} 1.0' in text and 'sie_control_nodes{state="online"} 1.0' in text
+    text = _observe(metrics, {"fraud": _status("fraud", [ReplicaState.READY, ReplicaState.READY])}, nodes=2)
+    assert 'sie_control_replicas{state="CRASHED"} 0.0' in text and 'sie_control_replicas{state="STOPPED"} 0.0' in text
+    assert 'sie_control_replicas{state="READY"} 2.0' in text
+    assert 'sie_control_model_replicas_ready{model_id="fraud",priority_level="P0"} 2.0' in text
+    assert 'sie_control_model_phase{model_id="fraud",phase="Ready",priority_level="P0"} 1.0' in text
+    text = _observe(metrics, {"rules": _status("rules", [ReplicaState.READY], "P2")})
+    assert 'model_id="fraud"' not in text and 'model_id="rules"' in text
+
+
+@pytest.fixture()
+def client(tmp_path: Path) -> TestClient:
+    settings = with_api_tokens(Settings(cache_dir=tmp_path / "cache"))
+    service = ControlService(settings, http_port=None)
+    audit = SimpleNamespace(record=lambda *a, **k: None)
+    return TestClient(create_app(service, TokenStore(settings), (), audit), raise_server_exceptions=False)
+
+
+def test_status_page_files_are_served_without_a_token_with_a_strict_policy(client: TestClient):
+    page = client.get("/status")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy and "frame-ancestors 'none'" in policy
+    script = client.get("/status/app.js")
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert client.get("/status/app.css").status_code == 200
+    # data reaches the page only as text, and the token only as a bearer header
+    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(", script.text)
+    assert "sessionStorage" in script.text and "localStorage" not in script.text and "cookie" not in script.text
+    assert "<script>" not in page.text and not re.search(r"\son[a-z]+\s*=", page.text)  # no inline code
+
+
+def test_new_routes_need_a_viewer_and_answer_json(client: TestClient):
+    for path in ("/v1/events", "/v1/prometheus/targets"):
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}).status_code == 200
+    bad = client.get("/v1/events?limit=0", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "limit"

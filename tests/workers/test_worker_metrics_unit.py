@@ -1,0 +1,87 @@
+"""Workers' /metrics endpoints as the agent allocates and advertises them, and the numbers a worker
+reports of itself (lag, recent p99) on their way into the heartbeat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sie.kernel.errors import ConfigError
+from sie.schemas.avro_codec import decode, encode
+from sie.workers.agent import messages
+from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
+from sie.workers.process import LaunchSpec
+from sie.workers.replica import DesiredReplica
+from sie.workers.supervisor import Supervisor
+from tests.fakes.workers import FakeClock, FakeLauncher
+
+
+def replica(index: int = 0) -> DesiredReplica:
+    return DesiredReplica(replica_id=f"m-{index}", model="m", version="1", spec_json='{"v": 1}')
+
+
+def test_default_is_any_free_port_and_off_is_none():
+    assert MetricsPorts().port_for("m-0", []) == 0
+    assert MetricsPorts("off").port_for("m-0", []) is None
+
+
+def test_a_range_gives_distinct_ports_reused_by_a_restarted_replica_and_freed_when_gone():
+    ports = MetricsPorts("9500-9501")
+    assert ports.port_for("m-0", []) == 9500
+    assert ports.port_for("m-1", ["m-0"]) == 9501
+    assert ports.port_for("m-0", ["m-1"]) == 9500  # a restart keeps its port
+    with pytest.raises(ConfigError, match="every port is taken"):  # retried (a crash), not FAILED for good
+        ports.port_for("m-2", ["m-0", "m-1"])
+    assert ports.port_for("m-2", ["m-1"]) == 9500  # m-0 is gone: its port is free again
+
+
+@pytest.mark.parametrize("bad", ["abc", "80-90", "9600-9500", "1-2-3"])
+def test_bad_ranges_are_refused_with_the_option_named(bad: str):
+    with pytest.raises(ConfigError, match="--worker-metrics-ports"):
+        MetricsPorts(bad)
+
+
+def test_the_worker_command_line_carries_the_allocated_port(tmp_path: Path):
+    builder = WorkerCommandBuilder(tmp_path, base_env={}, metrics_ports=MetricsPorts("9500-9509"))
+    argv = builder(replica()).argv
+    assert argv[argv.index("--metrics-port") + 1] == "9500"
+    assert "--metrics-port" not in WorkerCommandBuilder(tmp_path, base_env={}, metrics_ports=MetricsPorts("off"))(
+        replica()).argv
+
+
+def test_the_supervisor_keeps_what_the_worker_reported_and_forgets_it_on_restart():
+    clock, launcher = FakeClock(), FakeLauncher()
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("w",)), clock)
+    sup.set_desired([replica()])
+    sup.update()
+    launcher.last.emit(event="ready", metrics_port=40123)
+    launcher.last.emit(event="progress", records=5, lag=17, p99_ms=12.5)
+    sup.update()
+    (snap,) = sup.snapshots()
+    assert (snap.metrics_port, snap.lag, snap.p99_ms) == (40123, 17, 12.5)
+    # nonsense from the worker is ignored, not trusted
+    launcher.last.emit(event="progress", records=6, lag=-3, metrics_port="x", p99_ms="slow")
+    sup.update()
+    (snap,) = sup.snapshots()
+    assert (snap.metrics_port, snap.lag, snap.p99_ms) == (40123, 17, None)
+    launcher.last.exit(1)
+    sup.update()  # CRASHED: no process, nothing to advertise
+    (snap,) = sup.snapshots()
+    assert (snap.metrics_port, snap.lag) == (None, None)
+
+
+def test_the_heartbeat_advertises_host_and_ports_and_round_trips_through_avro():
+    clock, launcher = FakeClock(), FakeLauncher()
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("w",)), clock)
+    sup.set_desired([replica()])
+    sup.update()
+    launcher.last.emit(event="ready", metrics_port=40123)
+    launcher.last.emit(event="progress", records=1, lag=3, p99_ms=4.0)
+    sup.update()
+    record = messages.heartbeat("node-a", 1, 5, [], sup.snapshots(), host="10.0.0.7", metrics_port=9400)
+    back = decode(encode("Heartbeat", record))
+    assert back["metrics_address"] == "10.0.0.7:9400"
+    reported = back["replicas"][0]
+    assert (reported["metrics_address"], reported["lag"], reported["p99_ms"]) == ("10.0.0.7:40123", 3, 4.0)
+    assert messages.address("::1", 9400) == "[::1]:9400" and messages.address(None, 9400) is None
