@@ -272,8 +272,12 @@ class Scorer:
         c["results"] += stats["ok"]
         c["expired"] += stats["expired"]
         c["dead_letters"] += sum(stats["dead"].values())
-        commit_s = self._loop.eos.last_commit_s if self._loop is not None and self._loop.eos is not None else None
-        now_ms = self._wall() * 1000.0
+        eos = self._loop.eos if self._loop is not None else None
+        commit_s = eos.last_commit_s if eos is not None else None
+        # When the commit returned (the layer's stamp): pipelined, this hook runs only when the commit is
+        # settled, after the next batch was prepared; the request latency and the commit span end at the commit.
+        committed_at = eos.last_times.committed if eos is not None and eos.last_times.committed else self._wall()
+        now_ms = committed_at * 1000.0
         self.metrics.batch_committed(stats, n, commit_s, now_ms)
         if "spans" in stats:
             self._trace.committed(stats["spans"], commit_s, now_ms)

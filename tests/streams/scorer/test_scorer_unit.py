@@ -322,3 +322,25 @@ def test_pipelined_commit_takes_the_group_metadata_on_the_loop_thread():
     summary, *_rest = run_fake([req(i) for i in range(50)], max_batch=10, consumer_class=WatchedConsumer)
     assert summary.results == 50 and summary.batches == 5
     assert len(threads) == 5 and all(t is loop_thread for t in threads)
+
+
+def test_request_latency_ends_at_the_commit_not_when_a_pipelined_commit_is_settled():
+    """Pipelined, ``committed`` runs when the commit is settled (after the next batch was prepared): the
+    per-request latency must end at the commit's own stamp, not at the time the hook runs."""
+    from types import SimpleNamespace
+
+    from sie.streams.eos import BatchTimes
+
+    spec = echo_spec()
+    at_s, committed_s, settled_s = 1000.0, 1000.004, 1000.500  # prepared, commit returned, hook runs
+    config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0")
+    scorer = Scorer(config, RoutingTable.single(spec.version, FlakyBackend()), clients=fake_clients().clients,
+                    wall_clock=lambda: settled_s)
+    scorer._loop = SimpleNamespace(eos=SimpleNamespace(last_commit_s=0.002,
+                                                       last_times=BatchTimes(committed=committed_s)))
+    stats = {"ok": 1, "expired": 0, "dead": {}, "oldest_ms": 10.0, "queued": {spec.version: [10.0]},
+             "at_ms": at_s * 1000.0}
+    scorer.committed(stats, 1)
+    unified = {"model_id": spec.name, "service_type": "scoring", "priority_level": "P1", "version": spec.version}
+    assert scorer.metrics.value("sie_request_latency_seconds_count", unified) == 1
+    assert scorer.metrics.value("sie_request_latency_seconds_sum", unified) == pytest.approx(0.014)
