@@ -13,7 +13,8 @@ At each controlled rate (default 200/s, 2,000/s and half of the scorer's max thr
 
 End-to-end = the request record's timestamp (set when the request is handed to the client) -> the result
 visible to a separate read_committed reader process.  "half" needs the scorer's max: a backlog run of the
-real CLI (``python -m sie score``) first, unless ``--max-rate`` is given.
+real CLI (``python -m sie score``) first, unless ``--max-rate`` is given; next to it, the null copy's backlog
+run on the same requests gives the throughput ratio SIE / null (``--no-null-backlog`` skips it).
 
 Usage::
 
@@ -60,6 +61,8 @@ def main() -> int:
     ap.add_argument("--max-rate", type=float, default=None,
                     help="the scorer's max throughput for 'half' (default: measured by a backlog run first)")
     ap.add_argument("--max-requests", type=int, default=50_000, help="requests of the backlog run measuring max")
+    ap.add_argument("--no-null-backlog", dest="null_backlog", action="store_false",
+                    help="skip the null EOS copy's backlog run next to the scorer's (the throughput ratio)")
     ap.add_argument("--contestants", default="sie,serial,null,quix,quixt", help=f"comma list of {','.join(CONTESTANTS)}")
     ap.add_argument("--quix-python", default=None, help="python of the Quix Streams virtualenv (bench_scoring.py)")
     ap.add_argument("--quix-commit-interval", default=str(bs.QUIX_TUNED_COMMIT_S),
@@ -109,6 +112,14 @@ def main() -> int:
                                            records[: args.max_requests], None)
                     phases["max"] = ph
                     max_rate = ph.rate
+                    if args.null_backlog:  # the throughput target: the scorer vs the null copy, same run
+                        topics, spec, group = setup("max_null")
+                        bs.log(f"max throughput: null EOS copy on {args.max_requests:,} requests")
+                        phases["max_null"] = bench.run_backlog(
+                            bs.Phase("max_null", "null EOS copy backlog", 1, args.max_requests),
+                            [bs.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec),
+                                                  "instance": "bench-max-null"})],
+                            group, topics, records[: args.max_requests], None)
                 rates.append(("half", max_rate / 2))
             else:
                 rates.append((item, float(item)))
@@ -173,13 +184,21 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
         "# end-to-end = request timestamp -> result visible to a read_committed reader; split (SIE only, from its "
         "per-batch timings): broker (request acknowledged) -> queue -> prepare -> wait (previous commit) -> produce -> "
         "commit -> visible",
+        "# load = the machine's 1-minute load average at each run's start -> end (2 cores; broker, contestant, load "
+        "generator and reader add ~2-7 themselves)",
     ]
     if max_rate:
-        lines.append(f"# SIE scorer max throughput (backlog): {max_rate:,.0f} requests/s -> half = {max_rate / 2:,.0f}/s")
+        backlog = phases.get("max")
+        lines.append(f"# SIE scorer max throughput (backlog): {max_rate:,.0f} requests/s -> half = {max_rate / 2:,.0f}/s"
+                     + (f" (load {_load(backlog)})" if backlog and backlog.load_avg else ""))
+        null = phases.get("max_null")
+        if null and null.rate and backlog:
+            lines.append(f"# null EOS copy max throughput (backlog, same run): {null.rate:,.0f} requests/s (load "
+                         f"{_load(null)}) -> SIE / null = {max_rate / null.rate:.2f}x (target >= 0.95x)")
     lines += ["", f"{'contestant @ rate':<44}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'results':>9}"
-                  f"{'cpu %':>7}{'broker %':>9}  note"]
+                  f"{'cpu %':>7}{'broker %':>9}{'load':>11}  note"]
     for ph in phases.values():
-        if ph.key == "max":
+        if ph.key in ("max", "max_null"):
             continue
         L = ph.latency
         if not L:
@@ -188,7 +207,7 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
             continue
         lines.append(f"{ph.label:<44}{L['achieved_rate']:>8,.0f}{L['steady_p50_ms']:>9.1f}{L['steady_p99_ms']:>9.1f}"
                      f"{L['steady_max_ms']:>9.1f}{ph.results:>9,}{ph.cpu_contestant_pct:>7.0f}{ph.cpu_broker_pct:>9.0f}"
-                     f"  {ph.error}")
+                     f"{_load(ph):>11}  {ph.error}")
         if ph.split:
             lines.append("    " + bs.split_line(ph.split))
     lines += ["", "ratios within each rate (p99 of the other / p99 of SIE; > 1 = SIE lower):"]
@@ -199,11 +218,17 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
         parts = [f"{name} {other.latency['steady_p99_ms'] / base.latency['steady_p99_ms']:.2f}x"
                  for name in CONTESTANTS if name != "sie"
                  for other in [phases.get(f"{name}_{rate_key}")] if other and other.latency]
-        lines.append(f"  @ {rate_key}: " + ", ".join(parts))
+        if parts:
+            lines.append(f"  @ {rate_key}: " + ", ".join(parts))
     js = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "commit": bs_commit(),
           "load_start": load_start, "load_end": load_end, "max_rate": max_rate,
           "phases": {k: asdict(v) for k, v in phases.items()}}
     return "\n".join(lines), js
+
+
+def _load(ph: bs.Phase) -> str:
+    """The 1-minute load average at the run's start -> end (the machine is shared)."""
+    return "->".join(f"{v:.1f}" for v in ph.load_avg)
 
 
 def bs_commit() -> str:

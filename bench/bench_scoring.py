@@ -392,6 +392,9 @@ class Phase:
     latency_timeline: list[list[float]] = field(default_factory=list)  # [second, requests, p50, p99, max]
     split: dict[str, Any] = field(default_factory=dict)  # latency_split() of the SIE scorer's latency runs
     settings: dict[str, Any] = field(default_factory=dict)
+    #: the machine's 1-minute load average when the run started and when it ended (the machine is shared:
+    #: a row measured under other people's load says so)
+    load_avg: list[float] = field(default_factory=list)
     error: str = ""
 
 
@@ -549,6 +552,7 @@ class Bench:
     def run_backlog(self, phase: Phase, procs_cmds: list[list[str]], group: str, topics: dict[str, str],
                     records: list[tuple[bytes, bytes]], cap_s: float | None) -> Phase:
         procs = [self.spawn(f"{phase.key}-{i}", cmd) for i, cmd in enumerate(procs_cmds)]
+        phase.load_avg = [os.getloadavg()[0]]
         try:
             t0 = time.monotonic()
             self.wait_group(group, topics["requests"], len(procs), procs)
@@ -562,6 +566,7 @@ class Bench:
             threading.Thread(target=self.produce_burst, args=(topics["requests"], records), daemon=True).start()
             self._watch(phase, reader, len(records), procs, cap_s)
             wall = time.monotonic() - w0
+            phase.load_avg.append(os.getloadavg()[0])
             cpu1 = [cpu_seconds(p.pid) for p in procs], cpu_seconds(self.broker_pid), cpu_seconds(reader.proc.pid)
             data = reader.finish()
         finally:
@@ -640,6 +645,7 @@ class Bench:
         if n > len(records):  # the same generator, longer: the first len(records) are the backlog runs' requests
             records = make_requests(n)
         proc = self.spawn(phase.key, cmd)
+        phase.load_avg = [os.getloadavg()[0]]
         try:
             self.wait_group(group, topics["requests"], 1, [proc])
             reader = Reader(self.bootstrap, topics["results"], n, want_ids=True)
@@ -674,6 +680,7 @@ class Bench:
                     next_note = now + 3
                 time.sleep(0.0005)
             produce_s = time.time() - start
+            phase.load_avg.append(os.getloadavg()[0])
             phase.cpu_contestant_pct = 100 * (cpu_seconds(proc.pid) - cpu0[0]) / produce_s
             phase.cpu_broker_pct = 100 * (cpu_seconds(self.broker_pid) - cpu0[1]) / produce_s
             p.flush(30)
