@@ -45,6 +45,9 @@ RECORDS = (
     "ControlEvent",
     "LeaderEpoch",
     "ModelStatus",
+    "ArtifactManifest",
+    "ConnectorRecord",
+    "Rollout",
 )
 
 

@@ -65,11 +65,44 @@ class IOSchema(_Frozen):
         return tuple(f.name for f in self.fields)
 
 
+SHA256_RE = r"^[0-9a-f]{64}$"
+
+
+class ArtifactRef(_Frozen):
+    """A file a replica needs, named by its content: every node fetches it, checks that its bytes hash to
+    ``sha256`` and refuses it otherwise.
+
+    ``uri`` None: on the cluster's artifacts topic (``sie apply`` uploads it there); else a ``file://``,
+    ``http(s)://`` or object-store URI (fsspec) under ``SIE_ARTIFACT_SOURCES``.  ``name`` is the file name
+    the node gives its copy (the suffix tells the torch format; ``.pt2`` archives are still inspected).
+    """
+
+    sha256: str = Field(pattern=SHA256_RE)
+    name: str = Field("artifact", pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
+    size: int | None = Field(None, ge=0)
+    uri: str | None = Field(None, max_length=4096)
+
+    @property
+    def label(self) -> str:
+        """``sha256:ab12cd34ef56 (fraud.safetensors)`` for messages."""
+        return f"sha256:{self.sha256[:12]} ({self.name})"
+
+
 class BackendSpec(_Frozen):
-    """How a replica runs the model."""
+    """How a replica runs the model.
+
+    ``artifact`` is the file the backend loads on THIS node; ``artifact_ref`` says where it comes from on
+    every other one (the agent fetches and verifies it and hands its worker a spec whose ``artifact`` is the
+    cached copy).  ``modules`` is an archive of the spec's own Python package (what ``moduleClass`` or
+    ``callable`` names, found next to the spec file by ``sie apply``); ``modules_path`` the verified copy a
+    worker imports it from, and only from (set by the agent).
+    """
 
     type: BackendType
     artifact: Path | None = None
+    artifact_ref: ArtifactRef | None = None
+    modules: ArtifactRef | None = None
+    modules_path: Path | None = None
     format: TorchFormat | None = None
     module_class: str | None = None
     module_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -155,6 +188,8 @@ class ModelService(_Frozen):
     kafka_input: KafkaInput | None = None
     example_input: dict[str, Any] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    #: the ``rollout`` block as written (validated at parse time: ``sie.schemas.rollout_policy``); None = defaults
+    rollout: dict[str, Any] | None = None
     description: str | None = None
     source: str | None = None
     warnings: tuple[str, ...] = ()

@@ -18,12 +18,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sie.kernel.errors import SpecError
+from sie.kernel.errors import ConfigError, SpecError
 from sie.kernel.names import ModelTopics, Names
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
     PRIORITY_LEVELS,
+    SHA256_RE,
+    ArtifactRef,
     BackendSpec,
     FieldSpec,
     IOSchema,
@@ -42,6 +44,9 @@ VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: ``scheme://...``: an artifact given as a URI rather than a path on this machine (a drive letter is no scheme)
+URI_RE = re.compile(r"^[a-z][a-z0-9+.-]+://")
+_SHA256 = re.compile(SHA256_RE)
 TYPE_ALIASES = {
     "string": "string", "str": "string", "text": "string",
     "int": "int", "integer": "int", "int32": "int", "int64": "int", "long": "int",
@@ -323,6 +328,8 @@ def _infer_format(issues: _Issues, path: str, artifact: Path) -> str | None:
 def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict[str, Any] | None:
     type_path, btype = sec.take("type")
     art_path, artifact = sec.take("artifact")
+    sha_path, sha256 = sec.take("sha256", "artifactSha256", "artifact_sha256")
+    mod_path, modules = sec.take("modules")
     fmt_path, fmt = sec.take("format")
     mc_path, module_class = sec.take("moduleClass", "module_class")
     mk_path, module_kwargs = sec.take("moduleKwargs", "module_kwargs")
@@ -356,14 +363,21 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
             out["device"] = device
     foreign = {
         "torch": [(call_path, call), (mp_path, model_path)],
-        "python": [(art_path, artifact), (fmt_path, fmt), (mc_path, module_class), (mp_path, model_path)],
-        "sglang": [(art_path, artifact), (fmt_path, fmt), (mc_path, module_class), (call_path, call)],
+        "python": [(art_path, artifact), (sha_path, sha256), (fmt_path, fmt), (mc_path, module_class),
+                   (mp_path, model_path)],
+        "sglang": [(art_path, artifact), (sha_path, sha256), (mod_path, modules), (fmt_path, fmt),
+                   (mc_path, module_class), (call_path, call)],
     }[btype]
     for path, value in foreign:
         if value is not _MISSING:
             issues.error(path, f"not used by the {btype} backend", value)
+    if modules is not _MISSING and modules is not None and btype != "sglang":
+        ref = _read_ref(issues, mod_path, modules, default_name="modules.zip")
+        if ref is not None:
+            out["modules"] = ref
     if btype == "torch":
-        _read_torch(issues, out, base_dir, (art_path, artifact), (fmt_path, fmt), (mc_path, module_class))
+        _read_torch(issues, out, base_dir, (art_path, artifact), (sha_path, sha256), (fmt_path, fmt),
+                    (mc_path, module_class))
     elif btype == "python":
         if call is _MISSING or call is None:
             issues.error(call_path, "required for the python backend ('package.module:function')")
@@ -379,22 +393,94 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
     return out
 
 
-def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, fmt_item: tuple, mc: tuple) -> None:
-    (art_path, artifact), (fmt_path, fmt), (mc_path, module_class) = art, fmt_item, mc
+def _read_ref(issues: _Issues, path: str, value: Any, default_name: str, sha256: Any = _MISSING) -> ArtifactRef | None:
+    """An artifact named by content: ``{sha256, name, size, uri}`` (on the cluster's artifacts topic unless
+    ``uri`` says where), or a URI string with ``sha256`` given next to it."""
+    if isinstance(value, str):
+        name = value.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0] or default_name
+        value = {"uri": value, "name": name, **({} if sha256 is _MISSING else {"sha256": sha256})}
+    elif not isinstance(value, dict):
+        issues.error(path, "must be a mapping {sha256, name, size, uri} or a URI", value)
+        return None
+    sec = _Section(value, path, issues)
+    sha_path, digest = sec.take("sha256")
+    name_path, name = sec.take("name")
+    size_path, size = sec.take("size")
+    uri_path, uri = sec.take("uri")
+    sec.finish()
+    if digest is _MISSING or digest is None:
+        issues.error(sha_path, "required: the sha256 (64 hex digits) every node checks the downloaded bytes against")
+        return None
+    if not isinstance(digest, str) or not _SHA256.match(digest.lower()):
+        issues.error(sha_path, "must be 64 hex digits (sha256sum FILE)", digest)
+        return None
+    fields: dict[str, Any] = {"sha256": digest.lower(), "name": default_name}
+    if name is not _MISSING and name is not None:
+        fields["name"] = name
+    if size is not _MISSING and size is not None:
+        fields["size"] = _int(issues, size_path, size)
+    if uri is not _MISSING and uri is not None:
+        if not isinstance(uri, str) or not URI_RE.match(uri):
+            issues.error(uri_path, "must be a URI (file://, https://, s3://, ...)", uri)
+            return None
+        fields["uri"] = uri
+    try:
+        return ArtifactRef(**fields)
+    except ValidationError as exc:
+        for e in exc.errors():
+            field = ".".join(map(str, e["loc"]))
+            issues.error(f"{path}.{field}" if field else path, e["msg"], e.get("input"))
+        return None
+
+
+def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, sha: tuple, fmt_item: tuple,
+                mc: tuple) -> None:
+    (art_path, artifact), (sha_path, sha256), (fmt_path, fmt), (mc_path, module_class) = art, sha, fmt_item, mc
     if artifact is _MISSING or artifact is None:
-        issues.error(art_path, "required for the torch backend (a .pt/.ts TorchScript, .pt2 export or .safetensors file)")
+        issues.error(art_path, "required for the torch backend (a .pt/.ts TorchScript, .pt2 export or .safetensors "
+                               "file: a path, a URI with sha256, or {sha256, name} uploaded by sie apply)")
         return
-    if not isinstance(artifact, str) or not artifact.strip():
-        issues.error(art_path, "must be a file path", artifact)
-        return
-    path = Path(artifact).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = (base_dir / path).resolve()
-    if not path.is_file():
-        issues.error(art_path, f"file not found: {path} (paths are relative to the spec file)", artifact)
-    out["artifact"] = path
+    path: Path | None = None
+    if isinstance(artifact, dict) or (isinstance(artifact, str) and URI_RE.match(artifact)):
+        if isinstance(artifact, str) and sha256 is _MISSING:
+            issues.error(sha_path, f"required with an artifact URI: every node checks the download against it "
+                                   f"(sha256sum the file; got artifact {_got(artifact)})")
+            return
+        if isinstance(artifact, dict) and sha256 is not _MISSING:
+            issues.error(sha_path, f"give the digest once, in {art_path}.sha256", sha256)
+        ref = _read_ref(issues, art_path, artifact, default_name="artifact", sha256=sha256)
+        if ref is None:
+            return
+        out["artifact_ref"] = ref
+        name = Path(ref.name)
+    else:
+        if not isinstance(artifact, str) or not artifact.strip():
+            issues.error(art_path, "must be a file path", artifact)
+            return
+        path = Path(artifact).expanduser()
+        if not path.is_absolute():
+            if base_dir is None:
+                issues.error(art_path, "a relative path needs a spec file to resolve it against, and there is none "
+                                       "here: apply the file with `sie apply -f` (it uploads the artifact), or give "
+                                       "{sha256, name} of an uploaded artifact (PUT /v1/artifacts/sha256:<hex>) or a "
+                                       "URI with sha256", artifact)
+                return
+            path = (base_dir / path).resolve()
+        if not path.is_file():
+            issues.error(art_path, f"file not found: {path} (paths are relative to the spec file)", artifact)
+        elif sha256 is not _MISSING:
+            if not isinstance(sha256, str) or not _SHA256.match(sha256.lower()):
+                issues.error(sha_path, "must be 64 hex digits (sha256sum FILE)", sha256)
+            else:
+                from sie.schemas.artifact_cache import file_sha256
+
+                actual = file_sha256(path)
+                if actual != sha256.lower():
+                    issues.error(sha_path, f"{path} has sha256 {actual}; the spec expects another file", sha256)
+        out["artifact"] = path
+        name = path
     if fmt is _MISSING or fmt is None:
-        fmt = _infer_format(issues, art_path, path)
+        fmt = _infer_format(issues, art_path, name)
     elif fmt not in SUFFIX_FORMATS.values():
         issues.error(fmt_path, "must be torchscript, export or safetensors", fmt)
         fmt = None
@@ -642,6 +728,25 @@ def _common_sections(issues: _Issues, sec: _Section, d: dict[str, Any], paths: d
     p, v = sec.take("labels")
     if v is not _MISSING:
         d["labels"] = _str_map(issues, p, v)
+    p, v = sec.take("rollout")
+    if v is not _MISSING and v is not None:
+        _read_rollout(issues, p, v, d)
+
+
+def _read_rollout(issues: _Issues, path: str, value: Any, d: dict[str, Any]) -> None:
+    """The rollout policy, checked now (``spec.rollout.steps: ...``), kept as written."""
+    from sie.schemas.rollout_policy import Policy
+
+    if not isinstance(value, dict):
+        issues.error(path, "must be a mapping (steps, intervalSeconds, surgeTimeoutSeconds, gates)", value)
+        return
+    try:
+        Policy.from_document(value)
+    except ConfigError as exc:
+        sub, _sep, reason = str(exc).removeprefix("rollout").partition(": ")
+        issues.error(path + sub, reason)
+        return
+    d["rollout"] = value
 
 
 def _read_flat(issues: _Issues, doc: dict, base_dir: Path | None) -> tuple[dict[str, Any], dict[str, str]]:

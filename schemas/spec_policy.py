@@ -9,8 +9,12 @@ assignments topic) could otherwise run anything as the worker's user.  The check
 * ``moduleClass`` / ``callable`` must name a module inside an allow-list of prefixes configured on the
   node (``SIE_ALLOWED_MODULES``, default the demo's ``models.fraud``; the standard library and SIE
   itself can never be allowed, ``sie.kernel.settings`` refuses them) and no ``__dunder`` attribute;
-* ``backend.artifact`` (and a local ``modelPath``) must resolve, symlinks followed, under one of the
-  node's model roots (``SIE_MODEL_ROOTS``; default ``<cache_dir>/models`` and the packaged demo);
+* ``backend.artifact`` (and a local ``modelPath``, and ``modulesPath``) must resolve, symlinks followed,
+  under one of the node's model roots (``SIE_MODEL_ROOTS``; default ``<cache_dir>/models`` and the
+  packaged demo; the artifact cache ``<cache_dir>/artifacts``, where only files verified by sha256 land,
+  always is one);
+* an artifact named by content (``artifactRef``, ``modules``) with a URI must come from a source this node
+  allows: ``file://`` under a model root, anything else under a prefix of ``SIE_ARTIFACT_SOURCES``;
 * ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
   null, lists, string-keyed maps) of bounded depth and size.
 
@@ -30,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from sie.kernel.settings import DEFAULT_ALLOWED_MODULES, Settings
 
@@ -52,6 +57,25 @@ def packaged_demo_root() -> Path:
     return Path(str(importlib.resources.files("sie.examples"))).resolve()
 
 
+def source_allowed(uri: str, sources: Iterable[str]) -> bool:
+    """``uri`` is under one of ``sources`` (same scheme and host, path below the prefix's path at a ``/``)."""
+    try:
+        target = urlsplit(uri)
+    except ValueError:
+        return False
+    if target.username or target.password:  # credentials belong in the node's config, not in a spec
+        return False
+    for source in sources:
+        prefix = urlsplit(source)
+        if (target.scheme, (target.netloc or "").lower()) != (prefix.scheme, (prefix.netloc or "").lower()):
+            continue
+        base = prefix.path
+        under = not base or target.path == base or target.path.startswith(base if base.endswith("/") else base + "/")
+        if under and ".." not in PurePosixPath(unquote(target.path)).parts:
+            return True
+    return False
+
+
 def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
@@ -66,14 +90,18 @@ class SpecPolicy:
 
     allowed_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES
     model_roots: tuple[Path, ...] = field(default_factory=tuple)
+    #: URI prefixes artifacts may be downloaded from (``SIE_ARTIFACT_SOURCES``)
+    artifact_sources: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings, extra_roots: Iterable[Path] = ()) -> SpecPolicy:
         """The policy of this node; ``extra_roots``: e.g. the folder of a spec file read on this machine."""
         roots = list(settings.model_roots) if settings.model_roots is not None else [
             settings.cache_dir / "models", packaged_demo_root()]
+        roots.append(settings.artifact_cache_dir)  # only files verified against a spec's sha256 land there
         roots.extend(extra_roots)
-        return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)))
+        return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)),
+                   tuple(settings.artifact_sources))
 
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
@@ -86,6 +114,13 @@ class SpecPolicy:
                 problems.extend(self.check_reference(ref, path))
         if backend.artifact is not None:
             problems.extend(self.check_path(backend.artifact, "spec.backend.artifact"))
+        for attr, path in (("artifact_ref", "spec.backend.artifact"), ("modules", "spec.backend.modules")):
+            ref = getattr(backend, attr, None)
+            if ref is not None and ref.uri is not None:
+                problems.extend(self.check_uri(ref.uri, f"{path}.uri"))
+        modules_path = getattr(backend, "modules_path", None)
+        if modules_path is not None:
+            problems.extend(self.check_path(modules_path, "spec.backend.modulesPath"))
         model_path = getattr(backend, "model_path", None)
         if model_path and (model_path.startswith(("/", "~", ".")) or ".." in PurePosixPath(model_path).parts):
             problems.extend(self.check_path(model_path, "spec.backend.modelPath"))
@@ -125,6 +160,21 @@ class SpecPolicy:
             roots = ", ".join(str(r) for r in self.model_roots) or "none"
             return [f"{path}: {real} is outside this node's model roots ({roots}); put the artifact under one "
                     "or set SIE_MODEL_ROOTS"]
+        return []
+
+    def check_uri(self, uri: str, path: str) -> list[str]:
+        """A ``file://`` URI under a model root; any other under an allowed source prefix."""
+        from sie.schemas.artifact_cache import safe_uri
+
+        parts = urlsplit(uri)
+        if parts.scheme == "file":
+            if parts.netloc not in ("", "localhost"):
+                return [f"{path}: a file:// URI names a path on the node, not a host (got {safe_uri(uri)!r})"]
+            return self.check_path(unquote(parts.path), path)
+        if not source_allowed(uri, self.artifact_sources):
+            allowed = ", ".join(self.artifact_sources) or "none"
+            return [f"{path}: {safe_uri(uri)} is not under this node's artifact sources ({allowed}); set "
+                    "SIE_ARTIFACT_SOURCES on every node, or upload the artifact to the cluster (sie apply)"]
         return []
 
     def search_paths(self, candidates: Iterable[Path]) -> tuple[Path, ...]:

@@ -57,8 +57,10 @@ def ensure_specs_topic(settings: Settings) -> None:
     ensure_topics(settings, [t for t in system_topics(settings.topic_prefix) if t.name == name])
 
 
-def _produce(settings: Settings, messages: list[tuple[str, bytes | None]], timeout: float) -> None:
-    """Send ``(key, value)`` pairs in order with an idempotent producer; raise unless every one is acknowledged."""
+def produce_acknowledged(settings: Settings, messages: list[tuple[str, bytes | None]], timeout: float,
+                         topic: str | None = None) -> None:
+    """Send ``(key, value)`` pairs in order to ``topic`` (default: the specs topic) with an idempotent producer;
+    raise unless every one is acknowledged."""
     from sie.kernel.clients import KafkaClients
 
     producer = KafkaClients().producer(settings.kafka_client_config(**{
@@ -75,7 +77,7 @@ def _produce(settings: Settings, messages: list[tuple[str, bytes | None]], timeo
         else:
             delivered.append(msg.offset())
 
-    topic = specs_topic(settings)
+    topic = topic or specs_topic(settings)
     for key, value in messages:
         producer.produce(topic, key=key.encode("utf-8"), value=value, on_delivery=on_delivery)
     remaining = producer.flush(timeout)
@@ -94,7 +96,7 @@ def publish_spec(settings: Settings, spec: ModelService, timeout: float = 30.0,
     if ensure_topic:
         ensure_specs_topic(settings)
     record = spec_record(spec, int(clock() * 1000))
-    _produce(settings, [(spec.name, encode(RECORD, record))], timeout)
+    produce_acknowledged(settings, [(spec.name, encode(RECORD, record))], timeout)
     return record
 
 
@@ -102,7 +104,7 @@ def delete_spec(settings: Settings, spec: ModelService, timeout: float = 30.0,
                 clock: Callable[[], float] = time.time) -> None:
     """Publish a ``deleted=true`` record, then a tombstone, for the spec's model."""
     record = spec_record(spec, int(clock() * 1000), deleted=True)
-    _produce(settings, [(spec.name, encode(RECORD, record)), (spec.name, None)], timeout)
+    produce_acknowledged(settings, [(spec.name, encode(RECORD, record)), (spec.name, None)], timeout)
 
 
 @dataclass

@@ -39,6 +39,12 @@ from sie.schemas.replica_state import ReplicaState
 EXAMPLES = Path(str(importlib.resources.files("sie.examples")))
 ARTICLE_SPECS = [EXAMPLES / "article" / "model-spec.yaml", EXAMPLES / "article" / "qwen2-7b-scoring.yaml"]
 DEMO_SPECS = [EXAMPLES / "fraud-scorer.yaml", EXAMPLES / "fraud-rules.yaml"]
+
+
+def example(relative: str) -> str:
+    """The absolute path of a shipped example (``examples/...``): the demo's commands run in its work and log
+    folders, where a relative ``examples/...`` does not exist."""
+    return str(EXAMPLES.parent / relative)
 Echo = Callable[[str], None]
 
 
@@ -311,7 +317,8 @@ class Demo:
     # -- 5 -----------------------------------------------------------------------------------------
     def sie(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run one `sie` command as a user would, echoing it and its output."""
-        self.echo(f"$ sie {' '.join(args)}")
+        shown = " ".join(a.replace(f"{EXAMPLES.parent}{os.sep}", "") for a in args)  # examples/... as shipped
+        self.echo(f"$ sie {shown}")
         out = subprocess.run([sys.executable, "-m", "sie", *args], env=self.env(), cwd=self.work,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         for line in out.stdout.rstrip().splitlines():
@@ -328,11 +335,12 @@ class Demo:
         from sie.kernel.names import ModelTopics
 
         self.step("CDC: canal row changes of shop.orders scored in real time")
-        connector = "examples/cdc/orders-to-fraud.yaml"
+        connector = example("examples/cdc/orders-to-fraud.yaml")
         since_ms = int(time.time() * 1000)
-        self.sie("cdc", "publish", "-f", connector, "--file", "examples/cdc/canal-orders.jsonl")
+        self.sie("cdc", "publish", "-f", connector, "--file", example("examples/cdc/canal-orders.jsonl"))
         stage = self.procs.start("cdc-stage", ["cdc", "run", "-f", connector, "--model-spec",
-                                               "examples/fraud-scorer.yaml", "--instance", "demo"], self.env())
+                                               example("examples/fraud-scorer.yaml"), "--instance", "demo"],
+                                 self.env())
         collector = ResultCollector(self.settings, ModelTopics.default_for("fraud-scorer", self.settings.topic_prefix).results,
                                     since_ms=since_ms)
         expected = 5  # 8 canal events: 5 row changes to score, 1 unchanged update, 1 DDL, 1 delete, 1 bad decimal
@@ -354,7 +362,7 @@ class Demo:
     def backfill(self) -> None:
         self.step("backfill: re-score the last minutes of requests into the backfill topic (live offsets untouched)")
         start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at - 1))
-        self.sie("backfill", "--spec", "examples/fraud-scorer.yaml", "--from", start, "--to", "now",
+        self.sie("backfill", "--spec", example("examples/fraud-scorer.yaml"), "--from", start, "--to", "now",
                  "--job-id", f"demo-{int(self.started_at)}", "--progress-interval", "2", timeout=300)
 
     # -- 6 -----------------------------------------------------------------------------------------

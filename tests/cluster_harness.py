@@ -111,12 +111,20 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+#: the entry points of an agent's replica processes (a model's worker, a connector's stage)
+REPLICA_MODULES = ("sie.workers.worker_main", "sie.connectors.worker")
+
+
+def _is_replica(args: list[str]) -> bool:
+    return any(m in args for m in REPLICA_MODULES)
+
+
 def worker_pids(agent_pid: int) -> dict[str, int]:
     """replica id -> PID of the live worker processes an agent spawned (its direct children)."""
     found: dict[str, int] = {}
     for child in _children(agent_pid):
         args = _cmdline(child)
-        if "sie.workers.worker_main" in args and "--replica-id" in args and pid_alive(child):
+        if _is_replica(args) and "--replica-id" in args and pid_alive(child):
             found[args[args.index("--replica-id") + 1]] = child
     return found
 
@@ -162,7 +170,8 @@ class Proc:
 class Cluster:
     """Starts and stops real processes for one test (or bench run) under a unique topic prefix."""
 
-    def __init__(self, settings: Settings, root: Path, prefix: str | None = None) -> None:
+    def __init__(self, settings: Settings, root: Path, prefix: str | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
         from sie.kernel.admin import ensure_topics
         from sie.kernel.topics import system_topics
 
@@ -171,8 +180,9 @@ class Cluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
-        #: more environment for every process started from now on (e.g. SIE_ADVERTISE_HOST)
-        self.extra_env: dict[str, str] = {}
+        #: more environment for every process started from now on (e.g. SIE_ALLOWED_MODULES of a test's own
+        #: model packages, SIE_ADVERTISE_HOST)
+        self.extra_env: dict[str, str] = dict(extra_env or {})
         ensure_topics(self.settings, system_topics(self.prefix))
 
     # -- environment -------------------------------------------------------------------------------
@@ -191,11 +201,12 @@ class Cluster:
         env.update(self.extra_env)
         return env
 
-    def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None) -> Proc:
+    def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None,
+               env: dict[str, str] | None = None, cwd: Path | None = None) -> Proc:
         log_path = self.root / f"{kind}-{name}-{len(self.procs)}.log"
         log = open(log_path, "wb")
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "sie", *args], cwd=REPO, env=self.env,
+            popen = subprocess.Popen([sys.executable, "-m", "sie", *args], cwd=cwd or REPO, env={**self.env, **(env or {})},
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
@@ -212,7 +223,8 @@ class Cluster:
         return self._spawn(instance, "control", args + list(extra), port)
 
     def start_agent(self, node: str, *, gpus: str | None = "1xL4-24GB", tier: str | None = None,
-                    labels: str | None = None, heartbeat_s: float = 2.0, extra: Iterable[str] = ()) -> Proc:
+                    labels: str | None = None, heartbeat_s: float = 2.0, extra: Iterable[str] = (),
+                    env: dict[str, str] | None = None, cwd: Path | None = None) -> Proc:
         args = ["agent", "--node", node, "--heartbeat-s", str(heartbeat_s), "--work-dir", str(self.root / "agents"),
                 "--drain-grace-s", "5"]
         if gpus:
@@ -221,7 +233,7 @@ class Cluster:
             args += ["--tier", tier]
         if labels:
             args += ["--labels", labels]
-        return self._spawn(node, "agent", args + list(extra))
+        return self._spawn(node, "agent", args + list(extra), env=env, cwd=cwd)
 
     def sie(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run one `sie` CLI command against this cluster (its prefix and broker)."""
@@ -359,7 +371,7 @@ class Cluster:
                     p.popen.wait(10)
         for p in self.procs:
             for pid in p.seen_workers:
-                if pid_alive(pid) and "sie.workers.worker_main" in _cmdline(pid):
+                if pid_alive(pid) and _is_replica(_cmdline(pid)):
                     os.kill(pid, signal.SIGKILL)
 
     def __enter__(self) -> Cluster:
@@ -453,7 +465,9 @@ class ResultTail:
     the awaited count is seen.
     """
 
-    def __init__(self, settings: Settings, topics: dict[str, str]) -> None:
+    def __init__(self, settings: Settings, topics: dict[str, str], **consumer_overrides: Any) -> None:
+        """``consumer_overrides``: more librdkafka properties of the tail's consumer (the fault campaign gives
+        it short request timeouts, so the instrument is not what stalls when a broker freezes)."""
         from confluent_kafka import Consumer, TopicPartition
 
         from sie.kernel.admin import ensure_model_topics
@@ -467,7 +481,8 @@ class ResultTail:
         self._stop = threading.Event()
         self._config = settings.kafka_client_config(**{
             "group.id": f"tail-{uuid.uuid4().hex[:10]}", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.partition.eof": True})
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.partition.eof": True,
+            **consumer_overrides})
         self._consumer = Consumer(self._config)
         self._partitions: dict[str, list[int]] = {}
         self._reached: dict[str, dict[int, int]] = {topic: {} for topic in self.kinds}

@@ -299,3 +299,38 @@ def with_api_tokens(settings: Settings) -> Settings:
     entries = [ApiTokenEntry(name=role, role=role, sha256=hashlib.sha256(token.encode()).hexdigest())
                for role, token in (("operator", OPERATOR_TOKEN), ("viewer", VIEWER_TOKEN))]
     return settings.model_copy(update={"api_tokens": entries})
+
+
+def forge_artifact(store: Any, data: bytes, name: str = "forged.bin", corrupt: int | None = None,
+                   drop: int | None = None) -> Any:
+    """Put ``data`` on a cluster's artifact topics as an upload writes it, but with chunk ``corrupt`` flipped
+    after its digest was taken (bit rot, tampering) or chunk ``drop`` never written, then a manifest claiming
+    the whole: what a fetch must refuse.  Returns the ``Manifest``."""
+    import hashlib
+
+    from confluent_kafka import Producer
+
+    from sie.schemas.artifact_store import Manifest
+    from sie.schemas.avro_codec import encode
+
+    names, settings = store.settings.names, store.settings
+    sha = hashlib.sha256(data).hexdigest()
+    size = store.chunk_size
+    chunks = [data[i:i + size] for i in range(0, len(data), size)]
+    partition = store.partition_of(sha, 3)
+    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
+    offsets: list[int] = []
+    for i, chunk in enumerate(chunks):
+        if i == drop:
+            continue
+        value = bytes([chunk[0] ^ 0xFF]) + chunk[1:] if i == corrupt else chunk
+        producer.produce(store.chunk_topic, value=value, key=names.artifact_chunk_key(sha, i).encode(),
+                         partition=partition, headers=[("sie.sha256", hashlib.sha256(chunk).hexdigest().encode())],
+                         on_delivery=lambda err, msg: offsets.append(msg.offset()) if err is None else None)
+    assert producer.flush(30) == 0
+    first = min(offsets)
+    manifest = Manifest(sha, name, len(data), size, len(chunks), partition, first, first + len(chunks) - 1, 1)
+    producer.produce(store.manifest_topic, key=names.artifact_key(sha).encode(),
+                     value=encode("ArtifactManifest", manifest.to_record()))
+    assert producer.flush(30) == 0
+    return manifest

@@ -8,6 +8,7 @@ without torch's start-up cost.  ``x == -1`` makes it raise: a poison *row*
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,32 @@ def unsquashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def squashed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Its fix: the missing squash."""
     return [{"p": min(1.0, max(0.0, row["x"]))} for row in rows]
+
+
+def echo_canary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``echo`` that cannot score 1 row in 20 (x % 20 == 3): the rollout tests' bad canary."""
+    for row in rows:
+        if int(row["x"]) % 20 == 3:
+            raise ValueError("canary cannot score this row")
+    return echo(rows)
+
+
+def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``echo`` that takes 60 ms more per batch: the rollout tests' slow canary."""
+    time.sleep(0.06)  # the model's own compute time, not synchronisation
+    return echo(rows)
+
+
+def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
+    """``echo_spec`` at another version / with another callable of this module / a rollout block."""
+    from sie.schemas.spec import parse_spec
+
+    doc = echo_spec_doc(name)
+    doc["spec"]["model"]["version"] = version
+    doc["spec"]["backend"]["callable"] = f"tests.scorer_fixtures:{callable_name}"
+    if rollout is not None:
+        doc["spec"]["rollout"] = rollout
+    return parse_spec(doc)
 
 
 def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = None) -> dict[str, Any]:
@@ -99,7 +126,6 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,13 +134,14 @@ REPO = Path(__file__).resolve().parent.parent
 class ScorerProcess:
     """``python -m sie score`` as a child process (the real CLI), with its output in a file."""
 
-    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str) -> None:
+    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
         self.log_path = log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def output(self) -> str:

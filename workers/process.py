@@ -42,6 +42,12 @@ class LaunchRefused(SieError):
     """A replica this node will not start at all (its spec breaks the node's policy): the supervisor
     marks it FAILED with this reason at once instead of retrying a launch that can never be allowed."""
 
+
+class LaunchDeferred(SieError):
+    """Not yet: something the replica needs is on its way (its artifacts are being fetched).  The replica
+    stays PENDING with this reason and the launch is tried again shortly; no crash is counted."""
+
+
 PR_SET_PDEATHSIG = 1
 
 

@@ -5,6 +5,7 @@ records the full target set (applying the same set twice changes nothing) and
 ``update()`` moves each replica at most one step and never blocks:
 
     PENDING --launch--> STARTING --ready event--> READY
+    PENDING --launch deferred (artifacts being fetched)--> PENDING, new reason, tried again shortly
     STARTING/READY --exit or kill--> CRASHED --backoff elapsed--> STARTING   (restarts += 1)
     CRASHED (N-th crash within the window) --> FAILED                          (terminal)
     any with a process, no longer desired --SIGTERM--> DRAINING --exit--> STOPPED (forgotten)
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sie.schemas.replica_state import ReplicaTransitionError, check_transition
-from sie.workers.process import LaunchRefused, LaunchSpec, ProcessLauncher
+from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec, ProcessLauncher
 from sie.workers.replica import ActualReplica, DesiredReplica, ExitInfo, ReplicaState, ReplicaTable
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class SupervisorPolicy:
     liveness_timeout_s: float = 30.0
     #: SIGTERM -> SIGKILL after this long (the scorer commits its batch and leaves the group first)
     drain_grace_s: float = 15.0
+    #: a launch deferred (artifacts being fetched) is tried again after this long
+    deferred_retry_s: float = 0.5
 
     def backoff(self, crashes: int) -> float:
         """Delay before the restart that follows the ``crashes``-th crash within the window:
@@ -259,6 +262,13 @@ class Supervisor:
         except LaunchRefused as exc:  # the node's policy refuses the spec: no retry can change that
             replica.handle = None
             self._transition(replica, ReplicaState.FAILED, str(exc))
+            return
+        except LaunchDeferred as exc:  # e.g. artifacts still being fetched: same state, a new reason
+            replica.handle = None
+            replica.next_start_at = now + self.policy.deferred_retry_s
+            if replica.reason != str(exc):
+                replica.reason = str(exc)
+                self._record(replica)
             return
         except Exception as exc:  # OSError, or a spec the command builder cannot read
             replica.handle = None

@@ -36,29 +36,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from sie.schemas.worker_status import StatusWriter
+
+__all__ = ["CountingBackend", "StatusWriter", "main", "run_worker"]
 
 log = logging.getLogger("sie.worker")
-
-
-class StatusWriter:
-    """Writes status lines to the agent (or nowhere, when run by hand without --status-fd)."""
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self._stream is None:
-            log.info("status %s %s", event, fields)
-            return
-        line = json.dumps({"event": event, **fields}, default=str)
-        with self._lock:
-            try:
-                self._stream.write(line + "\n")
-                self._stream.flush()
-            except (BrokenPipeError, OSError):
-                pass  # the agent is gone; PDEATHSIG will end us
 
 
 class CountingBackend:
@@ -136,7 +120,8 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
     from sie.schemas.spec_policy import SpecPolicy
-    from sie.streams.scorer import ScorerConfig, run_scorer
+    from sie.streams.scorer import ScorerConfig
+    from sie.streams.scorer.rollout import run_rollout_scorer
     from sie.workers.backends import create_backend
     from sie.workers.readiness import readiness_inference
 
@@ -155,6 +140,13 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     # (the agent did too; a worker started by hand with a spec file gets the same check).
     policy = SpecPolicy.from_settings(settings)
     policy.enforce(spec, source=f"replica {args.replica_id}")
+    if spec.backend.modules_path is not None:  # the agent checked the archive too; a worker run by hand did not
+        from sie.schemas.module_bundle import check_bundle
+        from sie.schemas.spec_parse import InvalidSpec
+
+        problems = check_bundle(spec.backend.modules_path, policy.allowed_modules)
+        if problems:
+            raise InvalidSpec(f"replica {args.replica_id}", problems)
     status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
     backend = create_backend(_backend_config(spec, args, policy))
     try:
@@ -199,7 +191,18 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port,
                               static_membership=True)
         try:
-            summary = run_scorer(config, lambda *_a, **_k: counter, stop_event, on_ready=on_ready)
+            def load_version(model_spec: Any) -> Any:
+                """Own version: the loaded backend; the other version of a rollout (issue 11): checked against
+                this node's policy, loaded and proven by a real inference before it gets any traffic."""
+                if model_spec.version == spec.version:
+                    return counter
+                policy.enforce(model_spec, source=f"replica {args.replica_id} rollout to {model_spec.version}")
+                other = create_backend(_backend_config(model_spec, args, policy))
+                other.load()
+                readiness_inference(other, model_spec)
+                return other
+
+            summary = run_rollout_scorer(config, load_version, stop_event, on_ready=on_ready)
         finally:
             progress_stop.set()
         log.info("scorer stopped: %s", summary.line() if hasattr(summary, "line") else summary)

@@ -71,3 +71,34 @@ class ControlApi:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
+
+    def find(self, path: str) -> Any | None:
+        """The JSON answer of a GET, or None for a 404."""
+        try:
+            return self.request("GET", path)
+        except ApiRefused as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def upload(self, path: str, data: Any, params: dict[str, str] | None = None, timeout: float = 600.0) -> Any:
+        """PUT raw bytes (``bytes`` or an iterator of them, streamed); the JSON answer of a 2xx."""
+        import httpx
+
+        verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
+        try:
+            with httpx.Client(verify=verify, timeout=httpx.Timeout(timeout, connect=self._timeout)) as client:
+                response = client.put(self.url + path, content=data, params=params,
+                                      headers=self._headers("application/octet-stream"))
+        except httpx.HTTPError as exc:
+            raise SieError(f"control plane {self.url} did not take the upload PUT {path} ({type(exc).__name__}: "
+                           f"{exc}); check --control-url / SIE_CONTROL_URL") from None
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": response.text[:200]}
+        if response.status_code < 400:
+            return payload
+        reason = payload.get("error") if isinstance(payload, dict) else str(payload)
+        raise ApiRefused(f"control plane {self.url}: PUT {path} -> {response.status_code}: {reason}",
+                         response.status_code, payload)

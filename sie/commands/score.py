@@ -2,7 +2,7 @@
 
 The command only wires things together (settings, spec, topics, backend,
 signals); the scorer itself is the library function
-``sie.streams.scorer.run_scorer``, which the node agent runs too.
+``sie.streams.scorer.rollout.run_rollout_scorer`` (``run_scorer`` that follows the model's rollouts), which the node agent runs too.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     """
     from sie.kernel.admin import ensure_model_topics
     from sie.schemas.spec_policy import SpecPolicy, load_local_spec
-    from sie.streams.scorer import ScorerConfig, default_instance, run_scorer
+    from sie.streams.scorer import ScorerConfig, default_instance
+    from sie.streams.scorer.rollout import run_rollout_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
@@ -86,5 +87,5 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
         sys.stdout.flush()
 
     started = time.monotonic()
-    summary = run_scorer(config, load_backend, stop, on_ready=ready)
+    summary = run_rollout_scorer(config, load_backend, stop, on_ready=ready)  # follows the model's rollouts
     click.echo(f"stopped after {time.monotonic() - started:.1f}s: {summary.line()}")

@@ -1,7 +1,9 @@
 """`sie validate`, `sie apply`, `sie get models`, `sie delete model`: ModelService specs on the cluster.
 
-``validate`` needs no Kafka (``--load`` runs the model once on the CPU).  ``apply`` validates, refuses a
-new version whose I/O schema breaks the applied one (the control plane's ``POST /v1/models``
+``validate`` needs no Kafka (``--load`` runs the model once on the CPU).  ``apply`` validates, uploads the
+spec's artifact and its own Python package to the cluster (named by sha256, ``sie.commands._artifacts``;
+``--no-upload`` keeps this machine's paths), refuses a new version whose
+I/O schema breaks the applied one (the control plane's ``POST /v1/models``
 refuses it too; ``--allow-breaking`` overrides), then publishes the spec on the
 compacted specs topic and waits for the broker's acknowledgement.  Applying
 the same spec twice changes nothing, except that a replica of it in cool-down (FAILED on a node) is
@@ -30,39 +32,25 @@ _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
                     help="Go through this control plane's HTTP API instead of Kafka (token: SIE_API_TOKEN).")
 
 
-def _api_documents(path: Path) -> list[str]:
-    """The YAML documents of a spec file as the API should get them: relative artifact paths made absolute
-    (the control plane has no file to resolve them against)."""
-    import yaml
-
-    from sie.schemas.spec import read_yaml_documents
-
-    docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))
-    out = []
-    for doc in docs:
-        backend = (doc.get("spec") or {}).get("backend") if "kind" in doc else doc.get("backend")
-        if isinstance(backend, dict) and isinstance(backend.get("artifact"), str):
-            artifact = Path(backend["artifact"]).expanduser()
-            if not artifact.is_absolute():
-                backend["artifact"] = str((path.resolve().parent / artifact).resolve())
-        out.append(yaml.safe_dump(doc, sort_keys=False))
-    return out
-
-
-def _load_all(settings: Settings, files: tuple[Path, ...]):
-    """Every spec of every file, checked against this node's spec policy; all files' problems in one SpecError."""
+def _load_by_file(settings: Settings, files: tuple[Path, ...]):
+    """(file, its specs) for every file, checked against this node's spec policy; all files' problems in one
+    SpecError."""
     from sie.schemas.spec import InvalidSpec
     from sie.schemas.spec_policy import load_local_specs
 
-    specs, failures = [], []
+    loaded, failures = [], []
     for path in files:
         try:
-            specs.extend(load_local_specs(path, settings))
+            loaded.append((path, load_local_specs(path, settings)))
         except InvalidSpec as exc:
             failures.append(str(exc))
     if failures:
         raise SpecError("\n".join(failures))
-    return specs
+    return loaded
+
+
+def _load_all(settings: Settings, files: tuple[Path, ...]):
+    return [spec for _path, specs in _load_by_file(settings, files) for spec in specs]
 
 
 def _print_ok(spec, verb: str = "ok") -> None:
@@ -112,23 +100,35 @@ def _comparable(doc: dict) -> dict:
 @click.option("-f", "--file", "files", type=_FILE, multiple=True, required=True, help="Spec file (repeatable).")
 @click.option("--allow-breaking", is_flag=True, help="Publish even if the new version's schema breaks the applied one.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for Kafka.")
+@click.option("--upload/--no-upload", default=True, show_default=True,
+              help="Upload the spec's artifact and its own Python package (found next to the spec) to the "
+                   "cluster, named by sha256, so every node can fetch them. --no-upload publishes this "
+                   "machine's paths (one machine, or a filesystem every node shares).")
 @_URL
 @click.pass_obj
-def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float,
+def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, timeout: float, upload: bool,
           control_url: str | None) -> None:
-    """Validate specs and publish them on the cluster's specs topic (key = model name)."""
+    """Validate specs, upload what they need, and publish them on the cluster's specs topic (key = model name)."""
+    from sie.commands._artifacts import ApiUploader, KafkaUploader, document_for_api, for_cluster
     from sie.schemas.compat import check_spec_compatibility
     from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
-    specs = _load_all(settings, files)
+    loaded = _load_by_file(settings, files)
     if control_url:
+        import yaml
+
         from sie.commands._api import ApiRefused, ControlApi
+        from sie.schemas.spec import read_yaml_documents
 
         if allow_breaking:
             raise SieError("--allow-breaking is not offered through the API; apply without --control-url")
         api = ControlApi(settings, control_url, timeout=timeout)
-        for path in files:
-            for text in _api_documents(path):
+        for path, specs in loaded:
+            docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))  # the order load_specs read
+            for doc, spec in zip(docs, specs):
+                if upload:
+                    spec = for_cluster(spec, path, settings, ApiUploader(api))
+                text = yaml.safe_dump(document_for_api(doc, spec), sort_keys=False)
                 try:
                     answer = api.request("POST", "/v1/models", text)
                 except ApiRefused as exc:
@@ -142,33 +142,37 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
     require_kafka(settings)
     ensure_specs_topic(settings)
     applied = read_specs(settings, timeout=timeout)
+    uploader = KafkaUploader(settings, timeout) if upload else None
     cooling: dict[str, list[str]] | None = None
-    for spec in specs:
-        current = applied.get(spec.name)
-        if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
-            if cooling is None:
-                cooling = _cooling_replicas(settings, timeout)
-            if not cooling.get(spec.name):
-                _print_ok(spec, "unchanged")
+    for path, specs in loaded:
+        for spec in specs:
+            if uploader is not None:
+                spec = for_cluster(spec, path, settings, uploader)
+            current = applied.get(spec.name)
+            if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
+                if cooling is None:
+                    cooling = _cooling_replicas(settings, timeout)
+                if not cooling.get(spec.name):
+                    _print_ok(spec, "unchanged")
+                    continue
+                # the same spec again, but a replica of it is in cool-down: re-publishing it is the operator's
+                # "I fixed it" (the control plane ends cool-downs that began before a spec was applied)
+                publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
+                _print_ok(spec, "re-applied")
+                click.echo(f"  cool-down ended for {', '.join(cooling[spec.name])}: placed again on the next pass")
                 continue
-            # the same spec again, but a replica of it is in cool-down: re-publishing it is the operator's
-            # "I fixed it" (the control plane ends cool-downs that began before a spec was applied)
+            if current is not None and current.version != spec.version:
+                breaks = check_spec_compatibility(current, spec)
+                if breaks and not allow_breaking:
+                    lines = "\n".join(f"  {b}" for b in breaks)
+                    raise SpecError(
+                        f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
+                        f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
+                    )
             publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
-            _print_ok(spec, "re-applied")
-            click.echo(f"  cool-down ended for {', '.join(cooling[spec.name])}: placed again on the next pass")
-            continue
-        if current is not None and current.version != spec.version:
-            breaks = check_spec_compatibility(current, spec)
-            if breaks and not allow_breaking:
-                lines = "\n".join(f"  {b}" for b in breaks)
-                raise SpecError(
-                    f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
-                    f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
-                )
-        publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
-        applied[spec.name] = spec  # a later file in this run compares against what we just published
-        _print_ok(spec, "applied" if current is None else "configured")
-        click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
+            applied[spec.name] = spec  # a later file in this run compares against what we just published
+            _print_ok(spec, "applied" if current is None else "configured")
+            click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
 
 
 def _cooling_replicas(settings: Settings, timeout: float) -> dict[str, list[str]]:

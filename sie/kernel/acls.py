@@ -6,13 +6,16 @@ authenticates).  What each role does on Kafka, and so what it is allowed:
 =========  ===============================================================================================
 scorer     read its model's request topic, write its results and dead letters (describe their configs:
            ``ensure_model_topics`` checks them), its consumer group, Write on its transactional ids
-           (PREFIXED ``<p>.scorer.<model>.``: one per replica).  No cluster IdempotentWrite: Write on a
+           (PREFIXED ``<p>.scorer.<model>.``: one per replica); read ``rollouts`` (version weights).  No cluster IdempotentWrite: Write on a
            topic implies it since Kafka 2.8 (KIP-679), and the scorer's producer is transactional.
-agent      read ``assignments``; write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.
-           Its workers are scorers: give them the scorer principal (``SIE_WORKER_SASL_USERNAME``).
-control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``
-           (transactionally, txn id ``<p>.control``) and ``specs`` (the API's writes); its election and
-           state-reader groups; describe the system topics' configs (``sie control`` checks them).
+agent      read ``assignments``, ``artifacts`` and ``artifact-chunks`` (it fetches what its replicas need);
+           write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.  Its workers are
+           scorers (and CDC stages for connectors): give them that principal (``SIE_WORKER_SASL_USERNAME``).
+control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``/
+           ``rollouts`` (transactionally, txn id ``<p>.control``) and ``specs``, ``connectors``, ``artifacts``,
+           ``artifact-chunks`` (the API's writes); its election and state-reader groups; describe the system
+           topics' configs (``sie control`` checks them); read the model topics (rollout gates judge what
+           each version answered).
 cdc        read the connector's source topics and its group, write the target request topics and the
            connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
 backfill   read the model's request topic, write the backfill results and their dead letters, read and
@@ -43,9 +46,11 @@ RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
 #: the control topics the control plane replays into its state (``sie.streams.control.state``)
 CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events",
-                 "model-status")
-#: the control topics the control plane writes (the leader transactionally; the API specs and audit events)
-CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs")
+                 "model-status", "connectors", "artifacts", "artifact-chunks", "rollouts")
+#: the control topics the control plane writes (the leader transactionally; the API specs, connectors,
+#: uploaded artifacts and audit events)
+CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs", "connectors", "artifacts",
+                  "artifact-chunks", "rollouts")
 
 
 @dataclass(frozen=True, order=True)
@@ -129,8 +134,13 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
                   "every model's requests, results and dead letters", PREFIXED)
             r.add("group", names.scorer_prefix, ["read"], "every scorer group", PREFIXED)
             r.add("transactional_id", names.scorer_prefix, ["write"], "every scorer replica", PREFIXED)
+        r.add("topic", system("rollouts"), ["read"], "version weights of its model's rollout")
+        r.add("group", names.reader_group_prefix("rollout-weights"), ["read"], "rollouts reader (never joined)",
+              PREFIXED)
     elif role == "agent":
         r.add("topic", system("assignments"), ["read"], "this node's replicas")
+        for suffix in ("artifacts", "artifact-chunks"):
+            r.add("topic", system(suffix), ["read"], "artifacts its replicas need (fetched, verified by sha256)")
         for suffix in ("nodes", "heartbeats", "replica-status"):
             r.add("topic", system(suffix), ["write"], "registration, heartbeats, replica states")
         if nodes:
@@ -145,6 +155,8 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         r.add("group", names.control_group, ["read"], "leader election")
         r.add("group", names.control_state_group, ["read"], "state reader (never joined)")
         r.add("transactional_id", names.control_transactional_id, ["write"], "the leader's fenced writer")
+        r.add("topic", names.model_topic_prefix, ["read"], "rollout gates: what each version answered", PREFIXED)
+        r.add("group", names.reader_group_prefix(), ["read"], "rollouts and gate readers (never joined)", PREFIXED)
     elif role == "cdc":
         if connector is None or not source_topics or not models:
             raise ConfigError("role cdc: pass --connector NAME, --source-topic TOPIC (repeatable) and the target "

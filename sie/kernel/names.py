@@ -16,6 +16,9 @@ ACL per resource type covers a whole SIE cluster and two clusters on one Kafka n
     <p>.redrive.<model>.<reason>                dead-letter redrive: group (its committed offsets mark what was
                                                 redriven) and transactional id, one per (model, reason)
     <p>.cli.<command>                           a one-shot CLI writer's client id (`sie replica reset`)
+    <p>.artifacts / <p>.artifact-chunks         artifact manifests (key sha256:<hex>) / their chunks (sha256:<hex>/<i>)
+    <p>.connectors                              CDC connectors applied through the control plane (key = name)
+    cdc:<connector>                             a connector's replica "model" in placements (never a model name)
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def check_instance(instance: str, what: str = "instance") -> str:
 
 #: system topic suffixes (the catalogue with partitions and policies is sie.kernel.topics)
 SYSTEM_TOPICS = ("specs", "nodes", "heartbeats", "assignments", "replica-status", "events", "control-leader",
-                 "model-status", "backfill-plans")
+                 "model-status", "backfill-plans", "artifacts", "artifact-chunks", "connectors",
+                 "rollouts")
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,32 @@ class Names:
     def cdc_transactional_id(self, connector: str, instance: str) -> str:
         return f"{self.prefix}.cdc.{connector}.{instance}"
 
+    @staticmethod
+    def connector_replica_model(connector: str) -> str:
+        """What a connector's replicas are placed under (``cdc:<name>``): ``:`` never occurs in a model name,
+        so a connector and a model never share replica ids (``cdc:orders-0``) or statuses."""
+        return f"cdc:{connector}"
+
+    @staticmethod
+    def connector_of_replica_model(model: str) -> str | None:
+        """The connector name of a ``connector_replica_model`` value, None for a model's."""
+        return model[len("cdc:"):] if model.startswith("cdc:") else None
+
+    # --- artifacts ------------------------------------------------------------------------------------
+    @staticmethod
+    def artifact_key(sha256: str) -> str:
+        """Key of an artifact's manifest on ``<p>.artifacts`` (content address)."""
+        return f"sha256:{sha256}"
+
+    @staticmethod
+    def artifact_chunk_key(sha256: str, index: int) -> str:
+        """Key of chunk ``index`` of an artifact on ``<p>.artifact-chunks``."""
+        return f"sha256:{sha256}/{index}"
+
+    def artifact_client_id(self, role: str) -> str:
+        """An artifact uploader's or fetcher's client id (``role``: ``upload``, ``fetch``, ``lookup``)."""
+        return f"{self.prefix}.artifacts.{role}"
+
     def backfill_group(self, job_id: str) -> str:
         return f"{self.prefix}.backfill.{job_id}"
 
@@ -117,6 +147,10 @@ class Names:
     def reader_group(self, purpose: str, unique: str) -> str:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
         return f"{self.prefix}.reader.{purpose}.{unique}"
+
+    def reader_group_prefix(self, purpose: str | None = None) -> str:
+        """What every reader group (or those of one purpose) starts with: PREFIXED ACLs."""
+        return f"{self.prefix}.reader." + (f"{purpose}." if purpose else "")
 
     # --- control plane and agents ---------------------------------------------------------------------
     @property

@@ -109,7 +109,18 @@ class Settings(BaseSettings):
     )
     model_roots: Annotated[list[Path] | None, NoDecode] = Field(
         None, description="Directories model artifacts must be under (SIE_MODEL_ROOTS=/srv/models,/opt/m); "
-                          "default: <cache_dir>/models and the packaged demo models.",
+                          "default: <cache_dir>/models and the packaged demo models. The artifact cache "
+                          "(<cache_dir>/artifacts, files fetched and verified by sha256) is always one.",
+    )
+    artifact_sources: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="URI prefixes a spec's artifact may be downloaded from, besides the cluster's artifacts topic "
+                    "(SIE_ARTIFACT_SOURCES=s3://models/,https://models.example.com/); default none. file:// paths "
+                    "must be under a model root instead.",
+    )
+    max_artifact_bytes: int = Field(
+        8 << 30, ge=1,
+        description="Largest artifact `sie apply` uploads, the API accepts (PUT /v1/artifacts) and an agent fetches.",
     )
 
     # --- Control-plane HTTP API -------------------------------------------------------------------
@@ -203,7 +214,7 @@ class Settings(BaseSettings):
                 values["api_token_file"] = cache / "control" / "operator.token"
         return values
 
-    @field_validator("allowed_modules", "api_public_paths", mode="before")
+    @field_validator("allowed_modules", "api_public_paths", "artifact_sources", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)
@@ -228,6 +239,20 @@ class Settings(BaseSettings):
                                  "may only name model code (e.g. acme.models)")
             if top == "sie":
                 raise ValueError(f"SIE_ALLOWED_MODULES: {prefix!r} is SIE itself; a spec may only name model code")
+        return value
+
+    @field_validator("artifact_sources")
+    @classmethod
+    def _check_sources(cls, value: list[str]) -> list[str]:
+        """A source is ``scheme://`` plus at least a host or bucket: a bare ``https://`` would allow the internet."""
+        import re
+
+        for source in value:
+            match = re.match(r"^([a-z][a-z0-9+.-]*)://([^/]+)", source)
+            if match is None or match.group(1) == "file":
+                raise ValueError(f"SIE_ARTIFACT_SOURCES: {source!r} must be a URI prefix with a host or bucket, "
+                                 "e.g. s3://models/ or https://models.example.com/ (file:// paths go under "
+                                 "SIE_MODEL_ROOTS instead)")
         return value
 
     @field_validator("api_public_paths")
@@ -310,6 +335,11 @@ class Settings(BaseSettings):
             key = f"SIE_{name.upper()}"
             env[key] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         return env
+
+    @property
+    def artifact_cache_dir(self) -> Path:
+        """Where an agent keeps artifacts it fetched and verified, one folder per sha256 (always a model root)."""
+        return self.cache_dir / "artifacts"
 
     @property
     def names(self) -> Names:

@@ -44,6 +44,13 @@ _SYSTEM = [
     ("control-leader", 1, True, "control-plane leadership epochs, key = cluster", {}),
     ("model-status", 1, True, "desired vs actual per model published by the leading control plane, key = model", {}),
     ("backfill-plans", 1, True, "the bounded range of each backfill job, fixed at its start, key = job id", {}),
+    # content-addressed: a manifest (small, one partition, read whole by every lookup) is written only after
+    # every chunk of its artifact was acknowledged; chunks of one artifact share a partition (a contiguous
+    # range the manifest names), so a fetch reads that range and nothing else
+    ("artifacts", 1, True, "artifact manifests (size, chunks, where they are), key = sha256:<hex>", {}),
+    ("artifact-chunks", 3, True, "artifact bytes in chunks, key = sha256:<hex>/<index>", {}),
+    ("connectors", 1, True, "CDC connectors applied through the control plane (spec, paused), key = name", {}),
+    ("rollouts", 1, True, "each model's rollout (phase, version weights + epoch, timeline), key = model", {}),
 ]
 
 

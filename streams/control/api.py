@@ -7,10 +7,23 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
                                (field paths, spec policy); 409 a P1/P2 model asking for tier-0
                                nodes or a schema-breaking version
   DELETE /v1/models/{name}     delete (202), 404 unknown                                       operator
+  GET    /v1/artifacts/sha256:<hex>   an uploaded artifact's manifest; 404 when absent         viewer
+  PUT    /v1/artifacts/sha256:<hex>?name=FILE   upload (streamed, chunked onto the artifacts      operator
+                               topics, checked against the digest: 422 when the bytes differ); 200 if
+                               the cluster has it already, 201 created
+  GET    /v1/connectors        CDC connectors with their phase                                 viewer
+  GET    /v1/connectors/{name} one connector: status, replica, source offsets and lag          viewer
+  POST   /v1/connectors        YAML or JSON CdcConnector -> connectors topic (202)             operator
+  POST   /v1/connectors/{name}/pause|resume   stop / restart its replica (offsets kept)        operator
+  DELETE /v1/connectors/{name} delete (202), 404 unknown                                       operator
   GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
   GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
   GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
+  GET    /v1/rollouts          every model's rollout: phase, step, weight, epoch, timeline      viewer
+  GET    /v1/rollouts/{name}   one model's rollout, 404 none                                  viewer
+  POST   /v1/rollouts/{name}/{pause|resume|promote|abort}  steer it (200), 409 not allowed   operator
+                               in its phase, 503 on a standby (the leader drives rollouts)
   GET    /healthz              role (leader/standby), epoch, whether the state has caught up   viewer*
   GET    /metrics              Prometheus text format                                          viewer*
   GET    /status               the status page (static HTML + JS; it calls the routes above    none
@@ -61,6 +74,11 @@ MAX_CONCURRENCY = 64
 MAX_HEADER_BYTES = 16 * 1024
 #: seconds a write waits for Kafka's acknowledgement of the spec record
 PUBLISH_TIMEOUT_S = 15.0
+#: artifact uploads: their body may be up to SIE_MAX_ARTIFACT_BYTES; the body deadline becomes an idle
+#: limit (no bytes for BODY_TIMEOUT_S), since a large upload may rightly take minutes
+ARTIFACT_PATH = "/v1/artifacts/"
+#: seconds an artifact upload waits for Kafka's acknowledgements (of all its chunks, then its manifest)
+UPLOAD_TIMEOUT_S = 120.0
 
 
 def _problem_to_error(problem: str) -> dict[str, str]:
@@ -324,8 +342,230 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         audit.record(principal, "delete", name, "accepted", _client(request))
         return JSONResponse(body, status_code=202)
 
-    app.add_middleware(RequestGuard, max_body=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S)
+    @app.get("/v1/rollouts", summary="Every model's rollout: phase, step, canary weight, epoch, timeline")
+    def rollouts(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        return {"rollouts": service.rollouts.list()}
+
+    @app.get("/v1/rollouts/{name}", summary="One model's rollout")
+    def rollout(name: str, _: Principal = Depends(viewer)) -> dict[str, Any]:
+        found = [r for r in service.rollouts.list() if r["model"] == name]
+        if not found:
+            raise ApiError(404, f"model {name!r} has no rollout")
+        return found[0]
+
+    @app.post("/v1/rollouts/{name}/{action}", summary="pause, resume, promote or abort a model's rollout")
+    async def rollout_action(name: str, action: str, request: Request,
+                             principal: Principal = Depends(operator)) -> dict[str, Any]:
+        try:
+            body = await run_in_threadpool(_rollout_action, service, name, action, principal.name)
+        except ApiError as exc:
+            audit.record(principal, f"rollout {action}", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, f"rollout {action}", name, f"accepted: {body['label']}", _client(request))
+        return body
+
+    _artifact_routes(app, service, operator, viewer, audit, _client)
+    _connector_routes(app, service, operator, viewer, audit, _client)
+    app.add_middleware(RequestGuard, max_body=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S,
+                       large_bodies=(ARTIFACT_PATH, service.settings.max_artifact_bytes))
     return app
+
+
+def _read_document(raw: bytes, what: str) -> Any:
+    """The single YAML/JSON document of a body (the bounded, alias-free spec reader)."""
+    from sie.schemas.spec import InvalidSpec, read_yaml_documents
+
+    if not raw:
+        raise ApiError(400, f"empty body: send a {what} as YAML or JSON")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "body is not UTF-8 text") from None
+    try:
+        docs = read_yaml_documents(text, "request body")
+    except InvalidSpec as exc:
+        raise ApiError(422, str(exc).splitlines()[0], [_problem_to_error(p) for p in exc.problems]) from None
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise ApiError(422, f"document: expected one {what} mapping, found {len(docs)} document(s)")
+    return docs[0]
+
+
+# ------------------------------------------------------------------------------------ artifacts
+
+
+def _parse_artifact_ref(ref: str) -> str:
+    import re
+
+    match = re.fullmatch(r"sha256:([0-9a-f]{64})", ref)
+    if match is None:
+        raise ApiError(422, "the artifact is named 'sha256:<64 lowercase hex digits>' (sha256sum FILE)",
+                       [{"field": "path", "reason": f"not sha256:<hex> (got {ref[:80]!r})"}])
+    return match.group(1)
+
+
+def _artifact_routes(app: Any, service: Any, operator: Any, viewer: Any, audit: Any, client_of: Any) -> None:
+    from fastapi import Depends, Request
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    from sie.schemas.artifact_cache import ArtifactRefused, ArtifactUnavailable
+
+    @app.get("/v1/artifacts/{ref}", summary="An uploaded artifact's manifest (size, chunks)")
+    def get_artifact(ref: str, _: Any = Depends(viewer)) -> dict[str, Any]:
+        sha = _parse_artifact_ref(ref)
+        manifest = service.artifacts.known(sha)
+        if manifest is None:
+            raise ApiError(404, f"artifact sha256:{sha} is not on the cluster; upload it (PUT {ARTIFACT_PATH}"
+                                f"sha256:{sha[:12]}..., or sie apply)")
+        return dict(manifest.to_json())
+
+    @app.put("/v1/artifacts/{ref}", summary="Upload an artifact (raw bytes; checked against the sha256 in the path)",
+             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                 "schema": {"type": "string", "format": "binary"}}}}})
+    async def put_artifact(ref: str, request: Request, name: str = "artifact",
+                           principal: Any = Depends(operator)) -> JSONResponse:
+        from pydantic import ValidationError
+
+        from sie.schemas.spec_models import ArtifactRef
+
+        client = client_of(request)
+        sha = _parse_artifact_ref(ref)
+        try:
+            ArtifactRef(sha256=sha, name=name)
+        except ValidationError:
+            raise ApiError(422, "name: a file name of letters, digits, '.', '_', '+' or '-' (its suffix tells "
+                                "the format)", [{"field": "query.name", "reason": f"got {name[:80]!r}"}]) from None
+        action = f"upload artifact sha256:{sha[:12]}"
+        existing = await run_in_threadpool(service.artifacts.known, sha)
+        if existing is not None:
+            audit.record(principal, action, None, "already on the cluster", client)
+            return JSONResponse({**existing.to_json(), "created": False}, status_code=200)
+        try:
+            upload = await run_in_threadpool(service.artifacts.store.begin, sha, name, UPLOAD_TIMEOUT_S)
+            pending = bytearray()
+            async for piece in request.stream():
+                pending.extend(piece)
+                if len(pending) >= (1 << 20):
+                    await run_in_threadpool(upload.add, bytes(pending))
+                    pending.clear()
+            if pending:
+                await run_in_threadpool(upload.add, bytes(pending))
+            manifest = await run_in_threadpool(upload.finish)
+        except ArtifactRefused as exc:
+            audit.record(principal, action, None, f"refused 422: {exc}", client)
+            raise ApiError(422, str(exc), [{"field": "body", "reason": str(exc)}]) from None
+        except ArtifactUnavailable as exc:
+            audit.record(principal, action, None, f"failed 503: {exc}", client)
+            raise ApiError(503, f"{exc}; try again") from None
+        service.artifacts.remember(manifest)
+        audit.record(principal, action, None, f"stored {manifest.size} bytes in {manifest.chunks} chunks", client)
+        return JSONResponse({**manifest.to_json(), "created": True}, status_code=201)
+
+
+# ----------------------------------------------------------------------------------- connectors
+
+
+def _connector_routes(app: Any, service: Any, operator: Any, viewer: Any, audit: Any, client_of: Any) -> None:
+    from urllib.parse import quote
+
+    from fastapi import Depends, Request
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    from sie.schemas.connector_spec import ConnectorSpecError, parse_connector_spec
+    from sie.schemas.connector_store import delete_connector, publish_connector
+    from sie.streams.control.connectors import connector_offsets, connector_status
+
+    def status_of(name: str) -> dict[str, Any] | None:
+        report = service.controller.last_report
+        return connector_status(name, service.state.snapshot(), report.plan if report else None, service.clock(),
+                                service.config.node_timeout_s)
+
+    def current(name: str) -> Any:
+        info = service.state.snapshot().connectors.get(name)
+        if info is None:
+            raise ApiError(404, f"connector {name!r} is not applied")
+        return info
+
+    @app.get("/v1/connectors", summary="CDC connectors applied through the control plane, with their phase")
+    def connectors(_: Any = Depends(viewer)) -> dict[str, Any]:
+        snap = service.state.snapshot()
+        names = sorted(set(snap.connectors) | set(snap.connector_errors))
+        return {"connectors": [c for c in (status_of(n) for n in names) if c is not None]}
+
+    @app.get("/v1/connectors/{name}", summary="One connector: status, replica, source offsets and lag")
+    def connector(name: str, _: Any = Depends(viewer)) -> dict[str, Any]:
+        found = status_of(name)
+        if found is None:
+            raise ApiError(404, f"connector {name!r} is not applied")
+        info = service.state.snapshot().connectors.get(name)
+        if info is not None:
+            found["offsets"] = connector_offsets(service.settings, info.spec, service.clients)
+        return found
+
+    async def _guarded(request: Request, principal: Any, action: str, name: str | None, fn: Any) -> JSONResponse:
+        try:
+            body = await run_in_threadpool(fn)
+        except ApiError as exc:
+            audit.record(principal, action, name, f"refused {exc.status}: {exc.error}", client_of(request))
+            raise
+        audit.record(principal, action, body.get("name", name), "accepted", client_of(request))
+        return JSONResponse(body, status_code=202)
+
+    @app.post("/v1/connectors", status_code=202, summary="Apply a CdcConnector (publish it on the connectors topic)")
+    async def post_connector(request: Request, principal: Any = Depends(operator)) -> JSONResponse:
+        raw = await request.body()
+
+        def apply() -> dict[str, Any]:
+            doc = _read_document(raw, "CdcConnector")
+            try:
+                spec = parse_connector_spec(doc, source="request body")
+            except ConnectorSpecError as exc:
+                text = str(exc).removeprefix("request body: ")
+                raise ApiError(422, f"invalid CdcConnector: {text}",
+                               [_problem_to_error(p) for p in text.split("; ")]) from None
+            existing = service.state.snapshot().connectors.get(spec.name)
+            paused = existing.paused if existing is not None else False  # operator state survives a re-apply
+            publish_connector(service.settings, spec, paused, timeout=PUBLISH_TIMEOUT_S)
+            return {"name": spec.name, "paused": paused, "accepted": True,
+                    "status": f"/v1/connectors/{quote(spec.name, safe='')}"}
+
+        return await _guarded(request, principal, "apply connector", None, apply)
+
+    def _set_paused(name: str, paused: bool) -> dict[str, Any]:
+        info = current(name)
+        if info.paused != paused:
+            publish_connector(service.settings, info.spec, paused, timeout=PUBLISH_TIMEOUT_S)
+        return {"name": name, "paused": paused, "accepted": True}
+
+    @app.post("/v1/connectors/{name}/pause", status_code=202, summary="Pause: its replica drains, offsets stay committed")
+    async def pause(name: str, request: Request, principal: Any = Depends(operator)) -> JSONResponse:
+        return await _guarded(request, principal, "pause connector", name, lambda: _set_paused(name, True))
+
+    @app.post("/v1/connectors/{name}/resume", status_code=202, summary="Resume from the committed offsets")
+    async def resume(name: str, request: Request, principal: Any = Depends(operator)) -> JSONResponse:
+        return await _guarded(request, principal, "resume connector", name, lambda: _set_paused(name, False))
+
+    @app.delete("/v1/connectors/{name}", status_code=202, summary="Delete a connector (its replica drains)")
+    async def delete(name: str, request: Request, principal: Any = Depends(operator)) -> JSONResponse:
+        def remove() -> dict[str, Any]:
+            delete_connector(service.settings, current(name).spec, timeout=PUBLISH_TIMEOUT_S)
+            return {"name": name, "deleted": True}
+
+        return await _guarded(request, principal, "delete connector", name, remove)
+
+
+def _rollout_action(service: Any, name: str, action: str, who: str) -> dict[str, Any]:
+    from sie.streams.control.rollout import RolloutError
+    from sie.streams.control.rollout_service import NotLeader, describe
+
+    try:
+        return describe(service.rollouts.act(name, action, who))
+    except NotLeader as exc:
+        raise ApiError(503, f"{exc}; send it to the leader ({service.state.leader_instance or 'unknown'})") from None
+    except RolloutError as exc:
+        status = 404 if "no rollout" in str(exc) else 422 if "must be pause" in str(exc) else 409
+        raise ApiError(status, str(exc)) from None
 
 
 def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
@@ -358,11 +598,38 @@ def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
         if breaks:
             raise ApiError(409, f"{spec.name} {spec.version}: schema_incompatible with applied {current.version}",
                            [{"field": b.field, "reason": b.detail} for b in breaks])
+    missing = [
+        {"field": f"spec.backend.{field}", "reason": f"{ref.label} is not on the cluster's artifacts topic; upload "
+                                                      f"it first (PUT {ARTIFACT_PATH}sha256:<hex>, or sie apply -f)"}
+        for field, ref in (("artifact", spec.backend.artifact_ref), ("modules", spec.backend.modules))
+        if ref is not None and ref.uri is None and service.artifacts.known(ref.sha256) is None]
+    if missing:
+        raise ApiError(422, missing[0]["reason"], missing)
+    if current is not None and current.version != spec.version:
+        if service.rollouts.active(spec.name):
+            raise ApiError(409, f"{spec.name}: a rollout is in progress; promote or abort it first "
+                                f"(sie rollout abort {spec.name})", [{"field": "spec.version", "reason": "in_progress"}])
+        if spec.rollout is not None:  # the spec asks for a rollout: the leader moves traffic step by step
+            return _start_rollout(service, current, spec)
     from sie.schemas.spec_store import publish_spec
 
     publish_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False)
     return 202, {"name": spec.name, "version": spec.version, "accepted": True,
                  "status": f"/v1/models/{spec.name}", "warnings": list(spec.warnings)}
+
+
+def _start_rollout(service: Any, current: Any, spec: Any) -> tuple[int, dict[str, Any]]:
+    from sie.streams.control.rollout_driver import RolloutRefused
+    from sie.streams.control.rollout_service import NotLeader
+
+    try:
+        entry = service.rollouts.begin(current, spec)
+    except NotLeader as exc:
+        raise ApiError(503, f"{exc}; send it to the leader ({service.state.leader_instance or 'unknown'})") from None
+    except RolloutRefused as exc:
+        raise ApiError(409, str(exc), [{"field": "spec.version", "reason": exc.kind}]) from None
+    return 202, {"name": spec.name, "version": spec.version, "accepted": True, "rollout": entry.rollout.label,
+                 "status": f"/v1/rollouts/{spec.name}", "warnings": list(spec.warnings)}
 
 
 def _delete_model(service: Any, name: str) -> dict[str, Any]:
@@ -391,10 +658,13 @@ class RequestGuard:
     500 without internals for anything a route did not handle (the traceback goes to the log with a
     reference the answer quotes)."""
 
-    def __init__(self, app: Any, max_body: int, body_timeout_s: float) -> None:
+    def __init__(self, app: Any, max_body: int, body_timeout_s: float,
+                 large_bodies: tuple[str, int] | None = None) -> None:
         self.app = app
         self.max_body = max_body
         self.body_timeout_s = body_timeout_s
+        #: (path prefix, cap): PUTs under it may send bodies up to cap, with an idle limit instead of a deadline
+        self.large_bodies = large_bodies
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -409,9 +679,12 @@ class RequestGuard:
                 await JSONResponse({"error": error, "errors": []}, status_code=status,
                                    headers={"Connection": "close"})(scope, receive, send)
 
+        large = (self.large_bodies is not None and scope.get("method") == "PUT"
+                 and str(scope.get("path", "")).startswith(self.large_bodies[0]))
+        max_body = self.large_bodies[1] if large and self.large_bodies is not None else self.max_body
         length = dict(scope.get("headers") or ()).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await reply(413, f"body larger than {self.max_body} bytes")
+        if length is not None and (not length.isdigit() or int(length) > max_body):
+            await reply(413, f"body larger than {max_body} bytes")
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.body_timeout_s
@@ -419,13 +692,14 @@ class RequestGuard:
 
         async def guarded_receive() -> Any:
             nonlocal received
+            wait = self.body_timeout_s if large else max(0.001, deadline - loop.time())
             try:
-                message = await asyncio.wait_for(receive(), timeout=max(0.001, deadline - loop.time()))
+                message = await asyncio.wait_for(receive(), timeout=wait)
             except TimeoutError:
                 raise _BodyTimeout() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body:
+                if received > max_body:
                     raise _BodyTooLarge()
             return message
 
@@ -438,7 +712,7 @@ class RequestGuard:
         try:
             await self.app(scope, guarded_receive, tracking_send)
         except _BodyTooLarge:
-            await reply(413, f"body larger than {self.max_body} bytes")
+            await reply(413, f"body larger than {max_body} bytes")
         except _BodyTimeout:
             await reply(408, f"body not received within {self.body_timeout_s:g} s")
         except Exception:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sie.kernel.names import Names
+from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
@@ -398,19 +400,34 @@ class Controller:
                                    f"`sie replica reset {report.replica_id}`)"))
 
     @staticmethod
-    def _cleared_since(snap: StateSnapshot, model: str, replica_id: str) -> float:
-        """The latest time a cool-down of ``replica_id`` was ended by an operator: its spec (re)applied, or
-        a reset asked for; FAILED reports made before it are stale."""
-        return max(snap.spec_applied_at.get(model, 0.0), snap.cooldown_resets.get(replica_id, 0.0))
+    def _applied(snap: StateSnapshot, model: str) -> tuple[str, str, float | None]:
+        """(``model`` or ``connector``, what was applied, when it was last applied; None: it no longer is).
+        A connector's replicas (``cdc:<name>``) are applied on the connectors topic (apply, pause and resume
+        each write its record), a model's on the specs topic."""
+        connector = Names.connector_of_replica_model(model)
+        if connector is not None:
+            info = snap.connectors.get(connector)
+            return "connector", f"connector {connector}", None if info is None else info.applied_at_ms / 1000.0
+        spec = snap.specs.get(model)
+        if spec is None:
+            return "model", f"spec {model}", None
+        return "model", f"spec {model} {spec.version}", snap.spec_applied_at.get(model, 0.0)
+
+    @classmethod
+    def _cleared_since(cls, snap: StateSnapshot, model: str, replica_id: str) -> float:
+        """The latest time a cool-down of ``replica_id`` was ended by an operator: its spec or connector
+        (re)applied, or a reset asked for; FAILED reports made before it are stale."""
+        return max(cls._applied(snap, model)[2] or 0.0, snap.cooldown_resets.get(replica_id, 0.0))
 
     def _clear_cooldowns(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
         for key, cd in list(self.exclusions.items()):
             rid, node = key
             why = None
-            if cd.model not in snap.specs:
-                why = "the model is no longer applied"
-            elif snap.spec_applied_at.get(cd.model, 0.0) > cd.since:
-                why = f"spec {cd.model} {snap.specs[cd.model].version} applied after the failure"
+            kind, what, applied_at = self._applied(snap, cd.model)
+            if applied_at is None:
+                why = f"the {kind} is no longer applied"
+            elif applied_at > cd.since:
+                why = f"{what} applied after the failure"
             elif snap.cooldown_resets.get(rid, 0.0) > cd.since:
                 why = f"reset by hand (sie replica reset {rid})"
             elif cd.until <= now:
@@ -469,7 +486,8 @@ class Controller:
         return ClusterInventory.of(dc_replace(n, online=True) if n.name in decision.holding else n for n in inventory.nodes)
 
     def _demands(self, snap: StateSnapshot) -> list[ReplicaDemand]:
-        return [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
+        models = [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name])]
+        return models + connector_demands(snap.connectors, snap.specs)  # CDC connectors run as CPU replicas
 
     def _excluded(self) -> dict[str, frozenset[str]]:
         """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""
@@ -505,6 +523,7 @@ class Controller:
 
     def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], out: list[OutRecord]) -> None:
         spec_json = {name: json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":")) for name, spec in snap.specs.items()}
+        spec_json.update(connector_documents(snap.connectors, snap.specs))
         nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
         for node in sorted(nodes):
             wanted = tuple(

@@ -164,6 +164,11 @@ class ControlService:
 
         #: the node's spec rules: POST /v1/models and the state's view of the specs topic apply the same
         self.spec_policy = SpecPolicy.from_settings(settings)
+        from sie.schemas.artifact_store import ArtifactStore, KnownArtifacts
+
+        self.clients = clients or KafkaClients()
+        #: artifacts on the cluster, for the API (uploads, and the check that a spec's artifact is there)
+        self.artifacts = KnownArtifacts(ArtifactStore(settings, clients=self.clients))
         self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
         self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients,
@@ -173,6 +178,11 @@ class ControlService:
                                      on_change=self._on_leadership, clock=clock, clients=clients)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics, view=self.feeder)
+        from sie.streams.control.rollout_service import Rollouts
+
+        #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API
+        self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
+                                 registry=self.metrics.registry)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None
@@ -233,6 +243,7 @@ class ControlService:
         whatever still escapes it ends this run, and the supervisor restarts the loop with backoff."""
         while not self._stop.is_set():
             self.controller.reconcile(self.clock())
+            self.rollouts.tick()
             self._observe_threads()
             self._wake.wait(self.config.reconcile_interval_s)
             self._wake.clear()
@@ -281,4 +292,5 @@ class ControlService:
             "feeder_errors": self.feeder.errors,
             "feeder_last_error": self.feeder.last_error,
             "election_error": self.elector.last_error,
+            "rollouts_error": self.rollouts.last_error,
         }

@@ -258,6 +258,9 @@ class ClusterState:
     leader_instance: str | None = None
     events: deque = field(default_factory=lambda: deque(maxlen=500))
     model_status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: CDC connectors applied through the API (``sie.schemas.connector_store.ConnectorInfo``), by name
+    connectors: dict[str, Any] = field(default_factory=dict)
+    connector_errors: dict[str, str] = field(default_factory=dict)
     #: model -> when its current spec record was applied (a re-apply or a new version ends its cool-downs)
     spec_applied_at: dict[str, float] = field(default_factory=dict)
     #: replica id -> the latest `sie replica reset` of it (ends cool-downs that began before it)
@@ -295,6 +298,23 @@ class ClusterState:
                 return
             self.specs[name] = spec
             self.spec_errors.pop(name, None)
+
+    def apply_connector(self, name: str, record: Mapping[str, Any] | None) -> None:
+        """A ConnectorRecord, or None (tombstone) = the connector is gone; an unreadable one is an error entry."""
+        from sie.schemas.connector_store import connector_from_record
+
+        with self._lock:
+            try:
+                info = connector_from_record(dict(record)) if record is not None else None
+            except Exception as exc:  # a connector we cannot read is a status, not a crash
+                self.connectors.pop(name, None)
+                self.connector_errors[name] = f"connector record unreadable: {str(exc).splitlines()[0]}"
+                return
+            self.connector_errors.pop(name, None)
+            if info is None:
+                self.connectors.pop(name, None)
+            else:
+                self.connectors[name] = info
 
     def apply_node(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -438,6 +458,8 @@ class ClusterState:
                 leader_epoch=self.leader_epoch,
                 leader_instance=self.leader_instance,
                 events=tuple(self.events),
+                connectors=dict(self.connectors),
+                connector_errors=dict(self.connector_errors),
                 spec_applied_at=dict(self.spec_applied_at),
                 cooldown_resets=dict(self.cooldown_resets),
             )
@@ -481,6 +503,8 @@ class StateSnapshot:
     leader_epoch: int
     leader_instance: str | None
     events: tuple[EventInfo, ...]
+    connectors: Mapping[str, Any] = field(default_factory=dict)
+    connector_errors: Mapping[str, str] = field(default_factory=dict)
     spec_applied_at: Mapping[str, float] = field(default_factory=dict)
     cooldown_resets: Mapping[str, float] = field(default_factory=dict)
 
@@ -572,14 +596,15 @@ class StateSnapshot:
 
 
 #: topic suffix -> whether it must be read to its end before the first reconcile
-STATE_TOPICS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events", "model-status")
+STATE_TOPICS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events", "model-status",
+                "connectors")
 
 
 #: topic suffix -> the one record type its values may be (anything else on it is skipped)
 RECORD_OF_TOPIC = {
     "specs": "ModelSpecRecord", "nodes": "NodeRegistration", "assignments": "Assignment",
     "control-leader": "LeaderEpoch", "heartbeats": "Heartbeat", "replica-status": "ReplicaStatus",
-    "events": "ControlEvent", "model-status": "ModelStatus",
+    "events": "ControlEvent", "model-status": "ModelStatus", "connectors": "ConnectorRecord",
 }
 
 
@@ -856,6 +881,8 @@ class StateFeeder:
                 self._state.apply_leader_epoch(record)
             elif suffix == "model-status":
                 self._state.apply_model_status(key, record)
+            elif suffix == "connectors":
+                self._state.apply_connector(key, record)
             elif record is None:
                 return
             elif suffix == "heartbeats":

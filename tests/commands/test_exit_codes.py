@@ -182,8 +182,9 @@ def test_backfill_stopped_by_sigterm_is_3_and_resumable(kafka_settings, tmp_path
     keep_forever(kafka_settings, spec.topics.requests, 1)
     produce_timed(kafka_settings, spec.topics.requests, 300, 1)
     log = tmp_path / "backfill.log"
+    job_id = f"stop-me-{spec.name}"  # plans are compacted records: a fixed id collides with an earlier run's
     cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", kafka_settings.bootstrap_servers, "backfill",
-           "--spec", str(spec_path), "--job-id", "stop-me", "--progress-interval", "0.2", "--max-batch", "10",
+           "--spec", str(spec_path), "--job-id", job_id, "--progress-interval", "0.2", "--max-batch", "10",
            "--from", "earliest", "--to", "now", "--rate", "50"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,

@@ -42,6 +42,16 @@ SAMPLES: dict[str, dict] = {
                                   "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
                                   "actual_version": "1", "cooldowns": []}],
                     "epoch": 3, "updated_at_ms": 8},
+    "ArtifactManifest": {"sha256": "ab" * 32, "name": "fraud.safetensors", "size": 1_234_567, "chunk_size": 524288,
+                         "chunks": 3, "chunk_partition": 1, "first_offset": 10, "last_offset": 12, "created_ms": 9},
+    "ConnectorRecord": {"name": "orders-to-fraud", "spec_json": "{}", "applied_at_ms": 10, "paused": True,
+                        "deleted": False},
+    "Rollout": {"model": "m", "stable_version": "1.0.0", "canary_version": "1.1.0", "phase": "Canary", "step": 1,
+                "weight_bp": 2000, "epoch": 2, "started_ms": 9, "phase_since_ms": 10, "paused_from": None,
+                "reason": "gates passed at 10%", "policy_json": json.dumps({"steps": [10, 20, 50, 100]}),
+                "events": [{"at_ms": 9, "from_phase": "Pending", "to_phase": "Surging", "step": -1, "weight_bp": 0,
+                            "reason": "starting 1.1.0"}],
+                "stable_spec_json": "{}", "canary_spec_json": "{}", "updated_at_ms": 11},
 }
 
 

@@ -4,6 +4,14 @@ The spec travels in the assignment as JSON; it is written to the agent's work
 directory (one file per target hash) and the worker reads it with
 ``--spec-file``: no size limit on argv, and the file is there for an operator
 to inspect next to the replica's log.
+
+A spec whose artifact or modules are named by content (``artifactRef``, ``modules``) is made local first
+(``sie.workers.agent.artifacts``): the launch is deferred while they are fetched, refused when their bytes
+are, and the worker's copy of the spec names the verified files in the node's artifact cache
+(``artifact``, ``modulesPath``).  Workers run with ``python -P`` in their replica folder: neither the
+agent's working directory nor anything near it is on their ``sys.path``.
+
+A CDC connector's replica (its document has ``kind: CdcConnector``) runs ``sie.connectors.worker``.
 """
 
 from __future__ import annotations
@@ -17,8 +25,13 @@ from typing import Any
 
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
-from sie.workers.process import LaunchRefused, LaunchSpec
+from sie.schemas.connector_spec import is_connector_doc
+from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
+
+#: the entry points of the two kinds of replica process
+WORKER_MODULE = "sie.workers.worker_main"
+CONNECTOR_MODULE = "sie.connectors.worker"
 
 
 class MetricsPorts:
@@ -80,6 +93,7 @@ class WorkerCommandBuilder:
         real_gpus: bool = True,
         settings: Settings | None = None,
         spec_policy: Any = None,
+        artifacts: Any = None,
         metrics_ports: MetricsPorts | None = None,
         live_replicas: Callable[[], Iterable[str]] = tuple,
     ) -> None:
@@ -91,6 +105,8 @@ class WorkerCommandBuilder:
         self.base_env = {**(os.environ if base_env is None else base_env), **worker_env}
         #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
         self.spec_policy = spec_policy
+        #: ``sie.workers.agent.artifacts.ArtifactFetcher``: makes artifacts named by content local
+        self.artifacts = artifacts
         self.python = python
         self.progress_interval_s = progress_interval_s
         #: False with simulated GPUs: the indices name GPUs that do not exist, so hide CUDA entirely
@@ -110,13 +126,51 @@ class WorkerCommandBuilder:
         if problems:
             raise LaunchRefused("spec refused: " + "; ".join(problems))
 
+    def _localize(self, spec_doc: dict[str, Any]) -> dict[str, Any]:
+        """The spec with its content-named artifacts replaced by their verified copies on this node (raises
+        ``LaunchDeferred`` while they are fetched, ``LaunchRefused`` when they are refused)."""
+        from sie.schemas.module_bundle import check_bundle
+        from sie.schemas.spec_models import ArtifactRef
+
+        backend = dict(spec_doc.get("backend") or {})
+        refs = {field: backend.get(field) for field in ("artifact_ref", "modules")}
+        if not any(isinstance(r, dict) for r in refs.values()):
+            return spec_doc
+        if self.artifacts is None:
+            raise LaunchRefused("spec names artifacts by sha256 but this agent cannot fetch artifacts")
+        paths: dict[str, Path] = {}
+        waiting: list[LaunchDeferred] = []
+        for field, ref in refs.items():
+            if isinstance(ref, dict):
+                try:
+                    paths[field] = self.artifacts.resolve(ArtifactRef.model_validate(ref))
+                except LaunchDeferred as exc:  # start every fetch before waiting for any
+                    waiting.append(exc)
+        if waiting:
+            raise LaunchDeferred("; ".join(str(w) for w in waiting))
+        if "artifact_ref" in paths:
+            backend["artifact"] = str(paths["artifact_ref"])
+        if "modules" in paths:
+            allowed = self.spec_policy.allowed_modules if self.spec_policy is not None else ()
+            problems = check_bundle(paths["modules"], allowed)
+            if problems:
+                raise LaunchRefused("spec refused: " + "; ".join(problems))
+            backend["modules_path"] = str(paths["modules"])
+        return {**spec_doc, "backend": backend}
+
     def replica_dir(self, replica_id: str) -> Path:
         return self.work_dir / replica_id
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
         spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
-        if self.spec_policy is not None:
-            self._check(desired, spec_doc)  # before anything of the replica touches the disk
+        module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
+        if module == WORKER_MODULE:
+            if self.spec_policy is not None:
+                self._check(desired, spec_doc)  # before anything of the replica touches the disk
+            localized = self._localize(spec_doc)
+            if localized is not spec_doc and self.spec_policy is not None:
+                self._check(desired, localized)  # the local copies are under the artifact cache, a model root
+            spec_doc = localized
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         spec_file = directory / f"spec-{desired.target_hash}.json"
@@ -125,18 +179,16 @@ class WorkerCommandBuilder:
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in desired.gpu_indices) if self.real_gpus else ""
         env["SIE_REPLICA_ID"] = desired.replica_id
-        port = self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
-        return LaunchSpec(
-            name=desired.replica_id,
-            argv=(
-                self.python, "-m", "sie.workers.worker_main",
-                "--spec-file", str(spec_file),
-                "--replica-id", desired.replica_id,
-                "--progress-interval", str(self.progress_interval_s),
-                "--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
-                "--gpu-memory-mb", str(desired.gpu_memory_mb),
-                *(("--metrics-port", str(port)) if port is not None else ()),
-            ),
-            env=env,
-            log_path=directory / "worker.log",
+        argv: tuple[str, ...] = (
+            self.python, "-P", "-m", module,
+            "--spec-file", str(spec_file),
+            "--replica-id", desired.replica_id,
+            "--progress-interval", str(self.progress_interval_s),
         )
+        if module == WORKER_MODULE:  # a connector replica is CPU-only and serves no /metrics of its own
+            port = self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
+            argv += ("--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
+                     "--gpu-memory-mb", str(desired.gpu_memory_mb),
+                     *(("--metrics-port", str(port)) if port is not None else ()))
+        return LaunchSpec(name=desired.replica_id, argv=argv, env=env, cwd=str(directory),
+                          log_path=directory / "worker.log")

@@ -40,6 +40,7 @@ from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_r
 from sie.kernel.settings import Settings
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
+from sie.workers.agent.artifacts import ArtifactFetcher
 from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
 from sie.workers.metrics import AgentMetrics
 from sie.workers.process import ProcessLauncher, SubprocessLauncher
@@ -101,12 +102,17 @@ class Agent:
             inventory_probe = lambda: host_inventory(probe=gpus)  # noqa: E731
         self._probe = inventory_probe
         self.inventory = self._probe()
+        policy = SpecPolicy.from_settings(settings)
+        #: artifacts named by content, fetched (from the artifacts topic or a URI) and verified in the background
+        self.artifacts = ArtifactFetcher(settings, policy, group_id=settings.names.agent_group(config.node),
+                                         clients=self._clients)
         self.commands = WorkerCommandBuilder(
             config.node_work_dir(settings),
             progress_interval_s=config.worker_progress_interval_s,
             real_gpus=not config.simulate_gpus,
             settings=settings,
-            spec_policy=SpecPolicy.from_settings(settings),
+            spec_policy=policy,
+            artifacts=self.artifacts,
             metrics_ports=MetricsPorts(config.worker_metrics_ports),
             live_replicas=lambda: [r.replica_id for r in self.supervisor.table.all() if r.state.has_process],
         )
@@ -147,6 +153,7 @@ class Agent:
                 self.run_once()
             self._shutdown()
         finally:
+            self.artifacts.close()
             self._close()
 
     def run_once(self) -> None:

@@ -56,6 +56,8 @@ class BackendConfig:
     ``callable``: the spec file's directory and its ancestors, so a model package next to the spec imports.
     ``allowed_modules``: the module prefixes ``module_class``/``callable`` may come from (the node's
     ``SIE_ALLOWED_MODULES``); nothing outside them is imported, whatever built this config.
+    ``modules_path``: the verified archive of the spec's own package (``backend.modules``, fetched by the
+    agent): when set, ``module_class``/``callable`` are imported from it and from nowhere else.
     """
 
     type: str
@@ -73,6 +75,7 @@ class BackendConfig:
     model_id: str = "<model>"
     search_paths: tuple[Path, ...] = ()
     allowed_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES
+    modules_path: Path | None = None
 
     def __post_init__(self) -> None:
         # Freeze the mappings too: a config shared by two backend instances must not be mutated by either.
@@ -189,14 +192,67 @@ def backend_config_from_spec(spec: Any, policy: Any = None) -> BackendConfig:
         model_id=str(model_id),
         search_paths=tuple(search_paths),
         allowed_modules=tuple(policy.allowed_modules) if policy is not None else DEFAULT_ALLOWED_MODULES,
+        modules_path=getattr(backend, "modules_path", None),
     )
 
 
 # --- shared helper: "package.module:attr" imports -------------------------------------------------------------
 
 
+def _import_near(module_name: str, search_paths: Iterable[Path], what: str) -> Any:
+    top = module_name.split(".")[0]
+    extra: str | None = None
+    for directory in search_paths:
+        if (directory / top).is_dir() or (directory / f"{top}.py").is_file():
+            extra = str(directory)
+            break
+    added = extra is not None and extra not in sys.path
+    if added:
+        sys.path.insert(0, extra)  # type: ignore[arg-type]
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        raise BackendError(
+            f"{what}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); make it importable "
+            f"from the spec's directory or an installed package"
+        ) from exc
+    finally:
+        if added:
+            try:
+                sys.path.remove(extra)  # type: ignore[arg-type]
+            except ValueError:
+                pass
+
+
+def _from_bundle(module: Any, archive: str) -> bool:
+    origin = getattr(module, "__file__", None)
+    return isinstance(origin, str) and origin.startswith(archive + "/")
+
+
+def _import_from_bundle(module_name: str, bundle: Path, what: str) -> Any:
+    archive = str(bundle)
+    parts = module_name.split(".")
+    for depth in range(1, len(parts) + 1):  # a package of that name loaded from elsewhere would shadow ours
+        loaded = sys.modules.get(".".join(parts[:depth]))
+        if loaded is not None and not _from_bundle(loaded, archive):
+            raise BackendError(f"{what}: module {'.'.join(parts[:depth])!r} is already loaded from "
+                               f"{getattr(loaded, '__file__', None) or 'this environment'}, not from the spec's "
+                               f"modules ({bundle.name}); rename the model's package")
+    if archive not in sys.path:
+        sys.path.insert(0, archive)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise BackendError(f"{what}: cannot import module {module_name!r} from the spec's modules "
+                           f"({bundle.name}): {type(exc).__name__}: {exc}") from exc
+    if not _from_bundle(module, archive):
+        raise BackendError(f"{what}: module {module_name!r} was found outside the spec's modules "
+                           f"({getattr(module, '__file__', None)}); refused")
+    return module
+
+
 def import_object(ref: str, search_paths: Iterable[Path] = (), what: str = "spec.backend.callable",
-                  allowed_modules: Iterable[str] = DEFAULT_ALLOWED_MODULES) -> Any:
+                  allowed_modules: Iterable[str] = DEFAULT_ALLOWED_MODULES, bundle: Path | None = None) -> Any:
     """Import ``package.module:attr``, only from ``allowed_modules`` (the last line of defence: the spec
     policy already refused anything else wherever the spec was read).
 
@@ -206,6 +262,11 @@ def import_object(ref: str, search_paths: Iterable[Path] = (), what: str = "spec
     Only the first directory in ``search_paths`` that actually contains the top-level package (``pkg/`` or
     ``pkg.py``) is put on ``sys.path``, and only for the duration of the import: model code next to a spec
     imports without the spec's whole directory tree shadowing installed packages afterwards.
+
+    ``bundle`` (a verified module archive, ``sie.schemas.module_bundle``): the module is imported from it and
+    from nowhere else: ``search_paths`` are ignored, a module of that name already loaded from elsewhere
+    is refused, and the imported module must come from the archive.  The archive stays first on ``sys.path``
+    (a worker serves one model: its code's own lazy imports keep working).
     """
     import types
 
@@ -218,28 +279,10 @@ def import_object(ref: str, search_paths: Iterable[Path] = (), what: str = "spec
     if not module_allowed(module_name, allowed):
         raise BackendError(f"{what}: module {module_name!r} is not in this node's allowed modules "
                            f"({', '.join(allowed) or 'none'}); set SIE_ALLOWED_MODULES to allow your model package")
-    top = module_name.split(".")[0]
-    extra: str | None = None
-    for directory in search_paths:
-        if (directory / top).is_dir() or (directory / f"{top}.py").is_file():
-            extra = str(directory)
-            break
-    added = extra is not None and extra not in sys.path
-    if added:
-        sys.path.insert(0, extra)  # type: ignore[arg-type]
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise BackendError(
-            f"{what}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); make it importable "
-            f"from the spec's directory or an installed package"
-        ) from exc
-    finally:
-        if added:
-            try:
-                sys.path.remove(extra)  # type: ignore[arg-type]
-            except ValueError:
-                pass
+    if bundle is not None:
+        module = _import_from_bundle(module_name, Path(bundle), what)
+    else:
+        module = _import_near(module_name, search_paths, what)
     try:
         obj = module
         for part in attr.split("."):

@@ -28,7 +28,7 @@ class PythonBackend:
                 f"(e.g. 'models.fraud.rules:score')"
             )
         fn = import_object(cfg.callable, cfg.search_paths, what="spec.backend.callable",
-                           allowed_modules=cfg.allowed_modules)
+                           allowed_modules=cfg.allowed_modules, bundle=cfg.modules_path)
         if not callable(fn):
             raise BackendError(f"{cfg.model_id}: spec.backend.callable {cfg.callable} is not callable")
         self._fn = fn

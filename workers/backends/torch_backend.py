@@ -172,7 +172,7 @@ def _load_safetensors(path: Path, device: str, config: BackendConfig) -> torch.n
             f"'models.fraud.model:FraudMLP'"
         )
     cls = import_object(config.module_class, config.search_paths, what="spec.backend.module_class",
-                        allowed_modules=config.allowed_modules)
+                        allowed_modules=config.allowed_modules, bundle=config.modules_path)
     try:
         module = cls(**dict(config.module_kwargs))
     except Exception as exc:

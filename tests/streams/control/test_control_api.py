@@ -37,12 +37,16 @@ from sie.streams.control.auth import (
 from sie.streams.control.service import ControlService
 from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 
+ARTIFACT = "/v1/artifacts/sha256:" + "0" * 64
 ROUTES = [("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/v1/nodes"), ("GET", "/v1/replicas"),
           ("GET", "/v1/models"), ("GET", "/v1/models/some-model"), ("GET", "/v1/events"),
           ("GET", "/v1/prometheus/targets"), ("POST", "/v1/models"), ("PUT", "/v1/models"),
-          ("DELETE", "/v1/models/some-model")]
+          ("DELETE", "/v1/models/some-model"),
+          ("GET", "/v1/connectors"), ("GET", "/v1/connectors/some-model"), ("POST", "/v1/connectors"),
+          ("POST", "/v1/connectors/some-model/pause"), ("POST", "/v1/connectors/some-model/resume"),
+          ("DELETE", "/v1/connectors/some-model"), ("GET", ARTIFACT), ("PUT", ARTIFACT)]
 WRITES = [r for r in ROUTES if r[0] != "GET"]
-READS = [r for r in ROUTES if r[0] == "GET"]
+READS = [r for r in ROUTES if r[0] == "GET" and r[1] != ARTIFACT]  # an artifact lookup reads Kafka
 
 POPEN_SPEC = """
 name: evil
@@ -185,10 +189,29 @@ def test_public_health_is_anonymous_and_says_little(settings: Settings) -> None:
         Settings(api_public_paths="/v1/models")
 
 
+def test_connector_and_artifact_writes_are_checked_before_kafka(settings: Settings) -> None:
+    client, audit = _client(settings.with_overrides(max_artifact_bytes=1000))
+    op = _auth(OPERATOR_TOKEN)
+    response = client.post("/v1/connectors", content="name: orders\nformat: nope\n", headers=op)
+    assert response.status_code == 422
+    fields = {e["field"] for e in response.json()["errors"]}
+    assert {"connector.format", "connector.sourceTopic", "connector.model", "connector.tables"} <= fields
+    response = client.post("/v1/connectors/ghost/pause", headers=op)
+    assert response.status_code == 404 and response.json()["error"] == "connector 'ghost' is not applied"
+    assert audit.events[-1] == ("operator", "pause connector", "ghost", "refused 404: connector 'ghost' is not applied")
+    response = client.put("/v1/artifacts/md5:abc", content=b"x", headers=op)
+    assert response.status_code == 422 and "sha256:<64 lowercase hex digits>" in response.json()["error"]
+    response = client.put(ARTIFACT, content=b"x" * 1001, headers=op)  # the artifact cap, not the 1 MiB one
+    assert response.status_code == 413 and "larger than 1000 bytes" in response.json()["error"]
+    response = client.put(ARTIFACT, params={"name": "../etc/passwd"}, content=b"x", headers=op)
+    assert response.status_code == 422 and response.json()["errors"][0]["field"] == "query.name"
+
+
 def test_openapi_document_lists_routes_and_the_bearer_scheme(settings: Settings) -> None:
     client, _ = _client(settings)
     doc = client.get("/openapi.json").json()
-    assert {"/v1/models", "/v1/models/{name}", "/v1/nodes", "/v1/replicas", "/healthz", "/metrics"} <= set(doc["paths"])
+    assert {"/v1/models", "/v1/models/{name}", "/v1/nodes", "/v1/replicas", "/healthz", "/metrics", "/v1/connectors",
+            "/v1/connectors/{name}", "/v1/connectors/{name}/pause", "/v1/artifacts/{ref}"} <= set(doc["paths"])
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 

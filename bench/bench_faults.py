@@ -1,0 +1,150 @@
+"""The fault campaign (issue 9) on a 3-broker cluster of its own, under a steady request load.
+
+    python bench/bench_faults.py [--repeats 1] [--rate 40] [--faults a,b,c,d,d2,e,f]
+
+Starts a 3-broker KRaft cluster on free loopback ports (model topics: replication factor 3,
+min.insync.replicas 2), then runs the faults of tests/fault_campaign.py, each ``--repeats`` times:
+
+- (a) SIGKILL + restart of the broker leading request partition 0 of a real ``sie score`` (echo model)
+- (b) SIGKILL + restart of the scorer's transaction coordinator (leader of its __transaction_state partition)
+- (c) SIGKILL + restart of the leader of the scorer group's __consumer_offsets partition (group coordinator)
+- (d) SIGSTOP of the leader of request partition 0 past the scorer's session timeout (6 s), then SIGCONT
+- (d2) the same for the scorer's transaction coordinator
+- (e) the leading ``sie control`` SIGSTOPped past its group session (the standby takes over, a model is
+  applied meanwhile), then SIGCONT: it must never write as leader again
+- (f) the ``sie agent`` running a replica SIGSTOPped past the node timeout, then SIGCONT
+
+Per fault: the longest stall of a request partition (gap between committed outputs), the recovery (fault ->
+every partition answered a request produced after the fault), and the read_committed proof (lost, doubled).
+A fault whose trial fails (a deadline reached, a request lost or doubled) gets a FAILED row saying why.
+Results: bench/results/faults.txt (its hand-written "## analysis" section is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sie.infra.kafka.local import LocalKafka, free_base_port  # noqa: E402
+from sie.kernel.settings import Settings  # noqa: E402
+from tests.fault_campaign import TABLE_HEADER, ControlRig, FaultResult, ScorerRig  # noqa: E402
+
+SCORER_FAULTS = {
+    "a": ("(a) SIGKILL + restart: leader of request partition 0", "request_leader", "kill"),
+    "b": ("(b) SIGKILL + restart: transaction coordinator", "txn_coordinator", "kill"),
+    "c": ("(c) SIGKILL + restart: __consumer_offsets leader", "offsets_leader", "kill"),
+    "d": ("(d) SIGSTOP > session timeout, SIGCONT: leader of request partition 0", "request_leader", "pause"),
+    "d2": ("(d2) SIGSTOP > session timeout, SIGCONT: transaction coordinator", "txn_coordinator", "pause"),
+}
+
+
+def _failed(fault: str, exc: BaseException) -> FaultResult:
+    why = " ".join(str(exc).split())[:300].replace("|", "/")
+    return FaultResult(fault, "-", float("nan"), float("nan"), 0, -1, -1, float("nan"), f"FAILED: {why}")
+
+
+def run_scorer_faults(kafka: LocalKafka, root: Path, which: list[str], repeats: int, rate: float,
+                      scorer_env: dict[str, str] | None = None) -> tuple[list, str]:
+    rig = ScorerRig(kafka, root / "scorer", rate, scorer_env)
+    rows = []
+    try:
+        for key in which:
+            name, target, kind = SCORER_FAULTS[key]
+            for _ in range(repeats):
+                try:
+                    t = getattr(rig, target)()
+                    row = rig.kill_and_restart(name, t) if kind == "kill" else rig.pause_and_resume(name, t)
+                except AssertionError as exc:
+                    row = _failed(name, exc)
+                rows.append(row)
+                print(row.row(), flush=True)
+    finally:
+        requests, lost, doubled = rig.close()
+    return rows, f"scorer rig, whole run, fresh read_committed reader: {requests} requests, {lost} lost, {doubled} doubled"
+
+
+def run_control_faults(kafka: LocalKafka, root: Path, which: list[str], repeats: int, rate: float) -> tuple[list, str]:
+    rig = ControlRig(kafka, root / "control", rate)
+    rows = []
+    try:
+        for key in which:
+            for _ in range(repeats):
+                try:
+                    row = rig.leader_pause() if key == "e" else rig.agent_pause()
+                except AssertionError as exc:
+                    row = _failed(f"({key}) {'control-plane leader' if key == 'e' else 'agent'} SIGSTOP/SIGCONT", exc)
+                rows.append(row)
+                print(row.row(), flush=True)
+    finally:
+        requests, lost, doubled = rig.close()
+    return rows, f"control rig, whole run, fresh read_committed reader: {requests} requests, {lost} lost, {doubled} doubled"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=40.0, help="requests/s to the scorer (the control rig: half)")
+    parser.add_argument("--faults", default="a,b,c,d,d2,e,f")
+    parser.add_argument("--scorer-kafka-extra", default="",
+                        help="SIE_KAFKA_EXTRA for the sie score process (JSON librdkafka properties), for A/B runs")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "faults.txt")
+    args = parser.parse_args()
+    which = [f.strip() for f in args.faults.split(",") if f.strip()]
+    root = Path(tempfile.mkdtemp(prefix="bench-faults-"))
+    load_before = os.getloadavg()
+    kafka = LocalKafka(Settings(), brokers=3, base_port=free_base_port(6), data_dir=root / "kafka", detach=False)
+    kafka.up(timeout=180)
+    rows: list[FaultResult] = []
+    proofs = []
+    started = time.monotonic()
+    try:
+        scorer_keys = [k for k in which if k in SCORER_FAULTS]
+        control_keys = [k for k in which if k in ("e", "f")]
+        if scorer_keys:
+            env = {"SIE_KAFKA_EXTRA": args.scorer_kafka_extra} if args.scorer_kafka_extra else None
+            r, proof = run_scorer_faults(kafka, root, scorer_keys, args.repeats, args.rate, env)
+            rows += r
+            proofs.append(proof)
+        if control_keys:
+            r, proof = run_control_faults(kafka, root, control_keys, args.repeats, args.rate / 2)
+            rows += r
+            proofs.append(proof)
+    finally:
+        kafka.down()
+    load_after = os.getloadavg()
+    command = "python bench/bench_faults.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"# bench_faults: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs (shared with other engineers' "
+        f"tests), load average {load_before[0]:.1f} before / {load_after[0]:.1f} after, {time.monotonic() - started:.0f} s",
+        f"# command: {command}",
+        f"# 3 brokers (KRaft, broker.session.timeout.ms 5000), model topics RF 3 + min.insync.replicas 2, 4 request "
+        f"partitions; scorer session.timeout.ms 6000, txn hang watchdog 25 s; {args.rate:g} req/s to the scorer, "
+        f"{args.rate / 2:g} req/s to the control rig's model; {args.repeats} trial(s) per fault"
+        + (f"; scorer SIE_KAFKA_EXTRA={args.scorer_kafka_extra}" if args.scorer_kafka_extra else ""),
+        "# stall: longest gap between committed outputs of one request partition around the fault;",
+        "# recovery: fault -> every request partition answered a request produced after the fault;",
+        "# lost/doubled: every request delivered so far has exactly one committed result or dead letter (read_committed)",
+        "",
+        TABLE_HEADER,
+        *(r.row() for r in rows),
+        "",
+        *proofs,
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    old = args.out.read_text() if args.out.exists() else ""
+    analysis = old[old.index("\n## analysis"):] if "\n## analysis" in old else ""
+    args.out.write_text(text + analysis)
+    failed = any(r.lost != 0 or r.doubled != 0 for r in rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

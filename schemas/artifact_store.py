@@ -1,0 +1,361 @@
+"""Artifacts on Kafka itself: content-addressed, chunked, sha256-verified, so a cluster needs nothing but Kafka.
+
+Two compacted system topics (``sie.kernel.topics``):
+
+* ``<p>.artifact-chunks``: the bytes, in chunks of at most 512 KiB (well under ``max_record_bytes``), key
+  ``sha256:<hex>/<index>``, header ``sie.sha256`` = the chunk's own digest.  Every chunk of one artifact goes
+  to the same partition (chosen by its digest), one after another: a contiguous range;
+* ``<p>.artifacts``: one ``ArtifactManifest`` per artifact, key ``sha256:<hex>``: size, chunk size and count,
+  and the partition and offsets of that range.
+
+Upload order makes a manifest never visible before its chunks: every chunk is produced with an idempotent
+producer (acks=all) and acknowledged, THEN the manifest is written.  A reader looks the manifest up first,
+so it can only find an artifact whose chunks are all on the broker.  An upload that fails half-way (or
+whose bytes do not hash to the digest it claimed) leaves chunks without a manifest: nobody reads them, and
+uploading the same content again writes the same keys, which compaction then keeps one of.  (A transaction
+per artifact would give the same guarantee but hold back the last stable offset of its partition for as
+long as a multi-gigabyte upload takes, and bound uploads by the broker's transaction timeout.)
+
+Fetching reads exactly the manifest's range of one partition, checks each chunk against its header digest
+(a corrupt chunk is refused naming its index), and the cache (``sie.schemas.artifact_cache``) checks the
+whole file against the sha256 the spec names.  Nothing is ever unpickled or executed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
+from sie.kernel.settings import Settings
+from sie.schemas.artifact_cache import BLOCK, ArtifactRefused, ArtifactUnavailable, HashingWriter, file_sha256
+
+log = logging.getLogger(__name__)
+
+RECORD = "ArtifactManifest"
+#: the largest chunk; smaller when max_record_bytes is set lower (a chunk must fit a record with room to spare)
+CHUNK_BYTES = 512 * 1024
+DIGEST_HEADER = "sie.sha256"
+
+
+def chunk_size_for(settings: Settings) -> int:
+    return min(CHUNK_BYTES, settings.max_record_bytes - 16 * 1024)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Where an artifact's chunks are (the ``ArtifactManifest`` record)."""
+
+    sha256: str
+    name: str
+    size: int
+    chunk_size: int
+    chunks: int
+    chunk_partition: int
+    first_offset: int
+    last_offset: int
+    created_ms: int
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Manifest:
+        return cls(**{k: record[k] for k in cls.__dataclass_fields__})
+
+    def to_json(self) -> dict[str, Any]:
+        """What the API shows (``GET /v1/artifacts/sha256:<hex>``)."""
+        return {**self.to_record(), "ref": f"sha256:{self.sha256}"}
+
+
+def _topic_partitions(consumer: Any, topic: str) -> list[int]:
+    metadata = consumer.list_topics(topic, timeout=10)
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise ArtifactUnavailable(f"topic {topic!r} not found: run `sie topics ensure` (as an administrator)")
+    return sorted(info.partitions)
+
+
+class ArtifactStore:
+    """Upload, look up and fetch artifacts on one cluster's artifact topics (see the module docstring).
+
+    ``group_id``: the group id the readers carry (never joined, never committed); it must be one the
+    principal may Read (``<p>.agent.<node>`` for an agent, ``<p>.control.state`` for the control plane).
+    """
+
+    def __init__(self, settings: Settings, group_id: str | None = None, clients: KafkaClients | None = None) -> None:
+        self.settings = settings
+        names = settings.names
+        self.manifest_topic = names.system_topic("artifacts")
+        self.chunk_topic = names.system_topic("artifact-chunks")
+        self._group = group_id or names.control_state_group
+        self._clients = clients or KafkaClients()
+        self.chunk_size = chunk_size_for(settings)
+
+    # -- look up -------------------------------------------------------------------------------------
+    def manifests(self, timeout: float = 30.0) -> dict[str, Manifest]:
+        """Every artifact on the cluster by sha256: the manifests topic replayed to its end."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+        from sie.schemas.avro_codec import decode
+
+        names = self.settings.names
+        consumer = self._clients.consumer(state_reader_config(
+            self.settings, self._group, names.artifact_client_id("lookup"), **{"fetch.wait.max.ms": 50}))
+        found: dict[str, Manifest] = {}
+        try:
+            partitions = _topic_partitions(consumer, self.manifest_topic)
+            pending = set(partitions)  # until each reports its end (an empty one too, once its leader answers)
+            consumer.assign([TopicPartition(self.manifest_topic, p, OFFSET_BEGINNING) for p in partitions])
+            deadline = time.monotonic() + timeout
+            while pending:
+                if time.monotonic() > deadline:
+                    raise ArtifactUnavailable(f"{self.manifest_topic}: not read to its end within {timeout:g}s")
+                for msg in consumer.consume(num_messages=500, timeout=0.5):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            pending.discard(msg.partition())
+                        elif error.fatal():
+                            raise ArtifactUnavailable(f"{self.manifest_topic}: {error.str()}")
+                        continue
+                    key = (msg.key() or b"").decode("utf-8", "replace")
+                    digest = key.removeprefix("sha256:")
+                    if msg.value() is None:
+                        found.pop(digest, None)
+                        continue
+                    try:
+                        found[digest] = Manifest.from_record(decode(msg.value(), expected=RECORD))
+                    except Exception as exc:  # one unreadable record never hides the others
+                        log.warning("%s[%d]@%d: unreadable manifest skipped: %s", msg.topic(), msg.partition(),
+                                    msg.offset(), str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        finally:
+            consumer.close()
+        return found
+
+    def lookup(self, sha256: str, timeout: float = 30.0) -> Manifest | None:
+        """The manifest of ``sha256``, or None when it was never (completely) uploaded."""
+        return self.manifests(timeout).get(sha256)
+
+    # -- upload --------------------------------------------------------------------------------------
+    def begin(self, sha256: str, name: str, timeout: float = 60.0) -> ArtifactUpload:
+        """An upload of the artifact whose bytes must hash to ``sha256`` (feed it with ``add``, then ``finish``)."""
+        return ArtifactUpload(self, sha256, name, timeout)
+
+    def upload_file(self, path: Path, name: str | None = None, timeout: float = 60.0) -> tuple[Manifest, bool]:
+        """Upload a local file unless the cluster already has its bytes; returns (manifest, uploaded)."""
+        digest = file_sha256(path)
+        existing = self.lookup(digest, timeout)
+        if existing is not None:
+            return existing, False
+        upload = self.begin(digest, name or path.name, timeout)
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(BLOCK), b""):
+                upload.add(block)
+        return upload.finish(), True
+
+    def partition_of(self, sha256: str, partitions: int) -> int:
+        return int(sha256[:8], 16) % partitions
+
+    # -- fetch ---------------------------------------------------------------------------------------
+    def fetch(self, manifest: Manifest, sink: HashingWriter, timeout: float = 300.0) -> None:
+        """Write the artifact's bytes into ``sink`` (chunk ``i`` at ``i * chunk_size``).  Raises
+        ``ArtifactRefused`` for a corrupt or missing chunk, ``ArtifactUnavailable`` when the broker does not
+        deliver the range in time.  The caller verifies the whole file's sha256."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        m = manifest
+        label = f"sha256:{m.sha256[:12]} ({m.name})"
+        if m.chunks == 0:
+            return
+        prefix = f"sha256:{m.sha256}/"
+        names = self.settings.names
+        consumer = self._clients.consumer(state_reader_config(
+            self.settings, self._group, names.artifact_client_id("fetch"), **{"fetch.wait.max.ms": 50}))
+        received: set[int] = set()
+        try:
+            consumer.assign([TopicPartition(self.chunk_topic, m.chunk_partition, m.first_offset)])
+            deadline = time.monotonic() + timeout
+            done = False
+            while not done:
+                if time.monotonic() > deadline:
+                    raise ArtifactUnavailable(f"{label}: chunks not read within {timeout:g}s "
+                                              f"({len(received)} of {m.chunks})")
+                for msg in consumer.consume(num_messages=64, timeout=0.5):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            done = True  # the partition ends before last_offset: chunks are gone
+                        elif error.fatal():
+                            raise ArtifactUnavailable(f"{label}: {error.str()}")
+                        continue
+                    if msg.offset() > m.last_offset:
+                        done = True
+                        break
+                    key = (msg.key() or b"").decode("utf-8", "replace")
+                    if key.startswith(prefix) and msg.value() is not None:
+                        self._write_chunk(m, label, key[len(prefix):], msg, sink, received)
+                    if msg.offset() >= m.last_offset:
+                        done = True
+                        break
+        finally:
+            consumer.close()
+        missing = sorted(set(range(m.chunks)) - received)
+        if missing:
+            shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise ArtifactRefused(f"{label}: chunk {shown} of {m.chunks} not found on {self.chunk_topic}"
+                                  f"[{m.chunk_partition}] between offsets {m.first_offset} and {m.last_offset}; "
+                                  "upload it again (sie apply)")
+
+    def _write_chunk(self, m: Manifest, label: str, index_text: str, msg: Any, sink: HashingWriter,
+                     received: set[int]) -> None:
+        if not index_text.isdigit() or int(index_text) >= m.chunks:
+            raise ArtifactRefused(f"{label}: a chunk keyed {index_text[:20]!r} does not belong to a "
+                                  f"{m.chunks}-chunk artifact; refused")
+        index = int(index_text)
+        data = msg.value()
+        headers = dict(msg.headers() or ())
+        declared = headers.get(DIGEST_HEADER)
+        declared_hex = declared.decode("ascii", "replace") if isinstance(declared, bytes) else None
+        actual = hashlib.sha256(data).hexdigest()
+        if declared_hex != actual:
+            raise ArtifactRefused(f"{label}: chunk {index} is corrupt: its bytes hash to sha256:{actual[:12]}, "
+                                  f"its record says {('sha256:' + declared_hex[:12]) if declared_hex else 'nothing'}; "
+                                  "refused (upload the artifact again)")
+        expected_len = m.chunk_size if index < m.chunks - 1 else m.size - m.chunk_size * (m.chunks - 1)
+        if len(data) != expected_len:
+            raise ArtifactRefused(f"{label}: chunk {index} has {len(data)} bytes, the manifest says {expected_len}")
+        sink.seek(index * m.chunk_size)
+        sink.write(data)
+        received.add(index)
+
+
+class ArtifactUpload:
+    """One artifact being uploaded: chunks as the bytes come (bounded memory), the manifest at ``finish``."""
+
+    def __init__(self, store: ArtifactStore, sha256: str, name: str, timeout: float) -> None:
+        self._store = store
+        self.sha256 = sha256
+        self.name = name
+        self._timeout = timeout
+        settings = store.settings
+        self._producer = store._clients.producer(idempotent_producer_config(
+            settings, settings.names.artifact_client_id("upload"), **{
+                "message.timeout.ms": int(timeout * 1000), "linger.ms": 20}))
+        partitions = _topic_partitions(self._producer, store.chunk_topic)
+        self.partition = store.partition_of(sha256, len(partitions))
+        self._buffer = bytearray()
+        self._digest = hashlib.sha256()
+        self.size = 0
+        self._index = 0
+        self._offsets: list[int] = []
+        self._errors: list[str] = []
+        self._limit = settings.max_artifact_bytes
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(err.str() if hasattr(err, "str") else str(err))
+        else:
+            self._offsets.append(msg.offset())
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self._limit:
+            raise ArtifactRefused(f"artifact {self.name}: larger than max_artifact_bytes {self._limit} "
+                                  "(SIE_MAX_ARTIFACT_BYTES)")
+        self._digest.update(data)
+        self._buffer.extend(data)
+        size = self._store.chunk_size
+        while len(self._buffer) >= size:
+            self._emit(bytes(self._buffer[:size]))
+            del self._buffer[:size]
+        if self._errors:
+            raise ArtifactUnavailable(f"artifact {self.name}: a chunk was not written ({self._errors[0]})")
+
+    def _emit(self, chunk: bytes) -> None:
+        names = self._store.settings.names
+        key = names.artifact_chunk_key(self.sha256, self._index).encode()
+        headers = [(DIGEST_HEADER, hashlib.sha256(chunk).hexdigest().encode()), ("sie.index", str(self._index).encode())]
+        while True:
+            try:
+                self._producer.produce(self._store.chunk_topic, value=chunk, key=key, partition=self.partition,
+                                       headers=headers, on_delivery=self._delivered)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+        self._index += 1
+
+    def finish(self) -> Manifest:
+        """Write the last chunk, wait for every acknowledgement, then the manifest.  Raises
+        ``ArtifactRefused`` (and writes no manifest) if the bytes do not hash to the claimed sha256."""
+        from sie.schemas.avro_codec import encode
+
+        if self._buffer:
+            self._emit(bytes(self._buffer))
+            self._buffer.clear()
+        left = self._producer.flush(self._timeout)
+        if left or self._errors or len(self._offsets) != self._index:
+            raise ArtifactUnavailable(f"artifact {self.name}: {self._index - len(self._offsets)} chunk(s) not "
+                                      f"acknowledged within {self._timeout:g}s"
+                                      + (f" ({self._errors[0]})" if self._errors else "")
+                                      + "; check the broker and upload again")
+        actual = self._digest.hexdigest()
+        if actual != self.sha256:
+            raise ArtifactRefused(f"artifact {self.name}: the bytes sent hash to sha256:{actual}, not the "
+                                  f"sha256:{self.sha256} named for them; nothing was published")
+        manifest = Manifest(self.sha256, self.name, self.size, self._store.chunk_size, self._index, self.partition,
+                            min(self._offsets, default=-1), max(self._offsets, default=-1), int(time.time() * 1000))
+        errors: list[str] = []
+        self._producer.produce(
+            self._store.manifest_topic, key=self._store.settings.names.artifact_key(self.sha256).encode(),
+            value=encode(RECORD, manifest.to_record()),
+            on_delivery=lambda err, _m: errors.append(str(err)) if err is not None else None)
+        if self._producer.flush(self._timeout) or errors:
+            raise ArtifactUnavailable(f"artifact {self.name}: its manifest was not acknowledged"
+                                      + (f" ({errors[0]})" if errors else "") + "; upload it again")
+        log.info("artifact sha256:%s (%s): %d bytes in %d chunks on %s[%d]", self.sha256[:12], self.name, self.size,
+                 self._index, self._store.chunk_topic, self.partition)
+        return manifest
+
+
+class KnownArtifacts:
+    """The manifests one process has looked up (the control plane's API): a digest found once stays found
+    (its bytes can never change), a miss reads the manifests topic again (it may have been uploaded since,
+    through another control-plane instance)."""
+
+    def __init__(self, store: ArtifactStore) -> None:
+        import threading
+
+        self.store = store
+        self._known: dict[str, Manifest] = {}
+        self._lock = threading.Lock()
+
+    def known(self, sha256: str, timeout: float = 15.0) -> Manifest | None:
+        with self._lock:
+            found = self._known.get(sha256)
+        if found is None:
+            found = self.store.lookup(sha256, timeout)
+            if found is not None:
+                self.remember(found)
+        return found
+
+    def remember(self, manifest: Manifest) -> None:
+        with self._lock:
+            self._known[manifest.sha256] = manifest
+
+
+def upload_bytes(store: ArtifactStore, data: bytes, name: str, timeout: float = 60.0) -> tuple[Manifest, bool]:
+    """Upload in-memory bytes (a module archive) unless the cluster has them; returns (manifest, uploaded)."""
+    digest = hashlib.sha256(data).hexdigest()
+    existing = store.lookup(digest, timeout)
+    if existing is not None:
+        return existing, False
+    upload = store.begin(digest, name, timeout)
+    for start in range(0, len(data), BLOCK):
+        upload.add(data[start:start + BLOCK])
+    return upload.finish(), True

@@ -1,0 +1,333 @@
+"""The leader's side of rollouts: start them, drive them through the state machine, publish their records.
+
+WHY a driver apart from the state machine (``sie.streams.control.rollout``): the machine decides, the
+driver only supplies time, the canary/stable numbers of the current window and the new version's
+readiness, and turns each new state into records for one transaction through the leader's fenced
+producer: the ``Rollout`` record on the compacted rollouts topic (key = model: the state a new leader
+resumes from, and the weights scorers apply) plus one ``ControlEvent`` per transition, and, when the
+rollout promotes, the new version's ``ModelSpecRecord`` on the specs topic (from then on it is the
+model's spec, and the controller places its replicas).
+
+State lives only on Kafka: ``load`` takes what the rollouts topic holds (``read_rollouts`` reads it,
+read_committed, to its end), so a leader that dies mid-rollout is replaced by one that continues from
+the last committed step; a step's interval restarts from the stored ``phase_since_ms``, not from zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sie.streams.control.controller import OutRecord
+from sie.streams.control.rollout import (
+    Event,
+    Policy,
+    Rollout,
+    RolloutError,
+    VersionWindow,
+    new_rollout,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RolloutRefused(RolloutError):
+    """A rollout that must not start; ``kind`` is machine-readable (``schema_incompatible``, ``in_progress``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Windows(Protocol):
+    """Canary and stable numbers of one model over ``[since_ms, now]`` (the same window for both)."""
+
+    def window(self, model: str, version: str, since_ms: int) -> VersionWindow: ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A rollout with the two spec documents it moves between (scorers load either from here)."""
+
+    rollout: Rollout
+    stable_spec: Mapping[str, Any]
+    canary_spec: Mapping[str, Any]
+
+    def to_record(self, now_ms: int) -> dict[str, Any]:
+        r = self.rollout
+        return {"model": r.model, "stable_version": r.stable_version, "canary_version": r.canary_version,
+                "phase": str(r.phase), "step": r.step, "weight_bp": r.weight_bp, "epoch": r.epoch,
+                "started_ms": r.started_ms, "phase_since_ms": r.phase_since_ms,
+                "paused_from": str(r.paused_from) if r.paused_from else None, "reason": r.reason,
+                "policy_json": json.dumps(r.policy.to_document()),
+                "events": [{"at_ms": e.at_ms, "from_phase": str(e.source), "to_phase": str(e.target), "step": e.step,
+                            "weight_bp": e.weight_bp, "reason": e.reason} for e in r.events],
+                "stable_spec_json": json.dumps(dict(self.stable_spec)),
+                "canary_spec_json": json.dumps(dict(self.canary_spec)), "updated_at_ms": now_ms}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Entry:
+        doc = {**rec, "policy": json.loads(rec["policy_json"]),
+               "events": [{"at_ms": e["at_ms"], "from": e["from_phase"], "to": e["to_phase"], "step": e["step"],
+                           "weight_bp": e["weight_bp"], "reason": e["reason"]} for e in rec["events"]]}
+        return cls(Rollout.from_document(doc), json.loads(rec["stable_spec_json"]), json.loads(rec["canary_spec_json"]))
+
+
+def policy_for(spec_doc: Mapping[str, Any]) -> Policy:
+    """The new version's ``rollout`` block (defaults where absent); the absolute p99 gate defaults to the
+    spec's ``sla.p99_latency_ms``."""
+    sla = spec_doc.get("sla") or {}
+    return Policy.from_document(spec_doc.get("rollout"), sla_p99_ms=sla.get("p99_latency_ms"))
+
+
+class RolloutDriver:
+    """Every model's rollout as the leader sees it; ``tick`` advances them, each method returns the records
+    to publish (the caller publishes them in one transaction and only then calls ``commit``)."""
+
+    def __init__(self, windows: Windows, ready: Callable[[Rollout], str | None] = lambda r: "scorers load it in-process",
+                 clock: Callable[[], float] = time.time) -> None:
+        self._windows = windows
+        self._ready = ready
+        self._clock = clock
+        self.entries: dict[str, Entry] = {}
+
+    # --- state from Kafka ------------------------------------------------------------------------
+    def load(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """What the rollouts topic holds (decoded Rollout records, oldest first): a new leader resumes here."""
+        self.entries = {}
+        for rec in records:
+            entry = Entry.from_record(rec)
+            self.entries[entry.rollout.model] = entry
+
+    def get(self, model: str) -> Entry | None:
+        return self.entries.get(model)
+
+    # --- the leader's ---------------------------------------------------------------------------
+    def begin(self, stable_spec: Any, canary_spec: Any) -> tuple[Entry, list[OutRecord]]:
+        """A new version of a running model: refused (``schema_incompatible``) if its schemas break the
+        running version's, or (``in_progress``) while another rollout of the model is not finished."""
+        from sie.schemas.compat import check_spec_compatibility
+
+        breaks = check_spec_compatibility(stable_spec, canary_spec)
+        if breaks:
+            raise RolloutRefused("schema_incompatible",
+                                 f"{canary_spec.name} {canary_spec.version}: schema_incompatible with "
+                                 f"{stable_spec.version}: " + "; ".join(str(b) for b in breaks))
+        current = self.entries.get(stable_spec.name)
+        if current is not None and not current.rollout.terminal:
+            raise RolloutRefused("in_progress", f"{stable_spec.name}: rollout {current.rollout.stable_version} -> "
+                                                f"{current.rollout.canary_version} is {current.rollout.label}; "
+                                                f"promote or abort it first (sie rollout abort {stable_spec.name})")
+        now = self._now()
+        stable_doc, canary_doc = stable_spec.to_document(), canary_spec.to_document()
+        rollout = new_rollout(stable_spec.name, stable_spec.version, canary_spec.version, policy_for(canary_doc), now)
+        entry = Entry(rollout, stable_doc, canary_doc)
+        return entry, self._records(entry, None, now)
+
+    def tick(self) -> list[tuple[Entry, list[OutRecord]]]:
+        """Advance every unfinished rollout one tick; (new entry, records) for each that changed."""
+        now = self._now()
+        changed = []
+        for entry in list(self.entries.values()):
+            new = self._advance(entry.rollout, now)
+            if new is not entry.rollout:
+                updated = Entry(new, entry.stable_spec, entry.canary_spec)
+                changed.append((updated, self._records(updated, entry.rollout, now)))
+        return changed
+
+    def act(self, model: str, action: str, who: str) -> tuple[Entry, list[OutRecord]]:
+        """An operator's ``pause|resume|promote|abort`` (RolloutError names what the phase allows)."""
+        entry = self.entries.get(model)
+        if entry is None:
+            raise RolloutError(f"{model}: no rollout (sie get rollouts lists them)")
+        if action not in ("pause", "resume", "promote", "abort"):
+            raise RolloutError(f"rollout action: must be pause, resume, promote or abort (got {action!r})")
+        now = self._now()
+        new = getattr(entry.rollout, action)(now, who=who)
+        updated = Entry(new, entry.stable_spec, entry.canary_spec)
+        return updated, self._records(updated, entry.rollout, now)
+
+    def run_once(self, publisher: Any) -> int:
+        """One leader tick: each changed rollout's records in one transaction (``publisher.publish``), and
+        only after it committed does the driver's view move on (a failed publish is tried again next tick)."""
+        changed = 0
+        for entry, records in self.tick():
+            publisher.publish(records)
+            self.commit(entry)
+            changed += 1
+        return changed
+
+    def commit(self, entry: Entry) -> None:
+        """After its records were published: the driver's view moves on only with what Kafka holds."""
+        self.entries[entry.rollout.model] = entry
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _advance(self, r: Rollout, now: int) -> Rollout:
+        from sie.streams.control.rollout import Phase
+
+        if r.phase is Phase.PENDING:
+            return r.start(now)
+        if r.phase is Phase.SURGING:
+            ready = self._ready(r)
+            return r.surge_ready(now, f"new version ready ({ready})") if ready else r.tick(now)
+        if r.phase is Phase.CANARY:
+            since = r.phase_since_ms
+            return r.tick(now, self._windows.window(r.model, r.canary_version, since),
+                          self._windows.window(r.model, r.stable_version, since))
+        if r.phase is Phase.PROMOTING:
+            return r.promoted(now)  # this tick's records carry the new version's spec onto the specs topic
+        if r.phase is Phase.DRAINING:
+            # in-process scorers serve the new version alone from weight 100 %; the controller replaces the
+            # replicas with new-version ones (their in-flight batches commit before they stop)
+            return r.drained(now)
+        if r.phase is Phase.ROLLING_BACK:
+            return r.rolled_back(now)
+        return r
+
+    def _records(self, entry: Entry, before: Rollout | None, now: int) -> list[OutRecord]:
+        r = entry.rollout
+        records = [OutRecord("rollouts", r.model, "Rollout", entry.to_record(now))]
+        new_events: Sequence[Event] = r.events[len(before.events):] if before is not None else r.events
+        for e in new_events:
+            records.append(OutRecord("events", r.model, "ControlEvent", {
+                "ts_ms": e.at_ms, "kind": "rollout", "model": r.model, "replica_id": None, "node": None,
+                "detail": f"{r.stable_version} -> {r.canary_version}: {e.source} -> {e.target} "
+                          f"(canary {e.weight_bp / 100:g}%): {e.reason}"}))
+            if str(e.target) == "Draining":
+                records.append(OutRecord("specs", r.model, "ModelSpecRecord", {
+                    "name": r.model, "version": r.canary_version, "spec_json": json.dumps(dict(entry.canary_spec)),
+                    "applied_at_ms": now, "deleted": False}))
+        return records
+
+
+def read_rollouts(settings: Any, timeout_s: float = 15.0) -> list[dict[str, Any]]:
+    """The rollouts topic, read_committed, to its end (latest record per model): what a new leader resumes."""
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sie.schemas.avro_codec import Codec
+
+    names = settings.names
+    topic = names.system_topic("rollouts")
+    consumer = Consumer(settings.kafka_client_config(**{
+        "group.id": names.reader_group("rollouts", uuid.uuid4().hex[:8]), "enable.auto.commit": False,
+        "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
+    codec = Codec()
+    latest: dict[bytes, dict[str, Any] | None] = {}
+    try:
+        md = consumer.list_topics(topic, timeout=10)
+        parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+        ends = {}
+        for p in parts:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            ends[p] = high
+        consumer.assign([TopicPartition(topic, p, -2) for p in parts])
+        pending = {p for p, high in ends.items() if high > 0}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{topic}: not read to its end within {timeout_s:g}s (partitions {sorted(pending)})")
+            for m in consumer.consume(500, 0.2):
+                if m.error():
+                    continue
+                key = m.key() or b""
+                latest[key] = None if m.value() is None else codec.decode(m.value(), expected="Rollout")
+                if m.offset() + 1 >= ends.get(m.partition(), 0):
+                    pending.discard(m.partition())
+            for p in list(pending):  # transaction markers: the position passes the end without a record
+                pos = consumer.position([TopicPartition(topic, p)])[0].offset
+                if pos >= ends[p]:
+                    pending.discard(p)
+    finally:
+        consumer.close()
+    return [rec for rec in latest.values() if rec is not None]
+
+
+#: dead-letter reasons that are the version's fault (a malformed request is nobody's canary problem)
+_VERSION_FAULTS = frozenset({b"inference_error", b"output_violation", b"result_too_large"})
+
+
+class KafkaVersionWindows:
+    """Canary and stable numbers read from what the scorers committed: the model's results (status, version,
+    queue + inference ms) and dead letters (``sie.version``, ``sie.reason``), read_committed.
+
+    WHY from the output topics rather than metrics: they are exactly what was answered, by which version,
+    and when (the record timestamp), the same for every replica; no scrape interval or lost heartbeat can
+    make the gates judge a window they did not see.  ``window`` drains what has arrived (non-blocking).
+    """
+
+    def __init__(self, settings: Any, spec: Any, keep_s: float = 600.0,
+                 consumer_factory: Callable[[dict], Any] | None = None) -> None:
+        import uuid
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        self._model = spec.name
+        self._results, self._dlq = spec.topics.results, spec.topics.dead_letters
+        self._consumer = (consumer_factory or Consumer)(settings.kafka_client_config(**{
+            "group.id": settings.names.reader_group("rollout-gates", uuid.uuid4().hex[:8]),
+            "enable.auto.commit": False, "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
+        assign = []
+        for topic in (self._results, self._dlq):
+            md = self._consumer.list_topics(topic, timeout=10)
+            assign += [TopicPartition(topic, p, -2) for p in sorted(md.topics[topic].partitions)]
+        self._consumer.assign(assign)
+        self._keep_ms = int(keep_s * 1000)
+        #: version -> [(ts_ms, latency_ms or None, kind)] kind: ok | expired | error
+        self._seen: dict[str, list[tuple[int, float | None, str]]] = {}
+
+    def _drain(self) -> None:
+        import orjson
+
+        from sie.streams.eos.records import safe_headers
+
+        while True:
+            msgs = self._consumer.consume(1000, 0)
+            for m in msgs:
+                if m.error() or m.value() is None:
+                    continue
+                ts = m.timestamp()[1]
+                if m.topic() == self._results:
+                    try:
+                        doc = orjson.loads(m.value())
+                        timings = doc.get("timings") or {}
+                        latency = float(timings.get("queue_ms", 0.0)) + float(timings.get("inference_ms", 0.0))
+                        version, status = str(doc["version"]), doc.get("status")
+                    except Exception:  # a result we cannot read does not count for either version
+                        continue
+                    self._seen.setdefault(version, []).append(
+                        (ts, latency if status == "ok" else None, "ok" if status == "ok" else "expired"))
+                else:
+                    headers = dict(safe_headers(m) or [])
+                    version_b, reason = headers.get("sie.version"), headers.get("sie.reason")
+                    if version_b is None:
+                        continue
+                    kind = "error" if reason in _VERSION_FAULTS else "expired" if reason == b"expired" else ""
+                    if kind:
+                        self._seen.setdefault(version_b.decode(errors="replace"), []).append((ts, None, kind))
+            if len(msgs) < 1000:
+                return
+
+    def window(self, model: str, version: str, since_ms: int) -> VersionWindow:
+        if model != self._model:
+            return VersionWindow()
+        self._drain()
+        rows = self._seen.get(version, [])
+        if rows and rows[0][0] < since_ms - self._keep_ms:  # bounded memory: forget what no window needs
+            rows[:] = [r for r in rows if r[0] >= since_ms - self._keep_ms]
+        inside = [r for r in rows if r[0] >= since_ms]
+        latencies = sorted(r[1] for r in inside if r[1] is not None)
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None
+        return VersionWindow(requests=len(inside), errors=sum(1 for r in inside if r[2] == "error"),
+                             expired=sum(1 for r in inside if r[2] == "expired"), p99_ms=p99)
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,173 @@
+"""Rollout weights in the scorer: monotone key stickiness (a property), applied per batch, epoch-stamped."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sie.kernel.settings import Settings
+from sie.streams.scorer import BUCKETS, RoutingTable, ScorerConfig
+from sie.streams.scorer.rollout import EPOCH_HEADER, RolloutScorer, WeightSet, weighted_table
+from tests.fakes.kafka_clients import FakeMessage
+from tests.scorer_fixtures import echo_spec
+
+STABLE, CANARY = ("1.0.0", "stable-backend"), ("1.1.0", "canary-backend")
+
+keys = st.lists(st.binary(min_size=1, max_size=16), min_size=1, max_size=60, unique=True)
+weights = st.lists(st.integers(0, BUCKETS), min_size=1, max_size=8).map(sorted)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys, weights)
+def test_a_key_only_moves_stable_to_canary_as_the_weight_rises(ks, rising):
+    """Monotone stickiness: once a key is on the canary, every higher weight keeps it there."""
+    on_canary: set[bytes] = set()
+    for w in rising:
+        table = weighted_table(STABLE, CANARY, w)
+        now = {k for k in ks if table.route(k, "unused").version == CANARY[0]}
+        assert on_canary <= now, f"keys moved back to stable at {w} bp: {on_canary - now}"
+        on_canary = now
+    # rollback: weight 0 sends every key back to stable
+    assert {weighted_table(STABLE, CANARY, 0).route(k, "x").version for k in ks} == {STABLE[0]}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, BUCKETS))
+def test_the_canary_share_of_buckets_is_the_weight_exactly(w):
+    table = weighted_table(STABLE, CANARY, w)
+    bounds = [e.weight for e in table.entries]
+    assert (bounds[-1] if table.versions[-1] == CANARY[0] else 0) == w
+
+
+def test_requests_without_a_key_route_by_id():
+    table = weighted_table(STABLE, CANARY, 5000)
+    versions = {table.route(None, f"id-{i}").version for i in range(200)}
+    assert versions == {STABLE[0], CANARY[0]}
+    assert table.route(None, "id-7").version == table.route(None, "id-7").version
+
+
+# --- the scorer applies the newest weight set at the batch boundary ----------------------------------
+
+class Source:
+    def __init__(self) -> None:
+        self.record: dict | None = None
+
+    def latest(self):
+        return self.record
+
+    def close(self) -> None:
+        pass
+
+
+class Backend:
+    def __init__(self, version: str, factor: float) -> None:
+        self.version, self.factor, self.closed = version, factor, False
+
+    def infer(self, rows):
+        return [{"y": r["x"] * self.factor} for r in rows]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def record(spec, canary_doc, phase: str, weight: int, epoch: int) -> dict:
+    return {"model": spec.name, "stable_version": "1.0.0", "canary_version": "1.1.0", "phase": phase,
+            "step": 0, "weight_bp": weight, "epoch": epoch, "stable_spec_json": json.dumps(spec.to_document()),
+            "canary_spec_json": json.dumps(canary_doc)}
+
+
+def make_scorer():
+    spec = echo_spec()
+    canary_doc = {**spec.to_document(), "version": "1.1.0"}
+    loaded: list[str] = []
+
+    def factory(s):
+        loaded.append(s.version)
+        return Backend(s.version, 3.0)
+
+    source = Source()
+    config = ScorerConfig(settings=Settings(), spec=spec, instance="t-0")
+    scorer = RolloutScorer(config, RoutingTable.single("1.0.0", Backend("1.0.0", 2.0)), weights=source,
+                           backend_factory=factory)
+    return scorer, source, spec, canary_doc, loaded
+
+
+def batch(spec, n: int) -> list[FakeMessage]:
+    return [FakeMessage(spec.topics.requests, 0, i, f"k{i}".encode(), orjson.dumps({"id": f"r{i}", "inputs": {"x": 1}}))
+            for i in range(n)]
+
+
+def answered(prepared) -> dict[str, tuple[str, bytes]]:
+    out = {}
+    for o in prepared.outputs:
+        doc = orjson.loads(o.value)
+        out[doc["id"]] = (doc["version"], dict(o.headers or [])[EPOCH_HEADER])
+    return out
+
+
+def test_no_rollout_no_stamp_and_the_own_version_answers():
+    scorer, _source, spec, _doc, loaded = make_scorer()
+    prepared = scorer.prepare(batch(spec, 5))
+    assert {orjson.loads(o.value)["version"] for o in prepared.outputs} == {"1.0.0"}
+    assert all(not o.headers for o in prepared.outputs) and loaded == []
+
+
+def test_weights_apply_per_batch_and_each_result_names_its_version_and_epoch():
+    scorer, source, spec, canary_doc, loaded = make_scorer()
+    source.record = record(spec, canary_doc, "Surging", 0, 0)
+    first = answered(scorer.prepare(batch(spec, 200)))
+    assert loaded == ["1.1.0"]  # the canary is loaded while it still has 0 %: before any traffic
+    assert {v for v, _e in first.values()} == {"1.0.0"}
+    source.record = record(spec, canary_doc, "Canary", 5000, 3)
+    second = answered(scorer.prepare(batch(spec, 200)))
+    table = weighted_table(("1.0.0", None), ("1.1.0", None), 5000)
+    for i in range(200):
+        version, epoch = second[f"r{i}"]
+        assert epoch == b"3" and version == table.route(f"k{i}".encode(), "").version
+    assert {v for v, _ in second.values()} == {"1.0.0", "1.1.0"}
+    source.record = record(spec, canary_doc, "RolledBack", 0, 4)
+    third = answered(scorer.prepare(batch(spec, 200)))
+    assert {v for v, _ in third.values()} == {"1.0.0"} and {e for _, e in third.values()} == {b"4"}
+    assert scorer.routing.versions == ("1.0.0",)
+
+
+def test_complete_serves_only_the_new_version_without_reloading_the_old():
+    scorer, source, spec, canary_doc, loaded = make_scorer()
+    source.record = record(spec, canary_doc, "Complete", BUCKETS, 4)
+    got = answered(scorer.prepare(batch(spec, 50)))
+    assert {v for v, _ in got.values()} == {"1.1.0"} and loaded == ["1.1.0"]
+
+
+def test_a_record_for_another_model_is_ignored():
+    scorer, source, spec, canary_doc, loaded = make_scorer()
+    source.record = {**record(spec, canary_doc, "Canary", 5000, 1), "model": "other"}
+    scorer.prepare(batch(spec, 3))
+    assert loaded == [] and scorer.epoch == 0
+
+
+def test_weight_set_rejects_a_weight_out_of_range():
+    import pytest
+
+    spec = echo_spec()
+    with pytest.raises(ValueError, match="weight_bp must be in"):
+        WeightSet.from_record(record(spec, spec.to_document(), "Canary", BUCKETS + 1, 1))
+
+
+def test_a_finished_rollout_between_other_versions_is_ignored():
+    """A replica of a version applied after the rollout (no rollout block) serves its own version only."""
+    from sie.streams.scorer.rollout import RolloutScorer
+
+    spec = echo_spec()
+    own = spec.model_copy(update={"version": "1.2.0"})
+    source = Source()
+    loaded: list[str] = []
+    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=own, instance="t-1"),
+                           RoutingTable.single("1.2.0", Backend("1.2.0", 2.0)), weights=source,
+                           backend_factory=lambda s: loaded.append(s.version) or Backend(s.version, 3.0))
+    source.record = record(spec, {**spec.to_document(), "version": "1.1.0"}, "Complete", BUCKETS, 3)
+    prepared = scorer.prepare(batch(spec, 20))
+    assert {orjson.loads(o.value)["version"] for o in prepared.outputs} == {"1.2.0"}
+    assert loaded == [] and all(not o.headers for o in prepared.outputs)
