@@ -24,7 +24,9 @@ from sie.streams.scorer.config import ScorerConfig
 @click.option("--max-batch", type=click.IntRange(min=1), default=ScorerConfig.max_batch, show_default=True,
               help="Records per batch (= per transaction and per backend.infer call).")
 @click.option("--max-wait-ms", type=click.IntRange(min=0), default=ScorerConfig.max_wait_ms, show_default=True,
-              help="How long a started batch may wait to fill up.")
+              help="How long a started batch may wait to fill up (0: adaptive, what is already fetched).")
+@click.option("--pipelined/--serial", default=ScorerConfig.pipelined, show_default=True,
+              help="Commit a batch while the next one is scored (--serial: one batch at a time).")
 @click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus /metrics here.")
 @click.option("--instance", help="Stable, unique replica name: transactional.id = sie.scorer.<model>.<instance>. "
                                  "Default: <hostname>-<replica>.")
@@ -40,7 +42,8 @@ from sie.streams.scorer.config import ScorerConfig
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.pass_obj
-def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: int, metrics_port: int | None,
+def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: int, pipelined: bool,
+            metrics_port: int | None,
             instance: str | None, replica: int, bootstrap_servers: str | None, partitions: int | None,
             session_timeout_ms: int, expired_to: str, log_level: str) -> None:
     """Score a model's request topic exactly once until SIGTERM/SIGINT.
@@ -68,7 +71,8 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
                         partitions or settings.request_partitions)
     config = ScorerConfig(
         settings=settings, spec=spec, instance=instance or default_instance(replica), max_batch=max_batch,
-        max_wait_ms=max_wait_ms, metrics_port=metrics_port, session_timeout_ms=session_timeout_ms,
+        max_wait_ms=max_wait_ms, pipelined=pipelined, metrics_port=metrics_port,
+        session_timeout_ms=session_timeout_ms,
         expired_to=expired_to,  # type: ignore[arg-type]
     )
 

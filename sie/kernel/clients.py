@@ -71,6 +71,8 @@ def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, ma
         "max.poll.interval.ms": max_poll_interval_ms,
         "queued.max.messages.kbytes": fetch_queue_kbytes,  # bounded prefetch: flat memory whatever the backlog
         "queued.min.messages": max(1000, 4 * max_batch),
+        # a fetch waiting on an idle partition is answered as soon as a record (or, read_committed, a commit
+        # marker) arrives: this bounds idle polling, not latency (50, 10 or 500 ms: the same p50 here)
         "fetch.wait.max.ms": 50,
         # librdkafka waits fetch.queue.backoff.ms (default 1 s) before refetching once its queue thresholds
         # are reached; with the thresholds above that stalled consume() mid-backlog (bench_scoring).
@@ -93,10 +95,12 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
         "linger.ms": linger_ms,  # outputs of one batch leave together; commit_transaction flushes anyway
         "transaction.timeout.ms": transaction_timeout_ms,  # > the slowest batch
         "message.max.bytes": settings.max_record_bytes,  # one limit for every record SIE writes
-        # commit_transaction() returns before the coordinator has finished the transaction, so the next
-        # transaction's first request often meets CONCURRENT_TRANSACTIONS and waits retry.backoff.ms
-        # (confluent-kafka-python #967). 5 ms instead of 20 doubled a bare transactional copy loop.
-        "retry.backoff.ms": 5,
+        # AddOffsetsToTxn meets CONCURRENT_TRANSACTIONS while the coordinator is still writing the previous
+        # transaction's markers, or this one's AddPartitionsToTxn (sent at the first produce) to its log, and
+        # librdkafka retries it after retry.backoff.ms (exponential since 2.3, capped by retry.backoff.max.ms;
+        # confluent-kafka-python #967). 5 ms instead of 20 doubled a bare transactional copy loop; 1 ms
+        # cut send_offsets' median again at light load (bench_latency). Other retries back off from it too.
+        "retry.backoff.ms": 1,
         "queue.buffering.max.messages": max(100_000, 40 * max_batch),
     })
 

@@ -6,7 +6,8 @@ Nothing in here imports a user of it.  Pieces, bottom up:
 * ``errors``      the named outcomes (``TxnAbortable``, ``ProducerFatal``, ``RetryLater``, ``Fenced`` ...);
 * ``transaction`` ``TransactionalProducer`` (error policy, watchdog, re-creation) and ``Checkpoint`` (one
                   batch's transaction, committed in numbered steps), ``rewind``, ``close_quietly``;
-* ``cycle``       ``ExactlyOnce.run_batch``: the batch cycle and its recovery paths, written once;
+* ``cycle``       ``ExactlyOnce``: the batch cycle and its recovery paths, written once; serial (``run_batch``)
+                  or pipelined (``start_batch``/``settle``: a batch's commit overlaps the next batch's work);
 * ``batcher``     micro-batching outside any transaction;
 * ``stage``       ``StreamLoop``: a whole subscribe-and-process stage (the scorer, the CDC stage);
 * ``records``     ``Output``/``Prepared``: a batch's outputs, prepared outside the transaction;
@@ -14,7 +15,15 @@ Nothing in here imports a user of it.  Pieces, bottom up:
 * ``lag``         consumer lag for the ``*_consumer_lag`` gauges.
 """
 
-from sie.streams.eos.cycle import BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
+from sie.streams.eos.cycle import (
+    BatchOutcome,
+    BatchStatus,
+    BatchTimes,
+    EosLimits,
+    EosObserver,
+    ExactlyOnce,
+    start_producer,
+)
 from sie.streams.eos.errors import (
     ConsumerFatal,
     EosError,
@@ -30,7 +39,7 @@ from sie.streams.eos.stage import BatchProcessor, StageSettings, StreamLoop
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
 __all__ = [
-    "BatchProcessor", "BatchStatus", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
+    "BatchOutcome", "BatchProcessor", "BatchStatus", "BatchTimes", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
     "ExactlyOnce", "Fenced", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RecordRejected",
     "RetryLater", "StageSettings", "StreamLoop", "TransactionalProducer", "TxnAbortable", "close_quietly",
     "rewind", "safe_headers", "start_producer",

@@ -1,16 +1,22 @@
 """Micro-batching of consumed records, outside any transaction.
 
-``collect()`` is the only place a stage calls ``consume()``, and no
-transaction is ever open while it runs.  librdkafka calls rebalance callbacks
-from inside ``consume()``, so at callback time there is nothing to commit;
-the only state to fix is the records already collected for the next batch
-from a revoked partition, which ``drop()`` throws away (their new owner, or
-we ourselves after a re-assignment, re-read them from the committed offset).
+``collect()`` is the only place a stage calls ``consume()``.  librdkafka calls
+rebalance callbacks from inside ``consume()``; with pipelined commits a commit
+may be in flight then, and the callbacks (``StreamLoop``) settle it before the
+partitions go.  The other state to fix is the records already collected for
+the next batch from a revoked partition, which ``drop()`` throws away (their
+new owner, or we ourselves after a re-assignment, re-read them from the
+committed offset); after a failed commit's rewind, ``drop_keys()`` does the
+same for the partitions sought back.
 
-Latency: ``consume(n, timeout)`` returns when ``n`` records are there or the
-timeout ends; a batch closes ``max_wait`` after its first record was seen, or
-when full.  Memory: at most
-``max_batch`` records here plus librdkafka's bounded prefetch queue.
+Batch size adapts to the load (``max_wait`` 0, the default of the scorer): once one record is
+there, ``collect`` takes every record librdkafka has already fetched, up to ``max_batch``, without
+waiting for more.  Under a backlog the prefetch queue is full and batches are ``max_batch`` (fewer,
+larger transactions drain fastest); when the queue is short a batch is what arrived during the
+previous cycle, so at light load a record waits for no timer at all.  With pipelined commits the batch
+stays open while the previous commit runs (``hold``): it closes when that commit returns, or when full.  A ``max_wait`` > 0 lingers instead: a batch closes ``max_wait`` after its first
+record was seen, or when full (fewer transactions at light load, at the price of that much latency).
+Memory: at most ``max_batch`` records here plus librdkafka's bounded prefetch queue.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from sie.kernel.authz import from_kafka_error
 from sie.streams.eos.errors import ConsumerFatal
 
 log = logging.getLogger("sie.eos")
+
+#: while a batch is held open for a running commit, how long one ``consume`` waits before ``hold`` is asked
+#: again (the commit's end is seen within this much)
+HOLD_POLL_S = 0.001
 
 
 class Batcher:
@@ -41,12 +51,18 @@ class Batcher:
         self._buffer: list[Any] = []
         self.consumer_errors = 0
 
-    def collect(self) -> list[Any]:
+    def collect(self, hold: Callable[[], bool] | None = None) -> list[Any]:
         """The next batch; empty if nothing arrived within ``idle_timeout_s``.
 
-        Two phases, so a batch is held open at most ``max_wait`` after its FIRST record (not after the
-        first ``consume`` call returned): wait for one record, then fill until full or the deadline.
+        Two phases: wait for one record, then take what is already fetched (``max_wait`` 0), or fill until
+        full or ``max_wait`` after that FIRST record (not after the first ``consume`` call returned).
         Timeouts are rounded up to 1 ms: librdkafka truncates shorter ones to 0 and the loop would spin.
+
+        ``hold`` (adaptive batches, pipelined commits: "the previous commit is still running"): the batch
+        stays open, taking records as they arrive, while ``hold()`` is true and it is not full.  A record
+        arriving during a commit then joins the batch that commits next, instead of waiting for a whole
+        extra cycle behind a batch closed at the commit's start; under a backlog the batch is full at once
+        and its preparation overlaps the commit.
         """
         buf = self._buffer = []
         clock = self._clock
@@ -57,10 +73,16 @@ class Batcher:
                 return []
             # consume(1, ...) returns as soon as one record is there (consume(n) would wait for n).
             self._accept(self._consumer.consume(1, max(0.001, min(left, 0.1))))
+        if self._max_wait <= 0:  # adaptive: what is already fetched, no waiting (consume(n, 0) never blocks)
+            if len(buf) < self._max_batch:
+                self._accept(self._consumer.consume(self._max_batch - len(buf), 0))
+            while hold is not None and len(buf) < self._max_batch and hold():
+                self._accept(self._consumer.consume(self._max_batch - len(buf), HOLD_POLL_S))
+            batch, self._buffer = self._buffer, []
+            return batch
         deadline = clock() + self._max_wait
         while len(buf) < self._max_batch:
             left = deadline - clock()
-            # At least one call even when max_wait is 0: it takes what librdkafka has already fetched.
             self._accept(self._consumer.consume(self._max_batch - len(buf), max(0.001, left)))
             if left <= 0:
                 break
@@ -84,7 +106,11 @@ class Batcher:
 
     def drop(self, partitions: Iterable[Any]) -> int:
         """Forget collected records of revoked/lost partitions; returns how many were dropped."""
-        gone = {(tp.topic, tp.partition) for tp in partitions}
+        return self.drop_keys({(tp.topic, tp.partition) for tp in partitions})
+
+    def drop_keys(self, gone: set[tuple[str, int]]) -> int:
+        """Forget collected records of these ``(topic, partition)``s (revoked, or sought back: they come
+        again); returns how many were dropped."""
         if not gone or not self._buffer:
             return 0
         kept = [m for m in self._buffer if (m.topic(), m.partition()) not in gone]

@@ -2,17 +2,43 @@
 
 One batch::
 
+    txn.track_batch(batch)       # offsets = last record of each partition + 1 (known before anything is produced)
     prepared = prepare(batch)    # OUTSIDE the transaction: parse, validate, infer, build every output
     txn.begin()
     txn.produce(each output)     # a record the producer refuses alone -> its dead letter, fitted
-    txn.track_batch(batch)       # offsets = last record of each partition + 1
     txn.commit()                 # offsets + outputs atomically (read_committed readers)
 
 Preparing first keeps the broker-side transaction (it starts with the first produced record) as short as
 producing and committing, whatever the inference time; and a dependency that is down (``RetryLater``)
 is found before anything was produced.
 
-Failure -> what happens (the batch is never half-visible):
+Pipelined (``start_batch``/``settle``, what ``StreamLoop`` runs by default): the commit of batch N runs on
+one committer thread while the caller's thread collects batch N+1 (librdkafka releases the GIL while it
+waits for the coordinator)::
+
+    loop thread:  collect N+1 (open while commit N runs) | prepare N+1 | settle(N) | begin N+1, produce, start commit N+1 | ...
+    committer:    ... commit N (send_offsets + commit_transaction) ...|                                             | commit N+1 ...
+
+``StreamLoop`` keeps batch N+1 open while commit N runs (``Batcher.collect(hold=commit_running)``): under a
+backlog N+1 is full at once and its preparation (parse, validate, infer) overlaps the commit's round
+trips; at light load it closes when commit N returns, so a record arriving during a commit is in the
+next transaction (a batch closed at the commit's start would make it wait for a whole extra commit).
+
+The rules that keep it exactly once:
+
+* one open transaction per producer: batch N+1 begins only after ``settle`` saw commit N finish;
+* the consumer stays on the caller's thread (consume, seek, rebalance callbacks): the group metadata that
+  ``send_offsets_to_transaction`` needs is taken there, when the commit starts (after the last
+  ``consume()``, so no rebalance can come between), and the committer only talks to the producer;
+* offsets are still "last record of the batch + 1" per partition, computed from the batch's records;
+* a rebalance (``on_revoke``/``on_lost``) calls ``settle`` first: the in-flight commit finishes (or fails)
+  before the partitions go;
+* if commit N fails, batch N+1 (already prepared, nothing of it produced) is DISCARDED: commit N's
+  recovery rewinds the partitions of both batches to the committed offsets, and their records come again;
+* a ``RetryLater`` while preparing N+1 settles commit N first: the rewind must read final committed offsets;
+* a stop request (SIGTERM) ends the loop between batches; ``StreamLoop`` then settles the in-flight commit.
+
+Failure -> what happens (the batch is never half-visible), the same in both modes:
 
 * ``TxnAbortable``  -> ``abort_transaction()``, rewind to the committed offsets, the batch is read again;
 * ``ProducerFatal`` -> re-create the producer (``init_transactions`` fences/aborts the old one), rewind;
@@ -25,8 +51,12 @@ Failure -> what happens (the batch is never half-visible):
   ``rejected`` hook turns it into a dead letter, fitted to the limit (``deadletter.fit``; at worst
   ``deadletter.minimal``): one poison record never aborts its batch in a loop.
 
-Users: the scorer and the CDC stage (through ``stage.StreamLoop``) and backfill (its own assign()-based
-loop); the control-plane leader uses the same ``TransactionalProducer`` for producer-only transactions.
+Every rewind is reported to ``on_rewind`` (``StreamLoop`` drops records it had already collected from
+those partitions: they come again after the seek).
+
+Users: the scorer and the CDC stage (through ``stage.StreamLoop``, pipelined) and backfill (its own
+assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
+``TransactionalProducer`` for producer-only transactions.
 """
 
 from __future__ import annotations
@@ -35,17 +65,28 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 from sie.streams.eos.deadletter import DEAD_LETTER, fit, minimal
-from sie.streams.eos.errors import Fenced, ProducerFatal, ProducerHung, RecordRejected, RetryLater, TxnAbortable
+from sie.streams.eos.errors import (
+    EosError,
+    Fenced,
+    ProducerFatal,
+    ProducerHung,
+    RecordRejected,
+    RetryLater,
+    TxnAbortable,
+)
 from sie.streams.eos.records import Output, Prepared
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, rewind
 
 #: ``rejected(output, detail, value)``: the replacement (a dead letter) of an output the producer refused
 Rejected = Callable[[Output, str, Any], Output]
+#: ``on_rewind(partitions)``: the consumer was sought back on these ``(topic, partition)``s
+OnRewind = Callable[[list[tuple[str, int]]], None]
 
 log = logging.getLogger("sie.eos")
 
@@ -53,12 +94,15 @@ T = TypeVar("T")
 
 
 class BatchStatus(str, enum.Enum):
-    """How one ``run_batch`` ended; only ``COMMITTED`` made anything visible."""
+    """How one batch ended; only ``COMMITTED`` made anything visible."""
 
     COMMITTED = "committed"
     ABORTED = "aborted"
     PRODUCER_RESTARTED = "producer_restarted"
     BACKED_OFF = "backed_off"
+    #: pipelined only: prepared while the previous commit was in flight, thrown away (nothing of it was
+    #: produced) because that commit failed; its records come again after the rewind
+    DISCARDED = "discarded"
 
 
 @dataclass(frozen=True)
@@ -71,6 +115,49 @@ class EosLimits:
     fatal_limit: int = 5
     retry_later_max_s: float = 5.0
     hang_limit_s: float = 25.0
+
+
+@dataclass(slots=True)
+class BatchTimes:
+    """Wall-clock stamps (``time.time()``) of one batch: where its records' latency went.
+
+    ``collected`` (the batcher handed it over) -> ``prepared`` (parse/validate/infer done) -> ``begun``
+    (pipelined: the previous commit had settled) -> ``produced`` (outputs queued: the commit starts) ->
+    ``committed`` (``commit_transaction`` returned: the results are visible once the markers are written).
+    0.0 for a step the batch never reached.  ``bench/bench_latency.py`` turns them into a time split.
+    """
+
+    collected: float = 0.0
+    prepared: float = 0.0
+    begun: float = 0.0
+    produced: float = 0.0
+    committed: float = 0.0
+
+    @property
+    def commit_s(self) -> float:
+        """Seconds in ``Checkpoint.commit`` (offsets + commit round trips)."""
+        return max(0.0, self.committed - self.produced) if self.committed else 0.0
+
+
+@dataclass(slots=True)
+class BatchOutcome(Generic[T]):
+    """One batch's end: its status, the prepared value (only when committed), its size and timings."""
+
+    status: BatchStatus
+    value: T | None
+    size: int
+    times: BatchTimes = field(default_factory=BatchTimes)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """The batch whose commit runs on the committer thread."""
+
+    txn: Checkpoint
+    future: Future[None]
+    value: Any
+    size: int
+    times: BatchTimes
 
 
 class EosObserver(Protocol):
@@ -95,12 +182,18 @@ class _NoObserver:
 
 
 class ExactlyOnce:
-    """The batch cycle over one transactional producer and one consumer (module docstring)."""
+    """The batch cycle over one transactional producer and one consumer (module docstring).
+
+    Serial: ``run_batch`` (returns when the batch committed or failed).  Pipelined: ``start_batch``
+    (returns once this batch's commit has STARTED, with the outcomes decided meanwhile) and ``settle``
+    (waits for the in-flight commit); ``close`` when done.
+    """
 
     def __init__(self, producer: TransactionalProducer, consumer: Any, stop: threading.Event,
                  limits: EosLimits = EosLimits(), *, observer: EosObserver | None = None,
                  fenced_hint: str = "give every instance a distinct --instance (or stop the other job)",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 on_rewind: OnRewind | None = None) -> None:
         self.producer = producer
         self.consumer = consumer
         self._stop = stop
@@ -108,56 +201,137 @@ class ExactlyOnce:
         self._observer: EosObserver = observer or _NoObserver()
         self._fenced_hint = fenced_hint
         self._clock = clock
+        self._wall = wall_clock
+        self._on_rewind = on_rewind
         self._fatal_streak = 0
         self._retry_delay = limits.backoff_s
+        self._inflight: _InFlight | None = None
+        self._committer: ThreadPoolExecutor | None = None
         self.aborts = 0
         self.producer_restarts = 0
         self.backoffs = 0
         #: seconds the last committed batch spent in ``Checkpoint.commit`` (offsets + commit round trips)
         self.last_commit_s = 0.0
+        #: timings of the last committed batch (set before its outcome is handed back)
+        self.last_times = BatchTimes()
 
+    @property
+    def in_flight(self) -> bool:
+        """A commit was started on the committer thread and not settled yet (``settle`` waits for it)."""
+        return self._inflight is not None
+
+    def commit_running(self) -> bool:
+        """The started commit has not returned yet (the batcher holds the next batch open meanwhile)."""
+        inflight = self._inflight
+        return inflight is not None and not inflight.future.done()
+
+    # --- serial ---------------------------------------------------------------------------------------
     def run_batch(self, batch: list[Any], prepare: Callable[[list[Any]], Prepared[T]],
                   rejected: Rejected | None = None) -> tuple[BatchStatus, T | None]:
         """Prepare ``batch``, then produce its outputs and commit in one transaction (module docstring);
         returns the prepared value only if the transaction committed."""
+        outcome = self.start_batch(batch, prepare, rejected, pipelined=False)[-1]
+        return outcome.status, outcome.value
+
+    # --- pipelined ------------------------------------------------------------------------------------
+    def start_batch(self, batch: list[Any], prepare: Callable[[list[Any]], Prepared[T]],
+                    rejected: Rejected | None = None, *, pipelined: bool = True,
+                    collected_at: float | None = None) -> list[BatchOutcome[Any]]:
+        """Prepare ``batch`` (overlapping the in-flight commit, if any), settle that commit, then begin,
+        produce and START this batch's commit on the committer thread (``pipelined``; else commit here).
+
+        Returns the outcomes decided during the call, in batch order: the previous batch's (if its
+        commit was in flight), then this batch's unless its commit is now in flight.
+        """
+        outcomes: list[BatchOutcome[Any]] = []
+        times = BatchTimes(collected=collected_at if collected_at is not None else self._wall())
         txn = Checkpoint(self.producer, self.consumer)
+        txn.track_batch(batch)  # before anything can fail: every failure below rewinds these partitions
         try:
             prepared = prepare(batch)
         except RetryLater as exc:
+            outcomes += self.settle()  # the rewind below must read final committed offsets
             log.error("%s; retrying the batch in %.1fs", exc, self._retry_delay)
             self.backoffs += 1
             self._observer.retry_later(exc)
-            txn.track_batch(batch)  # nothing was produced: only the consumer goes back
-            rewind(self.consumer, txn.first_offsets(), self._stop)
+            self._rewind(txn.first_offsets())  # nothing was produced: only the consumer goes back
             self._stop.wait(self._retry_delay)
             self._retry_delay = min(self._retry_delay * 2, self._limits.retry_later_max_s)
-            return BatchStatus.BACKED_OFF, None
+            outcomes.append(BatchOutcome(BatchStatus.BACKED_OFF, None, len(batch), times))
+            return outcomes
+        times.prepared = self._wall()
+        previous = self.settle(also=txn.first_offsets())
+        outcomes += previous
+        if previous and previous[-1].status is not BatchStatus.COMMITTED:
+            # the previous commit failed: its recovery rewound this batch's partitions too
+            outcomes.append(BatchOutcome(BatchStatus.DISCARDED, None, len(batch), times))
+            return outcomes
         try:
+            times.begun = self._wall()
             txn.begin()
             for out in prepared.outputs:
                 self._produce(txn, out, rejected, prepared.value)
-            txn.track_batch(batch)
-            commit_started = self._clock()
-            txn.commit()
-            self.last_commit_s = self._clock() - commit_started
-        except TxnAbortable as exc:
-            log.warning("transaction aborted: %s", exc)
-            self._abort(txn)
-            return BatchStatus.ABORTED, None
-        except ProducerFatal as exc:
-            if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
-                self._fatal_streak += 1
-            if self._fatal_streak >= self._limits.fatal_limit:
-                raise Fenced(
-                    f"transactional.id {self.producer.transactional_id}: {self._fatal_streak} fatal producer "
-                    f"errors in a row (last: {exc}); another live process probably uses the same id: "
-                    f"{self._fenced_hint}") from exc
-            log.error("producer unusable (%s); re-creating it", exc)
-            self._restart(txn)
-            return BatchStatus.PRODUCER_RESTARTED, None
+            times.produced = self._wall()
+            if pipelined:
+                # the consumer is not thread-safe: its group metadata is taken here, after the last consume()
+                metadata = self.consumer.consumer_group_metadata()
+                future = self._executor().submit(self._commit, txn, metadata, times)
+                self._inflight = _InFlight(txn, future, prepared.value, len(batch), times)
+                return outcomes
+            self._commit(txn, None, times)
+        except (TxnAbortable, ProducerFatal) as exc:
+            outcomes.append(BatchOutcome(self._recover(txn, exc), None, len(batch), times))
+            return outcomes
+        outcomes.append(self._committed(prepared.value, len(batch), times))
+        return outcomes
+
+    def settle(self, also: dict[tuple[str, int], int] | None = None,
+               revoked: Iterable[Any] = ()) -> list[BatchOutcome[Any]]:
+        """Wait for the in-flight commit, if any, and return its outcome (``[]`` when none was in flight).
+
+        If it failed, the usual recovery runs here (abort or re-create the producer, rewind); the rewind
+        also covers ``also`` (first offsets of a batch read after it, to be discarded) and skips the
+        ``revoked`` partitions (called from a rebalance callback: their next owner reads from the
+        committed offset anyway).
+        """
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return []
+        try:
+            inflight.future.result()  # each transaction call inside is bounded (TransactionalProducer)
+        except (TxnAbortable, ProducerFatal) as exc:
+            gone = {(tp.topic, tp.partition) for tp in revoked}
+            first = {tp: off for tp, off in inflight.txn.first_offsets().items() if tp not in gone}
+            for tp, off in (also or {}).items():
+                if tp not in gone:
+                    first[tp] = min(off, first.get(tp, off))
+            status = self._recover(inflight.txn, exc, first)
+            return [BatchOutcome(status, None, inflight.size, inflight.times)]
+        return [self._committed(inflight.value, inflight.size, inflight.times)]
+
+    def close(self) -> None:
+        """Stop the committer thread (after ``settle``: nothing may be in flight)."""
+        if self._committer is not None:
+            self._committer.shutdown(wait=False)
+            self._committer = None
+
+    # --- steps ----------------------------------------------------------------------------------------
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-commit")
+        return self._committer
+
+    def _commit(self, txn: Checkpoint, group_metadata: Any, times: BatchTimes) -> None:
+        """Offsets + commit (on the committer thread when pipelined: it only talks to the producer)."""
+        txn.commit(group_metadata)
+        times.committed = self._wall()
+
+    def _committed(self, value: Any, size: int, times: BatchTimes) -> BatchOutcome[Any]:
         self._fatal_streak = 0
         self._retry_delay = self._limits.backoff_s
-        return BatchStatus.COMMITTED, prepared.value
+        self.last_commit_s = times.commit_s
+        self.last_times = times
+        return BatchOutcome(BatchStatus.COMMITTED, value, size, times)
 
     def _produce(self, txn: Checkpoint, out: Output, rejected: Rejected | None, value: Any) -> None:
         """One output; a record the producer refuses alone is replaced by its (fitted) dead letter."""
@@ -180,24 +354,48 @@ class ExactlyOnce:
             last = minimal(replacement)
             txn.produce(last.topic, last.value, last.key, last.partition, last.headers)
 
-    def _abort(self, txn: Checkpoint) -> None:
+    # --- recovery (the same for both modes) -------------------------------------------------------------
+    def _recover(self, txn: Checkpoint, exc: EosError,
+                 first: dict[tuple[str, int], int] | None = None) -> BatchStatus:
+        first = txn.first_offsets() if first is None else first
+        if isinstance(exc, TxnAbortable):
+            log.warning("transaction aborted: %s", exc)
+            self._abort(first)
+            return BatchStatus.ABORTED
+        if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
+            self._fatal_streak += 1
+        if self._fatal_streak >= self._limits.fatal_limit:
+            raise Fenced(
+                f"transactional.id {self.producer.transactional_id}: {self._fatal_streak} fatal producer "
+                f"errors in a row (last: {exc}); another live process probably uses the same id: "
+                f"{self._fenced_hint}") from exc
+        log.error("producer unusable (%s); re-creating it", exc)
+        self._restart(first)
+        return BatchStatus.PRODUCER_RESTARTED
+
+    def _abort(self, first: dict[tuple[str, int], int]) -> None:
         self.aborts += 1
         self._observer.aborted()
         try:
             self.producer.abort()
         except ProducerFatal as exc:
             log.error("abort failed (%s); re-creating the producer", exc)
-            self._restart(txn)
+            self._restart(first)
             return
-        rewind(self.consumer, txn.first_offsets(), self._stop)
+        self._rewind(first)
 
-    def _restart(self, txn: Checkpoint) -> None:
+    def _restart(self, first: dict[tuple[str, int], int]) -> None:
         self.producer_restarts += 1
         self._observer.producer_restarted()
         # init_transactions() aborts (or completes) whatever the old producer left open; retried until the
         # broker answers, False if stopped first (the caller's loop then ends; nothing to rewind).
         if self.producer.restart():
-            rewind(self.consumer, txn.first_offsets(), self._stop)
+            self._rewind(first)
+
+    def _rewind(self, first: dict[tuple[str, int], int]) -> None:
+        rewind(self.consumer, first, self._stop)
+        if self._on_rewind is not None and first:
+            self._on_rewind(list(first))
 
 
 def start_producer(config: dict[str, Any], stop: threading.Event, factory: Callable[[dict[str, Any]], Any] | None = None,

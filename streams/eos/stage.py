@@ -5,16 +5,24 @@ records mean::
 
     producer = start_producer(...)        # init_transactions(): a zombie holder of the id is fenced
     consumer = Consumer(...); processor.started(consumer)
-    consumer.subscribe(topics, on_assign/on_revoke/on_lost)   # revoked records are dropped from the batcher
-    on_ready()
+    consumer.subscribe(topics, on_assign/on_revoke/on_lost)   # revoke/lost: settle the in-flight commit,
+    on_ready()                                                 # then drop the partitions' collected records
     while not stop:
-        batch = batcher.collect()          # consume(); rebalance callbacks run here, no transaction open
+        batch = batcher.collect(hold)      # consume(); rebalance callbacks run here; pipelined: held open
+                                           # while the previous commit runs (or until full)
         every tick_interval_s: processor.tick(consumer)        # lag gauges, progress logs
-        status, value = eos.run_batch(batch, processor.prepare, processor.rejected)
-        if committed: processor.committed(value, len(batch))   # counters move only for visible work
+        outcomes = eos.start_batch(batch, processor.prepare, processor.rejected)
+        for each committed outcome: processor.committed(value, size)   # counters move only for visible work
+    eos.settle()                           # the in-flight commit finishes (stop requests included)
     close_quietly(consumer, producer)      # leaves the group: partitions move to the others at once
 
-A stop request (SIGTERM) is honoured between batches: the current batch is committed first.
+Pipelined (``StageSettings.pipelined``, the default): ``start_batch`` returns as soon as the batch's commit
+has started on the committer thread, so the next ``collect`` (and, when that batch fills up first, its
+``prepare``) overlaps the commit's round trips; the rules that keep this exactly once are in
+``sie.streams.eos.cycle``.  With ``pipelined=False``
+each batch is committed before the next is collected (``run_batch``).
+
+A stop request (SIGTERM) is honoured between batches: the batch in flight is committed first.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sie.kernel.clients import KafkaClients
 from sie.streams.eos.batcher import Batcher
-from sie.streams.eos.cycle import BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
+from sie.streams.eos.cycle import BatchOutcome, BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
 from sie.streams.eos.records import Output, Prepared
 from sie.streams.eos.transaction import close_quietly
 
@@ -79,6 +87,8 @@ class StageSettings:
     limits: EosLimits = field(default_factory=EosLimits)
     fenced_hint: str = "give every instance a distinct --instance"
     producer_patience_s: float | None = 60.0
+    #: commit batch N on a committer thread while batch N+1 is collected and prepared (cycle docstring)
+    pipelined: bool = True
 
 
 class StreamLoop(Generic[T]):
@@ -86,16 +96,17 @@ class StreamLoop(Generic[T]):
 
     def __init__(self, settings: StageSettings, processor: BatchProcessor, *,
                  clients: KafkaClients | None = None, observer: EosObserver | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self._processor = processor
         self._clients = clients or KafkaClients()
         self._observer = observer
         self._clock = clock
+        self._wall = wall_clock
         self.batcher: Batcher | None = None
         self.eos: ExactlyOnce | None = None
 
-    # --- rebalance callbacks (run inside consume(), never with a transaction open) ------------------
+    # --- rebalance callbacks (run inside consume(), on the loop's thread) ----------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("%s: assigned %s", self.settings.name, [p.partition for p in partitions])
         self._processor.partitions_assigned(consumer, partitions)
@@ -107,10 +118,22 @@ class StreamLoop(Generic[T]):
         self._dropped(partitions, lost=True)
 
     def _dropped(self, partitions: list[Any], lost: bool) -> None:
+        if self.eos is not None:  # the in-flight commit finishes (or fails and recovers) before the partitions go
+            self._report(self.eos.settle(revoked=partitions))
         dropped = self.batcher.drop(partitions) if self.batcher else 0
         self._processor.partitions_dropped(partitions, lost)
         log.log(logging.WARNING if lost else logging.INFO, "%s: %s %s (dropped %d uncommitted collected records)",
                 self.settings.name, "lost" if lost else "revoked", [p.partition for p in partitions], dropped)
+
+    def _rewound(self, partitions: list[tuple[str, int]]) -> None:
+        """After a rewind (failed commit, backoff): records collected from those partitions come again."""
+        if self.batcher is not None:
+            self.batcher.drop_keys(set(partitions))
+
+    def _report(self, outcomes: list[BatchOutcome[Any]]) -> None:
+        for outcome in outcomes:
+            if outcome.status is BatchStatus.COMMITTED:
+                self._processor.committed(outcome.value, outcome.size)
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
@@ -120,26 +143,39 @@ class StreamLoop(Generic[T]):
         if stop.is_set():  # stopped before the broker answered: nothing was started
             return
         consumer = self._clients.consumer(cfg.consumer_config)
+        eos: ExactlyOnce | None = None
         try:
-            self.batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock,
-                                   client_config=cfg.consumer_config)
+            self.batcher = batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock,
+                                             client_config=cfg.consumer_config)
             self.eos = eos = ExactlyOnce(producer, consumer, stop, cfg.limits, observer=self._observer,
-                                         fenced_hint=cfg.fenced_hint, clock=self._clock)
+                                         fenced_hint=cfg.fenced_hint, clock=self._clock, wall_clock=self._wall,
+                                         on_rewind=self._rewound)
             self._processor.started(consumer)
             consumer.subscribe(list(cfg.topics), on_assign=self._on_assign, on_revoke=self._on_revoke,
                                on_lost=self._on_lost)
             if on_ready:
                 on_ready()
             next_tick = self._clock()
+            prepare, rejected, pipelined, wall = self._processor.prepare, self._processor.rejected, cfg.pipelined, self._wall
+            hold = eos.commit_running if pipelined else None
             while not stop.is_set():
-                batch = self.batcher.collect()
+                batch = batcher.collect(hold)
+                collected_at = wall()
                 if self._clock() >= next_tick:
                     self._processor.tick(consumer)
                     next_tick = self._clock() + cfg.tick_interval_s
                 if not batch:
+                    self._report(eos.settle())  # idle: report the in-flight batch now, not at the next one
                     continue
-                status, value = eos.run_batch(batch, self._processor.prepare, self._processor.rejected)
-                if status is BatchStatus.COMMITTED:
-                    self._processor.committed(value, len(batch))
+                self._report(eos.start_batch(batch, prepare, rejected, pipelined=pipelined,
+                                             collected_at=collected_at))
+            self._report(eos.settle())  # stop requested: the batch in flight is committed first
         finally:
+            if eos is not None:
+                if eos.in_flight:  # leaving on an error: let the commit in flight finish, never mask the error
+                    try:
+                        eos.settle()
+                    except Exception as exc:  # noqa: BLE001 - logged; the original error propagates
+                        log.warning("%s: commit in flight at exit: %s", self.settings.name, exc)
+                eos.close()
             close_quietly(consumer, producer)  # leaves the group: partitions move to the others at once

@@ -342,11 +342,15 @@ class Checkpoint:
         """Step 1: the offsets to commit, last processed + 1 per partition."""
         return [TopicPartition(t, p, off + 1) for (t, p), off in self._last.items()]
 
-    def commit(self) -> None:
+    def commit(self, group_metadata: Any = None) -> None:
+        """Steps 1-4.  ``group_metadata``: the consumer's, taken by the caller on the consumer's own thread
+        when this runs on another one (pipelined commits); None: taken here."""
         # 1. Offsets = last processed + 1, from the records of this batch.
         offsets = self.offsets()
         # 2. Offsets join the transaction, stamped with the group generation (zombie fencing).
-        self._producer.send_offsets(offsets, self._consumer.consumer_group_metadata())
+        if group_metadata is None:
+            group_metadata = self._consumer.consumer_group_metadata()
+        self._producer.send_offsets(offsets, group_metadata)
         # 3. Flush results + dead letters and commit them atomically with the offsets.
         self._producer.commit()
         # 4. Serve delivery events.

@@ -39,8 +39,14 @@ class ScorerConfig:
     settings: Settings
     spec: ModelService
     instance: str
-    max_batch: int = 1024  # records per consume/infer/transaction cycle: fewer, larger transactions drain a backlog 2x faster (bench_scoring)
-    max_wait_ms: int = 5  # how long a non-empty batch may wait to fill up: p99 <= 50 ms at half of max throughput (bench_scoring)
+    max_batch: int = 1024  # cap of one consume/infer/transaction cycle: fewer, larger transactions drain a backlog 2x faster (bench_scoring)
+    # 0 = adaptive batches: a batch is what librdkafka has already fetched (<= max_batch), never a timer: a
+    # backlog gives full batches, light load one record per batch (bench_latency). > 0: linger that long.
+    max_wait_ms: int = 0
+    # commit batch N on a committer thread while batch N+1 is collected and prepared (sie.streams.eos.cycle):
+    # pipelined: the commit's round trips overlap the next batch's work.  Opt-in: the only latency run so far
+    # (bench/results/latency.txt, a loaded machine) had serial's p99 lower at every rate; throughput was equal
+    pipelined: bool = False
     poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
     max_request_bytes: int | None = None  # None: settings.max_request_bytes (larger values: too_large)
     max_json_depth: int = 64  # deeper JSON nesting is a schema_violation (orjson can't write >254)

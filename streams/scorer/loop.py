@@ -9,8 +9,10 @@ The consume loop, the transaction cycle and every recovery path are the exactly-
     (the layer then commits offsets + results + dead letters atomically)
 
 ``BackendUnavailable`` (a ``RetryLater``) makes the layer abort and retry the batch after a backoff:
-an outage never becomes dead letters.  A stop request (SIGTERM) is honoured between batches: the
-current batch is committed, the consumer closed (leaving the group), and ``run`` returns a summary.
+an outage never becomes dead letters.  By default commits are pipelined (``ScorerConfig.pipelined``):
+batch N commits on the layer's committer thread while batch N+1 is parsed, validated and scored here.
+A stop request (SIGTERM) is honoured between batches: the batch in flight is committed, the consumer
+closed (leaving the group), and ``run`` returns a summary.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ class Scorer:
             name=f"scorer {cfg.spec.name}", topics=[cfg.spec.topics.requests],
             producer_config=cfg.producer_config(), consumer_config=cfg.consumer_config(),
             max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
-            tick_interval_s=cfg.lag_interval_s, limits=cfg.eos_limits(),
+            tick_interval_s=cfg.lag_interval_s, limits=cfg.eos_limits(), pipelined=cfg.pipelined,
             fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give every replica a "
                         f"distinct --instance"),
             self, clients=self._clients, observer=_MetricsObserver(self.metrics), clock=self._clock)
@@ -270,8 +272,12 @@ class Scorer:
         c["results"] += stats["ok"]
         c["expired"] += stats["expired"]
         c["dead_letters"] += sum(stats["dead"].values())
-        commit_s = self._loop.eos.last_commit_s if self._loop is not None and self._loop.eos is not None else None
-        now_ms = self._wall() * 1000.0
+        eos = self._loop.eos if self._loop is not None else None
+        commit_s = eos.last_commit_s if eos is not None else None
+        # When the commit returned (the layer's stamp): pipelined, this hook runs only when the commit is
+        # settled, after the next batch was prepared; the request latency and the commit span end at the commit.
+        committed_at = eos.last_times.committed if eos is not None and eos.last_times.committed else self._wall()
+        now_ms = committed_at * 1000.0
         self.metrics.batch_committed(stats, n, commit_s, now_ms)
         if "spans" in stats:
             self._trace.committed(stats["spans"], commit_s, now_ms)

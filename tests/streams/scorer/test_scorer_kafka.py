@@ -30,13 +30,17 @@ from tests.scorer_fixtures import (
 
 pytestmark = pytest.mark.kafka
 
+#: the commit modes of the exactly-once layer: the proofs hold for both (sie score --pipelined / --serial)
+MODES = pytest.mark.parametrize("mode", ["--pipelined", "--serial"])
 
-def test_happy_path_one_result_per_request_same_key_and_partition(kafka_settings):
+
+@MODES
+def test_happy_path_one_result_per_request_same_key_and_partition(kafka_settings, mode):
     spec = echo_spec()
     topics_for(kafka_settings, spec)
     reqs = requests(3000)
     produce_requests(kafka_settings, spec.topics.requests, reqs)
-    scorer = ScorerThread(kafka_settings, spec)
+    scorer = ScorerThread(kafka_settings, spec, pipelined=mode == "--pipelined")
     try:
         results, dead = prove_exactly_once(kafka_settings, spec, {f"r{i}" for i in range(3000)})
     finally:
@@ -113,7 +117,8 @@ def _mixed_workload(n: int, poison_every: int = 500) -> tuple[list[tuple[bytes, 
 
 
 @pytest.mark.timeout(240)
-def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, tmp_path):
+@MODES
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, tmp_path, mode):
     spec_path = write_echo_spec(tmp_path)
     from sie.schemas.spec import load_spec
 
@@ -126,7 +131,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, 
     rng = random.Random(7)
     kills = 0
     results_expected = sum(1 for i in ids if i.startswith("r"))  # poison ids go to the DLQ instead
-    proc = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "crash", tmp_path)
+    proc = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "crash", tmp_path, mode)
     try:
         for _ in range(5):
             # A fast scorer may finish before the 5th kill: then the last kills hit an idle scorer (a target
@@ -136,7 +141,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, 
                        message=lambda: f"results past {target} (have {len(reader.records)})")
             proc.kill()
             kills += 1
-            proc = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "crash", tmp_path)
+            proc = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "crash", tmp_path, mode)
         prove_exactly_once(kafka_settings, spec, ids, timeout=90)
     finally:
         reader.close()
@@ -146,7 +151,8 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, 
 
 
 @pytest.mark.timeout(240)
-def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settings, tmp_path):
+@MODES
+def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settings, tmp_path, mode):
     spec_path = write_echo_spec(tmp_path)
     from sie.schemas.spec import load_spec
 
@@ -154,13 +160,13 @@ def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settin
     topics_for(kafka_settings, spec)
     values, ids = _mixed_workload(30_000)
     reader = CommittedReader(kafka_settings, spec.topics.results)
-    a = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "a", tmp_path)
+    a = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "a", tmp_path, mode)
     b = None
     try:
         wait_until(a.ready, 60, message="scorer a ready")
         produce_requests(kafka_settings, spec.topics.requests, values[:10_000])
         wait_until(lambda: reader.count() >= 3_000, 60, message="first results")
-        b = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "b", tmp_path)
+        b = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "b", tmp_path, mode)
         wait_until(lambda: group_members(kafka_settings, spec.group_id) == 2, 60, interval=0.2,
                    message="scorer b joined the group")
         produce_requests(kafka_settings, spec.topics.requests, values[10_000:20_000])

@@ -175,12 +175,13 @@ class FlakyBackend:
         return echo(rows)
 
 
-def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, ts=NOW_MS):
+def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, ts=NOW_MS, pipelined=True,
+             consumer_class=FakeConsumer):
     """The scorer over one partition of ``values``; it is stopped once every record is committed."""
     spec = spec or echo_spec()
     stop = threading.Event()
     topic = spec.topics.requests
-    consumer = FakeConsumer(
+    consumer = consumer_class(
         [FakeMessage(topic, 0, i, f"k{i}".encode(), v, ts) for i, v in enumerate(values)],
         # no metadata: results are partitioned by key
         faults={"list_topics": kafka_error(KafkaError._TRANSPORT)},
@@ -192,7 +193,7 @@ def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, ts=NOW
         return producers[-1]
 
     config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0", max_batch=max_batch, max_wait_ms=0,
-                          retry_backoff_s=0.0)
+                          retry_backoff_s=0.0, pipelined=pipelined)
     scorer = Scorer(config, RoutingTable.single(spec.version, backend or FlakyBackend()),
                     clients=fake_clients(consumer=consumer, producer=make_producer).clients)
     summary = scorer.run(stop)
@@ -208,8 +209,9 @@ def req(i: int, x: float | None = None) -> bytes:
     return orjson.dumps({"id": f"r{i}", "inputs": {"x": float(i) if x is None else x}})
 
 
-def test_each_request_gets_one_result_and_offsets_are_last_plus_one():
-    summary, visible, consumer, producers, scorer, spec = run_fake([req(i) for i in range(250)], max_batch=100)
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
+def test_each_request_gets_one_result_and_offsets_are_last_plus_one(pipelined):
+    summary, visible, consumer, producers, scorer, spec = run_fake([req(i) for i in range(250)], max_batch=100, pipelined=pipelined)
     results = [orjson.loads(v) for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
     assert [r["id"] for r in results] == [f"r{i}" for i in range(250)]
     assert all(r["outputs"] == {"y": 2.0 * i} for i, r in enumerate(results))
@@ -239,9 +241,10 @@ def test_poison_row_is_isolated_and_only_it_is_dead_lettered():
     assert summary.dead_letters == 2
 
 
-def test_transient_outage_is_retried_not_dead_lettered():
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
+def test_transient_outage_is_retried_not_dead_lettered(pipelined):
     backend = FlakyBackend(outage=40)  # fails every call of the first batch, bisection and probe included
-    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(8)], backend=backend)
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(8)], backend=backend, pipelined=pipelined)
     assert by_topic(visible, spec.topics.dead_letters) == []
     assert sorted(orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)) == \
         sorted(f"r{i}" for i in range(8))
@@ -250,27 +253,30 @@ def test_transient_outage_is_retried_not_dead_lettered():
     assert summary.aborts == 0 and seeks and seeks[0] == 0
 
 
-def test_abortable_commit_rewinds_to_committed_offset_and_rescores_once():
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
+def test_abortable_commit_rewinds_to_committed_offset_and_rescores_once(pipelined):
     faults = {"commit_transaction": [kafka_error(KafkaError._STATE, txn_requires_abort=True)]}
     summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
-                                                                max_batch=10)
+                                                                max_batch=10, pipelined=pipelined)
     ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(30))  # none missing, none twice
     assert summary.aborts == 1 and producers[0].aborts == 1
 
 
-def test_fatal_commit_recreates_the_producer_and_keeps_exactly_once():
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
+def test_fatal_commit_recreates_the_producer_and_keeps_exactly_once(pipelined):
     faults = {"commit_transaction": [kafka_error(KafkaError._FENCED, fatal=True)]}
     summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
-                                                                max_batch=10)
+                                                                max_batch=10, pipelined=pipelined)
     ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(30))
     assert len(producers) == 2 and summary.producer_restarts == 1
 
 
-def test_retriable_commit_error_is_retried_in_place():
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
+def test_retriable_commit_error_is_retried_in_place(pipelined):
     faults = {"commit_transaction": [kafka_error(KafkaError._TIMED_OUT, retriable=True)]}
-    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(5)], faults=faults)
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(5)], faults=faults, pipelined=pipelined)
     assert len(by_topic(visible, spec.topics.results)) == 5
     assert summary.aborts == 0 and producers[0].commits == 1
 
@@ -288,3 +294,53 @@ def test_set_routing_switches_version_between_batches():
     table = RoutingTable((RouteEntry("1.0.0", 0, None), RouteEntry("2.0.0", BUCKETS, FlakyBackend())))
     scorer.set_routing(table)
     assert scorer.routing is table
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
+def test_abortable_error_while_producing_rewinds_the_batch_and_loses_nothing(pipelined):
+    # the transaction fails at the first produce: the batch's records must be read again (its offsets are
+    # tracked before anything can fail), else the next batch would commit offsets past them
+    faults = {"produce": [kafka_error(KafkaError._STATE, txn_requires_abort=True)]}
+    summary, visible, consumer, producers, _s, spec = run_fake([req(i) for i in range(30)], faults=faults,
+                                                                max_batch=10, pipelined=pipelined)
+    ids = [orjson.loads(v)["id"] for _t, v, _k, _h in by_topic(visible, spec.topics.results)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(30))  # none missing, none twice
+    assert summary.aborts == 1 and consumer.committed_offsets[(spec.topics.requests, 0)] == 30
+
+
+def test_pipelined_commit_takes_the_group_metadata_on_the_loop_thread():
+    """The consumer is not thread-safe: only the loop's thread may touch it, even for the metadata that the
+    committer thread's send_offsets_to_transaction carries."""
+    loop_thread = threading.current_thread()
+    threads: list[threading.Thread] = []
+
+    class WatchedConsumer(FakeConsumer):
+        def consumer_group_metadata(self):
+            threads.append(threading.current_thread())
+            return super().consumer_group_metadata()
+
+    summary, *_rest = run_fake([req(i) for i in range(50)], max_batch=10, consumer_class=WatchedConsumer)
+    assert summary.results == 50 and summary.batches == 5
+    assert len(threads) == 5 and all(t is loop_thread for t in threads)
+
+
+def test_request_latency_ends_at_the_commit_not_when_a_pipelined_commit_is_settled():
+    """Pipelined, ``committed`` runs when the commit is settled (after the next batch was prepared): the
+    per-request latency must end at the commit's own stamp, not at the time the hook runs."""
+    from types import SimpleNamespace
+
+    from sie.streams.eos import BatchTimes
+
+    spec = echo_spec()
+    at_s, committed_s, settled_s = 1000.0, 1000.004, 1000.500  # prepared, commit returned, hook runs
+    config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0")
+    scorer = Scorer(config, RoutingTable.single(spec.version, FlakyBackend()), clients=fake_clients().clients,
+                    wall_clock=lambda: settled_s)
+    scorer._loop = SimpleNamespace(eos=SimpleNamespace(last_commit_s=0.002,
+                                                       last_times=BatchTimes(committed=committed_s)))
+    stats = {"ok": 1, "expired": 0, "dead": {}, "oldest_ms": 10.0, "queued": {spec.version: [10.0]},
+             "at_ms": at_s * 1000.0}
+    scorer.committed(stats, 1)
+    unified = {"model_id": spec.name, "service_type": "scoring", "priority_level": "P1", "version": spec.version}
+    assert scorer.metrics.value("sie_request_latency_seconds_count", unified) == 1
+    assert scorer.metrics.value("sie_request_latency_seconds_sum", unified) == pytest.approx(0.014)
