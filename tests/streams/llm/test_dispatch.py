@@ -4,6 +4,7 @@ re-dispatches instead of dead-lettering, refused requests are errors, stale jobs
 from __future__ import annotations
 
 import queue
+import re
 import threading
 
 import httpx
@@ -111,7 +112,10 @@ def test_refused_requests_are_errors_and_a_crashing_prompt_is_poison_only_while_
     try:
         jobs = collect(done, len(prompts), timeout=20)
         assert "HTTP 400" in jobs[0].error
-        assert "HTTP 500 3 times while the servers answered other requests" in jobs[1].error
+        # poison only once the servers answered others after its first 500: at least 3 tries, more when the
+        # other endpoint's answers came later (the count depends on thread timing, the rule does not)
+        crash = re.search(r"HTTP 500 (\d+) times while the servers answered other requests", jobs[1].error or "")
+        assert crash is not None and int(crash.group(1)) >= 3, jobs[1].error
         assert "not JSON" in jobs[2].error
         assert all(j.error is None for j in jobs[3:])
     finally:
