@@ -63,7 +63,8 @@ def output_json_schema(fields: Sequence[tuple[str, str]],
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
-def _cast(value: Any, type_name: str, name: str) -> Any:
+def cast_output(value: Any, type_name: str, name: str) -> Any:
+    """A generated value read as its output field's type (``BadOutput`` naming the field when it cannot be)."""
     try:
         if type_name == "float":
             return float(value)
@@ -118,11 +119,11 @@ class LLMMapping:
                 raise BadOutput(f"generated JSON is not an object: {gen.text[:120]!r}")
             for name, type_name in self.fields:
                 if name in parsed and name not in META_FIELDS:
-                    out[name] = _cast(parsed[name], type_name, name)
+                    out[name] = cast_output(parsed[name], type_name, name)
         meta = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens, **(gen.meta or {})}
         for name, type_name in self.fields:
             if name in META_FIELDS and name not in out and meta.get(name) is not None:
-                out[name] = _cast(meta[name], type_name, name)
+                out[name] = cast_output(meta[name], type_name, name)
         return out
 
 

@@ -41,14 +41,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sie.streams.llm import protocols as llm_protocols
 from sie.workers.backends.base import BackendConfig, BackendError, InferenceError
 from sie.workers.process import describe_exit, spawn_child
 from sie.workers.sglang_launcher import build_launch
 
 log = logging.getLogger(__name__)
 
-META_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency")
-_JSON_TYPES = {"float": "number", "int": "integer", "bool": "boolean", "string": "string"}
+META_FIELDS = llm_protocols.META_FIELDS
 
 
 class SGLangHttpError(Exception):
@@ -104,32 +104,16 @@ class SGLangClient:
 
 
 def output_json_schema(fields: tuple[Any, ...], ranges: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
-    """JSON schema of the output fields, for SGLang's constrained decoding (``sampling_params.json_schema``)."""
-    properties: dict[str, Any] = {}
-    for field in fields:
-        if field.name in META_FIELDS:
-            continue
-        prop: dict[str, Any] = {"type": _JSON_TYPES.get(field.type, "string")}
-        bounds = (ranges or {}).get(field.name)
-        if bounds is not None and field.type in ("int", "float"):
-            prop["minimum"], prop["maximum"] = bounds
-        properties[field.name] = prop
-    return {"type": "object", "properties": properties, "required": list(properties)}
+    """JSON schema of the output fields, for SGLang's constrained decoding (``sampling_params.json_schema``);
+    the same schema the LLM window sends (``sie.streams.llm.protocols``)."""
+    return llm_protocols.output_json_schema([(f.name, f.type) for f in fields], ranges)
 
 
 def _cast(value: Any, type_name: str, name: str) -> Any:
     try:
-        if type_name == "float":
-            return float(value)
-        if type_name == "int":
-            return int(value)
-        if type_name == "bool":
-            if isinstance(value, str):
-                return value.strip().lower() in ("true", "1", "yes")
-            return bool(value)
-        return value if isinstance(value, str) else json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise InferenceError(f"output field {name!r}: cannot read {value!r} as {type_name}") from exc
+        return llm_protocols.cast_output(value, type_name, name)
+    except llm_protocols.BadOutput as exc:  # the batch path's error type for a row it cannot answer
+        raise InferenceError(str(exc)) from exc
 
 
 class SGLangBackend:
