@@ -52,6 +52,21 @@ def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+def echo_hang(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model that hangs on every request but the spec's example (so it passes readiness): the multi-model
+    process's watchdog tests.  It sleeps (the model's own stuck call, not synchronisation) for 10 minutes."""
+    if any(row["x"] != 1.0 for row in rows):
+        time.sleep(600)
+    return echo(rows)
+
+
+def echo_raise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model that raises on every request but the spec's example: each request is an inference_error."""
+    if any(row["x"] != 1.0 for row in rows):
+        raise ValueError("this model fails on every request")
+    return echo(rows)
+
+
 def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
     """``echo_spec`` at another version / with another callable of this module / a rollout block."""
     from sie.schemas.spec import parse_spec

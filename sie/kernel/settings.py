@@ -180,6 +180,14 @@ class Settings(BaseSettings):
         description="Larger request values are dead-lettered as too_large; smaller than max_record_bytes so a "
                     "request's result (its metadata copied in) has room.")
 
+    # --- Multi-model worker processes (sie.workers.shared, docs/density.md) -------------------------------
+    shared_process_threads: int = Field(
+        2, ge=1, description="torch intra-op threads of one multi-model worker process, shared by all its models "
+                             "(torch.set_num_threads): one busy model cannot take every core of the node.")
+    shared_lane_hang_s: float = Field(
+        30.0, gt=0, description="An inference call of a model in a multi-model process that runs longer than this "
+                                "is reported as hung and the model's lane is restarted (the hung thread is fenced).")
+
     # --- Local state ----------------------------------------------------------
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,
