@@ -12,8 +12,8 @@ Against the broker in SIE_BOOTSTRAP_SERVERS (default 127.0.0.1:9092).  What it m
    multiplying (measured for up to 3 only: 100 dedicated processes do not fit this machine);
 3. time to READY of a model added to the warm process (desired-models file written -> lane READY, i.e.
    loaded, readiness inference passed, producer initialised, consumer subscribed; the model's topics exist);
-4. throughput of the same mixed load (models with 4:2:1:1 shares of the requests) on one shared process vs
-   as many dedicated processes, as a ratio (the machine has 2 cores: keep the model count small).
+4. throughput draining the same mixed backlog (models with 4:2:1:1 shares of the requests) on one shared
+   process vs as many dedicated processes, as a ratio (the machine has 2 cores: 4 models).
 """
 
 from __future__ import annotations
@@ -51,11 +51,6 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024.0
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fraud_doc(name: str) -> dict[str, Any]:
@@ -153,19 +148,25 @@ def dedicated_memory(settings: Settings, work: Path, n: int, run: str) -> list[f
 SHARES = (4, 2, 1, 1)
 
 
-def drain(settings: Settings, specs: list[Any], total: int, prefix: str, pids: list[int]) -> tuple[float, float]:
-    """Produce the mixed load in one burst; seconds until every result is committed, and CPU seconds used."""
-    readers = [CommittedReader(settings, s.topics.results) for s in specs]
+def backlog(settings: Settings, specs: list[Any], total: int, prefix: str) -> int:
+    """The mixed load (shares 4:2:1:1) produced before the scorers start; returns how many requests."""
     weights = [SHARES[i % len(SHARES)] for i in range(len(specs))]
-    cpu0 = sum(cpu_s(p) for p in pids)
-    started = time.monotonic()
+    for spec, w in zip(specs, weights):
+        produce_requests(settings, spec.topics.requests, fraud_requests(total * w // sum(weights), f"{prefix}-"))
+    return sum(total * w // sum(weights) for w in weights)
+
+
+def drain(settings: Settings, specs: list[Any], expected: int, ready: Any) -> tuple[float, int]:
+    """Once every scorer is READY: results per second until the backlog is committed (what was committed
+    before that moment is not counted), and how many results that was."""
+    readers = [CommittedReader(settings, s.topics.results) for s in specs]
     try:
-        for spec, w in zip(specs, weights):
-            produce_requests(settings, spec.topics.requests, fraud_requests(total * w // sum(weights), f"{prefix}-"))
-        expected = sum(total * w // sum(weights) for w in weights)
-        wait_until(lambda: sum(r.count() for r in readers) >= expected, 600, interval=0.1,
+        wait_until(ready, 120, interval=0.05, message="scorers READY")
+        started, done0 = time.monotonic(), sum(r.count() for r in readers)
+        wait_until(lambda: sum(r.count() for r in readers) >= expected, 600, interval=0.05,
                    message=lambda: f"{expected} results ({sum(len(r.records) for r in readers)})")
-        return time.monotonic() - started, sum(cpu_s(p) for p in pids) - cpu0
+        elapsed = time.monotonic() - started
+        return (expected - done0) / elapsed, done0
     finally:
         for r in readers:
             r.close()
@@ -175,14 +176,14 @@ def throughput(settings: Settings, work: Path, models: int, total: int, run: str
     shared_specs = [fraud_spec(f"dens-{run}-tp-s{i}") for i in range(models)]
     solo_specs = [fraud_spec(f"dens-{run}-tp-d{i}") for i in range(models)]
     make_topics(settings, shared_specs + solo_specs)
+    out: dict[str, Any] = {"requests": backlog(settings, shared_specs, total, "s")}
+    backlog(settings, solo_specs, total, "d")
     env = {"SIE_REQUEST_PARTITIONS": str(PARTITIONS), "SIE_SHARED_PROCESS_THREADS": "2"}
     host = SharedHostProcess(work / "tp-shared", settings.bootstrap_servers, env=env)
-    out: dict[str, Any] = {}
     try:
         host.set_models([(f"{s.name}-0", s) for s in shared_specs])
-        wait_until(lambda: host.ready([f"{s.name}-0" for s in shared_specs]), 120, interval=0.25,
-                   message="throughput lanes READY")
-        out["shared_s"], out["shared_cpu_s"] = drain(settings, shared_specs, total, "s", [host.proc.pid])
+        out["shared_rps"], out["shared_early"] = drain(settings, shared_specs, out["requests"],
+                                                       lambda: host.ready([f"{s.name}-0" for s in shared_specs]))
     finally:
         host.ensure_dead()
     procs = []
@@ -190,26 +191,32 @@ def throughput(settings: Settings, work: Path, models: int, total: int, run: str
         for i, spec in enumerate(solo_specs):
             procs.append(ScorerProcess(write_spec(work, spec.name), settings.bootstrap_servers, f"tp{i}", work,
                                        "--max-batch", "256", "--max-wait-ms", "0", "--partitions", str(PARTITIONS)))
-        wait_until(lambda: all(p.ready() for p in procs), 120, interval=0.25, message="dedicated scorers READY")
-        out["dedicated_s"], out["dedicated_cpu_s"] = drain(settings, solo_specs, total, "d", [p.proc.pid for p in procs])
+        out["dedicated_rps"], out["dedicated_early"] = drain(settings, solo_specs, out["requests"],
+                                                             lambda: all(p.ready() for p in procs))
     finally:
         for p in procs:
             p.ensure_dead()
-    print(f"throughput, {models} models, {total} requests: shared {total / out['shared_s']:.0f}/s, "
-          f"dedicated {total / out['dedicated_s']:.0f}/s", flush=True)
+    print(f"throughput, {models} models, {out['requests']} requests: shared {out['shared_rps']:.0f}/s, "
+          f"dedicated {out['dedicated_rps']:.0f}/s", flush=True)
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reduced", action="store_true", help="1/10/50 models, 2 dedicated, 8000 requests")
+    parser.add_argument("--reduced", action="store_true", help="1/10/50 models, 2 dedicated, 16000 requests")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/density.txt")
+    parser.add_argument("--only-throughput", action="store_true", help="part 4 alone (printed, not written)")
     args = parser.parse_args()
     settings = Settings()
     counts = [1, 10, 50] if args.reduced else [1, 10, 50, 100]
-    singles, total, tp_models, adds = (2, 8000, 4, 3) if args.reduced else (3, 20000, 4, 5)
+    singles, total, tp_models, adds = (2, 16000, 4, 3) if args.reduced else (3, 40000, 4, 5)
     load_before = os.getloadavg()
     run = uuid.uuid4().hex[:6]
+    if args.only_throughput:
+        with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
+            throughput(settings, Path(tmp), tp_models, total, run)
+        print(f"load average before {load_before}, after {os.getloadavg()}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
         work = Path(tmp)
         shared = shared_memory(settings, work, counts, run, adds)
@@ -247,15 +254,17 @@ def main() -> int:
         f"desired-models file written -> health.json says READY (0.2 s reconcile tick, 0.02 s polling): median "
         f"{statistics.median(shared['ready_wall_s']):.3f} s",
         "",
-        f"## throughput: {tp_models} models, {total} requests in one burst, shares 4:2:1:1",
+        f"## throughput: {tp_models} models, a backlog of {tp['requests']} requests in shares 4:2:1:1",
         "",
-        "| layout | seconds to all committed | requests/s | CPU seconds |",
-        "|--------|------------------------:|-----------:|------------:|",
-        f"| one shared process | {tp['shared_s']:.1f} | {total / tp['shared_s']:.0f} | {tp['shared_cpu_s']:.1f} |",
-        f"| {tp_models} dedicated processes | {tp['dedicated_s']:.1f} | {total / tp['dedicated_s']:.0f} | "
-        f"{tp['dedicated_cpu_s']:.1f} |",
+        "Produced before the scorers start; measured from the moment every scorer is READY to the last result",
+        "committed (results committed before that moment are not counted), same backlog for both layouts.",
         "",
-        f"ratio shared / dedicated (requests/s): {tp['dedicated_s'] / tp['shared_s']:.2f}",
+        "| layout | results/s | results committed before every scorer was READY (not counted) |",
+        "|--------|----------:|-------------------------------------------------------------:|",
+        f"| one shared process ({tp_models} lanes) | {tp['shared_rps']:.0f} | {tp['shared_early']} |",
+        f"| {tp_models} dedicated `sie score` processes | {tp['dedicated_rps']:.0f} | {tp['dedicated_early']} |",
+        "",
+        f"ratio shared / dedicated (results/s): {tp['shared_rps'] / tp['dedicated_rps']:.2f}",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -14,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sie.workers.shared.desired import HEALTH_FILE, DesiredModel, write_desired
-from tests.scorer_fixtures import ALLOWED_MODULES, REPO, echo_version_spec
+from tests.scorer_fixtures import ALLOWED_MODULES, LoggedProcess, echo_version_spec
 
 
 def echo_model(callable_name: str = "echo", name: str | None = None) -> Any:
@@ -22,19 +20,17 @@ def echo_model(callable_name: str = "echo", name: str | None = None) -> Any:
     return echo_version_spec(name or f"sh-{uuid.uuid4().hex[:10]}", "1.0.0", callable_name)
 
 
-class SharedHostProcess:
+class SharedHostProcess(LoggedProcess):
     """The real entry point in a child process; ``health()`` reads its health.json."""
 
     def __init__(self, state_dir: Path, bootstrap: str, *extra: str, env: dict[str, str] | None = None) -> None:
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = state_dir / f"host-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_BOOTSTRAP_SERVERS": bootstrap,
                "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "sie.workers.shared", "--state-dir", str(state_dir),
-                                      "--interval", "0.2", "--log-level", "warning", *extra],
-                                     cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        cmd = [sys.executable, "-m", "sie.workers.shared", "--state-dir", str(state_dir), "--interval", "0.2",
+               "--log-level", "warning", *extra]
+        super().__init__(cmd, state_dir / f"host-{time.monotonic_ns()}.log", env)
 
     def set_models(self, models: list[tuple[str, Any]]) -> None:
         """(replica id, parsed spec) pairs: the desired-models file, rewritten atomically."""
@@ -52,21 +48,3 @@ class SharedHostProcess:
     def ready(self, replica_ids: list[str]) -> bool:
         lanes = self.health()["lanes"]
         return all(lanes.get(rid, {}).get("state") == "READY" for rid in replica_ids)
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self._log.close()
-
-    def terminate(self, timeout: float = 60) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self._log.close()
-        return code
-
-    def ensure_dead(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()

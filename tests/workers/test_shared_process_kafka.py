@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from sie.kernel.admin import ensure_model_topics
 from tests.helpers import wait_until
 from tests.scorer_fixtures import produce_requests, prove_exactly_once, requests, topics_for
 from tests.shared_fixtures import SharedHostProcess, echo_model
@@ -34,8 +35,8 @@ def test_twenty_models_in_one_process_survive_two_sigkills(kafka_settings, tmp_p
     """20 models in one process under load, the process SIGKILLed twice: every model's read_committed
     output has every request exactly once (results + its own dead letters), nothing lost or doubled."""
     specs = [echo_model() for _ in range(20)]
-    for spec in specs:
-        topics_for(kafka_settings, spec)
+    ensure_model_topics(kafka_settings, [t for s in specs for t in (s.topics.requests, s.topics.results,
+                                                                    s.topics.dead_letters)], 4)
     models = [(f"{spec.name}-0", spec) for spec in specs]
     rids = [rid for rid, _ in models]
     expected: dict[str, set[str]] = {spec.name: set() for spec in specs}
@@ -53,7 +54,7 @@ def test_twenty_models_in_one_process_survive_two_sigkills(kafka_settings, tmp_p
         wait_until(lambda: host.ready(rids), 120, interval=0.3,
                    message=lambda: f"20 lanes READY: {host.health()['lanes']}")
         for phase in range(2):
-            produce_phase(phase, 150)
+            produce_phase(phase, 80)
             # kill while it is scoring: some of this phase committed, probably not all
             wait_until(lambda: sum(lane["records"] for lane in host.health()["lanes"].values()) >= 300, 60,
                        interval=0.05, message="the process to score some of the phase")
@@ -61,7 +62,7 @@ def test_twenty_models_in_one_process_survive_two_sigkills(kafka_settings, tmp_p
             host = SharedHostProcess(state, kafka_settings.bootstrap_servers)  # the same file: the same lanes
             wait_until(lambda: host.ready(rids), 120, interval=0.3,
                        message=lambda: f"20 lanes READY after SIGKILL {phase + 1}: {host.health()['lanes']}")
-        produce_phase(2, 100)
+        produce_phase(2, 40)
         for spec in specs:
             results, dead = prove_exactly_once(kafka_settings, spec, expected[spec.name], timeout=90)
             assert len(dead) == 6, f"{spec.name}: each phase's 2 poison requests are its own dead letters"

@@ -74,7 +74,10 @@ def test_watchdog_tells_a_hung_call_from_a_slow_or_idle_one() -> None:
     assert counter.busy_since is None, "a call that returned clears the mark"
     lane.state, lane._since = ReplicaState.STARTING, clock.now
     clock.now += 61
-    assert "still starting" in (lane.problem() or "")
+    assert lane.problem() is None, "starting but not loading (waiting for Kafka): an outage is retried, not a hang"
+    lane._loading_since = clock.now
+    clock.now += 61
+    assert "loading the model for 61.0s" in (lane.problem() or "")
 
 
 def test_a_lane_hung_too_often_is_failed_and_its_zombie_generation_says_nothing() -> None:

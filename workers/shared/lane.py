@@ -71,6 +71,9 @@ class Lane:
         self._stop: threading.Event | None = None
         self._thread: SupervisedThread | None = None
         self._counter: Any = None
+        #: when the current generation began loading its model (None: not loading): the start deadline
+        #: covers the model's own code (load + readiness), never a wait for Kafka (an outage is retried)
+        self._loading_since: float | None = None
         self._scorer: Any = None
         self._abandoned: list[SupervisedThread] = []
         self.hangs = 0
@@ -91,7 +94,7 @@ class Lane:
             gen = self.generation
             stop = threading.Event()
             self._stop = stop
-            self._counter = self._scorer = None
+            self._counter = self._scorer = self._loading_since = None
             self._started_at = self._clock()
             self._set(gen, ReplicaState.STARTING)
             self._thread = SupervisedThread(f"lane {self.replica_id}#{gen}", lambda: self._run(gen, stop), stop,
@@ -140,7 +143,13 @@ class Lane:
             self._started_at = self._clock()
         self._set(gen, ReplicaState.STARTING)
         try:
-            backend, result = load_proven(spec, self._config_of(spec))
+            if gen == self.generation:
+                self._loading_since = self._clock()
+            try:
+                backend, result = load_proven(spec, self._config_of(spec))
+            finally:
+                if gen == self.generation:
+                    self._loading_since = None
             try:
                 counter = CountingBackend(backend)
                 if gen == self.generation:
@@ -174,15 +183,17 @@ class Lane:
 
     # --- the watchdog's view ----------------------------------------------------------------------------
     def problem(self, now: float | None = None) -> str | None:
-        """Why this lane is stuck (an inference call past ``hang_s``, a start past ``start_s``), else None."""
+        """Why this lane is stuck (an inference call past ``hang_s``, loading + readiness past ``start_s``),
+        else None."""
         now = self._clock() if now is None else now
         state, counter = self.state, self._counter
         if state is ReplicaState.READY and counter is not None:
             since = counter.busy_since
             if since is not None and now - since > self.hang_s:
                 return f"inference call running for {now - since:.1f}s (deadline {self.hang_s:g}s)"
-        if state is ReplicaState.STARTING and now - self._since > self.start_s:
-            return f"still starting after {now - self._since:.1f}s (deadline {self.start_s:g}s)"
+        loading = self._loading_since
+        if state is ReplicaState.STARTING and loading is not None and now - loading > self.start_s:
+            return f"loading the model for {now - loading:.1f}s (deadline {self.start_s:g}s)"
         return None
 
     def restart_hung(self, why: str) -> None:
