@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson  # noqa: E402
 import yaml  # noqa: E402
 
-from sie.kernel.admin import ensure_model_topics  # noqa: E402
+from sie.kernel.admin import delete_topics, ensure_model_topics  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from sie.schemas.spec import parse_spec  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
@@ -65,8 +65,13 @@ def fraud_spec(name: str) -> Any:
     return parse_spec(fraud_doc(name), base_dir=EXAMPLES)
 
 
+#: every topic this run created: deleted at the end (100 models are 600 partitions on a shared broker)
+CREATED: list[str] = []
+
+
 def make_topics(settings: Settings, specs: list[Any]) -> None:
     topics = [t for s in specs for t in (s.topics.requests, s.topics.results, s.topics.dead_letters)]
+    CREATED.extend(topics)
     for i in range(0, len(topics), 150):
         ensure_model_topics(settings, topics[i:i + 150], PARTITIONS)
 
@@ -75,6 +80,18 @@ def fraud_requests(n: int, prefix: str) -> list[tuple[bytes, bytes]]:
     return [(f"k{i % 101}".encode(), orjson.dumps({"id": f"{prefix}{i}", "inputs": {
         "amount": float(10 + i % 5000), "merchant_risk": (i % 100) / 100.0, "hour": i % 24,
         "account_age_days": i % 3000, "is_foreign": bool(i % 2), "tx_count_24h": i % 50}})) for i in range(n)]
+
+
+def summary(health: dict[str, Any]) -> str:
+    """States, errors and refusals of a host's health (a failure message)."""
+    states: dict[str, int] = {}
+    errors = set()
+    for lane in health.get("lanes", {}).values():
+        states[lane["state"]] = states.get(lane["state"], 0) + 1
+        if lane["last_error"]:
+            errors.add(lane["last_error"][:200])
+    return (f"states {states}, errors {sorted(errors)[:5]}, topics_error {health.get('topics_error')}, "
+            f"refused {list(health.get('refused', {}))[:5]}")
 
 
 def settle_rss(pid: int, seconds: float = 3.0) -> float:
@@ -98,7 +115,7 @@ def shared_memory(settings: Settings, work: Path, counts: list[int], run: str, a
             models = [(f"{s.name}-0", s) for s in specs[:count]]
             host.set_models(models)
             wait_until(lambda: host.ready([rid for rid, _ in models]), 60 + 2.0 * count, interval=0.25,
-                       message=lambda: f"{count} lanes READY")
+                       message=lambda: f"{count} lanes READY: {summary(host.health())}\n{host.output()[-3000:]}")
             out["rss"][count] = settle_rss(host.proc.pid)
             print(f"shared process, {count:3d} models: RSS {out['rss'][count]:.0f} MB", flush=True)
         # time to READY of a model added to the warm process
@@ -201,6 +218,14 @@ def throughput(settings: Settings, work: Path, models: int, total: int, run: str
     return out
 
 
+def cleanup(settings: Settings) -> None:
+    for i in range(0, len(CREATED), 150):
+        try:
+            delete_topics(settings, CREATED[i:i + 150])
+        except Exception as exc:  # a broker gone meanwhile: say so, the numbers are still printed
+            print(f"topics not deleted: {exc}", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reduced", action="store_true", help="1/10/50 models, 2 dedicated, 16000 requests")
@@ -213,15 +238,21 @@ def main() -> int:
     load_before = os.getloadavg()
     run = uuid.uuid4().hex[:6]
     if args.only_throughput:
-        with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
-            throughput(settings, Path(tmp), tp_models, total, run)
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
+                throughput(settings, Path(tmp), tp_models, total, run)
+        finally:
+            cleanup(settings)
         print(f"load average before {load_before}, after {os.getloadavg()}")
         return 0
-    with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
-        work = Path(tmp)
-        shared = shared_memory(settings, work, counts, run, adds)
-        solo = dedicated_memory(settings, work, singles, run)
-        tp = throughput(settings, work, tp_models, total, run)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
+            work = Path(tmp)
+            shared = shared_memory(settings, work, counts, run, adds)
+            solo = dedicated_memory(settings, work, singles, run)
+            tp = throughput(settings, work, tp_models, total, run)
+    finally:
+        cleanup(settings)
     load_after = os.getloadavg()
     rss = shared["rss"]
     solo_med = statistics.median(solo)
