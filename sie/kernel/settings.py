@@ -162,6 +162,18 @@ class Settings(BaseSettings):
                           "and its workers'), as the control plane's service discovery lists them; default: "
                           "this machine's host name.")
 
+    # --- Placement: host memory a replica's process costs beyond its spec's memoryMb --------------
+    # (streams/control/host_memory.py applies them; docs/architecture.md "Placement with host memory")
+    process_overhead_mb: int = Field(
+        579, ge=0,
+        description="Host memory (MiB) of a worker process of its own, before any model: measured 579 MB resident "
+                    "for one `sie score` process (torch, its libraries, one Kafka consumer and producer). Counted "
+                    "for every replica that does not share a process (SIE_PROCESS_OVERHEAD_MB).")
+    model_overhead_mb: int = Field(
+        25, ge=0,
+        description="Host memory (MiB) one more model costs in a shared multi-model worker process: issue 16's "
+                    "target, which bench/bench_density.py measures (SIE_MODEL_OVERHEAD_MB).")
+
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
     replication_factor: int | None = Field(
