@@ -702,7 +702,8 @@ class _Allocator:
             return None
         _, node, victims, gpus = best
         needed = (f"{d.gpus} whole GPU(s)" if d.gpus else f"{d.gpu_memory_mb} MiB GPU memory" if d.gpu_memory_mb
-                  else f"{d.cpu:g} CPU")
+                  else f"{d.cpu:g} CPU" + (f", {node.mem_need(d)} MiB host memory" if node.mem_free is not None
+                                            and node.mem_need(d) else ""))
         for v in victims:
             p = self.placements[v.replica_id]
             freed = sum(self.nodes[p.node].gpus[i].held.get(v.replica_id, 0) for i in p.gpu_indices if i in node.gpus)

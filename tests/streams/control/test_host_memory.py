@@ -118,7 +118,7 @@ def test_p0_preempts_p2_to_free_host_memory():
     assert isinstance(after.outcome("fraud-0"), Placement)
     assert len(after.preempted) == 1
     (victim,) = after.preempted
-    assert "preempted by fraud-0" in after.unplaced[victim].reason
+    assert "preempted by fraud-0 (P0, needs 0.1 CPU, 579 MiB host memory)" in after.unplaced[victim].reason
 
 
 def test_placer_gives_host_memory_back_when_a_model_goes():
