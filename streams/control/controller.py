@@ -47,6 +47,7 @@ from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.autoscaler import AutoscalePolicy, ModelInputs, ModelSignals, ScaleDecision, bounds, decide
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
+from sie.streams.control.host_memory import HostOverheads
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
@@ -308,8 +309,12 @@ class Controller:
         view: StateView | None = None,
         signals: SignalSource | None = None,
         rollouts: RolloutView | None = None,
+        overheads: HostOverheads | None = None,
     ) -> None:
         self.state = state
+        #: host memory a replica's process costs beyond its spec's memoryMb (SIE_PROCESS_OVERHEAD_MB,
+        #: SIE_MODEL_OVERHEAD_MB; ``host_memory`` module); default: the settings' defaults
+        self.overheads = overheads if overheads is not None else HostOverheads.defaults()
         self.view: StateView = view if view is not None else FreshView()
         #: None: no autoscaling (every model gets sla.min_replicas)
         self.signals = signals
@@ -580,7 +585,7 @@ class Controller:
             for a in published[node].replicas:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
         plan = place(self._demands(snap, counts), inventory, current, excluded=self._excluded(),
-                     preempt=self.config.preemption)
+                     preempt=self.config.preemption, overheads=self.overheads)
         return self._explain_preemptions(self._explain_exclusions(plan))
 
     def _explain_preemptions(self, plan: PlacementPlan) -> PlacementPlan:
