@@ -138,3 +138,65 @@ def test_a_lane_bounds_its_client_queues_through_the_client_roles() -> None:
                                                             instance="x").producer_config()
     with pytest.raises(ConfigError, match="producer_buffer_kbytes"):
         ScorerConfig(settings=settings, spec=echo_spec("m1"), instance="x", producer_buffer_kbytes=100)
+
+
+class _Msg:
+    def __init__(self, key: bytes, value: bytes | None) -> None:
+        self._key, self._value = key, value
+
+    def error(self):
+        return None
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
+class _RolloutsConsumer:
+    """The rollouts topic as a fake consumer: ``pending`` is what the next consume() returns."""
+
+    def __init__(self, config: dict) -> None:
+        self.config, self.pending, self.closed = config, [], False
+
+    def list_topics(self, topic=None, timeout=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(topics={topic: SimpleNamespace(partitions={0: None})})
+
+    def assign(self, partitions) -> None:
+        self.assigned = partitions
+
+    def consume(self, n, timeout):
+        out, self.pending = self.pending[:n], self.pending[n:]
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_one_rollouts_reader_serves_every_model_of_the_process() -> None:
+    from sie.schemas.avro_codec import encode
+    from sie.streams.scorer.rollout import KafkaWeightSource
+    from tests.streams.scorer.test_rollout_routing import record
+
+    consumers: list[_RolloutsConsumer] = []
+    source = KafkaWeightSource(Settings(), None, consumer_factory=lambda c: consumers.append(_RolloutsConsumer(c))
+                               or consumers[-1], reader="shared-1")
+    a, b = echo_spec("ma"), echo_spec("mb")
+    wire = {"started_ms": 1, "phase_since_ms": 1, "reason": "", "policy_json": "{}", "events": [],
+            "updated_at_ms": 1}  # the fields a scorer does not read
+    rec_a = {**record(a, {**a.to_document(), "version": "1.1.0"}, "Progressing", 500, 3), **wire}
+    rec_b = {**record(b, {**b.to_document(), "version": "1.1.0"}, "Progressing", 9000, 7), **wire}
+    consumers[0].pending = [_Msg(b"ma", encode("Rollout", rec_a)), _Msg(b"mb", encode("Rollout", rec_b))]
+    view_a, view_b, view_c = source.view("ma"), source.view("mb"), source.view("mc")
+    assert view_a.latest()["epoch"] == 3 and view_b.latest()["epoch"] == 7 and view_c.latest() is None
+    consumers[0].pending = [_Msg(b"ma", None)]  # a tombstone removes that model's record only
+    assert view_a.latest() is None and view_b.latest()["weight_bp"] == 9000
+    view_a.close()
+    assert not consumers[0].closed, "a view leaves the shared reader open"
+    source.close()
+    assert consumers[0].closed and consumers[0].config["group.id"].endswith("rollout-weights.shared-1")
+    with pytest.raises(ValueError, match="view"):
+        source.latest()
