@@ -173,8 +173,10 @@ class Lane:
             self._set(gen, ReplicaState.STOPPED)
 
     def _ready(self, gen: int, scorer: Any) -> None:
-        """READY = the readiness inference passed AND the scorer is subscribed (as a single worker)."""
-        if gen != self.generation:
+        """READY = the readiness inference passed AND the scorer is subscribed (as a single worker); a lane
+        asked to stop meanwhile stays DRAINING."""
+        stop = self._stop
+        if gen != self.generation or (stop is not None and stop.is_set()):
             return
         self._scorer = scorer
         self.ready_s = round(self._clock() - self._started_at, 3)
