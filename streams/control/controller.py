@@ -50,6 +50,7 @@ from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
+from sie.streams.control.rollout_capacity import CapacityInputs, CapacityPlan, plan_capacity
 from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from sie.streams.control.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
@@ -229,10 +230,29 @@ class RolloutView(Protocol):
 
     def in_progress(self, model: str) -> str | None: ...
 
+    def replicas_of(self, model: str) -> RolloutReplicas | None:
+        """The rollout's phase and versions while the controller plans its replicas (None: no rollout)."""
+        ...
+
 
 class NoRollouts:
     def in_progress(self, model: str) -> str | None:
         return None
+
+    def replicas_of(self, model: str) -> RolloutReplicas | None:
+        return None
+
+
+@dataclass(frozen=True)
+class RolloutReplicas:
+    """What the controller needs of an unfinished rollout to plan the model's replicas
+    (``rollout_capacity``): its phase and both versions' spec documents."""
+
+    phase: str
+    stable_version: str
+    canary_version: str
+    stable_spec: Mapping[str, Any]
+    canary_spec: Mapping[str, Any]
 
 
 class FreshView:
@@ -314,6 +334,11 @@ class Controller:
         #: None: no autoscaling (every model gets sla.min_replicas)
         self.signals = signals
         self.rollouts: RolloutView = rollouts if rollouts is not None else NoRollouts()
+        #: the replica plan of each model in a rollout this pass (``rollout_capacity``; the driver's readiness gate)
+        self.capacity: dict[str, CapacityPlan] = {}
+        #: (model, version) -> spec JSON of a rollout version that replicas run next to the applied spec
+        self._version_docs: dict[tuple[str, str], str] = {}
+        self._capacity_reported: dict[str, str] = {}
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
         self.decisions: dict[str, ScaleDecision] = {}
         self._decisions_seeded = False
@@ -389,6 +414,7 @@ class Controller:
             if plan is not None:
                 step("assignments", lambda: self._assignments(snap, plan, published, out))
                 step("events", lambda: self._placement_events(plan, published, inventory, now, out))
+                step("capacity", lambda: self._capacity_events(now, out))
         if plan is not None:
             self._last_plan = plan
             statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
@@ -566,6 +592,65 @@ class Controller:
         models = [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name], counts.get(name))]
         return models + connector_demands(snap.connectors, snap.specs)  # CDC connectors run as CPU replicas
 
+    def _rollout_demands(self, snap: StateSnapshot, demands: list[ReplicaDemand], inventory: ClusterInventory,
+                         current: Mapping[str, tuple[str, tuple[int, ...]]],
+                         counts: Mapping[str, int]) -> list[ReplicaDemand]:
+        """Each model in a rollout gets the replicas ``rollout_capacity.plan_capacity`` gives it (a surge or
+        replaced new-version replica, then the one-at-a-time drain); every other demand is unchanged."""
+        from sie.schemas.spec import ModelService
+
+        plans: dict[str, CapacityPlan] = {}
+        docs: dict[tuple[str, str], str] = {}
+        for name in sorted(snap.specs):
+            ro = self.rollouts.replicas_of(name) if hasattr(self.rollouts, "replicas_of") else None
+            if ro is None:
+                continue
+            specs = {ro.stable_version: ModelService.from_document(dict(ro.stable_spec)),
+                     ro.canary_version: ModelService.from_document(dict(ro.canary_spec))}
+            for version, doc in ((ro.stable_version, ro.stable_spec), (ro.canary_version, ro.canary_spec)):
+                docs[(name, version)] = json.dumps(dict(doc), sort_keys=True, separators=(",", ":"))
+            others = [d for d in demands if d.model != name]
+            count = max(0, counts.get(name, int(snap.specs[name].sla.min_replicas)))
+            trial = demands_from_spec(specs[ro.canary_version], count + 1)[-1]
+            fits = trial.replica_id in place([*demands, trial], inventory, current, excluded=self._excluded()).placements
+            plan = plan_capacity(self._capacity_inputs(snap, name, ro, count, fits))
+            plans[name] = plan
+            mine = [demands_from_spec(specs[version], idx + 1)[idx] for idx, version in enumerate(plan.versions)]
+            demands = others + mine if plan.mode != "unmanaged" else demands
+        self.capacity = plans
+        self._version_docs = docs
+        return demands
+
+    def _capacity_events(self, now: float, out: list[OutRecord]) -> None:
+        """A ``rollout_capacity`` event each time a model's replica plan says something new (not every pass)."""
+        for name, plan in sorted(self.capacity.items()):
+            if self._capacity_reported.get(name) != plan.reason:
+                self._capacity_reported[name] = plan.reason
+                out.append(self._event(now, "rollout_capacity", name, None, None, f"{plan.mode}: {plan.reason}"))
+        for gone in set(self._capacity_reported) - set(self.capacity):
+            del self._capacity_reported[gone]
+
+    def _capacity_inputs(self, snap: StateSnapshot, name: str, ro: RolloutReplicas, count: int,
+                         fits: bool) -> CapacityInputs:
+        prefix = f"{name}-"
+        assigned: dict[int, str] = {}
+        for info in self._published_view(snap).values():
+            for a in info.replicas:
+                if a.model == name and a.replica_id.startswith(prefix) and a.replica_id[len(prefix):].isdigit():
+                    assigned[int(a.replica_id[len(prefix):])] = a.version
+        ready = set()
+        for hb in snap.heartbeats.values():
+            for r in hb.replicas:
+                idx = r.replica_id[len(prefix):]
+                if (r.model == name and r.state == ReplicaState.READY and r.replica_id.startswith(prefix)
+                        and idx.isdigit() and assigned.get(int(idx)) == r.version):
+                    ready.add(int(idx))
+        decision = self.decisions.get(name)
+        minimum = int(snap.specs[name].sla.min_replicas)
+        demand = decision.needed if decision is not None and decision.needed is not None else minimum
+        return CapacityInputs(ro.phase, ro.stable_version, ro.canary_version, count, min(max(0, demand), count),
+                              assigned, frozenset(ready), fits)
+
     def _excluded(self) -> dict[str, frozenset[str]]:
         """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""
         out: dict[str, set[str]] = {}
@@ -579,7 +664,8 @@ class Controller:
         for node in sorted(published):
             for a in published[node].replicas:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
-        plan = place(self._demands(snap, counts), inventory, current, excluded=self._excluded(),
+        demands = self._rollout_demands(snap, self._demands(snap, counts), inventory, current, counts or {})
+        plan = place(demands, inventory, current, excluded=self._excluded(),
                      preempt=self.config.preemption)
         return self._explain_preemptions(self._explain_exclusions(plan))
 
@@ -627,7 +713,8 @@ class Controller:
         nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
         for node in sorted(nodes):
             wanted = tuple(
-                AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb), spec_json.get(p.model, ""))
+                AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb),
+                                self._version_docs.get((p.model, p.version)) or spec_json.get(p.model, ""))
                 for p in plan.assignments(node)
             )
             last = published.get(node)
