@@ -47,6 +47,7 @@ from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.autoscaler import AutoscalePolicy, ModelInputs, ModelSignals, ScaleDecision, bounds, decide
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
+from sie.streams.control.director import DirectorPolicy, Signal, Track, direct
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
@@ -89,6 +90,8 @@ class ControlConfig:
     autoscale: AutoscalePolicy = AutoscalePolicy()
     backlog_interval_s: float = 2.0
     backlog_window_s: float = 10.0
+    #: the traffic director's rule over each model's replicas (``director.DirectorPolicy``; None: off)
+    director: DirectorPolicy | None = DirectorPolicy()
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -128,6 +131,10 @@ class ControlConfig:
                     values[key] = float(control[key])
                 except (TypeError, ValueError):
                     raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
+        if "director" in control:
+            director = control["director"]
+            values["director"] = None if director is False else DirectorPolicy.from_document(
+                director if isinstance(director, dict) else None)
         if "preemption" in control:
             if not isinstance(control["preemption"], bool):
                 raise ConfigError(f"{path}: control.preemption: must be true or false (got {control['preemption']!r})")
@@ -339,6 +346,9 @@ class Controller:
         #: (model, version) -> spec JSON of a rollout version that replicas run next to the applied spec
         self._version_docs: dict[tuple[str, str], str] = {}
         self._capacity_reported: dict[str, str] = {}
+        #: the traffic director's memory per model and replica, and its decisions (newest last)
+        self._director_tracks: dict[str, dict[str, Track]] = {}
+        self.director_decisions: list[Any] = []
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
         self.decisions: dict[str, ScaleDecision] = {}
         self._decisions_seeded = False
@@ -415,6 +425,8 @@ class Controller:
                 step("assignments", lambda: self._assignments(snap, plan, published, out))
                 step("events", lambda: self._placement_events(plan, published, inventory, now, out))
                 step("capacity", lambda: self._capacity_events(now, out))
+        if leader and self.config.director is not None:
+            step("director", lambda: self._direct(snap, now, out))
         if plan is not None:
             self._last_plan = plan
             statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
@@ -620,6 +632,41 @@ class Controller:
         self.capacity = plans
         self._version_docs = docs
         return demands
+
+    def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
+        """The traffic director over each model's READY replicas (heartbeats: the GPU utilisation of the
+        replica's GPUs, its scorer's lag as the queue, its p99).  In-process scorers share a model's partitions
+        by Kafka's group assignment, so the director's lever is a replica on a cooler node: each decision is a
+        ``director`` event with the numbers behind it (``sie describe model`` lists it); the replica count itself
+        stays the autoscaler's."""
+        assert self.config.director is not None
+        where = {a.replica_id: (node, a.gpu_indices) for node, info in self._published_view(snap).items()
+                 for a in info.replicas}
+        by_model: dict[str, list[Signal]] = {}
+        for node, hb in sorted(snap.heartbeats.items()):
+            if not snap.node_online(node, now, self.config.node_timeout_s):
+                continue
+            util = {g.index: g.utilization_pct for g in hb.gpus}
+            for r in hb.replicas:
+                if r.state != ReplicaState.READY or r.model not in snap.specs:
+                    continue
+                gpus = where.get(r.replica_id, (node, ()))[1]
+                used = [util[i] for i in gpus if i in util]
+                by_model.setdefault(r.model, []).append(
+                    Signal(r.replica_id, max(used) if used else None, None if r.lag is None else float(r.lag),
+                           r.p99_ms, node))
+        for model, signals in sorted(by_model.items()):
+            if len(signals) < 2:
+                continue  # one replica: nothing is cooler than it (the autoscaler adds replicas on backlog)
+            tracks, decisions = direct(signals, self._director_tracks.get(model, {}), now, self.config.director,
+                                       lever="replicas")
+            self._director_tracks[model] = tracks
+            for d in decisions:
+                self.director_decisions = [*self.director_decisions[-99:], d]
+                log.info("traffic director %s: %s", model, d.reason)
+                out.append(self._event(now, "director", model, d.name, None, f"{d.action}: {d.reason}"))
+        for gone in set(self._director_tracks) - set(by_model):
+            del self._director_tracks[gone]
 
     def _capacity_events(self, now: float, out: list[OutRecord]) -> None:
         """A ``rollout_capacity`` event each time a model's replica plan says something new (not every pass)."""
