@@ -120,3 +120,26 @@ def test_the_controller_publishes_an_add_a_replica_event_for_a_hot_in_process_re
     assert e["model"] == "m" and e["replica_id"] == "m-0"
     assert e["detail"].startswith("add_replica: m-0: utilisation 95% > 85% and queue 400 > 50")
     assert e["detail"].endswith(f"add a replica on the cooler node {cool_node}") and "p99 900 ms" in e["detail"]
+
+
+def test_control_plane_config_sets_or_switches_off_the_director(tmp_path):
+    from sie.streams.control.controller import ControlConfig
+
+    path = tmp_path / "control-plane-config.yaml"
+    path.write_text("control:\n  director: {sustain_s: 3, hold_s: 20}\n", encoding="utf-8")
+    config = ControlConfig.from_yaml(path)
+    assert config.director is not None and (config.director.sustain_s, config.director.hold_s) == (3.0, 20.0)
+    path.write_text("control:\n  director: false\n", encoding="utf-8")
+    assert ControlConfig.from_yaml(path).director is None
+    assert ControlConfig().director == DirectorPolicy()  # on by default, the design's rule
+
+
+def test_the_llm_config_turns_the_director_on_for_two_endpoints_and_names_a_bad_key():
+    from sie.streams.llm.config import LLMConfig
+
+    one = LLMConfig.from_backend_config({"endpoints": ["http://a"]})
+    two = LLMConfig.from_backend_config({"endpoints": ["http://a", "http://b"]})
+    assert one.director is None and two.director == DirectorPolicy()
+    assert LLMConfig.from_backend_config({"endpoints": ["http://a", "http://b"], "director": False}).director is None
+    with pytest.raises(ConfigError, match=r"spec.backend.config.director.bogus: unknown"):
+        LLMConfig.from_backend_config({"endpoints": ["http://a", "http://b"], "director": {"bogus": 1}})
