@@ -51,7 +51,7 @@ from sie.streams.control.director import DirectorPolicy, Signal, Track, direct
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
-from sie.streams.control.rollout_capacity import CapacityInputs, CapacityPlan, plan_capacity
+from sie.streams.control.rollout_capacity import PLANNED_PHASES, CapacityInputs, CapacityPlan, plan_capacity
 from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from sie.streams.control.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
@@ -615,8 +615,8 @@ class Controller:
         docs: dict[tuple[str, str], str] = {}
         for name in sorted(snap.specs):
             ro = self.rollouts.replicas_of(name) if hasattr(self.rollouts, "replicas_of") else None
-            if ro is None:
-                continue
+            if ro is None or ro.phase not in PLANNED_PHASES:
+                continue  # no rollout, or rolling back: the applied (stable) spec is placed as ever
             specs = {ro.stable_version: ModelService.from_document(dict(ro.stable_spec)),
                      ro.canary_version: ModelService.from_document(dict(ro.canary_spec))}
             for version, doc in ((ro.stable_version, ro.stable_spec), (ro.canary_version, ro.canary_spec)):

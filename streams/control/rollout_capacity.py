@@ -36,6 +36,8 @@ from dataclasses import dataclass
 #: phases in which the stable version still has traffic (a new-version replica may be added, never stable ones removed)
 SURGE_PHASES = frozenset({"Pending", "Surging", "Canary", "Paused", "Promoting"})
 DRAIN_PHASE = "Draining"
+#: the phases with a plan (RollingBack and the terminal ones place the applied spec as ever)
+PLANNED_PHASES = SURGE_PHASES | {DRAIN_PHASE}
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,9 @@ def _controller_world(gpu_mb: int, replicas: int = 1):
 
 
 def _published(pub):
-    return {a["replica_id"]: a for r in pub.all("assignments") for a in r.value["replicas"]}
+    """Replica id -> its assignment, from each node's newest Assignment (what the agents run now)."""
+    latest = {r.key: r.value for r in pub.all("assignments")}
+    return {a["replica_id"]: a for value in latest.values() for a in value["replicas"]}
 
 
 def test_the_controller_surges_a_new_version_replica_with_its_own_spec_and_the_gate_waits_for_ready():
@@ -181,6 +183,16 @@ def test_no_room_and_one_replica_needed_waits_and_the_surge_times_out_with_that_
     assert "not ready within surgeTimeoutSeconds 5" in rollout.reason and "< demand 1" in rollout.reason
 
 
+def test_rolling_back_places_the_stable_spec_again_so_the_new_version_replica_stops():
+    clock, state, pub, ctl, view, heartbeat, gpu = _controller_world(gpu_mb=16384)
+    ctl.reconcile(clock())
+    ctl.reconcile(clock())
+    assert set(_published(pub)) == {"m-0", "m-1"}
+    view.phase = "RollingBack"
+    ctl.reconcile(clock())
+    assert {rid: a["version"] for rid, a in _published(pub).items()} == {"m-0": OLD} and "m" not in ctl.capacity
+
+
 def test_the_driver_leaves_surging_only_once_a_new_version_replica_is_ready():
     from sie.streams.control.rollout import Phase
     from sie.streams.control.rollout_capacity import CapacityPlan
@@ -206,3 +218,58 @@ def test_the_driver_leaves_surging_only_once_a_new_version_replica_is_ready():
     plans["m"] = CapacityPlan((OLD, NEW), "surge", "surge replica 1 kept", new_ready=1)
     r = step()
     assert r.phase is Phase.CANARY and "READY after their readiness inference" in r.events[-1].reason
+
+
+def test_the_rollout_service_gives_the_controller_phase_and_both_specs_only_while_leading_and_unfinished():
+    from sie.kernel.settings import Settings
+    from sie.streams.control.rollout_service import Rollouts
+    from tests.streams.control.test_rollout_driver_unit import specs
+
+    class Lead:
+        is_leader = True
+
+    class Pub:
+        def publish(self, records):
+            pass
+
+    lead = Lead()
+    rollouts = Rollouts(Settings(), lead, Pub(), reader=lambda _s: [], windows=object())
+    rollouts.tick()
+    assert rollouts.replicas_of("m") is None
+    old, new = specs()
+    rollouts.begin(old, new)
+    ro = rollouts.replicas_of("m")
+    assert (ro.phase, ro.stable_version, ro.canary_version) == ("Pending", OLD, NEW)
+    assert ro.canary_spec["version"] == NEW and ro.stable_spec["version"] == OLD
+    rollouts.act("m", "abort", "test")
+    assert rollouts.replicas_of("m").phase == "RollingBack"  # still unfinished: the controller places no plan
+    lead.is_leader = False
+    assert rollouts.replicas_of("m") is None  # a standby plans nothing
+
+
+def test_draining_through_the_controller_replaces_one_replica_per_ready_report_then_stops_the_surge():
+    import json
+
+    clock, state, pub, ctl, view, heartbeat, gpu = _controller_world(gpu_mb=16384, replicas=2)
+
+    def beat():
+        clock.advance(1)
+        reps = [{"replica_id": rid, "model": "m", "version": a["version"], "state": "READY"}
+                for rid, a in _published(pub).items()]
+        heartbeat(state, "node-a", clock(), [gpu(0, total=16384)], reps)
+        ctl.reconcile(clock())
+        return {rid: a["version"] for rid, a in _published(pub).items()}
+
+    ctl.reconcile(clock())
+    assert beat() == {"m-0": OLD, "m-1": OLD, "m-2": NEW}  # the surge replica
+    # promoted: the specs topic now names the new version; the stable replicas go one at a time
+    stable = state.snapshot().specs["m"].to_document()
+    state.apply_spec("m", {"name": "m", "version": NEW, "spec_json": json.dumps({**stable, "version": NEW}),
+                           "applied_at_ms": 5})
+    view.phase = "Draining"
+    steps = [beat()]
+    assert steps[0] == {"m-0": OLD, "m-1": NEW, "m-2": NEW}
+    assert json.loads(_published(pub)["m-0"]["spec_json"])["version"] == OLD  # the old replica keeps its own spec
+    steps += [beat() for _ in range(3)]
+    assert steps[1] == {"m-0": NEW, "m-1": NEW, "m-2": NEW}
+    assert steps[2] == {"m-0": NEW, "m-1": NEW} and ctl.capacity["m"].drained
