@@ -12,11 +12,13 @@ producer exactly as ``sie control`` does.
 1. **Complete**: ``--before`` seconds of load on 1.0.0 alone, then a rollout to 1.1.0 with the default
    steps (10/20/50/100 %) and default gates but ``intervalSeconds`` = ``--interval`` (the default 20 s x 4
    steps is 80 s of waiting per run; the step length changes how long the timeline is, not what happens
-   in it).  Reported: the timeline (each transition, seconds from the start), and the stable version's
+   in it) and ``p99MaxMs`` 5000 (it defaults to the echo spec's SLA, 100 ms, which a shared 2-core
+   machine's p99 crosses by itself; the relative p99 gate stays at its default).  Reported: the timeline (each transition, seconds from the start), and the stable version's
    p99 (queue + inference time, what the gates judge) over the rollout vs over the ``--before`` window.
 2. **Rollback**: the same with a canary that dead-letters 1 row in 20 (``echo_canary``).  Reported: when
-   the first canary step began, when the gate failed (the RollingBack event), and when the last answer
-   by the canary was committed (record timestamps, read_committed): the time from a failing gate to 0 %.
+   the first canary step began, when the gate failed (the RollingBack event), the first answer scored
+   under the rollback's weight epoch (the scorer applied 0 %) and the last answer by the canary (record
+   timestamps, read_committed): the time from a failing gate to 0 %.
 
 Each run ends with the exactly-once proof of the tests (every request one answer).  Results:
 bench/results/rollout.txt, with the load average at start and end (2 shared cores).
@@ -43,7 +45,7 @@ from sie.kernel.topics import system_topics  # noqa: E402
 from sie.streams.control.rollout import Phase  # noqa: E402
 from sie.streams.control.rollout_driver import KafkaVersionWindows, RolloutDriver  # noqa: E402
 from sie.streams.scorer import ScorerConfig  # noqa: E402
-from sie.streams.scorer.rollout import run_rollout_scorer  # noqa: E402
+from sie.streams.scorer.rollout import EPOCH_HEADER, run_rollout_scorer  # noqa: E402
 from tests.scorer_fixtures import echo_version_spec, load_echo_backend, prove_exactly_once, topics_for  # noqa: E402
 from tests.streams.control.test_rollout_kafka import Load, Publisher  # noqa: E402
 
@@ -58,7 +60,10 @@ def p99(values: list[float]) -> float | None:
 def run(settings: Settings, canary_callable: str, args: argparse.Namespace) -> dict[str, Any]:
     name = f"br-{uuid.uuid4().hex[:8]}"
     stable = echo_version_spec(name, "1.0.0")
-    canary = echo_version_spec(name, "1.1.0", canary_callable, {"intervalSeconds": args.interval})
+    # default steps and gates, but intervalSeconds shortened and the absolute p99 gate loosened: it defaults to
+    # the echo spec's SLA (100 ms), which this shared machine's p99 itself crosses (the relative gate stays)
+    canary = echo_version_spec(name, "1.1.0", canary_callable,
+                               {"intervalSeconds": args.interval, "gates": {"p99MaxMs": 5000}})
     topics_for(settings, stable, partitions=4)
     stop, ready = threading.Event(), threading.Event()
     config = ScorerConfig(settings=settings, spec=stable, instance="br-0", max_wait_ms=10, session_timeout_ms=6000)
@@ -106,10 +111,15 @@ def run(settings: Settings, canary_callable: str, args: argparse.Namespace) -> d
                      else None))
     for m in dead:
         rows.append((m.timestamp()[1] / 1000.0, dict(m.headers() or [])["sie.version"].decode(), None))
+    # the first answer scored under the rollout's last weight epoch (after a rollback: canary 0 %)
+    last_epoch = str(rollout.epoch).encode()
+    first_final = min((m.timestamp()[1] / 1000.0 for m in results
+                       if dict(m.headers() or []).get(EPOCH_HEADER) == last_epoch), default=None)
     before = [lat for ts, v, lat in rows if v == "1.0.0" and lat is not None and t_load + 2 <= ts < t0]
     during = [lat for ts, v, lat in rows if v == "1.0.0" and lat is not None and t0 <= ts < t_end]
     canary_last = max((ts for ts, v, _ in rows if v == "1.1.0"), default=None)
     return {"rollout": rollout, "t0_ms": t0 * 1000, "before": before, "during": during, "canary_last": canary_last,
+            "first_final": first_final,
             "answers": len(results) + len(dead), "requests": len(ids), "dead": len(dead)}
 
 
@@ -133,7 +143,8 @@ def main() -> int:
     lines = [f"bench_rollout ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs; "
              f"load average at start {load_start:.1f}{' (above 4: shared machine, read ratios only)' if load_start > 4 else ''})",
              f"one in-process scorer (echo model, 4 partitions), {args.rate:g} requests/s, leader tick {args.tick:g} s, "
-             f"default steps 10/20/50/100 and gates, intervalSeconds {args.interval:g} (default 20: shortened)"]
+             f"default steps 10/20/50/100 and gates except p99MaxMs 5000 (the echo SLA's 100 ms is below this machine's "
+             f"p99), intervalSeconds {args.interval:g} (default 20: shortened)"]
 
     ok = run(settings, "echo", args)
     r = ok["rollout"]
@@ -154,9 +165,12 @@ def main() -> int:
     if first and failed:
         lines.append(f"  canary serving -> gate failed: {(failed.at_ms - first.at_ms) / 1000:.1f} s "
                      f"(minSamples 100 at {first.weight_bp / 100:g}% of {args.rate:g}/s, judged every tick)")
+        if bad["first_final"] is not None:
+            lines.append(f"  gate failed -> first answer under the 0% epoch (the scorer applied it): "
+                         f"{bad['first_final'] - failed.at_ms / 1000:.2f} s")
         if bad["canary_last"] is not None:
-            lines.append(f"  gate failed -> last canary answer committed (0% canary): "
-                         f"{bad['canary_last'] - failed.at_ms / 1000:.2f} s")
+            lines.append(f"  gate failed -> last answer by the canary (record timestamps; negative: none was "
+                         f"produced after the failing tick): {bad['canary_last'] - failed.at_ms / 1000:+.2f} s")
     lines.append(f"  exactly once: {bad['answers']} answers for {bad['requests']} requests, {bad['dead']} dead letters")
     lines.append(f"\nload average at end {os.getloadavg()[0]:.1f}")
     text = "\n".join(lines) + "\n"
