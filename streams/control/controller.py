@@ -44,7 +44,15 @@ from typing import Any, Protocol
 
 from sie.kernel.names import Names
 from sie.schemas.replica_state import ReplicaState
-from sie.streams.control.autoscaler import AutoscalePolicy, ModelInputs, ModelSignals, ScaleDecision, bounds, decide
+from sie.streams.control.autoscaler import (
+    AutoscalePolicy,
+    ModelInputs,
+    ModelSignals,
+    ScaleDecision,
+    bounds,
+    decide,
+    policy_numbers,
+)
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.director import DirectorPolicy, Signal, Track, direct
@@ -133,26 +141,15 @@ class ControlConfig:
                     raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
         if "director" in control:
             director = control["director"]
-            values["director"] = None if director is False else DirectorPolicy.from_document(
-                director if isinstance(director, dict) else None)
+            values["director"] = None if director is False else DirectorPolicy(**policy_numbers(
+                DirectorPolicy, director if isinstance(director, dict) else None, f"{path}: control.director"))
         if "preemption" in control:
             if not isinstance(control["preemption"], bool):
                 raise ConfigError(f"{path}: control.preemption: must be true or false (got {control['preemption']!r})")
             values["preemption"] = control["preemption"]
         autoscale = control.get("autoscale") or {}
         if autoscale:
-            from dataclasses import fields
-
-            known = {f.name for f in fields(AutoscalePolicy)}
-            policy: dict[str, float] = {}
-            for key, value in autoscale.items():
-                if key not in known:
-                    raise ConfigError(f"{path}: control.autoscale.{key}: unknown (known: {', '.join(sorted(known))})")
-                try:
-                    policy[key] = float(value)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"{path}: control.autoscale.{key}: must be a number (got {value!r})") from None
-            values["autoscale"] = AutoscalePolicy(**policy)
+            values["autoscale"] = AutoscalePolicy(**policy_numbers(AutoscalePolicy, autoscale, f"{path}: control.autoscale"))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

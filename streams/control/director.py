@@ -56,17 +56,9 @@ class DirectorPolicy:
     @classmethod
     def from_document(cls, doc: Mapping[str, object] | None) -> DirectorPolicy:
         """``director: {hot_utilisation_pct: 85, ...}`` (numbers only; unknown keys are errors)."""
-        from dataclasses import fields
+        from sie.streams.control.autoscaler import policy_numbers
 
-        known = {f.name for f in fields(cls)}
-        values: dict[str, float] = {}
-        for key, value in (doc or {}).items():
-            if key not in known:
-                raise ConfigError(f"director.{key}: unknown (known: {', '.join(sorted(known))})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"director.{key}: must be a number (got {value!r})")
-            values[key] = float(value)
-        return cls(**values)
+        return cls(**policy_numbers(cls, doc, "director"))
 
 
 @dataclass(frozen=True)
