@@ -144,7 +144,9 @@ def main() -> int:
              f"load average at start {load_start:.1f}{' (above 4: shared machine, read ratios only)' if load_start > 4 else ''})",
              f"one in-process scorer (echo model, 4 partitions), {args.rate:g} requests/s, leader tick {args.tick:g} s, "
              f"default steps 10/20/50/100 and gates except p99MaxMs 5000 (the echo SLA's 100 ms is below this machine's "
-             f"p99), intervalSeconds {args.interval:g} (default 20: shortened)"]
+             f"p99), intervalSeconds {args.interval:g} (default 20: shortened)",
+             "the scorer runs outside agents, so Surging ends on the in-process load (no agent replica plan: "
+             "the readiness gate on a new-version replica is tested in tests/streams/control/test_rollout_capacity.py)"]
 
     ok = run(settings, "echo", args)
     r = ok["rollout"]
