@@ -27,31 +27,41 @@ ROLLOUT = {"steps": [50, 100], "intervalSeconds": 3, "surgeTimeoutSeconds": 120,
            "gates": {"minSamples": 10, "p99MaxMs": 10_000, "p99SlackMs": 1_000}}
 
 
+def _running(c: Cluster) -> tuple[dict, Path]:
+    """The rules model at 1.0.0, 1 replica READY on one agent; its spec document and file."""
+    path = c.write_spec(MODEL, replicas=1, resources={"cpu": 0.25})
+    c.start_control("cp-1")
+    c.start_agent("node-a")
+    c.wait_leader(60)
+    doc = yaml.safe_load(path.read_text())
+    status, body = http(c.api(), "POST", "/v1/models", yaml.safe_dump(doc))
+    assert status == 202, body
+    c.wait_ready(MODEL, 1, timeout=120)
+    return doc, path
+
+
+def _roll(c: Cluster, doc: dict, rollout: dict, **model_changes) -> dict:
+    """POST the 1.1.0 spec with ``rollout``; the rollout once it ended (Complete, RolledBack or Failed)."""
+    spec = {**doc["spec"], "model": {"name": MODEL, "version": "1.1.0"}, "rollout": rollout, **model_changes}
+    status, body = http(c.api(), "POST", "/v1/models", yaml.safe_dump({**doc, "spec": spec}))
+    assert status == 202 and body.get("rollout") == "Pending", body
+
+    def rollout_now():
+        return try_get(c.api(), f"/v1/rollouts/{MODEL}")
+
+    return wait_for(lambda: (r := rollout_now()) and r["phase"] in ("Complete", "RolledBack", "Failed") and r, 240,
+                    lambda: f"the rollout finishes ({rollout_now()}); logs:\n{c.logs()}")
+
+
 def test_an_agent_rollout_waits_for_a_ready_surge_replica_and_drains_one_at_a_time(kafka_settings, tmp_path: Path):
     c = Cluster(kafka_settings, tmp_path)
     stream = None
     try:
-        path = c.write_spec(MODEL, replicas=1, resources={"cpu": 0.25})
-        c.start_control("cp-1")
-        c.start_agent("node-a")
-        c.wait_leader(60)
-        doc = yaml.safe_load(path.read_text())
-        status, body = http(c.api(), "POST", "/v1/models", yaml.safe_dump(doc))
-        assert status == 202, body
-        c.wait_ready(MODEL, 1, timeout=120)
+        doc, path = _running(c)
         spec = parse_spec(doc, topic_prefix=c.prefix)
         tag = f"ro{uuid.uuid4().hex[:6]}"
         stream = RequestStream(c.settings, spec.topics.requests, example_input(path), tag, rate_per_s=20).start()
-
-        canary = {**doc, "spec": {**doc["spec"], "model": {"name": MODEL, "version": "1.1.0"}, "rollout": ROLLOUT}}
-        status, body = http(c.api(), "POST", "/v1/models", yaml.safe_dump(canary))
-        assert status == 202 and body.get("rollout") == "Pending", body
-
-        def rollout():
-            return try_get(c.api(), f"/v1/rollouts/{MODEL}")
-
-        final = wait_for(lambda: (r := rollout()) and r["phase"] in ("Complete", "RolledBack", "Failed") and r, 240,
-                         lambda: f"the rollout finishes ({rollout()}); logs:\n{c.logs()}")
+        final = _roll(c, doc, ROLLOUT)
         sent = stream.stop()
         stream = None
         assert final["phase"] == "Complete", final["events"]
@@ -70,4 +80,27 @@ def test_an_agent_rollout_waits_for_a_ready_surge_replica_and_drains_one_at_a_ti
     finally:
         if stream is not None:
             stream.stop()
+        c.close()
+
+
+def test_a_new_version_that_never_gets_ready_fails_the_surge_with_the_replicas_reason(kafka_settings, tmp_path: Path):
+    """Its callable does not exist: the surge replica's worker never passes its readiness inference, so the
+    rollout fails at surgeTimeoutSeconds naming what the agent reported; the stable replica served throughout."""
+    c = Cluster(kafka_settings, tmp_path)
+    try:
+        doc, _path = _running(c)
+        backend = {**doc["spec"]["backend"], "callable": "models.fraud.rules:no_such_scorer"}
+        final = _roll(c, doc, {**ROLLOUT, "surgeTimeoutSeconds": 20}, backend=backend)
+        assert final["phase"] == "Failed" and final["weight_percent"] == 0, final["events"]
+        reason = final["reason"]
+        print(f"rollout failed: {reason}")  # shown with -s: what an operator reads
+        # named: the surge replica's crash as its agent reports it, or its FAILED cool-down on the node
+        assert "not ready within surgeTimeoutSeconds 20" in reason, reason
+        assert "replica 1 (1.1.0): " in reason or "FAILED on node-a" in reason, reason
+        assert "no_such_scorer" in reason, reason
+        # the surge replica is gone, the stable replica stayed READY
+        model = wait_for(lambda: (m := c.ready_model(MODEL, 1)) and len(m["replicas"]) == 1 and m, 60,
+                         lambda: f"1.0.0 alone: {c.model(MODEL)}")
+        assert [(r["replica_id"], r["version"]) for r in model["replicas"]] == [(f"{MODEL}-0", "1.0.0")]
+    finally:
         c.close()

@@ -621,8 +621,13 @@ class Controller:
             others = [d for d in demands if d.model != name]
             count = max(0, counts.get(name, int(snap.specs[name].sla.min_replicas)))
             trial = demands_from_spec(specs[ro.canary_version], count + 1)[-1]
-            fits = trial.replica_id in place([*demands, trial], inventory, current, excluded=self._excluded()).placements
-            plan = plan_capacity(self._capacity_inputs(snap, name, ro, count, fits))
+            tried = place([*demands, trial], inventory, current, excluded=self._excluded())
+            blocked = ""
+            if trial.replica_id not in tried.placements:
+                failed = [f"it FAILED on {node}: {cd.reason}" for (rid, node), cd in sorted(self.exclusions.items())
+                          if rid == trial.replica_id]
+                blocked = "; ".join(failed) or tried.unplaced[trial.replica_id].reason
+            plan = plan_capacity(self._capacity_inputs(snap, name, ro, count, not blocked, blocked))
             plans[name] = plan
             mine = [demands_from_spec(specs[version], idx + 1)[idx] for idx, version in enumerate(plan.versions)]
             demands = others + mine if plan.mode != "unmanaged" else demands
@@ -675,25 +680,28 @@ class Controller:
             del self._capacity_reported[gone]
 
     def _capacity_inputs(self, snap: StateSnapshot, name: str, ro: RolloutReplicas, count: int,
-                         fits: bool) -> CapacityInputs:
+                         fits: bool, blocked: str) -> CapacityInputs:
         prefix = f"{name}-"
         assigned: dict[int, str] = {}
         for info in self._published_view(snap).values():
             for a in info.replicas:
                 if a.model == name and a.replica_id.startswith(prefix) and a.replica_id[len(prefix):].isdigit():
                     assigned[int(a.replica_id[len(prefix):])] = a.version
-        ready = set()
+        ready, problems = set(), {}
         for hb in snap.heartbeats.values():
             for r in hb.replicas:
                 idx = r.replica_id[len(prefix):]
-                if (r.model == name and r.state == ReplicaState.READY and r.replica_id.startswith(prefix)
-                        and idx.isdigit() and assigned.get(int(idx)) == r.version):
+                if not (r.model == name and r.replica_id.startswith(prefix) and idx.isdigit()):
+                    continue
+                if r.state == ReplicaState.READY and assigned.get(int(idx)) == r.version:
                     ready.add(int(idx))
+                elif r.state != ReplicaState.READY and r.version == ro.canary_version:
+                    problems[int(idx)] = f"{r.state.value}" + (f": {r.reason}" if r.reason else "")
         decision = self.decisions.get(name)
         minimum = int(snap.specs[name].sla.min_replicas)
         demand = decision.needed if decision is not None and decision.needed is not None else minimum
         return CapacityInputs(ro.phase, ro.stable_version, ro.canary_version, count, min(max(0, demand), count),
-                              assigned, frozenset(ready), fits)
+                              assigned, frozenset(ready), fits, problems, blocked)
 
     def _excluded(self) -> dict[str, frozenset[str]]:
         """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""

@@ -31,7 +31,7 @@ the rollout ends.  The plan (``plan_capacity``):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 #: phases in which the stable version still has traffic (a new-version replica may be added, never stable ones removed)
 SURGE_PHASES = frozenset({"Pending", "Surging", "Canary", "Paused", "Promoting"})
@@ -55,8 +55,13 @@ class CapacityInputs:
     assigned: Mapping[int, str]
     #: replica indices whose agent reports them READY with their assigned version
     ready: frozenset[int]
-    #: a new-version replica fits in free GPU room without evicting anything (a trial placement)
+    #: a new-version replica fits in free room (GPU, CPU, memory) without evicting anything (a trial placement)
     surge_fits: bool
+    #: new-version replica index -> what its agent reports while it is not READY (``CRASHED: ...``)
+    problems: Mapping[int, str] = field(default_factory=dict)
+    #: why a surge replica does not fit now, when it does not (the placement's reason, or its cool-down after
+    #: it FAILED on the node)
+    surge_blocked: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,13 @@ class CapacityPlan:
     reason: str
     new_ready: int = 0  # new-version replicas READY
     drained: bool = False  # Draining: every replica runs the new version READY, no surge replica left
+    #: what the new-version replicas' agents report while none is READY (shown while waiting; not part of
+    #: ``reason``, whose changes are events: a crash-looping replica's counters would make one a pass)
+    detail: str = ""
+
+    @property
+    def waiting(self) -> str:
+        return f"{self.mode}: {self.reason}" + (f"; {self.detail}" if self.detail else "")
 
 
 def _ready_new(i: CapacityInputs, versions: tuple[str, ...]) -> int:
@@ -77,6 +89,12 @@ def _ready_new(i: CapacityInputs, versions: tuple[str, ...]) -> int:
 
 def plan_capacity(i: CapacityInputs) -> CapacityPlan:
     """The replica plan of a model in a rollout (module docstring)."""
+    plan = _plan(i)
+    troubles = [f"replica {idx} ({i.canary_version}): {why}" for idx, why in sorted(i.problems.items())]
+    return replace(plan, detail="; ".join(troubles)) if troubles and not plan.new_ready else plan
+
+
+def _plan(i: CapacityInputs) -> CapacityPlan:
     count = max(0, i.count)
     current = tuple(i.assigned.get(idx, i.stable_version) for idx in range(count))
     surge_running = i.assigned.get(count) == i.canary_version
@@ -90,20 +108,21 @@ def plan_capacity(i: CapacityInputs) -> CapacityPlan:
         raise ValueError(f"plan_capacity: no plan for phase {i.phase!r}")
     if surge_running or (i.canary_version not in current and i.surge_fits):
         versions = (*current, i.canary_version)
-        return CapacityPlan(versions, "surge", f"surge replica {count} ({i.canary_version}): GPU room for one "
-                                               f"more replica next to {count}", _ready_new(i, versions))
+        return CapacityPlan(versions, "surge", f"surge replica {count} ({i.canary_version}): room for one more "
+                                               f"replica next to {count}", _ready_new(i, versions))
     if i.canary_version in current:
-        return CapacityPlan(current, "replace", f"no GPU room for a surge replica: replica "
+        return CapacityPlan(current, "replace", f"no room for a surge replica: replica "
                                                 f"{current.index(i.canary_version)} replaced by {i.canary_version}",
                             _ready_new(i, current))
     if count == 0:
-        return CapacityPlan(current, "wait", "no replica to replace and no GPU room for a new one")
+        return CapacityPlan(current, "wait", "no replica to replace and no room for a new one")
+    no_room = "no room for a surge replica" + (f" ({i.surge_blocked})" if i.surge_blocked else "")
     if ready_now - 1 >= i.demand:
         versions = (*current[:-1], i.canary_version)
-        return CapacityPlan(versions, "replace", f"no GPU room for a surge replica: replica {count - 1} replaced by "
-                                                 f"{i.canary_version}", _ready_new(i, versions))
-    return CapacityPlan(current, "wait", f"no GPU room for a surge replica, and replacing one of {ready_now} READY "
-                                         f"replicas would leave {ready_now - 1} < demand {i.demand}")
+        return CapacityPlan(versions, "replace", f"{no_room}: replica {count - 1} replaced by {i.canary_version}",
+                            _ready_new(i, versions))
+    return CapacityPlan(current, "wait", f"{no_room}, and replacing one of {ready_now} READY replicas would leave "
+                                         f"{ready_now - 1} < demand {i.demand}")
 
 
 def _drain(i: CapacityInputs, current: tuple[str, ...], surge_running: bool, ready_now: int) -> CapacityPlan:

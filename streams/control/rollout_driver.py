@@ -189,7 +189,7 @@ class RolloutDriver:
             if plan.new_ready >= 1:
                 return r.surge_ready(now, f"{plan.new_ready} {r.canary_version} replica(s) READY after their "
                                           f"readiness inference ({plan.mode}: {plan.reason})")
-            return r.tick(now, waiting=f"{plan.mode}: {plan.reason}")
+            return r.tick(now, waiting=plan.waiting)
         if r.phase is Phase.CANARY:
             since = r.phase_since_ms
             return r.tick(now, self._windows.window(r.model, r.canary_version, since),

@@ -273,3 +273,14 @@ def test_draining_through_the_controller_replaces_one_replica_per_ready_report_t
     steps += [beat() for _ in range(3)]
     assert steps[1] == {"m-0": NEW, "m-1": NEW, "m-2": NEW}
     assert steps[2] == {"m-0": NEW, "m-1": NEW} and ctl.capacity["m"].drained
+
+
+def test_what_a_new_version_replica_reports_while_not_ready_is_named_but_is_not_part_of_the_reason():
+    base = inputs(assigned={0: OLD, 1: OLD, 2: OLD, 3: NEW}, ready={0, 1, 2})
+    quiet = plan_capacity(base)
+    noisy = plan_capacity(CapacityInputs(*[getattr(base, f) for f in (
+        "phase", "stable_version", "canary_version", "count", "demand", "assigned", "ready", "surge_fits")],
+        problems={3: "CRASHED: ImportError: models.fraud.rules has no score_v2 (restart 2)"}))
+    assert noisy.reason == quiet.reason and quiet.detail == ""  # the event text does not change per restart
+    assert noisy.detail == "replica 3 (1.1.0): CRASHED: ImportError: models.fraud.rules has no score_v2 (restart 2)"
+    assert noisy.waiting.endswith(noisy.detail)
