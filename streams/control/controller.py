@@ -56,6 +56,7 @@ from sie.streams.control.autoscaler import (
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.director import DirectorPolicy, Signal, Track, direct
+from sie.streams.control.host_memory import HostOverheads
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
@@ -332,8 +333,12 @@ class Controller:
         view: StateView | None = None,
         signals: SignalSource | None = None,
         rollouts: RolloutView | None = None,
+        overheads: HostOverheads | None = None,
     ) -> None:
         self.state = state
+        #: host memory a replica's process costs beyond its spec's memoryMb (SIE_PROCESS_OVERHEAD_MB,
+        #: SIE_MODEL_OVERHEAD_MB; ``host_memory`` module); default: the settings' defaults
+        self.overheads = overheads if overheads is not None else HostOverheads.defaults()
         self.view: StateView = view if view is not None else FreshView()
         #: None: no autoscaling (every model gets sla.min_replicas)
         self.signals = signals
@@ -621,7 +626,7 @@ class Controller:
             others = [d for d in demands if d.model != name]
             count = max(0, counts.get(name, int(snap.specs[name].sla.min_replicas)))
             trial = demands_from_spec(specs[ro.canary_version], count + 1)[-1]
-            tried = place([*demands, trial], inventory, current, excluded=self._excluded())
+            tried = place([*demands, trial], inventory, current, excluded=self._excluded(), overheads=self.overheads)
             blocked = ""
             if trial.replica_id not in tried.placements:
                 failed = [f"it FAILED on {node}: {cd.reason}" for (rid, node), cd in sorted(self.exclusions.items())
@@ -718,7 +723,7 @@ class Controller:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
         demands = self._rollout_demands(snap, self._demands(snap, counts), inventory, current, counts or {})
         plan = place(demands, inventory, current, excluded=self._excluded(),
-                     preempt=self.config.preemption)
+                     preempt=self.config.preemption, overheads=self.overheads)
         return self._explain_preemptions(self._explain_exclusions(plan))
 
     def _explain_preemptions(self, plan: PlacementPlan) -> PlacementPlan:
