@@ -142,6 +142,5 @@ def _drain(i: CapacityInputs, current: tuple[str, ...], surge_running: bool, rea
         return CapacityPlan(versions, "drain", f"replica {nxt} ({i.stable_version}, weight 0) replaced by "
                                                f"{i.canary_version}; {len(old) - 1} left", _ready_new(i, base))
     # every regular replica runs the new version READY: the surge replica (if any) stops now
-    return CapacityPlan(current, "drained", f"all {count} replicas run {i.canary_version}"
-                        + (" READY; surge replica stopped" if surge_running else " READY"),
-                        _ready_new(i, current), drained=True)
+    return CapacityPlan(current, "drained", f"all {count} replicas run {i.canary_version} READY (a surge replica "
+                                            f"stops)", _ready_new(i, current), drained=True)
