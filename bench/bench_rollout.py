@@ -146,7 +146,8 @@ def main() -> int:
              f"default steps 10/20/50/100 and gates except p99MaxMs 5000 (the echo SLA's 100 ms is below this machine's "
              f"p99), intervalSeconds {args.interval:g} (default 20: shortened)",
              "the scorer runs outside agents, so Surging ends on the in-process load (no agent replica plan: "
-             "the readiness gate on a new-version replica is tested in tests/streams/control/test_rollout_capacity.py)"]
+             "the readiness gate on a new-version replica is tested in tests/streams/control/test_rollout_capacity.py "
+             "and tests/test_rollout_e2e.py)"]
 
     ok = run(settings, "echo", args)
     r = ok["rollout"]
