@@ -231,6 +231,8 @@ class ControlService:
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics, view=self.feeder, signals=self.sampler,
                                      rollouts=self.rollouts, overheads=HostOverheads.from_settings(settings))
+        #: the rollout's readiness gate and drain: the replica plan the controller made this pass
+        self.rollouts.driver.capacity = lambda model: self.controller.capacity.get(model)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None

@@ -211,7 +211,8 @@ def build_status(
                  for v in views]
     desired = len(views)
     ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
-    not_ready = [v for v in views if v.state != ReplicaState.READY]
+    # READY on another version than placed (a replica being replaced by a new version) is not ready yet
+    not_ready = [v for v in views if v.state != ReplicaState.READY or v.actual_version not in (None, v.version)]
     if desired == ready:
         phase, reason = "Ready", None
     elif all(v.state == ReplicaState.UNSCHEDULABLE for v in views):

@@ -154,6 +154,7 @@ class Dispatcher:
                 return False
             job.attempts += 1
             job.endpoint = endpoint.url
+            sent = self._clock()
             try:
                 response = self._client.post(endpoint.url + path, json=job.body)
             except httpx.HTTPError as exc:  # refused, reset, timed out, protocol error: the server's fault
@@ -185,7 +186,7 @@ class Dispatcher:
             if status != 200:  # 503 starting/stopping, 404/401/403 misconfigured: not this request's fault
                 pool.failed(endpoint, f"HTTP {status}")
                 continue
-            pool.release(endpoint)
+            pool.release(endpoint, self._clock() - sent)
             try:
                 job.generation = self.protocol.parse(response.json())
             except ValueError:  # not JSON

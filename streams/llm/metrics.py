@@ -4,7 +4,9 @@
 (a generation redone after a crash is counted once, when its result becomes visible);
 ``sie_llm_in_flight`` and ``sie_llm_endpoints_in_service`` are gauges; ``sie_llm_generation_seconds``
 is one request's time from dispatch to answer (retries on other endpoints included);
-``sie_llm_txn_seconds`` is one commit of the window's prefix (produce + offsets + commit).
+``sie_llm_txn_seconds`` is one commit of the window's prefix (produce + offsets + commit);
+``sie_llm_director_decisions_total{endpoint,action}`` and ``sie_llm_endpoint_weight{endpoint}`` show the
+traffic director's work.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ class LLMMetrics:
                                     ["model_id"], buckets=_GEN_BUCKETS, registry=registry).labels(model_id)
         self.txn = Histogram("sie_llm_txn_seconds", "One transaction of the window's finished prefix.",
                              ["model_id"], buckets=_TXN_BUCKETS, registry=registry).labels(model_id)
+
+        self.director = Counter("sie_llm_director_decisions", "Traffic director decisions, by endpoint and action.",
+                                ["model_id", "endpoint", "action"], registry=registry)
+        self.weight = Gauge("sie_llm_endpoint_weight", "An endpoint's weight in the pool (configured x director).",
+                            ["model_id", "endpoint"], registry=registry)
 
     def add_tokens(self, prompt: int, completion: int) -> None:
         if prompt:
