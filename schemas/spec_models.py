@@ -24,6 +24,14 @@ PriorityLevel = Literal["P0", "P1", "P2"]
 BACKEND_TYPES: tuple[str, ...] = ("torch", "python", "sglang")
 #: backends whose replicas may share a multi-model worker process (issue 16); sglang stays one server a replica
 SHARED_PROCESS_BACKENDS: frozenset[str] = frozenset({"torch", "python"})
+
+
+def may_share_process(priority: str, backend: str, gpus: int) -> bool:
+    """THE rule for which replicas may run in a shared multi-model worker process (placement's memory count
+    and the agent's launch both ask it): P1/P2 only (a P0 model gets a process of its own: a neighbour's hang
+    or crash must not reach the low-latency tier), only backends that can share (torch, python; an sglang
+    replica is a server of its own) and only models that take no whole GPU (a whole-GPU model is not small)."""
+    return priority != "P0" and backend in SHARED_PROCESS_BACKENDS and gpus == 0
 FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
 PRIORITY_LEVELS: tuple[str, ...] = ("P0", "P1", "P2")
 SERVICE_TYPES_KNOWN: tuple[str, ...] = ("scoring", "ner", "classification", "embedding", "generation")

@@ -65,6 +65,9 @@ class LaunchSpec:
     #: a worker's own arguments (argv after ``-m sie.workers.worker_main``): a warm-pool worker can take this
     #: launch instead of a new process (``sie.workers.warm_pool``); None: only a new process will do
     warm_args: tuple[str, ...] | None = None
+    #: the (checked, localized) spec document of a replica a shared multi-model process may host instead of a
+    #: worker of its own (``sie.workers.agent.shared``); None: a process of its own
+    shared_spec: Mapping[str, Any] | None = None
 
 
 class ProcessHandle(Protocol):

@@ -124,6 +124,7 @@ class Supervisor:
         self.policy = policy or SupervisorPolicy()
         self.table = ReplicaTable()
         self._changes: list[ReplicaSnapshot] = []
+        #: by handle (``id``): replicas sharing one multi-model process share its pid
         self._kill_reasons: dict[int, str] = {}
 
     # -- target ----------------------------------------------------------------
@@ -225,23 +226,23 @@ class Supervisor:
             replica.drain_deadline = now + policy.drain_grace_s
             self._transition(replica, ReplicaState.DRAINING, "draining: SIGTERM sent")
         elif replica.state == ReplicaState.DRAINING:
-            if now >= replica.drain_deadline and replica.pid not in self._kill_reasons:
+            if now >= replica.drain_deadline and id(replica.handle) not in self._kill_reasons:
                 self._kill(replica, f"drain took longer than {policy.drain_grace_s:g}s")
         elif replica.state == ReplicaState.STARTING:
-            if now - replica.started_at > policy.startup_timeout_s and replica.pid not in self._kill_reasons:
+            if now - replica.started_at > policy.startup_timeout_s and id(replica.handle) not in self._kill_reasons:
                 self._kill(replica, f"not ready within {policy.startup_timeout_s:g}s (readiness inference never passed)")
         elif replica.state == ReplicaState.READY:
-            if now - replica.last_progress_at > policy.liveness_timeout_s and replica.pid not in self._kill_reasons:
+            if now - replica.last_progress_at > policy.liveness_timeout_s and id(replica.handle) not in self._kill_reasons:
                 self._kill(replica, f"hung: no progress report for {policy.liveness_timeout_s:g}s")
 
     def _kill(self, replica: ActualReplica, why: str) -> None:
         log.warning("replica %s (pid %s): %s; sending SIGKILL", replica.replica_id, replica.pid, why)
-        self._kill_reasons[replica.pid] = why
+        self._kill_reasons[id(replica.handle)] = why
         replica.handle.kill()
 
     def _on_exit(self, replica: ActualReplica, exit_info: ExitInfo, now: float) -> None:
         replica.exit = exit_info
-        kill_reason = self._kill_reasons.pop(replica.pid, None)
+        kill_reason = self._kill_reasons.pop(id(replica.handle), None)
         replica.handle = None
         if replica.state == ReplicaState.DRAINING:
             why = "drained" if exit_info.exit_code == 0 else f"drained ({kill_reason or exit_info.cause})"

@@ -200,6 +200,10 @@ class Settings(BaseSettings):
                     "request's result (its metadata copied in) has room.")
 
     # --- Multi-model worker processes (sie.workers.shared, docs/density.md) -------------------------------
+    shared_processes: int = Field(
+        0, ge=0, description="Models one shared multi-model worker process of a node agent hosts (P1/P2 torch/python "
+                             "models without whole GPUs; docs/density.md). 0 (default): every replica runs in a "
+                             "worker process of its own. The agent reports it in heartbeats (shared_process_slots).")
     shared_process_threads: int = Field(
         2, ge=1, description="torch intra-op threads of one multi-model worker process, shared by all its models "
                              "(torch.set_num_threads): one busy model cannot take every core of the node.")

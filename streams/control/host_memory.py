@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sie.schemas.spec_models import SHARED_PROCESS_BACKENDS
+from sie.schemas.spec_models import may_share_process
 from sie.streams.control.demand import ReplicaDemand
 from sie.streams.control.inventory import NodeState
 
@@ -53,19 +53,10 @@ class HostOverheads:
 
 
 def shares_process(demand: ReplicaDemand, node: NodeState) -> bool:
-    """Does ``demand`` run in a shared multi-model process on ``node``?
-
-    Only where the node's agent runs shared processes (``process_slots > 0``), only P1/P2 (a P0 model gets a
-    process of its own: a neighbour's hang or crash must not reach the low-latency tier), only backends that
-    can share (torch, python; an sglang replica is a server of its own) and only models that take no whole
-    GPU (a whole-GPU model is not small).
-    """
-    return (
-        bool(node.process_slots)
-        and demand.priority != "P0"
-        and demand.backend in SHARED_PROCESS_BACKENDS
-        and demand.gpus == 0
-    )
+    """Does ``demand`` run in a shared multi-model process on ``node``?  Only where the node's agent runs
+    shared processes (``process_slots > 0``) and only replicas ``may_share_process`` allows (the agent's
+    launcher asks the same rule)."""
+    return bool(node.process_slots) and may_share_process(demand.priority, demand.backend, demand.gpus)
 
 
 def process_overhead_mb(demand: ReplicaDemand, node: NodeState, overheads: HostOverheads) -> int:

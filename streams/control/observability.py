@@ -7,7 +7,8 @@ endpoints nobody serves, and numbers nobody measures any more.
 
 ``prometheus_targets`` is Prometheus' ``http_sd`` format (``GET /v1/prometheus/targets``): one target
 group per endpoint, labelled ``sie_component`` (agent / scorer), ``sie_node``, and for a scorer
-``sie_replica`` and ``sie_model``.  The ``sie_`` prefix keeps them apart from the labels the
+``sie_replica`` and ``sie_model`` (a shared multi-model process, which serves one /metrics for all of
+its models, is one target labelled ``sie_process`` instead).  The ``sie_`` prefix keeps them apart from the labels the
 endpoints export themselves (``node``, ``model_id``), which Prometheus would otherwise rename.
 """
 
@@ -32,10 +33,19 @@ def prometheus_targets(snap: StateSnapshot, now: float, timeout_s: float) -> lis
             continue
         if hb.metrics_address:
             groups.append({"targets": [hb.metrics_address], "labels": {"sie_component": "agent", "sie_node": node}})
+        shared: set[str] = set()
         for r in sorted(hb.replicas, key=lambda r: r.replica_id):
-            if r.metrics_address and r.state in _SERVING:
-                groups.append({"targets": [r.metrics_address], "labels": {
-                    "sie_component": "scorer", "sie_node": node, "sie_replica": r.replica_id, "sie_model": r.model}})
+            if not r.metrics_address or r.state not in _SERVING:
+                continue
+            if r.process and not r.process.startswith("pid-"):
+                # a shared multi-model process: ONE /metrics for all its models (series carry model_id), one target
+                if r.metrics_address not in shared:
+                    shared.add(r.metrics_address)
+                    groups.append({"targets": [r.metrics_address], "labels": {
+                        "sie_component": "scorer", "sie_node": node, "sie_process": r.process}})
+                continue
+            groups.append({"targets": [r.metrics_address], "labels": {
+                "sie_component": "scorer", "sie_node": node, "sie_replica": r.replica_id, "sie_model": r.model}})
     return groups
 
 

@@ -96,6 +96,7 @@ class WorkerCommandBuilder:
         artifacts: Any = None,
         metrics_ports: MetricsPorts | None = None,
         live_replicas: Callable[[], Iterable[str]] = tuple,
+        shared_processes: int = 0,
     ) -> None:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
@@ -113,6 +114,8 @@ class WorkerCommandBuilder:
         self.real_gpus = real_gpus
         self.metrics_ports = metrics_ports or MetricsPorts()
         self._live_replicas = live_replicas
+        #: models one shared multi-model process hosts (``SIE_SHARED_PROCESSES``); 0: none is shared
+        self.shared_processes = shared_processes
 
     def _check(self, desired: DesiredReplica, spec_doc: Any) -> None:
         """The node's spec policy, exactly as the API applies it; a refusal names the field."""
@@ -184,12 +187,27 @@ class WorkerCommandBuilder:
             "--replica-id", desired.replica_id,
             "--progress-interval", str(self.progress_interval_s),
         )
+        shared = module == WORKER_MODULE and self.shared_processes > 0 and may_share(spec_doc)
         if module == WORKER_MODULE:  # a connector replica is CPU-only and serves no /metrics of its own
-            port = self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
+            # a shared replica is served by its process's /metrics (``sie.workers.agent.shared``)
+            port = None if shared else self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
             args += ("--gpu-indices", ",".join(str(i) for i in desired.gpu_indices),
                      "--gpu-memory-mb", str(desired.gpu_memory_mb),
                      *(("--metrics-port", str(port)) if port is not None else ()))
         return LaunchSpec(name=desired.replica_id, argv=(self.python, "-P", "-m", module, *args), env=env,
                           cwd=str(directory), log_path=directory / "worker.log",
                           # a warm-pool worker (a scorer worker with the runtime imported) may take this launch
-                          warm_args=args if module == WORKER_MODULE else None)
+                          warm_args=args if module == WORKER_MODULE else None,
+                          shared_spec=spec_doc if shared else None)
+
+
+def may_share(spec_doc: dict[str, Any]) -> bool:
+    """May this model's replica run in a shared multi-model process (``may_share_process``, the rule
+    placement counts memory by)?  A document that does not parse never shares."""
+    from sie.schemas.spec_models import ModelService, may_share_process
+
+    try:
+        spec = ModelService.from_document(spec_doc)
+    except (ValueError, TypeError):
+        return False
+    return may_share_process(spec.priority_level, spec.backend.type, spec.resources.gpus)

@@ -45,6 +45,7 @@ from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
 from sie.workers.agent.artifacts import ArtifactFetcher
 from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
+from sie.workers.agent.shared import SharedLauncher, SharedProcesses, live_process_ids
 from sie.workers.metrics import AgentMetrics
 from sie.workers.process import ProcessLauncher, SubprocessLauncher
 from sie.workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
@@ -121,7 +122,8 @@ class Agent:
             spec_policy=policy,
             artifacts=self.artifacts,
             metrics_ports=MetricsPorts(config.worker_metrics_ports),
-            live_replicas=lambda: [r.replica_id for r in self.supervisor.table.all() if r.state.has_process],
+            live_replicas=self._live_ids,
+            shared_processes=settings.shared_processes,
         )
         #: where Prometheus reaches this node's /metrics endpoints (the control plane's service discovery)
         self.advertise_host = settings.metrics_host
@@ -135,6 +137,17 @@ class Agent:
                                  python=self.commands.python, clock=self._clock,
                                  refill_delay_s=config.warm_pool_refill_s)
             launcher = PooledLauncher(self.pool, launcher)
+        #: shared multi-model worker processes (``SIE_SHARED_PROCESSES`` > 0): small models' replicas go there
+        self.shared: SharedProcesses | None = None
+        if settings.shared_processes > 0:
+            ports = self.commands.metrics_ports
+            self.shared = SharedProcesses(
+                settings.shared_processes, config.node_work_dir(settings), self.commands.python,
+                {**self.commands.base_env, "PYTHONUNBUFFERED": "1",
+                 **({"CUDA_VISIBLE_DEVICES": ""} if config.simulate_gpus else {})},
+                metrics_port=lambda pid: ports.port_for(pid, self._live_ids()),
+                clock=self._clock.monotonic)
+            launcher = SharedLauncher(self.shared, launcher)
         # real GPUs: a replica waits for GPU memory still held by a draining one (simulated GPUs hold nothing)
         capacity = None if config.simulate_gpus else {g.index: g.memory_total_mb for g in self.inventory.gpus}
         self.supervisor = Supervisor(launcher, self.commands, self._clock, config.policy, gpu_capacity_mb=capacity)
@@ -157,6 +170,11 @@ class Agent:
         self._next_heartbeat = 0.0
         self._started_at_ms = _now_ms()
         self.ready = threading.Event()  # set once registered and consuming (tests wait on it)
+
+    def _live_ids(self) -> list[str]:
+        """Replicas with a process and running shared processes: their /metrics ports stay taken."""
+        live = [r.replica_id for r in self.supervisor.table.all() if r.state.has_process]
+        return live + list(live_process_ids(self.shared))
 
     # -- lifecycle -------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -181,6 +199,8 @@ class Agent:
         self._guard("supervisor", self._supervise)
         if self.pool is not None:
             self._guard("warm_pool", self.pool.maintain)
+        if self.shared is not None:
+            self._guard("shared_processes", self.shared.maintain)
         if self._clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self._clock.monotonic() + self.config.heartbeat_s
             self._guard("heartbeat", self._heartbeat)
@@ -350,7 +370,9 @@ class Agent:
         warm, reserved = (self.pool.ready(), self.pool.memory_mb()) if self.pool is not None else (0, 0)
         record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
                                     self.advertise_host, self.metrics_port, warm, reserved,
-                                    memory_total_mb=probed.memory_mb, memory_available_mb=probed.memory_available_mb)
+                                    memory_total_mb=probed.memory_mb, memory_available_mb=probed.memory_available_mb,
+                                    shared_process_slots=self.settings.shared_processes,
+                                    processes=self.shared.by_replica() if self.shared is not None else None)
         self._produce("heartbeats", self.config.node, "Heartbeat", record)
         self.metrics.heartbeats.labels(self.config.node).inc()
         self.metrics.observe_gpus(gpus)
@@ -385,4 +407,6 @@ class Agent:
             if len(self.supervisor.table) == 0:
                 break
             time.sleep(0.05)  # production loop pacing (not test synchronisation)
+        if self.shared is not None:
+            self._guard("shared_processes", self.shared.close)
         self._guard("heartbeat", self._heartbeat)

@@ -37,13 +37,14 @@ from prometheus_client.registry import Collector
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.schemas.replica_state import ReplicaState
+from sie.schemas.spec_models import SHARED_PROCESS_BACKENDS
 from sie.workers.shared.desired import HEALTH_FILE, DesiredModel, read_desired, write_atomic
 from sie.workers.shared.lane import Lane
 
 log = logging.getLogger("sie.shared")
 
-#: backends a shared process hosts (sglang runs its own server process per replica)
-SHARED_BACKENDS = frozenset({"torch", "python"})
+#: backends a shared process hosts (sglang runs its own server process per replica): the schema's one list
+SHARED_BACKENDS = SHARED_PROCESS_BACKENDS
 
 
 class LaneMetrics(Collector):

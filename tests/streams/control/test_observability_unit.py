@@ -57,6 +57,17 @@ def test_targets_list_online_agents_and_their_serving_workers_only():
     assert by_address["b:9400"] == {"sie_component": "agent", "sie_node": "b"}
 
 
+def test_a_shared_process_is_one_target_whatever_the_number_of_its_models():
+    state = ClusterState()
+    state.apply_heartbeat({"node": "a", "ts_ms": 0, "seq": 1, "gpus": [], "metrics_address": None, "replicas": [
+        {**_report("m1-0", "READY", "a:41000"), "process": "shared-0"},
+        {**_report("m2-0", "STARTING", "a:41000"), "process": "shared-0"},
+        {**_report("big-0", "READY", "a:40001"), "process": "pid-7"}]}, seen_at=NOW)
+    targets = prometheus_targets(state.snapshot(), NOW, timeout_s=10)
+    assert [g["targets"][0] for g in targets] == ["a:40001", "a:41000"]
+    assert targets[1]["labels"] == {"sie_component": "scorer", "sie_node": "a", "sie_process": "shared-0"}
+
+
 def test_model_numbers_sum_lag_and_take_the_worst_p99_of_online_nodes():
     numbers = model_numbers(_state().snapshot(), NOW, timeout_s=10)
     assert numbers["fraud"] == {"lag": 12, "p99_ms": 35.0, "reporting": 2}
