@@ -1,11 +1,13 @@
 """A real node agent with ``SIE_SHARED_PROCESSES=4`` on the real broker: two P1 models go into ONE shared
 multi-model process (sie.workers.agent.shared), both READY and answering; the heartbeat names the same
 ``process`` for both; removing one model from the assignment drains it while the other keeps answering in
-the same process."""
+the same process.  A SIGKILL of the shared process crashes both replicas and restarts the process once."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -68,8 +70,21 @@ def test_two_small_models_share_one_process_and_one_leaves_without_stopping_the_
         assert reps["rules-a-0"]["process"] == reps["rules-b-0"]["process"] == "shared-0"
         assert reps["rules-a-0"]["pid"] == reps["rules-b-0"]["pid"]
         assert reps["rules-a-0"]["metrics_address"] == reps["rules-b-0"]["metrics_address"] is not None
-        shared_pid = reps["rules-a-0"]["pid"]
         assert _scores(settings, a, "a1") == 5 and _scores(settings, b, "b1") == 5
+
+        # SIGKILL the shared process: both replicas CRASHED, the process restarted ONCE, both READY again in it
+        os.kill(reps["rules-a-0"]["pid"], signal.SIGKILL)
+        for rid in ("rules-a-0", "rules-b-0"):
+            crashed = wait_until(lambda rid=rid: status.find(replica_id=rid, state="CRASHED"), timeout=15,
+                                 message=f"{rid} CRASHED")[0]
+            assert "shared process shared-0" in crashed["reason"] and "SIGKILL" in crashed["reason"], crashed
+            wait_until(lambda rid=rid: [v for v in status.find(replica_id=rid, state="READY") if v["restarts"] == 1],
+                       timeout=60, message=f"{rid} READY again")
+        assert agent.shared is not None and agent.shared.processes["shared-0"].starts == 2
+        assert len(agent.shared.processes) == 1
+        pids = {agent.supervisor.table.current(rid).pid for rid in ("rules-a-0", "rules-b-0")}  # type: ignore[union-attr]
+        assert len(pids) == 1 and reps["rules-a-0"]["pid"] not in pids
+        shared_pid = pids.pop()
 
         # rules-a leaves: its lane drains in the shared process, which keeps serving rules-b
         publish_assignment(settings, "n1", 2, [_assignment(b)])
@@ -78,7 +93,7 @@ def test_two_small_models_share_one_process_and_one_leaves_without_stopping_the_
         assert stopped["exit_code"] == 0, stopped
         assert _scores(settings, b, "b2") == 5
         current = agent.supervisor.table.current("rules-b-0")
-        assert current is not None and current.pid == shared_pid and current.restarts == 0
+        assert current is not None and current.pid == shared_pid and current.restarts == 1
         assert agent.shared is not None and agent.shared.by_replica() == {"rules-b-0": "shared-0"}
     finally:
         stop.set()
