@@ -34,11 +34,11 @@ def _desired(rid: str, doc: dict[str, Any]) -> DesiredReplica:
                           gpu_indices=(), gpu_memory_mb=0, epoch=1)
 
 
-def _health(state_dir: Path, lanes: dict[str, str], *, at: float | None = None, port: int = 9123,
+def _health(state_dir: Path, lanes: dict[str, str], *, at: float | None = None, port: int = 9123, rss: float = 600.0,
             draining: tuple[str, ...] = (), refused: dict[str, str] | None = None, **lane: Any) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(state_dir / HEALTH_FILE, {
-        "at": time.time() if at is None else at, "metrics_port": port,
+        "at": time.time() if at is None else at, "metrics_port": port, "rss_mb": rss,
         "lanes": {rid: {"state": state, "records": 7, "lag": 0, "p99_ms": 1.5, "rate": 2.0,
                         "last_error": lane.get("last_error")} for rid, state in lanes.items()},
         "draining": {rid: {} for rid in draining}, "refused": refused or {},
@@ -167,3 +167,13 @@ def test_a_crashed_shared_process_crashes_every_replica_and_is_restarted_once(ri
     _health(state_dir, {"m0-0": "READY", "m1-0": "READY"})
     sup.update()
     assert {(s.state, s.restarts) for s in sup.snapshots()} == {(ReplicaState.READY, 1)}
+
+
+def test_the_runtime_of_a_shared_process_is_reported_as_held_memory(rig: dict[str, Any]) -> None:
+    builder = WorkerCommandBuilder(rig["dir"] / "r", base_env={}, shared_processes=2)
+    a, _b = (rig["launcher"].start(builder(_desired(f"m{i}-0", _doc(name=f"m{i}")))) for i in range(2))
+    assert rig["pool"].held_memory_mb(25) == 0, "no health yet: nothing measured"
+    _health(rig["dir"] / "shared" / "shared-0", {"m0-0": "READY", "m1-0": "READY"}, rss=1000.0)
+    a.events()  # the health is read
+    # placement charges each replica its declared 256 MiB + 25 MiB: the rest of the RSS is the runtime
+    assert rig["pool"].held_memory_mb(25) == 1000 - 2 * (256 + 25)

@@ -368,6 +368,8 @@ class Agent:
         gpus = self._gpu_metrics(snapshots, probed)
         self._seq += 1
         warm, reserved = (self.pool.ready(), self.pool.memory_mb()) if self.pool is not None else (0, 0)
+        if self.shared is not None:  # the shared processes' runtimes: placement charges their models only
+            reserved += self.shared.held_memory_mb(self.settings.model_overhead_mb)
         record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
                                     self.advertise_host, self.metrics_port, warm, reserved,
                                     memory_total_mb=probed.memory_mb, memory_available_mb=probed.memory_available_mb,

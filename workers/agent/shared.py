@@ -179,6 +179,20 @@ class SharedProcesses:
                 proc.stopping = True
                 proc.handle.terminate()
 
+    def held_memory_mb(self, per_model_mb: int) -> int:
+        """Host memory the running shared processes hold beyond what placement charges their replicas (each
+        replica: its declared ``memoryMb`` + ``SIE_MODEL_OVERHEAD_MB``): the runtime of each process, which
+        placement does not split among its models, so the agent reports it as held (``reserved_memory_mb``).
+        From each process's own ``rss_mb`` in its health (0 before its first health)."""
+        held = 0
+        for proc in self.processes.values():
+            rss = proc._health.get("rss_mb") if proc.running else None
+            if not isinstance(rss, (int, float)) or isinstance(rss, bool):
+                continue
+            charged = sum(per_model_mb + _declared_mb(spec) for spec in proc.members.values())
+            held += max(0, int(rss) - charged)
+        return held
+
     def by_replica(self) -> dict[str, str]:
         """replica id -> the id of the shared process hosting it (heartbeats' ``process``)."""
         return {rid: proc.process_id for proc in self.processes.values() for rid in proc.members}
@@ -196,6 +210,11 @@ class SharedProcesses:
                 handle.kill()
 
 
+def _declared_mb(spec: dict[str, Any]) -> int:
+    memory = (spec.get("resources") or {}).get("memory_mb") if isinstance(spec.get("resources"), dict) else None
+    return memory if type(memory) is int and memory > 0 else 0
+
+
 class SharedHandle:
     """One replica hosted in a shared process, as the supervisor's ``ProcessHandle`` (module docstring)."""
 
@@ -205,7 +224,7 @@ class SharedHandle:
         self._pool = pool
         self._proc = proc
         #: the incarnation this replica was placed in: its exit is this replica's exit, even once restarted
-        self._process = process
+        self._process: ProcessHandle = process
         self.replica_id = replica_id
         self.pid = process.pid
         self.process_id = proc.process_id
