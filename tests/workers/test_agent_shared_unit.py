@@ -92,6 +92,8 @@ def test_lane_states_become_ready_then_progress_events(rig: dict[str, Any]) -> N
     state_dir = rig["dir"] / "shared" / "shared-0"
     assert handle.events() == [] and handle.poll() is None  # no health yet
     _health(state_dir, {"m-0": "STARTING"}, at=1.0)
+    assert [e["event"] for e in handle.events()] == ["loading"]
+    _health(state_dir, {"m-0": "STARTING"}, at=1.5)
     assert handle.events() == []
     _health(state_dir, {"m-0": "READY"}, at=2.0)
     ready = handle.events()

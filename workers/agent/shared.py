@@ -10,6 +10,7 @@ drain, liveness and crash reasons stay the supervisor's, one rule for dedicated 
 
 What a ``SharedHandle`` reports, read from the process's ``health.json`` (rewritten every tick):
 
+    lane STARTING (first)    -> {"event": "loading"}
     lane READY (first time)  -> {"event": "ready", "metrics_port": <the process's /metrics>}
     health rewritten         -> {"event": "progress", records, lag, p99_ms, rate}   (liveness)
     lane CRASHED             -> {"event": "error", detail}  (the lane's own thread restarts it)
@@ -113,8 +114,9 @@ class SharedProcesses:
     def _pick(self, replica_id: str) -> SharedProcess:
         """A running process with a free slot (the fullest: fewer processes), else a stopped one (its restart,
         reusing its id), else a new one."""
-        for proc in self.processes.values():
-            proc.members.pop(replica_id, None)  # a relaunch of a replica moves it, never doubles it
+        for proc in self.processes.values():  # a relaunch of a replica moves it, never doubles it
+            if proc.members.pop(replica_id, None) is not None and proc.running:
+                proc.write_members()
         running = [p for p in self.processes.values()
                    if p.running and not p.stopping and not p.sealed and len(p.members) < self.slots]
         if running:
@@ -228,7 +230,7 @@ class SharedHandle:
         self.replica_id = replica_id
         self.pid = process.pid
         self.process_id = proc.process_id
-        self._ready = False
+        self._ready = self._loading = False
         self._seen_at: Any = None
         self._removed_at: float | None = None  # wall time of terminate (health "at" is wall time)
         self._exit: ExitInfo | None = None
@@ -276,6 +278,9 @@ class SharedHandle:
         self._seen_at = at
         state = lane.get("state")
         numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate")}
+        if state == "STARTING" and not self._loading:
+            self._loading = True
+            return [{"event": "loading", "pid": self.pid, "replica": self.replica_id, "model": lane.get("model")}]
         if state == "READY" and not self._ready:
             self._ready = True
             return [{"event": "ready", "metrics_port": health.get("metrics_port"), **numbers}]
