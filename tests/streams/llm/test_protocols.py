@@ -73,7 +73,7 @@ def test_config_from_spec_and_its_errors():
                     commit_interval_ms=50)
     assert uses_window(spec)
     cfg = LLMConfig.from_backend_config(spec.backend.config)
-    assert cfg.endpoints == (("http://a:1", 8, 1.0), ("http://b:2", 32, 2.0))
+    assert cfg.endpoints == (("http://a:1", 8, 1.0, 0), ("http://b:2", 32, 2.0, 0))
     assert cfg.capacity == 40 and cfg.pending_limit == 640 and cfg.commit_interval_s == 0.05
     with pytest.raises(ConfigError, match=r"endpoints\[0\].url"):
         LLMConfig.from_backend_config({"endpoints": ["ftp://x"]})

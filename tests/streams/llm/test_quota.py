@@ -1,14 +1,18 @@
-"""Per-caller quotas (policy reject) on a fake clock, and in the scorer: the caller over its quota gets
-quota_exceeded dead letters, the other keeps being answered."""
+"""Per-caller quotas on a fake clock (buckets, the token estimate, the replica's share, the fair queue of
+policy delay), and in the scorer: with reject the caller over its quota gets quota_exceeded dead letters
+and the other keeps being answered; with delay nothing is dead-lettered and the other is not held."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import orjson
 import pytest
 
 from sie.kernel.errors import ConfigError
+from sie.streams.llm.dispatch import Job
+from sie.streams.llm.fair import FairQueue
 from sie.streams.llm.quota import Quotas
 from tests.helpers import wait_until
 from tests.llm_fixtures import Harness, ids, sglang_answer
@@ -52,7 +56,8 @@ def test_the_caller_is_read_from_the_configured_path():
 
 
 @pytest.mark.parametrize("cfg, match", [
-    ({"policy": "delay"}, "only 'reject'"),
+    ({"policy": "later"}, "must be one of reject, delay"),
+    ({"policy": "delay", "max_delay_s": -1}, "max_delay_s: must be a number > 0"),
     ({"requests_per_s": 0}, "requests_per_s: must be a number > 0"),
     ({"caller": "inputs.x"}, "outside inputs"),
     ({"callers": {"a": {"tokens_per_s": "lots"}}}, r"callers.a.tokens_per_s"),
@@ -83,3 +88,94 @@ def test_a_caller_over_its_quota_is_dead_lettered_and_the_other_is_answered():
         h.stop.set()
 
 
+
+
+def test_taking_a_request_charges_the_callers_mean_tokens_and_the_answer_corrects_it():
+    clock = Clock()
+    q = Quotas({"tokens_per_s": 100}, clock)
+    assert q.take("a") == 0.0  # nothing known yet
+    q.charge("a", 40, 0.0)
+    assert q.take("a") == 40.0  # the estimate: charged up front, so C requests cannot start on an empty charge
+    assert q.wait_s("a") == 0 and q.take("a") == 40.0  # 100 - 40 - 40 - 40 = -20: in debt
+    assert q.wait_s("a") == pytest.approx(0.2)
+    q.charge("a", 10, 40.0)  # the answer used fewer: 30 refunded
+    assert q.wait_s("a") == 0
+
+
+def test_a_replicas_share_scales_every_quota():
+    clock = Clock()
+    q = Quotas({"requests_per_s": 4}, clock)
+    q.set_share(0.5)  # half the topic's partitions: half of each quota
+    assert [q.admit("a") is None for _ in range(3)] == [True, True, False]
+    clock.now += 0.5  # 2/s: one request refilled
+    assert q.admit("a") is None and q.admit("a") is not None
+    q.set_share(1.0)
+    clock.now += 0.25
+    assert q.admit("a") is None
+
+
+def _job(i: int) -> Job:
+    return Job(("t", 0), i, 0, None, {})
+
+
+def test_the_fair_queue_serves_callers_in_turn_and_skips_one_over_quota():
+    clock = Clock()
+    q = Quotas({"callers": {"greedy": {"requests_per_s": 2}}}, clock)
+    fair = FairQueue(q, max_delay_s=30, max_delayed=100, clock=clock)
+    for i in range(10):
+        fair.hold(_job(i), "greedy")
+    for i in range(10, 14):
+        fair.hold(_job(i), "polite")
+    first = fair.release(room=4)  # greedy, polite in turn: greedy's deep backlog does not go first
+    assert [r.caller for r in first] == ["greedy", "polite", "greedy", "polite"]
+    second = fair.release(room=10)  # greedy is out of requests for now: polite is not held behind it
+    assert [r.caller for r in second] == ["polite", "polite"]
+    assert fair.size == 8 and fair.release(room=10) == []
+    clock.now += 0.5  # greedy refilled one request
+    assert [r.job.offset for r in fair.release(room=10)] == [2]
+    assert fair.overruns == 0
+
+
+def test_held_requests_go_at_the_delay_limits_and_count_as_overruns():
+    clock = Clock()
+    q = Quotas({"callers": {"greedy": {"requests_per_s": 1}}}, clock)
+    fair = FairQueue(q, max_delay_s=5, max_delayed=3, clock=clock)
+    for i in range(5):
+        fair.hold(_job(i), "greedy")
+    out = fair.release(room=0)  # over max_delayed: the two oldest go, whatever the room (the first in quota)
+    assert [r.job.offset for r in out] == [0, 1] and [r.overrun for r in out] == [False, True]
+    clock.now += 5  # the rest are held max_delay_s: sent (the first within the refilled bucket of 1)
+    out = fair.release(room=0)
+    assert [r.job.offset for r in out] == [2, 3, 4] and [r.overrun for r in out] == [False, True, True]
+    assert fair.size == 0 and fair.overruns == 3
+    fair.hold(_job(9), "greedy")
+    assert fair.drop(lambda job: job.offset != 9) == 1 and fair.size == 0
+
+
+def test_with_delay_the_caller_over_quota_is_held_not_dead_lettered_and_the_other_is_not_held():
+    def value(i: int, caller: str) -> bytes:
+        return orjson.dumps({"id": f"{caller}{i}", "inputs": {"question": f"q{i}"}, "metadata": {"caller": caller}})
+
+    sent: dict[str, list[float]] = {"greedy": [], "polite": []}
+
+    def handler(request):
+        number = int(orjson.loads(orjson.loads(request.read())["text"])["question"][1:])
+        sent["greedy" if number % 2 else "polite"].append(time.monotonic())
+        return sglang_answer(request)
+
+    values = [value(i, "greedy" if i % 2 else "polite") for i in range(40)]
+    h = Harness(values, handler, partitions=2,  # each answer is 3 + 4 tokens: greedy gets 5 requests/s
+                quotas={"policy": "delay", "callers": {"greedy": {"tokens_per_s": 35}}})
+    try:
+        wait_until(lambda: len(sent["polite"]) == 20, 10, message="polite sent")
+        assert len(sent["greedy"]) < 15  # greedy's requests are held in the window, not dead-lettered
+        wait_until(lambda: h.all_committed(2), 20, message="all committed")
+        summary = h.close()
+        assert summary.dead_letters == 0 and not h.visible(h.spec.topics.dead_letters)
+        assert ids(h.visible(h.spec.topics.results)) == Counter({orjson.loads(v)["id"]: 1 for v in values})
+        start = min(sent["polite"] + sent["greedy"])
+        assert max(sent["polite"]) - start < 1.0  # polite kept its pace: nothing of it waited for greedy
+        # greedy: 140 tokens at 35/s, the first second's 35 at once: its requests spread over >= 2.5 s
+        assert max(sent["greedy"]) - start > 2.5
+    finally:
+        h.stop.set()
