@@ -12,9 +12,9 @@
 A token bucket per caller and kind, holding up to one second of its rate.  A request may be sent when
 its caller's request bucket holds a whole request and its token bucket is not in debt (``wait_s`` says
 how long until then).  Sending it (``take``) takes one request and an *estimate* of its tokens (the
-caller's running mean of prompt + completion tokens; 0 before its first answer): tokens are known only
-after the generation, and charging nothing up front would let a caller start C generations before the
-first of them is charged.  ``charge`` corrects the estimate by the real count when the answer comes,
+caller's running mean of prompt + completion tokens; before its first answer, ``first_estimate``: the
+stage passes ``max_new_tokens``): tokens are known only after the generation, and charging nothing up
+front would let a burst of a caller's requests all pass before the first of them is charged.  ``charge`` corrects the estimate by the real count when the answer comes,
 and may take the bucket into debt (the caller's next requests wait, or are refused, until it refills).
 
 ``reject``: a request that may not be sent now is finished at once as a ``quota_exceeded`` dead letter.
@@ -84,7 +84,8 @@ def _rate(cfg: Mapping[str, Any], name: str, where: str) -> float | None:
 class Quotas:
     """The quota state of one replica (module docstring).  Used from the stage's thread only."""
 
-    def __init__(self, cfg: Mapping[str, Any], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: Mapping[str, Any], clock: Callable[[], float] = time.monotonic,
+                 first_estimate: float = 0.0) -> None:
         where = "spec.backend.config.quotas"
         policy = cfg.get("policy", "reject")
         if policy not in POLICIES:
@@ -108,6 +109,7 @@ class Quotas:
         self._share = 1.0
         self._buckets: dict[tuple[str, str], Bucket] = {}
         self._mean: dict[str, float] = {}  # the caller's running mean of tokens per request (the estimate)
+        self._first_estimate = first_estimate
 
     def caller(self, extra: Mapping[str, Any] | None) -> str:
         """The caller named at the configured path of the request (its keys besides inputs/id), else "-"."""
@@ -176,7 +178,7 @@ class Quotas:
         if requests is not None:
             requests.refill(self._clock())
             requests.level -= 1.0
-        estimate = self._mean.get(caller, 0.0)
+        estimate = self._mean.get(caller, self._first_estimate)
         tokens = self._bucket(caller, "tokens")
         if tokens is not None:
             tokens.refill(self._clock())

@@ -122,7 +122,7 @@ class LLMScorer:
         self._max_queue_ms = spec.sla.max_queue_time_ms
         self._max_record_bytes = config.settings.max_record_bytes
         quotas = backend_cfg.get("quotas")
-        self.quotas = Quotas(quotas, clock) if quotas else None
+        self.quotas = Quotas(quotas, clock, first_estimate=self.protocol.max_tokens) if quotas else None
         self.fair = None  # policy delay: requests held for their caller's quota (fair.py)
         if self.quotas is not None and self.quotas.policy == "delay":
             self.fair = FairQueue(self.quotas, self.quotas.max_delay_s,

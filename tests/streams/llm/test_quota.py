@@ -179,3 +179,38 @@ def test_with_delay_the_caller_over_quota_is_held_not_dead_lettered_and_the_othe
         assert max(sent["greedy"]) - start > 2.5
     finally:
         h.stop.set()
+
+
+def test_a_replica_enforces_its_partitions_share_of_each_quota_recomputed_on_rebalance():
+    from confluent_kafka import TopicPartition
+
+    from sie.kernel.settings import Settings
+    from sie.streams.llm.config import LLMConfig
+    from sie.streams.llm.stage import LLMScorer
+    from sie.streams.scorer.config import ScorerConfig
+    from tests.fakes.kafka_clients import cluster_metadata
+    from tests.llm_fixtures import llm_spec
+
+    spec = llm_spec(["http://fake"], quotas={"policy": "delay", "requests_per_s": 8})
+    topic = spec.topics.requests
+
+    class Consumer:  # what _update_share reads: the topic's partitions and this replica's assignment
+        assigned = [TopicPartition(topic, 0), TopicPartition(topic, 1), TopicPartition("other", 0)]
+
+        def list_topics(self, name, timeout=None):
+            return cluster_metadata({name: 8})
+
+        def assignment(self):
+            return self.assigned
+
+    scorer = LLMScorer(ScorerConfig(settings=Settings(), spec=spec, instance="t-0"),
+                       LLMConfig.from_backend_config(spec.backend.config))
+    consumer = Consumer()
+    scorer._update_share(consumer)
+    assert scorer.quotas.share == 0.25  # 2 of the topic's 8 partitions
+    assert scorer.llm_metrics.quota_share._value.get() == 0.25
+    consumer.assigned = [TopicPartition(topic, p) for p in range(4)]
+    scorer._on_assign(consumer, [])  # a rebalance marks the share stale; the loop recomputes it
+    assert scorer._share_stale
+    scorer._update_share(consumer)
+    assert scorer.quotas.share == 0.5 and not scorer._share_stale
