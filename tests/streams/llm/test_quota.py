@@ -114,18 +114,20 @@ def test_a_replicas_share_scales_every_quota():
     assert q.admit("a") is None
 
 
-def _job(i: int) -> Job:
-    return Job(("t", 0), i, 0, None, {})
+def _fair(greedy_requests_per_s: float, greedy_held: int, **limits) -> tuple[Clock, FairQueue]:
+    """A fair queue holding ``greedy_held`` requests (offsets 0..) of a caller "greedy" with that quota."""
+    clock = Clock()
+    q = Quotas({"callers": {"greedy": {"requests_per_s": greedy_requests_per_s}}}, clock)
+    fair = FairQueue(q, clock=clock, **limits)
+    for i in range(greedy_held):
+        fair.hold(Job(("t", 0), i, 0, None, {}), "greedy")
+    return clock, fair
 
 
 def test_the_fair_queue_serves_callers_in_turn_and_skips_one_over_quota():
-    clock = Clock()
-    q = Quotas({"callers": {"greedy": {"requests_per_s": 2}}}, clock)
-    fair = FairQueue(q, max_delay_s=30, max_delayed=100, clock=clock)
-    for i in range(10):
-        fair.hold(_job(i), "greedy")
+    clock, fair = _fair(2, 10, max_delay_s=30, max_delayed=100)
     for i in range(10, 14):
-        fair.hold(_job(i), "polite")
+        fair.hold(Job(("t", 0), i, 0, None, {}), "polite")
     first = fair.release(room=4)  # greedy, polite in turn: greedy's deep backlog does not go first
     assert [r.caller for r in first] == ["greedy", "polite", "greedy", "polite"]
     second = fair.release(room=10)  # greedy is out of requests for now: polite is not held behind it
@@ -137,18 +139,14 @@ def test_the_fair_queue_serves_callers_in_turn_and_skips_one_over_quota():
 
 
 def test_held_requests_go_at_the_delay_limits_and_count_as_overruns():
-    clock = Clock()
-    q = Quotas({"callers": {"greedy": {"requests_per_s": 1}}}, clock)
-    fair = FairQueue(q, max_delay_s=5, max_delayed=3, clock=clock)
-    for i in range(5):
-        fair.hold(_job(i), "greedy")
+    clock, fair = _fair(1, 5, max_delay_s=5, max_delayed=3)
     out = fair.release(room=0)  # over max_delayed: the two oldest go, whatever the room (the first in quota)
     assert [r.job.offset for r in out] == [0, 1] and [r.overrun for r in out] == [False, True]
     clock.now += 5  # the rest are held max_delay_s: sent (the first within the refilled bucket of 1)
     out = fair.release(room=0)
     assert [r.job.offset for r in out] == [2, 3, 4] and [r.overrun for r in out] == [False, True, True]
     assert fair.size == 0 and fair.overruns == 3
-    fair.hold(_job(9), "greedy")
+    fair.hold(Job(("t", 0), 9, 0, None, {}), "greedy")
     assert fair.drop(lambda job: job.offset != 9) == 1 and fair.size == 0
 
 
