@@ -222,8 +222,11 @@ class Dispatcher:
         """Send ``job`` and read its answer as events: (the response, read in full unless it is 200; the
         generation, or why the stream cannot be the request's answer)."""
         with self._client.stream("POST", url, json=job.body) as response:
-            if response.status_code != 200:
-                response.read()  # an error answer is a plain body: the caller reads its text
+            if response.status_code != 200 or not response.headers.get("content-type", "").startswith(
+                    "text/event-stream"):
+                # an error answer, or a server that answered the whole body at once (no streaming): read as
+                # without streaming (no first token to time)
+                response.read()
                 return response, None
             reader = StreamReader(self.protocol)
             try:

@@ -235,6 +235,8 @@ class StreamReader:
             raise BadOutput(f"{self._p.path} streamed an event that is not JSON: {data[:120]!r}") from None
         if not isinstance(doc, dict):
             raise BadOutput(f"{self._p.path} streamed {type(doc).__name__}, not a JSON object")
+        if doc.get("error") is not None:  # the server gave up on this request mid-stream (an error event)
+            raise BadOutput(f"{self._p.path} streamed an error: {str(doc['error'])[:300]}")
         if self._p.name == "sglang":
             before = len(self._last.get("text") or "")
             self._last = doc

@@ -192,11 +192,15 @@ class Quotas:
         self.take(caller)
         return None
 
-    def charge(self, caller: str, tokens: int, estimated: float = 0.0) -> None:
+    def charge(self, caller: str, tokens: int | None, estimated: float = 0.0) -> None:
         """The tokens a finished generation of ``caller`` used, less what ``take`` estimated for it (may
-        take its bucket into debt); updates the caller's estimate."""
-        mean = self._mean.get(caller)
-        self._mean[caller] = float(tokens) if mean is None else 0.8 * mean + 0.2 * tokens
+        take its bucket into debt); updates the caller's estimate.  ``None``: no generation (the request
+        was refused or could not be sent): the estimate is given back."""
+        if tokens is None:
+            tokens = 0
+        else:
+            mean = self._mean.get(caller)
+            self._mean[caller] = float(tokens) if mean is None else 0.8 * mean + 0.2 * tokens
         bucket = self._bucket(caller, "tokens")
         if bucket is not None:
             bucket.refill(self._clock())

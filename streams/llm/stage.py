@@ -319,8 +319,9 @@ class LLMScorer:
             self.llm_metrics.generation.observe(max(0.0, job.finished - job.started))
             if job.first_token is not None and job.generation is not None:
                 self.llm_metrics.ttft.observe(max(0.0, job.first_token - job.sent))
-            if self.quotas is not None and job.generation is not None:
-                used = (job.generation.prompt_tokens or 0) + (job.generation.completion_tokens or 0)
+            if self.quotas is not None:
+                gen = job.generation
+                used = None if gen is None else (gen.prompt_tokens or 0) + (gen.completion_tokens or 0)
                 self.quotas.charge(str(entry.info.get("caller", "-")), used, float(entry.info.get("estimate", 0.0)))
             msg, req = entry.msg, entry.info.get("req")
             detail, reason = job.error, DeadLetterReason.INFERENCE_ERROR

@@ -19,6 +19,7 @@ from tests.helpers import wait_until
 from tests.llm_fixtures import Harness, ids, question
 
 TEXT = [("answer", "string"), ("completion_tokens", "int")]
+SSE = {"content-type": "text/event-stream"}
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +85,24 @@ def test_stream_events_are_read_per_protocol():
         sglang.feed("data: {oops")
 
 
-def test_a_stream_cut_before_done_is_sent_again_and_a_bad_event_is_an_error():
+def test_a_stream_cut_before_done_is_sent_again_a_bad_or_error_event_is_an_error_a_whole_body_is_read():
     calls = {"n": 0}
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls["n"] += 1
         text = orjson.loads(request.read())["text"]
         if text == "bad":
-            return httpx.Response(200, content=b"data: [1, 2]\n\ndata: [DONE]\n\n")
-        events = b'data: {"text": "ok", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}}\n\n'
+            return httpx.Response(200, headers=SSE, content=b"data: [1, 2]\n\ndata: [DONE]\n\n")
+        if text == "aborted":  # SGLang's error event mid-stream
+            return httpx.Response(200, headers=SSE, content=b'data: {"text": "par"}\n\n'
+                                  b'data: {"error": {"message": "aborted: out of memory"}}\n\ndata: [DONE]\n\n')
+        answer = {"text": "ok", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}}
+        if text == "whole":  # a server that ignores "stream": one JSON body
+            return httpx.Response(200, json=answer)
+        events = b"data: " + orjson.dumps(answer) + b"\n\n"
         if calls["n"] == 1:  # the first answer is cut: no [DONE]
-            return httpx.Response(200, content=events)
-        return httpx.Response(200, content=events + b"data: [DONE]\n\n")
+            return httpx.Response(200, headers=SSE, content=events)
+        return httpx.Response(200, headers=SSE, content=events + b"data: [DONE]\n\n")
 
     proto = Protocol("sglang", LLMMapping(TEXT, {}), {"stream": True})
     pool = EndpointPool([Endpoint("http://e", 2)], backoff_s=0.01, backoff_max_s=0.02)
@@ -112,6 +119,13 @@ def test_a_stream_cut_before_done_is_sent_again_and_a_bad_event_is_an_error():
         d.submit(Job(("req", 0), 1, 0, None, proto.request("bad", "r1")))
         bad = done.get(timeout=10)
         assert bad.generation is None and "not a JSON object" in (bad.error or "")
+        d.submit(Job(("req", 0), 2, 0, None, proto.request("aborted", "r2")))
+        aborted = done.get(timeout=10)
+        assert aborted.generation is None and "streamed an error" in (aborted.error or "")
+        assert "out of memory" in (aborted.error or "")
+        d.submit(Job(("req", 0), 3, 0, None, proto.request("whole", "r3")))
+        whole = done.get(timeout=10)
+        assert whole.generation is not None and whole.generation.text == "ok" and whole.first_token is None
     finally:
         stop.set()
         d.close()
@@ -123,7 +137,8 @@ def test_the_scorer_exports_time_to_first_token_of_streamed_requests_and_commits
         assert body["stream"] is True
         first = orjson.dumps({"text": "answer", "meta_info": {"prompt_tokens": 3, "completion_tokens": 1}})
         done = orjson.dumps({"text": "answer to it", "meta_info": {"prompt_tokens": 3, "completion_tokens": 3}})
-        return httpx.Response(200, content=b"data: " + first + b"\n\ndata: " + done + b"\n\ndata: [DONE]\n\n")
+        return httpx.Response(200, headers=SSE,
+                              content=b"data: " + first + b"\n\ndata: " + done + b"\n\ndata: [DONE]\n\n")
 
     h = Harness([question(i) for i in range(6)], handler, stream=True)
     try:
