@@ -128,7 +128,7 @@ class LLMScorer:
             self.fair = FairQueue(self.quotas, self.quotas.max_delay_s,
                                   self.quotas.max_delayed or max(1, llm.pending_limit // 2), clock)
         self._share_stale = True  # recompute this replica's quota share (a rebalance happened)
-        self._topic_partitions = 0
+        self._share_retry_at = 0.0  # after a failed metadata read: not before then (the loop must not stall)
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
                                  clock=clock)
         self.window = Window()
@@ -172,7 +172,7 @@ class LLMScorer:
             while not stop.is_set():
                 dispatcher.check()
                 self._poll(consumer)
-                if self._share_stale and self.quotas is not None:
+                if self._share_stale and self.quotas is not None and self._clock() >= self._share_retry_at:
                     self._update_share(consumer)
                 self._release()
                 self._drain()
@@ -292,13 +292,16 @@ class LLMScorer:
         """This replica's share of every quota: its partitions of the request topic / the topic's (quota.py)."""
         topic = self.config.spec.topics.requests
         try:
-            meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
-        except Exception as exc:  # noqa: BLE001 - a metadata outage: keep the old share, try again next turn
-            log.warning("llm scorer %s: cannot read %s's partitions (%s); quota share stays %.3f",
-                        self.config.spec.name, topic, exc, self.quotas.share if self.quotas else 1.0)
-            return
+            meta = consumer.list_topics(topic, timeout=1.0).topics.get(topic)
+        except Exception as exc:  # noqa: BLE001 - a metadata outage: keep the old share, try again in 5 s
+            meta, why = None, str(exc)[:200]
+        else:
+            why = "no partitions in its metadata"
         total = len(meta.partitions) if meta is not None and meta.partitions else 0
         if not total:
+            self._share_retry_at = self._clock() + 5.0
+            log.warning("llm scorer %s: cannot read %s's partitions (%s); quota share stays %.3f, retry in 5 s",
+                        self.config.spec.name, topic, why, self.quotas.share if self.quotas else 1.0)
             return
         mine = sum(1 for tp in consumer.assignment() if tp.topic == topic)
         assert self.quotas is not None
