@@ -216,3 +216,11 @@ def test_a_replica_enforces_its_partitions_share_of_each_quota_recomputed_on_reb
     assert scorer._share_stale
     scorer._update_share(consumer)
     assert scorer.quotas.share == 0.5 and not scorer._share_stale
+
+    def no_metadata(name, timeout=None):
+        raise RuntimeError("broker unreachable")
+
+    consumer.list_topics = no_metadata
+    scorer._on_assign(consumer, [])
+    scorer._update_share(consumer)  # the old share stays; the loop retries in 5 s, not every turn
+    assert scorer.quotas.share == 0.5 and scorer._share_stale and scorer._share_retry_at > 0
