@@ -207,7 +207,7 @@ class CdcStage:
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> CdcSummary:
         cfg = self.config
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port)
+            self.metrics.serve(cfg.metrics_port, cfg.settings.metrics_bind)
         self._next_log = self._clock() + cfg.log_interval_s
         self._loop = StreamLoop(StageSettings(
             name=f"cdc {cfg.connector.name}", topics=[cfg.connector.source_topic],

@@ -5,12 +5,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SERVER = REPO / "tests" / "fakes" / "fake_llm_server.py"
@@ -69,15 +70,18 @@ class FakeLLMProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--port", str(self.port), *args],
                                      stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
+
+        def listening() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"fake LLM server exited: {self.log_path.read_text()[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError as exc:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"fake LLM server did not start: {self.log_path.read_text()[-2000:]}") from exc
-                time.sleep(0.05)  # polling a port that is not bound yet: there is nothing to wait on
+                    return True
+            except OSError:
+                return False
+
+        wait_until(listening, timeout=20,
+                   message=lambda: f"the fake LLM server to listen: {self.log_path.read_text()[-2000:]}")
 
     def kill(self) -> None:
         if self.proc.poll() is None:

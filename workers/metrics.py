@@ -63,7 +63,7 @@ class AgentMetrics:
         self.pool_memory = Gauge("sie_warm_pool_memory_bytes", "Host memory the warm pool holds.", ["node"], registry=r)
         self._known_replicas: set[tuple[str, str]] = set()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Start the /metrics HTTP server; returns the bound port (``port=0`` picks a free one)."""
         result = start_http_server(port, addr=addr, registry=self.registry)
         server = result[0] if isinstance(result, tuple) else None

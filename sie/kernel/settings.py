@@ -15,6 +15,7 @@ client (``kafka_client_config``) or to a child process (``to_env``) read the val
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -157,10 +158,16 @@ class Settings(BaseSettings):
         1.0, ge=0.0, le=1.0,
         description="Share of the traces SIE starts (sie produce, CDC rows) that are recorded; a request that "
                     "arrives with a traceparent follows its sampled flag.")
+    metrics_bind: str = Field(
+        "127.0.0.1", description="Address the /metrics servers of the agent, its workers, scorers and the CDC and "
+                                 "LLM stages bind. Loopback by default (read-only and unauthenticated, so not "
+                                 "exposed unless told); set 0.0.0.0 or the node's address when Prometheus "
+                                 "scrapes from another host.")
     advertise_host: str | None = Field(
         None, description="Host name or address Prometheus reaches this node's /metrics endpoints at (the agent's "
                           "and its workers'), as the control plane's service discovery lists them; default: "
-                          "this machine's host name.")
+                          "127.0.0.1 while SIE_METRICS_BIND is loopback, this machine's host name when it is "
+                          "0.0.0.0/::, else SIE_METRICS_BIND itself.")
 
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
@@ -340,6 +347,17 @@ class Settings(BaseSettings):
     def artifact_cache_dir(self) -> Path:
         """Where an agent keeps artifacts it fetched and verified, one folder per sha256 (always a model root)."""
         return self.cache_dir / "artifacts"
+
+    @property
+    def metrics_host(self) -> str:
+        """Where Prometheus reaches this node's /metrics servers: SIE_ADVERTISE_HOST, else derived from
+        SIE_METRICS_BIND so service discovery never lists an address the servers do not listen on."""
+        if self.advertise_host:
+            return self.advertise_host
+        bind = self.metrics_bind.strip("[]")
+        if bind in ("0.0.0.0", "::", ""):
+            return socket.gethostname()
+        return bind
 
     @property
     def names(self) -> Names:

@@ -148,7 +148,7 @@ class LLMScorer:
         cfg = self.config
         self._stop = stop
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port)
+            self.metrics.serve(cfg.metrics_port, cfg.settings.metrics_bind)
         producer = start_producer(cfg.producer_config(), stop, self._clients.producer, cfg.eos_limits())
         if stop.is_set():
             return self.summary()

@@ -130,7 +130,7 @@ class Scorer:
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> ScorerSummary:
         cfg = self.config
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port)
+            self.metrics.serve(cfg.metrics_port, cfg.settings.metrics_bind)
         self._loop = StreamLoop(StageSettings(
             name=f"scorer {cfg.spec.name}", topics=[cfg.spec.topics.requests],
             producer_config=cfg.producer_config(), consumer_config=cfg.consumer_config(),

@@ -260,7 +260,7 @@ class ScorerMetrics:
         return quantile_from_buckets(list(self.request_latency.bounds), list(delta), 0.99)
 
     # --- HTTP ----------------------------------------------------------------------------------------
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Start the /metrics HTTP server (a daemon thread); returns the bound port."""
         self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         self.port = int(self._server.server_port)

@@ -67,3 +67,32 @@ def test_workers_may_run_as_their_own_principal() -> None:
     assert worker.kafka_client_config()["sasl.password"] == "s"
     assert worker.worker_sasl_username is None
     assert Settings(sasl_username="x").worker_settings().sasl_username == "x"
+
+
+def test_metrics_bind_loopback_by_default_and_advertised_where_it_listens(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    for name in ("SIE_METRICS_BIND", "SIE_ADVERTISE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    default = Settings()
+    assert default.metrics_bind == "127.0.0.1" and default.metrics_host == "127.0.0.1"
+    assert Settings(metrics_bind="0.0.0.0").metrics_host == socket.gethostname()
+    assert Settings(metrics_bind="10.0.0.7").metrics_host == "10.0.0.7"
+    assert Settings(metrics_bind="0.0.0.0", advertise_host="node-a.example").metrics_host == "node-a.example"
+    monkeypatch.setenv("SIE_METRICS_BIND", "0.0.0.0")
+    assert Settings().metrics_bind == "0.0.0.0"
+
+
+def test_metrics_servers_listen_on_loopback_by_default() -> None:
+    import socket
+
+    from sie.streams.scorer.metrics import ScorerMetrics
+
+    metrics = ScorerMetrics("m", "scoring", "P1")
+    port = metrics.serve(0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+        assert metrics._server is not None and metrics._server.server_address[0] == "127.0.0.1"
+    finally:
+        metrics.close()

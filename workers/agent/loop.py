@@ -32,7 +32,6 @@ agent starts them afresh from the assignment.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -125,7 +124,7 @@ class Agent:
             live_replicas=lambda: [r.replica_id for r in self.supervisor.table.all() if r.state.has_process],
         )
         #: where Prometheus reaches this node's /metrics endpoints (the control plane's service discovery)
-        self.advertise_host = settings.advertise_host or socket.gethostname()
+        self.advertise_host = settings.metrics_host
         from sie.workers.warm_pool import PooledLauncher, WarmPool
 
         self.pool: WarmPool | None = None
@@ -165,7 +164,7 @@ class Agent:
         self._open()
         try:
             if self.config.metrics_port is not None:
-                self.metrics_port = self.metrics.serve(self.config.metrics_port)
+                self.metrics_port = self.metrics.serve(self.config.metrics_port, self.settings.metrics_bind)
                 log.info("agent %s: /metrics on port %s", self.config.node, self.metrics_port)
             self._register()
             self.ready.set()
