@@ -3,6 +3,7 @@ streaming cost?  Same run, same fake LLM server (its own process), real broker, 
 
     SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_llm_quota.py [--duration 20] [--rate 20]
         [--slots 32] [--mean-s 0.2] [--p99-s 1.0] [--greedy 600] [--greedy-tokens-per-s 70]
+        [--runs "alone,delay,no quota,alone streamed"]
 
 A "polite" caller sends ``--rate`` requests/s for ``--duration`` s.  Scenarios, each on fresh topics:
 
@@ -10,7 +11,7 @@ A "polite" caller sends ``--rate`` requests/s for ``--duration`` s.  Scenarios, 
 * ``delay``: plus a "greedy" caller with a backlog of ``--greedy`` requests (7 tokens each: far over
   its ``--greedy-tokens-per-s`` quota) at the start, ``quotas.policy: delay``;
 * ``no quota``: the same two callers, no quotas (the greedy backlog competes for the server's slots);
-* ``alone, streamed``: ``alone`` with ``stream: true`` (time to first token; the cost of reading events).
+* ``alone streamed``: ``alone`` with ``stream: true`` (time to first token; the cost of reading events).
 
 Per caller: committed results, ``queue_ms`` p50/p99 (from the request's timestamp to its dispatch: the
 wait for quota and for a slot) and the visible latency p50/p99 (request timestamp to the committed
@@ -128,6 +129,8 @@ def main() -> int:
     parser.add_argument("--p99-s", type=float, default=1.0)
     parser.add_argument("--greedy", type=int, default=600)
     parser.add_argument("--greedy-tokens-per-s", type=float, default=70.0)
+    parser.add_argument("--runs", default="alone,delay,no quota,alone streamed",
+                        help="which scenarios, comma-separated, in this order")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "llm_quota.txt"))
     args = parser.parse_args()
     if not os.environ.get("SIE_BOOTSTRAP_SERVERS"):
@@ -139,8 +142,9 @@ def main() -> int:
              f"{load[2]:.2f} (2 shared cores)"]
     print(lines[0], flush=True)
     quotas = {"policy": "delay", "callers": {"greedy": {"tokens_per_s": args.greedy_tokens_per_s}}}
-    runs = [("alone", 0, {}), ("delay", args.greedy, {"quotas": quotas}), ("no quota", args.greedy, {}),
-            ("alone, streamed", 0, {"stream": True})]
+    known = {"alone": (0, {}), "delay": (args.greedy, {"quotas": quotas}), "no quota": (args.greedy, {}),
+             "alone streamed": (0, {"stream": True})}
+    runs = [(name, *known[name]) for name in args.runs.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         server = FakeLLMProcess("--slots", str(args.slots), "--mean-s", str(args.mean_s), "--p99-s",
                                 str(args.p99_s), log_dir=Path(tmp))

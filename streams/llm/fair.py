@@ -11,7 +11,7 @@ a worker, so the workers never idle and the order below decides who goes next):
   per caller per turn, so a caller with a deep backlog cannot push the others' requests back; a caller
   over its quota is skipped until its buckets refill, and does not delay anyone else's turn;
 * **limits** on how long held requests may hold the window: a request held ``max_delay_s`` (default
-  30 s), or the oldest ones while more than ``max_delayed`` (default half of ``max_pending``) are held,
+  10 s), or the oldest ones while more than ``max_delayed`` (default half of ``max_pending``) are held,
   are sent at once, over their caller's quota (counted: ``overrun``); the bucket's debt then delays that
   caller's later requests further.  Without the count limit one throttled caller could fill the whole
   window with held records and finished records behind them, and consumption would pause for everyone.

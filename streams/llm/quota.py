@@ -6,7 +6,7 @@
       tokens_per_s: 2000          # prompt + completion tokens (omit: unlimited)
       callers: {vip: {requests_per_s: 50, tokens_per_s: 20000}}
       policy: delay               # or reject
-      max_delay_s: 30             # delay: the longest a request waits for its caller's quota
+      max_delay_s: 10             # delay: the longest a request waits for its caller's quota
       max_delayed: <max_pending / 2>   # delay: requests held at once, all callers together
 
 A token bucket per caller and kind, holding up to one second of its rate.  A request may be sent when
@@ -102,7 +102,7 @@ class Quotas:
         self._limits = {str(name): Limits(_rate(v or {}, "requests_per_s", f"{where}.callers.{name}"),
                                           _rate(v or {}, "tokens_per_s", f"{where}.callers.{name}"))
                         for name, v in callers.items()}
-        self.max_delay_s = _rate(cfg, "max_delay_s", where) or 30.0
+        self.max_delay_s = _rate(cfg, "max_delay_s", where) or 10.0
         max_delayed = _rate(cfg, "max_delayed", where)
         self.max_delayed = int(max_delayed) if max_delayed is not None else None  # None: the stage decides
         self._clock = clock
