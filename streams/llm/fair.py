@@ -10,11 +10,14 @@ a worker, so the workers never idle and the order below decides who goes next):
 * **round robin over callers** whose quota allows a request now (``Quotas.wait_s`` is 0): one request
   per caller per turn, so a caller with a deep backlog cannot push the others' requests back; a caller
   over its quota is skipped until its buckets refill, and does not delay anyone else's turn;
-* **limits** on how long held requests may hold the window: a request held ``max_delay_s`` (default
-  10 s), or the oldest ones while more than ``max_delayed`` (default half of ``max_pending``) are held,
-  are sent at once, over their caller's quota (counted: ``overrun``); the bucket's debt then delays that
-  caller's later requests further.  Without the count limit one throttled caller could fill the whole
-  window with held records and finished records behind them, and consumption would pause for everyone.
+* **limits** on how long held requests may hold the window: a caller whose oldest held request waited
+  ``max_delay_s`` (default 10 s), and every caller while more than ``max_delayed`` (default half of
+  ``max_pending``) are held in all, takes part in the round robin *over* its quota (counted: ``overrun``;
+  the bucket's debt then delays its later requests further).  It still gets one turn per round like any
+  other caller and only within ``room``, so going over quota never pushes the others' requests back;
+  what the limits bound is how long held records hold the window: without them one throttled caller
+  could fill the window with held records and finished records behind them, and consumption would
+  pause for everyone.
 
 Records of a partition that left the window (revoke, reset: a new epoch) are forgotten (``drop``).
 """
@@ -81,29 +84,29 @@ class FairQueue:
         self.size -= 1
         return held
 
-    def _send(self, held: Held, out: list[Released], forced: bool) -> None:
-        overrun = forced and self._quotas.wait_s(held.caller) > 0
+    def _send(self, held: Held, out: list[Released]) -> None:
+        overrun = self._quotas.wait_s(held.caller) > 0  # it goes at a limit, not by its quota
         self.overruns += overrun
         out.append(Released(held.job, held.caller, self._quotas.take(held.caller), overrun))
 
+    def _due(self, caller: str, now: float) -> bool:
+        """``caller``'s next request may go now: its quota allows it, or a limit is reached (its oldest
+        held request waited ``max_delay_s``, or more than ``max_delayed`` are held in all)."""
+        return (self._quotas.wait_s(caller) <= 0 or self.size > self.max_delayed
+                or now - self._queues[caller][0].since >= self.max_delay_s)
+
     def release(self, room: int) -> list[Released]:
-        """The requests to send now: those at a limit (whatever ``room``), then up to ``room`` by round robin."""
+        """Up to ``room`` requests to send now, one per due caller per turn of the round robin."""
         out: list[Released] = []
         now = self._clock()
-        while self.size > self.max_delayed:  # the oldest held request of all callers goes
-            caller = min(self._queues, key=lambda c: self._queues[c][0].since)
-            self._send(self._pop(caller), out, forced=True)
-        for caller in list(self._queues):  # per caller, its oldest first: heads are the oldest
-            while caller in self._queues and now - self._queues[caller][0].since >= self.max_delay_s:
-                self._send(self._pop(caller), out, forced=True)
         while len(out) < room and self._queues:
-            turn = [c for c in self._queues if self._quotas.wait_s(c) <= 0]
+            turn = [c for c in self._queues if self._due(c, now)]
             if not turn:
                 break
             for caller in turn:
                 if len(out) >= room:
                     break
-                self._send(self._pop(caller), out, forced=False)
+                self._send(self._pop(caller), out)
                 if caller in self._queues:
                     self._queues.move_to_end(caller)  # served: the others go first next time
         return out

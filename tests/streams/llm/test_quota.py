@@ -144,14 +144,25 @@ def test_the_fair_queue_serves_callers_in_turn_and_skips_one_over_quota():
 
 def test_held_requests_go_at_the_delay_limits_and_count_as_overruns():
     clock, fair = _fair(1, 5, max_delay_s=5, max_delayed=3)
-    out = fair.release(room=0)  # over max_delayed: the two oldest go, whatever the room (the first in quota)
+    assert fair.release(room=0) == []  # nothing goes beyond the room, limits or not
+    out = fair.release(room=10)  # over max_delayed: the oldest go until 3 are held (the first within quota)
     assert [r.job.offset for r in out] == [0, 1] and [r.overrun for r in out] == [False, True]
-    clock.now += 5  # the rest are held max_delay_s: sent (the first within the refilled bucket of 1)
-    out = fair.release(room=0)
-    assert [r.job.offset for r in out] == [2, 3, 4] and [r.overrun for r in out] == [False, True, True]
+    clock.now += 5  # the rest are held max_delay_s: due (the first within the refilled bucket of 1)
+    assert [r.job.offset for r in fair.release(room=1)] == [2]
+    out = fair.release(room=10)
+    assert [r.job.offset for r in out] == [3, 4] and [r.overrun for r in out] == [True, True]
     assert fair.size == 0 and fair.overruns == 3
     fair.hold(Job(("t", 0), 9, 0, None, {}), "greedy")
     assert fair.drop(lambda job: job.offset != 9) == 1 and fair.size == 0
+
+
+def test_a_caller_over_quota_at_the_limits_still_gets_only_its_turn():
+    clock, fair = _fair(1, 10, max_delay_s=30, max_delayed=3)
+    for i in range(10, 13):
+        fair.hold(Job(("t", 0), i, 0, None, {}), "polite")
+    out = fair.release(room=4)  # 13 held > 3: greedy may go over quota, but one turn per round
+    assert [r.caller for r in out] == ["greedy", "polite", "greedy", "polite"]
+    assert [r.overrun for r in out] == [False, False, True, False]
 
 
 def test_with_delay_the_caller_over_quota_is_held_not_dead_lettered_and_the_other_is_not_held():
