@@ -37,7 +37,7 @@ import orjson  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
 from tests.llm_fixtures import FakeLLMProcess, llm_spec  # noqa: E402
-from tests.scorer_fixtures import CommittedReader, produce_requests, topics_for  # noqa: E402
+from tests.scorer_fixtures import CommittedReader, group_members, produce_requests, topics_for  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -64,7 +64,8 @@ def scenario(settings: Settings, url: str, args: argparse.Namespace, greedy: int
     ready.wait(60)
     reader = CommittedReader(settings, spec.topics.results)
     try:
-        wait_until(lambda: bool(scorer._consumer and scorer._consumer.assignment()), 60, message="assigned")
+        # the group has its member (asked of the broker: the scorer's consumer is its own thread's alone)
+        wait_until(lambda: group_members(settings, spec.group_id) == 1, 60, message="the scorer in its group")
         greedy_at_ms = time.time() * 1000.0
         if greedy:
             produce_requests(settings, spec.topics.requests,

@@ -81,3 +81,10 @@ def test_config_from_spec_and_its_errors():
         LLMConfig.from_backend_config({"server_url": "http://x", "protocol": "grpc"})
     with pytest.raises(ConfigError, match="endpoints"):
         LLMConfig.from_backend_config({})
+    reserving = LLMConfig.from_backend_config({"endpoints": ["http://a", {"url": "http://b", "reserve_p0": 1}],
+                                              "max_concurrency": 4, "reserve_p0": 2, "stream": True})
+    assert [e.reserved for e in reserving.pool_endpoints()] == [2, 1] and reserving.stream
+    with pytest.raises(ConfigError, match=r"endpoints\[0\].reserve_p0: must be below its concurrency 4"):
+        LLMConfig.from_backend_config({"server_url": "http://x", "max_concurrency": 4, "reserve_p0": 4})
+    with pytest.raises(ConfigError, match="stream: must be true or false"):
+        LLMConfig.from_backend_config({"server_url": "http://x", "stream": "yes"})
