@@ -22,6 +22,8 @@ TorchFormat = Literal["torchscript", "export", "safetensors"]
 PriorityLevel = Literal["P0", "P1", "P2"]
 
 BACKEND_TYPES: tuple[str, ...] = ("torch", "python", "sglang")
+#: backends whose replicas may share a multi-model worker process (issue 16); sglang stays one server a replica
+SHARED_PROCESS_BACKENDS: frozenset[str] = frozenset({"torch", "python"})
 FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
 PRIORITY_LEVELS: tuple[str, ...] = ("P0", "P1", "P2")
 SERVICE_TYPES_KNOWN: tuple[str, ...] = ("scoring", "ner", "classification", "embedding", "generation")

@@ -115,8 +115,9 @@ class Harness:
     """An LLMScorer on a thread over ``values`` spread round-robin on ``partitions`` partitions."""
 
     def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, consumer_class=FakeConsumer,
-                 **cfg) -> None:
-        self.spec = llm_spec([{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20, **cfg)
+                 endpoints=None, **cfg) -> None:
+        self.spec = llm_spec(endpoints or [{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20,
+                             **cfg)
         topic = self.spec.topics.requests
         self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS)
                         for i, v in enumerate(values)]

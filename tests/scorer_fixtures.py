@@ -52,6 +52,21 @@ def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+def echo_hang(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model that hangs on every request but the spec's example (so it passes readiness): the multi-model
+    process's watchdog tests.  It sleeps (the model's own stuck call, not synchronisation) for 10 minutes."""
+    if any(row["x"] != 1.0 for row in rows):
+        time.sleep(600)
+    return echo(rows)
+
+
+def echo_raise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model that raises on every request but the spec's example: each request is an inference_error."""
+    if any(row["x"] != 1.0 for row in rows):
+        raise ValueError("this model fails on every request")
+    return echo(rows)
+
+
 def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
     """``echo_spec`` at another version / with another callable of this module / a rollout block."""
     from sie.schemas.spec import parse_spec
@@ -131,26 +146,16 @@ from collections import Counter  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-class ScorerProcess:
-    """``python -m sie score`` as a child process (the real CLI), with its output in a file."""
+class LoggedProcess:
+    """A child process with its output in a file (the scorer CLI, a multi-model worker process)."""
 
-    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
-        self.log_path = log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
-               "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
-               "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
+    def __init__(self, cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"scorer exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-        return "ready:" in self.output()
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -166,6 +171,23 @@ class ScorerProcess:
     def ensure_dead(self) -> None:
         if self.proc.poll() is None:
             self.kill()
+
+
+class ScorerProcess(LoggedProcess):
+    """``python -m sie score`` as a child process (the real CLI), with its output in a file."""
+
+    def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
+        cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
+               "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
+               "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
+        super().__init__(cmd, log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log", env)
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"scorer exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        return "ready:" in self.output()
 
 
 class CommittedReader:

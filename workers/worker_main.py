@@ -54,7 +54,7 @@ from typing import Any
 
 from sie.schemas.worker_status import StatusWriter
 
-__all__ = ["CountingBackend", "StatusWriter", "main", "run_worker"]
+__all__ = ["CountingBackend", "StatusWriter", "check_spec", "load_proven", "main", "run_worker", "version_loader"]
 
 log = logging.getLogger("sie.worker")
 
@@ -73,6 +73,9 @@ class CountingBackend:
         self._inner = inner
         self.device = getattr(inner, "device", "cpu")
         self.records = 0
+        #: when the inference call in progress started (None: none is): a multi-model process's watchdog
+        #: (sie.workers.shared) reads it to tell a hung model from a slow one
+        self.busy_since: float | None = None
         self._lock = threading.Lock()
         self._clock = clock
         self._latencies: deque[tuple[float, float, int]] = deque(maxlen=RATE_MAX_SAMPLES)
@@ -81,8 +84,11 @@ class CountingBackend:
         """Already loaded (and proven by the readiness inference): loading twice would double the memory."""
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        started = self._clock()
-        outputs = self._inner.infer(inputs)
+        started = self.busy_since = self._clock()
+        try:
+            outputs = self._inner.infer(inputs)
+        finally:
+            self.busy_since = None
         ended = self._clock()
         with self._lock:
             self.records += len(inputs)
@@ -150,6 +156,49 @@ def _backend_config(spec: Any, args: argparse.Namespace, policy: Any = None) -> 
     return dataclasses.replace(config, config={**config.config, **extra})
 
 
+def check_spec(spec: Any, policy: Any, label: str) -> None:
+    """The node's spec policy on a spec that came over Kafka, before anything of it is imported or opened
+    (the agent checked too; a worker started by hand, or a model added to a multi-model process, gets the
+    same check).  ``label`` names the replica in the error."""
+    policy.enforce(spec, source=label)
+    if spec.backend.modules_path is not None:  # the agent checked the archive too; a worker run by hand did not
+        from sie.schemas.module_bundle import check_bundle
+        from sie.schemas.spec_parse import InvalidSpec
+
+        problems = check_bundle(spec.backend.modules_path, policy.allowed_modules)
+        if problems:
+            raise InvalidSpec(label, problems)
+
+
+def load_proven(spec: Any, config: Any) -> tuple[Any, Any]:
+    """The backend of ``config``, loaded and proven by the readiness inference (``ReadinessResult``);
+    closed again if either fails (nothing half-loaded stays in memory)."""
+    from sie.workers.backends import create_backend
+    from sie.workers.readiness import readiness_inference
+
+    backend = create_backend(config)
+    try:
+        backend.load()
+        return backend, readiness_inference(backend, spec)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def version_loader(spec: Any, own: Any, policy: Any, config_of: Any, label: str) -> Any:
+    """The rollout scorer's ``backend_factory``: ``own`` serves the replica's own version; the other
+    version of a rollout (issue 11) is checked against this node's policy, loaded and proven by a real
+    inference before it gets any traffic."""
+
+    def load_version(model_spec: Any) -> Any:
+        if model_spec.version == spec.version:
+            return own
+        policy.enforce(model_spec, source=f"{label} rollout to {model_spec.version}")
+        return load_proven(model_spec, config_of(model_spec))[0]
+
+    return load_version
+
+
 def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     """Load, prove readiness, score until SIGTERM. Returns the exit code."""
     from sie.kernel.admin import ensure_model_topics
@@ -157,8 +206,6 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.schemas.spec_policy import SpecPolicy
     from sie.streams.scorer import ScorerConfig
     from sie.streams.scorer.rollout import run_rollout_scorer
-    from sie.workers.backends import create_backend
-    from sie.workers.readiness import readiness_inference
 
     stop_event = threading.Event()
 
@@ -174,19 +221,11 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     # The spec came over Kafka: check it against this node's policy before importing or opening anything
     # (the agent did too; a worker started by hand with a spec file gets the same check).
     policy = SpecPolicy.from_settings(settings)
-    policy.enforce(spec, source=f"replica {args.replica_id}")
-    if spec.backend.modules_path is not None:  # the agent checked the archive too; a worker run by hand did not
-        from sie.schemas.module_bundle import check_bundle
-        from sie.schemas.spec_parse import InvalidSpec
-
-        problems = check_bundle(spec.backend.modules_path, policy.allowed_modules)
-        if problems:
-            raise InvalidSpec(f"replica {args.replica_id}", problems)
+    label = f"replica {args.replica_id}"
+    check_spec(spec, policy, label)
     status.emit("loading", pid=os.getpid(), model=spec.model_id, replica=args.replica_id)
-    backend = create_backend(_backend_config(spec, args, policy))
+    backend, result = load_proven(spec, _backend_config(spec, args, policy))
     try:
-        backend.load()
-        result = readiness_inference(backend, spec)
         counter = CountingBackend(backend)
         if stop_event.is_set():  # asked to stop while loading: nothing consumed, nothing to commit
             status.emit("stopped", records=0)
@@ -226,17 +265,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port,
                               static_membership=True)
         try:
-            def load_version(model_spec: Any) -> Any:
-                """Own version: the loaded backend; the other version of a rollout (issue 11): checked against
-                this node's policy, loaded and proven by a real inference before it gets any traffic."""
-                if model_spec.version == spec.version:
-                    return counter
-                policy.enforce(model_spec, source=f"replica {args.replica_id} rollout to {model_spec.version}")
-                other = create_backend(_backend_config(model_spec, args, policy))
-                other.load()
-                readiness_inference(other, model_spec)
-                return other
-
+            load_version = version_loader(spec, counter, policy, lambda s: _backend_config(s, args, policy), label)
             summary = run_rollout_scorer(config, load_version, stop_event, on_ready=on_ready)
         finally:
             progress_stop.set()

@@ -116,7 +116,7 @@ def statuses_json(settings: Settings, control_url: str | None, timeout: float) -
 @_TIMEOUT
 @click.pass_obj
 def get_replicas(settings: Settings, control_url: str | None, output: str, timeout: float) -> None:
-    """Every desired replica: model, version, node, GPU, state and reason."""
+    """Every desired replica: model, version, node, GPU, worker process, state and reason."""
     models, _ = statuses_json(settings, control_url, timeout)
     replicas = sorted((r for m in models for r in m.get("replicas") or ()), key=lambda r: r["replica_id"])
     if output == "json":
@@ -125,10 +125,11 @@ def get_replicas(settings: Settings, control_url: str | None, output: str, timeo
     if not replicas:
         click.echo("(no replicas: no model applied, or no control plane has reconciled yet)")
         return
-    rows = [("REPLICA", "MODEL", "VERSION", "NODE", "GPU", "STATE", "REASON")]
+    rows = [("REPLICA", "MODEL", "VERSION", "NODE", "GPU", "PROCESS", "STATE", "REASON")]
     for r in replicas:
         gpus = ",".join(map(str, r["gpu_indices"])) or ("-" if r["node"] else "")
-        rows.append((r["replica_id"], r["model"], r["version"], r["node"] or "-", gpus or "-", r["state"], r["reason"] or ""))
+        rows.append((r["replica_id"], r["model"], r["version"], r["node"] or "-", gpus or "-", r.get("process") or "-",
+                     r["state"], r["reason"] or ""))
     _table(rows)
 
 

@@ -85,8 +85,12 @@ def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, ma
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, max_batch: int = 256,
-                                  transaction_timeout_ms: int = 60_000, linger_ms: int = 5) -> dict[str, Any]:
-    """Transactional producer (stable ``transactional.id`` per instance/job: a restart fences the zombie)."""
+                                  transaction_timeout_ms: int = 60_000, linger_ms: int = 5,
+                                  buffer_kbytes: int | None = None) -> dict[str, Any]:
+    """Transactional producer (stable ``transactional.id`` per instance/job: a restart fences the zombie).
+
+    ``buffer_kbytes`` caps what the producer may queue (librdkafka's default is 1 GiB per producer): a
+    multi-model worker process (``sie.workers.shared``) runs one producer per model and bounds each."""
     return settings.kafka_client_config(**{
         "client.id": f"{transactional_id}.producer",
         "transactional.id": transactional_id,
@@ -102,6 +106,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
         # cut send_offsets' median again at light load (bench_latency). Other retries back off from it too.
         "retry.backoff.ms": 1,
         "queue.buffering.max.messages": max(100_000, 40 * max_batch),
+        **({"queue.buffering.max.kbytes": buffer_kbytes} if buffer_kbytes is not None else {}),
     })
 
 

@@ -169,6 +169,18 @@ class Settings(BaseSettings):
                           "127.0.0.1 while SIE_METRICS_BIND is loopback, this machine's host name when it is "
                           "0.0.0.0/::, else SIE_METRICS_BIND itself.")
 
+    # --- Placement: host memory a replica's process costs beyond its spec's memoryMb --------------
+    # (streams/control/host_memory.py applies them; docs/architecture.md "Placement with host memory")
+    process_overhead_mb: int = Field(
+        579, ge=0,
+        description="Host memory (MiB) of a worker process of its own, before any model: measured 579 MB resident "
+                    "for one `sie score` process (torch, its libraries, one Kafka consumer and producer). Counted "
+                    "for every replica that does not share a process (SIE_PROCESS_OVERHEAD_MB).")
+    model_overhead_mb: int = Field(
+        25, ge=0,
+        description="Host memory (MiB) one more model costs in a shared multi-model worker process: issue 16's "
+                    "target, which bench/bench_density.py measures (SIE_MODEL_OVERHEAD_MB).")
+
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
     replication_factor: int | None = Field(
@@ -186,6 +198,14 @@ class Settings(BaseSettings):
         1_000_000, ge=1,
         description="Larger request values are dead-lettered as too_large; smaller than max_record_bytes so a "
                     "request's result (its metadata copied in) has room.")
+
+    # --- Multi-model worker processes (sie.workers.shared, docs/density.md) -------------------------------
+    shared_process_threads: int = Field(
+        2, ge=1, description="torch intra-op threads of one multi-model worker process, shared by all its models "
+                             "(torch.set_num_threads): one busy model cannot take every core of the node.")
+    shared_lane_hang_s: float = Field(
+        30.0, gt=0, description="An inference call of a model in a multi-model process that runs longer than this "
+                                "is reported as hung and the model's lane is restarted (the hung thread is fenced).")
 
     # --- Local state ----------------------------------------------------------
     cache_dir: Path = Field(

@@ -55,6 +55,27 @@ from typing import Any
 SCALING_ACTIONS = frozenset({"up", "down", "to_zero", "wake", "blocked", "bounds"})
 
 
+def policy_numbers(cls: type, doc: Mapping[str, Any] | None, where: str) -> dict[str, float]:
+    """The numeric fields of the policy dataclass ``cls`` from a config mapping: an unknown key or a value
+    that is not a number is a ``ConfigError`` naming ``<where>.<key>`` (control.autoscale, director ...)."""
+    from dataclasses import fields
+
+    from sie.kernel.errors import ConfigError
+
+    known = {f.name for f in fields(cls)}
+    values: dict[str, float] = {}
+    for key, value in (doc or {}).items():
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: unknown (known: {', '.join(sorted(known))})")
+        try:
+            if isinstance(value, bool):
+                raise TypeError(value)
+            values[key] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}.{key}: must be a number (got {value!r})") from None
+    return values
+
+
 @dataclass(frozen=True)
 class AutoscalePolicy:
     """The autoscaler's parameters (``control.autoscale`` in control-plane-config.yaml; docs/elasticity.md)."""

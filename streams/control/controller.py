@@ -44,12 +44,23 @@ from typing import Any, Protocol
 
 from sie.kernel.names import Names
 from sie.schemas.replica_state import ReplicaState
-from sie.streams.control.autoscaler import AutoscalePolicy, ModelInputs, ModelSignals, ScaleDecision, bounds, decide
+from sie.streams.control.autoscaler import (
+    AutoscalePolicy,
+    ModelInputs,
+    ModelSignals,
+    ScaleDecision,
+    bounds,
+    decide,
+    policy_numbers,
+)
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
+from sie.streams.control.director import DirectorPolicy, Signal, Track, direct
+from sie.streams.control.host_memory import HostOverheads
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.placement import PlacementPlan, place
+from sie.streams.control.rollout_capacity import PLANNED_PHASES, CapacityInputs, CapacityPlan, plan_capacity
 from sie.streams.control.state import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
 from sie.streams.control.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
@@ -88,6 +99,8 @@ class ControlConfig:
     autoscale: AutoscalePolicy = AutoscalePolicy()
     backlog_interval_s: float = 2.0
     backlog_window_s: float = 10.0
+    #: the traffic director's rule over each model's replicas (``director.DirectorPolicy``; None: off)
+    director: DirectorPolicy | None = DirectorPolicy()
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -127,24 +140,17 @@ class ControlConfig:
                     values[key] = float(control[key])
                 except (TypeError, ValueError):
                     raise ConfigError(f"{path}: control.{key}: must be a number (got {control[key]!r})") from None
+        if "director" in control:
+            director = control["director"]
+            values["director"] = None if director is False else DirectorPolicy(**policy_numbers(
+                DirectorPolicy, director if isinstance(director, dict) else None, f"{path}: control.director"))
         if "preemption" in control:
             if not isinstance(control["preemption"], bool):
                 raise ConfigError(f"{path}: control.preemption: must be true or false (got {control['preemption']!r})")
             values["preemption"] = control["preemption"]
         autoscale = control.get("autoscale") or {}
         if autoscale:
-            from dataclasses import fields
-
-            known = {f.name for f in fields(AutoscalePolicy)}
-            policy: dict[str, float] = {}
-            for key, value in autoscale.items():
-                if key not in known:
-                    raise ConfigError(f"{path}: control.autoscale.{key}: unknown (known: {', '.join(sorted(known))})")
-                try:
-                    policy[key] = float(value)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"{path}: control.autoscale.{key}: must be a number (got {value!r})") from None
-            values["autoscale"] = AutoscalePolicy(**policy)
+            values["autoscale"] = AutoscalePolicy(**policy_numbers(AutoscalePolicy, autoscale, f"{path}: control.autoscale"))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -229,10 +235,29 @@ class RolloutView(Protocol):
 
     def in_progress(self, model: str) -> str | None: ...
 
+    def replicas_of(self, model: str) -> RolloutReplicas | None:
+        """The rollout's phase and versions while the controller plans its replicas (None: no rollout)."""
+        ...
+
 
 class NoRollouts:
     def in_progress(self, model: str) -> str | None:
         return None
+
+    def replicas_of(self, model: str) -> RolloutReplicas | None:
+        return None
+
+
+@dataclass(frozen=True)
+class RolloutReplicas:
+    """What the controller needs of an unfinished rollout to plan the model's replicas
+    (``rollout_capacity``): its phase and both versions' spec documents."""
+
+    phase: str
+    stable_version: str
+    canary_version: str
+    stable_spec: Mapping[str, Any]
+    canary_spec: Mapping[str, Any]
 
 
 class FreshView:
@@ -308,12 +333,24 @@ class Controller:
         view: StateView | None = None,
         signals: SignalSource | None = None,
         rollouts: RolloutView | None = None,
+        overheads: HostOverheads | None = None,
     ) -> None:
         self.state = state
+        #: host memory a replica's process costs beyond its spec's memoryMb (SIE_PROCESS_OVERHEAD_MB,
+        #: SIE_MODEL_OVERHEAD_MB; ``host_memory`` module); default: the settings' defaults
+        self.overheads = overheads if overheads is not None else HostOverheads.defaults()
         self.view: StateView = view if view is not None else FreshView()
         #: None: no autoscaling (every model gets sla.min_replicas)
         self.signals = signals
         self.rollouts: RolloutView = rollouts if rollouts is not None else NoRollouts()
+        #: the replica plan of each model in a rollout this pass (``rollout_capacity``; the driver's readiness gate)
+        self.capacity: dict[str, CapacityPlan] = {}
+        #: (model, version) -> spec JSON of a rollout version that replicas run next to the applied spec
+        self._version_docs: dict[tuple[str, str], str] = {}
+        self._capacity_reported: dict[str, str] = {}
+        #: the traffic director's memory per model and replica, and its decisions (newest last)
+        self._director_tracks: dict[str, dict[str, Track]] = {}
+        self.director_decisions: list[Any] = []
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
         self.decisions: dict[str, ScaleDecision] = {}
         self._decisions_seeded = False
@@ -389,6 +426,9 @@ class Controller:
             if plan is not None:
                 step("assignments", lambda: self._assignments(snap, plan, published, out))
                 step("events", lambda: self._placement_events(plan, published, inventory, now, out))
+                step("capacity", lambda: self._capacity_events(now, out))
+        if leader and self.config.director is not None:
+            step("director", lambda: self._direct(snap, now, out))
         if plan is not None:
             self._last_plan = plan
             statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
@@ -566,6 +606,108 @@ class Controller:
         models = [d for name in sorted(snap.specs) for d in demands_from_spec(snap.specs[name], counts.get(name))]
         return models + connector_demands(snap.connectors, snap.specs)  # CDC connectors run as CPU replicas
 
+    def _rollout_demands(self, snap: StateSnapshot, demands: list[ReplicaDemand], inventory: ClusterInventory,
+                         current: Mapping[str, tuple[str, tuple[int, ...]]],
+                         counts: Mapping[str, int]) -> list[ReplicaDemand]:
+        """Each model in a rollout gets the replicas ``rollout_capacity.plan_capacity`` gives it (a surge or
+        replaced new-version replica, then the one-at-a-time drain); every other demand is unchanged."""
+        from sie.schemas.spec import ModelService
+
+        plans: dict[str, CapacityPlan] = {}
+        docs: dict[tuple[str, str], str] = {}
+        for name in sorted(snap.specs):
+            ro = self.rollouts.replicas_of(name) if hasattr(self.rollouts, "replicas_of") else None
+            if ro is None or ro.phase not in PLANNED_PHASES:
+                continue  # no rollout, or rolling back: the applied (stable) spec is placed as ever
+            specs = {ro.stable_version: ModelService.from_document(dict(ro.stable_spec)),
+                     ro.canary_version: ModelService.from_document(dict(ro.canary_spec))}
+            for version, doc in ((ro.stable_version, ro.stable_spec), (ro.canary_version, ro.canary_spec)):
+                docs[(name, version)] = json.dumps(dict(doc), sort_keys=True, separators=(",", ":"))
+            others = [d for d in demands if d.model != name]
+            count = max(0, counts.get(name, int(snap.specs[name].sla.min_replicas)))
+            trial = demands_from_spec(specs[ro.canary_version], count + 1)[-1]
+            tried = place([*demands, trial], inventory, current, excluded=self._excluded(), overheads=self.overheads)
+            blocked = ""
+            if trial.replica_id not in tried.placements:
+                failed = [f"it FAILED on {node}: {cd.reason}" for (rid, node), cd in sorted(self.exclusions.items())
+                          if rid == trial.replica_id]
+                blocked = "; ".join(failed) or tried.unplaced[trial.replica_id].reason
+            plan = plan_capacity(self._capacity_inputs(snap, name, ro, count, not blocked, blocked))
+            plans[name] = plan
+            mine = [demands_from_spec(specs[version], idx + 1)[idx] for idx, version in enumerate(plan.versions)]
+            demands = others + mine if plan.mode != "unmanaged" else demands
+        self.capacity = plans
+        self._version_docs = docs
+        return demands
+
+    def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
+        """The traffic director over each model's READY replicas (heartbeats: the GPU utilisation of the
+        replica's GPUs, its scorer's lag as the queue, its p99).  In-process scorers share a model's partitions
+        by Kafka's group assignment, so the director's lever is a replica on a cooler node: each decision is a
+        ``director`` event with the numbers behind it (``sie describe model`` lists it); the replica count itself
+        stays the autoscaler's."""
+        assert self.config.director is not None
+        where = {a.replica_id: (node, a.gpu_indices) for node, info in self._published_view(snap).items()
+                 for a in info.replicas}
+        by_model: dict[str, list[Signal]] = {}
+        for node, hb in sorted(snap.heartbeats.items()):
+            if not snap.node_online(node, now, self.config.node_timeout_s):
+                continue
+            util = {g.index: g.utilization_pct for g in hb.gpus}
+            for r in hb.replicas:
+                if r.state != ReplicaState.READY or r.model not in snap.specs:
+                    continue
+                gpus = where.get(r.replica_id, (node, ()))[1]
+                used = [util[i] for i in gpus if i in util]
+                by_model.setdefault(r.model, []).append(
+                    Signal(r.replica_id, max(used) if used else None, None if r.lag is None else float(r.lag),
+                           r.p99_ms, node))
+        for model, signals in sorted(by_model.items()):
+            if len(signals) < 2:
+                continue  # one replica: nothing is cooler than it (the autoscaler adds replicas on backlog)
+            tracks, decisions = direct(signals, self._director_tracks.get(model, {}), now, self.config.director,
+                                       lever="replicas")
+            self._director_tracks[model] = tracks
+            for d in decisions:
+                self.director_decisions = [*self.director_decisions[-99:], d]
+                log.info("traffic director %s: %s", model, d.reason)
+                out.append(self._event(now, "director", model, d.name, None, f"{d.action}: {d.reason}"))
+        for gone in set(self._director_tracks) - set(by_model):
+            del self._director_tracks[gone]
+
+    def _capacity_events(self, now: float, out: list[OutRecord]) -> None:
+        """A ``rollout_capacity`` event each time a model's replica plan says something new (not every pass)."""
+        for name, plan in sorted(self.capacity.items()):
+            if self._capacity_reported.get(name) != plan.reason:
+                self._capacity_reported[name] = plan.reason
+                out.append(self._event(now, "rollout_capacity", name, None, None, f"{plan.mode}: {plan.reason}"))
+        for gone in set(self._capacity_reported) - set(self.capacity):
+            del self._capacity_reported[gone]
+
+    def _capacity_inputs(self, snap: StateSnapshot, name: str, ro: RolloutReplicas, count: int,
+                         fits: bool, blocked: str) -> CapacityInputs:
+        prefix = f"{name}-"
+        assigned: dict[int, str] = {}
+        for info in self._published_view(snap).values():
+            for a in info.replicas:
+                if a.model == name and a.replica_id.startswith(prefix) and a.replica_id[len(prefix):].isdigit():
+                    assigned[int(a.replica_id[len(prefix):])] = a.version
+        ready, problems = set(), {}
+        for hb in snap.heartbeats.values():
+            for r in hb.replicas:
+                idx = r.replica_id[len(prefix):]
+                if not (r.model == name and r.replica_id.startswith(prefix) and idx.isdigit()):
+                    continue
+                if r.state == ReplicaState.READY and assigned.get(int(idx)) == r.version:
+                    ready.add(int(idx))
+                elif r.state != ReplicaState.READY and r.version == ro.canary_version:
+                    problems[int(idx)] = f"{r.state.value}" + (f": {r.reason}" if r.reason else "")
+        decision = self.decisions.get(name)
+        minimum = int(snap.specs[name].sla.min_replicas)
+        demand = decision.needed if decision is not None and decision.needed is not None else minimum
+        return CapacityInputs(ro.phase, ro.stable_version, ro.canary_version, count, min(max(0, demand), count),
+                              assigned, frozenset(ready), fits, problems, blocked)
+
     def _excluded(self) -> dict[str, frozenset[str]]:
         """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""
         out: dict[str, set[str]] = {}
@@ -579,8 +721,9 @@ class Controller:
         for node in sorted(published):
             for a in published[node].replicas:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
-        plan = place(self._demands(snap, counts), inventory, current, excluded=self._excluded(),
-                     preempt=self.config.preemption)
+        demands = self._rollout_demands(snap, self._demands(snap, counts), inventory, current, counts or {})
+        plan = place(demands, inventory, current, excluded=self._excluded(),
+                     preempt=self.config.preemption, overheads=self.overheads)
         return self._explain_preemptions(self._explain_exclusions(plan))
 
     def _explain_preemptions(self, plan: PlacementPlan) -> PlacementPlan:
@@ -627,7 +770,8 @@ class Controller:
         nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
         for node in sorted(nodes):
             wanted = tuple(
-                AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb), spec_json.get(p.model, ""))
+                AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb),
+                                self._version_docs.get((p.model, p.version)) or spec_json.get(p.model, ""))
                 for p in plan.assignments(node)
             )
             last = published.get(node)

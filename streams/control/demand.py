@@ -17,7 +17,9 @@ PRIORITIES = ("P0", "P1", "P2")
 @dataclass(frozen=True)
 class ReplicaDemand:
     """One replica to place. ``gpus > 0`` = that many whole GPUs; else ``gpu_memory_mb`` on one shared GPU;
-    both 0 = CPU-only model. ``node_selector`` is a sorted tuple of (key, value) pairs (hashable)."""
+    both 0 = CPU-only model. ``node_selector`` is a sorted tuple of (key, value) pairs (hashable).
+    ``memory_mb`` is the spec's declared host memory (0 = not declared); ``backend`` its backend type ("" for
+    what is not a model, e.g. a connector), which decides whether it may share a worker process."""
 
     model: str
     index: int
@@ -29,6 +31,7 @@ class ReplicaDemand:
     memory_mb: int = 0
     node_selector: tuple[tuple[str, str], ...] = ()
     tier: str | None = None
+    backend: str = ""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -84,4 +87,5 @@ def demands_from_spec(spec: Any, replicas: int | None = None) -> list[ReplicaDem
         memory_mb=int(res.memory_mb),
         node_selector=tuple(dict(sched.node_selector or {}).items()),
         tier=sched.tier,
+        backend=str(spec.backend.type),
     )

@@ -50,7 +50,15 @@ class GpuState:
 class NodeState:
     """One node: labels (incl. ``sie.io/tier``), liveness, host capacity and GPUs.
 
-    ``memory_mb == 0`` means the agent did not report host memory: host memory is then not enforced.
+    ``memory_mb``: host memory SIE may pack replicas into (total less what the warm pool holds); 0 means the
+    agent did not report host memory: host memory is then not enforced on this node.
+    ``memory_available_mb``: what the node's kernel last said is available (MemAvailable), None = not
+    reported. Shown to operators, never packed against: it already excludes what running replicas use, and a
+    number that moves with every heartbeat would make still-valid placements flap.
+    ``process_slots``: how the node's agent runs replicas, from its heartbeat: None = not reported (an agent
+    older than host-memory reporting; placement counts no process overhead there, host memory stays as
+    before: declared ``memoryMb`` only), 0 = every replica in a worker process of its own, N > 0 = small
+    P1/P2 models share multi-model processes of N models each (``host_memory.process_overhead_mb``).
     """
 
     name: str
@@ -59,6 +67,8 @@ class NodeState:
     cpu_count: float = 8.0
     memory_mb: int = 0
     gpus: tuple[GpuState, ...] = ()
+    memory_available_mb: int | None = None
+    process_slots: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -70,6 +80,10 @@ class NodeState:
         object.__setattr__(self, "gpus", gpus)
         if self.cpu_count < 0:
             raise ValueError(f"NodeState {self.name}: cpu_count must be >= 0 (got {self.cpu_count})")
+        for key in ("memory_mb", "memory_available_mb", "process_slots"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ValueError(f"NodeState {self.name}: {key} must be >= 0 (got {value})")
 
     @property
     def tier(self) -> str | None:

@@ -12,8 +12,11 @@ Decisions (WHY in brackets):
   node left with the fewest entirely free GPUs wins [keeps whole nodes free for big tensor-parallel
   models]. Its ``gpu_memory_mb`` is the full capacity of those GPUs (nobody else may use them).
 - CPU-only models (no GPU memory, no GPUs) go to the node with the least CPU left after placement.
-  Every replica also needs ``cpu`` (vs ``NodeState.cpu_count``) and ``memory_mb`` (vs
-  ``NodeState.memory_mb`` when reported) on its node.
+  Every replica also needs ``cpu`` (vs ``NodeState.cpu_count``) and host memory (vs ``NodeState.memory_mb``
+  when reported) on its node: its declared ``memory_mb`` plus the memory of the process it runs in
+  (``host_memory.process_overhead_mb``: a process of its own, or its share of a multi-model process on nodes
+  that run them; nothing on nodes whose agent predates host-memory reporting). Host memory is packed like
+  CPU, by what the placed replicas ask for, never by the node's momentary "available" reading.
 - nodeSelector: exact match on node labels. For ``nvidia.com/gpu.product`` a node WITHOUT that label
   matches when one of its GPUs' product names contains every token of the wanted value
   (case-insensitive, "nvidia" ignored): ``A100-80gb`` matches ``NVIDIA A100-SXM4-80GB`` [agents report
@@ -56,6 +59,7 @@ from types import MappingProxyType
 
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.demand import ReplicaDemand
+from sie.streams.control.host_memory import HostOverheads, describe_need, host_memory_mb
 from sie.streams.control.inventory import GPU_PRODUCT_LABEL, TIER0, TIER_LABEL, ClusterInventory, NodeState
 
 #: an unplaced replica's reason starts with its state word ("unschedulable: needs ..."): the status
@@ -357,17 +361,21 @@ class _Pool:
 
 
 class _Node:
-    __slots__ = ("state", "pool", "cpu_free", "mem_free", "gpus", "models")
+    __slots__ = ("state", "pool", "overheads", "cpu_free", "mem_free", "gpus", "models")
 
-    def __init__(self, state: NodeState, pool: _Pool) -> None:
-        self.state, self.pool = state, pool
+    def __init__(self, state: NodeState, pool: _Pool, overheads: HostOverheads) -> None:
+        self.state, self.pool, self.overheads = state, pool, overheads
         self.cpu_free = float(state.cpu_count)
         self.mem_free: int | None = state.memory_mb or None
         self.gpus = {g.index: _Gpu(state.name, g.index, g.capacity_mb) for g in state.gpus if g.healthy}
         self.models: Counter[str] = Counter()
 
+    def mem_need(self, d: ReplicaDemand) -> int:
+        """Host memory ``d`` holds on this node (declared + process overhead)."""
+        return host_memory_mb(d, self.state, self.overheads)
+
     def fits_host(self, d: ReplicaDemand) -> bool:
-        return self.cpu_free + _CPU_EPSILON >= d.cpu and (self.mem_free is None or self.mem_free >= d.memory_mb)
+        return self.cpu_free + _CPU_EPSILON >= d.cpu and (self.mem_free is None or self.mem_free >= self.mem_need(d))
 
 
 def _pool_key(state: NodeState) -> tuple:
@@ -377,9 +385,11 @@ def _pool_key(state: NodeState) -> tuple:
 class _Allocator:
     """Mutable free-capacity bookkeeping behind ``place`` and ``Placer`` (never exposed)."""
 
-    def __init__(self, inventory: ClusterInventory, excluded: Excluded | None = None, preempt: bool = False) -> None:
+    def __init__(self, inventory: ClusterInventory, excluded: Excluded | None = None, preempt: bool = False,
+                 overheads: HostOverheads | None = None) -> None:
         self.inventory = inventory
         self.preempt = preempt
+        self.overheads = overheads or HostOverheads()
         self.preempted: dict[str, Preemption] = {}
         self.excluded: dict[str, frozenset[str]] = {rid: frozenset(n) for rid, n in (excluded or {}).items() if n}
         self.nodes: dict[str, _Node] = {}
@@ -408,7 +418,7 @@ class _Allocator:
             pool = self.pools[key] = _Pool(state)
             self._eligible_cache.clear()
         insort(pool.names, state.name)
-        node = self.nodes[state.name] = _Node(state, pool)
+        node = self.nodes[state.name] = _Node(state, pool, self.overheads)
         for g in node.gpus.values():
             self._index_add(pool, g)
             pool.free_total += g.free
@@ -478,7 +488,7 @@ class _Allocator:
         node = self.nodes[p.node]
         node.cpu_free += d.cpu
         if node.mem_free is not None:
-            node.mem_free += d.memory_mb
+            node.mem_free += node.mem_need(d)
         node.models[d.model] -= 1
         for gi in p.gpu_indices:
             g = node.gpus.get(gi)
@@ -497,7 +507,7 @@ class _Allocator:
             self._hold(node, g, d.replica_id, g.free if whole else d.gpu_memory_mb)
         node.cpu_free -= d.cpu
         if node.mem_free is not None:
-            node.mem_free -= d.memory_mb
+            node.mem_free -= node.mem_need(d)
         node.models[d.model] += 1
         p = Placement(
             replica_id=d.replica_id,
@@ -613,7 +623,7 @@ class _Allocator:
         cpu = node.cpu_free + sum(v.cpu for v in victims)
         if cpu + _CPU_EPSILON < d.cpu:
             return False
-        return node.mem_free is None or node.mem_free + sum(v.memory_mb for v in victims) >= d.memory_mb
+        return node.mem_free is None or node.mem_free + sum(node.mem_need(v) for v in victims) >= node.mem_need(d)
 
     def _greedy(self, d: ReplicaDemand, node: _Node, held: Mapping[str, int], missing_mb: int) -> list[ReplicaDemand] | None:
         """Fewest evictable replicas of ``held`` (rid -> MiB) that free ``missing_mb`` and the host room:
@@ -692,7 +702,8 @@ class _Allocator:
             return None
         _, node, victims, gpus = best
         needed = (f"{d.gpus} whole GPU(s)" if d.gpus else f"{d.gpu_memory_mb} MiB GPU memory" if d.gpu_memory_mb
-                  else f"{d.cpu:g} CPU")
+                  else f"{d.cpu:g} CPU" + (f", {node.mem_need(d)} MiB host memory" if node.mem_free is not None
+                                            and node.mem_need(d) else ""))
         for v in victims:
             p = self.placements[v.replica_id]
             freed = sum(self.nodes[p.node].gpus[i].held.get(v.replica_id, 0) for i in p.gpu_indices if i in node.gpus)
@@ -802,11 +813,13 @@ class _Allocator:
         cpu_node = min(nodes, key=lambda n: (-n.cpu_free, n.state.name))
         if cpu_node.cpu_free + _CPU_EPSILON < d.cpu:
             return f"needs {d.cpu:g} CPU; most free is {cpu_node.cpu_free:g} on {cpu_node.state.name}"
-        enforced = [n for n in nodes if n.mem_free is not None]
-        if d.memory_mb and len(enforced) == len(nodes) and all(n.mem_free < d.memory_mb for n in enforced):
-            mem_node = min(enforced, key=lambda n: (-n.mem_free, n.state.name))
-            return f"needs {d.memory_mb} MiB host memory; most free is {mem_node.mem_free} MiB on {mem_node.state.name}"
-        parts = ([what] if what else []) + [f"{d.cpu:g} CPU"] + ([f"{d.memory_mb} MiB host memory"] if d.memory_mb else [])
+        enforced = [(n, n.mem_free) for n in nodes if n.mem_free is not None]
+        if len(enforced) == len(nodes) and all(free < n.mem_need(d) for n, free in enforced):
+            mem_node, free = min(enforced, key=lambda nf: (-nf[1], nf[0].state.name))
+            need = describe_need(d, mem_node.state, self.overheads)
+            return f"needs {need}; most free is {free} MiB on {mem_node.state.name}"
+        host = [describe_need(d, nodes[0].state, self.overheads)] if nodes[0].mem_need(d) else []
+        parts = ([what] if what else []) + [f"{d.cpu:g} CPU"] + host
         return f"needs {', '.join(parts)} on one node; no eligible node has all of them free"
 
     def _explain_no_node(self, d: ReplicaDemand) -> str:
@@ -837,9 +850,9 @@ def _slot(value: Placement | tuple[str, Sequence[int]]) -> tuple[str, tuple[int,
 
 def _full_pass(
     demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None, excluded: Excluded | None = None,
-    preempt: bool = False,
+    preempt: bool = False, overheads: HostOverheads | None = None,
 ) -> _Allocator:
-    alloc = _Allocator(inventory, excluded, preempt)
+    alloc = _Allocator(inventory, excluded, preempt, overheads)
     pending = []
     for d in _ordered(_unique(demands)):
         cur = current.get(d.replica_id) if current else None
@@ -857,12 +870,14 @@ def place(
     current: Current | None = None,
     excluded: Excluded | None = None,
     preempt: bool = False,
+    overheads: HostOverheads | None = None,
 ) -> PlacementPlan:
     """Full placement pass: keep the still-valid ``current`` placements, then place the rest in priority
     order, never putting a replica on a node of ``excluded[replica_id]``; with ``preempt``, a P0/P1 replica
-    that finds no room evicts lower-priority ones (module docstring). Same inputs (in any order) -> equal
-    plan."""
-    return _full_pass(demands, inventory, current, excluded, preempt).plan()
+    that finds no room evicts lower-priority ones (module docstring); ``overheads``: the host memory a
+    replica's process costs beyond its declared ``memory_mb`` (None: none counted). Same inputs (in any
+    order) -> equal plan."""
+    return _full_pass(demands, inventory, current, excluded, preempt, overheads).plan()
 
 
 class Placer:
@@ -873,8 +888,9 @@ class Placer:
     plan as ``current``. Every method returns a ``PlanUpdate`` (new plan + diff).
     """
 
-    def __init__(self, inventory: ClusterInventory | None = None, excluded: Excluded | None = None) -> None:
-        self._alloc = _Allocator(inventory or ClusterInventory(), excluded)
+    def __init__(self, inventory: ClusterInventory | None = None, excluded: Excluded | None = None,
+                 overheads: HostOverheads | None = None) -> None:
+        self._alloc = _Allocator(inventory or ClusterInventory(), excluded, overheads=overheads)
         self._wanted: dict[str, ReplicaDemand] = {}
         self._plan = self._alloc.plan()
 
@@ -900,7 +916,7 @@ class Placer:
         ``excluded`` to the exclusions in force."""
         demands = _unique(demands)
         self._alloc = _full_pass(demands, inventory or self._alloc.inventory, self._plan.placements if current is None else current,
-                                 self._alloc.excluded if excluded is None else excluded)
+                                 self._alloc.excluded if excluded is None else excluded, overheads=self._alloc.overheads)
         self._wanted = {d.replica_id: d for d in demands}
         self._plan = self._alloc.plan()
         return self._plan

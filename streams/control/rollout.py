@@ -230,12 +230,15 @@ class Rollout:
         self._expect(Phase.SURGING, "surge_failed")
         return self._move(Phase.FAILED, now_ms, f"new version not ready: {detail}", weight_bp=0)
 
-    def tick(self, now_ms: int, canary: VersionWindow | None = None, stable: VersionWindow | None = None) -> Rollout:
+    def tick(self, now_ms: int, canary: VersionWindow | None = None, stable: VersionWindow | None = None,
+             waiting: str = "") -> Rollout:
         """Time passes: judge the current canary step (roll back on a failing gate, advance when its interval
-        has elapsed and the gates pass); fail a surge that takes too long.  Other phases: unchanged."""
+        has elapsed and the gates pass); fail a surge that takes too long (``waiting``: what it waited for,
+        named in the failure).  Other phases: unchanged."""
         elapsed_s = (now_ms - self.phase_since_ms) / 1000.0
         if self.phase is Phase.SURGING and elapsed_s >= self.policy.surge_timeout_s:
-            return self.surge_failed(now_ms, f"not ready within surgeTimeoutSeconds {self.policy.surge_timeout_s:g}")
+            return self.surge_failed(now_ms, f"not ready within surgeTimeoutSeconds {self.policy.surge_timeout_s:g}"
+                                     + (f" ({waiting})" if waiting else ""))
         if self.phase is not Phase.CANARY:
             return self
         result = judge(self.policy.gates, canary or VersionWindow(), stable or VersionWindow())
@@ -253,9 +256,9 @@ class Rollout:
         self._expect(Phase.PROMOTING, "promoted")
         return self._move(Phase.DRAINING, now_ms, f"{self.canary_version} is stable; draining {self.stable_version}")
 
-    def drained(self, now_ms: int) -> Rollout:
+    def drained(self, now_ms: int, detail: str = "") -> Rollout:
         self._expect(Phase.DRAINING, "drained")
-        return self._move(Phase.COMPLETE, now_ms, f"{self.stable_version} drained")
+        return self._move(Phase.COMPLETE, now_ms, f"{self.stable_version} drained" + (f": {detail}" if detail else ""))
 
     def rolled_back(self, now_ms: int) -> Rollout:
         self._expect(Phase.ROLLING_BACK, "rolled_back")

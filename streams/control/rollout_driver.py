@@ -89,10 +89,13 @@ class RolloutDriver:
     to publish (the caller publishes them in one transaction and only then calls ``commit``)."""
 
     def __init__(self, windows: Windows, ready: Callable[[Rollout], str | None] = lambda r: "scorers load it in-process",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, capacity: Callable[[str], Any] | None = None) -> None:
         self._windows = windows
         self._ready = ready
         self._clock = clock
+        #: model -> the controller's replica plan this pass (``rollout_capacity.CapacityPlan``; None: not planned
+        #: yet).  Without it (a driver alone, as in tests), ``ready`` decides Surging and Draining ends at once.
+        self.capacity = capacity
         self.entries: dict[str, Entry] = {}
 
     # --- state from Kafka ------------------------------------------------------------------------
@@ -175,8 +178,18 @@ class RolloutDriver:
         if r.phase is Phase.PENDING:
             return r.start(now)
         if r.phase is Phase.SURGING:
-            ready = self._ready(r)
-            return r.surge_ready(now, f"new version ready ({ready})") if ready else r.tick(now)
+            if self.capacity is None:
+                ready = self._ready(r)
+                return r.surge_ready(now, f"new version ready ({ready})") if ready else r.tick(now)
+            plan = self.capacity(r.model)
+            if plan is None:
+                return r.tick(now, waiting="the controller has not planned the replicas yet")
+            if plan.mode == "unmanaged":
+                return r.surge_ready(now, f"new version ready ({plan.reason})")
+            if plan.new_ready >= 1:
+                return r.surge_ready(now, f"{plan.new_ready} {r.canary_version} replica(s) READY after their "
+                                          f"readiness inference ({plan.mode}: {plan.reason})")
+            return r.tick(now, waiting=plan.waiting)
         if r.phase is Phase.CANARY:
             since = r.phase_since_ms
             return r.tick(now, self._windows.window(r.model, r.canary_version, since),
@@ -185,8 +198,12 @@ class RolloutDriver:
             return r.promoted(now)  # this tick's records carry the new version's spec onto the specs topic
         if r.phase is Phase.DRAINING:
             # in-process scorers serve the new version alone from weight 100 %; the controller replaces the
-            # replicas with new-version ones (their in-flight batches commit before they stop)
-            return r.drained(now)
+            # replicas with new-version ones one at a time (``rollout_capacity``; their in-flight batches commit
+            # before they stop), and the rollout completes once every replica runs it READY
+            if self.capacity is None:
+                return r.drained(now)
+            plan = self.capacity(r.model)
+            return r.drained(now, plan.reason) if plan is not None and plan.drained else r
         if r.phase is Phase.ROLLING_BACK:
             return r.rolled_back(now)
         return r

@@ -132,6 +132,19 @@ class Rollouts:
                 return None
             return f"rollout to {entry.rollout.canary_version}: {entry.rollout.label}"
 
+    def replicas_of(self, model: str) -> Any:
+        """The controller's ``RolloutView.replicas_of``: phase and both spec documents of an unfinished rollout
+        (None: none, or this instance does not lead: a standby plans nothing)."""
+        from sie.streams.control.controller import RolloutReplicas
+
+        with self._lock:
+            entry = self.driver.get(model) if self._leadership.is_leader and self._loaded else None
+            if entry is None or entry.rollout.terminal:
+                return None
+            r = entry.rollout
+            phase = str(r.paused_from) if r.paused_from is not None else str(r.phase)
+            return RolloutReplicas(phase, r.stable_version, r.canary_version, entry.stable_spec, entry.canary_spec)
+
     def list(self) -> list[dict[str, Any]]:
         """Every model's rollout (JSON-able): the leader's view, or the topic's on a standby."""
         with self._lock:

@@ -30,6 +30,7 @@ from sie.kernel.supervised import SupervisedThread
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.autoscaler import bounds
 from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
+from sie.streams.control.host_memory import HostOverheads
 from sie.streams.control.leader import LeaderElector, TransactionalPublisher
 from sie.streams.control.signals import BacklogSampler
 from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
@@ -229,7 +230,9 @@ class ControlService:
                                  registry=self.metrics.registry)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics, view=self.feeder, signals=self.sampler,
-                                     rollouts=self.rollouts)
+                                     rollouts=self.rollouts, overheads=HostOverheads.from_settings(settings))
+        #: the rollout's readiness gate and drain: the replica plan the controller made this pass
+        self.rollouts.driver.capacity = lambda model: self.controller.capacity.get(model)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None

@@ -107,6 +107,9 @@ class ReplicaReport:
     p99_ms: float | None = None
     records: int = 0
     inference_rps: float | None = None
+    #: from heartbeats only: the worker process hosting it on its node (``pid-<pid>`` for a process of its
+    #: own, a shared process's id; None: no process now, or an agent older than the field)
+    process: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,16 @@ class HeartbeatInfo:
     #: the agent's warm pool: workers waiting for a replica and the host memory they hold
     warm_workers: int = 0
     reserved_memory_mb: int = 0
+    #: host memory of the node (MiB) and what was available when sent; None: not reported (an older agent)
+    memory_total_mb: int | None = None
+    memory_available_mb: int | None = None
+    #: models one shared worker process of the agent hosts (0: every replica in a process of its own)
+    shared_process_slots: int = 0
+
+    @property
+    def reports_host_memory(self) -> bool:
+        """Does this agent report host memory (and so how it runs processes)? False for agents older than it."""
+        return self.memory_total_mb is not None
 
     @property
     def alive_at(self) -> float | None:
@@ -196,6 +209,9 @@ class NodeView:
     simulated: bool
     last_heartbeat: float | None
     labels: Mapping[str, str]
+    #: host memory available at the last heartbeat (None: not reported) and the agent's shared-process slots
+    memory_available_mb: int | None = None
+    shared_process_slots: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -204,6 +220,8 @@ class NodeView:
             "tier": self.tier,
             "cpu": self.cpu_count,
             "memory_mb": self.memory_mb,
+            "memory_available_mb": self.memory_available_mb,
+            "shared_process_slots": self.shared_process_slots,
             "simulated": self.simulated,
             "labels": dict(self.labels),
             "last_heartbeat_ms": int(self.last_heartbeat * 1000) if self.last_heartbeat else None,
@@ -235,6 +253,11 @@ def _gpu(rec: Mapping[str, Any]) -> GpuReport:
         healthy=bool(rec.get("healthy", True)),
         simulated=bool(rec.get("simulated", False)),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    """A reported count that may be absent (null: the sender does not report it); never negative."""
+    return None if value is None else max(0, int(value))
 
 
 # ------------------------------------------------------------------------------------------- state
@@ -363,6 +386,7 @@ class ClusterState:
                 p99_ms=float(r["p99_ms"]) if r.get("p99_ms") is not None else None,
                 records=int(r.get("records") or 0),
                 inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
+                process=r.get("process"),
             )
             for r in record.get("replicas") or ()
         )
@@ -381,6 +405,9 @@ class ClusterState:
                 metrics_address=record.get("metrics_address"),
                 warm_workers=int(record.get("warm_workers") or 0),
                 reserved_memory_mb=int(record.get("reserved_memory_mb") or 0),
+                memory_total_mb=_optional_int(record.get("memory_total_mb")),
+                memory_available_mb=_optional_int(record.get("memory_available_mb")),
+                shared_process_slots=max(0, int(record.get("shared_process_slots") or 0)),
             )
             for r in reports:
                 if r.state == ReplicaState.FAILED:
@@ -500,6 +527,13 @@ def assignment_from_record(record: Mapping[str, Any]) -> AssignmentInfo:
     )
 
 
+def _host_total_mb(info: NodeInfo | None, hb: HeartbeatInfo | None) -> int:
+    """A node's host memory: its latest heartbeat's when reported (>0), else its registration's (0: unknown)."""
+    if hb is not None and hb.memory_total_mb:
+        return hb.memory_total_mb
+    return info.memory_mb if info is not None else 0
+
+
 @dataclass(frozen=True)
 class StateSnapshot:
     """A consistent copy of ``ClusterState`` for one reconcile pass or one API answer."""
@@ -540,20 +574,27 @@ class StateSnapshot:
                     online=self.node_online(name, now, timeout_s),
                     tier=info.tier if info else None,
                     cpu_count=info.cpu_count if info else 0.0,
-                    memory_mb=info.memory_mb if info else 0,
+                    memory_mb=_host_total_mb(info, hb),
                     gpus=gpus,
                     simulated=(info.simulated if info else False) or any(g.simulated for g in gpus),
                     last_heartbeat=(hb.alive_at or hb.sent_at or None) if hb else None,
                     labels=dict(info.labels) if info else {},
+                    memory_available_mb=hb.memory_available_mb if hb is not None else None,
+                    shared_process_slots=hb.shared_process_slots if hb is not None else 0,
                 )
             )
         return out
 
     def inventory(self, now: float, timeout_s: float) -> ClusterInventory:
         """The placer's view: registered nodes, online iff a heartbeat was seen within ``timeout_s``;
-        GPU health from the latest heartbeat (falls back to the registration); host memory less what the
-        agent's warm pool holds (``reserved_memory_mb`` of its heartbeat).  A node that sends
-        heartbeats but never registered is left out: without its inventory it cannot be placed on."""
+        GPU health from the latest heartbeat (falls back to the registration); host memory as the latest
+        heartbeat reports it (falls back to the registration) less what the agent's warm pool holds
+        (``reserved_memory_mb`` of its heartbeat).  A node that sends heartbeats but never registered is
+        left out: without its inventory it cannot be placed on.
+
+        A heartbeat without host memory (an agent older than Heartbeat.v4) leaves ``process_slots`` None:
+        how that agent runs processes is unknown, so placement counts no process overhead there and packs
+        it exactly as before (declared ``memoryMb`` against the registered memory, none if that is 0)."""
         nodes = []
         for name, info in self.nodes.items():
             hb = self.heartbeats.get(name)
@@ -579,9 +620,11 @@ class StateSnapshot:
                         online=self.node_online(name, now, timeout_s),
                         cpu_count=max(0.0, info.cpu_count),
                         # 0 would mean "not reported, not enforced": a pool holding it all leaves 1 MiB
-                        memory_mb=(max(1, info.memory_mb - (hb.reserved_memory_mb if hb is not None else 0))
-                                   if info.memory_mb > 0 else 0),
+                        memory_mb=(max(1, total - (hb.reserved_memory_mb if hb is not None else 0))
+                                   if (total := _host_total_mb(info, hb)) > 0 else 0),
                         gpus=gpus,
+                        memory_available_mb=hb.memory_available_mb if hb is not None else None,
+                        process_slots=hb.shared_process_slots if hb is not None and hb.reports_host_memory else None,
                     )
                 )
             except ValueError as exc:  # a malformed registration is skipped, and said so

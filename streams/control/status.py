@@ -36,6 +36,8 @@ class ReplicaView:
     reason: str | None = None
     restarts: int = 0
     actual_version: str | None = None
+    #: the worker process hosting it, as its agent reports (``pid-<pid>``, or a shared process's id)
+    process: str | None = None
     #: nodes the replica is kept off after it FAILED there: ``{node, until_ms, reason}`` (``Cooldown``)
     cooldowns: tuple[Mapping[str, Any], ...] = ()
 
@@ -51,6 +53,7 @@ class ReplicaView:
             "reason": self.reason,
             "restarts": self.restarts,
             "actual_version": self.actual_version,
+            "process": self.process,
             "cooldowns": [dict(c) for c in self.cooldowns],
         }
 
@@ -67,6 +70,7 @@ class ReplicaView:
             reason=rec.get("reason"),
             restarts=int(rec.get("restarts") or 0),
             actual_version=rec.get("actual_version"),
+            process=rec.get("process"),
             cooldowns=tuple(dict(c) for c in rec.get("cooldowns") or ()),
         )
 
@@ -167,7 +171,8 @@ def _replica_view(
     if report.version and report.version != placement.version:
         reason = f"running version {report.version}; {placement.version} requested" + (f"; {reason}" if reason else "")
     return ReplicaView(
-        **base, state=report.state, reason=reason, restarts=report.restarts, actual_version=report.version or None
+        **base, state=report.state, reason=reason, restarts=report.restarts, actual_version=report.version or None,
+        process=report.process,
     )
 
 
@@ -206,7 +211,8 @@ def build_status(
                  for v in views]
     desired = len(views)
     ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
-    not_ready = [v for v in views if v.state != ReplicaState.READY]
+    # READY on another version than placed (a replica being replaced by a new version) is not ready yet
+    not_ready = [v for v in views if v.state != ReplicaState.READY or v.actual_version not in (None, v.version)]
     if desired == ready:
         phase, reason = "Ready", None
     elif all(v.state == ReplicaState.UNSCHEDULABLE for v in views):

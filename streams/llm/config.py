@@ -19,6 +19,9 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         endpoint_backoff_s: 0.5        # first ejection; doubles per failure up to endpoint_backoff_max_s
         endpoint_backoff_max_s: 30
         poison_after: 3                # 5xx answers to one request (others served meanwhile) -> dead letter
+        director: {sustain_s: 5, ...}  # the traffic director's policy (sie.streams.control.director), on
+                                       # by default with two endpoints or more; false switches it off
+        director_interval_ms: 1000     # how often it looks
         served_model_name / model      # OpenAI "model" field
         prompt_template, output_mode, sampling_params, output_ranges, extra_body   (protocols.py)
         quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject|delay,
@@ -62,6 +65,9 @@ class LLMConfig:
     backoff_max_s: float = 30.0
     poison_after: int = 3
     stream: bool = False
+    #: the traffic director's policy over the endpoints' weights (None: off)
+    director: Any = None
+    director_interval_s: float = 1.0
 
     @property
     def capacity(self) -> int:
@@ -112,7 +118,26 @@ class LLMConfig:
                    backoff_s=_num(cfg, "endpoint_backoff_s", 0.5, 0.001),
                    backoff_max_s=_num(cfg, "endpoint_backoff_max_s", 30.0, 0.001),
                    poison_after=int(_num(cfg, "poison_after", 3, 1)),
-                   stream=_flag(cfg, "stream"))
+                   stream=_flag(cfg, "stream"),
+                   director=_director(cfg.get("director"), len(endpoints)),
+                   director_interval_s=_num(cfg, "director_interval_ms", 1000, 10) / 1000.0)
+
+
+def _director(doc: Any, endpoints: int) -> Any:
+    """The director's policy: ``false`` -> off; absent -> the default rule when there is more than one endpoint
+    (with one, there is nowhere to shift to); a mapping -> its numbers."""
+    from sie.streams.control.director import DirectorPolicy
+
+    if doc is False or (doc is None and endpoints < 2):
+        return None
+    if doc is None or doc is True:
+        return DirectorPolicy()
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"spec.backend.config.director: a mapping of numbers, true or false (got {doc!r})")
+    try:
+        return DirectorPolicy.from_document(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"spec.backend.config.{exc}") from None
 
 
 def uses_window(spec: Any) -> bool:

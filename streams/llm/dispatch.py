@@ -171,7 +171,8 @@ class Dispatcher:
                 return False
             job.attempts += 1
             job.endpoint = endpoint.url
-            job.sent, job.first_token = self._clock(), None
+            sent = self._clock()
+            job.sent, job.first_token = sent, None
             try:
                 if self.protocol.stream:
                     response, streamed = self._stream(endpoint.url + path, job)
@@ -206,7 +207,7 @@ class Dispatcher:
             if status != 200:  # 503 starting/stopping, 404/401/403 misconfigured: not this request's fault
                 pool.failed(endpoint, f"HTTP {status}")
                 continue
-            pool.release(endpoint)
+            pool.release(endpoint, self._clock() - sent)
             if isinstance(streamed, BadOutput):
                 job.error = str(streamed)
                 return True

@@ -9,6 +9,8 @@ is one request's time from dispatch to answer (retries on other endpoints includ
 to its first text event; only with ``stream: true``); quotas with ``delay``: ``sie_llm_quota_held``
 (requests held for their caller's quota now), ``sie_llm_quota_overruns_total`` (held requests sent at
 the delay limits while over quota) and ``sie_llm_quota_share`` (this replica's fraction of each quota).
+``sie_llm_director_decisions_total{endpoint,action}`` and ``sie_llm_endpoint_weight{endpoint}`` show the
+traffic director's work.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class LLMMetrics:
                                       "their caller was over quota.", ["model_id"], registry=registry).labels(model_id)
         self.quota_share = Gauge("sie_llm_quota_share", "This replica's fraction of every quota (its partitions "
                                  "/ the topic's).", ["model_id"], registry=registry).labels(model_id)
+        self.director = Counter("sie_llm_director_decisions", "Traffic director decisions, by endpoint and action.",
+                                ["model_id", "endpoint", "action"], registry=registry)
+        self.weight = Gauge("sie_llm_endpoint_weight", "An endpoint's weight in the pool (configured x director).",
+                            ["model_id", "endpoint"], registry=registry)
 
     def add_tokens(self, prompt: int, completion: int) -> None:
         if prompt:

@@ -32,8 +32,10 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger("sie.llm")
 
@@ -51,6 +53,14 @@ class Endpoint:
     served: int = 0
     last_error: str = ""
     reserved: int = 0  # slots only P0 requests may take (module docstring)
+    #: (when, seconds) of its recent answers: the traffic director's p99 of this endpoint
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=512))
+    #: the configured weight; the director scales it (``weight`` = base x its multiplier)
+    base_weight: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.base_weight < 0:
+            self.base_weight = self.weight
 
     def up(self, now: float) -> bool:
         return now >= self.out_until
@@ -129,11 +139,13 @@ class EndpointPool:
                     self._cond.notify_all()  # a less urgent waiter may go now
         return None
 
-    def release(self, endpoint: Endpoint) -> None:
-        """The request on ``endpoint`` got an answer (any answer: the server is up)."""
+    def release(self, endpoint: Endpoint, latency_s: float | None = None) -> None:
+        """The request on ``endpoint`` got an answer (any answer: the server is up) after ``latency_s``."""
         with self._cond:
             endpoint.in_flight -= 1
             endpoint.served += 1
+            if latency_s is not None:
+                endpoint.recent.append((self._clock(), latency_s))
             if endpoint.failures:
                 log.info("endpoint %s answers again: back in service", endpoint.url)
             endpoint.failures = 0
@@ -154,6 +166,22 @@ class EndpointPool:
                 log.warning("endpoint %s failed (%s): out of service for %.1fs", endpoint.url, why, backoff)
             self._cond.notify_all()
             return backoff
+
+    def signals(self, window_s: float = 10.0) -> list[Any]:
+        """Each endpoint now, as the traffic director reads it (``sie.streams.control.director.Signal``): a
+        remote server's GPU is not visible from here, so its slot occupancy (in flight / concurrency) stands
+        for utilisation and its requests in flight (sent, not answered: the server runs or queues them) for
+        its queue; p99 over the answers of the last ``window_s``."""
+        from sie.streams.control.director import Signal
+
+        now = self._clock()
+        out = []
+        with self._cond:
+            for e in self.endpoints:
+                times = sorted(s for at, s in e.recent if at >= now - window_s)
+                p99 = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000.0 if times else None
+                out.append(Signal(e.url, 100.0 * e.in_flight / e.concurrency, float(e.in_flight), p99))
+        return out
 
     def in_service(self) -> int:
         now = self._clock()

@@ -36,6 +36,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +133,9 @@ class LLMScorer:
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
                                  clock=clock)
         self.window = Window()
+        #: the traffic director (``sie.streams.control.director``): its memory per endpoint and its decisions
+        self._tracks: dict[str, Any] = {}
+        self.director_decisions: deque[Any] = deque(maxlen=200)
         self._done: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self._paused: set[TP] = set()
         self._reassigned = False
@@ -169,6 +173,7 @@ class LLMScorer:
                 on_ready()
             next_commit = self._clock() + self.llm.commit_interval_s
             next_lag = self._clock()
+            next_direct = self._clock() + self.llm.director_interval_s
             while not stop.is_set():
                 dispatcher.check()
                 self._poll(consumer)
@@ -187,6 +192,9 @@ class LLMScorer:
                 if now >= next_lag:
                     self.metrics.set_lag(consumer_lag(consumer))
                     next_lag = now + cfg.lag_interval_s
+                if self.llm.director is not None and now >= next_direct:
+                    self.direct(now)
+                    next_direct = now + self.llm.director_interval_s
             self._drain()
             self._commit()  # SIGTERM: what is finished becomes visible; the rest is redone by the next owner
         finally:
@@ -194,6 +202,20 @@ class LLMScorer:
             close_quietly(consumer, producer)
             self.metrics.close()
         return self.summary()
+
+    def direct(self, now: float) -> None:
+        """One look of the traffic director at the endpoints; its weight changes go to the pool at once
+        (keys move between endpoints only as far as the weights say), each decision is logged with its numbers."""
+        from sie.streams.control.director import direct
+
+        self._tracks, decisions = direct(self.pool.signals(), self._tracks, now, self.llm.director)
+        for d in decisions:
+            endpoint = next(e for e in self.pool.endpoints if e.url == d.name)
+            self.pool.set_weight(d.name, endpoint.base_weight * d.weight_after)
+            self.director_decisions.append(d)
+            self.llm_metrics.director.labels(self.metrics.model_id, d.name, d.action).inc()
+            self.llm_metrics.weight.labels(self.metrics.model_id, d.name).set(endpoint.base_weight * d.weight_after)
+            log.warning("traffic director: %s %s: %s", d.action, d.name, d.reason)
 
     def summary(self) -> ScorerSummary:
         eos = self.eos

@@ -62,6 +62,9 @@ class ScorerConfig:
     max_poll_interval_ms: int = 300_000  # one batch (consume -> commit) must finish within this
     transaction_timeout_ms: int = 60_000  # > worst batch time, <= broker transaction.max.timeout.ms
     fetch_queue_kbytes: int = 16_384  # prefetch bound: memory stays bounded whatever the backlog
+    # what the transactional producer may queue; None: librdkafka's default (1 GiB). A multi-model process
+    # (sie.workers.shared) bounds it per model, since it runs one producer per model it hosts
+    producer_buffer_kbytes: int | None = None
     retriable_attempts: int = 8  # bounded retries of one Kafka call on a retriable error
     retry_backoff_s: float = 0.1
     backend_backoff_max_s: float = 5.0  # cap of the backoff while the backend is down
@@ -79,6 +82,10 @@ class ScorerConfig:
             ("session_timeout_ms", self.session_timeout_ms >= 1000, ">= 1000"),
             ("transaction_timeout_ms", self.transaction_timeout_ms >= 1000, ">= 1000"),
             ("fetch_queue_kbytes", self.fetch_queue_kbytes >= 64, ">= 64"),
+            # a record larger than the producer's whole queue would never fit: produce() would wait forever
+            ("producer_buffer_kbytes", self.producer_buffer_kbytes is None
+             or self.producer_buffer_kbytes * 1024 >= 2 * self.settings.max_record_bytes,
+             f">= 2 * SIE_MAX_RECORD_BYTES / 1024 = {2 * self.settings.max_record_bytes // 1024} or unset"),
             ("retriable_attempts", self.retriable_attempts >= 1, ">= 1"),
         ]
         for name, ok, rule in checks:
@@ -122,4 +129,5 @@ class ScorerConfig:
 
     def producer_config(self) -> dict[str, Any]:
         return transactional_producer_config(self.settings, self.transactional_id, max_batch=self.max_batch,
-                                             transaction_timeout_ms=self.transaction_timeout_ms)
+                                             transaction_timeout_ms=self.transaction_timeout_ms,
+                                             buffer_kbytes=self.producer_buffer_kbytes)

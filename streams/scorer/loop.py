@@ -301,9 +301,10 @@ class Scorer:
         """Results go to the request's partition number when both topics have the same partition count."""
         spec = self.config.spec
         try:
-            md = consumer.list_topics(timeout=10)
-            req = md.topics.get(spec.topics.requests)
-            res = md.topics.get(spec.topics.results)
+            # the two topics only: a request for every topic makes librdkafka cache the whole cluster's
+            # metadata in this client (MBs on a cluster of thousands of topics, per scorer: docs/density.md)
+            req = consumer.list_topics(spec.topics.requests, timeout=10).topics.get(spec.topics.requests)
+            res = consumer.list_topics(spec.topics.results, timeout=10).topics.get(spec.topics.results)
             return bool(req and res and not req.error and not res.error
                         and len(req.partitions) == len(res.partitions) > 0)
         except KafkaException as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -162,12 +163,15 @@ class RolloutScorer(Scorer):
 
 
 class KafkaWeightSource:
-    """The rollouts topic, read_committed, from the beginning: the newest record of one model.
+    """The rollouts topic, read_committed, from the beginning: the newest record of one model (or of every
+    model, ``model=None``: a multi-model process shares one reader among its models through ``view``).
 
-    No thread: ``latest()`` drains what has arrived (non-blocking) each time the scorer starts a batch.
+    No thread: ``latest()`` drains what has arrived (non-blocking) each time a scorer starts a batch; a
+    lock makes the drain safe from several scorer threads (the consumer itself is not thread-safe).
     """
 
-    def __init__(self, settings: Any, model: str, consumer_factory: Callable[[dict], Any] | None = None) -> None:
+    def __init__(self, settings: Any, model: str | None, consumer_factory: Callable[[dict], Any] | None = None,
+                 reader: str | None = None) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
         from sie.schemas.avro_codec import Codec
@@ -175,7 +179,7 @@ class KafkaWeightSource:
         names = settings.names
         self._topic = names.system_topic("rollouts")
         config = settings.kafka_client_config(**{
-            "group.id": names.reader_group("rollout-weights", model), "enable.auto.commit": False,
+            "group.id": names.reader_group("rollout-weights", reader or model or "all"), "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
         self._consumer = (consumer_factory or Consumer)(config)
         md = self._consumer.list_topics(self._topic, timeout=10)
@@ -183,26 +187,61 @@ class KafkaWeightSource:
         self._consumer.assign([TopicPartition(self._topic, p, -2) for p in parts])
         self._model = model
         self._codec = Codec()
-        self._record: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._records: dict[str, dict[str, Any]] = {}
 
     def latest(self) -> dict[str, Any] | None:
+        if self._model is None:
+            raise ValueError("KafkaWeightSource(model=None) serves several models: use view(model).latest()")
+        return self.latest_for(self._model)
+
+    def latest_for(self, model: str) -> dict[str, Any] | None:
+        with self._lock:
+            self._drain()
+            return self._records.get(model)
+
+    def view(self, model: str) -> _ModelView:
+        """One model's ``WeightSource`` over this shared reader (closing the view leaves the reader open)."""
+        return _ModelView(self, model)
+
+    def _drain(self) -> None:
         while True:
             msgs = self._consumer.consume(500, 0)
             for m in msgs:
-                if m.error() or m.key() != self._model.encode():
-                    continue
-                if m.value() is None:  # tombstone: the model's rollout record was deleted
-                    self._record = None
+                if m.error() or m.key() is None:
                     continue
                 try:
-                    self._record = self._codec.decode(m.value(), expected="Rollout")
+                    model = m.key().decode()
+                except UnicodeDecodeError:
+                    continue
+                if self._model is not None and model != self._model:
+                    continue
+                if m.value() is None:  # tombstone: the model's rollout record was deleted
+                    self._records.pop(model, None)
+                    continue
+                try:
+                    self._records[model] = self._codec.decode(m.value(), expected="Rollout")
                 except Exception as exc:  # a record we cannot read must not stop scoring
-                    log.error("rollouts topic: unreadable record for %s skipped (%s)", self._model, exc)
+                    log.error("rollouts topic: unreadable record for %s skipped (%s)", model, exc)
             if len(msgs) < 500:
-                return self._record
+                return
 
     def close(self) -> None:
-        self._consumer.close()
+        with self._lock:
+            self._consumer.close()
+
+
+class _ModelView:
+    """One model's ``WeightSource`` on a shared ``KafkaWeightSource``."""
+
+    def __init__(self, source: KafkaWeightSource, model: str) -> None:
+        self._source, self._model = source, model
+
+    def latest(self) -> dict[str, Any] | None:
+        return self._source.latest_for(self._model)
+
+    def close(self) -> None:
+        """The shared reader stays open: its owner (the process) closes it."""
 
 
 def run_rollout_scorer(config: Any, backend_factory: Callable[[Any], Any], stop_event: Any,

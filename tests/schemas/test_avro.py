@@ -29,8 +29,9 @@ SAMPLES: dict[str, dict] = {
                                 "metrics_address": "node-a:40123", "lag": 17, "p99_ms": 12.5,
                                 # records/inference_rps: their defaults, which is what an older writer's
                                 # records read as
-                                "records": 0, "inference_rps": None}],
-                  "metrics_address": "node-a:9400", "warm_workers": 2, "reserved_memory_mb": 640},
+                                "records": 0, "inference_rps": None, "process": "pid-4242"}],
+                  "metrics_address": "node-a:9400", "warm_workers": 2, "reserved_memory_mb": 640,
+                  "memory_total_mb": 131072, "memory_available_mb": 90112, "shared_process_slots": 0},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
                    "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "gpu_indices": [0, 1],
                                  "gpu_memory_mb": 12288, "spec_json": "{}"}]},
@@ -43,7 +44,7 @@ SAMPLES: dict[str, dict] = {
                     "reason": None, "desired_replicas": 1, "ready_replicas": 1,
                     "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "node": "node-a", "gpu_indices": [0],
                                   "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
-                                  "actual_version": "1", "cooldowns": []}],
+                                  "actual_version": "1", "process": "pid-4242", "cooldowns": []}],
                     "epoch": 3, "updated_at_ms": 8,
                     "autoscale": {"desired": 3, "action": "up", "reason": "1 -> 3: 3 needed", "decided_at_ms": 9,
                                   "last_scale_at_ms": 9, "capacity_per_replica": 120.5, "blocked_until_ms": None,
@@ -200,6 +201,16 @@ def test_removed_field_without_default_is_not_readable():
     codec.register_writer(old)
     with pytest.raises(AvroCodecError, match="cannot read this LeaderEpoch .* with the current schema"):
         codec.decode(_encode_with(old, {"instance_id": "a", "ts_ms": 1}))
+
+
+def test_heartbeat_of_an_agent_before_host_memory_reads_as_unknown():
+    """An agent older than Heartbeat.v4 sends no host memory and no process: they read as null/0, which the
+    control plane treats as "not reported" (placement counts no process overhead on that node)."""
+    old = json.loads((HISTORY_DIR / "Heartbeat.v3.avsc").read_text())
+    record = _known_to(old, SAMPLES["Heartbeat"])
+    decoded = Codec().decode(_encode_with(old, record), expected="Heartbeat")
+    assert (decoded["memory_total_mb"], decoded["memory_available_mb"], decoded["shared_process_slots"]) == (None, None, 0)
+    assert decoded["replicas"][0]["process"] is None
 
 
 def test_current_schemas_are_frozen_in_history():

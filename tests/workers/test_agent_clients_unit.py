@@ -190,6 +190,10 @@ def test_each_transition_is_published_once_and_heartbeats_follow_the_clock(world
     _key, second = world.records("heartbeats")[1]
     assert second["seq"] == 2
     assert [(r["replica_id"], r["state"]) for r in second["replicas"]] == [("a-0", "READY")]
+    # the process hosting it (a worker of its own: its pid) and the node's host memory (/proc/meminfo)
+    assert second["replicas"][0]["process"] == f"pid-{world.launcher.last.pid}"
+    assert second["memory_total_mb"] > 0 and 0 <= second["memory_available_mb"] <= second["memory_total_mb"]
+    assert second["shared_process_slots"] == 0
     assert [g["memory_used_mb"] for g in second["gpus"]] == [1024]  # simulated GPU: the replica's budget is used
     world.settle()
     assert len(world.records("heartbeats")) == 2

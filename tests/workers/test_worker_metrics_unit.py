@@ -85,3 +85,22 @@ def test_the_heartbeat_advertises_host_and_ports_and_round_trips_through_avro():
     reported = back["replicas"][0]
     assert (reported["metrics_address"], reported["lag"], reported["p99_ms"]) == ("10.0.0.7:40123", 3, 4.0)
     assert messages.address("::1", 9400) == "[::1]:9400" and messages.address(None, 9400) is None
+
+
+def test_the_heartbeat_names_each_replicas_process_and_the_hosts_memory():
+    clock, launcher = FakeClock(), FakeLauncher()
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("w",)), clock)
+    sup.set_desired([replica()])
+    sup.update()
+    own = decode(encode("Heartbeat", messages.heartbeat("node-a", 1, 5, [], sup.snapshots(), memory_total_mb=64000,
+                                                        memory_available_mb=41000)))
+    assert own["replicas"][0]["process"] == f"pid-{launcher.last.pid}"
+    assert (own["memory_total_mb"], own["memory_available_mb"], own["shared_process_slots"]) == (64000, 41000, 0)
+    # the hook a multi-model runtime uses: replica id -> the shared process hosting it
+    shared = messages.heartbeat("node-a", 2, 6, [], sup.snapshots(), shared_process_slots=50,
+                                processes={"m-0": "shared-1"})
+    assert shared["replicas"][0]["process"] == "shared-1" and shared["shared_process_slots"] == 50
+    assert shared["memory_total_mb"] is None and shared["memory_available_mb"] is None  # unknown, not 0
+    launcher.last.exit(1)
+    sup.update()  # CRASHED: no process, so none is named
+    assert messages.heartbeat("node-a", 3, 7, [], sup.snapshots())["replicas"][0]["process"] is None

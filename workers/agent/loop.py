@@ -344,11 +344,13 @@ class Agent:
 
     def _heartbeat(self) -> None:
         snapshots = self.supervisor.snapshots()
-        gpus = self._gpu_metrics(snapshots)
+        probed = self._probe()  # fresh NVML readings and host memory (/proc/meminfo)
+        gpus = self._gpu_metrics(snapshots, probed)
         self._seq += 1
         warm, reserved = (self.pool.ready(), self.pool.memory_mb()) if self.pool is not None else (0, 0)
         record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
-                                    self.advertise_host, self.metrics_port, warm, reserved)
+                                    self.advertise_host, self.metrics_port, warm, reserved,
+                                    memory_total_mb=probed.memory_mb, memory_available_mb=probed.memory_available_mb)
         self._produce("heartbeats", self.config.node, "Heartbeat", record)
         self.metrics.heartbeats.labels(self.config.node).inc()
         self.metrics.observe_gpus(gpus)
@@ -356,10 +358,10 @@ class Agent:
         if self.pool is not None:
             self.metrics.observe_pool(self.pool.status())
 
-    def _gpu_metrics(self, snapshots: list[ReplicaSnapshot]) -> list[Any]:
-        """Fresh NVML readings; simulated GPUs report the budgets of the replicas running on them as used."""
+    def _gpu_metrics(self, snapshots: list[ReplicaSnapshot], probed: Any) -> list[Any]:
+        """Fresh NVML readings (``probed``); simulated GPUs report the budgets of the replicas running on them as used."""
         if not self.config.simulate_gpus:
-            return list(self._probe().gpus)
+            return list(probed.gpus)
         used: dict[int, int] = {}
         for actual in self.supervisor.table.all():
             if actual.state.has_process:

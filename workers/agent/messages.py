@@ -47,7 +47,14 @@ def address(host: str | None, port: int | None) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def replica_report(snapshot: ReplicaSnapshot, host: str | None = None) -> dict[str, Any]:
+def dedicated_process(pid: int | None) -> str | None:
+    """The ``process`` of a replica running in a worker process of its own: ``pid-<pid>`` (None: no process)."""
+    return f"pid-{pid}" if pid else None
+
+
+def replica_report(snapshot: ReplicaSnapshot, host: str | None = None, process: str | None = None) -> dict[str, Any]:
+    """``process``: the id of the shared worker process hosting the replica (a multi-model runtime passes
+    it); None = the replica runs in a process of its own, reported as ``pid-<pid>`` (``dedicated_process``)."""
     return {
         "replica_id": snapshot.replica_id,
         "model": snapshot.model,
@@ -61,23 +68,33 @@ def replica_report(snapshot: ReplicaSnapshot, host: str | None = None) -> dict[s
         "p99_ms": snapshot.p99_ms,
         "records": snapshot.records,
         "inference_rps": snapshot.inference_rps,
+        "process": process or dedicated_process(snapshot.pid),
     }
 
 
 def heartbeat(node: str, seq: int, ts_ms: int, gpus: Iterable[Any], snapshots: Iterable[ReplicaSnapshot],
               host: str | None = None, metrics_port: int | None = None,
-              warm_workers: int = 0, reserved_memory_mb: int = 0) -> dict[str, Any]:
+              warm_workers: int = 0, reserved_memory_mb: int = 0,
+              memory_total_mb: int | None = None, memory_available_mb: int | None = None,
+              shared_process_slots: int = 0, processes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``host``: where Prometheus reaches this node; ``metrics_port``: the agent's own /metrics;
-    ``warm_workers`` / ``reserved_memory_mb``: its warm pool (placement subtracts the memory it holds)."""
+    ``warm_workers`` / ``reserved_memory_mb``: its warm pool (placement subtracts the memory it holds);
+    ``memory_total_mb`` / ``memory_available_mb``: host memory now (None: unknown, e.g. no /proc/meminfo);
+    ``shared_process_slots``: models one shared worker process hosts (0: none shared, every replica in a process
+    of its own); ``processes``: replica id -> the shared process hosting it (replicas not named run alone)."""
+    processes = processes or {}
     return {
         "node": node,
         "ts_ms": ts_ms,
         "seq": seq,
         "gpus": [gpu_record(g) for g in gpus],
-        "replicas": [replica_report(s, host) for s in snapshots],
+        "replicas": [replica_report(s, host, processes.get(s.replica_id)) for s in snapshots],
         "metrics_address": address(host, metrics_port),
         "warm_workers": warm_workers,
         "reserved_memory_mb": reserved_memory_mb,
+        "memory_total_mb": memory_total_mb or None,
+        "memory_available_mb": memory_available_mb if memory_total_mb else None,
+        "shared_process_slots": shared_process_slots,
     }
 
 

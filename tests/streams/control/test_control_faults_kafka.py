@@ -222,6 +222,16 @@ def test_after_the_control_leader_topic_is_recreated_the_agents_still_follow_the
         first = control(settings, running, "cp-a")
         apply(settings, "one")
         wait_until(lambda: [h for h in launcher.started if h.spec.name == "one-0"], 30, message="one-0 launched")
+        # the agent's heartbeats bring host memory and each replica's process into the control plane's view
+        (one,) = [h for h in launcher.started if h.spec.name == "one-0"]
+
+        def hosted() -> Any:
+            hb = first.state.snapshot().heartbeats.get("n1")
+            return hb is not None and [r.process for r in hb.replicas if r.replica_id == "one-0"] == [f"pid-{one.pid}"]
+
+        wait_until(hosted, 10, message="a heartbeat naming one-0's process")
+        n1 = first.state.snapshot().inventory(time.time(), 6.0).node("n1")
+        assert n1.process_slots == 0 and n1.memory_mb > 0 and n1.memory_available_mb is not None
         first_epoch = first.elector.epoch
         first.stop()
 

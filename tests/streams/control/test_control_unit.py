@@ -320,6 +320,57 @@ def test_replica_states_come_from_heartbeats(world):
     assert [r.value["phase"] for r in rep.of("model-status")] == ["Ready"]
 
 
+def agent_heartbeat(state: ClusterState, node: str, at: float, **host: Any) -> None:
+    """A heartbeat as an agent builds it (``messages.heartbeat``), through Avro, as the feeder would apply it."""
+    from sie.schemas.avro_codec import decode, encode
+    from sie.workers.agent import messages
+    from sie.workers.replica import ReplicaState as RS
+    from sie.workers.supervisor import ReplicaSnapshot
+
+    snaps = [ReplicaSnapshot(rid, rid.rsplit("-", 1)[0], "1.0.0", RS.READY, pid, 0, 0, "", None, None, "h", ())
+             for rid, pid in host.pop("replicas", {}).items()]
+    record = messages.heartbeat(node, 2, int(at * 1000), [], snaps, **host)  # GPUs: as registered
+    state.apply_heartbeat(decode(encode("Heartbeat", record)), seen_at=at)
+
+
+def test_heartbeat_host_memory_reaches_the_inventory_and_placement_counts_process_overhead(world):
+    clock, state, pub, _, ctl = world
+    agent_heartbeat(state, "node-a", clock(), memory_total_mb=16384, memory_available_mb=9000, reserved_memory_mb=384)
+    nodes = {n.name: n for n in state.snapshot().inventory(clock(), TIMEOUT).nodes}
+    a, b = nodes["node-a"], nodes["node-b"]
+    assert (a.memory_mb, a.memory_available_mb, a.process_slots) == (16384 - 384, 9000, 0)
+    assert (b.memory_mb, b.memory_available_mb, b.process_slots) == (32768, None, None)  # old agent: as registered
+    (view_a,) = [v for v in state.snapshot().node_views(clock(), TIMEOUT) if v.name == "node-a"]
+    assert view_a.to_json()["memory_available_mb"] == 9000
+
+    # 16000 MiB declared + 579 MiB process overhead fits neither node-a (16000 free) nor node-b (old agent:
+    # no overhead counted there, but 16000 + 16000 of its 32768 MiB are taken by the two replicas first)
+    state.apply_spec("big", spec_record("big", 1024, replicas=3, resources={"gpuMemoryMb": 1024, "cpu": 1, "memoryMb": 16000}))
+    rep = ctl.reconcile(clock())
+    placed = {v.replica_id: v.node for v in rep.statuses["big"].replicas}
+    assert sorted(n for n in placed.values() if n) == ["node-b", "node-b"]
+    (unplaced,) = [v for v in rep.statuses["big"].replicas if v.node is None]
+    assert unplaced.reason == ("unschedulable: needs 16579 MiB host memory (16000 MiB declared + 579 MiB process "
+                               "overhead); most free is 16000 MiB on node-a")
+
+
+def test_the_process_hosting_a_replica_reaches_its_status(world):
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    (node,) = [n for n, ids in assigned(pub).items() if "alpha-0" in ids]
+    clock.advance(1)
+    agent_heartbeat(state, node, clock(), replicas={"alpha-0": 4242}, memory_total_mb=32768)
+    (view,) = ctl.reconcile(clock()).statuses["alpha"].replicas
+    assert view.process == "pid-4242"  # a worker process of its own, named by its pid
+    assert view.to_record()["process"] == "pid-4242"
+    clock.advance(1)
+    agent_heartbeat(state, node, clock(), replicas={"alpha-0": 4242}, memory_total_mb=32768, shared_process_slots=32,
+                    processes={"alpha-0": "shared-0"})
+    (view,) = ctl.reconcile(clock()).statuses["alpha"].replicas
+    assert view.process == "shared-0"  # a multi-model runtime reports the shared process instead
+
+
 def test_config_file_reads_the_article_config(tmp_path):
     path = tmp_path / "cp.yaml"
     path.write_text("scheduling: {strategy: binpack}\ncontrol: {node_timeout_s: 4}\n")

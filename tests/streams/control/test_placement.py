@@ -248,6 +248,11 @@ class _Res:
 
 
 @dataclass
+class _Backend:
+    type: str = "torch"
+
+
+@dataclass
 class _Sla:
     min_replicas: int = 1
     max_replicas: int = 1
@@ -263,6 +268,7 @@ class _Spec:
     resources: _Res = field(default_factory=_Res)
     scheduling: _Sched = field(default_factory=_Sched)
     sla: _Sla = field(default_factory=_Sla)
+    backend: _Backend = field(default_factory=_Backend)
 
 
 def test_validate_tier_request_for_409():
@@ -289,7 +295,7 @@ def test_demands_from_spec_places_min_replicas_with_stable_ids():
     assert [d.replica_id for d in ds] == ["fraud-scorer-0", "fraud-scorer-1"]
     assert ds[0] == ReplicaDemand(
         model="fraud-scorer", index=0, version="1.0.0", priority="P0", gpu_memory_mb=12288, cpu=2.0,
-        memory_mb=4096, node_selector=(("nvidia.com/gpu.product", "A100-80gb"),),
+        memory_mb=4096, node_selector=(("nvidia.com/gpu.product", "A100-80gb"),), backend="torch",
     )
 
 

@@ -244,17 +244,18 @@ def test_stale_while_dead_or_replaying_and_says_why(feeds):
 
 
 def test_a_stalled_reader_is_stale(feeds):
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     class SlowState(ClusterState):
         def apply_node(self, name, record):  # an apply that hangs: the loop stops polling
-            release.wait(10)
+            entered.set()
+            release.wait(60)
             super().apply_node(name, record)
 
     f = feed(feeds, [], state=SlowState(), stall_limit_s=15.0)
     wait_until(f.feeder.caught_up.is_set, message="caught up")
     f.consumer.append(msg("nodes", 0, 0, "node-a", registration("node-a")))
-    f.settle()  # the poll that took node-a has returned: the loop now hangs in apply_node
+    wait_until(entered.is_set, message="the loop hanging in apply_node")  # the poll that took node-a returned
     f.mono.t += 16
     assert f.feeder.stale_reason() == "state reader stalled: no poll for 16s"
     release.set()

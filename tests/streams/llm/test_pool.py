@@ -140,3 +140,24 @@ def test_a_waiting_p0_request_takes_the_next_free_slot_before_waiting_p2_request
     for t in waiters:
         t.join(5)
     assert order[1].startswith("p2-") and len(order) == 2
+
+
+def test_signals_give_the_director_slot_occupancy_requests_in_flight_and_the_recent_p99():
+    clock = Clock()
+    p = pool(2, concurrency=4, clock=clock)
+    stop = threading.Event()
+    busy = [p.acquire(b"k", stop) for _ in range(4)]  # key-sticky: all on one endpoint
+    first = busy[0]
+    assert all(e is first for e in busy)
+    p.release(first, 0.5)  # an answer after 500 ms: recorded for the p99
+    for i in range(99):
+        first.recent.append((clock.now, (10 + i) / 1000.0))  # answers of 10..108 ms
+    clock.now += 5
+    hot = {s.name: s for s in p.signals(window_s=10.0)}[first.url]
+    assert hot.utilisation_pct == pytest.approx(75.0) and hot.queue == 3.0
+    assert hot.p99_ms == pytest.approx(500.0)
+    clock.now += 20  # outside the window: no p99 until new answers come
+    assert {s.name: s.p99_ms for s in p.signals(window_s=10.0)}[first.url] is None
+    # the director scales the configured weight
+    p.set_weight(first.url, first.base_weight * 0.7)
+    assert first.weight == pytest.approx(0.7) and first.base_weight == 1.0
