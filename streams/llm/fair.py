@@ -12,7 +12,7 @@ a worker, so the workers never idle and the order below decides who goes next):
   over its quota is skipped until its buckets refill, and does not delay anyone else's turn;
 * **limits** on how long held requests may hold the window: a caller whose oldest held request waited
   ``max_delay_s`` (default 10 s), and every caller while more than ``max_delayed`` (default half of
-  ``max_pending``) are held in all, takes part in the round robin *over* its quota (counted: ``overrun``;
+  ``max_pending``) are held in all or the window is full, takes part in the round robin *over* its quota (counted: ``overrun``;
   the bucket's debt then delays its later requests further).  It still gets one turn per round like any
   other caller and only within ``room``, so going over quota never pushes the others' requests back;
   what the limits bound is how long held records hold the window: without them one throttled caller
@@ -89,18 +89,20 @@ class FairQueue:
         self.overruns += overrun
         out.append(Released(held.job, held.caller, self._quotas.take(held.caller), overrun))
 
-    def _due(self, caller: str, now: float) -> bool:
+    def _due(self, caller: str, now: float, full: bool) -> bool:
         """``caller``'s next request may go now: its quota allows it, or a limit is reached (its oldest
-        held request waited ``max_delay_s``, or more than ``max_delayed`` are held in all)."""
-        return (self._quotas.wait_s(caller) <= 0 or self.size > self.max_delayed
+        held request waited ``max_delay_s``, more than ``max_delayed`` are held in all, or the window is
+        ``full``)."""
+        return (self._quotas.wait_s(caller) <= 0 or full or self.size > self.max_delayed
                 or now - self._queues[caller][0].since >= self.max_delay_s)
 
-    def release(self, room: int) -> list[Released]:
-        """Up to ``room`` requests to send now, one per due caller per turn of the round robin."""
+    def release(self, room: int, full: bool = False) -> list[Released]:
+        """Up to ``room`` requests to send now, one per due caller per turn of the round robin; ``full``:
+        the window is at ``max_pending`` (consumption paused), so every caller is due."""
         out: list[Released] = []
         now = self._clock()
         while len(out) < room and self._queues:
-            turn = [c for c in self._queues if self._due(c, now)]
+            turn = [c for c in self._queues if self._due(c, now, full)]
             if not turn:
                 break
             for caller in turn:

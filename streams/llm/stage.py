@@ -301,7 +301,8 @@ class LLMScorer:
         if self.fair is None or not self.fair.size or self.dispatcher is None:
             return
         room = max(0, self.dispatcher.concurrency - self.dispatcher.queued())
-        for r in self.fair.release(room):
+        # a full window pauses consumption for every caller: held records must not be what keeps it full
+        for r in self.fair.release(room, full=self.window.size >= self.llm.pending_limit):
             entry = self.window.get(r.job.tp, r.job.offset, r.job.epoch)
             if entry is None:  # its partition left the window meanwhile
                 continue

@@ -165,6 +165,14 @@ def test_a_caller_over_quota_at_the_limits_still_gets_only_its_turn():
     assert [r.overrun for r in out] == [False, False, True, False]
 
 
+def test_every_caller_is_due_while_the_window_is_full():
+    clock, fair = _fair(1, 5, max_delay_s=30, max_delayed=100)
+    assert [r.job.offset for r in fair.release(room=10)] == [0]  # the quota's one request
+    assert fair.release(room=10) == []
+    out = fair.release(room=2, full=True)  # consumption is paused: held records go, within the room
+    assert [r.job.offset for r in out] == [1, 2] and all(r.overrun for r in out)
+
+
 def test_with_delay_the_caller_over_quota_is_held_not_dead_lettered_and_the_other_is_not_held():
     def value(i: int, caller: str) -> bytes:
         return orjson.dumps({"id": f"{caller}{i}", "inputs": {"question": f"q{i}"}, "metadata": {"caller": caller}})
