@@ -25,18 +25,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_llm  # noqa: E402  (its sibling: run as a script, bench/ is on sys.path)
 import orjson  # noqa: E402
 
 from sie.kernel.settings import Settings  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
-from tests.llm_fixtures import FakeLLMProcess, llm_spec  # noqa: E402
+from tests.llm_fixtures import llm_spec  # noqa: E402
 from tests.scorer_fixtures import CommittedReader, group_members, produce_requests, topics_for  # noqa: E402
 
 
@@ -150,20 +151,12 @@ def main() -> int:
     known = {"alone": (0, {}), "delay": (args.greedy, {"quotas": quotas}), "no quota": (args.greedy, {}),
              "alone streamed": (0, {"stream": True})}
     runs = [(name, *known[name]) for name in args.runs.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        server = FakeLLMProcess("--slots", str(args.slots), "--mean-s", str(args.mean_s), "--p99-s",
-                                str(args.p99_s), log_dir=Path(tmp))
-        try:
-            for name, greedy, config in runs:
-                line = describe(name, scenario(settings, server.url, args, greedy, **config), args)
-                print(line, flush=True)
-                lines.append(line)
-        finally:
-            server.kill()
-    lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
-    Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return 0
+    def run(url: str, say: Callable[[str], None]) -> None:
+        for name, greedy, config in runs:
+            say(describe(name, scenario(settings, url, args, greedy, **config), args))
 
+    bench_llm.with_fake_server(args, lines, run)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
