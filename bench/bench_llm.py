@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -157,28 +158,37 @@ def main() -> int:
              f"Little's-law bound {bound:.1f} req/s; warmup {args.warmup:.0f} s, measured {args.duration:.0f} s; "
              f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 shared cores)"]
     print(lines[0], flush=True)
+    def run(url: str, say: Callable[[str], None]) -> None:
+        w = run_window(settings, url, args.slots, n, args.warmup, args.duration)
+        say(f"window: {w['rate']:.1f} req/s = {100 * w['rate'] / bound:.0f}% of the bound; transaction "
+            f"p50 {w['txn_p50_ms']:.1f} ms p99 {w['txn_p99_ms']:.1f} ms over {w['txns']} transactions")
+        for size in [int(s) for s in args.batch_sizes.split(",") if s]:
+            b = run_batch(settings, url, args.slots, n, size, args.warmup, args.duration)
+            say(f"batch(max_batch={size}, {args.slots} threads): {b['rate']:.1f} req/s = "
+                f"{100 * b['rate'] / bound:.0f}% of the bound; window/batch = "
+                f"{w['rate'] / b['rate'] if b['rate'] else float('inf'):.2f}x")
+
+    with_fake_server(args, lines, run)
+    return 0
+
+
+def with_fake_server(args: argparse.Namespace, lines: list[str], run: Callable[[str, Callable[[str], None]], None],
+                     ) -> None:
+    """Start the fake server (``args.slots``, ``mean_s``, ``p99_s``), ``run(url, say)`` (``say`` prints a
+    line and keeps it), stop the server, write ``lines`` and the load average at the end to ``args.out``."""
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     with tempfile.TemporaryDirectory() as tmp:
         server = FakeLLMProcess("--slots", str(args.slots), "--mean-s", str(args.mean_s), "--p99-s", str(args.p99_s),
                                 log_dir=Path(tmp))
         try:
-            w = run_window(settings, server.url, args.slots, n, args.warmup, args.duration)
-            line = (f"window: {w['rate']:.1f} req/s = {100 * w['rate'] / bound:.0f}% of the bound; transaction "
-                    f"p50 {w['txn_p50_ms']:.1f} ms p99 {w['txn_p99_ms']:.1f} ms over {w['txns']} transactions")
-            print(line, flush=True)
-            lines.append(line)
-            for size in [int(s) for s in args.batch_sizes.split(",") if s]:
-                b = run_batch(settings, server.url, args.slots, n, size, args.warmup, args.duration)
-                line = (f"batch(max_batch={size}, {args.slots} threads): {b['rate']:.1f} req/s = "
-                        f"{100 * b['rate'] / bound:.0f}% of the bound; window/batch = "
-                        f"{w['rate'] / b['rate'] if b['rate'] else float('inf'):.2f}x")
-                print(line, flush=True)
-                lines.append(line)
+            run(server.url, say)
         finally:
             server.kill()
     lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
     Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

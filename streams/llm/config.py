@@ -8,8 +8,10 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         protocol: sglang | openai-completions | openai-chat     # default sglang
         endpoints:                                               # or server_url: one endpoint
           - http://10.0.0.5:30000                                # concurrency: max_concurrency
-          - {url: http://10.0.0.6:8000, concurrency: 32, weight: 2}
+          - {url: http://10.0.0.6:8000, concurrency: 32, weight: 2, reserve_p0: 4}
         max_concurrency: 16            # per endpoint, when an endpoint does not say
+        reserve_p0: 0                  # per endpoint: slots a P1/P2 model leaves free for P0 (pool.py)
+        stream: false                  # stream the answer (SSE): time to first token is measured
         request_timeout_s: 120         # read timeout of one generation
         connect_timeout_s: 5
         commit_interval_ms: 100        # the commit cadence
@@ -22,7 +24,8 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         director_interval_ms: 1000     # how often it looks
         served_model_name / model      # OpenAI "model" field
         prompt_template, output_mode, sampling_params, output_ranges, extra_body   (protocols.py)
-        quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject}    (quota.py)
+        quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject|delay,
+                 max_delay_s, max_delayed}                       (quota.py, fair.py)
 """
 
 from __future__ import annotations
@@ -43,9 +46,16 @@ def _num(cfg: Mapping[str, Any], name: str, default: float, low: float) -> float
     return float(value)
 
 
+def _flag(cfg: Mapping[str, Any], name: str) -> bool:
+    value = cfg.get(name, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"spec.backend.config.{name}: must be true or false (got {value!r})")
+    return value
+
+
 @dataclass(frozen=True)
 class LLMConfig:
-    endpoints: tuple[tuple[str, int, float], ...]  # (url, concurrency, weight)
+    endpoints: tuple[tuple[str, int, float, int], ...]  # (url, concurrency, weight, reserved for P0)
     protocol: str = "sglang"
     request_timeout_s: float = 120.0
     connect_timeout_s: float = 5.0
@@ -54,13 +64,14 @@ class LLMConfig:
     backoff_s: float = 0.5
     backoff_max_s: float = 30.0
     poison_after: int = 3
+    stream: bool = False
     #: the traffic director's policy over the endpoints' weights (None: off)
     director: Any = None
     director_interval_s: float = 1.0
 
     @property
     def capacity(self) -> int:
-        return sum(c for _, c, _ in self.endpoints)
+        return sum(e[1] for e in self.endpoints)
 
     @property
     def pending_limit(self) -> int:
@@ -73,11 +84,13 @@ class LLMConfig:
         return self.max_pending or 16 * self.capacity
 
     def pool_endpoints(self) -> list[Endpoint]:
-        return [Endpoint(url, concurrency, weight) for url, concurrency, weight in self.endpoints]
+        return [Endpoint(url, concurrency, weight, reserved=reserved)
+                for url, concurrency, weight, reserved in self.endpoints]
 
     @classmethod
     def from_backend_config(cls, cfg: Mapping[str, Any]) -> LLMConfig:
         per = int(_num(cfg, "max_concurrency", 16, 1))
+        reserve = int(_num(cfg, "reserve_p0", 0, 0))
         raw = cfg.get("endpoints") or ([cfg["server_url"]] if cfg.get("server_url") else [])
         if not isinstance(raw, list) or not raw:
             raise ConfigError("spec.backend.config.endpoints: list the servers' URLs (or set server_url) to "
@@ -88,7 +101,12 @@ class LLMConfig:
             url = spec.get("url")
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"spec.backend.config.endpoints[{i}].url: an http(s) URL is needed (got {url!r})")
-            endpoints.append((url.rstrip("/"), int(_num(spec, "concurrency", per, 1)), _num(spec, "weight", 1.0, 0)))
+            concurrency = int(_num(spec, "concurrency", per, 1))
+            reserved = int(_num(spec, "reserve_p0", reserve, 0))
+            if reserved >= concurrency:
+                raise ConfigError(f"spec.backend.config.endpoints[{i}].reserve_p0: must be below its concurrency "
+                                  f"{concurrency} (got {reserved})")
+            endpoints.append((url.rstrip("/"), concurrency, _num(spec, "weight", 1.0, 0), reserved))
         protocol = str(cfg.get("protocol") or "sglang")
         if protocol not in PROTOCOLS:
             raise ConfigError(f"spec.backend.config.protocol: must be one of {', '.join(PROTOCOLS)} (got {protocol!r})")
@@ -100,6 +118,7 @@ class LLMConfig:
                    backoff_s=_num(cfg, "endpoint_backoff_s", 0.5, 0.001),
                    backoff_max_s=_num(cfg, "endpoint_backoff_max_s", 30.0, 0.001),
                    poison_after=int(_num(cfg, "poison_after", 3, 1)),
+                   stream=_flag(cfg, "stream"),
                    director=_director(cfg.get("director"), len(endpoints)),
                    director_interval_s=_num(cfg, "director_interval_ms", 1000, 10) / 1000.0)
 

@@ -21,6 +21,11 @@ Outcomes of one request (``Job``):
   while the pool served other requests meanwhile is dead-lettered with the server's message;
 * 408/429 (the server is busy): a short pause, the same request again; the endpoint stays in service.
 
+Streaming (``protocol.stream``): the answer is read as server-sent events (``StreamReader``); the
+moment of the first event carrying text is ``job.first_token`` (time to first token = that less
+``job.sent``, the start of the attempt that answered).  A stream cut before its ``[DONE]`` is no usable
+answer (like a reset connection): the endpoint is ejected and the request sent again.
+
 A job whose record left the window meanwhile (``is_current`` False: revoked, reset) is dropped
 before it is sent and between retries.  Workers are supervised: ``check()`` raises if one died.
 """
@@ -38,7 +43,7 @@ from typing import Any
 import httpx
 
 from sie.streams.llm.pool import EndpointPool
-from sie.streams.llm.protocols import BadOutput, Generation, Protocol
+from sie.streams.llm.protocols import BadOutput, Generation, Protocol, StreamReader
 
 log = logging.getLogger("sie.llm")
 
@@ -62,6 +67,12 @@ class Job:
     server_errors: int = 0
     started: float = 0.0
     finished: float = 0.0
+    sent: float = 0.0  # when the last attempt was sent
+    first_token: float | None = None  # streamed: when its first text arrived
+
+
+class _Incomplete(Exception):
+    """A streamed answer ended before its ``[DONE]``: no usable answer (the server's fault)."""
 
 
 class WorkerDied(RuntimeError):
@@ -74,8 +85,10 @@ class Dispatcher:
     def __init__(self, pool: EndpointPool, protocol: Protocol, concurrency: int, stop: threading.Event, *,
                  on_done: Callable[[Job], None], is_current: Callable[[Job], bool],
                  timeout_s: float = 120.0, connect_timeout_s: float = 5.0, poison_after: int = 3,
-                 client: httpx.Client | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 client: httpx.Client | None = None, clock: Callable[[], float] = time.monotonic,
+                 priority: int = 1) -> None:
         self.pool = pool
+        self.priority = priority  # the model's priority level (P0 = 0): its place in the pool's order
         self.protocol = protocol
         self.concurrency = concurrency
         self._stop = stop
@@ -101,6 +114,10 @@ class Dispatcher:
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
+
+    def queued(self) -> int:
+        """Jobs submitted and not yet taken by a worker."""
+        return self._queue.qsize()
 
     def check(self) -> None:
         """Raise ``WorkerDied`` if a worker ended while the dispatcher is open (supervision)."""
@@ -149,15 +166,19 @@ class Dispatcher:
         pool, path = self.pool, self.protocol.path
         first_5xx_served = 0
         while True:
-            endpoint = pool.acquire(job.key, self._stop, lambda: self._gone(job))
+            endpoint = pool.acquire(job.key, self._stop, lambda: self._gone(job), self.priority)
             if endpoint is None:
                 return False
             job.attempts += 1
             job.endpoint = endpoint.url
             sent = self._clock()
+            job.sent, job.first_token = sent, None
             try:
-                response = self._client.post(endpoint.url + path, json=job.body)
-            except httpx.HTTPError as exc:  # refused, reset, timed out, protocol error: the server's fault
+                if self.protocol.stream:
+                    response, streamed = self._stream(endpoint.url + path, job)
+                else:
+                    response, streamed = self._client.post(endpoint.url + path, json=job.body), None
+            except (httpx.HTTPError, _Incomplete) as exc:  # refused, reset, timed out, cut: the server's fault
                 if self._closed.is_set():  # our own client closed under the request: not the server's fault
                     pool.release(endpoint)
                     return False
@@ -187,10 +208,34 @@ class Dispatcher:
                 pool.failed(endpoint, f"HTTP {status}")
                 continue
             pool.release(endpoint, self._clock() - sent)
+            if isinstance(streamed, BadOutput):
+                job.error = str(streamed)
+                return True
             try:
-                job.generation = self.protocol.parse(response.json())
+                job.generation = streamed if streamed is not None else self.protocol.parse(response.json())
             except ValueError:  # not JSON
                 job.error = f"{path}: answer is not JSON: {response.text[:200]!r}"
             except BadOutput as exc:
                 job.error = str(exc)
             return True
+
+    def _stream(self, url: str, job: Job) -> tuple[httpx.Response, Generation | BadOutput | None]:
+        """Send ``job`` and read its answer as events: (the response, read in full unless it is 200; the
+        generation, or why the stream cannot be the request's answer)."""
+        with self._client.stream("POST", url, json=job.body) as response:
+            if response.status_code != 200 or not response.headers.get("content-type", "").startswith(
+                    "text/event-stream"):
+                # an error answer, or a server that answered the whole body at once (no streaming): read as
+                # without streaming (no first token to time)
+                response.read()
+                return response, None
+            reader = StreamReader(self.protocol)
+            try:
+                for line in response.iter_lines():
+                    if reader.feed(line) and job.first_token is None:
+                        job.first_token = self._clock()
+                    if reader.done:
+                        return response, reader.result()
+            except BadOutput as exc:
+                return response, exc
+            raise _Incomplete("the stream ended before data: [DONE]")

@@ -8,6 +8,12 @@ and a weight.  ``acquire(key)`` blocks until some endpoint has a free slot and r
   the keys of an endpoint that leaves move).  If the preferred one is full, the least loaded endpoint
   with a free slot takes the request (throughput over locality).  No key: least loaded (in-flight /
   concurrency / weight);
+* **priority** (``acquire(..., priority=)``, 0 = P0): slots an endpoint reserves for P0
+  (``reserved``) are taken by P0 requests only, so P1/P2 load never fills the server's last slots; and
+  while a more urgent request waits for a slot, a less urgent one does not take a slot that frees (P0
+  goes first in dispatch order).  Across processes (a P0 and a P2 scorer sending to the same server,
+  each with its own pool) only the reservation works: the P2 scorer's pool stops at ``concurrency -
+  reserved`` on that endpoint, leaving the server's last slots to the P0 scorer;
 * **ejection**: ``failed(endpoint)`` (connection refused or reset, a timeout, a 5xx) takes the endpoint
   out of service for a backoff that doubles per failure (``backoff_s`` .. ``backoff_max_s``); failures
   reported while it is already out do not count again (a burst of in-flight requests failing together
@@ -46,6 +52,7 @@ class Endpoint:
     out_until: float = 0.0
     served: int = 0
     last_error: str = ""
+    reserved: int = 0  # slots only P0 requests may take (module docstring)
     #: (when, seconds) of its recent answers: the traffic director's p99 of this endpoint
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=512))
     #: the configured weight; the director scales it (``weight`` = base x its multiplier)
@@ -58,8 +65,10 @@ class Endpoint:
     def up(self, now: float) -> bool:
         return now >= self.out_until
 
-    def limit(self) -> int:
-        return 1 if self.failures else self.concurrency
+    def limit(self, priority: int = 0) -> int:
+        if self.failures:
+            return 1  # half-open: one probe at a time, whatever its priority
+        return self.concurrency if priority <= 0 else max(self.concurrency - self.reserved, 0)
 
 
 def _rendezvous(key: bytes, url: str, weight: float) -> float:
@@ -80,6 +89,7 @@ class EndpointPool:
         self._backoff_max = backoff_max_s
         self._clock = clock
         self._cond = threading.Condition()
+        self._waiting: dict[int, int] = {}  # acquirers blocked now, by priority
 
     @property
     def capacity(self) -> int:
@@ -93,31 +103,40 @@ class EndpointPool:
                     e.weight = max(0.0, weight)
             self._cond.notify_all()
 
-    def choose(self, key: bytes | None, now: float) -> Endpoint | None:
-        """The endpoint for ``key`` now (a free slot), or None if every endpoint is full or out. Lock held."""
+    def choose(self, key: bytes | None, now: float, priority: int = 0) -> Endpoint | None:
+        """The endpoint for ``key`` now (a free slot for ``priority``), or None if every endpoint is full
+        or out. Lock held."""
         live = [e for e in self.endpoints if e.up(now) and e.weight > 0]
-        free = [e for e in live if e.in_flight < e.limit()]
+        free = [e for e in live if e.in_flight < e.limit(priority)]
         if not free:
             return None
         if key is not None:
             preferred = max(live, key=lambda e: _rendezvous(key, e.url, e.weight))
-            if preferred.in_flight < preferred.limit():
+            if preferred.in_flight < preferred.limit(priority):
                 return preferred
-        return min(free, key=lambda e: (e.in_flight / e.limit() / e.weight, e.in_flight))
+        return min(free, key=lambda e: (e.in_flight / max(e.limit(priority), 1) / e.weight, e.in_flight))
 
     def acquire(self, key: bytes | None, stop: threading.Event, give_up: Callable[[], bool] = lambda: False,
-                ) -> Endpoint | None:
-        """A slot on an endpoint (count it in flight), waiting while none is free; None once ``stop`` is
-        set or ``give_up()`` says the request is no longer wanted."""
+                priority: int = 0) -> Endpoint | None:
+        """A slot on an endpoint (count it in flight), waiting while none is free or a more urgent request
+        (lower ``priority``) waits; None once ``stop`` is set or ``give_up()`` says the request is no
+        longer wanted."""
         with self._cond:
-            while not stop.is_set() and not give_up():
-                now = self._clock()
-                chosen = self.choose(key, now)
-                if chosen is not None:
-                    chosen.in_flight += 1
-                    return chosen
-                back = [e.out_until - now for e in self.endpoints if not e.up(now)]
-                self._cond.wait(min([0.2, *back]) if back else 0.2)
+            self._waiting[priority] = self._waiting.get(priority, 0) + 1
+            try:
+                while not stop.is_set() and not give_up():
+                    now = self._clock()
+                    urgent = any(n for p, n in self._waiting.items() if p < priority)
+                    chosen = None if urgent else self.choose(key, now, priority)
+                    if chosen is not None:
+                        chosen.in_flight += 1
+                        return chosen
+                    back = [e.out_until - now for e in self.endpoints if not e.up(now)]
+                    self._cond.wait(min([0.2, *back]) if back else 0.2)
+            finally:
+                self._waiting[priority] -= 1
+                if any(n for p, n in self._waiting.items() if p > priority):
+                    self._cond.notify_all()  # a less urgent waiter may go now
         return None
 
     def release(self, endpoint: Endpoint, latency_s: float | None = None) -> None:

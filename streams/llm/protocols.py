@@ -19,6 +19,17 @@ fields come from ``config.extra_body`` there.
 The mapping from the generated text to the result's ``outputs`` (``LLMMapping``) is the one the
 batch-path SGLang backend documents: ``output_mode`` ``json`` (parse, cast each declared field) or
 ``text`` (the one string field gets the text); fields named like token counts are filled from them.
+**Streaming** (``config.stream: true``): the request asks for server-sent events and ``StreamReader``
+reads them line by line, so the dispatcher can time the first token.  SGLang's ``/generate`` with
+``"stream": true`` answers ``data: {...}`` events, each the same object as the non-streamed answer with
+the text *so far* (cumulative: SGLang's default; a server started with ``--incremental-streaming-output``
+sends deltas and is not supported) and ``meta_info`` so far, then ``data: [DONE]``.  The OpenAI-compatible
+endpoints answer ``data: {"choices": [{"text"}]}`` (completions) or ``{"choices": [{"delta":
+{"content"}}]}`` (chat) chunks holding *deltas*, and with ``stream_options: {"include_usage": true}`` a
+last chunk whose ``usage`` holds the token counts, then ``data: [DONE]``.  The result is the same
+``Generation`` as without streaming, built when ``[DONE]`` arrives; a stream that ends before it is an
+incomplete answer (the dispatcher treats it as the server's failure and sends the request again).
+
 Nothing here does I/O: ``sie.streams.llm.dispatch`` sends what ``Protocol.request`` builds.
 """
 
@@ -147,6 +158,7 @@ class Protocol:
             sampling["json_schema"] = json.dumps(mapping.schema)
         self.model = str(config.get("served_model_name") or config.get("model") or "default")
         self.extra_body = dict(config.get("extra_body") or {})
+        self.stream = config.get("stream") is True
 
     @property
     def path(self) -> str:
@@ -156,9 +168,12 @@ class Protocol:
     def request(self, prompt: str, rid: str) -> dict[str, Any]:
         """The JSON body of one request for ``prompt``; ``rid`` is stable per Kafka record (logs, dedup)."""
         if self.name == "sglang":
-            return {"text": prompt, "sampling_params": self.sampling, "stream": False, "rid": rid}
+            return {"text": prompt, "sampling_params": self.sampling, "stream": self.stream, "rid": rid}
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "temperature": self.temperature,
                                 **self.extra_body}
+        if self.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if self.name == "openai-completions":
             body["prompt"] = prompt
         else:
@@ -192,3 +207,63 @@ class Protocol:
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
         meta = {"finish_reason": first["finish_reason"]} if first.get("finish_reason") is not None else {}
         return Generation(text, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), meta)
+
+
+class StreamReader:
+    """One streamed answer, fed its lines in order (module docstring): ``feed`` says whether the line
+    carried generated text (the first such line is the first token); ``result`` once ``done``."""
+
+    def __init__(self, protocol: Protocol) -> None:
+        self._p = protocol
+        self.done = False
+        self._text: list[str] = []
+        self._last: dict[str, Any] = {}  # sglang: the latest event (cumulative)
+        self._usage: dict[str, Any] = {}
+        self._finish: Any = None
+
+    def feed(self, line: str) -> bool:
+        line = line.strip()
+        if not line.startswith("data:"):
+            return False  # blank separators, comments, "event:" lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return False
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise BadOutput(f"{self._p.path} streamed an event that is not JSON: {data[:120]!r}") from None
+        if not isinstance(doc, dict):
+            raise BadOutput(f"{self._p.path} streamed {type(doc).__name__}, not a JSON object")
+        if doc.get("error") is not None:  # the server gave up on this request mid-stream (an error event)
+            raise BadOutput(f"{self._p.path} streamed an error: {str(doc['error'])[:300]}")
+        if self._p.name == "sglang":
+            before = len(self._last.get("text") or "")
+            self._last = doc
+            text = doc.get("text")
+            return isinstance(text, str) and len(text) > before
+        if isinstance(doc.get("usage"), dict):
+            self._usage = doc["usage"]
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return False  # the usage chunk has no choices
+        first = choices[0]
+        if first.get("finish_reason") is not None:
+            self._finish = first["finish_reason"]
+        if self._p.name == "openai-completions":
+            piece = first.get("text")
+        else:
+            delta = first.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(piece, str) and piece:
+            self._text.append(piece)
+            return True
+        return False
+
+    def result(self) -> Generation:
+        if self._p.name == "sglang":
+            return self._p.parse(self._last)
+        usage = self._usage
+        meta = {"finish_reason": self._finish} if self._finish is not None else {}
+        return Generation("".join(self._text), _int(usage.get("prompt_tokens")),
+                          _int(usage.get("completion_tokens")), meta)

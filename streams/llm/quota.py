@@ -1,21 +1,35 @@
-"""Per-caller quotas of one LLM scorer replica: requests/s and tokens/s, policy ``reject``.
+"""Per-caller quotas of the LLM window: requests/s and tokens/s, policy ``reject`` or ``delay``.
 
     quotas:
       caller: metadata.caller     # dotted path into the request document (outside "inputs"); absent: "-"
       requests_per_s: 5           # every caller's default (omit: unlimited)
       tokens_per_s: 2000          # prompt + completion tokens (omit: unlimited)
       callers: {vip: {requests_per_s: 50, tokens_per_s: 20000}}
-      policy: reject              # the only policy built
+      policy: delay               # or reject
+      max_delay_s: 10             # delay: the longest a request waits for its caller's quota
+      max_delayed: <max_pending / 2>   # delay: requests held at once, all callers together
 
-A token bucket per caller and kind, holding up to one second of its rate.  A request is admitted when
-its caller's request bucket holds a whole request and its token bucket is not in debt; tokens are known
-only after the generation, so they are charged then and may take the bucket below zero (the next
-requests of that caller are refused until it refills).  A refused request is finished at once as a
-``quota_exceeded`` dead letter, in its place in the window: the commit rule is unchanged.
+A token bucket per caller and kind, holding up to one second of its rate.  A request may be sent when
+its caller's request bucket holds a whole request and its token bucket is not in debt (``wait_s`` says
+how long until then).  Sending it (``take``) takes one request and an *estimate* of its tokens (the
+caller's running mean of prompt + completion tokens; before its first answer, ``first_estimate``: the
+stage passes ``max_new_tokens``): tokens are known only after the generation, and charging nothing up
+front would let a burst of a caller's requests all pass before the first of them is charged.  ``charge`` corrects the estimate by the real count when the answer comes,
+and may take the bucket into debt (the caller's next requests wait, or are refused, until it refills).
 
-Per replica: with N replicas a caller gets up to N times its quota (no shared state across replicas).
-After a crash a redone record meets the buckets as they are then: its single visible outcome may be
-the other one than the lost attempt's (exactly-once holds: one outcome is ever visible).
+``reject``: a request that may not be sent now is finished at once as a ``quota_exceeded`` dead letter.
+``delay``: it waits in its caller's queue inside the window (``sie.streams.llm.fair``); nothing is
+dropped or dead-lettered.
+
+**Across replicas** (``set_share``): each replica enforces ``quota x share``, share = the partitions of
+the request topic assigned to it / the topic's partitions, recomputed on every rebalance.  Callers'
+requests are keyed by their own ids, so a caller's traffic spreads over the partitions about evenly and
+the replicas' shares add up to the caller's quota without shared state.  Its limit: skewed keys (one
+caller whose records all hash to one partition gets only that partition's share of its quota; a caller
+on few keys gets less than its quota, never more, up to rounding of the buckets).
+
+After a crash a redone record meets the buckets as they are then: with ``reject`` its single visible
+outcome may be the other one than the lost attempt's (exactly-once holds: one outcome is ever visible).
 """
 
 from __future__ import annotations
@@ -26,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sie.kernel.errors import ConfigError
+
+POLICIES = ("reject", "delay")
 
 
 class Bucket:
@@ -41,6 +57,13 @@ class Bucket:
         self.level = min(self.capacity, self.level + (now - self._at) * self.rate)
         self._at = now
         return self.level
+
+    def rescale(self, rate: float, now: float) -> None:
+        """A new rate (a rebalance changed this replica's share); the level keeps its fraction of capacity."""
+        self.refill(now)
+        fraction = self.level / self.capacity
+        self.rate, self.capacity = rate, max(rate, 1.0)
+        self.level = fraction * self.capacity
 
 
 @dataclass(frozen=True)
@@ -61,11 +84,13 @@ def _rate(cfg: Mapping[str, Any], name: str, where: str) -> float | None:
 class Quotas:
     """The quota state of one replica (module docstring).  Used from the stage's thread only."""
 
-    def __init__(self, cfg: Mapping[str, Any], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: Mapping[str, Any], clock: Callable[[], float] = time.monotonic,
+                 first_estimate: float = 0.0) -> None:
         where = "spec.backend.config.quotas"
         policy = cfg.get("policy", "reject")
-        if policy != "reject":
-            raise ConfigError(f"{where}.policy: only 'reject' is built (got {policy!r}); see docs/llm.md")
+        if policy not in POLICIES:
+            raise ConfigError(f"{where}.policy: must be one of {', '.join(POLICIES)} (got {policy!r})")
+        self.policy = str(policy)
         path = cfg.get("caller", "metadata.caller")
         if not isinstance(path, str) or not path or path.split(".")[0] in ("inputs", "id"):
             raise ConfigError(f"{where}.caller: a dotted path outside inputs, e.g. metadata.caller (got {path!r})")
@@ -77,8 +102,14 @@ class Quotas:
         self._limits = {str(name): Limits(_rate(v or {}, "requests_per_s", f"{where}.callers.{name}"),
                                           _rate(v or {}, "tokens_per_s", f"{where}.callers.{name}"))
                         for name, v in callers.items()}
+        self.max_delay_s = _rate(cfg, "max_delay_s", where) or 10.0
+        max_delayed = _rate(cfg, "max_delayed", where)
+        self.max_delayed = int(max_delayed) if max_delayed is not None else None  # None: the stage decides
         self._clock = clock
+        self._share = 1.0
         self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._mean: dict[str, float] = {}  # the caller's running mean of tokens per request (the estimate)
+        self._first_estimate = first_estimate
 
     def caller(self, extra: Mapping[str, Any] | None) -> str:
         """The caller named at the configured path of the request (its keys besides inputs/id), else "-"."""
@@ -89,7 +120,30 @@ class Quotas:
             node = node[part]
         return node if isinstance(node, str) and node else "-"
 
-    def _bucket(self, caller: str, kind: str, rate: float | None) -> Bucket | None:
+    @property
+    def share(self) -> float:
+        return self._share
+
+    def set_share(self, share: float) -> None:
+        """This replica's fraction of every quota (its partitions / the topic's; module docstring)."""
+        share = min(1.0, max(share, 0.0))
+        if share == self._share:
+            return
+        self._share = share
+        now = self._clock()
+        for (caller, kind), bucket in self._buckets.items():
+            rate = self._rate(caller, kind)
+            if rate is not None:
+                bucket.rescale(rate, now)
+
+    def _rate(self, caller: str, kind: str) -> float | None:
+        limits = self._limits.get(caller, self._default)
+        rate = limits.tokens_per_s if kind == "tokens" else limits.requests_per_s
+        # a replica with no partition of the topic serves no request: keep its buckets tiny, never zero
+        return None if rate is None else max(rate * self._share, 1e-6)
+
+    def _bucket(self, caller: str, kind: str) -> Bucket | None:
+        rate = self._rate(caller, kind)
         if rate is None:
             return None
         bucket = self._buckets.get((caller, kind))
@@ -97,24 +151,57 @@ class Quotas:
             bucket = self._buckets[(caller, kind)] = Bucket(rate, self._clock())
         return bucket
 
-    def admit(self, caller: str) -> str | None:
-        """None if ``caller`` may send one more request now (it is counted), else why not."""
-        limits = self._limits.get(caller, self._default)
+    def wait_s(self, caller: str) -> float:
+        """0 if ``caller`` may send one more request now, else about how long until it may."""
         now = self._clock()
-        tokens = self._bucket(caller, "tokens", limits.tokens_per_s)
+        wait = 0.0
+        tokens = self._bucket(caller, "tokens")
         if tokens is not None and tokens.refill(now) < 0:
+            wait = -tokens.level / tokens.rate
+        requests = self._bucket(caller, "requests")
+        if requests is not None and requests.refill(now) < 1.0:
+            wait = max(wait, (1.0 - requests.level) / requests.rate)
+        return wait
+
+    def why(self, caller: str) -> str:
+        """Which limit ``caller`` is over (for a ``quota_exceeded`` dead letter)."""
+        limits = self._limits.get(caller, self._default)
+        tokens = self._bucket(caller, "tokens")
+        if tokens is not None and tokens.level < 0:
             return f"caller {caller[:80]!r}: over tokens_per_s {limits.tokens_per_s:g}"
-        requests = self._bucket(caller, "requests", limits.requests_per_s)
+        return f"caller {caller[:80]!r}: over requests_per_s {limits.requests_per_s:g}"
+
+    def take(self, caller: str) -> float:
+        """Count one request of ``caller`` being sent now; returns the tokens estimated for it (pass them
+        back to ``charge``).  Called after ``wait_s`` said 0, or when a delay ran out (then it overdraws)."""
+        requests = self._bucket(caller, "requests")
         if requests is not None:
-            if requests.refill(now) < 1.0:
-                return f"caller {caller[:80]!r}: over requests_per_s {limits.requests_per_s:g}"
+            requests.refill(self._clock())
             requests.level -= 1.0
+        estimate = self._mean.get(caller, self._first_estimate)
+        tokens = self._bucket(caller, "tokens")
+        if tokens is not None:
+            tokens.refill(self._clock())
+            tokens.level -= estimate
+        return estimate
+
+    def admit(self, caller: str) -> str | None:
+        """Policy ``reject`` in one call: None if the request is counted and may be sent, else why not."""
+        if self.wait_s(caller) > 0:
+            return self.why(caller)
+        self.take(caller)
         return None
 
-    def charge(self, caller: str, tokens: int) -> None:
-        """Tokens a finished generation of ``caller`` used (may take its bucket into debt)."""
-        limits = self._limits.get(caller, self._default)
-        bucket = self._bucket(caller, "tokens", limits.tokens_per_s)
+    def charge(self, caller: str, tokens: int | None, estimated: float = 0.0) -> None:
+        """The tokens a finished generation of ``caller`` used, less what ``take`` estimated for it (may
+        take its bucket into debt); updates the caller's estimate.  ``None``: no generation (the request
+        was refused or could not be sent): the estimate is given back."""
+        if tokens is None:
+            tokens = 0
+        else:
+            mean = self._mean.get(caller)
+            self._mean[caller] = float(tokens) if mean is None else 0.8 * mean + 0.2 * tokens
+        bucket = self._bucket(caller, "tokens")
         if bucket is not None:
             bucket.refill(self._clock())
-            bucket.level -= tokens
+            bucket.level -= tokens - estimated

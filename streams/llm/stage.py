@@ -45,6 +45,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
 from sie.kernel.authz import from_kafka_error
 from sie.kernel.clients import KafkaClients
+from sie.schemas.spec_models import PRIORITY_LEVELS
 from sie.streams.eos import BatchStatus, ExactlyOnce, start_producer
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import ConsumerFatal, RetryLater
@@ -53,6 +54,7 @@ from sie.streams.eos.records import Output, Prepared
 from sie.streams.eos.transaction import close_quietly, rewind
 from sie.streams.llm.config import LLMConfig
 from sie.streams.llm.dispatch import Dispatcher, Job
+from sie.streams.llm.fair import FairQueue
 from sie.streams.llm.metrics import LLMMetrics
 from sie.streams.llm.pool import EndpointPool
 from sie.streams.llm.protocols import BadOutput, LLMMapping, Protocol
@@ -121,7 +123,13 @@ class LLMScorer:
         self._max_queue_ms = spec.sla.max_queue_time_ms
         self._max_record_bytes = config.settings.max_record_bytes
         quotas = backend_cfg.get("quotas")
-        self.quotas = Quotas(quotas, clock) if quotas else None
+        self.quotas = Quotas(quotas, clock, first_estimate=self.protocol.max_tokens) if quotas else None
+        self.fair = None  # policy delay: requests held for their caller's quota (fair.py)
+        if self.quotas is not None and self.quotas.policy == "delay":
+            self.fair = FairQueue(self.quotas, self.quotas.max_delay_s,
+                                  self.quotas.max_delayed or max(1, llm.pending_limit // 2), clock)
+        self._share_stale = True  # recompute this replica's quota share (a rebalance happened)
+        self._share_retry_at = 0.0  # after a failed metadata read: not before then (the loop must not stall)
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
                                  clock=clock)
         self.window = Window()
@@ -152,7 +160,8 @@ class LLMScorer:
         dispatcher = self.dispatcher = Dispatcher(
             self.pool, self.protocol, self.pool.capacity, stop, on_done=self._done.put, is_current=self._current,
             timeout_s=self.llm.request_timeout_s, connect_timeout_s=self.llm.connect_timeout_s,
-            poison_after=self.llm.poison_after, client=self._http_client, clock=self._clock)
+            poison_after=self.llm.poison_after, client=self._http_client, clock=self._clock,
+            priority=PRIORITY_LEVELS.index(cfg.spec.priority_level))
         try:
             self.eos = ExactlyOnce(producer, consumer, stop, cfg.eos_limits(), observer=_Observer(self.metrics),
                                    fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give "
@@ -168,6 +177,9 @@ class LLMScorer:
             while not stop.is_set():
                 dispatcher.check()
                 self._poll(consumer)
+                if self._share_stale and self.quotas is not None and self._clock() >= self._share_retry_at:
+                    self._update_share(consumer)
+                self._release()
                 self._drain()
                 now = self._clock()
                 if now >= next_commit:
@@ -175,6 +187,8 @@ class LLMScorer:
                     next_commit = now + self.llm.commit_interval_s
                     self.llm_metrics.in_flight.set(dispatcher.busy)
                     self.llm_metrics.endpoints_up.set(self.pool.in_service())
+                    if self.fair is not None:
+                        self.llm_metrics.quota_held.set(self.fair.size)
                 if now >= next_lag:
                     self.metrics.set_lag(consumer_lag(consumer))
                     next_lag = now + cfg.lag_interval_s
@@ -256,13 +270,14 @@ class LLMScorer:
                 self._finish_dead(tp, offset, entry.epoch, msg, DeadLetterReason.EXPIRED,
                                   f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}")
             return
+        caller = "-"
         if self.quotas is not None:
-            caller = self.quotas.caller(parsed.extra)
-            refused = self.quotas.admit(caller)
-            if refused is not None:
-                self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", refused)
-                return
-            entry.info["caller"] = caller
+            caller = entry.info["caller"] = self.quotas.caller(parsed.extra)
+            if self.fair is None:  # reject: over quota now -> a dead letter in its place in the window
+                if self.quotas.wait_s(caller) > 0:
+                    self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", self.quotas.why(caller))
+                    return
+                entry.info["estimate"] = self.quotas.take(caller)
         try:
             prompt = self.mapping.prompt(parsed.inputs)
         except BadOutput as exc:
@@ -270,11 +285,52 @@ class LLMScorer:
             return
         entry.info["req"] = parsed
         rid = f"{topic}:{partition}:{offset}:{uuid.uuid4().hex[:8]}"  # unique among in-flight requests
+        job = Job(tp, offset, entry.epoch, msg.key(), self.protocol.request(prompt, rid))
+        if self.fair is not None:  # delay: held until its caller's quota and its turn allow (fair.py)
+            self.fair.hold(job, caller)
+            return
         assert self.dispatcher is not None
-        self.dispatcher.submit(Job(tp, offset, entry.epoch, msg.key(), self.protocol.request(prompt, rid)))
+        self.dispatcher.submit(job)
 
     def _current(self, job: Job) -> bool:
         return self.window.epoch(job.tp) == job.epoch
+
+    def _release(self) -> None:
+        """Policy delay: send what the fair queue releases, keeping about C requests submitted and not yet
+        taken by a worker (enough that no worker idles until the next turn of the loop)."""
+        if self.fair is None or not self.fair.size or self.dispatcher is None:
+            return
+        room = max(0, self.dispatcher.concurrency - self.dispatcher.queued())
+        # a full window pauses consumption for every caller: held records must not be what keeps it full
+        for r in self.fair.release(room, full=self.window.size >= self.llm.pending_limit):
+            entry = self.window.get(r.job.tp, r.job.offset, r.job.epoch)
+            if entry is None:  # its partition left the window meanwhile
+                continue
+            entry.info["estimate"] = r.estimate
+            if r.overrun:
+                self.llm_metrics.quota_overruns.inc()
+            self.dispatcher.submit(r.job)
+
+    def _update_share(self, consumer: Any) -> None:
+        """This replica's share of every quota: its partitions of the request topic / the topic's (quota.py)."""
+        topic = self.config.spec.topics.requests
+        try:
+            meta = consumer.list_topics(topic, timeout=1.0).topics.get(topic)
+        except Exception as exc:  # noqa: BLE001 - a metadata outage: keep the old share, try again in 5 s
+            meta, why = None, str(exc)[:200]
+        else:
+            why = "no partitions in its metadata"
+        total = len(meta.partitions) if meta is not None and meta.partitions else 0
+        if not total:
+            self._share_retry_at = self._clock() + 5.0
+            log.warning("llm scorer %s: cannot read %s's partitions (%s); quota share stays %.3f, retry in 5 s",
+                        self.config.spec.name, topic, why, self.quotas.share if self.quotas else 1.0)
+            return
+        mine = sum(1 for tp in consumer.assignment() if tp.topic == topic)
+        assert self.quotas is not None
+        self.quotas.set_share(mine / total)
+        self.llm_metrics.quota_share.set(self.quotas.share)
+        self._share_stale = False
 
     # --- finished generations ----------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -287,9 +343,12 @@ class LLMScorer:
             if entry is None:  # its partition was dropped meanwhile
                 continue
             self.llm_metrics.generation.observe(max(0.0, job.finished - job.started))
-            if self.quotas is not None and job.generation is not None:
-                used = (job.generation.prompt_tokens or 0) + (job.generation.completion_tokens or 0)
-                self.quotas.charge(str(entry.info.get("caller", "-")), used)
+            if job.first_token is not None and job.generation is not None:
+                self.llm_metrics.ttft.observe(max(0.0, job.first_token - job.sent))
+            if self.quotas is not None:
+                gen = job.generation
+                used = None if gen is None else (gen.prompt_tokens or 0) + (gen.completion_tokens or 0)
+                self.quotas.charge(str(entry.info.get("caller", "-")), used, float(entry.info.get("estimate", 0.0)))
             msg, req = entry.msg, entry.info.get("req")
             detail, reason = job.error, DeadLetterReason.INFERENCE_ERROR
             if detail is None and job.generation is not None and isinstance(req, Request):
@@ -354,6 +413,8 @@ class LLMScorer:
             tp = (e.msg.topic(), e.msg.partition())
             firsts[tp] = min(firsts.get(tp, e.msg.offset()), e.msg.offset())
         dropped = self.window.reset()
+        if self.fair is not None:
+            self.fair.drop(self._current)
         log.warning("transaction of %d records not committed (%s); %d more records in flight dropped, "
                     "rewinding %d partitions to the committed offsets", len(entries), status.value, dropped,
                     len(firsts))
@@ -417,7 +478,8 @@ class LLMScorer:
 
     # --- rebalances (inside consume(): no transaction is open) -------------------------------------------------
     def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
-        self._reassigned = True  # the next poll with room resumes everything assigned (see _resume)
+        self._reassigned = True
+        self._share_stale = True  # the next poll with room resumes everything assigned (see _resume)
         log.info("llm scorer %s: assigned %s", self.config.spec.name, [p.partition for p in partitions])
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
@@ -431,6 +493,9 @@ class LLMScorer:
     def _dropped(self, partitions: list[Any], lost: bool) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         dropped = self.window.drop(tps)
+        if self.fair is not None:
+            self.fair.drop(self._current)
+        self._share_stale = True
         self._paused.difference_update(tps)
         self.metrics.clear_lag()
         log.log(logging.WARNING if lost else logging.INFO, "llm scorer %s: %s %s (dropped %d uncommitted records)",

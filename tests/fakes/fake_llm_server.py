@@ -11,6 +11,11 @@
 * a JSON schema (``sampling_params.json_schema`` / ``response_format``) gives a JSON object of the
   schema's properties; else the prompt echoed.  Token counts: words of the prompt / of the text;
 * a prompt containing ``POISON-400`` answers 400 (a request the server refuses);
+* ``"stream": true``: server-sent events over chunked HTTP/1.1: the first token after ``--ttft-frac`` of
+  the generation time, the other words spread over the rest.  ``/generate`` sends SGLang's events (the
+  whole answer object with the text so far, cumulative) then ``data: [DONE]``; the OpenAI endpoints send
+  ``chat.completion.chunk`` / ``text_completion`` chunks with deltas, a ``usage`` chunk when
+  ``stream_options.include_usage`` is set, then ``data: [DONE]``;
 * ``/health``, ``/health_generate`` 200; ``GET /stats`` -> counters (generated, max concurrent seen).
 """
 
@@ -78,6 +83,45 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _event(self, doc: Any) -> None:
+            self._chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
+
+        def _stream(self, body: dict[str, Any], text: str, prompt_tokens: int, latency: float) -> None:
+            """The answer as server-sent events (module docstring): the generation time was not slept yet."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            words = text.split(" ")
+            first = latency * state.args.ttft_frac
+            time.sleep(first)
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                     "total_tokens": prompt_tokens + len(words)}
+            for n in range(1, len(words) + 1):
+                if n > 1:
+                    time.sleep((latency - first) / max(1, len(words) - 1))
+                piece = " ".join(words[:n]) if self.path == "/generate" else (" " if n > 1 else "") + words[n - 1]
+                last = n == len(words)
+                if self.path == "/generate":
+                    self._event({"text": piece, "output_ids": list(range(n)),
+                                 "meta_info": {"id": body.get("rid"), "prompt_tokens": prompt_tokens,
+                                               "completion_tokens": n, "cached_tokens": 0,
+                                               "finish_reason": {"type": "stop"} if last else None}})
+                elif self.path == "/v1/completions":
+                    self._event({"id": "cmpl", "object": "text_completion", "choices": [
+                        {"index": 0, "text": piece, "finish_reason": "stop" if last else None}]})
+                else:
+                    self._event({"id": "chat", "object": "chat.completion.chunk", "choices": [
+                        {"index": 0, "delta": {"content": piece}, "finish_reason": "stop" if last else None}]})
+            if self.path != "/generate" and (body.get("stream_options") or {}).get("include_usage"):
+                self._event({"id": "u", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")  # the chunked body's end
+
         def do_GET(self) -> None:  # noqa: N802
             if self.path in ("/health", "/health_generate"):
                 self._send(200, {})
@@ -111,10 +155,19 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if "POISON-400" in prompt:
                 self._send(400, {"error": "the request is invalid"})
                 return
+            text = fake_outputs(schema, prompt) if schema else f"echo: {prompt}"
             with state.slots:  # the running batch: at most --slots generations at once
                 with state.lock:
                     state.running += 1
                     state.max_running = max(state.max_running, state.running)
+                if body.get("stream") is True:
+                    try:
+                        self._stream(body, text, len(prompt.split()), state.latency())
+                    finally:
+                        with state.lock:
+                            state.running -= 1
+                            state.generated += 1
+                    return
                 time.sleep(state.latency())  # the generation (a fake: sleeping is what it costs)
                 with state.lock:
                     state.running -= 1
@@ -123,7 +176,6 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if fail:
                 self._send(500, {"error": "fake failure"})
                 return
-            text = fake_outputs(schema, prompt) if schema else f"echo: {prompt}"
             prompt_tokens, completion_tokens = len(prompt.split()), len(text.split())
             if self.path == "/generate":
                 self._send(200, {"text": text, "output_ids": list(range(completion_tokens)),
@@ -165,6 +217,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--p99-s", type=float, default=5.0)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every generation time")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ttft-frac", type=float, default=0.2,
+                        help="streamed: the first token after this fraction of the generation time")
     parser.add_argument("--fail-after", type=int, default=None, help="answer 500 after N generations")
     parser.add_argument("--model-path", default="fake")
     args, _unknown = parser.parse_known_args(argv)

@@ -1,4 +1,5 @@
-"""The endpoint pool on a fake clock: key stickiness, concurrency limits, ejection, backoff, half-open."""
+"""The endpoint pool on a fake clock: key stickiness, concurrency limits, ejection, backoff, half-open, and
+P0 isolation on a shared endpoint (reserved slots, P0 first in dispatch order)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import Counter
 import pytest
 
 from sie.streams.llm.pool import Endpoint, EndpointPool
+from tests.helpers import wait_until
 
 
 class Clock:
@@ -99,6 +101,45 @@ def test_backoff_is_capped_and_acquire_gives_up_on_stop():
 def test_a_pool_needs_an_endpoint():
     with pytest.raises(ValueError, match="at least one endpoint"):
         EndpointPool([])
+
+
+def test_slots_reserved_for_p0_are_never_taken_by_p2_load():
+    p = EndpointPool([Endpoint("http://shared", 4, reserved=1)])
+    stop = threading.Event()
+    p2 = [p.acquire(None, stop, priority=2) for _ in range(3)]
+    assert all(e is not None for e in p2)
+    assert p.choose(None, 0.0, priority=2) is None  # P2 stops at concurrency - reserved
+    assert p.acquire(None, stop, lambda: True, priority=2) is None  # (gives up: no slot for P2)
+    assert p.acquire(None, stop, priority=0) is p.endpoints[0]  # P0 finds its slot at once
+    assert p.endpoints[0].in_flight == 4
+
+
+def test_a_waiting_p0_request_takes_the_next_free_slot_before_waiting_p2_requests():
+    p = EndpointPool([Endpoint("http://shared", 2)])
+    stop = threading.Event()
+    held = [p.acquire(None, stop, priority=2) for _ in range(2)]
+    order: list[str] = []
+
+    def take(name: str, priority: int) -> None:
+        if p.acquire(None, stop, priority=priority) is not None:
+            order.append(name)
+
+    waiters = [threading.Thread(target=take, args=(f"p2-{i}", 2)) for i in range(4)]
+    for t in waiters:
+        t.start()
+    wait_until(lambda: p._waiting.get(2) == 4, 5, message="four P2 requests waiting")
+    p0 = threading.Thread(target=take, args=("p0", 0))
+    p0.start()
+    wait_until(lambda: p._waiting.get(0) == 1, 5, message="the P0 request waiting")
+    p.release(held[0])  # one slot frees: four P2 requests waited longer, the P0 request takes it
+    p0.join(5)
+    assert order == ["p0"]
+    p.release(held[1])
+    wait_until(lambda: len(order) == 2, 5, message="a P2 request served once P0 is not waiting")
+    stop.set()  # the remaining P2 waiters give up
+    for t in waiters:
+        t.join(5)
+    assert order[1].startswith("p2-") and len(order) == 2
 
 
 def test_signals_give_the_director_slot_occupancy_requests_in_flight_and_the_recent_p99():

@@ -73,7 +73,7 @@ def test_config_from_spec_and_its_errors():
                     commit_interval_ms=50)
     assert uses_window(spec)
     cfg = LLMConfig.from_backend_config(spec.backend.config)
-    assert cfg.endpoints == (("http://a:1", 8, 1.0), ("http://b:2", 32, 2.0))
+    assert cfg.endpoints == (("http://a:1", 8, 1.0, 0), ("http://b:2", 32, 2.0, 0))
     assert cfg.capacity == 40 and cfg.pending_limit == 640 and cfg.commit_interval_s == 0.05
     with pytest.raises(ConfigError, match=r"endpoints\[0\].url"):
         LLMConfig.from_backend_config({"endpoints": ["ftp://x"]})
@@ -81,3 +81,10 @@ def test_config_from_spec_and_its_errors():
         LLMConfig.from_backend_config({"server_url": "http://x", "protocol": "grpc"})
     with pytest.raises(ConfigError, match="endpoints"):
         LLMConfig.from_backend_config({})
+    reserving = LLMConfig.from_backend_config({"endpoints": ["http://a", {"url": "http://b", "reserve_p0": 1}],
+                                              "max_concurrency": 4, "reserve_p0": 2, "stream": True})
+    assert [e.reserved for e in reserving.pool_endpoints()] == [2, 1] and reserving.stream
+    with pytest.raises(ConfigError, match=r"endpoints\[0\].reserve_p0: must be below its concurrency 4"):
+        LLMConfig.from_backend_config({"server_url": "http://x", "max_concurrency": 4, "reserve_p0": 4})
+    with pytest.raises(ConfigError, match="stream: must be true or false"):
+        LLMConfig.from_backend_config({"server_url": "http://x", "stream": "yes"})

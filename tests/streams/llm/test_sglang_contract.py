@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from sie.streams.llm.protocols import LLMMapping, Protocol
 from sie.workers.backends.base import BackendConfig, FieldRef
 from sie.workers.backends.sglang_backend import SGLangBackend
@@ -43,7 +45,9 @@ def test_every_launch_flag_is_one_serverargs_parses():
 
 def test_the_generate_body_is_a_generate_req_input_with_known_sampling_params():
     window = Protocol("sglang", LLMMapping(JSON_OUT, {}), {"sampling_params": {"stop": ["\n"], "top_p": 0.9}})
-    bodies = [window.request("prompt", "rid-1")]
+    streamed = Protocol("sglang", LLMMapping(JSON_OUT, {}), {"stream": True})
+    bodies = [window.request("prompt", "rid-1"), streamed.request("prompt", "rid-2")]
+    assert bodies[1]["stream"] is True
     batch = SGLangBackend(BackendConfig(type="sglang", model_path="m", model_id="m:1", config={},
                                         output_fields=(FieldRef("score", "float"),)))
     bodies.append({"text": "p", "sampling_params": batch.sampling_params, "stream": False, "rid": "r"})
@@ -53,11 +57,14 @@ def test_the_generate_body_is_a_generate_req_input_with_known_sampling_params():
         assert isinstance(body["sampling_params"]["json_schema"], str)  # SamplingParams.json_schema: Optional[str]
 
 
-def test_openai_bodies_are_completion_and_chat_requests():
-    comp = Protocol("openai-completions", LLMMapping([("answer", "string")], {}), {"model": "qwen"}).request("p", "r")
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_bodies_are_completion_and_chat_requests(stream):
+    cfg = {"model": "qwen", "stream": stream}
+    comp = Protocol("openai-completions", LLMMapping([("answer", "string")], {}), cfg).request("p", "r")
     assert set(comp) - set(CONTRACT["completion_fields"]) == set()
-    chat = Protocol("openai-chat", LLMMapping(JSON_OUT, {}), {"model": "qwen"}).request("p", "r")
+    chat = Protocol("openai-chat", LLMMapping(JSON_OUT, {}), cfg).request("p", "r")
     assert set(chat) - set(CONTRACT["chat_fields"]) == set()
+    assert ("stream_options" in chat) is stream  # streamed: ask for the usage chunk (OpenAI include_usage)
     fmt = chat["response_format"]
     assert set(fmt) - set(CONTRACT["response_format_fields"]) == set()
     assert set(fmt["json_schema"]) - set(CONTRACT["json_schema_format_fields"]) == set()
