@@ -10,7 +10,9 @@ requests/s (8 / 0.2 s = 40/s by default: half of it is the polite caller's).  Sc
 
 * ``alone``: only the polite caller;
 * ``delay``: plus a "greedy" caller with a backlog of ``--greedy`` requests (7 tokens each: far over
-  its ``--greedy-tokens-per-s`` quota) at the start, ``quotas.policy: delay``;
+  its ``--greedy-tokens-per-s`` quota) at the start, ``quotas.policy: delay`` (its held requests move to the
+  deferred topic: ``sie.streams.llm.defer``);
+* ``delay in window``: the same with ``defer: false`` (held requests stay in the window: the old behaviour);
 * ``no quota``: the same two callers, no quotas (the greedy backlog competes for the server's slots);
 * ``alone streamed``: ``alone`` with ``stream: true`` (time to first token; the cost of reading events).
 
@@ -102,11 +104,18 @@ def scenario(settings: Settings, url: str, args: argparse.Namespace, greedy: int
         out["ttft_mean_ms"] = 1000 * m.value("sie_llm_ttft_seconds_sum", labels) / ttft_n if ttft_n else None
         out["gen_mean_ms"] = 1000 * m.value("sie_llm_generation_seconds_sum", labels) / gen_n if gen_n else None
         out["overruns"] = m.value("sie_llm_quota_overruns_total", labels)
+        out["deferred"] = m.value("sie_llm_quota_deferred_total", labels)
         return out
     finally:
         stop.set()
         thread.join(60)
         reader.close()
+        from confluent_kafka.admin import AdminClient
+
+        from sie.streams.llm.config import deferred_topic
+
+        names = [spec.topics.requests, spec.topics.results, spec.topics.dead_letters, deferred_topic(spec, settings.names)]
+        AdminClient(settings.kafka_client_config()).delete_topics([n for n in names if n])  # this run's topics
 
 
 def describe(name: str, r: dict, args: argparse.Namespace) -> str:
@@ -118,7 +127,7 @@ def describe(name: str, r: dict, args: argparse.Namespace) -> str:
     if g["n"]:
         line += (f"; greedy {g['n']} answered in {r['greedy_s']:.1f} s = {7 * g['n'] / r['greedy_s']:.0f} tokens/s "
                  f"(quota {args.greedy_tokens_per_s:g}), queue_ms p50 {_pct(g['queue_ms'], 0.5):.0f}; "
-                 f"overruns {r['overruns']:.0f}")
+                 f"overruns {r['overruns']:.0f}, deferred {r['deferred'] or 0:.0f}")
     if r["ttft_mean_ms"] is not None:
         line += f"; time to first token mean {r['ttft_mean_ms']:.0f} ms of generation mean {r['gen_mean_ms']:.0f} ms"
     elif r["gen_mean_ms"] is not None:
@@ -149,6 +158,7 @@ def main() -> int:
     print(lines[0], flush=True)
     quotas = {"policy": "delay", "callers": {"greedy": {"tokens_per_s": args.greedy_tokens_per_s}}}
     known = {"alone": (0, {}), "delay": (args.greedy, {"quotas": quotas}), "no quota": (args.greedy, {}),
+             "delay in window": (args.greedy, {"quotas": {**quotas, "defer": False}}),
              "alone streamed": (0, {"stream": True})}
     runs = [(name, *known[name]) for name in args.runs.split(",")]
     def run(url: str, say: Callable[[str], None]) -> None:

@@ -348,8 +348,11 @@ class ScorerThread:
 
 
 def topics_for(settings, spec, partitions: int = 4) -> None:
+    from sie.streams.llm.config import deferred_topic
+
     t = spec.topics
-    ensure_model_topics(settings, [t.requests, t.results, t.dead_letters], partitions)
+    ensure_model_topics(settings, [t.requests, t.results, t.dead_letters, deferred_topic(spec, settings.names)],
+                        partitions)
 
 
 def prove_exactly_once(settings, spec, ids: set[str], timeout: float = 60.0) -> tuple[list, list]:

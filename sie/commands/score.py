@@ -67,7 +67,10 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
     configure_logging(log_level)
     topics = spec.topics
-    ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters],
+    from sie.streams.llm.config import deferred_topic
+
+    ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters,
+                                   deferred_topic(spec, settings.names)],
                         partitions or settings.request_partitions)
     config = ScorerConfig(
         settings=settings, spec=spec, instance=instance or default_instance(replica), max_batch=max_batch,

@@ -75,6 +75,10 @@ class Names:
         base = f"{self.prefix}.model.{model}"
         return ModelTopics(f"{base}.requests", f"{base}.results", f"{base}.dlq", f"{base}.backfill")
 
+    def llm_deferred_topic(self, model: str) -> str:
+        """An LLM model's deferred requests (quota policy ``delay``: ``sie.streams.llm.defer``); not compacted."""
+        return f"{self.prefix}.model.{model}.deferred"
+
     def cdc_dead_letter_topic(self, connector: str) -> str:
         """A connector's own DLQ: source records (CDC JSON), not requests, so not the model's DLQ."""
         return f"{self.prefix}.cdc.{connector}.dlq"

@@ -145,3 +145,14 @@ def uses_window(spec: Any) -> bool:
     backend = getattr(spec, "backend", None)
     cfg = getattr(backend, "config", None) or {}
     return getattr(backend, "type", None) == "sglang" and bool(cfg.get("endpoints") or cfg.get("server_url"))
+
+
+def deferred_topic(spec: Any, names: Any) -> str | None:
+    """The model's deferred topic when ``spec`` is served through the window with quota policy ``delay``
+    (``sie.streams.llm.defer``; whoever creates the model's topics creates it too), else None."""
+    if not uses_window(spec):
+        return None
+    quotas = (getattr(spec.backend, "config", None) or {}).get("quotas")
+    if not isinstance(quotas, Mapping) or quotas.get("policy") != "delay" or quotas.get("defer", True) is False:
+        return None
+    return str(names.llm_deferred_topic(spec.name))

@@ -20,6 +20,12 @@ a worker, so the workers never idle and the order below decides who goes next):
   pause for everyone.
 
 Records of a partition that left the window (revoke, reset: a new epoch) are forgotten (``drop``).
+
+A *deferred* request (read back from the model's deferred topic, ``sie.streams.llm.defer``) is held the
+same way but is due only when its caller's quota allows and its ``not_before`` passed (or the window is
+full): the ``max_delay_s`` / ``max_delayed`` limits count only requests of the request partitions, since
+deferred ones are bounded apart (``deferred_window``) and cannot hold the request partitions back.
+``take_fresh`` hands a caller's held requests of the request partitions to the stage to be deferred.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class Held:
     job: Job
     caller: str
     since: float
+    deferred: bool = False  # read back from the deferred topic
+    not_before: float = 0.0  # clock time before which it is not sent (deferred only)
 
 
 @dataclass(slots=True)
@@ -57,11 +65,37 @@ class FairQueue:
         self._clock = clock
         self._queues: OrderedDict[str, deque[Held]] = OrderedDict()  # the round robin's order
         self.size = 0
+        self.fresh = 0  # held requests of the request partitions (not deferred)
         self.overruns = 0
 
-    def hold(self, job: Job, caller: str) -> None:
-        self._queues.setdefault(caller, deque()).append(Held(job, caller, self._clock()))
+    def hold(self, job: Job, caller: str, deferred: bool = False, not_before: float = 0.0) -> None:
+        self._queues.setdefault(caller, deque()).append(Held(job, caller, self._clock(), deferred, not_before))
         self.size += 1
+        self.fresh += not deferred
+
+    def fresh_held(self) -> dict[str, tuple[int, float]]:
+        """Per caller: its held requests of the request partitions and when the oldest was held."""
+        out: dict[str, tuple[int, float]] = {}
+        for caller, queue in self._queues.items():
+            fresh = [h.since for h in queue if not h.deferred]
+            if fresh:
+                out[caller] = (len(fresh), min(fresh))
+        return out
+
+    def take_fresh(self, caller: str) -> list[Held]:
+        """Remove and return ``caller``'s held requests of the request partitions (they are deferred)."""
+        queue = self._queues.get(caller)
+        if not queue:
+            return []
+        taken = [h for h in queue if not h.deferred]
+        kept = deque(h for h in queue if h.deferred)
+        if kept:
+            self._queues[caller] = kept
+        else:
+            del self._queues[caller]
+        self.size -= len(taken)
+        self.fresh -= len(taken)
+        return taken
 
     def drop(self, keep: Callable[[Job], bool]) -> int:
         """Forget held jobs ``keep`` rejects (their records left the window); returns how many."""
@@ -69,6 +103,7 @@ class FairQueue:
         for caller in list(self._queues):
             kept = deque(h for h in self._queues[caller] if keep(h.job))
             dropped += len(self._queues[caller]) - len(kept)
+            self.fresh -= sum(1 for h in self._queues[caller] if not h.deferred) - sum(1 for h in kept if not h.deferred)
             if kept:
                 self._queues[caller] = kept
             else:
@@ -82,6 +117,7 @@ class FairQueue:
         if not queue:
             del self._queues[caller]
         self.size -= 1
+        self.fresh -= not held.deferred
         return held
 
     def _send(self, held: Held, out: list[Released]) -> None:
@@ -92,9 +128,12 @@ class FairQueue:
     def _due(self, caller: str, now: float, full: bool) -> bool:
         """``caller``'s next request may go now: its quota allows it, or a limit is reached (its oldest
         held request waited ``max_delay_s``, more than ``max_delayed`` are held in all, or the window is
-        ``full``)."""
-        return (self._quotas.wait_s(caller) <= 0 or full or self.size > self.max_delayed
-                or now - self._queues[caller][0].since >= self.max_delay_s)
+        ``full``).  A deferred head: its quota allows it and its ``not_before`` passed, or ``full``."""
+        head = self._queues[caller][0]
+        if head.deferred:
+            return full or (now >= head.not_before and self._quotas.wait_s(caller) <= 0)
+        return (self._quotas.wait_s(caller) <= 0 or full or self.fresh > self.max_delayed
+                or now - head.since >= self.max_delay_s)
 
     def release(self, room: int, full: bool = False) -> list[Released]:
         """Up to ``room`` requests to send now, one per due caller per turn of the round robin; ``full``:

@@ -8,7 +8,8 @@ is one request's time from dispatch to answer (retries on other endpoints includ
 ``sie_llm_ttft_seconds`` is time to first token of streamed requests (send of the answering attempt
 to its first text event; only with ``stream: true``); quotas with ``delay``: ``sie_llm_quota_held``
 (requests held for their caller's quota now), ``sie_llm_quota_overruns_total`` (held requests sent at
-the delay limits while over quota) and ``sie_llm_quota_share`` (this replica's fraction of each quota).
+the delay limits while over quota), ``sie_llm_quota_deferred_total`` (held requests moved to the
+deferred topic, committed) and ``sie_llm_quota_share`` (this replica's fraction of each quota).
 ``sie_llm_director_decisions_total{endpoint,action}`` and ``sie_llm_endpoint_weight{endpoint}`` show the
 traffic director's work.
 """
@@ -40,6 +41,8 @@ class LLMMetrics:
                               ["model_id"], buckets=_TTFT_BUCKETS, registry=registry).labels(model_id)
         self.quota_held = Gauge("sie_llm_quota_held", "Requests held in the window for their caller's quota.",
                                 ["model_id"], registry=registry).labels(model_id)
+        self.quota_deferred = Counter("sie_llm_quota_deferred", "Held requests moved to the model's deferred "
+                                      "topic (committed).", ["model_id"], registry=registry).labels(model_id)
         self.quota_overruns = Counter("sie_llm_quota_overruns", "Held requests sent at the delay limits while "
                                       "their caller was over quota.", ["model_id"], registry=registry).labels(model_id)
         self.quota_share = Gauge("sie_llm_quota_share", "This replica's fraction of every quota (its partitions "

@@ -8,6 +8,10 @@
       policy: delay               # or reject
       max_delay_s: 10             # delay: the longest a request waits for its caller's quota
       max_delayed: <max_pending / 2>   # delay: requests held at once, all callers together
+      defer: true                 # delay: move a greedy caller's held requests to the deferred topic (defer.py)
+      defer_over: <max_pending / 8>    # ... when it is over quota and holds more than this many
+      defer_after_s: 1            # ... or its oldest held request waited this long
+      deferred_window: <max_pending / 4>   # deferred records in the window at most
 
 A token bucket per caller and kind, holding up to one second of its rate.  A request may be sent when
 its caller's request bucket holds a whole request and its token bucket is not in debt (``wait_s`` says
@@ -105,6 +109,14 @@ class Quotas:
         self.max_delay_s = _rate(cfg, "max_delay_s", where) or 10.0
         max_delayed = _rate(cfg, "max_delayed", where)
         self.max_delayed = int(max_delayed) if max_delayed is not None else None  # None: the stage decides
+        defer = cfg.get("defer", True)
+        if not isinstance(defer, bool):
+            raise ConfigError(f"{where}.defer: must be true or false (got {defer!r})")
+        self.defer = defer and self.policy == "delay"
+        self.defer_after_s = _rate(cfg, "defer_after_s", where) or 1.0
+        over, window = _rate(cfg, "defer_over", where), _rate(cfg, "deferred_window", where)
+        self.defer_over = int(over) if over is not None else None  # None: the stage decides
+        self.deferred_window = int(window) if window is not None else None
         self._clock = clock
         self._share = 1.0
         self._buckets: dict[tuple[str, str], Bucket] = {}

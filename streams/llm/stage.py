@@ -27,6 +27,10 @@ Failure -> what happens:
   and generates the unfinished records again: the generation repeats, the visible result is one;
 * an endpoint outage: the dispatcher re-dispatches to another endpoint (never a dead letter);
 * stop (SIGTERM): what is finished is committed; requests in flight are abandoned (redone by the next owner).
+
+Quota policy ``delay`` with ``defer`` (the default): a caller over its quota that holds too much of the
+window has its held requests moved to the model's deferred topic, in the transaction that commits them
+(``sie.streams.llm.defer``); the stage reads that topic back with the same consumer.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ from sie.streams.eos import BatchStatus, ExactlyOnce, start_producer
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import ConsumerFatal, RetryLater
 from sie.streams.eos.lag import consumer_lag
-from sie.streams.eos.records import Output, Prepared
+from sie.streams.eos.records import Output, Prepared, safe_headers
 from sie.streams.eos.transaction import close_quietly, rewind
 from sie.streams.llm.config import LLMConfig
+from sie.streams.llm.defer import AtOrigin, DeferPolicy, Origin
 from sie.streams.llm.dispatch import Dispatcher, Job
 from sie.streams.llm.fair import FairQueue
 from sie.streams.llm.metrics import LLMMetrics
@@ -128,6 +133,16 @@ class LLMScorer:
         if self.quotas is not None and self.quotas.policy == "delay":
             self.fair = FairQueue(self.quotas, self.quotas.max_delay_s,
                                   self.quotas.max_delayed or max(1, llm.pending_limit // 2), clock)
+        #: the deferred topic (quota policy delay with defer; None: off, or the topic is missing at start)
+        self._deferred_topic: str | None = None
+        self.defer_policy: DeferPolicy | None = None
+        if self.fair is not None and self.quotas is not None and self.quotas.defer:
+            limit = llm.pending_limit
+            self._deferred_topic = config.settings.names.llm_deferred_topic(spec.name)
+            self.defer_policy = DeferPolicy(self.quotas.defer_over or max(1, limit // 8), self.quotas.defer_after_s,
+                                            self.quotas.deferred_window or max(1, limit // 4))
+        self._deferred_paused = False
+        self.deferred = 0  # requests moved to the deferred topic (committed)
         self._share_stale = True  # recompute this replica's quota share (a rebalance happened)
         self._share_retry_at = 0.0  # after a failed metadata read: not before then (the loop must not stall)
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
@@ -167,7 +182,9 @@ class LLMScorer:
                                    fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give "
                                                f"every replica a distinct --instance", clock=self._clock)
             dispatcher.start()
-            consumer.subscribe([cfg.spec.topics.requests], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            self._check_deferred_topic(consumer)
+            topics = [cfg.spec.topics.requests] + ([self._deferred_topic] if self._deferred_topic else [])
+            consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                on_lost=self._on_lost)
             if on_ready:
                 on_ready()
@@ -179,10 +196,11 @@ class LLMScorer:
                 self._poll(consumer)
                 if self._share_stale and self.quotas is not None and self._clock() >= self._share_retry_at:
                     self._update_share(consumer)
+                self._defer()
                 self._release()
                 self._drain()
                 now = self._clock()
-                if now >= next_commit:
+                if now >= next_commit or self._full_and_ready():
                     self._commit()
                     next_commit = now + self.llm.commit_interval_s
                     self.llm_metrics.in_flight.set(dispatcher.busy)
@@ -217,6 +235,30 @@ class LLMScorer:
             self.llm_metrics.weight.labels(self.metrics.model_id, d.name).set(endpoint.base_weight * d.weight_after)
             log.warning("traffic director: %s %s: %s", d.action, d.name, d.reason)
 
+    def _full_and_ready(self) -> bool:
+        """A full window (consumption paused) whose finished prefix is a quarter of it or more commits at
+        once instead of at the next tick (deferring finishes many records at a time); a smaller prefix
+        waits for the tick, so a full window of generations finishing one by one is not one
+        transaction per record."""
+        limit = self.llm.pending_limit
+        return self.window.size >= limit and self.window.ready() >= max(1, limit // 4)
+
+    def _check_deferred_topic(self, consumer: Any) -> None:
+        """Deferring needs the deferred topic (``sie score`` creates it): without it, producing there would
+        abort every transaction, so the stage falls back to holding requests in the window and says so."""
+        topic = self._deferred_topic
+        if topic is None:
+            return
+        try:
+            meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+            ok = meta is not None and meta.error is None and bool(meta.partitions)
+        except Exception:  # noqa: BLE001 - a metadata outage at start: do not defer (safe, only less isolation)
+            ok = False
+        if not ok:
+            log.warning("llm scorer %s: the deferred topic %s does not exist; quota policy delay holds requests in "
+                        "the window only (create it: sie score creates it at start)", self.config.spec.name, topic)
+            self._deferred_topic, self.defer_policy = None, None
+
     def summary(self) -> ScorerSummary:
         eos = self.eos
         return ScorerSummary(**self._counts, aborts=eos.aborts if eos else 0,
@@ -228,7 +270,8 @@ class LLMScorer:
         if room > 0:
             if self._paused or self._reassigned:
                 self._resume(consumer)
-            msgs = consumer.consume(min(room, _MAX_CONSUME), 0.02 if self.window.size else 0.1)
+            msgs = consumer.consume(min(room, _MAX_CONSUME, self._throttle_deferred(consumer)),
+                                    0.02 if self.window.size else 0.1)
         else:  # full: keep polling (rebalances, liveness) with the partitions paused
             new = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._paused]
             if new:
@@ -247,13 +290,43 @@ class LLMScorer:
                 continue
             self._accept(msg)
 
+    def _throttle_deferred(self, consumer: Any) -> int:
+        """At most ``deferred_window`` deferred records in the window: at the bound the deferred partitions
+        are paused, and while they are not, one consume takes at most what is left below the bound (one
+        call may return records of any assigned partition), so deferred records never fill the window for
+        the request partitions (defer.py).  Returns how many records the next consume may take."""
+        topic, policy = self._deferred_topic, self.defer_policy
+        if topic is None or policy is None:
+            return _MAX_CONSUME
+        left = policy.window - self.window.count(topic)
+        over = left <= 0
+        if over != self._deferred_paused:
+            tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+            if tps:
+                (consumer.pause if over else consumer.resume)(tps)
+            self._deferred_paused = over
+        return _MAX_CONSUME if over else left
+
     def _accept(self, msg: Any) -> None:
         entry = self.window.add(msg)
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         tp = (topic, partition)
         ts_type, ts = msg.timestamp()
         ts_ms = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
-        parsed = self._codec.parse(topic, partition, offset, msg.key(), msg.value(), ts_ms)
+        origin = None
+        if topic == self._deferred_topic:  # a moved request: it answers as at its origin (defer.py)
+            origin = Origin.read(safe_headers(msg))
+            if origin is None:
+                self._finish_dead(tp, offset, entry.epoch, msg, DeadLetterReason.INFERENCE_ERROR,
+                                  f"{topic}: a deferred record without valid sie.deferred.* headers")
+                return
+            msg = AtOrigin(msg, origin)
+            entry.info["src"] = msg  # its result's and dead letter's source: the original coordinates
+            parsed = self._codec.parse(origin.topic, origin.partition, origin.offset, msg.key(), msg.value(),
+                                       origin.timestamp_ms)
+            ts_ms = origin.timestamp_ms
+        else:
+            parsed = self._codec.parse(topic, partition, offset, msg.key(), msg.value(), ts_ms)
         if type(parsed) is Poison:
             self._finish_dead(tp, offset, entry.epoch, msg, parsed.reason, parsed.detail)
             return
@@ -287,13 +360,38 @@ class LLMScorer:
         rid = f"{topic}:{partition}:{offset}:{uuid.uuid4().hex[:8]}"  # unique among in-flight requests
         job = Job(tp, offset, entry.epoch, msg.key(), self.protocol.request(prompt, rid))
         if self.fair is not None:  # delay: held until its caller's quota and its turn allow (fair.py)
-            self.fair.hold(job, caller)
+            if origin is not None:
+                wait = max(0.0, origin.not_before_ms / 1000.0 - self._wall())
+                self.fair.hold(job, caller, deferred=True, not_before=self._clock() + wait)
+            else:
+                self.fair.hold(job, caller)
             return
         assert self.dispatcher is not None
         self.dispatcher.submit(job)
 
     def _current(self, job: Job) -> bool:
         return self.window.epoch(job.tp) == job.epoch
+
+    def _defer(self) -> None:
+        """Move the held requests of callers over quota that hold too much of the window to the deferred
+        topic: each is finished in the window with its copy for that topic, produced in the transaction that
+        commits its offset (defer.py)."""
+        topic, policy, fair, quotas = self._deferred_topic, self.defer_policy, self.fair, self.quotas
+        if topic is None or policy is None or fair is None or quotas is None or not fair.fresh:
+            return
+        for caller in policy.callers(fair.fresh_held(), quotas.wait_s, self._clock()):
+            not_before = int((self._wall() + quotas.wait_s(caller)) * 1000.0)
+            for held in fair.take_fresh(caller):
+                job = held.job
+                entry = self.window.get(job.tp, job.offset, job.epoch)
+                if entry is None:  # its partition left the window meanwhile
+                    continue
+                msg = entry.msg
+                ts_type, ts = msg.timestamp()
+                origin = Origin(msg.topic(), msg.partition(), msg.offset(),
+                                None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts, caller, not_before)
+                out = Output(topic, msg.value(), msg.key(), -1, origin.headers(safe_headers(msg)), msg, "deferred")
+                self.window.finish(job.tp, job.offset, job.epoch, [out], {"kind": "deferred", "caller": caller})
 
     def _release(self) -> None:
         """Policy delay: send what the fair queue releases, keeping about C requests submitted and not yet
@@ -349,7 +447,7 @@ class LLMScorer:
                 gen = job.generation
                 used = None if gen is None else (gen.prompt_tokens or 0) + (gen.completion_tokens or 0)
                 self.quotas.charge(str(entry.info.get("caller", "-")), used, float(entry.info.get("estimate", 0.0)))
-            msg, req = entry.msg, entry.info.get("req")
+            msg, req = entry.info.get("src", entry.msg), entry.info.get("req")
             detail, reason = job.error, DeadLetterReason.INFERENCE_ERROR
             if detail is None and job.generation is not None and isinstance(req, Request):
                 gen = job.generation
@@ -432,10 +530,11 @@ class LLMScorer:
             consumer.resume(assigned)
         self._paused.clear()
         self._reassigned = False
+        self._deferred_paused = False  # resumed too: the next poll pauses them again if still over the bound
 
     def _stats(self, entries: list[Any]) -> dict[str, Any]:
         now_ms = self._wall() * 1000.0
-        ok = expired = 0
+        ok = expired = deferred = 0
         dead: dict[str, int] = {}
         latencies: list[float] = []
         oldest = 0.0
@@ -445,6 +544,9 @@ class LLMScorer:
                 ok += 1
             elif kind == "expired":
                 expired += 1
+            elif kind == "deferred":
+                deferred += 1
+                continue
             else:
                 reason = e.info.get("reason", "inference_error")
                 dead[reason] = dead.get(reason, 0) + 1
@@ -453,14 +555,14 @@ class LLMScorer:
             if ts_type != TIMESTAMP_NOT_AVAILABLE and ts < now_ms:
                 latencies.append(now_ms - ts)
                 oldest = max(oldest, now_ms - ts)
-        return {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest,
+        return {"ok": ok, "expired": expired, "deferred": deferred, "dead": dead, "oldest_ms": oldest,
                 "queued": {self._version: latencies} if latencies else {}, "at_ms": now_ms,
                 "prompt_tokens": sum(int(e.info.get("prompt_tokens", 0)) for e in entries),
                 "completion_tokens": sum(int(e.info.get("completion_tokens", 0)) for e in entries)}
 
     def _rejected(self, output: Output, detail: str, stats: dict[str, Any]) -> Output:
         """A result the producer refused (too large): its request is dead-lettered instead."""
-        stats["expired" if output.kind == "expired" else "ok"] -= 1
+        stats[output.kind if output.kind in ("expired", "deferred") else "ok"] -= 1
         stats["dead"]["result_too_large"] = stats["dead"].get("result_too_large", 0) + 1
         return dead_letter(self._dlq_topic, output.source, DeadLetterReason.RESULT_TOO_LARGE.value, detail,
                            self._codec.dead_letter_tags(self._version), self._max_record_bytes)
@@ -472,6 +574,9 @@ class LLMScorer:
         c["results"] += stats["ok"]
         c["expired"] += stats["expired"]
         c["dead_letters"] += sum(stats["dead"].values())
+        self.deferred += stats["deferred"]
+        if stats["deferred"]:
+            self.llm_metrics.quota_deferred.inc(stats["deferred"])
         self.metrics.batch_committed(stats, len(entries), self.eos.last_commit_s if self.eos else None,
                                      self._wall() * 1000.0)
         self.llm_metrics.add_tokens(stats["prompt_tokens"], stats["completion_tokens"])

@@ -71,6 +71,10 @@ class Window:
         self.finished += 1
         return True
 
+    def count(self, topic: str) -> int:
+        """Records of ``topic`` in the window (finished or not)."""
+        return sum(len(entries) for tp, entries in self._parts.items() if tp[0] == topic)
+
     def ready(self) -> int:
         """How many records ``take_ready`` would return now."""
         n = 0

@@ -62,3 +62,73 @@ def test_a_caller_over_its_tokens_quota_is_delayed_or_rejected_and_the_other_kee
     finally:
         scorer.ensure_dead()
         srv.kill()
+
+
+GREEDY = 150  # a backlog far larger than the window (max_pending 32): 1050 tokens at 70/s, ~14 s to drain
+POLITE = 40  # at 10/s after the backlog, in the same partitions
+
+
+def _delete_topics(settings, names: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    for future in AdminClient(settings.kafka_client_config()).delete_topics(names).values():
+        try:
+            future.result(30)
+        except Exception:  # noqa: BLE001 - best effort cleanup of this test's topics
+            pass
+
+
+@pytest.mark.timeout(240)
+def test_with_delay_a_greedy_backlog_larger_than_the_window_is_deferred_and_the_polite_caller_keeps_its_rate(
+        kafka_settings, tmp_path):
+    """The greedy caller's held requests move to the deferred topic (exactly once, in the transaction that
+    commits their offsets), so the consumer reaches the polite caller's requests behind them in Kafka."""
+    import time
+
+    from sie.schemas.spec import load_spec
+    from sie.streams.llm.config import deferred_topic
+    from tests.scorer_fixtures import CommittedReader
+
+    srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
+    spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 8}], request_timeout_s=10, max_pending=32,
+                               quotas={"policy": "delay", "callers": {"greedy": {"tokens_per_s": TOKENS_PER_S}}})
+    spec = load_spec(spec_path)
+    deferred = deferred_topic(spec, kafka_settings.names)
+    assert deferred is not None
+    topics_for(kafka_settings, spec)
+    scorer = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "a", tmp_path)
+    try:
+        wait_until(lambda: group_members(kafka_settings, spec.group_id) == 1, 60, interval=0.2,
+                   message=lambda: f"the scorer in the group: {scorer.output()[-1500:]}")
+        greedy = [(f"g{i}".encode(), _value(i, "greedy")) for i in range(GREEDY)]
+        produce_requests(kafka_settings, spec.topics.requests, greedy)
+        polite = [(f"p{i}".encode(), _value(i, "polite")) for i in range(POLITE)]
+        for i in range(0, POLITE, 2):  # a steady 10/s (pacing the producer, not waiting for anything)
+            produce_requests(kafka_settings, spec.topics.requests, polite[i:i + 2])
+            time.sleep(0.2)
+        want = {orjson.loads(v)["id"] for _k, v in greedy + polite}
+        records, dead = prove_exactly_once(kafka_settings, spec, want, timeout=120)
+        assert not dead, [dict(m.headers() or []).get("sie.reason") for m in dead[:5]]
+        docs = [orjson.loads(r.value()) for r in records]
+        queued = {c: sorted(d["timings"]["queue_ms"] for d in docs if d["id"].startswith(c))
+                  for c in ("greedy", "polite")}
+        assert len(queued["polite"]) == POLITE and len(queued["greedy"]) == GREEDY
+        # the greedy backlog drains at its quota (~14 s); the polite caller never waits for it
+        assert queued["greedy"][-1] > 8000, queued["greedy"][-5:]
+        assert queued["polite"][POLITE // 2] < queued["greedy"][-1] / 10, (queued["polite"], queued["greedy"][-5:])
+        assert queued["polite"][-1] < queued["greedy"][-1] / 3, (queued["polite"][-5:], queued["greedy"][-5:])
+        # answered as the original requests: their coordinates are the request topic's
+        assert {d["source"]["topic"] for d in docs} == {spec.topics.requests}
+        moved = CommittedReader(kafka_settings, deferred)
+        try:
+            moved.read_to_end()
+            origins = {dict(m.headers() or [])["sie.deferred.caller"]
+                       for m in moved.records}
+            assert moved.records and origins == {b"greedy"}, (len(moved.records), origins)
+        finally:
+            moved.close()
+        assert scorer.terminate() == 0, scorer.output()[-2000:]
+    finally:
+        scorer.ensure_dead()
+        srv.kill()
+        _delete_topics(kafka_settings, [spec.topics.requests, spec.topics.results, spec.topics.dead_letters, deferred])
