@@ -2,7 +2,8 @@
 callers, one far over its tokens/s quota.  ``delay``: nothing is dead-lettered, every request is answered
 exactly once, the polite caller's requests are sent as they arrive while the greedy one's are spread at
 its quota.  ``reject``: the greedy caller's excess is dead-lettered ``quota_exceeded``, the polite caller
-is answered in full."""
+is answered in full.  A greedy backlog larger than the window: with ``delay`` it moves to the deferred
+topic (exactly once, also across a SIGKILL) and the polite caller keeps its rate."""
 
 from __future__ import annotations
 
@@ -130,5 +131,50 @@ def test_with_delay_a_greedy_backlog_larger_than_the_window_is_deferred_and_the_
         assert scorer.terminate() == 0, scorer.output()[-2000:]
     finally:
         scorer.ensure_dead()
+        srv.kill()
+        _delete_topics(kafka_settings, [spec.topics.requests, spec.topics.results, spec.topics.dead_letters, deferred])
+
+
+@pytest.mark.timeout(300)
+def test_a_scorer_killed_while_deferring_loses_and_duplicates_nothing(kafka_settings, tmp_path):
+    """SIGKILL while the greedy caller's requests are being moved to the deferred topic and read back: the
+    next scorer redoes only what was not committed; every request is answered once and each request was
+    moved at most once (a move is committed with its source offset, or not at all)."""
+    from sie.schemas.spec import load_spec
+    from sie.streams.llm.config import deferred_topic
+    from tests.scorer_fixtures import CommittedReader
+
+    srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
+    spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 8}], request_timeout_s=10, max_pending=32,
+                               quotas={"policy": "delay", "callers": {"greedy": {"tokens_per_s": TOKENS_PER_S * 4}}})
+    spec = load_spec(spec_path)
+    deferred = deferred_topic(spec, kafka_settings.names)
+    assert deferred is not None
+    topics_for(kafka_settings, spec)
+    first = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "a", tmp_path)
+    second = None
+    moved = CommittedReader(kafka_settings, deferred)
+    try:
+        wait_until(lambda: group_members(kafka_settings, spec.group_id) == 1, 60, interval=0.2,
+                   message=lambda: f"the scorer in the group: {first.output()[-1500:]}")
+        values = [(f"g{i}".encode(), _value(i, "greedy")) for i in range(GREEDY)]
+        values += [(f"p{i}".encode(), _value(i, "polite")) for i in range(POLITE)]
+        produce_requests(kafka_settings, spec.topics.requests, values)
+        wait_until(lambda: moved.count() >= 20, 60, interval=0.1, message="requests moved to the deferred topic")
+        first.kill()
+        second = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "b", tmp_path)
+        want = {orjson.loads(v)["id"] for _k, v in values}
+        records, dead = prove_exactly_once(kafka_settings, spec, want, timeout=180)
+        assert not dead
+        moved.read_to_end()
+        origins = [tuple(dict(m.headers() or [])[f"sie.deferred.{f}"] for f in ("topic", "partition", "offset"))
+                   for m in moved.records]
+        assert len(origins) == len(set(origins)), "a request was moved twice"
+        assert second.terminate() == 0, second.output()[-2000:]
+    finally:
+        moved.close()
+        first.ensure_dead()
+        if second is not None:
+            second.ensure_dead()
         srv.kill()
         _delete_topics(kafka_settings, [spec.topics.requests, spec.topics.results, spec.topics.dead_letters, deferred])
