@@ -355,6 +355,8 @@ class Controller:
         self.director_decisions: list[Any] = []
         #: model -> the replica the director added (a floor under its count; leader memory, ``director`` docstring)
         self.director_extra: dict[str, Extra] = {}
+        #: model -> why the director released its replica this pass (what that replica's ``removed`` event says)
+        self._director_released: dict[str, str] = {}
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
         self.decisions: dict[str, ScaleDecision] = {}
         self._decisions_seeded = False
@@ -428,6 +430,7 @@ class Controller:
         counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out))
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
             counts = {name: d.desired for name, d in self.decisions.items()}
+        self._director_released = {}
         if leader and self.config.director is not None:
             base = counts
             step("director", lambda: self._direct(snap, now, out, base))
@@ -440,7 +443,7 @@ class Controller:
                 step("events", lambda: self._placement_events(plan, published, inventory, now, out))
                 step("capacity", lambda: self._capacity_events(now, out))
                 if self.director_extra:
-                    step("director", lambda: self._drop_unplaced_extras(plan, now, out))
+                    step("director_unplaced", lambda: self._drop_unplaced_extras(plan, now, out))
         if plan is not None:
             self._last_plan = plan
             statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
@@ -691,7 +694,8 @@ class Controller:
             extra, decisions = replica_lever(self.director_extra.get(model), decisions, signals, base, hi, now,
                                              self.config.director, held=self.rollouts.in_progress(model))
             if extra is None:
-                self.director_extra.pop(model, None)
+                if self.director_extra.pop(model, None) is not None:
+                    self._director_released[model] = "released by the traffic director (every replica cool)"
             else:
                 self.director_extra[model] = extra
             for d in decisions:
@@ -867,8 +871,9 @@ class Controller:
         for rid, (node, a) in sorted(before.items()):
             if rid not in wanted:
                 decision = self.decisions.get(a.model)
-                why = (f"scaled down ({decision.reason})" if decision is not None and decision.scaled
-                       else "no longer desired")
+                why = (self._director_released.get(a.model)
+                       or (f"scaled down ({decision.reason})" if decision is not None and decision.scaled
+                           else "no longer desired"))
                 out.append(self._event(now, "removed", a.model, rid, node, f"{rid} removed from {node}: {why}"))
         for rid in list(self._unplaced_reported):
             if rid not in wanted:

@@ -201,6 +201,7 @@ def test_the_controller_adds_a_replica_on_the_cooler_node_and_releases_it_after_
     assert "m-2" not in assigned_nodes(pub) and ctl.statuses["m"].desired_replicas == 2
     removed = [r.value for r in pub.all("events") if r.value["kind"] == "removed"]
     assert [r["replica_id"] for r in removed] == ["m-2"]
+    assert removed[0]["detail"].endswith("released by the traffic director (every replica cool)")
 
 
 def test_a_rollout_in_progress_holds_the_director():
