@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -55,7 +56,9 @@ def test_an_agent_run_sglang_replica_serves_through_the_window_exactly_once(clus
                                             "gpu_indices": [], "gpu_memory_mb": 0, "spec_json": json.dumps(doc)}])
     config = AgentConfig(node="n1", heartbeat_s=0.5, work_dir=work_dir,
                          policy=SupervisorPolicy(backoff_initial_s=0.2, startup_timeout_s=60, liveness_timeout_s=15, drain_grace_s=15))
-    agent, stop, thread = run_agent(config, settings)
+    entry = doc["backend"]["config"]["server_entry"]
+    # the fake server is a program the spec names: this node must allow it (the spec policy refuses it otherwise)
+    agent, stop, thread = run_agent(config, settings.with_overrides(sglang_server_entries=[shlex.join(entry)]))
     try:
         wait_until(lambda: status.find(replica_id=rid, state="READY"), timeout=60,
                    message=lambda: f"READY; seen {status.values()}; log: {_log(work_dir, rid)[-3000:]}")
