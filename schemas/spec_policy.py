@@ -15,6 +15,9 @@ assignments topic) could otherwise run anything as the worker's user.  The check
   always is one);
 * an artifact named by content (``artifactRef``, ``modules``) with a URI must come from a source this node
   allows: ``file://`` under a model root, anything else under a prefix of ``SIE_ARTIFACT_SOURCES``;
+* an sglang spec's ``config.server_entry`` (the program its node runs instead of ``python -m
+  sglang.launch_server``) must be listed in ``SIE_SGLANG_SERVER_ENTRIES``, and ``config.extra_args`` may carry
+  ``--trust-remote-code`` only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` allows it;
 * ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
   null, lists, string-keyed maps) of bounded depth and size.
 
@@ -30,6 +33,7 @@ import json
 import math
 import os
 import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -92,6 +96,10 @@ class SpecPolicy:
     model_roots: tuple[Path, ...] = field(default_factory=tuple)
     #: URI prefixes artifacts may be downloaded from (``SIE_ARTIFACT_SOURCES``)
     artifact_sources: tuple[str, ...] = ()
+    #: argv prefixes an sglang spec's ``server_entry`` may name, shell-quoted (``SIE_SGLANG_SERVER_ENTRIES``)
+    server_entries: tuple[str, ...] = ()
+    #: whether an sglang spec may pass ``--trust-remote-code`` (``SIE_SGLANG_TRUST_REMOTE_CODE``)
+    trust_remote_code: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, extra_roots: Iterable[Path] = ()) -> SpecPolicy:
@@ -101,7 +109,9 @@ class SpecPolicy:
         roots.append(settings.artifact_cache_dir)  # only files verified against a spec's sha256 land there
         roots.extend(extra_roots)
         return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)),
-                   tuple(settings.artifact_sources))
+                   tuple(settings.artifact_sources),
+                   tuple(_normalised_entry(e) for e in settings.sglang_server_entries),
+                   settings.sglang_trust_remote_code)
 
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
@@ -126,6 +136,8 @@ class SpecPolicy:
             problems.extend(self.check_path(model_path, "spec.backend.modelPath"))
         for attr in ("module_kwargs", "config"):
             problems.extend(check_plain_data(getattr(backend, attr, None) or {}, _FIELD_NAMES[attr], MAX_DATA_BYTES[attr]))
+        if getattr(backend, "type", None) == "sglang":
+            problems.extend(self.check_server_command(getattr(backend, "config", None) or {}))
         example = getattr(spec, "example_input", None)
         if example is not None:
             problems.extend(check_plain_data(example, _FIELD_NAMES["example_input"], MAX_DATA_BYTES["example_input"]))
@@ -143,6 +155,30 @@ class SpecPolicy:
                     f"({', '.join(self.allowed_modules) or 'none'}); set SIE_ALLOWED_MODULES on every node to allow "
                     "your model package (got " + _short(ref) + ")"]
         return []
+
+    def check_server_command(self, config: Any) -> list[str]:
+        """An sglang spec's ``server_entry`` (the program the node runs) must be one this node allows, and
+        ``extra_args`` may not ask SGLang to run the model's own Python (``--trust-remote-code``) unless allowed:
+        either would otherwise let whoever applies a spec run code as the worker's user."""
+        problems: list[str] = []
+        entry = config.get("server_entry") if isinstance(config, dict) else None
+        if entry is not None:
+            if not isinstance(entry, list) or not entry or not all(isinstance(a, str) for a in entry):
+                problems.append(f"spec.backend.config.server_entry: must be a non-empty list of strings "
+                                f"(got {_short(entry)})")
+            elif shlex.join(entry) not in self.server_entries:
+                problems.append(
+                    f"spec.backend.config.server_entry: {_short(shlex.join(entry))} is not one of this node's allowed "
+                    "server entries; leave it out to run `python -m sglang.launch_server`, or list it in "
+                    "SIE_SGLANG_SERVER_ENTRIES on every node")
+        extra = config.get("extra_args") if isinstance(config, dict) else None
+        if extra is not None and not (isinstance(extra, list) and all(isinstance(a, str) for a in extra)):
+            problems.append(f"spec.backend.config.extra_args: must be a list of strings (got {_short(extra)})")
+        elif extra and not self.trust_remote_code and any(
+                a == "--trust-remote-code" or a.startswith("--trust-remote-code=") for a in extra):
+            problems.append("spec.backend.config.extra_args: --trust-remote-code runs Python shipped with the model; "
+                            "set SIE_SGLANG_TRUST_REMOTE_CODE=true on every node to allow it")
+        return problems
 
     def check_path(self, value: Any, path: str) -> list[str]:
         """An absolute path without ``..`` that resolves (symlinks followed) under a model root."""
@@ -190,6 +226,11 @@ class SpecPolicy:
 
             raise InvalidSpec(source or spec.source or spec.name, problems)
         return spec
+
+
+def _normalised_entry(entry: str) -> str:
+    """One allowed server entry as ``shlex.join`` writes it, so spacing and quoting in the setting do not matter."""
+    return shlex.join(shlex.split(entry))
 
 
 def check_plain_data(value: Any, path: str, max_bytes: int, max_depth: int = MAX_DATA_DEPTH) -> list[str]:

@@ -88,7 +88,8 @@ def build_launch(
     ``max_seq_len`` -> ``--context-length``, ``served_model_name`` (default: the model name),
     ``mem_fraction_static`` (only used when NVML cannot measure, e.g. CPU or simulated GPUs),
     ``extra_args`` (list, appended verbatim), ``server_entry`` (argv prefix replacing
-    ``python -m sglang.launch_server``; tests point it at the fake server), and what the worker adds:
+    ``python -m sglang.launch_server``, only one the node's spec policy allows: SIE_SGLANG_SERVER_ENTRIES;
+    tests point it at the fake server), and what the worker adds:
     ``gpu_indices`` (physical NVML indices) and ``gpu_memory_mb`` (absolute budget per GPU).
     """
     cfg: Mapping[str, Any] = config.config

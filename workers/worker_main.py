@@ -9,6 +9,12 @@ PR_SET_PDEATHSIG and the status pipe).  It runs the SAME exactly-once scorer as
 ``sie.scorer.<model>.<replica_id>``: a replica restarted here or moved to another
 node fences its zombie predecessor.
 
+An sglang spec (``sie.streams.llm.config.serves_through_window``) is loaded the same way (the backend
+launches the replica's SGLang server and proves it with a real generation) and then served through the
+LLM window (``sie.streams.llm.stage.run_llm_scorer``, docs/llm.md) with that server as its first endpoint,
+at the server's ``--max-running-requests`` (``launched_concurrency``) requests in flight, not through the
+batch scorer.
+
 Status protocol (one JSON object per line on ``--status-fd``; stdout/stderr go to
 the replica's log file):
 
@@ -120,6 +126,8 @@ def _progress_loop(
     A backend with a ``fatal_error()`` method (SGLang: its server process exited) ends
     the worker: an error line, then the scorer is stopped (it aborts/commits cleanly)
     and the worker exits 1, so the agent records the crash and restarts the replica.
+    ``extra()`` adds the scorer's numbers (and may replace ``records``/``rate``: the LLM window
+    does not infer through ``counter``).
     """
     fatal_error = getattr(counter._inner, "fatal_error", None)
     while not stop.wait(interval):
@@ -128,7 +136,7 @@ def _progress_loop(
             status.emit("error", detail=detail)
             on_fatal(detail)
             return
-        status.emit("progress", records=counter.records, rate=counter.rate(), **extra())
+        status.emit("progress", **{"records": counter.records, "rate": counter.rate(), **extra()})
 
 
 def _load_spec(path: Path) -> Any:
@@ -204,6 +212,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
     from sie.schemas.spec_policy import SpecPolicy
+    from sie.streams.llm.config import serves_through_window
     from sie.streams.scorer import ScorerConfig
     from sie.streams.scorer.rollout import run_rollout_scorer
 
@@ -231,7 +240,12 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
             status.emit("stopped", records=0)
             return 0
         topics = spec.topics
-        ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters], settings.request_partitions)
+        from sie.streams.llm.config import deferred_topic
+
+        launched = getattr(backend, "launched_url", None) is not None
+        ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters,
+                                       deferred_topic(spec, settings.names, launched_server=launched)],
+                            settings.request_partitions)
 
         progress_stop = threading.Event()
         fatal: list[str] = []
@@ -242,11 +256,17 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
 
         scorers: list[Any] = []
 
+        launched_url = getattr(backend, "launched_url", None)
+        window = serves_through_window(spec, launched_server=launched_url is not None)
+
         def own_numbers() -> dict[str, Any]:
             """The scorer's lag and recent p99, forwarded by the agent to the control plane (status page)."""
             metrics = scorers[0].metrics
             p99 = metrics.recent_p99()
-            return {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None}
+            numbers = {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None}
+            if window:  # records committed by the window; no rate: its generations overlap (no per-call time)
+                numbers |= {"records": scorers[0].summary().records_in, "rate": None}
+            return numbers
 
         progress = threading.Thread(
             target=_progress_loop, args=(status, counter, args.progress_interval, progress_stop, on_fatal, own_numbers),
@@ -265,8 +285,17 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         config = ScorerConfig(settings=settings, spec=spec, instance=args.replica_id, metrics_port=args.metrics_port,
                               static_membership=True)
         try:
-            load_version = version_loader(spec, counter, policy, lambda s: _backend_config(s, args, policy), label)
-            summary = run_rollout_scorer(config, load_version, stop_event, on_ready=on_ready)
+            if window:  # an LLM: the continuous in-flight window over its own server (+ the spec's endpoints)
+                from sie.streams.llm.stage import run_llm_scorer
+
+                log.info("%s: serving through the LLM window (own server %s)", label, launched_url or "none")
+                summary = run_llm_scorer(config, stop_event, on_ready=on_ready, launched_url=launched_url)
+                records = summary.records_in
+            else:
+                load_version = version_loader(spec, counter, policy, lambda s: _backend_config(s, args, policy),
+                                              label)
+                summary = run_rollout_scorer(config, load_version, stop_event, on_ready=on_ready)
+                records = counter.records
         finally:
             progress_stop.set()
         log.info("scorer stopped: %s", summary.line() if hasattr(summary, "line") else summary)
@@ -274,7 +303,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         backend.close()
     if fatal:
         return 1
-    status.emit("stopped", records=counter.records)
+    status.emit("stopped", records=records)
     return 0
 
 

@@ -119,6 +119,15 @@ class Settings(BaseSettings):
                     "(SIE_ARTIFACT_SOURCES=s3://models/,https://models.example.com/); default none. file:// paths "
                     "must be under a model root instead.",
     )
+    sglang_server_entries: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Command prefixes an sglang spec's backend.config.server_entry may name instead of "
+                    "`python -m sglang.launch_server`, each a shell-quoted argv (SIE_SGLANG_SERVER_ENTRIES="
+                    "'[\"/opt/sglang/bin/python -m sglang.launch_server\"]'); default none: a spec cannot choose "
+                    "the program a node runs.")
+    sglang_trust_remote_code: bool = Field(
+        False, description="Let an sglang spec pass --trust-remote-code (SGLang then runs Python shipped with "
+                            "the model's files); off by default.")
     max_artifact_bytes: int = Field(
         8 << 30, ge=1,
         description="Largest artifact `sie apply` uploads, the API accepts (PUT /v1/artifacts) and an agent fetches.",
@@ -245,7 +254,8 @@ class Settings(BaseSettings):
                 values["api_token_file"] = cache / "control" / "operator.token"
         return values
 
-    @field_validator("allowed_modules", "api_public_paths", "artifact_sources", mode="before")
+    @field_validator("allowed_modules", "api_public_paths", "artifact_sources", "sglang_server_entries",
+                     mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)

@@ -9,7 +9,9 @@ restarted control plane reaches the same decision.  Order of one pass:
 2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
 3. autoscaling: the replica count of each model (``autoscaler.decide``: backlog, throughput, p99, bounds,
    cool-down; leader only, state published with the model's status); without a backlog signal source
-   every model gets ``sla.min_replicas`` as before;
+   every model gets ``sla.min_replicas`` as before; then the traffic director (leader only): a hot
+   in-process replica may add a floor of one more replica, preferring the cooler node it names
+   (``director`` module docstring: the count is ``max(autoscaler's, floor)``);
 4. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
    assignment of every node, so healthy replicas keep their node and GPU (no restart after a
    control-plane restart or failover); with ``preemption`` a P0/P1 replica that finds no room evicts
@@ -55,7 +57,7 @@ from sie.streams.control.autoscaler import (
 )
 from sie.streams.control.connectors import connector_demands, connector_documents
 from sie.streams.control.demand import ReplicaDemand, demands_from_spec
-from sie.streams.control.director import DirectorPolicy, Signal, Track, direct
+from sie.streams.control.director import DirectorPolicy, Extra, Signal, Track, direct, replica_lever
 from sie.streams.control.host_memory import HostOverheads
 from sie.streams.control.inventory import ClusterInventory
 from sie.streams.control.liveness import GuardDecision, MassOfflineGuard
@@ -351,6 +353,10 @@ class Controller:
         #: the traffic director's memory per model and replica, and its decisions (newest last)
         self._director_tracks: dict[str, dict[str, Track]] = {}
         self.director_decisions: list[Any] = []
+        #: model -> the replica the director added (a floor under its count; leader memory, ``director`` docstring)
+        self.director_extra: dict[str, Extra] = {}
+        #: model -> why the director released its replica this pass (what that replica's ``removed`` event says)
+        self._director_released: dict[str, str] = {}
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
         self.decisions: dict[str, ScaleDecision] = {}
         self._decisions_seeded = False
@@ -390,7 +396,11 @@ class Controller:
             self._published.clear()
             self._unplaced_reported.clear()
             self._decisions_seeded = False  # continue from the last decision published, not our own guesses
+            self.director_extra.clear()  # a floor of an earlier term of ours may be stale: start without one
+            self._director_tracks.clear()
         self._led_last_pass = leader
+        if not leader:
+            self.director_extra.clear()  # the floor is the leader's (``director`` docstring); a standby holds none
         snap = self.state.snapshot()
         wait = self._stale_view(snap, now)
         if wait is not None:
@@ -420,6 +430,11 @@ class Controller:
         counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out))
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
             counts = {name: d.desired for name, d in self.decisions.items()}
+        self._director_released = {}
+        if leader and self.config.director is not None:
+            base = counts
+            step("director", lambda: self._direct(snap, now, out, base))
+        counts = self._with_director_floors(snap, counts)
         if inventory is not None:
             published = self._published_view(snap)
             plan = step("placement", lambda: self._place(snap, inventory, published, counts))
@@ -427,8 +442,8 @@ class Controller:
                 step("assignments", lambda: self._assignments(snap, plan, published, out))
                 step("events", lambda: self._placement_events(plan, published, inventory, now, out))
                 step("capacity", lambda: self._capacity_events(now, out))
-        if leader and self.config.director is not None:
-            step("director", lambda: self._direct(snap, now, out))
+                if self.director_extra:
+                    step("director_unplaced", lambda: self._drop_unplaced_extras(plan, now, out))
         if plan is not None:
             self._last_plan = plan
             statuses = step("status", lambda: self._statuses(snap, plan, now, out)) or {}
@@ -640,12 +655,13 @@ class Controller:
         self._version_docs = docs
         return demands
 
-    def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
+    def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int]) -> None:
         """The traffic director over each model's READY replicas (heartbeats: the GPU utilisation of the
         replica's GPUs, its scorer's lag as the queue, its p99).  In-process scorers share a model's partitions
-        by Kafka's group assignment, so the director's lever is a replica on a cooler node: each decision is a
-        ``director`` event with the numbers behind it (``sie describe model`` lists it); the replica count itself
-        stays the autoscaler's."""
+        by Kafka's group assignment, so the director's lever is a replica on a cooler node: ``replica_lever``
+        holds one more replica as a floor under the autoscaler's count (``counts``), bounded by the spec's
+        maximum, never while a rollout of the model is in progress, released by the director's hysteresis.
+        Each decision is a ``director`` event with the numbers behind it (``sie describe model`` lists it)."""
         assert self.config.director is not None
         where = {a.replica_id: (node, a.gpu_indices) for node, info in self._published_view(snap).items()
                  for a in info.replicas}
@@ -662,18 +678,52 @@ class Controller:
                 by_model.setdefault(r.model, []).append(
                     Signal(r.replica_id, max(used) if used else None, None if r.lag is None else float(r.lag),
                            r.p99_ms, node))
-        for model, signals in sorted(by_model.items()):
-            if len(signals) < 2:
-                continue  # one replica: nothing is cooler than it (the autoscaler adds replicas on backlog)
-            tracks, decisions = direct(signals, self._director_tracks.get(model, {}), now, self.config.director,
-                                       lever="replicas")
-            self._director_tracks[model] = tracks
+        for model in sorted(set(by_model) | set(self.director_extra)):
+            signals = by_model.get(model, [])
+            decisions: list[Any] = []
+            if len(signals) >= 2:  # one replica: nothing is cooler than it (the autoscaler adds replicas on backlog)
+                tracks, decisions = direct(signals, self._director_tracks.get(model, {}), now, self.config.director,
+                                           lever="replicas")
+                self._director_tracks[model] = tracks
+            spec = snap.specs.get(model)
+            if spec is None:
+                self.director_extra.pop(model, None)
+                continue
+            base = max(0, counts.get(model, int(spec.sla.min_replicas)))
+            hi = max(int(spec.sla.max_replicas), int(spec.sla.min_replicas))
+            extra, decisions = replica_lever(self.director_extra.get(model), decisions, signals, base, hi, now,
+                                             self.config.director, held=self.rollouts.in_progress(model))
+            if extra is None:
+                if self.director_extra.pop(model, None) is not None:
+                    self._director_released[model] = "released by the traffic director (every replica cool)"
+            else:
+                self.director_extra[model] = extra
             for d in decisions:
                 self.director_decisions = [*self.director_decisions[-99:], d]
                 log.info("traffic director %s: %s", model, d.reason)
-                out.append(self._event(now, "director", model, d.name, None, f"{d.action}: {d.reason}"))
+                out.append(self._event(now, "director", model, d.name, d.node, f"{d.action}: {d.reason}"))
         for gone in set(self._director_tracks) - set(by_model):
             del self._director_tracks[gone]
+
+    def _drop_unplaced_extras(self, plan: PlacementPlan, now: float, out: list[OutRecord]) -> None:
+        """A replica the director added that no node has room for is given up at once (its ``unschedulable``
+        event says why): a floor nobody can place would only hold an unschedulable replica until the release."""
+        for model, extra in sorted(self.director_extra.items()):
+            mine = [u for u in plan.unplaced.values() if u.model == model]
+            if mine:
+                del self.director_extra[model]
+                out.append(self._event(now, "director", model, extra.replica, extra.node,
+                                       f"release_replica: the added replica could not be placed ({mine[0].reason}); "
+                                       f"floor {extra.floor} lifted"))
+
+    def _with_director_floors(self, snap: StateSnapshot, counts: Mapping[str, int]) -> dict[str, int]:
+        """Each model's count with the director's floor under it (``director`` docstring: max of the two)."""
+        out = dict(counts)
+        for model, extra in self.director_extra.items():
+            spec = snap.specs.get(model)
+            if spec is not None:
+                out[model] = max(out.get(model, int(spec.sla.min_replicas)), extra.floor)
+        return out
 
     def _capacity_events(self, now: float, out: list[OutRecord]) -> None:
         """A ``rollout_capacity`` event each time a model's replica plan says something new (not every pass)."""
@@ -722,8 +772,10 @@ class Controller:
             for a in published[node].replicas:
                 current.setdefault(a.replica_id, (node, a.gpu_indices))
         demands = self._rollout_demands(snap, self._demands(snap, counts), inventory, current, counts or {})
+        preferred = {d.replica_id: self.director_extra[d.model].node for d in demands
+                     if d.model in self.director_extra and d.index == self.director_extra[d.model].floor - 1}
         plan = place(demands, inventory, current, excluded=self._excluded(),
-                     preempt=self.config.preemption, overheads=self.overheads)
+                     preempt=self.config.preemption, overheads=self.overheads, preferred=preferred)
         return self._explain_preemptions(self._explain_exclusions(plan))
 
     def _explain_preemptions(self, plan: PlacementPlan) -> PlacementPlan:
@@ -819,8 +871,9 @@ class Controller:
         for rid, (node, a) in sorted(before.items()):
             if rid not in wanted:
                 decision = self.decisions.get(a.model)
-                why = (f"scaled down ({decision.reason})" if decision is not None and decision.scaled
-                       else "no longer desired")
+                why = (self._director_released.get(a.model)
+                       or (f"scaled down ({decision.reason})" if decision is not None and decision.scaled
+                           else "no longer desired"))
                 out.append(self._event(now, "removed", a.model, rid, node, f"{rid} removed from {node}: {why}"))
         for rid in list(self._unplaced_reported):
             if rid not in wanted:

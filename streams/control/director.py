@@ -11,7 +11,9 @@ supply the numbers and apply the outcome:
   the rest).
 * **In-process scorers** (replicas in one Kafka consumer group): Kafka's group assignment decides each
   replica's share, so there is no weight to turn; the director's lever is a *replica on a cooler node*:
-  the decision names the hot replica, the coolest online node, and the numbers, as an event.
+  the decision names the hot replica and the coolest node, and ``replica_lever`` turns it into one more
+  replica for the model (an ``Extra``: a floor under the model's replica count) that placement puts on that
+  node when it fits there (``placement``'s soft ``preferred`` hint).
 
 The rule (the design's default, ``DirectorPolicy``): a replica is **hot** when its utilisation is above
 85 % AND its queue is above 50; hot for ``sustain_s`` -> shift 30 % of its share to the others (weight x
@@ -20,6 +22,16 @@ only moves the problem).  **Hysteresis**: at most one change per replica per ``h
 back (one step, / 0.7, up to 1) only after the replica stayed **cool** (utilisation below 60 % and queue
 below 10: well under the hot thresholds) for ``restore_after_s``.  Between the two bands nothing moves, so
 a replica hovering at the threshold does not flap.
+
+**Who owns the replica count** (in-process scorers): the autoscaler decides the model's count from its
+signals; the director never changes that decision, it only holds a *floor* (``Extra.floor`` = the count when
+it added the replica + 1, never above the spec's maximum) and the controller places ``max(autoscaler's
+count, floor)``.  The floor is released by the director's own hysteresis: once EVERY replica of the model
+stayed cool for ``restore_after_s`` (and not before ``hold_s`` after it was added).  So neither component
+undoes the other: an autoscaler scale-down while the floor holds changes nothing until the release, and a
+scale-up above the floor simply makes the floor moot.  One extra replica per model at a time; a model that
+stays hot after it is the autoscaler's case (backlog).  While a rollout of the model is in progress the
+director neither adds nor releases (a rollout plans with the count it found).
 """
 
 from __future__ import annotations
@@ -90,6 +102,8 @@ class Decision:
     weight_before: float
     weight_after: float
     reason: str
+    #: ``add_replica``: the cooler node the new replica should go to
+    node: str | None = None
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -130,7 +144,7 @@ def direct(signals: Sequence[Signal], tracks: Mapping[str, Track], now: float, p
                 coolest = min(cooler, key=lambda o: (o.utilisation_pct or 0.0, o.queue or 0.0))
                 where = coolest.node or coolest.name
                 decisions.append(Decision(now, s.name, "add_replica", t.weight_multiplier, t.weight_multiplier,
-                                          f"{why}: add a replica on the cooler node {where}"))
+                                          f"{why}: add a replica on the cooler node {where}", node=where))
                 t = replace(t, changed_at=now)
             elif t.weight_multiplier > policy.min_weight:
                 after = max(policy.min_weight, t.weight_multiplier * (1 - policy.shift_fraction))
@@ -151,3 +165,58 @@ def direct(signals: Sequence[Signal], tracks: Mapping[str, Track], now: float, p
     for name, t in tracks.items():  # a replica without a signal this time keeps its memory
         out.setdefault(name, t)
     return out, decisions
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A replica the director added to a model (module docstring): the count it holds the model at, where it
+    asked for it, for which hot replica, since when, and since when every replica has been cool."""
+
+    floor: int
+    node: str
+    replica: str
+    since: float
+    cool_since: float | None = None
+
+
+def replica_lever(extra: Extra | None, decisions: Sequence[Decision], signals: Sequence[Signal], count: int,
+                  max_replicas: int, now: float, policy: DirectorPolicy = DirectorPolicy(),
+                  held: str | None = None) -> tuple[Extra | None, list[Decision]]:
+    """The in-process lever over one model: ``direct``'s ``add_replica`` decisions become a floor (``Extra``)
+    or say why not; a floor whose model stayed cool long enough is released.  ``count``: the model's
+    replica count without the floor (the autoscaler's); ``held``: why a rollout holds the model (None: no
+    rollout).  Returns the model's new ``Extra`` and the decisions to publish (each with its numbers)."""
+    out: list[Decision] = []
+    for d in decisions:
+        if d.action != "add_replica":
+            out.append(d)
+            continue
+        node = d.node or ""
+        if held is not None:
+            out.append(replace(d, action="add_replica_held", reason=f"{d.reason}; not now: {held}"))
+        elif extra is not None:
+            out.append(replace(d, action="add_replica_pending",
+                               reason=f"{d.reason}; already holding one added replica (floor {extra.floor}, on "
+                                      f"{extra.node}, since {now - extra.since:.0f}s): the autoscaler adds more"))
+        elif count + 1 > max_replicas:
+            out.append(replace(d, action="add_replica_blocked",
+                               reason=f"{d.reason}; not added: {count} replicas is the spec's maximum ({max_replicas})"))
+        else:
+            extra = Extra(count + 1, node, d.name, now)
+            out.append(replace(d, reason=f"{d.reason}; desired replicas {count} -> {count + 1} (max {max_replicas})"))
+    if extra is None or held is not None or any(d.action == "add_replica" for d in out):
+        return extra, out
+    if not signals:
+        return extra, out  # no READY replica reported: no evidence either way, keep it
+    cool = all(is_cool(s, policy) for s in signals)
+    extra = replace(extra, cool_since=(extra.cool_since if extra.cool_since is not None else now) if cool else None)
+    if (extra.cool_since is not None and now - extra.cool_since >= policy.restore_after_s
+            and now - extra.since >= policy.hold_s):
+        numbers = ", ".join(f"{s.name} {_fmt(s.utilisation_pct, '%')}/{_fmt(s.queue)}/{_fmt(s.p99_ms, ' ms')}"
+                            for s in signals)
+        reason = (f"every replica cool for {now - extra.cool_since:.0f}s (utilisation < "
+                  f"{policy.cool_utilisation_pct:g}%, queue < {policy.cool_queue:g}: {numbers}): release the replica "
+                  f"added on {extra.node}; floor {extra.floor} lifted (the autoscaler's count {count} stands)")
+        out.append(Decision(now, extra.replica, "release_replica", 1.0, 1.0, reason, node=extra.node))
+        return None, out
+    return extra, out

@@ -44,6 +44,10 @@ Decisions (WHY in brackets):
   a replica that FAILED on a node off it for a cool-down). They are per replica, not per model, so they
   are checked per node and never change the pools or another replica's options; a current placement on
   an excluded node is not kept.
+- Preferred node (soft; ``preferred[replica_id]``: the traffic director's "add a replica on this cooler
+  node"): a replica that is not kept where it is tries that node first, by the rules above restricted to it;
+  when the node does not fit (offline, ineligible, excluded, no room) the hint is ignored and the replica is
+  placed as if there were none.  It never evicts for the hint [a hint is a wish, not a demand].
 """
 
 from __future__ import annotations
@@ -386,8 +390,9 @@ class _Allocator:
     """Mutable free-capacity bookkeeping behind ``place`` and ``Placer`` (never exposed)."""
 
     def __init__(self, inventory: ClusterInventory, excluded: Excluded | None = None, preempt: bool = False,
-                 overheads: HostOverheads | None = None) -> None:
+                 overheads: HostOverheads | None = None, preferred: Mapping[str, str] | None = None) -> None:
         self.inventory = inventory
+        self.preferred: dict[str, str] = dict(preferred or {})
         self.preempt = preempt
         self.overheads = overheads or HostOverheads()
         self.preempted: dict[str, Preemption] = {}
@@ -586,12 +591,35 @@ class _Allocator:
 
     def place(self, d: ReplicaDemand) -> Placement | Unplaced:
         """Place ``d`` by the rules; when it finds no room and may preempt, evict for it (module docstring)."""
+        hinted = self._place_preferred(d)
+        if hinted is not None:
+            return hinted
         out = self._place_plain(d)
         if isinstance(out, Unplaced) and self.preempt and d.priority != "P2":
             placed = self._preempt(d)
             if placed is not None:
                 return placed
         return out
+
+    def _place_preferred(self, d: ReplicaDemand) -> Placement | None:
+        """The soft node hint (module docstring), the one place it is honoured: place ``d`` by the usual rules
+        with every other node banned; None (and nothing recorded) when the preferred node does not fit."""
+        node = self.preferred.get(d.replica_id)
+        if node is None or node not in self.nodes or node in self._banned(d):
+            return None
+        saved = self.excluded.get(d.replica_id)
+        self.excluded[d.replica_id] = frozenset(self.nodes) - {node} | (saved or frozenset())
+        try:
+            out = self._place_plain(d)
+        finally:
+            if saved is None:
+                del self.excluded[d.replica_id]
+            else:
+                self.excluded[d.replica_id] = saved
+        if isinstance(out, Placement):
+            return out
+        self.forget_unplaced(d.replica_id)
+        return None
 
     def _place_plain(self, d: ReplicaDemand) -> Placement | Unplaced:
         pools = self._eligible(d)
@@ -850,9 +878,9 @@ def _slot(value: Placement | tuple[str, Sequence[int]]) -> tuple[str, tuple[int,
 
 def _full_pass(
     demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None, excluded: Excluded | None = None,
-    preempt: bool = False, overheads: HostOverheads | None = None,
+    preempt: bool = False, overheads: HostOverheads | None = None, preferred: Mapping[str, str] | None = None,
 ) -> _Allocator:
-    alloc = _Allocator(inventory, excluded, preempt, overheads)
+    alloc = _Allocator(inventory, excluded, preempt, overheads, preferred)
     pending = []
     for d in _ordered(_unique(demands)):
         cur = current.get(d.replica_id) if current else None
@@ -871,13 +899,15 @@ def place(
     excluded: Excluded | None = None,
     preempt: bool = False,
     overheads: HostOverheads | None = None,
+    preferred: Mapping[str, str] | None = None,
 ) -> PlacementPlan:
     """Full placement pass: keep the still-valid ``current`` placements, then place the rest in priority
     order, never putting a replica on a node of ``excluded[replica_id]``; with ``preempt``, a P0/P1 replica
     that finds no room evicts lower-priority ones (module docstring); ``overheads``: the host memory a
-    replica's process costs beyond its declared ``memory_mb`` (None: none counted). Same inputs (in any
+    replica's process costs beyond its declared ``memory_mb`` (None: none counted); ``preferred``: replica id
+    -> the node it should go to when it fits there (a soft hint, module docstring). Same inputs (in any
     order) -> equal plan."""
-    return _full_pass(demands, inventory, current, excluded, preempt, overheads).plan()
+    return _full_pass(demands, inventory, current, excluded, preempt, overheads, preferred).plan()
 
 
 class Placer:

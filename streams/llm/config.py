@@ -147,10 +147,46 @@ def uses_window(spec: Any) -> bool:
     return getattr(backend, "type", None) == "sglang" and bool(cfg.get("endpoints") or cfg.get("server_url"))
 
 
-def deferred_topic(spec: Any, names: Any) -> str | None:
+def serves_through_window(spec: Any, launched_server: bool = False) -> bool:
+    """THE rule for which specs are served through the LLM window (``sie score`` and the agent's worker ask it).
+
+    Every sglang spec, once something answers for it: the servers its config names (``uses_window``), or the
+    SGLang server a replica launched itself (``launched_server``: the agent's worker starts one per replica,
+    ``sie.workers.sglang_launcher``).  Any other backend goes through the batch scorer."""
+    backend = getattr(spec, "backend", None)
+    return getattr(backend, "type", None) == "sglang" and (launched_server or uses_window(spec))
+
+
+def launched_concurrency(cfg: Mapping[str, Any]) -> int:
+    """The window's C for a server the replica launched: the ``--max-running-requests`` it was started with
+    (``spec.backend.config.extra_args``: the most the server runs at once, so a larger C only queues in the
+    server and a smaller one leaves slots idle), else ``max_concurrency`` (default 16)."""
+    args = [str(a) for a in cfg.get("extra_args") or ()]
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--max-running-requests=") else (
+            args[i + 1] if arg == "--max-running-requests" and i + 1 < len(args) else None)
+        if value is not None:
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"spec.backend.config.extra_args: --max-running-requests must be a whole "
+                                  f"number >= 1 (got {value!r})")
+            return int(value)
+    return int(_num(cfg, "max_concurrency", 16, 1))
+
+
+def with_launched_server(cfg: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """``cfg`` with the replica's own server first among the endpoints, at ``launched_concurrency`` slots; the
+    endpoints the spec names (``endpoints`` / ``server_url``) follow it."""
+    named = cfg.get("endpoints") or ([cfg["server_url"]] if cfg.get("server_url") else [])
+    if not isinstance(named, list):
+        raise ConfigError(f"spec.backend.config.endpoints: must be a list of URLs or mappings (got {named!r})")
+    own = {"url": url, "concurrency": launched_concurrency(cfg)}
+    return {k: v for k, v in cfg.items() if k != "server_url"} | {"endpoints": [own, *named]}
+
+
+def deferred_topic(spec: Any, names: Any, launched_server: bool = False) -> str | None:
     """The model's deferred topic when ``spec`` is served through the window with quota policy ``delay``
     (``sie.streams.llm.defer``; whoever creates the model's topics creates it too), else None."""
-    if not uses_window(spec):
+    if not serves_through_window(spec, launched_server):
         return None
     quotas = (getattr(spec.backend, "config", None) or {}).get("quotas")
     if not isinstance(quotas, Mapping) or quotas.get("policy") != "delay" or quotas.get("defer", True) is False:

@@ -56,7 +56,7 @@ from sie.streams.eos.errors import ConsumerFatal, RetryLater
 from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared, safe_headers
 from sie.streams.eos.transaction import close_quietly, rewind
-from sie.streams.llm.config import LLMConfig
+from sie.streams.llm.config import LLMConfig, with_launched_server
 from sie.streams.llm.defer import AtOrigin, DeferPolicy, Origin
 from sie.streams.llm.dispatch import Dispatcher, Job
 from sie.streams.llm.fair import FairQueue
@@ -612,8 +612,11 @@ class _Violation(Exception):
 
 
 def run_llm_scorer(config: ScorerConfig, stop: threading.Event, on_ready: Callable[[LLMScorer], None] | None = None,
-                   **kwargs: Any) -> ScorerSummary:
-    """Serve ``config.spec`` through the window until ``stop`` is set (``sie score`` for endpoint specs)."""
-    llm = LLMConfig.from_backend_config(dict(getattr(config.spec.backend, "config", None) or {}))
+                   launched_url: str | None = None, **kwargs: Any) -> ScorerSummary:
+    """Serve ``config.spec`` through the window until ``stop`` is set (``sie score`` for endpoint specs; the
+    agent's worker with ``launched_url``, the SGLang server it started, first among the endpoints:
+    ``sie.streams.llm.config.with_launched_server``)."""
+    cfg = dict(getattr(config.spec.backend, "config", None) or {})
+    llm = LLMConfig.from_backend_config(with_launched_server(cfg, launched_url) if launched_url else cfg)
     scorer = LLMScorer(config, llm, **kwargs)
     return scorer.run(stop, on_ready=(lambda: on_ready(scorer)) if on_ready else None)

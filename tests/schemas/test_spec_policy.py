@@ -164,3 +164,24 @@ def test_a_spec_from_kafka_is_checked_exactly_as_the_api_does(tmp_path: Path) ->
     assert "evil" not in state.specs
     assert state.spec_errors["evil"].startswith("spec refused: spec.backend.moduleClass: module 'subprocess'")
     assert "spec.backend.artifact" in state.spec_errors["evil"]
+
+
+def test_an_sglang_spec_cannot_choose_the_program_its_node_runs() -> None:
+    from tests.llm_fixtures import llm_spec_doc
+
+    def problems(policy: SpecPolicy, **config: object) -> list[str]:
+        return policy.check(parse_spec(llm_spec_doc([], **config)))
+
+    default = SpecPolicy()
+    assert problems(default) == []  # no server_entry: `python -m sglang.launch_server`
+    (refused,) = problems(default, server_entry=["/bin/sh", "-c", "touch /tmp/owned"])
+    assert refused.startswith("spec.backend.config.server_entry: ") and "SIE_SGLANG_SERVER_ENTRIES" in refused
+    assert problems(default, server_entry="/bin/sh")[0].endswith("must be a non-empty list of strings (got '/bin/sh')")
+    allowing = SpecPolicy.from_settings(Settings(sglang_server_entries=["/opt/sglang/bin/python  -m 'sglang.launch_server'"]))
+    assert problems(allowing, server_entry=["/opt/sglang/bin/python", "-m", "sglang.launch_server"]) == []
+    assert problems(allowing, server_entry=["/opt/sglang/bin/python", "-c", "print(1)"]) != []
+
+    (remote,) = problems(default, extra_args=["--context-length", "4096", "--trust-remote-code"])
+    assert remote.startswith("spec.backend.config.extra_args: --trust-remote-code") and "SIE_SGLANG_TRUST_REMOTE_CODE" in remote
+    trusting = SpecPolicy.from_settings(Settings(sglang_trust_remote_code=True))
+    assert problems(trusting, extra_args=["--trust-remote-code"]) == []

@@ -15,6 +15,10 @@ Lifecycle (``load``):
   4. the warm-up/readiness inference of the spec's example input (below).
   ``spec.backend.config.server_url`` skips 1-2 and uses an already running server.
 
+Serving: the agent's worker proves the server with ONE generation through ``infer`` (readiness) and then
+serves the replica through the LLM window (``sie.streams.llm``) with ``launched_url`` as an endpoint; the
+per-row batch mapping below serves traffic only for ``sie score`` on a spec that names no servers.
+
 Request -> prompt -> output mapping (``infer``), one ``POST /generate`` per row, in parallel
 (``max_concurrency`` threads), each ``{"text", "sampling_params", "rid"}``:
   * prompt: ``config.prompt_template.format(**inputs)``, default: the inputs as JSON;
@@ -131,6 +135,9 @@ class SGLangBackend:
         self._client_factory = client_factory
         self._spawn = spawn
         self._server: Any = None
+        #: the URL of the server this backend started (None: none, ``server_url`` names a running one); the
+        #: agent's worker serves the replica through the LLM window with it as an endpoint (worker_main)
+        self.launched_url: str | None = None
         self._client: SGLangClient | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._seq = 0
@@ -159,7 +166,7 @@ class SGLangBackend:
             launch = build_launch(self.config)
             log.info("%s: starting SGLang: %s", self.config.model_id, " ".join(launch.argv))
             self._server = self._spawn(launch.argv, log_path=self._log_path)
-            url = f"http://127.0.0.1:{launch.port}"
+            url = self.launched_url = f"http://127.0.0.1:{launch.port}"
         self._client = self._client_factory(str(url))
         self._pool = ThreadPoolExecutor(max_workers=int(cfg.get("max_concurrency", 16)), thread_name_prefix="sglang")
         self._wait_ready(float(cfg.get("startup_timeout_s", 600)), float(cfg.get("health_poll_interval_s", 0.5)))

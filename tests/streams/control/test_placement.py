@@ -443,6 +443,38 @@ def test_benchmark_runs_at_small_scale(tmp_path):
     assert (tmp_path / "placement.txt").read_text().startswith("SIE placement benchmark")
 
 
+# ------------------------------------------------------------------------------------ preferred node
+
+
+def test_a_preferred_node_is_honoured_when_it_fits_and_ignored_otherwise():
+    ns = inv(node("a", gpus=(81920, 81920)), node("b", gpus=(81920, 81920)), node("c", gpus=(81920,)))
+    ds = make_demands("m", 3, gpu_memory_mb=40000, cpu=1)
+    first = place(ds[:2], ns)
+    home, other = where(first, "m-0")[0], where(first, "m-1")[0]
+    spread = place(ds, ns, first.current())
+    assert where(spread, "m-2")[0] not in {home, other}  # without a hint anti-affinity picks the third node
+    hinted = place(ds, ns, first.current(), preferred={"m-2": home})
+    assert where(hinted, "m-2")[0] == home  # the hint beats anti-affinity when the node fits
+    assert where(hinted, "m-0") == where(first, "m-0") and where(hinted, "m-1") == where(first, "m-1")
+    assert_no_overcommit(hinted)
+    # ignored when the node does not fit: unknown, excluded for that replica, offline
+    offline = inv(*(n if n.name != home else node(home, gpus=(81920, 81920), online=False) for n in ns.nodes))
+    for preferred, excluded, inventory in (({"m-2": "nowhere"}, None, ns), ({"m-2": home}, {"m-2": {home}}, ns),
+                                           ({"m-2": home}, None, offline)):
+        plan = place(ds, inventory, first.current(), excluded=excluded, preferred=preferred)
+        assert where(plan, "m-2")[0] != home and not plan.unplaced
+    # ... or full: placed elsewhere, nothing evicted for a hint
+    two = inv(node("x", gpus=(81920,)), node("y", gpus=(81920,)))
+    whole = make_demands("w", 2, gpu_memory_mb=81920, cpu=1)
+    one = place(whole[:1], two)
+    taken = where(one, "w-0")[0]
+    plan = place(whole, two, one.current(), preempt=True, preferred={"w-1": taken})
+    assert where(plan, "w-0")[0] == taken and where(plan, "w-1")[0] != taken and not plan.preempted
+    # a replica kept where it is does not move for a hint
+    kept = place(ds, ns, hinted.current(), preferred={"m-2": other})
+    assert where(kept, "m-2") == where(hinted, "m-2")
+
+
 # ----------------------------------------------------------------------------------------- exclusions
 
 
