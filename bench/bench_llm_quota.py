@@ -115,7 +115,8 @@ def scenario(settings: Settings, url: str, args: argparse.Namespace, greedy: int
         from sie.streams.llm.config import deferred_topic
 
         names = [spec.topics.requests, spec.topics.results, spec.topics.dead_letters, deferred_topic(spec, settings.names)]
-        AdminClient(settings.kafka_client_config()).delete_topics([n for n in names if n])  # this run's topics
+        for future in AdminClient(settings.kafka_client_config()).delete_topics([n for n in names if n]).values():
+            future.exception(30)  # this run's topics: wait for the broker's answer (a failure is only left over)
 
 
 def describe(name: str, r: dict, args: argparse.Namespace) -> str:

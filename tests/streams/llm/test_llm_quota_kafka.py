@@ -63,6 +63,11 @@ def test_a_caller_over_its_tokens_quota_is_delayed_or_rejected_and_the_other_kee
     finally:
         scorer.ensure_dead()
         srv.kill()
+        from sie.streams.llm.config import deferred_topic
+
+        t = spec.topics
+        _delete_topics(kafka_settings, [n for n in (t.requests, t.results, t.dead_letters,
+                                                    deferred_topic(spec, kafka_settings.names)) if n])
 
 
 GREEDY = 150  # a backlog far larger than the window (max_pending 32): 1050 tokens at 70/s, ~14 s to drain
