@@ -25,7 +25,8 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         served_model_name / model      # OpenAI "model" field
         prompt_template, output_mode, sampling_params, output_ranges, extra_body   (protocols.py)
         quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject|delay,
-                 max_delay_s, max_delayed}                       (quota.py, fair.py)
+                 max_delay_s, max_delayed, defer, defer_over, defer_after_s,
+                 deferred_window}                                (quota.py, fair.py, defer.py)
 """
 
 from __future__ import annotations

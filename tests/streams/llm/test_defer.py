@@ -4,12 +4,17 @@ deferred requests (due only at quota and after ``not_before``; the limits count 
 
 from __future__ import annotations
 
+import pytest
+
+from sie.kernel.errors import ConfigError
 from sie.kernel.names import Names
 from sie.streams.eos.deadletter import dead_letter
+from sie.streams.llm.config import deferred_topic
 from sie.streams.llm.defer import AtOrigin, DeferPolicy, Origin
 from sie.streams.llm.dispatch import Job
 from sie.streams.llm.fair import FairQueue
 from sie.streams.llm.quota import Quotas
+from tests.llm_fixtures import llm_spec
 
 
 class Clock:
@@ -110,3 +115,24 @@ def test_a_deferred_request_goes_only_at_its_quota_and_after_not_before_never_at
     assert [r.job.offset for r in fair.release(4)] == [1]  # one per refill of its 1 request/s bucket
     assert fair.overruns == 0
     assert [r.job.offset for r in fair.release(4, full=True)] == [2, 3, 4]  # a full window: everyone is due
+
+
+def test_only_a_window_spec_with_policy_delay_and_defer_has_a_deferred_topic():
+    names = Names("sie")
+    url = [{"url": "http://fake", "concurrency": 2}]
+    delay = llm_spec(url, quotas={"policy": "delay", "tokens_per_s": 10})
+    assert deferred_topic(delay, names) == f"sie.model.{delay.name}.deferred"
+    assert deferred_topic(llm_spec(url, quotas={"policy": "reject", "tokens_per_s": 10}), names) is None
+    assert deferred_topic(llm_spec(url, quotas={"policy": "delay", "defer": False}), names) is None
+    assert deferred_topic(llm_spec(url), names) is None
+
+
+def test_the_defer_keys_are_checked():
+    with pytest.raises(ConfigError, match=r"quotas\.defer: must be true or false"):
+        Quotas({"policy": "delay", "defer": "yes"})
+    with pytest.raises(ConfigError, match=r"quotas\.defer_over: must be a number > 0"):
+        Quotas({"policy": "delay", "defer_over": 0})
+    q = Quotas({"policy": "reject"})
+    assert not q.defer  # reject never defers
+    q = Quotas({"policy": "delay", "defer_over": 3, "deferred_window": 9, "defer_after_s": 0.5})
+    assert (q.defer, q.defer_over, q.deferred_window, q.defer_after_s) == (True, 3, 9, 0.5)
