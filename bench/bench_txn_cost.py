@@ -51,7 +51,8 @@ def run(bootstrap: str, broker_pid: int, partitions: int, transactions: int, gap
                                        NewTopic(topic + ".out", partitions, 1)]).values():
         future.result(30)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g.{topic}", "enable.auto.commit": False})
-    consumer.subscribe([topic])  # only for its group metadata: send_offsets_to_transaction needs a member
+    # never subscribed: its group metadata (no member, generation -1) commits offsets for a group without
+    # members, which the broker accepts; a member that joins mid-run would fence the stale metadata instead
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx.{topic}", "acks": "all",
                          "linger.ms": 5, "retry.backoff.ms": 1, **producer_overrides})  # the scorer's settings
     producer.init_transactions(30)
