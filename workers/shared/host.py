@@ -105,8 +105,9 @@ class Host:
     def _lane_registries(self) -> list[CollectorRegistry]:
         return [lane.metrics.registry for lane in [*self.lanes.values(), *self.draining.values()]]
 
-    def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> int:
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+    def serve_metrics(self, port: int, addr: str | None = None) -> int:
+        """Serve every lane's series on one /metrics; binds ``SIE_METRICS_BIND`` (loopback unless told)."""
+        server, _thread = start_http_server(port, addr=addr or self.settings.metrics_bind, registry=self.registry)
         self.metrics_port = int(server.server_port)
         return self.metrics_port
 
