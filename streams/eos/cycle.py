@@ -67,6 +67,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -220,10 +221,15 @@ class ExactlyOnce:
         """A commit was started on the committer thread and not settled yet (``settle`` waits for it)."""
         return self._inflight is not None
 
-    def commit_running(self) -> bool:
-        """The started commit has not returned yet (the batcher holds the next batch open meanwhile)."""
+    def commit_running(self, wait_s: float = 0.0) -> bool:
+        """Whether the started commit is still running after waiting up to ``wait_s`` for it to return
+        (the batcher holds the next batch open meanwhile; the commit's end wakes the wait at once)."""
         inflight = self._inflight
-        return inflight is not None and not inflight.future.done()
+        if inflight is None:
+            return False
+        if wait_s > 0:
+            futures_wait((inflight.future,), timeout=wait_s)
+        return not inflight.future.done()
 
     # --- serial ---------------------------------------------------------------------------------------
     def run_batch(self, batch: list[Any], prepare: Callable[[list[Any]], Prepared[T]],

@@ -190,7 +190,8 @@ def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_re
     consumer.assign([TopicPartition(TOPIC, 0, 0)])
     asked: list[bool] = []
 
-    def commit_running() -> bool:
+    def commit_running(wait_s: float) -> bool:
+        assert wait_s > 0  # waits on the commit (its end wakes the wait), no busy polling
         asked.append(True)
         if len(asked) == 1:  # a record arrives while the previous commit is still running
             consumer.append(FakeMessage(TOPIC, 0, 1, b"k1", b"v1"))
@@ -201,5 +202,5 @@ def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_re
     assert [m.offset() for m in batch] == [0, 1] and len(asked) == 2
     consumer.append(FakeMessage(TOPIC, 0, 2, b"k2", b"v2"))
     consumer.append(FakeMessage(TOPIC, 0, 3, b"k3", b"v3"))
-    assert [m.offset() for m in Batcher(consumer, 1, 0.0, 1.0).collect(lambda: True)] == [2]  # full: closes at once
+    assert [m.offset() for m in Batcher(consumer, 1, 0.0, 1.0).collect(lambda _s: True)] == [2]  # full: closes at once
     assert [m.offset() for m in Batcher(consumer, 10, 0.0, 1.0).collect()] == [3]  # serial: what is fetched
