@@ -50,8 +50,8 @@ def freeze_startup_heap() -> None:
     """Move every object alive after start-up (torch, models, clients, modules) out of the cyclic GC's reach.
 
     A full collection walks every tracked object: in a scorer holding torch that is ~200,000 objects and
-    100-150 ms with the GIL held, during which no record is collected, prepared or committed -- at
-    2,000 req/s that pause was the p99 (issue 15).  Objects built at start-up live for the whole process,
+    100-150 ms with the GIL held (measured), during which no record is collected, prepared or committed:
+    a pause of that size lands in the p99 (issue 15).  Objects built at start-up live for the whole process,
     so scanning them again and again finds nothing; ``gc.freeze()`` (CPython >= 3.7) parks them in a
     permanent generation, and collections then only walk what the loop allocated since.  Per-record
     garbage is acyclic and freed by reference counting either way.
