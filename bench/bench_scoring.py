@@ -360,9 +360,14 @@ class Reader:
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` (0 once it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
     except OSError:
         return 0.0
+
+
+def _stat_cpu_seconds(stat: Path) -> float:
+    """utime + stime from a /proc ``stat`` file (a process's or one thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -378,13 +383,11 @@ def jit_cpu_seconds(pid: int) -> float:
         return 0.0
     for task in tasks:
         try:
-            if not (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
-                continue
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            if (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
+                total += _stat_cpu_seconds(task / "stat")
         except OSError:  # the thread ended in between
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def log(msg: str) -> None:
