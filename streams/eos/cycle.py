@@ -13,8 +13,8 @@ producing and committing, whatever the inference time; and a dependency that is 
 is found before anything was produced.
 
 Pipelined (``start_batch``/``settle``, what ``StreamLoop`` runs by default): the commit of batch N runs on
-one committer thread while the caller's thread collects batch N+1 (librdkafka releases the GIL while it
-waits for the coordinator)::
+the producer's committer thread (its watchdog: ``TransactionalProducer.start_commit``) while the caller's
+thread collects batch N+1 (librdkafka releases the GIL while it waits for the coordinator)::
 
     loop thread:  collect N+1 (open while commit N runs) | prepare N+1 | settle(N) | begin N+1, produce, start commit N+1 | ...
     committer:    ... commit N (send_offsets + commit_transaction) ...|                                             | commit N+1 ...
@@ -66,8 +66,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -82,7 +80,7 @@ from sie.streams.eos.errors import (
     TxnAbortable,
 )
 from sie.streams.eos.records import Output, Prepared
-from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, rewind
+from sie.streams.eos.transaction import Checkpoint, PendingCall, TransactionalProducer, rewind
 
 #: ``rejected(output, detail, value)``: the replacement (a dead letter) of an output the producer refused
 Rejected = Callable[[Output, str, Any], Output]
@@ -155,7 +153,7 @@ class _InFlight:
     """The batch whose commit runs on the committer thread."""
 
     txn: Checkpoint
-    future: Future[None]
+    commit: PendingCall
     value: Any
     size: int
     times: BatchTimes
@@ -187,7 +185,7 @@ class ExactlyOnce:
 
     Serial: ``run_batch`` (returns when the batch committed or failed).  Pipelined: ``start_batch``
     (returns once this batch's commit has STARTED, with the outcomes decided meanwhile) and ``settle``
-    (waits for the in-flight commit); ``close`` when done.
+    (waits for the in-flight commit; the producer's ``close`` ends its committer thread).
     """
 
     def __init__(self, producer: TransactionalProducer, consumer: Any, stop: threading.Event,
@@ -207,7 +205,6 @@ class ExactlyOnce:
         self._fatal_streak = 0
         self._retry_delay = limits.backoff_s
         self._inflight: _InFlight | None = None
-        self._committer: ThreadPoolExecutor | None = None
         self.aborts = 0
         self.producer_restarts = 0
         self.backoffs = 0
@@ -228,8 +225,8 @@ class ExactlyOnce:
         if inflight is None:
             return False
         if wait_s > 0:
-            futures_wait((inflight.future,), timeout=wait_s)
-        return not inflight.future.done()
+            return not inflight.commit.wait(wait_s)
+        return not inflight.commit.done()
 
     # --- serial ---------------------------------------------------------------------------------------
     def run_batch(self, batch: list[Any], prepare: Callable[[list[Any]], Prepared[T]],
@@ -281,10 +278,11 @@ class ExactlyOnce:
             if pipelined:
                 # the consumer is not thread-safe: its group metadata is taken here, after the last consume()
                 metadata = self.consumer.consumer_group_metadata()
-                future = self._executor().submit(self._commit, txn, metadata, times)
-                self._inflight = _InFlight(txn, future, prepared.value, len(batch), times)
+                pending = txn.start_commit(metadata, then=lambda: self._stamp_committed(times))
+                self._inflight = _InFlight(txn, pending, prepared.value, len(batch), times)
                 return outcomes
-            self._commit(txn, None, times)
+            txn.commit()
+            self._stamp_committed(times)
         except (TxnAbortable, ProducerFatal) as exc:
             outcomes.append(BatchOutcome(self._recover(txn, exc), None, len(batch), times))
             return outcomes
@@ -304,7 +302,7 @@ class ExactlyOnce:
         if inflight is None:
             return []
         try:
-            inflight.future.result()  # each transaction call inside is bounded (TransactionalProducer)
+            inflight.commit.result()  # bounded: ProducerHung if a call inside never answered
         except (TxnAbortable, ProducerFatal) as exc:
             gone = {(tp.topic, tp.partition) for tp in revoked}
             first = {tp: off for tp, off in inflight.txn.first_offsets().items() if tp not in gone}
@@ -315,21 +313,9 @@ class ExactlyOnce:
             return [BatchOutcome(status, None, inflight.size, inflight.times)]
         return [self._committed(inflight.value, inflight.size, inflight.times)]
 
-    def close(self) -> None:
-        """Stop the committer thread (after ``settle``: nothing may be in flight)."""
-        if self._committer is not None:
-            self._committer.shutdown(wait=False)
-            self._committer = None
-
     # --- steps ----------------------------------------------------------------------------------------
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._committer is None:
-            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-commit")
-        return self._committer
-
-    def _commit(self, txn: Checkpoint, group_metadata: Any, times: BatchTimes) -> None:
-        """Offsets + commit (on the committer thread when pipelined: it only talks to the producer)."""
-        txn.commit(group_metadata)
+    def _stamp_committed(self, times: BatchTimes) -> None:
+        """When the commit returned (on the committer thread when pipelined)."""
         times.committed = self._wall()
 
     def _committed(self, value: Any, size: int, times: BatchTimes) -> BatchOutcome[Any]:

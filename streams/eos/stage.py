@@ -203,5 +203,4 @@ class StreamLoop(Generic[T]):
                         eos.settle()
                     except Exception as exc:  # noqa: BLE001 - logged; the original error propagates
                         log.warning("%s: commit in flight at exit: %s", self.settings.name, exc)
-                eos.close()
             close_quietly(consumer, producer)  # leaves the group: partitions move to the others at once

@@ -18,10 +18,12 @@ steps, and the code below carries the same numbers:
 
 Hung calls: ``send_offsets_to_transaction`` can block far past its timeout
 while the group coordinator is down (librdkafka #5456; seen here when the
-broker restarts mid-batch).  The three transaction calls therefore run on a
-watchdog thread (``sie.streams.eos.bounded``); one that outlives its timeout raises
-``ProducerHung``: the producer is abandoned and a new producer with the same
-``transactional.id`` is created, whose ``init_transactions()`` fences the hung one.
+broker restarts mid-batch).  The three transaction calls therefore run on the
+producer's watchdog thread (``sie.streams.eos.bounded.BoundedWorker``: one
+long-lived thread, which is also the committer thread of pipelined commits:
+``start_commit``); a call that outlives its timeout raises ``ProducerHung``:
+the producer is abandoned and a new producer with the same ``transactional.id``
+is created, whose ``init_transactions()`` fences the hung one.
 
 Recovery never waits unboundedly and always honours ``stop``: (re)starting the
 producer retries ``init_transactions`` with backoff until the broker answers,
@@ -50,7 +52,7 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPar
 
 from sie.kernel.authz import from_kafka_error
 from sie.kernel.errors import KafkaUnavailable
-from sie.streams.eos.bounded import CallAbandoned, call_bounded
+from sie.streams.eos.bounded import BoundedWorker, CallAbandoned, Pending, call_bounded
 from sie.streams.eos.errors import ProducerFatal, ProducerHung, RecordRejected, TxnAbortable
 
 log = logging.getLogger("sie.eos")
@@ -97,6 +99,32 @@ def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
     raise AssertionError("unreachable")
 
 
+class PendingCall:
+    """Transaction calls started on a producer's watchdog thread (``TransactionalProducer.start_commit``).
+
+    ``result()`` re-raises what they raised (``TxnAbortable``, ``ProducerFatal``, ...), or ``ProducerHung``
+    naming the call that did not answer within its limit (librdkafka #5456)."""
+
+    __slots__ = ("_pending", "_current", "_limit_s")
+
+    def __init__(self, pending: Pending, current: list[str], limit_s: float) -> None:
+        self._pending, self._current, self._limit_s = pending, current, limit_s
+
+    def done(self) -> bool:
+        return bool(self._pending.done())
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the calls returned within ``timeout_s`` (their return wakes this at once)."""
+        return bool(self._pending.wait(timeout_s))
+
+    def result(self) -> None:
+        try:
+            self._pending.result()
+        except CallAbandoned as exc:
+            raise ProducerHung(f"{self._current[0]}: no answer after {self._limit_s:.0f}s (hung call, librdkafka "
+                               f"#5456); abandoning this producer") from exc
+
+
 class TransactionalProducer:
     """One ``transactional.id``, one librdkafka producer at a time; re-created after fatal errors."""
 
@@ -114,6 +142,8 @@ class TransactionalProducer:
         self._txn_topics: set[str] = set()
         #: (topic, error) of a record refused for authorization in the open transaction
         self._refused: tuple[str, Any] | None = None
+        #: the thread the transaction calls run on, so that a hung one can be abandoned (``_guarded``)
+        self._watchdog = BoundedWorker(f"txn-{self.transactional_id}")
 
     def _on_failed_delivery(self, err: Any, msg: Any) -> None:
         if err is not None and self._refused is None and from_kafka_error(err, self._config, "WRITE") is not None:
@@ -198,6 +228,7 @@ class TransactionalProducer:
         if self._producer is not None:
             self._producer.flush(5.0)
             self._producer = None
+        self._watchdog.close()
 
     # --- transaction calls ------------------------------------------------------
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
@@ -216,16 +247,29 @@ class TransactionalProducer:
                 raise denied from exc
             raise
 
-    def _guarded(self, fn: Callable[[], Any], what: str) -> Any:
-        """``_call`` on a watchdog thread: a call hung past its timeout -> ``ProducerHung``.
+    def _start_guarded(self, *steps: tuple[Callable[[], Any], str],
+                       then: Callable[[], None] | None = None) -> PendingCall:
+        """Start each step's ``_call``, in order, then ``then()``, on the watchdog thread (see ``PendingCall``).
 
-        Not stop-aware on purpose: a stop request lets the current batch commit (bounded anyway).
-        """
-        try:
-            return call_bounded(lambda: self._call(fn, what), f"txn-{what}", self._hang_limit_s)
-        except CallAbandoned as exc:
-            raise ProducerHung(f"{what}: no answer after {self._hang_limit_s:.0f}s (hung call, librdkafka #5456); "
-                               f"abandoning this producer") from exc
+        The steps of one commit go together: one handoff to that thread per commit, not one per call (each
+        handoff waits for the GIL while the loop thread prepares the next batch); together they get
+        ``hang_limit_s`` each."""
+        current = [steps[0][1]]
+
+        def run() -> None:
+            for fn, what in steps:
+                current[0] = what
+                self._call(fn, what)
+            if then is not None:
+                then()
+
+        limit_s = self._hang_limit_s * len(steps)
+        return PendingCall(self._watchdog.submit(run, "txn", limit_s), current, limit_s)
+
+    def _guarded(self, *steps: tuple[Callable[[], Any], str]) -> None:
+        """``_start_guarded`` and wait: not stop-aware on purpose (a stop request lets the current batch
+        commit; bounded anyway)."""
+        self._start_guarded(*steps).result()
 
     def begin(self) -> None:
         if self._producer is None:  # a restart was interrupted by a stop request
@@ -263,20 +307,28 @@ class TransactionalProducer:
                     raise RecordRejected(f"produce to {topic}: {err.str()}", err.name()) from exc
                 raise TxnAbortable(f"produce to {topic}: {err.str()}") from exc
 
-    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+    def start_commit(self, offsets: list[TopicPartition] | None = None, group_metadata: Any = None,
+                     then: Callable[[], None] | None = None) -> PendingCall:
+        """Start committing the open transaction on the watchdog thread; with ``offsets``, send them to it first
+        (``group_metadata`` stamps them with the consumer group's generation: a zombie's offsets are refused).
+        ``then()`` runs on that thread right after the commit returned (e.g. a timestamp)."""
         producer = self._producer
-        self._guarded(lambda: producer.send_offsets_to_transaction(offsets, group_metadata, _TXN_CALL_TIMEOUT_S),
-                      "send_offsets_to_transaction")
+        commit = (lambda: producer.commit_transaction(_TXN_CALL_TIMEOUT_S), "commit_transaction")
+        if offsets is None:
+            return self._start_guarded(commit, then=then)
+        return self._start_guarded((lambda: producer.send_offsets_to_transaction(offsets, group_metadata,
+                                                                                 _TXN_CALL_TIMEOUT_S),
+                                    "send_offsets_to_transaction"), commit, then=then)
 
-    def commit(self) -> None:
-        producer = self._producer
-        self._guarded(lambda: producer.commit_transaction(_TXN_CALL_TIMEOUT_S), "commit_transaction")
+    def commit(self, offsets: list[TopicPartition] | None = None, group_metadata: Any = None) -> None:
+        """``start_commit`` and wait for it."""
+        self.start_commit(offsets, group_metadata).result()
 
     def abort(self) -> None:
         """Abort the open transaction; any failure here means the producer must be re-created."""
         try:
             producer = self._producer
-            self._guarded(lambda: producer.abort_transaction(_TXN_CALL_TIMEOUT_S), "abort_transaction")
+            self._guarded((lambda: producer.abort_transaction(_TXN_CALL_TIMEOUT_S), "abort_transaction"))
         except TxnAbortable as exc:
             raise ProducerFatal(str(exc)) from exc
 
@@ -343,18 +395,27 @@ class Checkpoint:
         return [TopicPartition(t, p, off + 1) for (t, p), off in self._last.items()]
 
     def commit(self, group_metadata: Any = None) -> None:
-        """Steps 1-4.  ``group_metadata``: the consumer's, taken by the caller on the consumer's own thread
-        when this runs on another one (pipelined commits); None: taken here."""
-        # 1. Offsets = last processed + 1, from the records of this batch.
-        offsets = self.offsets()
-        # 2. Offsets join the transaction, stamped with the group generation (zombie fencing).
+        """Steps 1-4, waiting for them.  ``group_metadata``: the consumer's; None: taken here."""
         if group_metadata is None:
             group_metadata = self._consumer.consumer_group_metadata()
-        self._producer.send_offsets(offsets, group_metadata)
-        # 3. Flush results + dead letters and commit them atomically with the offsets.
-        self._producer.commit()
-        # 4. Serve delivery events.
-        self._producer.poll()
+        self.start_commit(group_metadata).result()
+
+    def start_commit(self, group_metadata: Any, then: Callable[[], None] | None = None) -> PendingCall:
+        """Steps 1-4 on the producer's watchdog thread (pipelined commits).  ``group_metadata``: the consumer's,
+        taken by the caller on the consumer's own thread (the consumer is not thread-safe); ``then()`` runs on
+        that thread once the commit returned."""
+        # 1. Offsets = last processed + 1, from the records of this batch.
+        offsets = self.offsets()
+        producer = self._producer
+
+        def finish() -> None:
+            producer.poll()  # 4. serve delivery events
+            if then is not None:
+                then()
+
+        # 2. Offsets join the transaction, stamped with the group generation (zombie fencing), and
+        # 3. results + dead letters are flushed and committed atomically with them.
+        return producer.start_commit(offsets, group_metadata, then=finish)
 
     def first_offsets(self) -> dict[tuple[str, int], int]:
         return dict(self._first)

@@ -64,7 +64,6 @@ def test_a_failed_commit_discards_the_batch_prepared_meanwhile_and_both_come_aga
     assert [o.status for o in outcomes] == [BatchStatus.COMMITTED]
     assert values(producers) == [f"v{i}".encode() for i in range(10)]  # each record once, in order
     assert consumer.committed_offsets[(TOPIC, 0)] == 10 and eos.aborts == 1
-    eos.close()
 
 
 def test_the_next_transaction_begins_only_after_the_previous_commit_returned():
@@ -79,7 +78,6 @@ def test_the_next_transaction_begins_only_after_the_previous_commit_returned():
     calls = [c.name for c in producers[0].calls if c.name in ("begin_transaction", "commit_transaction")]
     assert calls == ["begin_transaction", "commit_transaction"] * 3  # the FakeProducer also refuses a second begin
     assert consumer.committed_offsets[(TOPIC, 0)] == 30
-    eos.close()
 
 
 class BlockingCommitProducer(FakeProducer):
@@ -162,7 +160,6 @@ def test_a_rebalance_waits_for_the_commit_in_flight_before_the_partitions_go():
     assert producer.commits == 1 and consumer.committed_offsets[(TOPIC, 0)] == 5  # finished before the return
     assert processor.events == [("committed", 5), ("dropped", [0])]  # counted, then the partitions went
     assert not eos.in_flight
-    eos.close()
 
 
 def test_a_stop_request_commits_the_batch_in_flight_and_counts_it():

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, Fenced, Prepared, bounded, transaction
-from sie.streams.eos.bounded import CallAbandoned, call_bounded
+from sie.streams.eos.bounded import BoundedWorker, CallAbandoned, call_bounded
 from sie.streams.eos.errors import ProducerFatal, ProducerHung
 from sie.streams.eos.transaction import TransactionalProducer, close_quietly, rewind
 
@@ -75,6 +75,80 @@ def test_call_bounded_gives_up_at_once_on_stop(release):
         call_bounded(blocking, "hang", 60, stop)
     assert info.value.stopped
     assert time.monotonic() - started < within()
+
+
+# --- BoundedWorker: call_bounded's contract on one long-lived thread ------------------------------------
+def test_bounded_worker_runs_every_call_on_one_thread_and_reraises():
+    worker = BoundedWorker("w")
+    threads = {worker.call(threading.get_ident, "ident", 5) for _ in range(20)}
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    with pytest.raises(ZeroDivisionError):
+        worker.call(lambda: 1 / 0, "divide", 5)
+    assert worker.call(threading.get_ident, "ident", 5) in threads  # an exception does not cost the thread
+    worker.close()
+
+
+def test_bounded_worker_leaves_a_hung_call_its_thread_and_answers_the_next_on_a_fresh_one(release):
+    worker = BoundedWorker("w")
+    first = worker.call(threading.get_ident, "ident", 5)
+    started = time.monotonic()
+    with pytest.raises(CallAbandoned) as info:
+        worker.call(lambda: release.wait(30), "hang", SHORT_LIMIT_S)
+    assert not info.value.stopped and time.monotonic() - started < within(SHORT_LIMIT_S)
+    second = worker.call(threading.get_ident, "ident", 5)  # not queued behind the hung call
+    assert second != first
+    worker.close()
+
+
+def test_bounded_worker_gives_up_at_once_on_stop(release):
+    entered, stop = threading.Event(), threading.Event()
+    stop_when(entered, stop)
+
+    def blocking() -> None:
+        entered.set()
+        release.wait(30)
+
+    started = time.monotonic()
+    with pytest.raises(CallAbandoned) as info:
+        BoundedWorker("w").call(blocking, "hang", 60, stop)
+    assert info.value.stopped and time.monotonic() - started < within()
+
+
+class HangingTxnProducer:
+    """A started producer whose ``send_offsets_to_transaction`` never answers (librdkafka #5456)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self._release = release
+        self.committed = 0
+
+    def init_transactions(self, timeout: float) -> None:
+        pass
+
+    def send_offsets_to_transaction(self, offsets, metadata, timeout: float) -> None:
+        self._release.wait(30)
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.committed += 1
+
+    def purge(self, in_queue: bool = True, in_flight: bool = False) -> None:
+        pass
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+def test_a_commit_whose_send_offsets_hangs_is_abandoned_naming_that_call(release):
+    fake = HangingTxnProducer(release)
+    tp = TransactionalProducer({"transactional.id": "t"}, lambda _c: fake, 3, 0.001, threading.Event(),
+                               hang_limit_s=SHORT_LIMIT_S)
+    assert tp.start() is True
+    tp.commit()  # no offsets: commit_transaction alone, answered
+    assert fake.committed == 1
+    started = time.monotonic()
+    with pytest.raises(ProducerHung, match="send_offsets_to_transaction: no answer"):
+        tp.commit([TopicPartition("t", 0, 5)], object())
+    # the two steps together get two calls' limits; commit_transaction never ran
+    assert time.monotonic() - started < within(2 * SHORT_LIMIT_S) and fake.committed == 1
 
 
 # --- TransactionalProducer.start / restart -------------------------------------------------------
@@ -195,10 +269,7 @@ class FailingCommitProducer:
     def begin(self) -> None:
         pass
 
-    def send_offsets(self, offsets, metadata) -> None:
-        pass
-
-    def commit(self) -> None:
+    def start_commit(self, offsets=None, metadata=None, then=None) -> None:
         raise self._error
 
     def restart(self) -> bool:
