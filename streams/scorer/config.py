@@ -44,8 +44,8 @@ class ScorerConfig:
     # backlog gives full batches, light load one record per batch (bench_latency). > 0: linger that long.
     max_wait_ms: int = 0
     # commit batch N on a committer thread while batch N+1 is collected and prepared (sie.streams.eos.cycle):
-    # pipelined: the commit's round trips overlap the next batch's work.  Opt-in: the only latency run so far
-    # (bench/results/latency.txt, a loaded machine) had serial's p99 lower at every rate; throughput was equal
+    # pipelined: the commit's round trips overlap the next batch's work.  Opt-in: in the latency runs so far
+    # (bench/results/latency.txt, docs/benchmarks.md) neither mode had the lower p99 at every rate; throughput was equal
     pipelined: bool = False
     poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
     max_request_bytes: int | None = None  # None: settings.max_request_bytes (larger values: too_large)
