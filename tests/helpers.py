@@ -73,10 +73,18 @@ def end_offsets(consumer: Any, topic: str, partitions: Iterable[int], timeout: f
     """partition -> its end now, as ``consumer`` reads: the high watermark, or with read_committed the last
     stable offset (the broker answers with the consumer's isolation level), so the records of a transaction
     still open lie beyond the end and are not waited for."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
-            for p in partitions}
+    def ends() -> tuple[dict[int, int]] | None:  # a tuple: an empty dict (no partitions) is an answer too
+        try:
+            return ({p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
+                     for p in partitions},)
+        except KafkaException as exc:  # a fresh client whose metadata lags (e.g. just after a broker resumed)
+            if exc.args and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
+                return None
+            raise
+
+    return wait_until(ends, timeout, interval=0.2, message=f"end offsets of {topic}")[0]
 
 
 def read_up_to(reached: dict[int, int], msg: Any) -> bool:
