@@ -62,7 +62,13 @@ def test_call_bounded_gives_up_after_the_limit(release):
     assert time.monotonic() - started < within(SHORT_LIMIT_S)
 
 
-def test_call_bounded_gives_up_at_once_on_stop(release):
+#: the two ways to make a bounded call: a thread per call, or one long-lived thread (``BoundedWorker``)
+CALLERS = pytest.mark.parametrize("bounded_call", [call_bounded, lambda *a: BoundedWorker("w").call(*a)],
+                                  ids=["call_bounded", "worker"])
+
+
+@CALLERS
+def test_a_bounded_call_gives_up_at_once_on_stop(release, bounded_call):
     entered, stop = threading.Event(), threading.Event()
     stop_when(entered, stop)
 
@@ -72,7 +78,7 @@ def test_call_bounded_gives_up_at_once_on_stop(release):
 
     started = time.monotonic()
     with pytest.raises(CallAbandoned) as info:
-        call_bounded(blocking, "hang", 60, stop)
+        bounded_call(blocking, "hang", 60, stop)
     assert info.value.stopped
     assert time.monotonic() - started < within()
 
@@ -98,20 +104,6 @@ def test_bounded_worker_leaves_a_hung_call_its_thread_and_answers_the_next_on_a_
     second = worker.call(threading.get_ident, "ident", 5)  # not queued behind the hung call
     assert second != first
     worker.close()
-
-
-def test_bounded_worker_gives_up_at_once_on_stop(release):
-    entered, stop = threading.Event(), threading.Event()
-    stop_when(entered, stop)
-
-    def blocking() -> None:
-        entered.set()
-        release.wait(30)
-
-    started = time.monotonic()
-    with pytest.raises(CallAbandoned) as info:
-        BoundedWorker("w").call(blocking, "hang", 60, stop)
-    assert info.value.stopped and time.monotonic() - started < within()
 
 
 class HangingTxnProducer:
