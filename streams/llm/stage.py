@@ -221,7 +221,7 @@ class LLMScorer:
         finally:
             dispatcher.close()
             # planned: leave the group (eos.transaction.leave_group), unless handing over to a successor
-            close_quietly(consumer, producer, leave=planned and leaves_group(stop))
+            close_quietly(consumer, producer, leave=planned and leaves_group(stop, consumer, topics))
             self.metrics.close()
         return self.summary()
 

@@ -222,15 +222,33 @@ def test_a_stop_request_leaves_the_group_after_the_last_commit():
     assert processor.events[-1] == ("dropped", [0])  # the revoke was served: nothing in flight, nothing dropped
 
 
-def test_a_hand_over_stop_keeps_the_static_membership_for_the_successor():
-    """``StopRequest.hand_over``: a loaded successor with the same instance id takes the member's place."""
-    class HandOver(StopRequest):
-        def set(self) -> None:  # what the Recorder calls: a hand-over instead of a plain stop
-            self.handing_over = True
-            super().set()
+class HandOver(StopRequest):
+    def set(self) -> None:  # what the Recorder calls: a hand-over instead of a plain stop
+        self.handing_over = True
+        super().set()
 
-    consumer, producers, _ = run_until_stopped(HandOver())
+
+class SharingConsumer(FakeConsumer):
+    """A member of a group with another member: it is assigned partition 0 of the topic's two."""
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        super().subscribe(topics, **callbacks)
+        with self._cond:
+            self._events[-1] = ("assign", [TopicPartition(TOPIC, 0)])
+
+
+def test_a_hand_over_by_the_only_member_keeps_the_static_membership_for_the_successor():
+    """``StopRequest.hand_over`` by a member owning every partition: leaving would empty the group; its loaded
+    successor (same instance id) takes the place without a rebalance."""
+    consumer, _, _ = run_until_stopped(HandOver())
     assert consumer.closed and not consumer.called("unsubscribe") and consumer.member_id == "fake-member"
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+def test_a_hand_over_by_one_of_several_members_leaves_so_the_others_serve_while_the_successor_starts():
+    consumer = SharingConsumer(records(40), partitions={TOPIC: 2})
+    run_until_stopped(HandOver(), consumer=consumer)
+    assert consumer.left == 1 and consumer.member_id is None and consumer.closed
     assert consumer.committed_offsets[(TOPIC, 0)] == 40
 
 
