@@ -237,7 +237,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     def _on_term(signum: int, _frame: Any) -> None:
         status.emit("draining", signal=signal.Signals(signum).name)
         if signum == signal.SIGUSR2:
-            stop_event.hand_over()  # a successor takes this replica's place: do not leave the group
+            stop_event.hand_over()  # a successor takes this replica's place (StopRequest.hand_over)
         else:
             stop_event.set()
         serve.set()
