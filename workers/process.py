@@ -95,7 +95,8 @@ class ProcessHandle(Protocol):
         """Stop now (SIGKILL)."""
 
     def hand_over(self) -> None:
-        """Stop for a successor (SIGUSR2): drain like ``terminate`` but keep the group membership."""
+        """Stop for a loaded successor (SIGUSR2): drain like ``terminate``; the worker keeps its static group
+        membership for the successor only if it owns every partition (``sie.streams.eos.stage.leaves_group``)."""
 
     def serve(self) -> None:
         """Start serving (SIGUSR1): a ``--standby`` worker whose predecessor released the replica."""

@@ -18,9 +18,10 @@ Draining rollout step) hands over instead, so its partitions pause only for the 
 
     old READY --target changed--> DRAINING (handing over: still serving, no signal)
     new PENDING --launch with --standby--> STARTING: loads, proves readiness, reports "standby", waits
-    old --SIGUSR2 (hand over: commit, close, do NOT leave the group)--> "released", exit --> STOPPED
-    new --SIGUSR1 once every predecessor released--> init_transactions fences the old id, the consumer takes
-         the same static membership (group.instance.id) without a rebalance --> READY
+    old --SIGUSR2 (hand over: commit; leave the group, so the other replicas serve the partitions while the
+         successor starts, unless it owns every partition: then keep its static membership)--> "released"
+    new --SIGUSR1 once every predecessor released--> init_transactions fences the old id; the consumer joins
+         (or takes the kept static membership, group.instance.id, without a rebalance) --> READY
 
 It falls back to stop-then-start (SIGTERM, the old leaves; the new starts once it exited) when the new
 launch cannot wait loaded (a shared process's lane, a connector), when the GPU cannot hold both, and when
@@ -288,7 +289,7 @@ class Supervisor:
             old.handing_over = False
             old.handle.hand_over()
             old.drain_deadline = now + self.policy.drain_grace_s
-            self._retire(old, "handing over: its successor is loaded; SIGUSR2 sent (commit, keep the membership)")
+            self._retire(old, "handing over: its successor is loaded; SIGUSR2 sent")
             return
         if successor is None or successor.state not in (ReplicaState.PENDING, ReplicaState.STARTING):
             why = "its successor " + (f"is {successor.state.value}" if successor is not None else "is gone")

@@ -38,10 +38,12 @@ commits and the consumer LEAVES the group, so the other replicas take its partit
 heartbeat (static membership would otherwise hold them for the session timeout).  The agent's
 replace-in-place (a new version or spec for the same replica id) starts the successor with ``--standby``:
 it loads and proves the model while this replica still serves, reports ``standby`` and waits; the agent
-then sends the serving worker SIGUSR2 (stop for a successor: commit, close WITHOUT leaving) and, once it
-released, the successor SIGUSR1: its ``init_transactions`` fences the predecessor's id and its consumer takes
-the same static membership (``group.instance.id``) without a rebalance.  A SIGKILLed or crashed worker
-never leaves: its restart takes its place the same way.
+then sends the serving worker SIGUSR2 (stop for a successor: commit, then leave the group so the other
+replicas serve its partitions while the successor starts, unless it owns every partition: then it keeps
+its static membership, ``sie.streams.eos.stage.leaves_group``) and, once it released, the successor
+SIGUSR1: its ``init_transactions`` fences the predecessor's id and its consumer joins (or takes the kept
+membership, ``group.instance.id``, without a rebalance).  A SIGKILLed or crashed worker never leaves: its
+restart takes its place the same way.
 
 Settings (Kafka connection, topic prefix) come from SIE_* environment variables,
 read once here at the entry point; the agent passes its environment through.
