@@ -227,11 +227,10 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
     from sie.schemas.spec_policy import SpecPolicy
+    from sie.streams.eos import StopRequest
     from sie.streams.llm.config import serves_through_window
     from sie.streams.scorer import ScorerConfig
     from sie.streams.scorer.rollout import run_rollout_scorer
-
-    from sie.streams.eos import StopRequest
 
     stop_event = StopRequest()
     serve = threading.Event()  # --standby: set by SIGUSR1 (go), and by any stop (nothing to wait for then)
