@@ -284,6 +284,21 @@ def test_a_successor_whose_launch_is_deferred_leaves_the_old_worker_serving(work
     assert old.signals == [] and sup.snapshots()[0].state == ReplicaState.READY
 
 
+def test_an_agent_stopping_during_a_hand_over_stops_both_workers(worker_env: Any) -> None:
+    sup, launcher, _ = worker_env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    sup.update()
+    new = launcher.last
+    sup.set_desired([])  # the agent's shutdown
+    sup.update()
+    assert old.signals == ["TERM"] and new.signals == ["TERM"]  # the standby one never serves
+    old.exit(0)
+    new.exit(0)
+    assert states(sup.update()) == ["STOPPED", "STOPPED"] and len(sup.table) == 0
+
+
 def test_a_removed_replica_is_stopped_at_once(worker_env: Any) -> None:
     """No successor (scale-down, delete): SIGTERM at once, the worker leaves its group."""
     sup, launcher, _ = worker_env
