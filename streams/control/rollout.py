@@ -253,7 +253,8 @@ class Rollout:
         if (canary.requests == 0 and stable.requests >= self.policy.gates.min_samples
                 and elapsed_s >= self.policy.interval_s):
             return self._move(Phase.ROLLING_BACK, now_ms,
-                              f"canary answered no request in {elapsed_s:.0f}s at {at} while {self.stable_version} "
+                              f"canary {self.canary_version} answered no request in {elapsed_s:.0f}s at {at} while "
+                              f"{self.stable_version} "
                               f"answered {stable.requests}: its share never reached it (see the replicas' "
                               f"versions in sie describe model)", weight_bp=0)
         result = judge(self.policy.gates, canary, stable)

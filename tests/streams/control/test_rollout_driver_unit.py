@@ -179,5 +179,5 @@ def test_a_canary_that_answers_nothing_for_a_whole_step_rolls_back():
     drive(driver, clock, 3)
     r = driver.get("m").rollout
     assert r.phase is Phase.ROLLED_BACK
-    assert "canary answered no request in 4s at 10% while 1.0.0 answered 1000" in \
+    assert "canary 1.1.0 answered no request in 4s at 10% while 1.0.0 answered 1000" in \
         next(e.reason for e in r.events if e.target is Phase.ROLLING_BACK)
