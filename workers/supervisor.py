@@ -386,13 +386,16 @@ def _take_reported(replica: ActualReplica, event: dict) -> None:
 VERSION_STATES = frozenset({"waiting", "loading", "ready", "failed"})
 
 
-def _versions_reported(value: Any) -> dict[str, dict[str, str]]:
+def _versions_reported(value: Any) -> dict[str, dict[str, Any]]:
     """The ``versions`` of a status line, kept only where well-formed (a few versions, known states, short text)."""
     if not isinstance(value, dict):
         return {}
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for version, info in list(value.items())[:4]:
         if isinstance(version, str) and 0 < len(version) <= 64 and isinstance(info, dict) \
                 and info.get("state") in VERSION_STATES:
             out[version] = {"state": str(info["state"]), "detail": str(info.get("detail") or "")[:500]}
+            rss = info.get("rss_mb")
+            if type(rss) is int and 0 < rss < 10_000_000:
+                out[version]["rss_mb"] = rss
     return out

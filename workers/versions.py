@@ -239,6 +239,19 @@ class VersionHost:
         tail = self.log_tail()
         return f"process {cause}" + (f"; last log lines: {tail}" if tail else "")
 
+    def rss_mb(self) -> int:
+        """Resident memory of its process in MiB (0: none, or not readable): the agent reports it as held."""
+        pid = self.pid
+        if pid is None or (self._popen is not None and self._popen.poll() is not None):
+            return 0
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) // 1024
+        except (OSError, ValueError):
+            pass
+        return 0
+
     def log_tail(self, lines: int = 3) -> str:
         try:
             with open(self.log_path, "rb") as f:
@@ -429,7 +442,8 @@ class ProcessVersions:
             out = {}
             for version, c in self._companions.items():
                 self._refresh(c, now)
-                out[version] = {"state": c.state, "detail": c.detail, "restarts": c.restarts}
+                out[version] = {"state": c.state, "detail": c.detail, "restarts": c.restarts,
+                                "rss_mb": c.host.rss_mb() if c.host is not None else 0}
             return out
 
     def close(self) -> None:

@@ -80,7 +80,9 @@ def test_two_builds_of_one_package_answer_side_by_side_each_with_its_own_code(tm
             out = backend.infer(ROWS)
             assert [o["built"] for o in out] == [built, built]
             assert [o["weight"] for o in out] == [weight, weight]  # the lazily imported helper is its own too
-        assert versions.report()["1.1.0"] == {"state": "ready", "detail": "", "restarts": 0}
+        report = versions.report()["1.1.0"]
+        assert {k: report[k] for k in ("state", "detail", "restarts")} == {"state": "ready", "detail": "", "restarts": 0}
+        assert report["rss_mb"] > 10  # its process's memory: the agent reports it as held
         versions.retain({"1.1.0"})
         assert set(versions.report()) == {"1.1.0"}
         wait_until(lambda: _gone(first.pid), timeout=10, message="the released version's process still runs")

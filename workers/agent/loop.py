@@ -374,6 +374,9 @@ class Agent:
         warm, reserved = (self.pool.ready(), self.pool.memory_mb()) if self.pool is not None else (0, 0)
         if self.shared is not None:  # the shared processes' runtimes: placement charges their models only
             reserved += self.shared.held_memory_mb(self.settings.model_overhead_mb)
+        # a rollout's other version runs in a process of its own next to each replica: memory placement never
+        # charged, held while the rollout lasts
+        reserved += sum(int(v.get("rss_mb") or 0) for s in snapshots for v in s.versions.values())
         record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
                                     self.advertise_host, self.metrics_port, warm, reserved,
                                     memory_total_mb=probed.memory_mb, memory_available_mb=probed.memory_available_mb,
