@@ -86,8 +86,8 @@ def _prepared(kind: str, root: Path) -> tuple[ModelService, Path]:
 
 
 def measure(kind: str, calls: int, root: Path) -> dict[str, Any]:
-    from sie.schemas.spec_policy import SpecPolicy
     from sie.kernel.settings import Settings
+    from sie.schemas.spec_policy import SpecPolicy
 
     spec, file = _prepared(kind, root)
     policy = SpecPolicy.from_settings(Settings())

@@ -194,7 +194,6 @@ def test_a_model_whose_package_conflicts_with_a_hosted_one_goes_to_another_proce
     """Python imports a package once per process: two builds of ``churnpkg`` never share one (issue 22: the lane
     restart-looped with 'already loaded from ... modules.zip'); the same build may."""
     from sie.workers.agent.shared import import_roots
-
     from sie.workers.process import LaunchSpec
 
     launcher, pool = rig["launcher"], rig["pool"]
