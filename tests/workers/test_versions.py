@@ -165,3 +165,22 @@ def test_a_failed_call_is_an_inference_error_not_a_loss(tmp_path, replica_dir):
         assert backend.infer(ROWS)[0]["built"] == "1.1.0"  # the process still answers
     finally:
         versions.close()
+
+
+def test_sie_score_prepares_a_companion_itself_with_the_agents_preparation(tmp_path):
+    """Without an agent (``sie score``), the process prepares the other version with ``prepare_spec``: the same
+    policy check (a refusal fails the companion, naming the field) and the same document on disk."""
+    from sie.schemas.spec_policy import SpecPolicy
+    from sie.workers.versions import SelfPrepared
+
+    policy = SpecPolicy.from_settings(Settings().with_overrides(allowed_modules=["churnpkg"],
+                                                                model_roots=[tmp_path]))
+    spec = load_spec(python_project(tmp_path / "src", "1.1.0"))
+    source = SelfPrepared(tmp_path / "prepared", policy, artifacts=None)
+    path = source.prepared("1.1.0", spec.to_document())
+    assert path == tmp_path / "prepared" / "version-1.1.0.json"
+    bad = {**spec.to_document(), "backend": {**spec.to_document()["backend"], "callable": "os:system"}}
+    versions = ProcessVersions(source, "scorer t", log_dir=tmp_path)
+    assert versions.backend("1.1.0", bad) is None
+    state = versions.report()["1.1.0"]
+    assert state["state"] == "failed" and "spec.backend.callable" in state["detail"]
