@@ -143,9 +143,14 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
 
     t = spec.topics
     click.echo(f"Topics:      requests {t.requests}, results {t.results}, dead letters {t.dead_letters}")
+    from sie.kernel.authz import NotAuthorized
+
     try:
         seen = traffic(settings, [t.requests, t.results, t.dead_letters])
         lag = group_lag(settings, spec.group_id, t.requests)
+    except NotAuthorized as exc:  # the whole reason: the principal and the ACL it lacks
+        click.echo(f"Traffic:     unavailable: {exc}")
+        return
     except Exception as exc:  # KafkaException: a describe must still show the rest
         click.echo(f"Traffic:     unavailable ({str(exc).splitlines()[0][:200]})")
         return
