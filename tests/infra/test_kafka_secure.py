@@ -401,3 +401,32 @@ def test_describe_model_names_the_acl_its_traffic_line_lacks(world: dict[str, An
     assert (f"Traffic:     unavailable: not authorized: User:{control.name} may not READ topic "
             f"'{spec.topics.requests}'") in result.output, result.output
     assert "does not exist" not in result.output
+
+
+def test_the_export_block_of_kafka_up_secure_connects_the_next_command(secure_kafka: Any) -> None:
+    """Issue 28.3: the block printed by `sie kafka up --secure` had no SIE_BOOTSTRAP_SERVERS: pasted as is,
+    the next command went to 127.0.0.1:9092 (no broker, or a plaintext dev broker)."""
+    from sie.commands.kafka import command as kafka_cli
+
+    up = CliRunner().invoke(kafka_cli, ["up", "--secure", "--base-port", str(secure_kafka.layout.base_port),
+                                        "--data-dir", str(secure_kafka.data_dir)], obj=secure_kafka.settings)
+    assert up.exit_code == 0, up.output
+    exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in up.output.splitlines()
+                   if line.strip().startswith("export "))
+    assert exports["SIE_BOOTSTRAP_SERVERS"] == secure_kafka.bootstrap_servers
+    assert not any("password" in v.lower() and not k.endswith("_FILE") for k, v in exports.items())
+    import os
+
+    saved = {k: os.environ.get(k) for k in exports}
+    os.environ.update(exports)  # pasted into the shell as printed
+    try:
+        settings = Settings()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    from sie.kernel.admin import wait_for_cluster
+
+    assert wait_for_cluster(settings, timeout=20).brokers, "the next command reaches the secured broker as admin"
