@@ -108,7 +108,7 @@ function drawEvents(events) {
     cell(tr, e.kind);
     cell(tr, e.model);
     cell(tr, e.replica_id);
-    cell(tr, e.detail + (e.count > 1 ? " (x" + e.count + ")" : ""));
+    cell(tr, e.detail + (e.count > 1 ? " (x" + e.count + ", first at " + clock(e.first_ts_ms) + ")" : ""));
   });
 }
 
