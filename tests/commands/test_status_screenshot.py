@@ -1,58 +1,25 @@
 """`sie status --screenshot FILE` (issue 28.9): the status page captured by headless Chromium with the CLI's
 token, which never enters a URL or the page (it is put on the wire by the browser driver), against a served
-control API (no Kafka: the API's state is set directly, as in tests/streams/control/test_rollout_api.py)."""
+control API (no Kafka: tests/status_page_fixtures.py)."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sie.cli import main
-from sie.kernel.settings import Settings
-from sie.streams.control.api import ApiServer, create_app
-from sie.streams.control.auth import TokenStore
-from sie.streams.control.service import ControlService
-from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
-from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
+from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN
+from tests.status_page_fixtures import CHROMIUM, served_control
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install chromium)")
-
-
-class Audit:
-    def record(self, *_args: Any) -> None:
-        pass
 
 
 @pytest.fixture()
 def control(tmp_path: Path):
-    """A control API serving one applied model; ``seen`` records every request's path, query and token."""
-    from sie.schemas.spec import parse_spec
-
-    settings = with_api_tokens(Settings(cache_dir=tmp_path / "cache", allowed_modules=list(ALLOWED_MODULES)))
-    service = ControlService(settings, http_port=None)
-    spec = parse_spec(echo_spec_doc("churn"))
-    service.state.apply_spec("churn", {"name": "churn", "version": "1.0.0", "spec_json": json.dumps(spec.to_document()),
-                                       "applied_at_ms": 1, "deleted": False})
-    service.controller.reconcile(1000.0)
-    app = create_app(service, TokenStore(settings), (), Audit())
-    seen: list[tuple[str, str, str | None]] = []
-
-    @app.middleware("http")
-    async def record(request, call_next):  # noqa: ANN001, ANN202
-        seen.append((request.url.path, request.url.query, request.headers.get("authorization")))
-        return await call_next(request)
-
-    server = ApiServer(app, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{server.port}", seen
-    finally:
-        server.stop()
+    with served_control(tmp_path) as served:
+        yield served.url, served.seen
 
 
 def _png(path: Path) -> bytes:
