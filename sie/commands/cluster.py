@@ -165,6 +165,9 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
                f"{res.per_s if res else 0.0:.2f}/s, dead letters {dlq.per_s if dlq else 0.0:.2f}/s ({dead_rate})")
     click.echo(f"Lag:         {lag if lag is not None else '-'} request(s) not yet scored (group {spec.group_id}, "
                f"{req.partitions} partitions)")
+    if lag and out == 0:  # requests wait and nothing came out: a backend outage, or no scorer at all
+        click.echo(f"Scoring:     nothing committed in the last {req.window_s:.0f}s while {lag} request(s) wait: "
+                   "see Phase and the replicas' reasons (a backend outage is named there)")
 
 
 @click.group("describe")

@@ -69,6 +69,8 @@ def replica_report(snapshot: ReplicaSnapshot, host: str | None = None, process: 
         "records": snapshot.records,
         "inference_rps": snapshot.inference_rps,
         "process": process or dedicated_process(snapshot.pid),
+        "outage_since_ms": snapshot.outage["since_ms"] if snapshot.outage else None,
+        "outage": snapshot.outage["detail"] if snapshot.outage else None,
     }
 
 
