@@ -228,7 +228,7 @@ def build_status(
     ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
     # READY on another version than placed (a replica being replaced by a new version) is not ready yet
     not_ready = [v for v in views if v.state != ReplicaState.READY or v.actual_version not in (None, v.version)]
-    outages = [v for v in views if v.state == ReplicaState.READY and (v.reason or "").startswith(BACKEND_OUTAGE)]
+    outages = [v for v in views if v.state == ReplicaState.READY and BACKEND_OUTAGE in (v.reason or "")]
     if outages:  # READY counts them (their processes run), but the model answers nothing through them
         phase, reason = "Degraded", (f"{len(outages)} of {desired} replica(s) in a backend outage; "
                                      f"{outages[0].replica_id}: {outages[0].reason}")
