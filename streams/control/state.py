@@ -110,6 +110,10 @@ class ReplicaReport:
     #: from heartbeats only: the worker process hosting it on its node (``pid-<pid>`` for a process of its
     #: own, a shared process's id; None: no process now, or an agent older than the field)
     process: str | None = None
+    #: from heartbeats only: while its backend is in an outage (its batches are retried: the backend fails on
+    #: a known-good row), the latest failure and when the outage began (epoch s); None while it scores
+    outage: str | None = None
+    outage_since: float | None = None
     #: from heartbeats only, during a rollout: version -> (state, detail) of the other version the replica
     #: serves from a process of its own (waiting | loading | ready | failed)
     versions: tuple[tuple[str, str, str], ...] = ()
@@ -399,6 +403,8 @@ class ClusterState:
                 records=int(r.get("records") or 0),
                 inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
                 process=r.get("process"),
+                outage=r.get("outage"),
+                outage_since=r["outage_since_ms"] / 1000.0 if r.get("outage_since_ms") is not None else None,
                 versions=tuple((str(v.get("version")), str(v.get("state")), str(v.get("detail") or ""))
                                for v in r.get("versions") or ()),
             )

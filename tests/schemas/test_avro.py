@@ -30,7 +30,9 @@ SAMPLES: dict[str, dict] = {
                                 # records/inference_rps: their defaults, which is what an older writer's
                                 # records read as
                                 "records": 0, "inference_rps": None, "process": "pid-4242",
-                                "versions": [{"version": "1.1.0", "state": "loading", "detail": None}]}],
+                                "versions": [{"version": "1.1.0", "state": "loading", "detail": None}],
+                                "outage": "backend fails on a known-good row too (ConnectionError: refused)",
+                                "outage_since_ms": 1796153631750}],
                   "metrics_address": "node-a:9400", "warm_workers": 2, "reserved_memory_mb": 640,
                   "memory_total_mb": 131072, "memory_available_mb": 90112, "shared_process_slots": 0},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
@@ -213,6 +215,13 @@ def test_heartbeat_of_an_agent_before_host_memory_reads_as_unknown():
     decoded = Codec().decode(_encode_with(old, record), expected="Heartbeat")
     assert (decoded["memory_total_mb"], decoded["memory_available_mb"], decoded["shared_process_slots"]) == (None, None, 0)
     assert decoded["replicas"][0]["process"] is None
+
+
+def test_heartbeat_of_an_agent_before_outage_reports_reads_as_no_outage():
+    """An agent older than Heartbeat.v6 reports no backend outage: its replicas read as scoring (null)."""
+    old = json.loads((HISTORY_DIR / "Heartbeat.v5.avsc").read_text())
+    decoded = Codec().decode(_encode_with(old, _known_to(old, SAMPLES["Heartbeat"])), expected="Heartbeat")
+    assert (decoded["replicas"][0]["outage"], decoded["replicas"][0]["outage_since_ms"]) == (None, None)
 
 
 def test_current_schemas_are_frozen_in_history():
