@@ -298,3 +298,26 @@ def test_lag_behind_the_heartbeats_topic_is_measured_from_the_ends_the_reader_sa
     f.mono.t += 1.1
     f.settle()
     assert f.feeder.lag_reason() is None and f.feeder.lag_s() == 0.0
+
+
+def test_a_read_barrier_is_reached_only_once_every_partition_is_read_to_the_end_it_had_when_asked(feeds):
+    """A new leader's takeover: the old leader's last transaction (an assignment, then its commit marker) lands
+    after the standby's feeder caught up; the barrier asked for now waits for it, and the marker's end counts
+    (only an end-of-partition event shows it)."""
+    f = feed(feeds, [msg("assignments", 0, 0, "node-a", None)])
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    f.consumer.set_watermarks(topic("assignments"), 0, high=3)  # committed: the broker has it, the reader not yet
+    woken = []
+    barrier = f.feeder.sync(on_done=lambda: woken.append(True))
+    f.settle()
+    assert not barrier.reached() and not woken
+    assert barrier.describe() == f"1 partition(s) short: {topic('assignments')}[0] at 1 of 3"
+    record = encode("Assignment", {"node": "node-a", "epoch": 7, "issued_at_ms": 1, "replicas": []})
+    f.consumer.append(msg("assignments", 0, 1, "node-a", record))
+    f.settle()
+    assert not barrier.reached(), "the commit marker at offset 2 is not read yet"
+    f.consumer.add_marker(topic("assignments"), 0, 2)
+    wait_until(barrier.reached, message="the barrier reached once the marker was passed")
+    assert woken == [True] and f.state.assignments["node-a"].epoch == 7  # applied before the barrier says so
+    later = f.feeder.sync()
+    wait_until(later.reached, message="nothing new since: reached at once")
