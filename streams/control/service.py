@@ -210,29 +210,38 @@ class Takeover:
         self._barrier: Any = None
         self.epoch: int | None = None
         self.started_at: float | None = None
+        #: seconds from the first pass of the term to the barrier seen reached, and to everything loaded
+        self.barrier_s: float | None = None
         self.loaded_s: float | None = None
 
     def not_loaded(self, epoch: int) -> str | None:
         if epoch != self.epoch:
-            self.epoch, self.started_at, self.loaded_s = epoch, self._clock(), None
+            self.epoch, self.started_at, self.barrier_s, self.loaded_s = epoch, self._clock(), None, None
             self._barrier = self._feeder.sync(on_done=self._wake)
         if self.loaded_s is not None:
             return None
+        started = self.started_at or 0.0
         if not self._barrier.reached():
             return (f"new leader (epoch {epoch}): reading the control topics to the end they had after the "
                     f"election ({self._barrier.describe()})")
+        if self.barrier_s is None:
+            self.barrier_s = self._clock() - started
         wait = self._rollouts.load(epoch)
         if wait is not None:
             return f"new leader (epoch {epoch}): loading the rollouts: {wait}"
-        self.loaded_s = self._clock() - (self.started_at or 0.0)
+        self.loaded_s = self._clock() - started
         if self._metrics is not None:
             self._metrics.takeover.set(self.loaded_s)
-        log.info("leader epoch %d: loaded what the previous leader published in %.2fs; reconciling", epoch,
-                 self.loaded_s)
+        log.info("leader epoch %d: loaded what the previous leader published in %.2fs (read barrier %.2fs); "
+                 "reconciling", epoch, self.loaded_s, self.barrier_s)
         return None
 
     def status(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "loaded_s": None if self.loaded_s is None else round(self.loaded_s, 3)}
+        """``/healthz``'s ``takeover``: this instance's latest term and how long its loading took (null: not yet)."""
+        def rounded(v: float | None) -> float | None:
+            return None if v is None else round(v, 3)
+
+        return {"epoch": self.epoch, "barrier_s": rounded(self.barrier_s), "loaded_s": rounded(self.loaded_s)}
 
 
 def one_pass(controller: Controller, rollouts: Any, now: float) -> ReconcileReport:
