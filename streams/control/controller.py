@@ -48,14 +48,17 @@ specs, nodes, connectors       compacted topics, read to the takeover's barrier
 assignments (``current``)      compacted topic: placement keeps every still-valid placement
 heartbeats (liveness, READY)   read live by the standby all along; a fresh process waits for a live
                                heartbeat of every replayed node (``_stale_view``)
-FAILED reports -> cool-downs   replica-status, last 10 min replayed; a standby's passes build the same
-                               exclusions (they are not published, only shown in ModelStatus)
+FAILED reports -> cool-downs   a standby's passes build them from replica-status as the leader does; and
+                               each replica's ``cooldowns`` in ModelStatus (``_seed_term``: a fresh process
+                               replays only the reports of replicas still on that node)
 cool-down resets               ``cooldown_reset_requested`` events (read window 10 min)
 autoscaler counts              ``ModelStatus.autoscale`` (``_seed_decisions``); no backlog signal yet: hold
 director's added replica       ``ModelStatus.director`` (``_seed_director_floors``); its hot/cool tracks
                                start afresh (a hot replica must stay hot ``sustain_s`` again)
 rollouts (phase, both specs)   the rollouts topic read to its end after the election (``Rollouts.load``)
-statuses last published        model-status (re-seeded per term: nothing re-published without a change)
+statuses last published        model-status (``_seed_term``: nothing re-published without a change, an
+                               unschedulable replica not announced again)
+rollout_capacity reports       not seeded: a model in a rollout gets its plan's event once more (events only)
 =============================  ===============================================================================
 """
 
@@ -419,7 +422,8 @@ class Controller:
         # what this process published and the feeder may not have read back yet: node -> assignment
         self._published: dict[str, AssignmentInfo] = {}
         self._status_published: dict[str, ModelStatus] = {}
-        self._status_loaded = False
+        #: the current term's first acting pass seeded what it continues from (``_seed_term``)
+        self._term_seeded = False
         self._unplaced_reported: dict[str, str] = {}
         #: replica id -> why it was evicted, while it has no node again
         self._evicted: dict[str, str] = {}
@@ -448,7 +452,7 @@ class Controller:
             self._unplaced_reported.clear()
             self._decisions_seeded = False  # continue from the last decision published, not our own guesses
             self._director_seeded = False  # ... and from the director's published floor
-            self._status_loaded = False  # ... and compare statuses with the last ones published
+            self._term_seeded = False  # ... and from the statuses, cool-downs and reports last published
             self._director_tracks.clear()  # hysteresis memory: a hot replica must stay hot sustain_s again
         self._led_last_pass = leader
         self._term = epoch if leader else None
@@ -463,6 +467,9 @@ class Controller:
             self._observe(report, snap, now)
             return report
         self.acted = True
+        if leader and not self._term_seeded:
+            self._seed_term(now)
+            self._term_seeded = True
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -953,17 +960,6 @@ class Controller:
     def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
         from dataclasses import replace as dc_replace
 
-        if not self._status_loaded:
-            from sie.streams.control.status import ModelStatus as MS
-
-            with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
-                loaded = dict(self.state.model_status)
-            for name, rec in loaded.items():
-                try:
-                    self._status_published[name] = MS.from_record(rec)
-                except Exception:
-                    pass
-            self._status_loaded = True
         epoch = self.leadership.epoch
         statuses: dict[str, ModelStatus] = {}
         cooldowns = self.cooldowns()
@@ -999,6 +995,36 @@ class Controller:
                     self.decisions[name] = ScaleDecision.from_record(rec, now)
                 except (KeyError, TypeError, ValueError) as exc:
                     log.warning("autoscale state of %s unreadable (starting it afresh): %s", name, exc)
+
+    def _seed_term(self, now: float) -> None:
+        """A new term continues from the statuses last published (model-status topic), read once the takeover
+        loaded them: compared with them, nothing is re-published without a change; their replicas' cool-downs
+        join the exclusions (a standby's passes built the same from FAILED reports, but a fresh process
+        replays only those of replicas still on that node: a replica FAILED on node-a and moved to node-b
+        would otherwise be free to go back within its cool-down); their unschedulable reasons are not
+        announced again."""
+        from sie.streams.control.status import ModelStatus as MS
+
+        with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
+            loaded = dict(self.state.model_status)
+        self._status_published = {}
+        for name, rec in loaded.items():
+            try:
+                status = MS.from_record(rec)
+            except Exception as exc:
+                log.warning("model status of %s unreadable (it is published again): %s", name, exc)
+                continue
+            self._status_published[name] = status
+            for view in status.replicas:
+                if view.state == ReplicaState.UNSCHEDULABLE and view.reason:
+                    self._unplaced_reported[view.replica_id] = view.reason
+                for cd in view.cooldowns:
+                    until = int(cd["until_ms"]) / 1000.0
+                    key = (view.replica_id, str(cd["node"]))
+                    if until > now and key not in self.exclusions:
+                        # since: the FAILED report (until = report + failure_cooldown_s), for _clear_cooldowns
+                        self.exclusions[key] = Cooldown(until, str(cd["reason"]), view.model,
+                                                        until - self.config.failure_cooldown_s)
 
     def _seed_director_floors(self, snap: StateSnapshot) -> None:
         """The director's floors as last published (``ModelStatus.director``, in the same transaction as the

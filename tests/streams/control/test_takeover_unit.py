@@ -169,6 +169,9 @@ class Agents:
         self.restarts: list[str] = []
         #: replica ids reported STARTING while their version is NEW (their readiness inference not done)
         self.hold: set[str] = set()
+        #: (node, replica id) -> why the agent gave the replica up (reported FAILED); nodes that stopped
+        self.failed: dict[tuple[str, str], str] = {}
+        self.silent: set[str] = set()
 
     def beat(self) -> None:
         wanted: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -181,8 +184,12 @@ class Agents:
                                      f"{wanted[key][0] if key in wanted else 'removed'}")
         self.running = wanted
         for node in NODES:
+            if node in self.silent:
+                continue
             reps = [{"replica_id": rid, "model": "m", "version": run[0],
-                     "state": "STARTING" if rid in self.hold and run[0] == NEW else "READY"}
+                     "state": "FAILED" if (n, rid) in self.failed else
+                     "STARTING" if rid in self.hold and run[0] == NEW else "READY",
+                     "reason": self.failed.get((n, rid))}
                     for (n, rid), run in sorted(self.running.items()) if n == node]
             self.bus.publish([OutRecord("heartbeats", node, "Heartbeat", {
                 "node": node, "ts_ms": int(self.clock() * 1000), "seq": 1, "gpus": [gpu(0, total=GPU_MB)],
@@ -338,6 +345,7 @@ def test_a_new_leader_first_pass_mid_rollout_changes_no_assignment_and_restarts_
     assert report.skipped is None and report.leader, report.skipped
     assert world.by_node() == before, "the new leader's first pass re-published an assignment that differs"
     assert not world.bus.since(mark, "assignments"), "nothing to publish: every assignment is already right"
+    assert not world.bus.since(mark, "model-status"), "the statuses the old leader published are still right"
     assert placements_of(world.bus.since(mark, "events")) == []
     world.agents.beat()
     assert world.agents.restarts[restarts:] == []
@@ -519,3 +527,35 @@ def test_the_traffic_director_replica_survives_a_failover():
     released = [e for e in world.bus.since(mark, "events") if e["kind"] == "director"]
     assert [e["detail"].split(":")[0] for e in released] == ["release_replica"]
     assert set(world.model()) == {"m-0", "m-1"}
+
+
+def test_a_fresh_leader_keeps_the_cool_downs_and_unschedulable_reports_the_old_one_published():
+    """A replica FAILED on one node and moved to the other: a standby started after the failure replays the
+    FAILED report but, the replica no longer being on that node, builds no cool-down from it.  Leading, it takes
+    the cool-down from the published status, so when the other node dies the replica is not put back on the node
+    it crashed on; and it does not announce again what the old leader already reported unschedulable."""
+    world = World(replicas=1)
+    world.turn(3)
+    world.converge()
+    ((first, _),) = [(n, v) for n, v in world.bus.assignments().items() if v["replicas"]]
+    other = next(n for n in NODES if n != first)
+    world.agents.failed[(first, "m-0")] = "crashed 3 times within 300s: exit code 1"
+    world.turn(2)
+    assert [n for n, v in world.bus.assignments().items() if v["replicas"]] == [other]
+    world.agents.failed.clear()
+    world.fail_over()  # the warm standby leads; the killed one restarts fresh, after the FAILED report
+    world.turn(2)
+    assert ("m-0", first) not in world.standby.ctl.exclusions  # replayed, but m-0 is on the other node now
+    new, mark = world.fail_over()
+    world.turn()
+    assert ("m-0", first) in new.ctl.exclusions
+    assert not world.bus.since(mark, "model-status") and not world.bus.since(mark, "events")[1:]  # leader_elected
+    world.agents.silent.add(other)
+    world.turn(8)
+    status = decode_value(world.bus.latest("model-status")["m"])
+    (view,) = status["replicas"]
+    assert view["state"] == "UNSCHEDULABLE" and f"FAILED on {first} (cool-down)" in view["reason"], view
+    assert world.model() == {}, "the replica went back to the node it FAILED on within its cool-down"
+    new, mark = world.fail_over()
+    world.turn()
+    assert [e["kind"] for e in world.bus.since(mark, "events")] == ["leader_elected"]
