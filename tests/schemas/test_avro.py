@@ -29,12 +29,13 @@ SAMPLES: dict[str, dict] = {
                                 "metrics_address": "node-a:40123", "lag": 17, "p99_ms": 12.5,
                                 # records/inference_rps: their defaults, which is what an older writer's
                                 # records read as
-                                "records": 0, "inference_rps": None, "process": "pid-4242"}],
+                                "records": 0, "inference_rps": None, "process": "pid-4242",
+                                "versions": [{"version": "1.1.0", "state": "loading", "detail": None}]}],
                   "metrics_address": "node-a:9400", "warm_workers": 2, "reserved_memory_mb": 640,
                   "memory_total_mb": 131072, "memory_available_mb": 90112, "shared_process_slots": 0},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
                    "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "gpu_indices": [0, 1],
-                                 "gpu_memory_mb": 12288, "spec_json": "{}"}]},
+                                 "gpu_memory_mb": 12288, "spec_json": "{}", "companions": ['{"version": "2"}']}]},
     "ReplicaStatus": {"replica_id": "r1", "node": "node-a", "model": "m", "version": "1", "state": "CRASHED",
                       "reason": "OOM killed", "exit_code": None, "signal": 9, "restarts": 2, "ts_ms": 5},
     "ControlEvent": {"ts_ms": 6, "kind": "unschedulable", "model": "m", "replica_id": None, "node": None,
