@@ -179,7 +179,7 @@ def test_a_leader_sigkilled_at_each_rollout_phase_restarts_no_replica(kafka_sett
         for name in ("cp-1", "cp-2"):
             c.start_control(name)
         for node in ("node-a", "node-b"):
-            c.start_agent(node)
+            c.start_agent(node, heartbeat_s=1.0)
         c.wait_leader(60)
         watch = Watch(c)
         nodes = wait_for(lambda: (n := (try_get(c.api(), "/v1/nodes") or {}).get("nodes")) and len(n) == 2 and n, 60,
@@ -211,7 +211,7 @@ def test_a_leader_sigkilled_at_each_rollout_phase_restarts_no_replica(kafka_sett
         assert watch.phase() == "Surging" and set(watch.versions()) == {f"{MODEL}-0", f"{MODEL}-1"}
 
         # room comes: the surge replica is placed on node-c, READY, and the canary starts; an operator pauses it
-        c.start_agent("node-c")
+        c.start_agent("node-c", heartbeat_s=1.0)
         wait_for(lambda: watch.phase() == "Canary", 120, lambda: f"Canary ({watch.rollout()}); {c.logs()}")
         done = c.sie("rollout", "pause", MODEL, "--control-url", f"http://127.0.0.1:{c.api()}")
         assert done.returncode == 0, done.stdout + done.stderr

@@ -161,12 +161,15 @@ class Instance:
 
 class Agents:
     """Every node's agent: heartbeats what the node's latest assignment says; a worker restarts when its
-    replica's assignment changes (version, spec, GPUs) or the replica is dropped."""
+    replica's assignment changes (version, spec, GPUs) or the replica is dropped, a companion process (the
+    rollout's other version, served next to a READY replica) when its document changes."""
 
     def __init__(self, bus: Bus, clock: FakeClock) -> None:
         self.bus, self.clock = bus, clock
         self.running: dict[tuple[str, str], tuple[Any, ...]] = {}  # (node, replica) -> what it runs
         self.restarts: list[str] = []
+        self.companions: dict[tuple[str, str], tuple[str, ...]] = {}  # (node, replica) -> companion documents
+        self.companion_restarts: list[str] = []
         #: replica ids reported STARTING while their version is NEW (their readiness inference not done)
         self.hold: set[str] = set()
         #: (node, replica id) -> why the agent gave the replica up (reported FAILED); nodes that stopped
@@ -175,21 +178,28 @@ class Agents:
 
     def beat(self) -> None:
         wanted: dict[tuple[str, str], tuple[Any, ...]] = {}
+        companions: dict[tuple[str, str], tuple[str, ...]] = {}
         for node, value in self.bus.assignments().items():
             for a in value["replicas"]:
                 wanted[(node, a["replica_id"])] = (a["version"], a["spec_json"], tuple(a["gpu_indices"]))
+                companions[(node, a["replica_id"])] = tuple(a["companions"])
         for key, running in self.running.items():
             if wanted.get(key) != running:
                 self.restarts.append(f"{key[1]} on {key[0]}: {running[0]} -> "
                                      f"{wanted[key][0] if key in wanted else 'removed'}")
-        self.running = wanted
+            elif self.companions.get(key) and companions.get(key) != self.companions[key]:
+                self.companion_restarts.append(f"{key[1]} on {key[0]}: {len(self.companions[key])} -> "
+                                               f"{len(companions.get(key, ()))} companion(s)")
+        self.running, self.companions = wanted, companions
         for node in NODES:
             if node in self.silent:
                 continue
             reps = [{"replica_id": rid, "model": "m", "version": run[0],
                      "state": "FAILED" if (n, rid) in self.failed else
                      "STARTING" if rid in self.hold and run[0] == NEW else "READY",
-                     "reason": self.failed.get((n, rid))}
+                     "reason": self.failed.get((n, rid)),
+                     "versions": [{"version": json.loads(doc)["version"], "state": "ready", "detail": None}
+                                  for doc in self.companions.get((n, rid), ())]}
                     for (n, rid), run in sorted(self.running.items()) if n == node]
             self.bus.publish([OutRecord("heartbeats", node, "Heartbeat", {
                 "node": node, "ts_ms": int(self.clock() * 1000), "seq": 1, "gpus": [gpu(0, total=GPU_MB)],
@@ -336,7 +346,7 @@ def test_a_new_leader_first_pass_mid_rollout_changes_no_assignment_and_restarts_
     assert world.model() == {"m-0": OLD, "m-1": OLD}
     _settle_in(world, phase)
     before, replicas = world.by_node(), world.model()
-    restarts = len(world.agents.restarts)
+    restarts, companions = len(world.agents.restarts), len(world.agents.companion_restarts)
 
     new, mark = world.fail_over()
     world.clock.advance(1.0)
@@ -348,7 +358,7 @@ def test_a_new_leader_first_pass_mid_rollout_changes_no_assignment_and_restarts_
     assert not world.bus.since(mark, "model-status"), "the statuses the old leader published are still right"
     assert placements_of(world.bus.since(mark, "events")) == []
     world.agents.beat()
-    assert world.agents.restarts[restarts:] == []
+    assert world.agents.restarts[restarts:] == [] and world.agents.companion_restarts[companions:] == []
     assert world.model() == replicas
     assert new.takeover.loaded_s is not None and new.takeover.epoch == world.epoch
 
