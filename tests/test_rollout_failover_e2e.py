@@ -159,6 +159,8 @@ class Kills:
         """Nothing of the model moved between the kill and now (or the rollout's next phase), but ``allowed``;
         every worker of the kill runs still unless its assignment changed since."""
         watch = self.watch
+        wait_for(lambda: any(e["kind"] == "leader_elected" and e["ts_ms"] > k["at_ms"] for e in watch.events.values()),
+                 30, "the events tail past the new leader's election")
         assert watch.phase_at(k["at_ms"]) == phase, watch.rollout()["events"]  # what the dead leader left
         changes = [e for e in watch.events.values() if e.get("kind") == "rollout" and e.get("model") == MODEL
                    and e["ts_ms"] > k["at_ms"]]
