@@ -214,9 +214,12 @@ def test_every_replica_is_assigned_the_other_version_as_its_companion_and_none_r
                 "versions": [{"version": NEW, "state": "loading", "detail": None}]},
                {"replica_id": "m-1", "model": "m", "version": NEW, "state": "READY",
                 "versions": [{"version": OLD, "state": "ready", "detail": None}]}])
-    ctl.reconcile(clock())
+    report = ctl.reconcile(clock())
     plan = ctl.capacity["m"]
     assert plan.new_ready == 1 and not plan.companions_ready and plan.companions_waiting == f"replica 0 loading {NEW}"
+    # what `sie get replicas` / `describe model` show of it
+    views = {r.replica_id: r.other_version for r in report.statuses["m"].replicas}
+    assert views == {"m-0": f"{NEW} loading", "m-1": f"{OLD} ready"}
     view.phase = "RollingBack"
     ctl.reconcile(clock())
     assert _published(pub)["m-0"]["companions"] == [] and set(_published(pub)) == {"m-0"}
