@@ -113,6 +113,9 @@ class ActualReplica:
     lag: int | None = None
     p99_ms: float | None = None
     inference_rps: float | None = None
+    #: the backend's outage the current process reports (``{"since_ms", "detail"}``: its batches are retried
+    #: because the backend fails on a known-good row); None while it scores
+    outage: dict | None = None
     #: seconds from launch to READY of the current worker, and whether a warm-pool worker took the launch
     start_s: float | None = None
     warm: bool = False

@@ -21,7 +21,8 @@ the replica's log file):
     {"event": "loading", "pid": 123}                       backend load started
     {"event": "ready", "latency_ms": 1.2, "outputs": {...}, "metrics_port": P}
                                                             readiness inference passed; /metrics on P
-    {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X, "versions": {...}}
+    {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X, "versions": {...},
+     "outage": {"since_ms", "detail"} | null}
                                                             every --progress-interval s (liveness), with
                                                             records per second of inference time over the
                                                             last minute (null if none), the scorer's consumer
@@ -300,7 +301,8 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
             to the control plane (status page, rollout gates)."""
             metrics = scorers[0].metrics
             p99 = metrics.recent_p99()
-            numbers = {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None}
+            numbers = {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None,
+                       "outage": metrics.outage()}  # the backend fails on a known-good row: batches retried
             if window:  # records committed by the window; no rate: its generations overlap (no per-call time)
                 numbers |= {"records": scorers[0].summary().records_in, "rate": None}
             if versions is not None:

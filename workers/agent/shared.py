@@ -330,7 +330,7 @@ class SharedHandle:
             return []
         self._seen_at = at
         state = lane.get("state")
-        numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate", "versions")}
+        numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate", "versions", "outage")}
         if state == "STARTING" and not self._loading:
             self._loading = True
             return [{"event": "loading", "pid": self.pid, "replica": self.replica_id, "model": lane.get("model")}]
