@@ -38,8 +38,8 @@ the replica's log file):
 
 Stops and hand-overs (docs/reliability.md, "Planned stops and crashes of scorer replicas"): SIGTERM is a
 planned stop: the batch in flight commits and the consumer LEAVES the group, so the other replicas take
-its partitions at their next
-heartbeat (static membership would otherwise hold them for the session timeout).  The agent's
+its partitions at their next heartbeat (static membership would otherwise hold them for the session
+timeout).  The agent's
 replace-in-place (a new version or spec for the same replica id) starts the successor with ``--standby``:
 it loads and proves the model while this replica still serves, reports ``standby`` and waits; the agent
 then sends the serving worker SIGUSR2 (stop for a successor: commit, then leave the group so the other
