@@ -327,14 +327,16 @@ def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
 class ScorerThread:
     """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
 
-    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None, **overrides) -> None:
+    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None,
+                 stop: threading.Event | None = None, **overrides) -> None:
+        """``stop``: the stop event (e.g. a ``StopRequest``, to hand over); ``overrides``: ScorerConfig fields."""
         self.backend_factory = backend_factory or load_echo_backend
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.ready = threading.Event()
         self.summary = None
         self.error: BaseException | None = None
-        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
-                                   session_timeout_ms=6000, **overrides)
+        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance,
+                                   **{"max_wait_ms": 10, "session_timeout_ms": 6000, **overrides})
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
