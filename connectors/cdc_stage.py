@@ -34,7 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
-from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
+from sie.kernel.clients import (
+    KafkaClients,
+    eos_consumer_config,
+    eos_transaction_timeout_ms,
+    transactional_producer_config,
+)
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
@@ -64,7 +69,7 @@ class CdcStageConfig:
     max_wait_ms: int = 20
     poll_timeout_ms: int = 200
     session_timeout_ms: int = 10_000
-    transaction_timeout_ms: int = 60_000
+    transaction_timeout_ms: int | None = None  # None: the session timeout (clients.eos_transaction_timeout_ms)
     metrics_port: int | None = None
     log_interval_s: float = 30.0
     limits: EosLimits = field(default_factory=EosLimits)
@@ -217,7 +222,8 @@ class CdcStage:
         self._loop = StreamLoop(StageSettings(
             name=f"cdc {cfg.connector.name}", topics=[cfg.connector.source_topic],
             producer_config=transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
-                                                          transaction_timeout_ms=cfg.transaction_timeout_ms),
+                                                          transaction_timeout_ms=cfg.transaction_timeout_ms
+                                                          or eos_transaction_timeout_ms(cfg.session_timeout_ms)),
             consumer_config=eos_consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
                                                 max_batch=cfg.max_batch, session_timeout_ms=cfg.session_timeout_ms),
             max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,

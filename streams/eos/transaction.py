@@ -478,7 +478,7 @@ def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[
     (``group.instance.id``, KIP-345) sends no LeaveGroup when it closes (librdkafka
     ``rd_kafka_cgrp_leave_maybe``: skipped once the consumer is terminating), so its partitions
     wait out the session timeout: 10.5 s measured with the 10 s default, with nobody scoring them.
-    ``unsubscribe()`` before ``close()`` does leave, static or not: the eager revoke of every partition
+    ``unsubscribe()`` before ``close()`` does leave, static or not: the revoke of every partition it owns
     is served here (``poll``; the stage's ``on_revoke`` finds nothing in flight, and a record the poll
     still returns is dropped: it is uncommitted, the next owner reads it again), and once the unassign is
     done librdkafka sends the LeaveGroup and clears the member id (``rd_kafka_cgrp_leave``), which is
