@@ -54,6 +54,13 @@ Failure -> what happens (the batch is never half-visible), the same in both mode
 Every rewind is reported to ``on_rewind`` (``StreamLoop`` drops records it had already collected from
 those partitions: they come again after the seek).
 
+Stalled: a stage that reaches its group coordinator (so it keeps its partitions) but not its transaction
+coordinator or the leaders it writes to (a partial partition, issue 27) fails every batch and would hold its
+partitions until ``max.poll.interval.ms``.  When a batch fails and nothing was committed for
+``EosLimits.stall_s`` while there was work (``idle()`` says when there was none), ``on_stalled(reason)`` runs
+BEFORE the recovery (which may wait for the broker): ``StreamLoop`` leaves the consumer group there, so the
+other members take the partitions, and joins again once the recovery is through.
+
 Users: the scorer and the CDC stage (through ``stage.StreamLoop``, pipelined) and backfill (its own
 assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
 ``TransactionalProducer`` for producer-only transactions.
@@ -114,6 +121,9 @@ class EosLimits:
     fatal_limit: int = 5
     retry_later_max_s: float = 5.0
     hang_limit_s: float = 25.0
+    #: a batch that fails after nothing was committed for this long (while there was work) is a stall:
+    #: ``on_stalled`` (module docstring); None: never (stages without a consumer group)
+    stall_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -192,7 +202,7 @@ class ExactlyOnce:
                  limits: EosLimits = EosLimits(), *, observer: EosObserver | None = None,
                  fenced_hint: str = "give every instance a distinct --instance (or stop the other job)",
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
-                 on_rewind: OnRewind | None = None) -> None:
+                 on_rewind: OnRewind | None = None, on_stalled: Callable[[str], None] | None = None) -> None:
         self.producer = producer
         self.consumer = consumer
         self._stop = stop
@@ -202,6 +212,10 @@ class ExactlyOnce:
         self._clock = clock
         self._wall = wall_clock
         self._on_rewind = on_rewind
+        self._on_stalled = on_stalled
+        #: when the stage last made progress: a commit, or nothing to do (``idle``) before its batches failed
+        self._progress_at = clock()
+        self._failed_since_commit = False
         self._fatal_streak = 0
         self._retry_delay = limits.backoff_s
         self._inflight: _InFlight | None = None
@@ -212,6 +226,18 @@ class ExactlyOnce:
         self.last_commit_s = 0.0
         #: timings of the last committed batch (set before its outcome is handed back)
         self.last_times = BatchTimes()
+
+    def idle(self) -> None:
+        """Nothing to do right now (no records, nothing in flight): not a stall, however long ago the last commit.
+        Once a batch failed, only a commit counts (records of a failed batch come again after the rewind, and a
+        poll meanwhile may well return none)."""
+        if self._inflight is None and not self._failed_since_commit:
+            self._progress_at = self._clock()
+
+    def restarted(self) -> None:
+        """The stage starts afresh (joined its group again): ``stall_s`` counts from now."""
+        self._progress_at = self._clock()
+        self._failed_since_commit = False
 
     @property
     def in_flight(self) -> bool:
@@ -319,6 +345,8 @@ class ExactlyOnce:
         times.committed = self._wall()
 
     def _committed(self, value: Any, size: int, times: BatchTimes) -> BatchOutcome[Any]:
+        self._progress_at = self._clock()
+        self._failed_since_commit = False
         self._fatal_streak = 0
         self._retry_delay = self._limits.backoff_s
         self.last_commit_s = times.commit_s
@@ -350,6 +378,10 @@ class ExactlyOnce:
     def _recover(self, txn: Checkpoint, exc: EosError,
                  first: dict[tuple[str, int], int] | None = None) -> BatchStatus:
         first = txn.first_offsets() if first is None else first
+        self._failed_since_commit = True
+        stalled_s = self._clock() - self._progress_at
+        if self._on_stalled is not None and self._limits.stall_s is not None and stalled_s >= self._limits.stall_s:
+            self._on_stalled(f"nothing committed for {stalled_s:.0f}s, the last batch failed: {exc}")
         if isinstance(exc, TxnAbortable):
             log.warning("transaction aborted: %s", exc)
             self._abort(first)

@@ -132,9 +132,10 @@ class ScorerConfig:
 
     # --- the exactly-once layer's configuration ----------------------------------------
     def eos_limits(self) -> EosLimits:
+        # a scorer that can commit nothing for a session's length gives its partitions to the others (stage.py)
         return EosLimits(attempts=self.retriable_attempts, backoff_s=self.retry_backoff_s,
                          fatal_limit=self.fatal_limit, retry_later_max_s=self.backend_backoff_max_s,
-                         hang_limit_s=self.txn_hang_limit_s)
+                         hang_limit_s=self.txn_hang_limit_s, stall_s=self.session_timeout_ms / 1000)
 
     def consumer_config(self) -> dict[str, Any]:
         return eos_consumer_config(

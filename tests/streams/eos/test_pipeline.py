@@ -288,3 +288,82 @@ def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_re
     consumer.append(FakeMessage(TOPIC, 0, 3, b"k3", b"v3"))
     assert [m.offset() for m in Batcher(consumer, 1, 0.0, 1.0).collect(lambda _s: True)] == [2]  # full: closes at once
     assert [m.offset() for m in Batcher(consumer, 10, 0.0, 1.0).collect()] == [3]  # serial: what is fetched
+
+
+# --- stalls: a stage that can commit nothing gives its partitions back (stage.py, cycle.py) -------------------
+
+class Clock:
+    """A monotonic clock the test moves: a little on every read (so waits end), a lot when a call takes long."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+class SlowFailingCommits(FakeProducer):
+    """Each commit takes ``took_s`` of ``clock`` (records waiting out a message timeout); the first ``fails``
+    fail abortably, as when the leaders of the output partitions cannot be reached."""
+
+    def __init__(self, consumer: FakeConsumer, clock: Clock, fails: int, took_s: float) -> None:
+        super().__init__(consumer=consumer)
+        self.clock, self.fails, self.took_s = clock, fails, took_s
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        self.clock.now += self.took_s
+        if self.fails > 0:
+            self.fails -= 1
+            self._call("commit_transaction")
+            raise kafka_error(KafkaError._TIMED_OUT, "3 message(s) timed out", txn_requires_abort=True)
+        super().commit_transaction(timeout)
+
+
+class StopWhenCommitted(Recorder):
+    def __init__(self, stop: threading.Event, total: int) -> None:
+        super().__init__()
+        self.stop, self.total, self.done = stop, total, 0
+
+    def prepare(self, batch: list[Any]) -> Prepared[int]:
+        return echo(batch)
+
+    def committed(self, value: Any, batch_size: int) -> None:
+        super().committed(value, batch_size)
+        self.done += batch_size
+        if self.done >= self.total:
+            self.stop.set()
+
+
+def stalled_loop(fails: int, took_s: float) -> tuple[StreamLoop[Any], FakeConsumer, SlowFailingCommits, StopWhenCommitted]:
+    consumer, clock, stop = FakeConsumer(records(40)), Clock(), threading.Event()
+    producer = SlowFailingCommits(consumer, clock, fails, took_s)
+    processor = StopWhenCommitted(stop, 40)
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=40, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
+                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
+                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop.run(stop)
+    return loop, consumer, producer, processor
+
+
+def test_a_stage_that_commits_nothing_for_stall_s_leaves_its_group_then_joins_again():
+    """Issue 27, case 4: a scorer that reaches its group coordinator but cannot commit kept its partitions,
+    unscored, until max.poll.interval.ms.  Its second failed batch (12 s without a commit > stall_s 10 s)
+    leaves the group BEFORE the recovery, so the others take over; it joins again once the batch was aborted."""
+    loop, consumer, producer, processor = stalled_loop(fails=3, took_s=6.0)
+    unsubscribed = [c.seq for c in consumer.called("unsubscribe")]
+    aborts = [c.seq for c in producer.called("abort_transaction")]
+    assert loop.stall_leaves == 1 and len(unsubscribed) == 2  # the stall's leave, the planned stop's at the end
+    assert aborts[0] < unsubscribed[0] < aborts[1]  # the first failure (6 s) is no stall; the second (12 s) is
+    assert len(consumer.called("subscribe")) == 2  # joined again after the recovery
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40 and [r.value for r in producer.visible] == [
+        f"v{i}".encode() for i in range(40)]  # each record once, in order
+    assert loop.stalls_in_a_row == 0  # the commit reset it
+
+
+def test_failures_within_stall_s_of_a_commit_never_leave_the_group():
+    loop, consumer, _, _ = stalled_loop(fails=1, took_s=6.0)
+    assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
