@@ -18,6 +18,14 @@ Per fault: the longest stall of a request partition (gap between committed outpu
 every partition answered a request produced after the fault), and the read_committed proof (lost, doubled).
 A fault whose trial fails (a deadline reached, a request lost or doubled) gets a FAILED row saying why.
 Results: bench/results/faults.txt (its hand-written "## analysis" section is kept).
+
+    python bench/bench_faults.py --partitions [--repeats 3] [--rate 150] [--cases 1,4,5,6,7,7b,2,3]
+
+The partition campaign (issue 27, tests/partition_campaign.py; needs root: network namespaces): every broker,
+scorer/agent node, control plane and the client on its own address of a private test network; the cases are
+partitions (a link cut, packets dropped between nodes) instead of crashes.  Per case also the healthy scorer's
+own partitions' stall and the time from the heal to every partition answering.  Results:
+bench/results/partitions.txt (its "## analysis" section is kept).
 """
 
 from __future__ import annotations
@@ -86,6 +94,92 @@ def run_control_faults(kafka: LocalKafka, root: Path, which: list[str], repeats:
     return rows, f"control rig, whole run, fresh read_committed reader: {requests} requests, {lost} lost, {doubled} doubled"
 
 
+#: the partition campaign's cases: key -> (rig, method, keyword arguments)
+PARTITION_CASES: dict[str, tuple[str, str, dict[str, object]]] = {
+    "1": ("scorer", "cut_scorer", {}),
+    "4": ("scorer", "partial", {}),
+    "5": ("scorer", "cut_client", {}),
+    "6": ("scorer", "broker_minority", {}),
+    "7": ("scorer", "flap", {"node": "a1", "duration_s": 60.0}),
+    "7b": ("scorer", "flap", {"node": "leader", "duration_s": 60.0}),
+    "2": ("control", "cut_agent", {}),
+    "3": ("control", "cut_leader", {}),
+}
+
+
+def run_partitions(args: argparse.Namespace) -> int:
+    from tests.netns import unavailable
+    from tests.partition_campaign import TABLE_HEADER as PARTITION_HEADER
+    from tests.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet
+
+    why = unavailable()
+    if why is not None:
+        print(f"the partition campaign needs network namespaces: {why}", file=sys.stderr)
+        return 2
+    which = [c.strip() for c in args.cases.split(",") if c.strip()]
+    root = Path(tempfile.mkdtemp(prefix="bench-partitions-"))
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    rows: list[PartitionResult] = []
+    proofs: list[str] = []
+    net = TestNet(Settings(), root).start()
+    try:
+        for kind, factory in (("scorer", lambda: ScorerNet(net, root / "scorer", args.rate)),
+                              ("control", lambda: ControlNet(net, root / "control", args.rate / 5))):
+            keys = [k for k in which if PARTITION_CASES[k][0] == kind]
+            if not keys:
+                continue
+            rig = factory()
+            try:
+                for _ in range(args.repeats):
+                    for key in keys:
+                        _, method, kwargs = PARTITION_CASES[key]
+                        try:
+                            row = getattr(rig, method)(**kwargs)
+                        except AssertionError as exc:
+                            why_failed = " ".join(str(exc).split())[:300].replace("|", "/")
+                            row = PartitionResult(f"{key} {method}", "-", float("nan"), None, float("nan"), None,
+                                                  float("nan"), 0, -1, -1, f"FAILED: {why_failed}")
+                        rows.append(row)
+                        print(row.row(), flush=True)
+            finally:
+                requests, lost, doubled = rig.close()
+            proofs.append(f"{kind} rig, whole run, fresh read_committed reader: {requests} requests, {lost} lost, "
+                          f"{doubled} doubled")
+    finally:
+        net.close()
+    load_after = os.getloadavg()
+    lines = [
+        f"# bench_faults --partitions: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs (shared with other "
+        f"engineers' tests), load average {load_before[0]:.1f} before / {load_after[0]:.1f} after, "
+        f"{time.monotonic() - started:.0f} s",
+        "# command: python bench/bench_faults.py " + " ".join(sys.argv[1:]),
+        "# every node in its own network namespace (tests/netns.py): 3 brokers (KRaft), 2 scorers (sie score, 6 request "
+        f"partitions, session 10 s) or 2 agents + 2 control planes, the client; {args.rate:g} req/s to the scorers, "
+        f"{args.rate / 5:g} req/s to the control rig's model; {args.repeats} trial(s) per case",
+        "# stall: longest gap between committed outputs of one request partition around the fault; healthy stall: the "
+        "same over the partitions of the scorer that was not cut;",
+        "# recovery: fault -> every partition answered a request produced after the fault; after heal: heal -> the same;",
+        "# lost/doubled: every request delivered so far has exactly one committed result or dead letter (read_committed)",
+        "",
+        PARTITION_HEADER,
+        *(r.row() for r in rows),
+        "",
+        *proofs,
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out if args.out != DEFAULT_OUT else Path(__file__).parent / "results" / "partitions.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = out.read_text() if out.exists() else ""
+    analysis = old[old.index("\n## analysis"):] if "\n## analysis" in old else ""
+    out.write_text(text + analysis)
+    return 1 if any(r.lost != 0 or r.doubled != 0 for r in rows) else 0
+
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "faults.txt"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
@@ -93,8 +187,15 @@ def main() -> int:
     parser.add_argument("--faults", default="a,b,c,d,d2,e,f")
     parser.add_argument("--scorer-kafka-extra", default="",
                         help="SIE_KAFKA_EXTRA for the sie score process (JSON librdkafka properties), for A/B runs")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "faults.txt")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results file (default faults.txt; with --partitions: partitions.txt)")
+    parser.add_argument("--partitions", action="store_true",
+                        help="the partition campaign on a private test network of namespaces (needs root)")
+    parser.add_argument("--cases", default=",".join(PARTITION_CASES),
+                        help="partition campaign cases (with --partitions)")
     args = parser.parse_args()
+    if args.partitions:
+        return run_partitions(args)
     which = [f.strip() for f in args.faults.split(",") if f.strip()]
     root = Path(tempfile.mkdtemp(prefix="bench-faults-"))
     load_before = os.getloadavg()

@@ -212,6 +212,7 @@ class Observer:
         self.settings, self.topics, self.load, self.partitions = settings, topics, load, partitions
         #: more context for a failed wait (the rig's logs, partition leaders)
         self.diagnose: Callable[[], str] = lambda: ""
+        self.stall_began: dict[int, float] = {}
         self.tail = ResultTail(settings, topics, **INSTRUMENT_TIMEOUTS)
 
     def _arrivals(self) -> list[tuple[float, str]]:
@@ -262,12 +263,16 @@ class Observer:
             if sent_at.get(rid, 0) > t0:
                 first_new[p] = min(first_new.get(p, at), at)
         stalls: dict[int, float] = {}
+        #: partition -> when (seconds after t0) its longest gap began: what a trial's notes name
+        self.stall_began: dict[int, float] = {}
         for p, times in per.items():
             before = [t for t in times if t <= t0]
             seq = [before[-1] if before else t0, *(t for t in times if t > t0), end]
-            stalls[p] = max(b - a for a, b in zip(seq, seq[1:]))
+            gap, began = max((b - a, a) for a, b in zip(seq, seq[1:]))
+            stalls[p], self.stall_began[p] = gap, began - t0
         for p in range(self.partitions):
-            stalls.setdefault(p, end - t0)  # never answered at all: silent the whole window
+            if p not in stalls:  # never answered at all: silent the whole window
+                stalls[p], self.stall_began[p] = end - t0, 0.0
         recovery = max(first_new.values(), default=end) - t0
         return stalls, recovery
 

@@ -36,9 +36,10 @@ there was work): the stage cannot commit, typically because it reaches its group
 transaction coordinator or the leaders it writes to (a partial network partition), and it would keep its
 partitions, unscored, until ``max.poll.interval.ms``.  It leaves the group instead (``leave_group``, before
 the recovery waits for the broker), so the other members take its partitions at their next heartbeat, and
-subscribes again once the recovery returned: at once the first time, then after a backoff doubling from
-``STALL_BACKOFF_S`` to ``STALL_BACKOFF_MAX_S`` while each join ends in another stall (a node that can fetch
-but never commit would otherwise take its partitions back every few seconds); a commit resets it.
+subscribes again once the recovery returned and ``stall_s`` passed, doubling up to ``STALL_BACKOFF_MAX_S``
+while each join ends in another stall; a commit resets it.  Why wait: a joining member is given its share of
+partitions, its own or the others' (measured: a scorer that joined again at once took a healthy scorer's
+partition and stalled it too).  A member that owns every partition does not leave: nobody would take them.
 Measured in the partition campaign (docs/reliability.md "Partitions", case 4).
 """
 
@@ -60,10 +61,9 @@ from sie.streams.eos.transaction import close_quietly, leave_group
 
 log = logging.getLogger("sie.eos")
 
-#: how long a stage that left its group on a stall waits before joining again, the second time in a row
-#: (the first time: at once, once the recovery returned); doubles per stall, up to STALL_BACKOFF_MAX_S
-STALL_BACKOFF_S = 5.0
-STALL_BACKOFF_MAX_S = 60.0
+#: the longest a stage that left its group on stalls in a row waits before joining again (the first time:
+#: ``EosLimits.stall_s``, doubling per stall)
+STALL_BACKOFF_MAX_S = 120.0
 
 T = TypeVar("T")
 
@@ -267,6 +267,10 @@ class StreamLoop(Generic[T]):
         inside a rebalance callback (the partitions are going anyway; a poll there would nest)."""
         if self._out_of_group or self._in_rebalance or self._consumer is None:
             return
+        if owns_every_partition(self._consumer, self.settings.topics):
+            log.warning("%s: %s; no other member to take its partitions: staying in the group", self.settings.name,
+                        reason)
+            return
         self.stalls_in_a_row += 1
         self.stall_leaves += 1
         log.warning("%s: %s; leaving the consumer group so that the other members take its partitions, joining "
@@ -277,12 +281,11 @@ class StreamLoop(Generic[T]):
     def _rejoin(self, consumer: Any) -> None:
         """Out of the group on a stall, the recovery returned: subscribe again (after the backoff, if any)."""
         if self._rejoin_at is None:
-            n = self.stalls_in_a_row
-            backoff = 0.0 if n <= 1 else min(STALL_BACKOFF_MAX_S, STALL_BACKOFF_S * 2 ** (n - 2))
+            base = self.settings.limits.stall_s or 0.0
+            backoff = min(STALL_BACKOFF_MAX_S, base * 2 ** max(0, self.stalls_in_a_row - 1))
             self._rejoin_at = self._clock() + backoff
-            if backoff:
-                log.warning("%s: stalled %d times in a row; joining the group again in %.0fs",
-                            self.settings.name, n, backoff)
+            log.warning("%s: left the group on %d stall(s) in a row; joining it again in %.0fs",
+                        self.settings.name, self.stalls_in_a_row, backoff)
         if self._clock() < self._rejoin_at:
             return
         self._subscribe(consumer)

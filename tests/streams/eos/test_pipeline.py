@@ -293,7 +293,7 @@ def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_re
 # --- stalls: a stage that can commit nothing gives its partitions back (stage.py, cycle.py) -------------------
 
 class Clock:
-    """A monotonic clock the test moves: a little on every read (so waits end), a lot when a call takes long."""
+    """A monotonic clock the test moves: a little on every read, a lot when a call takes long or a poll waits."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -301,6 +301,20 @@ class Clock:
     def __call__(self) -> float:
         self.now += 0.001
         return self.now
+
+
+def waits_on(consumer: FakeConsumer, clock: Clock) -> FakeConsumer:
+    """``consumer`` whose polls that return nothing take their whole timeout of ``clock``."""
+    consume = consumer.consume
+
+    def timed(num_messages: int = 1, timeout: float | None = None) -> list[FakeMessage]:
+        got = consume(num_messages, 0)
+        if not got and timeout:
+            clock.now += timeout
+        return got
+
+    consumer.consume = timed  # type: ignore[method-assign]
+    return consumer
 
 
 class SlowFailingCommits(FakeProducer):
@@ -335,8 +349,13 @@ class StopWhenCommitted(Recorder):
             self.stop.set()
 
 
-def stalled_loop(fails: int, took_s: float) -> tuple[StreamLoop[Any], FakeConsumer, SlowFailingCommits, StopWhenCommitted]:
-    consumer, clock, stop = FakeConsumer(records(40)), Clock(), threading.Event()
+def stalled_loop(fails: int, took_s: float, alone: bool = False
+                 ) -> tuple[StreamLoop[Any], FakeConsumer, SlowFailingCommits, StopWhenCommitted]:
+    """A stage whose first ``fails`` commits fail, each ``took_s`` into it; it owns partition 0 of the topic's two
+    (another member has the other), or ``alone`` every partition."""
+    clock, stop = Clock(), threading.Event()
+    consumer = waits_on(FakeConsumer(records(40)) if alone else SharingConsumer(records(40), partitions={TOPIC: 2}),
+                        clock)
     producer = SlowFailingCommits(consumer, clock, fails, took_s)
     processor = StopWhenCommitted(stop, 40)
     settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
@@ -351,7 +370,7 @@ def stalled_loop(fails: int, took_s: float) -> tuple[StreamLoop[Any], FakeConsum
 def test_a_stage_that_commits_nothing_for_stall_s_leaves_its_group_then_joins_again():
     """Issue 27, case 4: a scorer that reaches its group coordinator but cannot commit kept its partitions,
     unscored, until max.poll.interval.ms.  Its second failed batch (12 s without a commit > stall_s 10 s)
-    leaves the group BEFORE the recovery, so the others take over; it joins again once the batch was aborted."""
+    leaves the group BEFORE the recovery, so the others take over; it joins again after stall_s."""
     loop, consumer, producer, processor = stalled_loop(fails=3, took_s=6.0)
     unsubscribed = [c.seq for c in consumer.called("unsubscribe")]
     aborts = [c.seq for c in producer.called("abort_transaction")]
@@ -365,5 +384,12 @@ def test_a_stage_that_commits_nothing_for_stall_s_leaves_its_group_then_joins_ag
 
 def test_failures_within_stall_s_of_a_commit_never_leave_the_group():
     loop, consumer, _, _ = stalled_loop(fails=1, took_s=6.0)
+    assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+def test_a_stalled_stage_that_owns_every_partition_stays_in_the_group():
+    """Nobody would take its partitions: leaving would only add a rebalance (a single scorer, a broker fault)."""
+    loop, consumer, _, _ = stalled_loop(fails=3, took_s=6.0, alone=True)
     assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
     assert consumer.committed_offsets[(TOPIC, 0)] == 40
