@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
@@ -227,7 +227,10 @@ class CdcStage:
             consumer_config=eos_consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
                                                 max_batch=cfg.max_batch, session_timeout_ms=cfg.session_timeout_ms),
             max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
-            tick_interval_s=min(cfg.log_interval_s, 5.0), limits=cfg.limits,
+            tick_interval_s=min(cfg.log_interval_s, 5.0),
+            # a stage that can commit nothing for a session's length gives its partitions to the others
+            limits=cfg.limits if cfg.limits.stall_s is not None else replace(cfg.limits,
+                                                                             stall_s=cfg.session_timeout_ms / 1000),
             fenced_hint="give every stage instance a distinct --instance"),
             self, clients=self._clients, observer=_Observer(self.metrics), clock=self._clock)
         try:
