@@ -493,8 +493,8 @@ def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[
     """
     deadline = clock() + limit_s
     try:
-        if not consumer.memberid():  # never joined (or already left): nothing to leave
-            return True
+        # also when it is no member right now: after a lost session librdkafka is joining again, and that join
+        # would complete with an assignment (a stalled scorer was handed partitions back that way, issue 27)
         consumer.unsubscribe()
         while consumer.memberid():
             if clock() >= deadline:
