@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "sie.commands.connector",
     "sie.commands.backfill",
     "sie.commands.control",
+    "sie.commands.operator",
     "sie.commands.token",
     "sie.commands.acls",
     "sie.commands.cluster",
