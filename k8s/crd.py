@@ -58,6 +58,7 @@ VERSION = "v1"
 KIND = "ModelService"
 PLURAL = "modelservices"
 CRD_NAME = f"{PLURAL}.{GROUP}"
+API_VERSION = f"{GROUP}/{VERSION}"
 CRD_PATH = Path(__file__).resolve().parent.parent / "infra" / "helm" / "sie" / "crds" / f"{CRD_NAME}.yaml"
 
 #: a list in a spec is bounded so every CEL rule's cost is bounded (the API server refuses unbounded rules)

@@ -56,14 +56,13 @@ from typing import Any
 
 import yaml
 
-from sie.k8s.crd import GROUP, KIND, PLURAL, VERSION
+from sie.k8s.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
 
 log = logging.getLogger("sie.k8s.operator")
 
 FINALIZER = f"{GROUP}/operator"
-API_VERSION = f"{GROUP}/{VERSION}"
 TERMINAL_FAILED = frozenset({"RolledBack", "Failed"})
 ACTIVE_ROLLOUT = frozenset({"Pending", "Surging", "Canary", "Promoting", "Draining", "Paused", "RollingBack"})
 

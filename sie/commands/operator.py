@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import click
 
@@ -30,6 +31,50 @@ def crd() -> None:
     from sie.k8s.crd import render
 
     click.echo(render(), nl=False)
+
+
+@command.command("resource")
+@click.option("-f", "--file", "files", type=click.Path(dir_okay=False, path_type=Path), multiple=True, required=True,
+              help="Spec file, either document style (repeatable).")
+@click.option("-n", "--namespace", default=None, help="metadata.namespace of the resources.")
+@click.option("--upload/--no-upload", default=True, show_default=True,
+              help="Upload each spec's artifact and its own package first (as sie apply does) and name them by "
+                   "sha256 in the resource; --no-upload keeps this machine's paths (then the CR is refused).")
+@click.option("--control-url", envvar="SIE_CONTROL_URL", default=None,
+              help="Upload through this control plane (token: SIE_API_TOKEN); default: straight to Kafka.")
+@click.option("--timeout", type=float, default=60.0, show_default=True)
+@click.pass_obj
+def resource(settings: Settings, files: tuple[Path, ...], namespace: str | None, upload: bool,
+             control_url: str | None, timeout: float) -> None:
+    """Print ModelService resources for spec files, for `kubectl apply -f -` (what they need uploaded first).
+
+    The resource parses back to the same spec (the CRD round trip); what SIE cannot honour is left out.
+    """
+    import contextlib
+    import sys
+
+    import yaml
+
+    from sie.commands._artifacts import ApiUploader, KafkaUploader, for_cluster
+    from sie.commands.spec import _load_by_file
+    from sie.k8s.resource import to_resource
+
+    uploader = None
+    if upload:
+        if control_url:
+            from sie.commands._api import ControlApi
+
+            uploader = ApiUploader(ControlApi(settings, control_url, timeout=timeout))
+        else:
+            uploader = KafkaUploader(settings, timeout)
+    docs = []
+    for path, specs in _load_by_file(settings, files):
+        for spec in specs:
+            if uploader is not None:
+                with contextlib.redirect_stdout(sys.stderr):  # progress lines stay out of the YAML
+                    spec = for_cluster(spec, path, settings, uploader)
+            docs.append(to_resource(spec, namespace, settings.topic_prefix))
+    click.echo(yaml.safe_dump_all(docs, sort_keys=False), nl=False)
 
 
 @command.command("run")
