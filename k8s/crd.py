@@ -181,13 +181,12 @@ SECTIONS: dict[str, Section] = {
         extra={"sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
                "artifactSha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
                "artifact_sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}},
+        # (``artifact`` is a path OR a ref: an untyped field, which CEL cannot see; the parser checks it)
         rules=(
-            {"rule": "self.type != 'torch' || has(self.artifact)", "fieldPath": ".artifact",
-             "message": "required for the torch backend (a path, a URI with sha256, or {sha256, name})"},
             {"rule": "self.type != 'python' || has(self.callable)", "fieldPath": ".callable",
              "message": "required for the python backend ('package.module:function')"},
-            {"rule": "self.type != 'sglang' || !has(self.artifact)", "fieldPath": ".artifact",
-             "message": "not used by the sglang backend (modelPath names the model)"},
+            {"rule": "self.type == 'sglang' || !has(self.modelPath)", "fieldPath": ".modelPath",
+             "message": "only the sglang backend takes a modelPath"},
         ),
     ),
     "spec.resources": Section(
