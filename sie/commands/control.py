@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, stop_on_signals
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 
 
@@ -33,20 +33,26 @@ from sie.kernel.settings import Settings
 @click.option("--session-timeout-ms", type=int, default=6000, show_default=True, help="Leader group session timeout.")
 @click.option("--no-ensure-topics", is_flag=True,
               help="Do not create missing system topics at start: wait for them (e.g. a Kubernetes Job creates them).")
+@click.option("--wait-for-kafka", is_flag=True, envvar="SIE_WAIT_FOR_KAFKA",
+              help="Kafka does not answer at start: wait for it (bounded backoff, /readyz says so) instead of exiting "
+                   "with one line. The Helm chart sets it.")
 @click.option("--health-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve /readyz (503 with what it waits for, until its state caught up) and /livez here, on "
                    "SIE_METRICS_BIND, without a token (Kubernetes probes).")
 @click.pass_obj
 def control(settings: Settings, http_port: int, http_host: str, instance_id: str | None, config_path: Path | None,
             node_timeout: float | None, failure_cooldown: float | None, session_timeout_ms: int,
-            no_ensure_topics: bool, health_port: int | None) -> None:
+            no_ensure_topics: bool, wait_for_kafka: bool, health_port: int | None) -> None:
     """Run the control plane: reconcile specs into per-node assignments over Kafka."""
     from sie.kernel.admin import ensure_topics
-    from sie.kernel.startup import Readiness, serve_readiness, wait_for_kafka
+    from sie.kernel.startup import Readiness, serve_readiness
+    from sie.kernel.startup import wait_for_kafka as wait_for
     from sie.kernel.topics import system_topics
     from sie.streams.control.controller import ControlConfig
     from sie.streams.control.service import ControlService
 
+    if not wait_for_kafka:
+        require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
     configure_logging("info")
     readiness = Readiness("control")
     service: ControlService | None = None
@@ -63,7 +69,7 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     # saying what for (log, /readyz), instead of exiting
     stopped = stop_on_signals("stopping")
     topics = [] if not no_ensure_topics else [t.name for t in system_topics(settings.topic_prefix)]
-    if not wait_for_kafka(settings, topics, readiness, stopped):
+    if not wait_for(settings, topics, readiness, stopped):
         return
     overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
     if config_path is not None:

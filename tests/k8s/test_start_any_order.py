@@ -74,3 +74,23 @@ def test_agent_and_control_plane_started_before_the_topics_wait_then_become_read
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def test_with_wait_for_kafka_an_agent_outlives_a_missing_broker_and_says_so(tmp_path: Path):
+    """The chart's agents start with --wait-for-kafka: no broker yet is a 503 naming Kafka, not an exit 1."""
+    port = free_port()
+    env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": "127.0.0.1:1", "SIE_CACHE_DIR": str(tmp_path / "cache"),
+           "SIE_CONNECT_TIMEOUT_S": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "sie", "agent", "--node", "n1", "--simulate-gpus", "1xL4",
+                             "--work-dir", str(tmp_path / "agent"), "--wait-for-kafka", "--health-port", str(port)],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        code, text = wait_for(lambda: (lambda r: r if r[0] == 503 and "Kafka" in r[1] else None)(_readyz(port)), 60,
+                              "/readyz 503 naming Kafka")
+        assert text.startswith("waiting for: Kafka") and "127.0.0.1:1" in text, text
+        assert proc.poll() is None, "the agent exited instead of waiting"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
