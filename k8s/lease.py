@@ -136,13 +136,14 @@ class LeaseElector:
 
     def _spec(self, spec: Any, taking: bool) -> Any:
         now = self._wall()
-        previous = spec.holder_identity
+        created = spec.holder_identity is None and spec.lease_transitions is None
         spec.holder_identity = self.identity
         spec.lease_duration_seconds = int(self.lease_s)
         spec.renew_time = now
         if taking:
             spec.acquire_time = now
-            spec.lease_transitions = int(spec.lease_transitions or 0) + (1 if previous else 0)
+            # a change of holder (released or expired) counts, as client-go counts it; a new Lease starts at 0
+            spec.lease_transitions = 0 if created else int(spec.lease_transitions or 0) + 1
         return spec
 
     def _won(self) -> None:
