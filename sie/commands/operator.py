@@ -101,7 +101,7 @@ def run(settings: Settings, control_url: str, namespaces: tuple[str, ...], lease
 
     from sie.k8s.operator import ControlClient, Operator, kube_client
 
-    configure_logging()
+    configure_logging("info")
     watched = [n for item in namespaces for n in item.split()] or [lease_namespace or _pod_namespace()]
     operator = Operator(kube_client(kubeconfig), ControlClient(settings, control_url), settings,
                         namespaces=watched, identity=identity or f"{socket.gethostname()}-{os.getpid()}",

@@ -113,6 +113,7 @@ def test_kubectl_apply_to_ready_restart_changes_nothing_and_delete_removes_the_m
             kube.kubectl("apply", "-f", "-", input=made.stdout)
 
             def ready_row() -> str | None:
+                assert operator.proc.poll() is None, f"the operator exited:\n{operator.tail()}"
                 row = kube.kubectl("-n", ns, "get", "modelservices", "fraud-k8s", "--no-headers").stdout.split()
                 return " ".join(row) if row[1:3] == ["2/2", "Ready"] else None
 
@@ -154,8 +155,12 @@ def test_kubectl_apply_to_ready_restart_changes_nothing_and_delete_removes_the_m
 
             # kubectl delete: the finalizer holds the CR until the model is deleted from SIE
             kube.kubectl("-n", ns, "delete", "modelservice", "fraud-k8s", "--wait=true", "--timeout=90s")
-            wait_for(lambda: try_get(port, "/v1/models/fraud-k8s") is None, 60, "fraud-k8s deleted from SIE")
+            assert _cr(kube, ns, "fraud-k8s") is None
             records = _spec_records(cluster.settings, "fraud-k8s")
-            assert records[0] == published and records[-1].value is None  # the tombstone
+            assert records[0] == published and records[-1].value is None  # the tombstone, before the CR went
+            wait_for(lambda: not [r for r in cluster.all_workers() if r.startswith("fraud-k8s")], 90,
+                     lambda: f"fraud-k8s's workers drained; {cluster.all_workers()}")
+            gone = try_get(port, "/v1/models/fraud-k8s")
+            assert gone is None or "spec" not in gone, gone  # no applied spec left
         finally:
             operator.stop()
