@@ -69,7 +69,7 @@ umoci repack --refresh-bundle --history.created_by "mmdebstrap --variant=minbase
   --image "$out/oci:$version" "$work/bundle"
 cp -a "$work/site/." "$work/bundle/rootfs/opt/sie/site-packages/"
 # byte-compiled at build time, by the image's own python: the root filesystem is read-only at run time
-chroot "$work/bundle/rootfs" /usr/bin/python3 -m compileall -q -j 2 /opt/sie/site-packages >/dev/null || true
+chroot "$work/bundle/rootfs" /usr/bin/python3 -m compileall -q /opt/sie/site-packages >/dev/null || true
 umoci repack --refresh-bundle --history.created_by "pip --only-binary=:all: (SIE's dependencies)" \
   --image "$out/oci:$version" "$work/bundle"
 cp -a "$work/sie-site/." "$work/bundle/rootfs/opt/sie/site-packages/"
@@ -80,7 +80,7 @@ from sie.cli import main
 sys.exit(main())
 PY
 chmod 0755 "$work/bundle/rootfs/usr/local/bin/sie"
-chroot "$work/bundle/rootfs" /usr/bin/python3 -m compileall -q -j 2 /opt/sie/site-packages/sie >/dev/null
+chroot "$work/bundle/rootfs" /usr/bin/python3 -m compileall -q /opt/sie/site-packages/sie >/dev/null
 umoci repack --refresh-bundle --history.created_by "SIE $version" --image "$out/oci:$version" "$work/bundle"
 umoci config --image "$out/oci:$version" --tag "$version" \
   --config.user 10001:10001 --config.workingdir /var/cache/sie \
