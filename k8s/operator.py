@@ -417,8 +417,10 @@ class Operator:
                 if self.lease.leading:
                     self.pass_once(now)
                 with self._wake:
-                    due = [next_lease, self._next_resync, *(d for d, _ in self._retry.values())]
-                    if not self._dirty or not self.lease.leading:
+                    if not self.lease.leading:  # a follower only renews its bid; the watch keeps marking keys
+                        self._wake.wait(max(0.05, next_lease - self._clock()))
+                    elif not self._dirty:
+                        due = [next_lease, self._next_resync, *(d for d, _ in self._retry.values())]
                         self._wake.wait(max(0.05, min(due) - self._clock()))
         finally:
             self.lease.release()
