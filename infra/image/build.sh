@@ -103,7 +103,7 @@ compilers=$(ls "$out/rootfs/usr/bin" | grep -E '^(gcc|cc|g\+\+|c\+\+|clang|ld|as
   echo "  uncompressed root filesystem: $(( uncompressed / 1048576 )) MiB"
   echo "  OCI blobs (gzip layers + config): $(( compressed / 1048576 )) MiB"
   echo "  largest in /opt/sie/site-packages:"
-  du -sm "$out/rootfs/opt/sie/site-packages"/* | sort -rn | head -8 | sed 's/^/    /'
+  du -sm "$out/rootfs/opt/sie/site-packages"/* | sort -rn | sed -n '1,8s/^/    /p'
   echo "  compilers in the runtime: ${compilers:-none}"
 } | tee "$out/size.txt"
 echo "$out"
