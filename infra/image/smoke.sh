@@ -24,7 +24,9 @@ mnt="$run/root"
 mkdir -p "$mnt"
 cleanup() {
   [[ -n "${scorer:-}" ]] && kill -TERM "$scorer" 2>/dev/null && wait "$scorer" 2>/dev/null || true
-  for m in var/cache/sie tmp dev proc ""; do umount "$mnt/$m" 2>/dev/null || true; done
+  for m in var/cache/sie tmp dev proc; do umount "$mnt/$m" 2>/dev/null || umount -l "$mnt/$m" 2>/dev/null || true; done
+  umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+  rmdir "$mnt" "$run" 2>/dev/null || rm -rf --one-file-system "$run"
 }
 trap cleanup EXIT
 mount --bind "$rootfs" "$mnt"
@@ -34,16 +36,16 @@ mount --bind /dev "$mnt/dev"
 mount -t tmpfs -o mode=1777 tmpfs "$mnt/tmp"
 mount -t tmpfs -o uid=10001,gid=10001,mode=0700 tmpfs "$mnt/var/cache/sie"
 
-in_image() {
-  env -i PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH=/opt/sie/site-packages PYTHONDONTWRITEBYTECODE=1 \
-    SIE_CACHE_DIR=/var/cache/sie HOME=/var/cache/sie SIE_BOOTSTRAP_SERVERS="$bootstrap" SIE_TOPIC_PREFIX="$prefix" \
-    chroot --userspec=10001:10001 "$mnt" /usr/local/bin/sie "$@"
+in_image() {  # `exec`: run in the background, $! is the scorer itself (chroot execs env execs python)
+  exec chroot --userspec=10001:10001 "$mnt" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin \
+    PYTHONPATH=/opt/sie/site-packages PYTHONDONTWRITEBYTECODE=1 SIE_CACHE_DIR=/var/cache/sie HOME=/var/cache/sie \
+    SIE_BOOTSTRAP_SERVERS="$bootstrap" SIE_TOPIC_PREFIX="$prefix" /usr/local/bin/sie "$@"
 }
 
 echo "== sie --version (from the image)"
-in_image --version
+(in_image --version)
 echo "== sie topics ensure + sie score (prefix $prefix, broker $bootstrap)"
-in_image topics ensure >/dev/null
+(in_image topics ensure >/dev/null)
 spec=/opt/sie/site-packages/sie/examples/fraud-scorer.yaml
 in_image score -f "$spec" --instance smoke > "$run/score.log" 2>&1 &
 scorer=$!
@@ -58,7 +60,7 @@ for i in range(int(sys.argv[1])):
         "account_age_days": rng.randrange(3000), "is_foreign": rng.random() < 0.2, "tx_count_24h": rng.randrange(40)}}))
 PY
 echo "== $n requests produced by the image's sie produce"
-in_image produce --spec "$spec" --file /tmp/requests.jsonl | tail -1
+(in_image produce --spec "$spec" --file /tmp/requests.jsonl) | tail -1
 echo "== results read back read_committed (host), counted by id"
 "$python" - "$bootstrap" "$prefix" "$n" <<'PY'
 import json, sys, time, uuid
