@@ -16,8 +16,9 @@ assignments topic) could otherwise run anything as the worker's user.  The check
 * an artifact named by content (``artifactRef``, ``modules``) with a URI must come from a source this node
   allows: ``file://`` under a model root, anything else under a prefix of ``SIE_ARTIFACT_SOURCES``;
 * an sglang spec's ``config.server_entry`` (the program its node runs instead of ``python -m
-  sglang.launch_server``) must be listed in ``SIE_SGLANG_SERVER_ENTRIES``, and ``config.extra_args`` may carry
-  ``--trust-remote-code`` only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` allows it;
+  sglang.launch_server``) must be listed in ``SIE_SGLANG_SERVER_ENTRIES``; ``config.extra_args`` is resolved with
+  SGLang's own argument table and may set only allowed destinations, never one SIE sets (``sie.schemas.sglang_args``:
+  ``--trust-remote`` is ``--trust-remote-code``, allowed only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` says so);
 * ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
   null, lists, string-keyed maps) of bounded depth and size.
 
@@ -100,6 +101,8 @@ class SpecPolicy:
     server_entries: tuple[str, ...] = ()
     #: whether an sglang spec may pass ``--trust-remote-code`` (``SIE_SGLANG_TRUST_REMOTE_CODE``)
     trust_remote_code: bool = False
+    #: SGLang destinations this node allows besides ``sglang_args.ALLOWED_DESTS`` (``SIE_SGLANG_EXTRA_ARGS``)
+    sglang_extra_dests: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings, extra_roots: Iterable[Path] = ()) -> SpecPolicy:
@@ -108,10 +111,12 @@ class SpecPolicy:
             settings.cache_dir / "models", packaged_demo_root()]
         roots.append(settings.artifact_cache_dir)  # only files verified against a spec's sha256 land there
         roots.extend(extra_roots)
+        from sie.schemas.sglang_args import node_dests
+
         return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)),
                    tuple(settings.artifact_sources),
                    tuple(_normalised_entry(e) for e in settings.sglang_server_entries),
-                   settings.sglang_trust_remote_code)
+                   settings.sglang_trust_remote_code, node_dests(settings.sglang_extra_args))
 
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
@@ -158,8 +163,9 @@ class SpecPolicy:
 
     def check_server_command(self, config: Any) -> list[str]:
         """An sglang spec's ``server_entry`` (the program the node runs) must be one this node allows, and
-        ``extra_args`` may not ask SGLang to run the model's own Python (``--trust-remote-code``) unless allowed:
-        either would otherwise let whoever applies a spec run code as the worker's user."""
+        ``extra_args`` may set only the SGLang destinations this node allows (``sie.schemas.sglang_args``):
+        either would otherwise let whoever applies a spec run code as the worker's user, or move SIE's own
+        ``--model-path``/``--host``/``--port``."""
         problems: list[str] = []
         entry = config.get("server_entry") if isinstance(config, dict) else None
         if entry is not None:
@@ -171,13 +177,11 @@ class SpecPolicy:
                     f"spec.backend.config.server_entry: {_short(shlex.join(entry))} is not one of this node's allowed "
                     "server entries; leave it out to run `python -m sglang.launch_server`, or list it in "
                     "SIE_SGLANG_SERVER_ENTRIES on every node")
-        extra = config.get("extra_args") if isinstance(config, dict) else None
-        if extra is not None and not (isinstance(extra, list) and all(isinstance(a, str) for a in extra)):
-            problems.append(f"spec.backend.config.extra_args: must be a list of strings (got {_short(extra)})")
-        elif extra and not self.trust_remote_code and any(
-                a == "--trust-remote-code" or a.startswith("--trust-remote-code=") for a in extra):
-            problems.append("spec.backend.config.extra_args: --trust-remote-code runs Python shipped with the model; "
-                            "set SIE_SGLANG_TRUST_REMOTE_CODE=true on every node to allow it")
+        if isinstance(config, dict):
+            from sie.schemas.sglang_args import allowed_dests, check_extra_args
+
+            allowed = allowed_dests(self.sglang_extra_dests, self.trust_remote_code)
+            problems.extend(check_extra_args(config.get("extra_args"), allowed, config=config))
         return problems
 
     def check_path(self, value: Any, path: str) -> list[str]:

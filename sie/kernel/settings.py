@@ -128,6 +128,18 @@ class Settings(BaseSettings):
     sglang_trust_remote_code: bool = Field(
         False, description="Let an sglang spec pass --trust-remote-code (SGLang then runs Python shipped with "
                             "the model's files); off by default.")
+    sglang_extra_args: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="SGLang options an sglang spec's backend.config.extra_args may set on this node besides the "
+                    "built-in allow-list (sie.schemas.sglang_args.ALLOWED_DESTS), as option strings or "
+                    "destinations (SIE_SGLANG_EXTRA_ARGS=--chat-template,lora_paths); default none. The options SIE "
+                    "sets itself (--model-path, --host, --port, ...) can never be allowed.")
+    sglang_endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="URL prefixes an sglang spec's backend.config.server_url / endpoints may name (SGLang or "
+                    "OpenAI-compatible servers a spec's requests are sent to), e.g. "
+                    "SIE_SGLANG_ENDPOINTS=http://10.0.0.5:30000/,https://llm.example.com/v1/; http(s) only; "
+                    "default none: a spec cannot send its requests to a server the node did not list.")
     max_artifact_bytes: int = Field(
         8 << 30, ge=1,
         description="Largest artifact `sie apply` uploads, the API accepts (PUT /v1/artifacts) and an agent fetches.",
@@ -255,7 +267,7 @@ class Settings(BaseSettings):
         return values
 
     @field_validator("allowed_modules", "api_public_paths", "artifact_sources", "sglang_server_entries",
-                     mode="before")
+                     "sglang_extra_args", "sglang_endpoints", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)
