@@ -19,6 +19,8 @@ assignments topic) could otherwise run anything as the worker's user.  The check
   sglang.launch_server``) must be listed in ``SIE_SGLANG_SERVER_ENTRIES``; ``config.extra_args`` is resolved with
   SGLang's own argument table and may set only allowed destinations, never one SIE sets (``sie.schemas.sglang_args``:
   ``--trust-remote`` is ``--trust-remote-code``, allowed only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` says so);
+* an sglang spec's ``config.server_url`` / ``config.endpoints`` (servers every worker sends the model's requests
+  to) must be http(s) URLs under a prefix of ``SIE_SGLANG_ENDPOINTS`` (default none);
 * ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
   null, lists, string-keyed maps) of bounded depth and size.
 
@@ -81,6 +83,16 @@ def source_allowed(uri: str, sources: Iterable[str]) -> bool:
     return False
 
 
+def endpoint_allowed(url: str, entries: Iterable[str]) -> bool:
+    """``url`` is under one of ``entries``: a URL prefix (``source_allowed``) or a host name (any port, http(s))."""
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.scheme not in ("http", "https"):
+        return False
+    host = (parts.hostname or "").lower()
+    whole = url if parts.path else url + "/"  # http://h:1 is http://h:1/, under the prefix http://h:1/
+    return any(source_allowed(whole, [e]) if "://" in e else host == e.strip("[]").lower() for e in entries)
+
+
 def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
@@ -101,6 +113,8 @@ class SpecPolicy:
     server_entries: tuple[str, ...] = ()
     #: whether an sglang spec may pass ``--trust-remote-code`` (``SIE_SGLANG_TRUST_REMOTE_CODE``)
     trust_remote_code: bool = False
+    #: URL prefixes an sglang spec's ``server_url`` / ``endpoints`` may name (``SIE_SGLANG_ENDPOINTS``)
+    endpoints: tuple[str, ...] = ()
     #: SGLang destinations this node allows besides ``sglang_args.ALLOWED_DESTS`` (``SIE_SGLANG_EXTRA_ARGS``)
     sglang_extra_dests: tuple[str, ...] = ()
 
@@ -116,7 +130,8 @@ class SpecPolicy:
         return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)),
                    tuple(settings.artifact_sources),
                    tuple(_normalised_entry(e) for e in settings.sglang_server_entries),
-                   settings.sglang_trust_remote_code, node_dests(settings.sglang_extra_args))
+                   settings.sglang_trust_remote_code, tuple(settings.sglang_endpoints),
+                   node_dests(settings.sglang_extra_args))
 
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
@@ -143,6 +158,7 @@ class SpecPolicy:
             problems.extend(check_plain_data(getattr(backend, attr, None) or {}, _FIELD_NAMES[attr], MAX_DATA_BYTES[attr]))
         if getattr(backend, "type", None) == "sglang":
             problems.extend(self.check_server_command(getattr(backend, "config", None) or {}))
+            problems.extend(self.check_endpoints(getattr(backend, "config", None) or {}))
         example = getattr(spec, "example_input", None)
         if example is not None:
             problems.extend(check_plain_data(example, _FIELD_NAMES["example_input"], MAX_DATA_BYTES["example_input"]))
@@ -182,6 +198,38 @@ class SpecPolicy:
 
             allowed = allowed_dests(self.sglang_extra_dests, self.trust_remote_code)
             problems.extend(check_extra_args(config.get("extra_args"), allowed, config=config))
+        return problems
+
+    def check_endpoints(self, config: Any) -> list[str]:
+        """``server_url`` / ``endpoints``: every worker sends the model's example input and then every request's
+        prompt there, so a spec may name only servers this node lists (``SIE_SGLANG_ENDPOINTS``), over http(s),
+        without credentials in the URL."""
+        if not isinstance(config, dict):
+            return []
+        named: list[tuple[str, Any]] = []
+        if config.get("server_url") is not None:
+            named.append(("spec.backend.config.server_url", config["server_url"]))
+        endpoints = config.get("endpoints")
+        if isinstance(endpoints, list):
+            for i, item in enumerate(endpoints):
+                named.append((f"spec.backend.config.endpoints[{i}]",
+                              item.get("url") if isinstance(item, dict) else item))
+        elif endpoints is not None:
+            return [f"spec.backend.config.endpoints: must be a list of URLs or {{url: ...}} maps (got {_short(endpoints)})"]
+        problems = []
+        for where, url in named:
+            from sie.schemas.artifact_cache import safe_uri
+
+            if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+                problems.append(f"{where}: must be an http(s) URL of a server (got {_short(url)})")
+            elif urlsplit(url).username or urlsplit(url).password:
+                problems.append(f"{where}: {safe_uri(url)} carries credentials in the URL; a spec is stored and shown "
+                                "in clear, so keep secrets out of it")
+            elif not endpoint_allowed(url, self.endpoints):
+                allowed = ", ".join(self.endpoints) or "none"
+                problems.append(f"{where}: {safe_uri(url)} is not under this node's LLM endpoints ({allowed}); list "
+                                "the server in SIE_SGLANG_ENDPOINTS on every node, or leave endpoints out to have "
+                                "each replica start its own SGLang server")
         return problems
 
     def check_path(self, value: Any, path: str) -> list[str]:

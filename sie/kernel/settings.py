@@ -136,10 +136,10 @@ class Settings(BaseSettings):
                     "sets itself (--model-path, --host, --port, ...) can never be allowed.")
     sglang_endpoints: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="URL prefixes an sglang spec's backend.config.server_url / endpoints may name (SGLang or "
-                    "OpenAI-compatible servers a spec's requests are sent to), e.g. "
-                    "SIE_SGLANG_ENDPOINTS=http://10.0.0.5:30000/,https://llm.example.com/v1/; http(s) only; "
-                    "default none: a spec cannot send its requests to a server the node did not list.")
+        description="Servers an sglang spec's backend.config.server_url / endpoints may name (SGLang or "
+                    "OpenAI-compatible servers a spec's requests are sent to): URL prefixes or host names (any port), "
+                    "e.g. SIE_SGLANG_ENDPOINTS=http://10.0.0.5:30000/,https://llm.example.com/v1/,gpu-7.internal; "
+                    "http(s) only; default none: a spec cannot send its requests to a server the node did not list.")
     max_artifact_bytes: int = Field(
         8 << 30, ge=1,
         description="Largest artifact `sie apply` uploads, the API accepts (PUT /v1/artifacts) and an agent fetches.",
@@ -306,6 +306,18 @@ class Settings(BaseSettings):
                 raise ValueError(f"SIE_ARTIFACT_SOURCES: {source!r} must be a URI prefix with a host or bucket, "
                                  "e.g. s3://models/ or https://models.example.com/ (file:// paths go under "
                                  "SIE_MODEL_ROOTS instead)")
+        return value
+
+    @field_validator("sglang_endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str]) -> list[str]:
+        """An endpoint is ``http(s)://host[:port][/path]`` or a host name: a bare ``https://`` would allow any server."""
+        import re
+
+        for prefix in value:
+            if not re.match(r"^https?://[^/@\s]+(/\S*)?$", prefix) and not re.match(r"^[A-Za-z0-9.-]+$|^\[[0-9A-Fa-f:.]+\]$", prefix):
+                raise ValueError(f"SIE_SGLANG_ENDPOINTS: {prefix!r} must be an http(s) URL prefix with a host and no "
+                                 "credentials (http://10.0.0.5:30000/, https://llm.example.com/v1/) or a host name")
         return value
 
     @field_validator("api_public_paths")
