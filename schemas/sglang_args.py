@@ -40,6 +40,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -83,7 +84,28 @@ ALLOWED_DESTS = frozenset({
 #: the destination ``SIE_SGLANG_TRUST_REMOTE_CODE`` adds
 TRUST_REMOTE_CODE = "trust_remote_code"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's: a value, never an option
-_TYPES: Mapping[str, Any] = {"int": int, "float": float}
+
+
+def human_readable_int(value: str) -> int:
+    """SGLang's own ``human_readable_int`` (``sglang.srt.utils.common``, 0.5.23): ``4096``, ``32k``, ``1.5M``, ``4Ki``."""
+    text = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.endswith("i"):
+            if "." in number:
+                raise argparse.ArgumentTypeError(f"Decimals are not allowed with IEC suffixes like '{suffix}'")
+            return int(number) * 2 ** (10 * ("KMGT".index(suffix[0]) + 1))
+        return int(Decimal(number) * 10 ** (3 * ("kMGT".index(suffix) + 1)))
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"Invalid integer value: '{text}'. Use a plain integer, SI suffixes (1k, 1M), "
+                                         "or IEC suffixes (1Ki, 1Mi).") from None
+
+
+#: the argument types of the table this parser reproduces; any other (custom parsers) is taken as a string
+_TYPES: Mapping[str, Any] = {"int": int, "float": float, "human_readable_int": human_readable_int}
 
 
 class ArgsRefused(ValueError):
