@@ -41,7 +41,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from sie.kernel.errors import ConfigError
@@ -144,7 +144,7 @@ class ArgTable:
                         for a in doc["actions"])
         return cls(str(doc["sglang_version"]), bool(doc["allow_abbrev"]), str(doc["prefix_chars"]), actions)
 
-    @property
+    @cached_property
     def dest_of(self) -> dict[str, str]:
         """Option string -> destination."""
         return {option: a.dest for a in self.actions for option in a.options}
@@ -155,6 +155,10 @@ class ArgTable:
 
     def options_of(self, dest: str) -> tuple[str, ...]:
         return tuple(o for a in self.actions if a.dest == dest for o in a.options)
+
+    @cached_property
+    def _parser(self) -> argparse.ArgumentParser:
+        return self.parser()
 
     def parser(self) -> argparse.ArgumentParser:
         """An argparse parser with SGLang's option strings, destinations, arities and abbreviation rule; every
@@ -202,7 +206,7 @@ class ArgTable:
         for token in argv:
             if self.is_option_token(token):
                 self.spelled(token)
-        return vars(self.parser().parse_args(list(argv)))
+        return vars(self._parser.parse_args(list(argv)))
 
 
 @cache

@@ -132,7 +132,7 @@ _value = st.sampled_from(["1", "8", "0.5", "/etc", "0.0.0.0", "bfloat16", "-1", 
 _argv = st.lists(st.one_of(_spelling, _value), max_size=8)
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(_argv)
 @example(["--trust-remote"])
 @example(["--model", "/etc"])
