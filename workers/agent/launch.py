@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sie.kernel.errors import ConfigError
+from sie.kernel.names import check_replica_id
 from sie.kernel.settings import Settings
 from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec
@@ -162,9 +163,21 @@ class WorkerCommandBuilder:
         return {**spec_doc, "backend": backend}
 
     def replica_dir(self, replica_id: str) -> Path:
-        return self.work_dir / replica_id
+        """The replica's folder: an assignment's ``replica_id`` checked by the naming module and the path proved to
+        be a child of the work directory (``LaunchRefused`` otherwise: an absolute or ``../..`` id would make the
+        agent write a spec, a log and start a worker anywhere)."""
+        try:
+            check_replica_id(replica_id, "assignment replica_id")
+        except ConfigError as exc:
+            raise LaunchRefused(f"replica refused: {exc}") from None
+        root = self.work_dir.resolve()
+        directory = (root / replica_id).resolve()
+        if directory.parent != root:
+            raise LaunchRefused(f"replica refused: its folder {directory} is outside the work directory {root}")
+        return directory
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
+        self.replica_dir(desired.replica_id)  # before anything else: a refused id never reaches the disk
         spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
         module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
         if module == WORKER_MODULE:
