@@ -21,6 +21,9 @@ assignments topic) could otherwise run anything as the worker's user.  The check
   ``--trust-remote`` is ``--trust-remote-code``, allowed only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` says so);
 * an sglang spec's ``config.server_url`` / ``config.endpoints`` (servers every worker sends the model's requests
   to) must be http(s) URLs under a prefix of ``SIE_SGLANG_ENDPOINTS`` (default none);
+* the model's name, its topic overrides (``topics``, ``kafka_input.topic``) and its group (``kafka_input.group_id``)
+  must pass the naming module (``sie.kernel.names``): nothing under the cluster's prefix but the model's own names,
+  so no spec makes a scorer write ``<p>.specs`` or an ``ensure`` flip a system topic's cleanup policy;
 * ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
   null, lists, string-keyed maps) of bounded depth and size.
 
@@ -115,6 +118,8 @@ class SpecPolicy:
     trust_remote_code: bool = False
     #: URL prefixes an sglang spec's ``server_url`` / ``endpoints`` may name (``SIE_SGLANG_ENDPOINTS``)
     endpoints: tuple[str, ...] = ()
+    #: the cluster's topic prefix (``SIE_TOPIC_PREFIX``): what a spec's topic and group overrides may not name
+    topic_prefix: str = "sie"
     #: SGLang destinations this node allows besides ``sglang_args.ALLOWED_DESTS`` (``SIE_SGLANG_EXTRA_ARGS``)
     sglang_extra_dests: tuple[str, ...] = ()
 
@@ -130,13 +135,13 @@ class SpecPolicy:
         return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)),
                    tuple(settings.artifact_sources),
                    tuple(_normalised_entry(e) for e in settings.sglang_server_entries),
-                   settings.sglang_trust_remote_code, tuple(settings.sglang_endpoints),
+                   settings.sglang_trust_remote_code, tuple(settings.sglang_endpoints), settings.topic_prefix,
                    node_dests(settings.sglang_extra_args))
 
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
         """Every problem of ``spec`` (a ``ModelService``) under this policy, one ``field: reason`` line each."""
-        problems: list[str] = []
+        problems: list[str] = self.check_names(spec)
         backend = spec.backend
         for attr, path in (("module_class", "spec.backend.moduleClass"), ("callable", "spec.backend.callable")):
             ref = getattr(backend, attr, None)
@@ -162,6 +167,30 @@ class SpecPolicy:
         example = getattr(spec, "example_input", None)
         if example is not None:
             problems.extend(check_plain_data(example, _FIELD_NAMES["example_input"], MAX_DATA_BYTES["example_input"]))
+        return problems
+
+    def check_names(self, spec: Any) -> list[str]:
+        """The model's name, topics and group under the naming module's rules (``Names.data_topic_problem``)."""
+        from sie.kernel.errors import ConfigError
+        from sie.kernel.names import Names, check_model_name
+
+        try:
+            check_model_name(spec.name, "spec.model.name")
+        except ConfigError as exc:
+            return [str(exc)]
+        names = Names(self.topic_prefix)
+        problems = []
+        topics = getattr(spec, "topics", None)
+        for attr, path in (("requests", "spec.topics.requests"), ("results", "spec.topics.results"),
+                           ("dead_letters", "spec.topics.deadLetters"), ("backfill", "spec.topics.backfill")):
+            topic = getattr(topics, attr, None)
+            problem = names.data_topic_problem(spec.name, topic) if topic is not None else None
+            if problem:
+                problems.append(f"{path}: {problem}")
+        group = getattr(spec, "group_id", None)
+        problem = names.group_problem(spec.name, group) if group is not None else None
+        if problem:
+            problems.append(f"spec.kafka_input.group_id: {problem}")
         return problems
 
     def check_reference(self, ref: Any, path: str) -> list[str]:

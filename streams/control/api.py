@@ -472,7 +472,7 @@ def _connector_routes(app: Any, service: Any, operator: Any, viewer: Any, audit:
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    from sie.schemas.connector_spec import ConnectorSpecError, parse_connector_spec
+    from sie.schemas.connector_spec import ConnectorSpecError, connector_name_problems, parse_connector_spec
     from sie.schemas.connector_store import delete_connector, publish_connector
     from sie.streams.control.connectors import connector_offsets, connector_status
 
@@ -524,6 +524,10 @@ def _connector_routes(app: Any, service: Any, operator: Any, viewer: Any, audit:
                 text = str(exc).removeprefix("request body: ")
                 raise ApiError(422, f"invalid CdcConnector: {text}",
                                [_problem_to_error(p) for p in text.split("; ")]) from None
+            problems = connector_name_problems(spec, service.settings.topic_prefix)
+            if problems:
+                raise ApiError(422, f"invalid CdcConnector: {'; '.join(problems)}",
+                               [_problem_to_error(p) for p in problems])
             existing = service.state.snapshot().connectors.get(spec.name)
             paused = existing.paused if existing is not None else False  # operator state survives a re-apply
             publish_connector(service.settings, spec, paused, timeout=PUBLISH_TIMEOUT_S)
