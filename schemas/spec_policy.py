@@ -294,6 +294,38 @@ class SpecPolicy:
                     "SIE_ARTIFACT_SOURCES on every node, or upload the artifact to the cluster (sie apply)"]
         return []
 
+    def check_upload(self, value: Any, spec_folder: Path, fmt: str | None, path: str = "spec.backend.artifact") -> list[str]:
+        """What ``sie apply`` may upload from this machine: a regular file of an artifact format (its suffix one of
+        ``SUFFIX_FORMATS``, agreeing with ``format``), under the spec's folder or a model root, with no dot-folder or
+        dot-file on the way from that root.  Without it a spec in ``~`` naming ``.ssh/id_rsa`` with an explicit
+        format uploaded the key to the cluster."""
+        import stat
+
+        from sie.schemas.spec_parse import SUFFIX_FORMATS
+
+        real = _real(Path(str(value)).expanduser())
+        roots = [r for r in (*self.model_roots, _real(spec_folder)) if _within(real, r)]
+        if not roots:
+            return [f"{path}: {real} is outside the spec's folder and this node's model roots; nothing else is uploaded"]
+        root = max(roots, key=lambda r: len(r.parts))  # the closest root decides what counts as hidden
+        hidden = [part for part in real.relative_to(root).parts if part.startswith(".")]
+        if hidden:
+            return [f"{path}: {real} is inside a hidden file or folder ({hidden[0]!r}) under {root}; sie apply uploads "
+                    "no dot-files or dot-folders (move the artifact next to the spec)"]
+        try:
+            mode = os.stat(real).st_mode
+        except OSError as exc:
+            return [f"{path}: cannot read {real} ({exc.strerror or exc})"]
+        if not stat.S_ISREG(mode):
+            return [f"{path}: {real} is not a regular file; sie apply uploads only model artifact files"]
+        implied = SUFFIX_FORMATS.get(real.suffix.lower())
+        if implied is None:
+            return [f"{path}: {real.name} is not a model artifact ({', '.join(sorted(SUFFIX_FORMATS))}); sie apply "
+                    "uploads nothing else, whatever the spec's format says"]
+        if fmt is not None and fmt != implied:
+            return [f"{path}: {real.name} is a {implied} file by its suffix, the spec says format {fmt}"]
+        return []
+
     def search_paths(self, candidates: Iterable[Path]) -> tuple[Path, ...]:
         """The import folders of ``candidates`` that are inside a model root: a spec read from Kafka names its
         own ``source``, so its folder may only extend ``sys.path`` where this node keeps model code anyway."""
