@@ -5,7 +5,6 @@ http(s) only, no credentials in the URL, redirects never followed (httpx, ``foll
 
 from __future__ import annotations
 
-import http.server
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,7 @@ from sie.streams.llm.dispatch import Dispatcher
 from sie.workers.backends.base import BackendError
 from sie.workers.backends.sglang_backend import SGLangClient, SGLangHttpError
 from tests.llm_fixtures import llm_spec_doc
+from tests.security.http_stub import StubServer
 
 
 def _problems(policy: SpecPolicy, endpoints: list[Any] | None = None, **config: Any) -> list[str]:
@@ -50,47 +50,16 @@ def test_listed_servers_pass_by_prefix_or_host_and_credentials_never_do():
         Settings(sglang_endpoints=["https://"])
 
 
-class _Server:
-    """A loopback HTTP server answering every request with ``status`` (and a Location), counting what it got."""
-
-    def __init__(self, status: int, location: str = "") -> None:
-        self.hits: list[str] = []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                outer.hits.append(self.path)
-                self.send_response(status)
-                if location:
-                    self.send_header("Location", location)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture()
-def redirect() -> Iterator[tuple[_Server, _Server]]:
-    target = _Server(200)
-    source = _Server(302, location=target.url + "/generate")
+def redirect() -> Iterator[tuple[StubServer, StubServer]]:
+    target = StubServer(200)
+    source = StubServer(302, location=target.url + "/generate")
     yield source, target
     source.close()
     target.close()
 
 
-def test_the_sglang_client_follows_no_redirect_and_speaks_only_http(redirect: tuple[_Server, _Server]):
+def test_the_sglang_client_follows_no_redirect_and_speaks_only_http(redirect: tuple[StubServer, StubServer]):
     source, target = redirect
     client = SGLangClient(source.url)
     with pytest.raises(SGLangHttpError, match="HTTP 302: redirect to .* not followed"):
