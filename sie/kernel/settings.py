@@ -157,6 +157,9 @@ class Settings(BaseSettings):
         None, description="Operator token written at the control plane's first start and read by a local CLI "
                           "when SIE_API_TOKEN is unset (default: <cache_dir>/control/operator.token, mode 0600).",
     )  # type: ignore[assignment]  # filled in by _derive_paths
+    api_token_over_http: bool = Field(
+        False, description="Let the CLI send SIE_API_TOKEN to a remote --control-url over plain http "
+                           "(SIE_API_TOKEN_OVER_HTTP); off: only https or a loopback URL get a token.")
     api_tls_cert: Path | None = Field(None, description="PEM certificate of the control API (HTTPS when set).")
     api_tls_key: Path | None = Field(None, description="PEM private key of the control API.")
     api_ca: Path | None = Field(None, description="CA bundle the CLI verifies an HTTPS control API against.")
