@@ -141,7 +141,7 @@ class SpecPolicy:
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
         """Every problem of ``spec`` (a ``ModelService``) under this policy, one ``field: reason`` line each."""
-        problems: list[str] = self.check_names(spec)
+        problems: list[str] = []
         backend = spec.backend
         for attr, path in (("module_class", "spec.backend.moduleClass"), ("callable", "spec.backend.callable")):
             ref = getattr(backend, attr, None)
@@ -167,6 +167,7 @@ class SpecPolicy:
         example = getattr(spec, "example_input", None)
         if example is not None:
             problems.extend(check_plain_data(example, _FIELD_NAMES["example_input"], MAX_DATA_BYTES["example_input"]))
+        problems.extend(self.check_names(spec))
         return problems
 
     def check_names(self, spec: Any) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +32,29 @@ DEFAULT_ALLOWED_MODULES = ("models.fraud",)
 PUBLIC_PATH_CHOICES = ("/healthz", "/metrics")
 API_ROLES = ("viewer", "operator")
 _MODULE_RE_TEXT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+#: what an agent's workers get of its own environment besides SIE's settings (``worker_environment``): the process
+#: basics and the compute stacks' knobs, never a name that looks like a credential (``_CREDENTIAL``) and never the
+#: agent's other ``SIE_*`` variables; ``SIE_WORKER_ENV`` names more, passed as they are (e.g. ``HF_TOKEN``)
+WORKER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
+    "PYTHONHASHSEED", "PYTHONIOENCODING", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_CACHE", "TRANSFORMERS_OFFLINE", "COVERAGE_PROCESS_START",
+})
+WORKER_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "TORCHINDUCTOR_",
+                       "PYTORCH_", "TRITON_", "SGLANG_", "FLASHINFER_")
+_CREDENTIAL = ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")
+#: settings an agent never hands its workers: the control API's (its token above all) and the workers' own
+#: principal, which ``worker_settings`` has already applied
+NOT_FOR_WORKERS = ("api_token", "api_tokens", "api_token_file", "api_tokens_file", "api_tls_cert", "api_tls_key",
+                   "api_ca", "api_public_paths", "api_token_over_http", "worker_sasl_username", "worker_sasl_password",
+                   "worker_sasl_password_file")
+
+
+def looks_like_credential(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in _CREDENTIAL)
 
 
 class ApiTokenEntry(BaseModel):
@@ -101,6 +125,13 @@ class Settings(BaseSettings):
     worker_sasl_username: str | None = Field(None, description="sasl.username of the workers an agent starts.")
     worker_sasl_password: SecretStr | None = Field(None, description="sasl.password of the agent's workers.")
     worker_sasl_password_file: Path | None = Field(None, description="File with the workers' sasl.password.")
+
+    worker_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Environment variables an agent passes to its workers as they are, besides the built-in "
+                    "allow-list of process and compute-stack variables (SIE_WORKER_ENV=HF_TOKEN,MY_LICENSE_FILE); "
+                    "default none. Nothing else of the agent's environment (its API token, other secrets) reaches "
+                    "model code.")
 
     # --- What a spec may name (checked wherever a spec is read: CLI, API, control plane, agent, worker) ---
     allowed_modules: Annotated[list[str], NoDecode] = Field(
@@ -270,7 +301,7 @@ class Settings(BaseSettings):
         return values
 
     @field_validator("allowed_modules", "api_public_paths", "artifact_sources", "sglang_server_entries",
-                     "sglang_extra_args", "sglang_endpoints", mode="before")
+                     "sglang_extra_args", "sglang_endpoints", "worker_env", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)
@@ -388,6 +419,15 @@ class Settings(BaseSettings):
             "worker_sasl_username": None, "worker_sasl_password": None, "worker_sasl_password_file": None,
         })
 
+    def worker_environment(self, parent: Mapping[str, str]) -> dict[str, str]:
+        """The environment an agent gives its workers: ``parent``'s allow-listed variables (``WORKER_ENV_NAMES``,
+        ``WORKER_ENV_PREFIXES``, never a credential-like name; plus ``SIE_WORKER_ENV``) and the workers' settings
+        (``worker_settings().to_env()``) without ``NOT_FOR_WORKERS``.  Model code and the SGLang server run
+        there: before, they inherited the agent's whole environment, ``SIE_API_TOKEN`` included."""
+        return {**worker_environment(parent, self.worker_env),
+                **{k: v for k, v in self.worker_settings().to_env().items()
+                   if k not in {f"SIE_{n.upper()}" for n in NOT_FOR_WORKERS}}}
+
     def to_env(self) -> dict[str, str]:
         """These settings as ``SIE_*`` variables, for child processes (an agent's workers).
 
@@ -428,6 +468,21 @@ class Settings(BaseSettings):
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields changed (CLI options override env)."""
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})
+
+
+def worker_environment(parent: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """``parent``'s variables a worker may inherit (``Settings.worker_environment`` adds SIE's own settings)."""
+    named = set(extra)
+    return {k: v for k, v in parent.items()
+            if k in named or ((k in WORKER_ENV_NAMES or k.startswith(WORKER_ENV_PREFIXES)) and not looks_like_credential(k))}
+
+
+def child_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """What a worker's own helper process (the SGLang server) gets of the worker's environment ``parent``: the same
+    allow-list and the variables ``SIE_WORKER_ENV`` names (e.g. ``HF_TOKEN`` for a gated model's download), never
+    SIE's settings (the worker's Kafka credentials among them)."""
+    named = [str(n) for n in _split_list(parent.get("SIE_WORKER_ENV", ""))]
+    return {k: v for k, v in worker_environment(parent, named).items() if not k.startswith("SIE_")}
 
 
 def _plain(value: Any) -> Any:

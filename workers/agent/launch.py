@@ -25,7 +25,7 @@ from typing import Any
 
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_replica_id
-from sie.kernel.settings import Settings
+from sie.kernel.settings import Settings, worker_environment
 from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
@@ -102,9 +102,10 @@ class WorkerCommandBuilder:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
         # same cluster, with the same topic prefix and security settings, as the agent that runs them
-        # (with the workers' own Kafka principal when SIE_WORKER_SASL_USERNAME is set).
-        worker_env = settings.worker_settings().to_env() if settings else {}
-        self.base_env = {**(os.environ if base_env is None else base_env), **worker_env}
+        # (with the workers' own Kafka principal when SIE_WORKER_SASL_USERNAME is set). Of the agent's own
+        # environment only an allow-list reaches them (never SIE_API_TOKEN): Settings.worker_environment.
+        parent = os.environ if base_env is None else base_env
+        self.base_env = settings.worker_environment(parent) if settings else worker_environment(parent)
         #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
         self.spec_policy = spec_policy
         #: ``sie.workers.agent.artifacts.ArtifactFetcher``: makes artifacts named by content local

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -45,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sie.kernel.settings import child_environment
 from sie.streams.llm import protocols as llm_protocols
 from sie.workers.backends.base import BackendConfig, BackendError, InferenceError
 from sie.workers.process import describe_exit, spawn_child
@@ -174,7 +176,9 @@ class SGLangBackend:
         if not url:
             launch = build_launch(self.config)
             log.info("%s: starting SGLang: %s", self.config.model_id, " ".join(launch.argv))
-            self._server = self._spawn(launch.argv, log_path=self._log_path)
+            # the server (third-party code, the model's own with trust_remote_code) gets no SIE setting: not the
+            # worker's Kafka credentials, not any other credential-like variable
+            self._server = self._spawn(launch.argv, env=child_environment(os.environ), log_path=self._log_path)
             url = self.launched_url = f"http://127.0.0.1:{launch.port}"
         self._client = self._client_factory(str(url))
         self._pool = ThreadPoolExecutor(max_workers=int(cfg.get("max_concurrency", 16)), thread_name_prefix="sglang")
