@@ -115,14 +115,18 @@ class CdcMetrics:
         self._connector = connector
         self._server: Any = None
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, addr: str) -> int:
+        """Start /metrics on ``addr`` (``SIE_METRICS_BIND``, loopback by default: no default here, since
+        prometheus_client's own is 0.0.0.0); returns the bound port."""
         from prometheus_client import start_http_server
 
-        self._server, _ = start_http_server(port, registry=self.registry)
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        return int(self._server.server_port)
 
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
             self._server = None
 
     def value(self, name: str, **labels: str) -> float:
