@@ -27,6 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
+from sie.schemas.spec_parse import InvalidSpec
 from sie.streams.eos.records import Prepared
 from sie.streams.scorer.loop import Scorer
 from sie.streams.scorer.routing import BUCKETS, RouteEntry, RoutingTable
@@ -102,6 +105,7 @@ class RolloutScorer(Scorer):
         self._factory = backend_factory
         self._backends: dict[str, Any] = {e.version: e.backend for e in routing.entries}
         self._applied: tuple[int, str, str, str, int] | None = None
+        self._refused: Any = None
         self.epoch = 0
 
     def prepare(self, batch: list) -> Prepared[dict[str, Any]]:
@@ -118,7 +122,11 @@ class RolloutScorer(Scorer):
         record = self._weights.latest()
         if record is None or record.get("model") != self.config.spec.name:
             return
-        ws = WeightSet.from_record(record)
+        try:
+            ws = WeightSet.from_record(record)
+        except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            self._refuse(("unreadable", str(record.get("epoch"))), f"unreadable rollout record: {exc}")
+            return
         own = self.config.spec.version
         if ws.phase in _TERMINAL and own not in (ws.stable_version, ws.canary_version):
             # a finished rollout between two other versions (this replica runs a version applied since): its
@@ -134,10 +142,14 @@ class RolloutScorer(Scorer):
         # load before the swap: the canary as soon as the rollout exists (Surging preloads it at weight 0),
         # the stable version while it still has a share or the rollout ended by rolling back
         stable = canary = None
-        if ws.serves_canary:
-            canary = (ws.canary_version, self._backend(ws.canary_version, ws.canary_spec))
-        if not ws.serves_canary or ws.canary_bp < BUCKETS:
-            stable = (ws.stable_version, self._backend(ws.stable_version, ws.stable_spec))
+        try:
+            if ws.serves_canary:
+                canary = (ws.canary_version, self._backend(ws.canary_version, ws.canary_spec))
+            if not ws.serves_canary or ws.canary_bp < BUCKETS:
+                stable = (ws.stable_version, self._backend(ws.stable_version, ws.stable_spec))
+        except (InvalidSpec, ValidationError) as exc:  # permanent: the record's spec breaks this node's policy
+            self._refuse(key, f"rollout {ws.stable_version} -> {ws.canary_version} (epoch {ws.epoch}) refused: {exc}")
+            return
         if canary is None:
             assert stable is not None
             table = RoutingTable.single(*stable)
@@ -152,6 +164,15 @@ class RolloutScorer(Scorer):
         log.info("model %s: rollout %s -> %s at %.2f%% (epoch %d, %s)", ws.model, ws.stable_version,
                  ws.canary_version, ws.canary_bp / 100, ws.epoch, ws.phase)
         self._applied, self.epoch = key, ws.epoch
+
+    def _refuse(self, key: Any, reason: str) -> None:
+        """A rollout record this replica will not follow (its spec refused by the node's policy, or unreadable):
+        it keeps serving what it serves, and says why once per record (never a retry loop on a record that can
+        only be refused again; the leader's surge timeout and gates end such a rollout)."""
+        if key != self._refused:
+            self._refused = key
+            log.error("model %s: %s; keeps serving %s", self.config.spec.name, " ".join(reason.split())[:2000],
+                      ", ".join(sorted(self._backends)))
 
     def _backend(self, version: str, spec_doc: dict[str, Any]) -> Any:
         backend = self._backends.get(version)
