@@ -67,6 +67,18 @@ def echo_raise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+def rules_or_outage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rules model for the fraud-rules schema (risk from the merchant's risk), but every call fails while the
+    file named by ``SIE_TEST_OUTAGE_FLAG`` exists: the model's own dependency is down (an outage: the scorer
+    retries, never dead-letters)."""
+    import os
+
+    flag = os.environ.get("SIE_TEST_OUTAGE_FLAG")
+    if flag and os.path.exists(flag):
+        raise ConnectionError("feature store 10.0.0.7:6379 refused the connection")
+    return [{"risk_score": float(row["merchant_risk"]), "reason": "merchant risk"} for row in rows]
+
+
 def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
     """``echo_spec`` at another version / with another callable of this module / a rollout block."""
     from sie.schemas.spec import parse_spec

@@ -128,8 +128,11 @@ def get_replicas(settings: Settings, control_url: str | None, output: str, timeo
     rows = [("REPLICA", "MODEL", "VERSION", "NODE", "GPU", "PROCESS", "STATE", "REASON")]
     for r in replicas:
         gpus = ",".join(map(str, r["gpu_indices"])) or ("-" if r["node"] else "")
+        reason = r["reason"] or ""
+        if r.get("other_version"):  # a rollout: the other version it serves from a process of its own
+            reason = f"{reason}; serves {r['other_version']}" if reason else f"serves {r['other_version']}"
         rows.append((r["replica_id"], r["model"], r["version"], r["node"] or "-", gpus or "-", r.get("process") or "-",
-                     r["state"], r["reason"] or ""))
+                     r["state"], reason))
     _table(rows)
 
 
@@ -143,9 +146,14 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
 
     t = spec.topics
     click.echo(f"Topics:      requests {t.requests}, results {t.results}, dead letters {t.dead_letters}")
+    from sie.kernel.authz import NotAuthorized
+
     try:
         seen = traffic(settings, [t.requests, t.results, t.dead_letters])
         lag = group_lag(settings, spec.group_id, t.requests)
+    except NotAuthorized as exc:  # the whole reason: the principal and the ACL it lacks
+        click.echo(f"Traffic:     unavailable: {exc}")
+        return
     except Exception as exc:  # KafkaException: a describe must still show the rest
         click.echo(f"Traffic:     unavailable ({str(exc).splitlines()[0][:200]})")
         return
@@ -160,6 +168,9 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
                f"{res.per_s if res else 0.0:.2f}/s, dead letters {dlq.per_s if dlq else 0.0:.2f}/s ({dead_rate})")
     click.echo(f"Lag:         {lag if lag is not None else '-'} request(s) not yet scored (group {spec.group_id}, "
                f"{req.partitions} partitions)")
+    if lag and out == 0:  # requests wait and nothing came out: a backend outage, or no scorer at all
+        click.echo(f"Scoring:     nothing committed in the last {req.window_s:.0f}s while {lag} request(s) wait: "
+                   "see Phase and the replicas' reasons (a backend outage is named there)")
 
 
 @click.group("describe")
@@ -216,6 +227,8 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
     for r in model.get("replicas") or ():
         where = f"{r['node']}" + (f" gpu {','.join(map(str, r['gpu_indices']))}" if r["gpu_indices"] else "") if r["node"] else "-"
         click.echo(f"  {r['replica_id']:<24} {r['state']:<14} {where:<20} {r['reason'] or ''}".rstrip())
+        if r.get("other_version"):
+            click.echo(f"    rollout: also serves {r['other_version']} (in a process of its own)")
         for c in r.get("cooldowns") or ():
             left = max(0.0, (c["until_ms"] - now_ms) / 1000)
             click.echo(f"    cool-down: kept off {c['node']} for {left:.0f}s more: {c['reason']} "

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.placement import Placement, PlacementPlan
 from sie.streams.control.state import StateSnapshot
+
+#: how a READY replica's reason starts while its backend is in an outage (it runs, but scores nothing: its
+#: batches are retried because the backend fails on a known-good row): the model is Degraded
+BACKEND_OUTAGE = "backend outage since "
 
 #: a desired replica in one of these is not serving and will not get there by itself: the model is Degraded
 TROUBLE_STATES: frozenset[ReplicaState] = frozenset(
@@ -40,6 +45,9 @@ class ReplicaView:
     process: str | None = None
     #: nodes the replica is kept off after it FAILED there: ``{node, until_ms, reason}`` (``Cooldown``)
     cooldowns: tuple[Mapping[str, Any], ...] = ()
+    #: during a rollout: the other version it serves from a process of its own, and its state
+    #: (``1.1.0 ready``, ``1.1.0 failed: <why>``), as its agent reports it
+    other_version: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -54,6 +62,7 @@ class ReplicaView:
             "restarts": self.restarts,
             "actual_version": self.actual_version,
             "process": self.process,
+            "other_version": self.other_version,
             "cooldowns": [dict(c) for c in self.cooldowns],
         }
 
@@ -72,6 +81,7 @@ class ReplicaView:
             actual_version=rec.get("actual_version"),
             process=rec.get("process"),
             cooldowns=tuple(dict(c) for c in rec.get("cooldowns") or ()),
+            other_version=rec.get("other_version"),
         )
 
 
@@ -168,11 +178,16 @@ def _replica_view(
     if report is None:
         return ReplicaView(**base, state=ReplicaState.PENDING, reason=f"assigned to {placement.node}; not yet reported by its agent")
     reason = report.reason
+    if report.outage and report.state == ReplicaState.READY:  # running, scoring nothing: the worker says why
+        since = (datetime.fromtimestamp(report.outage_since, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                 if report.outage_since else "?")
+        reason = f"{BACKEND_OUTAGE}{since}: {report.outage}; its batches are retried, nothing is scored"
     if report.version and report.version != placement.version:
         reason = f"running version {report.version}; {placement.version} requested" + (f"; {reason}" if reason else "")
+    other = "; ".join(f"{v} {state}" + (f": {detail}" if detail else "") for v, state, detail in report.versions)
     return ReplicaView(
         **base, state=report.state, reason=reason, restarts=report.restarts, actual_version=report.version or None,
-        process=report.process,
+        process=report.process, other_version=other or None,
     )
 
 
@@ -213,7 +228,11 @@ def build_status(
     ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
     # READY on another version than placed (a replica being replaced by a new version) is not ready yet
     not_ready = [v for v in views if v.state != ReplicaState.READY or v.actual_version not in (None, v.version)]
-    if desired == ready:
+    outages = [v for v in views if v.state == ReplicaState.READY and BACKEND_OUTAGE in (v.reason or "")]
+    if outages:  # READY counts them (their processes run), but the model answers nothing through them
+        phase, reason = "Degraded", (f"{len(outages)} of {desired} replica(s) in a backend outage; "
+                                     f"{outages[0].replica_id}: {outages[0].reason}")
+    elif desired == ready:
         phase, reason = "Ready", None
     elif all(v.state == ReplicaState.UNSCHEDULABLE for v in views):
         phase, reason = "Unschedulable", not_ready[0].reason

@@ -29,12 +29,15 @@ SAMPLES: dict[str, dict] = {
                                 "metrics_address": "node-a:40123", "lag": 17, "p99_ms": 12.5,
                                 # records/inference_rps: their defaults, which is what an older writer's
                                 # records read as
-                                "records": 0, "inference_rps": None, "process": "pid-4242"}],
+                                "records": 0, "inference_rps": None, "process": "pid-4242",
+                                "versions": [{"version": "1.1.0", "state": "loading", "detail": None}],
+                                "outage": "backend fails on a known-good row too (ConnectionError: refused)",
+                                "outage_since_ms": 1796153631750}],
                   "metrics_address": "node-a:9400", "warm_workers": 2, "reserved_memory_mb": 640,
                   "memory_total_mb": 131072, "memory_available_mb": 90112, "shared_process_slots": 0},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
                    "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "gpu_indices": [0, 1],
-                                 "gpu_memory_mb": 12288, "spec_json": "{}"}]},
+                                 "gpu_memory_mb": 12288, "spec_json": "{}", "companions": ['{"version": "2"}']}]},
     "ReplicaStatus": {"replica_id": "r1", "node": "node-a", "model": "m", "version": "1", "state": "CRASHED",
                       "reason": "OOM killed", "exit_code": None, "signal": 9, "restarts": 2, "ts_ms": 5},
     "ControlEvent": {"ts_ms": 6, "kind": "unschedulable", "model": "m", "replica_id": None, "node": None,
@@ -44,7 +47,8 @@ SAMPLES: dict[str, dict] = {
                     "reason": None, "desired_replicas": 1, "ready_replicas": 1,
                     "replicas": [{"replica_id": "r1", "model": "m", "version": "1", "node": "node-a", "gpu_indices": [0],
                                   "gpu_memory_mb": 0, "state": "READY", "reason": None, "restarts": 0,
-                                  "actual_version": "1", "process": "pid-4242", "cooldowns": []}],
+                                  "actual_version": "1", "process": "pid-4242", "other_version": "1.1.0 ready",
+                                  "cooldowns": []}],
                     "epoch": 3, "updated_at_ms": 8,
                     "autoscale": {"desired": 3, "action": "up", "reason": "1 -> 3: 3 needed", "decided_at_ms": 9,
                                   "last_scale_at_ms": 9, "capacity_per_replica": 120.5, "blocked_until_ms": None,
@@ -211,6 +215,13 @@ def test_heartbeat_of_an_agent_before_host_memory_reads_as_unknown():
     decoded = Codec().decode(_encode_with(old, record), expected="Heartbeat")
     assert (decoded["memory_total_mb"], decoded["memory_available_mb"], decoded["shared_process_slots"]) == (None, None, 0)
     assert decoded["replicas"][0]["process"] is None
+
+
+def test_heartbeat_of_an_agent_before_outage_reports_reads_as_no_outage():
+    """An agent older than Heartbeat.v6 reports no backend outage: its replicas read as scoring (null)."""
+    old = json.loads((HISTORY_DIR / "Heartbeat.v5.avsc").read_text())
+    decoded = Codec().decode(_encode_with(old, _known_to(old, SAMPLES["Heartbeat"])), expected="Heartbeat")
+    assert (decoded["replicas"][0]["outage"], decoded["replicas"][0]["outage_since_ms"]) == (None, None)
 
 
 def test_current_schemas_are_frozen_in_history():
