@@ -29,7 +29,7 @@ from sie.kernel.names import check_replica_id
 from sie.kernel.settings import Settings, worker_environment
 from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.prepare import prepare_spec
-from sie.workers.process import LaunchSpec
+from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
 
 #: the entry points of the two kinds of replica process
