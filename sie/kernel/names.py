@@ -26,8 +26,8 @@ Names that come FROM DATA (a spec, an assignment, a connector) are checked here,
   work directory, so no ``/``, no leading ``.``);
 * a spec's topic and group overrides and a connector's topics (``Names.data_topic_problem``, ``group_problem``):
   everything under ``<p>.`` is SIE's own namespace (system topics, other models' topics and groups, the control
-  plane's groups), so a spec may name there only its OWN default names; anything outside ``<p>.`` is the team's
-  own topic.  Otherwise ``sie acls plan -f SPEC`` would grant a scorer Write on ``<p>.specs``, and ensuring the
+  plane's groups), so a spec may name there only its OWN names (its defaults, or ``<p>.model.<model>.<word>``);
+  anything outside ``<p>.`` is the team's own topic.  Otherwise ``sie acls plan -f SPEC`` would grant a scorer Write on ``<p>.specs``, and ensuring the
   model's topics would flip a compacted system topic to ``cleanup.policy=delete``.
 """
 
@@ -128,6 +128,9 @@ class Names:
             return f"not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters; got {_shown(topic)})"
         if topic in self.own_data_topics(model):
             return None
+        own = f"{self.model_topic_prefix}{model}."
+        if topic.startswith(own) and re.fullmatch(r"[A-Za-z0-9_-]+", topic[len(own):]):
+            return None  # <p>.model.<model>.<one word>: the model's own (one more dot would be model "<model>.x"'s)
         if self.is_system_topic(topic):
             return (f"{topic} is SIE's system topic; a model's data may not go there (whoever may write the "
                     "model's topics would write the cluster's state)")

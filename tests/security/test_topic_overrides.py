@@ -62,6 +62,13 @@ def test_the_spec_policy_refuses_system_and_foreign_names_with_the_field(topics,
     assert any(p.startswith(reason) for p in problems), problems
 
 
+def test_a_model_owns_one_word_under_its_namespace_but_not_another_models_below_it():
+    names = Names(P)
+    assert names.data_topic_problem("m", f"{P}.model.m.dead_letters") is None
+    assert "in SIE's own namespace" in names.data_topic_problem("m", f"{P}.model.m.v2.requests")  # model m.v2's
+    assert "in SIE's own namespace" in names.data_topic_problem("m", f"{P}.model.mx.requests")
+
+
 def test_own_defaults_and_the_teams_own_topics_pass():
     own = Names(P).model_topics(RULES["metadata"]["name"])
     for topics, kafka_input in (({"results": own.results}, None),
