@@ -213,6 +213,18 @@ def test_an_inconclusive_step_waits_then_rolls_back_not_proven():
     assert "raise intervalSeconds or lower gates.minSamples" in rolled.reason
 
 
+def test_at_the_deadline_an_open_step_leaning_to_no_worse_advances():
+    """60 canary calls, one of them over the p99 limit: not enough evidence to pass (needs ~113), none to
+    fail, and the test leans to "no worse": at the step's deadline the truncated test lets it on."""
+    r = new_rollout("m", "1.0.0", "1.1.0", Policy(interval_s=20), 0).start(0).surge_ready(1000)
+    canary = VersionWindow.of([Answer(30.0, 20.0, 2)] * 118 + [Answer(90.0, 80.0, 2)] * 2)
+    stable = VersionWindow.of([Answer(30.0, 20.0, 18)] * 1800)
+    assert judge(Gates(), canary, stable, steps=4).verdict is Verdict.INCONCLUSIVE
+    assert r.tick(1000 + 59_000, canary, stable) is r
+    on = r.tick(1000 + 60_000, canary, stable)
+    assert on.weight_bp == 2000 and "gates passed at 10% at the step's deadline (60 s)" in on.reason, on.reason
+
+
 def test_a_step_passes_once_the_interval_is_over_and_every_gate_passed():
     r = new_rollout("m", "1.0.0", "1.1.0", Policy(interval_s=20), 0).start(0).surge_ready(1000)
     good = VersionWindow.of([Answer(30.0, 20.0, 2)] * 400)
@@ -247,3 +259,20 @@ def test_spec_errors_name_the_gate_field(gates, msg):
     with pytest.raises(InvalidSpec) as exc:
         parse_spec(doc)
     assert msg in str(exc.value), str(exc.value)
+
+
+def test_the_sla_gate_fails_what_the_canary_adds_not_what_an_overloaded_machine_does():
+    """Both versions 3 % above p99MaxMs in the same window: the machine's doing, not the canary's.  Above
+    what the stable shows there (at 100 %: over the stable's last minute), the canary fails."""
+    gates = Gates(p99_max_ms=1000.0)
+    slow, fast = Answer(1500.0, 20.0, 1), Answer(100.0, 20.0, 1)
+    stable = VersionWindow.of([slow] * 60 + [fast] * 1940)
+    both = VersionWindow.of([slow] * 12 + [fast] * 388)
+    assert judge(gates, both, stable, steps=4).verdict is Verdict.PASS
+    worse = VersionWindow.of([slow] * 40 + [fast] * 360)
+    result = judge(gates, worse, stable, steps=4)
+    assert result.verdict is Verdict.FAIL and "p99 1500.0 ms > p99MaxMs 1000" in result.line(), result.line()
+    at_100 = VersionWindow(reference=stable.answers)  # no stable traffic in the step: its last minute counts
+    assert judge(gates, both, at_100, steps=4).verdict is Verdict.PASS
+    alone = judge(gates, both, VersionWindow(), steps=4)  # no stable at all: the SLA alone (3 % > 1 %: leaning worse)
+    assert alone.verdict is Verdict.INCONCLUSIVE and alone.at_deadline() is Verdict.FAIL
