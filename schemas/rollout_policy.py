@@ -142,9 +142,14 @@ class Policy:
 
     def to_document(self) -> dict[str, Any]:
         g = self.gates
+        gates: dict[str, Any] = {"p99MaxMs": g.p99_max_ms, "p99MaxRatio": g.p99_max_ratio, "p99SlackMs": g.p99_slack_ms,
+                                 "maxErrorRateIncrease": g.max_error_rate_increase,
+                                 "maxExpiryRateIncrease": g.max_expiry_rate_increase, "minSamples": g.min_samples}
+        # fields newer than the rollout record format only when set: a control plane one release older (a
+        # rolling upgrade) reads the record of a rollout that kept their defaults
+        if g.confidence != Gates.confidence:
+            gates["confidence"] = g.confidence
+        if g.inconclusive_intervals != Gates.inconclusive_intervals:
+            gates["inconclusiveIntervals"] = g.inconclusive_intervals
         return {"steps": list(self.steps), "intervalSeconds": self.interval_s,
-                "surgeTimeoutSeconds": self.surge_timeout_s,
-                "gates": {"p99MaxMs": g.p99_max_ms, "p99MaxRatio": g.p99_max_ratio, "p99SlackMs": g.p99_slack_ms,
-                          "maxErrorRateIncrease": g.max_error_rate_increase,
-                          "maxExpiryRateIncrease": g.max_expiry_rate_increase, "minSamples": g.min_samples,
-                          "confidence": g.confidence, "inconclusiveIntervals": g.inconclusive_intervals}}
+                "surgeTimeoutSeconds": self.surge_timeout_s, "gates": gates}

@@ -225,6 +225,18 @@ def test_at_the_deadline_an_open_step_leaning_to_no_worse_advances():
     assert on.weight_bp == 2000 and "gates passed at 10% at the step's deadline (60 s)" in on.reason, on.reason
 
 
+def test_at_the_deadline_an_open_step_leaning_worse_rolls_back():
+    """4 slow calls of 60 (6.7 %): short of the confidence to fail, but nearer the fail boundary than the pass
+    boundary: at the deadline it rolls back."""
+    r = new_rollout("m", "1.0.0", "1.1.0", Policy(interval_s=20), 0).start(0).surge_ready(1000)
+    canary = VersionWindow.of([Answer(30.0, 20.0, 2)] * 112 + [Answer(90.0, 80.0, 2)] * 8)
+    stable = VersionWindow.of([Answer(30.0, 20.0, 18)] * 1800)
+    assert judge(Gates(), canary, stable, steps=4).verdict is Verdict.INCONCLUSIVE
+    back = r.tick(1000 + 60_000, canary, stable)
+    assert back.phase is Phase.ROLLING_BACK and "leaning worse or too few answers" in back.reason, back.reason
+    assert "4 of 60 calls above 35.0 ms" in back.reason
+
+
 def test_a_step_passes_once_the_interval_is_over_and_every_gate_passed():
     r = new_rollout("m", "1.0.0", "1.1.0", Policy(interval_s=20), 0).start(0).surge_ready(1000)
     good = VersionWindow.of([Answer(30.0, 20.0, 2)] * 400)
@@ -240,6 +252,10 @@ def test_new_gate_fields_parse_and_round_trip():
     assert p.gates.confidence == 0.999 and p.gates.inconclusive_intervals == 0
     assert Policy.from_document(p.to_document()) == p
     assert Policy.from_document({}).gates == Gates()  # defaults: 0.99, 2
+    # at their defaults the new fields stay out of the stored record: a control plane one release older
+    # (rolling upgrade) still reads it
+    assert set(Policy().to_document()["gates"]) == {"p99MaxMs", "p99MaxRatio", "p99SlackMs", "maxErrorRateIncrease",
+                                                    "maxExpiryRateIncrease", "minSamples"}
 
 
 @pytest.mark.parametrize("gates,msg", [
