@@ -39,6 +39,9 @@ class DesiredReplica:
     gpu_indices: tuple[int, ...] = ()
     gpu_memory_mb: int = 0
     epoch: int = 0
+    #: during a rollout, the other version's document(s) (JSON) the replica serves from a process of its own;
+    #: not part of ``target_hash``: a rollout starting or ending restarts no worker
+    companions: tuple[str, ...] = ()
 
     @property
     def target_hash(self) -> str:
@@ -78,6 +81,8 @@ class ActualReplica:
     worker_error: str | None = None
     #: set when the replica is no longer desired (or its target changed): drain, then forget it
     retiring: bool = False
+    #: the worker's report of the rollout's other version (``{"1.1.0": {"state": ..., "detail": ...}}``)
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
     #: what the current process reported of itself: its /metrics port (``ready``), its consumer lag,
     #: recent per-request p99 and records per second of inference time (``progress``; the autoscaler's
     #: capacity estimate before it measured one); None until it said so, reset when a new process starts

@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from sie.schemas.replica_state import ReplicaTransitionError, check_transition
 from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec, ProcessLauncher
@@ -99,6 +99,8 @@ class ReplicaSnapshot:
     #: launch -> READY of the current worker (None until READY); ``warm``: a warm-pool worker took the launch
     start_s: float | None = None
     warm: bool = False
+    #: the worker's report of the rollout's other version it serves (``ActualReplica.versions``)
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 CommandBuilder = Callable[[DesiredReplica], LaunchSpec]
@@ -357,6 +359,7 @@ class Supervisor:
             inference_rps=replica.inference_rps if replica.state.has_process else None,
             start_s=replica.start_s,
             warm=replica.warm,
+            versions=dict(replica.versions) if replica.state.has_process else {},
         )
 
 
@@ -375,3 +378,24 @@ def _take_reported(replica: ActualReplica, event: dict) -> None:
     if "rate" in event:
         rate = event["rate"]
         replica.inference_rps = float(rate) if type(rate) in (int, float) and 0 < rate < 1e12 else None
+    if "versions" in event:
+        replica.versions = _versions_reported(event["versions"])
+
+
+#: what a worker may say of the rollout's other version
+VERSION_STATES = frozenset({"waiting", "loading", "ready", "failed"})
+
+
+def _versions_reported(value: Any) -> dict[str, dict[str, Any]]:
+    """The ``versions`` of a status line, kept only where well-formed (a few versions, known states, short text)."""
+    if not isinstance(value, dict):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for version, info in list(value.items())[:4]:
+        if isinstance(version, str) and 0 < len(version) <= 64 and isinstance(info, dict) \
+                and info.get("state") in VERSION_STATES:
+            out[version] = {"state": str(info["state"]), "detail": str(info.get("detail") or "")[:500]}
+            rss = info.get("rss_mb")
+            if type(rss) is int and 0 < rss < 10_000_000:
+                out[version]["rss_mb"] = rss
+    return out

@@ -21,11 +21,13 @@ the replica's log file):
     {"event": "loading", "pid": 123}                       backend load started
     {"event": "ready", "latency_ms": 1.2, "outputs": {...}, "metrics_port": P}
                                                             readiness inference passed; /metrics on P
-    {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X}
+    {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X, "versions": {...}}
                                                             every --progress-interval s (liveness), with
                                                             records per second of inference time over the
                                                             last minute (null if none), the scorer's consumer
-                                                            lag and its recent per-request p99
+                                                            lag, its recent per-request p99 and, during a
+                                                            rollout, the other version's state
+                                                            ({"1.1.0": {"state": "ready", "detail": ""}})
     {"event": "draining"}                                   SIGTERM received
     {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
     {"event": "stopped", "records": N}                      clean exit (0) after a drain
@@ -60,7 +62,7 @@ from typing import Any
 
 from sie.schemas.worker_status import StatusWriter
 
-__all__ = ["CountingBackend", "StatusWriter", "check_spec", "load_proven", "main", "run_worker", "version_loader"]
+__all__ = ["CountingBackend", "StatusWriter", "check_spec", "companion_versions", "load_proven", "main", "run_worker"]
 
 log = logging.getLogger("sie.worker")
 
@@ -193,18 +195,17 @@ def load_proven(spec: Any, config: Any) -> tuple[Any, Any]:
         raise
 
 
-def version_loader(spec: Any, own: Any, policy: Any, config_of: Any, label: str) -> Any:
-    """The rollout scorer's ``backend_factory``: ``own`` serves the replica's own version; the other
-    version of a rollout (issue 11) is checked against this node's policy, loaded and proven by a real
-    inference before it gets any traffic."""
+def companion_versions(settings: Any, directory: Path, label: str, gpu_indices: Any = (), gpu_memory_mb: int = 0,
+                       threads: int | None = None) -> Any:
+    """The other version of a rollout, served from a process of its own (``sie.workers.versions``): its
+    document prepared by the agent into ``directory`` (``version-<v>.json``), exactly as a dedicated replica
+    of that version is prepared, then checked, loaded and proven in its process before it gets traffic."""
+    from sie.workers.versions import AgentPrepared, ProcessVersions
 
-    def load_version(model_spec: Any) -> Any:
-        if model_spec.version == spec.version:
-            return own
-        policy.enforce(model_spec, source=f"{label} rollout to {model_spec.version}")
-        return load_proven(model_spec, config_of(model_spec))[0]
-
-    return load_version
+    return ProcessVersions(AgentPrepared(directory), label, log_dir=directory,
+                           call_timeout_s=settings.companion_call_timeout_s,
+                           load_timeout_s=settings.companion_load_timeout_s,
+                           gpu_indices=gpu_indices, gpu_memory_mb=gpu_memory_mb, threads=threads)
 
 
 def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
@@ -259,13 +260,20 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         launched_url = getattr(backend, "launched_url", None)
         window = serves_through_window(spec, launched_server=launched_url is not None)
 
+        indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
+        versions = None if window else companion_versions(settings, args.spec_file.parent, label, indices,
+                                                           args.gpu_memory_mb)
+
         def own_numbers() -> dict[str, Any]:
-            """The scorer's lag and recent p99, forwarded by the agent to the control plane (status page)."""
+            """The scorer's lag and recent p99 and the rollout's other version's state, forwarded by the agent
+            to the control plane (status page, rollout gates)."""
             metrics = scorers[0].metrics
             p99 = metrics.recent_p99()
             numbers = {"lag": metrics.lag(), "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None}
             if window:  # records committed by the window; no rate: its generations overlap (no per-call time)
                 numbers |= {"records": scorers[0].summary().records_in, "rate": None}
+            if versions is not None:
+                numbers["versions"] = versions.report()
             return numbers
 
         progress = threading.Thread(
@@ -292,9 +300,8 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
                 summary = run_llm_scorer(config, stop_event, on_ready=on_ready, launched_url=launched_url)
                 records = summary.records_in
             else:
-                load_version = version_loader(spec, counter, policy, lambda s: _backend_config(s, args, policy),
-                                              label)
-                summary = run_rollout_scorer(config, load_version, stop_event, on_ready=on_ready)
+                summary = run_rollout_scorer(config, lambda _spec: counter, stop_event, on_ready=on_ready,
+                                             versions=versions)
                 records = counter.records
         finally:
             progress_stop.set()

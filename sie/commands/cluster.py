@@ -128,8 +128,11 @@ def get_replicas(settings: Settings, control_url: str | None, output: str, timeo
     rows = [("REPLICA", "MODEL", "VERSION", "NODE", "GPU", "PROCESS", "STATE", "REASON")]
     for r in replicas:
         gpus = ",".join(map(str, r["gpu_indices"])) or ("-" if r["node"] else "")
+        reason = r["reason"] or ""
+        if r.get("other_version"):  # a rollout: the other version it serves from a process of its own
+            reason = f"{reason}; serves {r['other_version']}" if reason else f"serves {r['other_version']}"
         rows.append((r["replica_id"], r["model"], r["version"], r["node"] or "-", gpus or "-", r.get("process") or "-",
-                     r["state"], r["reason"] or ""))
+                     r["state"], reason))
     _table(rows)
 
 
@@ -216,6 +219,8 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
     for r in model.get("replicas") or ():
         where = f"{r['node']}" + (f" gpu {','.join(map(str, r['gpu_indices']))}" if r["gpu_indices"] else "") if r["node"] else "-"
         click.echo(f"  {r['replica_id']:<24} {r['state']:<14} {where:<20} {r['reason'] or ''}".rstrip())
+        if r.get("other_version"):
+            click.echo(f"    rollout: also serves {r['other_version']} (in a process of its own)")
         for c in r.get("cooldowns") or ():
             left = max(0.0, (c["until_ms"] - now_ms) / 1000)
             click.echo(f"    cool-down: kept off {c['node']} for {left:.0f}s more: {c['reason']} "

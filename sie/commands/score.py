@@ -100,6 +100,19 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
 
         policy.enforce(spec)
         summary = run_llm_scorer(config, stop, on_ready=ready)
-    else:
-        summary = run_rollout_scorer(config, load_backend, stop, on_ready=ready)  # follows the model's rollouts
+    else:  # follows the model's rollouts: the other version in a process of its own, prepared as an agent would
+        import tempfile
+
+        from sie.workers.agent.artifacts import ArtifactFetcher
+        from sie.workers.versions import ProcessVersions, SelfPrepared
+
+        with tempfile.TemporaryDirectory(prefix="sie-score-versions-") as folder:
+            fetcher = ArtifactFetcher(settings, policy)
+            versions = ProcessVersions(SelfPrepared(Path(folder), policy, fetcher), f"scorer {config.instance}",
+                                       log_dir=Path(folder), call_timeout_s=settings.companion_call_timeout_s,
+                                       load_timeout_s=settings.companion_load_timeout_s)
+            try:
+                summary = run_rollout_scorer(config, load_backend, stop, on_ready=ready, versions=versions)
+            finally:
+                fetcher.close()
     click.echo(f"stopped after {time.monotonic() - started:.1f}s: {summary.line()}")

@@ -220,6 +220,16 @@ class Settings(BaseSettings):
         30.0, gt=0, description="An inference call of a model in a multi-model process that runs longer than this "
                                 "is reported as hung and the model's lane is restarted (the hung thread is fenced).")
 
+    # --- Rollouts: the other version a replica serves (sie.workers.versions, docs/rollouts.md) -------------
+    companion_call_timeout_s: float = Field(
+        10.0, gt=0, description="During a rollout each replica serves the other version from a process of its own; "
+                                "a call to it that does not answer within this long counts as a hang: the process is "
+                                "killed, its rows are answered by the replica's own version (sie.routing.fallback) and "
+                                "the version is reported lost (the leader rolls a lost canary back).")
+    companion_load_timeout_s: float = Field(
+        300.0, gt=0, description="How long the other version of a rollout may take to load and pass its readiness "
+                                 "inference in its process before it is reported failed.")
+
     # --- Local state ----------------------------------------------------------
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,

@@ -742,7 +742,7 @@ class Controller:
             for a in info.replicas:
                 if a.model == name and a.replica_id.startswith(prefix) and a.replica_id[len(prefix):].isdigit():
                     assigned[int(a.replica_id[len(prefix):])] = a.version
-        ready, problems = set(), {}
+        ready, problems, companions = set(), {}, {}
         for hb in snap.heartbeats.values():
             for r in hb.replicas:
                 idx = r.replica_id[len(prefix):]
@@ -750,13 +750,17 @@ class Controller:
                     continue
                 if r.state == ReplicaState.READY and assigned.get(int(idx)) == r.version:
                     ready.add(int(idx))
+                    other = ro.canary_version if r.version == ro.stable_version else ro.stable_version
+                    reported = r.version_state(other)
+                    if reported is not None:
+                        companions[int(idx)] = reported
                 elif r.state != ReplicaState.READY and r.version == ro.canary_version:
                     problems[int(idx)] = f"{r.state.value}" + (f": {r.reason}" if r.reason else "")
         decision = self.decisions.get(name)
         minimum = int(snap.specs[name].sla.min_replicas)
         demand = decision.needed if decision is not None and decision.needed is not None else minimum
         return CapacityInputs(ro.phase, ro.stable_version, ro.canary_version, count, min(max(0, demand), count),
-                              assigned, frozenset(ready), fits, problems, blocked)
+                              assigned, frozenset(ready), fits, problems, blocked, companions)
 
     def _excluded(self) -> dict[str, frozenset[str]]:
         """Exclusions as the placement engine takes them: replica id -> nodes it must not use."""
@@ -823,7 +827,8 @@ class Controller:
         for node in sorted(nodes):
             wanted = tuple(
                 AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb),
-                                self._version_docs.get((p.model, p.version)) or spec_json.get(p.model, ""))
+                                self._version_docs.get((p.model, p.version)) or spec_json.get(p.model, ""),
+                                self._companions(p.model, p.version))
                 for p in plan.assignments(node)
             )
             last = published.get(node)
@@ -837,6 +842,11 @@ class Controller:
                 "issued_at_ms": 0,
                 "replicas": [a.to_record() for a in wanted],
             }))
+
+    def _companions(self, model: str, version: str) -> tuple[str, ...]:
+        """The other version's document a replica of ``model`` at ``version`` serves during its rollout (from a
+        process of its own, prepared by its agent); () outside a rollout's planned phases."""
+        return tuple(doc for (m, v), doc in sorted(self._version_docs.items()) if m == model and v != version)
 
     def _placement_events(self, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
         before: dict[str, tuple[str, AssignedReplica]] = {}

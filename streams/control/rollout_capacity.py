@@ -10,6 +10,11 @@ runs which version; the replica's own version decides which backend it loads fir
 readiness inference before the agent reports it READY (``sie.workers.readiness``), and what it serves once
 the rollout ends.  The plan (``plan_capacity``):
 
+* **Both versions on every replica**: each READY replica also serves the rollout's other version from a
+  process of its own, prepared by its agent (``ReplicaAssignment.companions``, ``sie.workers.versions``) and
+  reported in heartbeats; the plan says whether all of them are ready (``companions_ready``: Surging ends only
+  then, so the canary's first share is answered by the canary on every replica) and names one that FAILED
+  (``companion_failed``: the rollout fails or rolls back, docs/rollouts.md).
 * **Before the stable version's weight is 0** (Surging, Canary, Paused, Promoting): one new-version
   replica is started, as a *surge* (an extra replica, index ``count``) when the GPUs have room for it
   without evicting anything, else by *replacing* the highest-index stable replica, and that only while
@@ -62,6 +67,9 @@ class CapacityInputs:
     #: why a surge replica does not fit now, when it does not (the placement's reason, or its cool-down after
     #: it FAILED on the node)
     surge_blocked: str = ""
+    #: replica index -> (state, detail) of the OTHER version the replica serves from a process of its own
+    #: (``ReplicaReport.versions``: waiting | loading | ready | failed), for replicas READY on their own version
+    companions: Mapping[int, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,19 @@ class CapacityPlan:
     #: what the new-version replicas' agents report while none is READY (shown while waiting; not part of
     #: ``reason``, whose changes are events: a crash-looping replica's counters would make one a pass)
     detail: str = ""
+    #: every READY replica serves the other version too (its companion process is ready): the canary may get
+    #: traffic without any replica answering its share with the stable version instead
+    companions_ready: bool = True
+    #: what keeps ``companions_ready`` False (the first replica not ready and why)
+    companions_waiting: str = ""
+    #: a replica's other version FAILED (could not be prepared or loaded, or was lost too often): the rollout
+    #: cannot go on with it; the replica and why
+    companion_failed: str = ""
+
+    @property
+    def serving_both(self) -> bool:
+        """The rollout's versions can both answer on every READY replica now (Surging may end)."""
+        return self.new_ready >= 1 and self.companions_ready
 
     @property
     def waiting(self) -> str:
@@ -91,7 +112,26 @@ def plan_capacity(i: CapacityInputs) -> CapacityPlan:
     """The replica plan of a model in a rollout (module docstring)."""
     plan = _plan(i)
     troubles = [f"replica {idx} ({i.canary_version}): {why}" for idx, why in sorted(i.problems.items())]
-    return replace(plan, detail="; ".join(troubles)) if troubles and not plan.new_ready else plan
+    if troubles and not plan.new_ready:
+        plan = replace(plan, detail="; ".join(troubles))
+    return replace(plan, **_companions(i))
+
+
+def _companions(i: CapacityInputs) -> dict[str, object]:
+    """Whether every READY replica also serves the other version (its companion), and which one failed."""
+    waiting, failed = [], []
+    for idx in sorted(i.ready):
+        own = i.assigned.get(idx)
+        if own is None:
+            continue
+        other = i.canary_version if own == i.stable_version else i.stable_version
+        state, why = i.companions.get(idx, ("waiting", "not reported yet"))
+        if state == "failed":
+            failed.append(f"version {other} FAILED on replica {idx}: {why}")
+        elif state != "ready":
+            waiting.append(f"replica {idx} {state} {other}" + (f" ({why})" if why else ""))
+    return {"companions_ready": not waiting and not failed, "companions_waiting": "; ".join(waiting[:3]),
+            "companion_failed": "; ".join(failed[:3])}
 
 
 def _plan(i: CapacityInputs) -> CapacityPlan:

@@ -188,17 +188,23 @@ class RolloutDriver:
                 return r.tick(now, waiting="the controller has not planned the replicas yet")
             if plan.mode == "unmanaged":
                 return r.surge_ready(now, f"new version ready ({plan.reason})")
-            if plan.new_ready >= 1:
+            if plan.companion_failed:
+                return r.surge_failed(now, plan.companion_failed)
+            if plan.serving_both:
                 return r.surge_ready(now, f"{plan.new_ready} {r.canary_version} replica(s) READY after their "
-                                          f"readiness inference ({plan.mode}: {plan.reason})")
-            return r.tick(now, waiting=plan.waiting)
+                                          f"readiness inference, and every replica serves both versions "
+                                          f"({plan.mode}: {plan.reason})")
+            waiting = plan.waiting if plan.new_ready < 1 else f"both versions on every replica: {plan.companions_waiting}"
+            return r.tick(now, waiting=waiting)
         if r.phase is Phase.CANARY:
             since = r.phase_since_ms
+            plan = self.capacity(r.model) if self.capacity is not None else None
             stable = self._windows.window(r.model, r.stable_version, since)
             # the stable's p99 from at least the last REFERENCE_S (gates.py: a step alone is too short for a p99)
             reference = self._windows.window(r.model, r.stable_version, min(since, now - int(REFERENCE_S * 1000)))
             return r.tick(now, self._windows.window(r.model, r.canary_version, since),
-                          replace(stable, reference=reference.answers))
+                          replace(stable, reference=reference.answers),
+                          failure=plan.companion_failed if plan is not None else "")
         if r.phase is Phase.PROMOTING:
             return r.promoted(now)  # this tick's records carry the new version's spec onto the specs topic
         if r.phase is Phase.DRAINING:

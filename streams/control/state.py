@@ -110,6 +110,15 @@ class ReplicaReport:
     #: from heartbeats only: the worker process hosting it on its node (``pid-<pid>`` for a process of its
     #: own, a shared process's id; None: no process now, or an agent older than the field)
     process: str | None = None
+    #: from heartbeats only, during a rollout: version -> (state, detail) of the other version the replica
+    #: serves from a process of its own (waiting | loading | ready | failed)
+    versions: tuple[tuple[str, str, str], ...] = ()
+
+    def version_state(self, version: str) -> tuple[str, str] | None:
+        for v, state, detail in self.versions:
+            if v == version:
+                return state, detail
+        return None
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,8 @@ class AssignedReplica:
     gpu_indices: tuple[int, ...]
     gpu_memory_mb: int
     spec_json: str
+    #: during a rollout, the other version's document (JSON) the replica serves from a process of its own
+    companions: tuple[str, ...] = ()
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -171,6 +182,7 @@ class AssignedReplica:
             "gpu_indices": list(self.gpu_indices),
             "gpu_memory_mb": self.gpu_memory_mb,
             "spec_json": self.spec_json,
+            "companions": list(self.companions),
         }
 
 
@@ -387,6 +399,8 @@ class ClusterState:
                 records=int(r.get("records") or 0),
                 inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
                 process=r.get("process"),
+                versions=tuple((str(v.get("version")), str(v.get("state")), str(v.get("detail") or ""))
+                               for v in r.get("versions") or ()),
             )
             for r in record.get("replicas") or ()
         )
@@ -513,6 +527,7 @@ def assignment_from_record(record: Mapping[str, Any]) -> AssignmentInfo:
                     gpu_indices=tuple(int(i) for i in r.get("gpu_indices") or ()),
                     gpu_memory_mb=int(r.get("gpu_memory_mb") or 0),
                     spec_json=str(r.get("spec_json") or ""),
+                    companions=tuple(str(c) for c in r.get("companions") or ()),
                 )
                 for r in record.get("replicas") or ()
             ),

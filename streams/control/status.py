@@ -40,6 +40,9 @@ class ReplicaView:
     process: str | None = None
     #: nodes the replica is kept off after it FAILED there: ``{node, until_ms, reason}`` (``Cooldown``)
     cooldowns: tuple[Mapping[str, Any], ...] = ()
+    #: during a rollout: the other version it serves from a process of its own, and its state
+    #: (``1.1.0 ready``, ``1.1.0 failed: <why>``), as its agent reports it
+    other_version: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class ReplicaView:
             "restarts": self.restarts,
             "actual_version": self.actual_version,
             "process": self.process,
+            "other_version": self.other_version,
             "cooldowns": [dict(c) for c in self.cooldowns],
         }
 
@@ -72,6 +76,7 @@ class ReplicaView:
             actual_version=rec.get("actual_version"),
             process=rec.get("process"),
             cooldowns=tuple(dict(c) for c in rec.get("cooldowns") or ()),
+            other_version=rec.get("other_version"),
         )
 
 
@@ -170,9 +175,10 @@ def _replica_view(
     reason = report.reason
     if report.version and report.version != placement.version:
         reason = f"running version {report.version}; {placement.version} requested" + (f"; {reason}" if reason else "")
+    other = "; ".join(f"{v} {state}" + (f": {detail}" if detail else "") for v, state, detail in report.versions)
     return ReplicaView(
         **base, state=report.state, reason=reason, restarts=report.restarts, actual_version=report.version or None,
-        process=report.process,
+        process=report.process, other_version=other or None,
     )
 
 

@@ -5,6 +5,10 @@
 * ``BackendUnavailable``: the model failed on every row *and* on a known-good
   probe row: an outage, not poison.  A ``RetryLater``: the batch is aborted and
   retried after a backoff, never dead-lettered.
+* ``VersionLost``: a version served from a process of its own during a rollout (a *companion* version,
+  ``sie.workers.versions``) died or stopped answering mid-call.  Neither poison nor an outage of the
+  replica: its rows are answered by the replica's own version in the same batch (labelled as such, with
+  the ``sie.routing.fallback`` header), and the version is reported unavailable to the control plane.
 """
 
 from __future__ import annotations
@@ -33,3 +37,13 @@ class ScorerError(SieError):
 
 class BackendUnavailable(RetryLater, ScorerError):
     """The backend fails even on a known-good row: retry the batch later."""
+
+
+class VersionLost(ScorerError):
+    """A companion version's process died or hung mid-call (module docstring); never bisected, never retried
+    against the same process: the scorer answers its rows with its own version."""
+
+    def __init__(self, version: str, detail: str) -> None:
+        super().__init__(f"version {version}: {detail}")
+        self.version = version
+        self.detail = detail

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sie.streams.scorer.errors import BackendUnavailable
+from sie.streams.scorer.errors import BackendUnavailable, VersionLost
 
 
 def canary_row(example: Any, validator: Callable[[dict], dict]) -> dict | None:
@@ -53,6 +53,8 @@ def infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
     """One output per row; rows that fail are isolated by bisection and returned as ``InferenceFailed``."""
     try:
         return _checked(backend, rows)
+    except VersionLost:  # the version's process is gone: no row of it is poison, nothing to bisect
+        raise
     except Exception as exc:  # InferenceError, or anything a model raises: isolate before judging
         if len(rows) == 1:
             return [InferenceFailed(f"{type(exc).__name__}: {exc}")]
@@ -88,6 +90,8 @@ class Inference:
         if self._canary is not None:
             try:
                 _checked(backend, [self._canary])
+            except VersionLost:
+                raise
             except Exception as exc:
                 raise BackendUnavailable(
                     f"backend fails on a known-good row too ({type(exc).__name__}: {exc}): outage, not poison") from exc

@@ -2,8 +2,8 @@
 
 A ``RoutingTable`` is an immutable value; the scorer holds one and swaps it
 atomically between batches (``Scorer.set_routing``), so a change never meets a
-half-updated table.  Nothing in SIE builds a multi-version table yet (no
-rollouts): every scorer runs ``RoutingTable.single``.  The choice is a stable hash of the Kafka key (or of the
+half-updated table.  Outside a rollout every scorer runs ``RoutingTable.single``;
+during one, ``sie.streams.scorer.rollout`` builds the two-version table.  The choice is a stable hash of the Kafka key (or of the
 request id when there is no key) into 10,000 buckets, compared against
 cumulative weights: the same entity always lands on the same version while the
 weights are unchanged, and moving weight from A to B only moves the buckets
@@ -24,11 +24,17 @@ BUCKETS = 10_000
 
 @dataclass(frozen=True)
 class RouteEntry:
-    """One version, its share of traffic in basis points (1/10,000) and the backend that scores it."""
+    """One version, its share of traffic in basis points (1/10,000) and the backend that scores it.
+
+    ``fallback`` non-empty: this share belongs to another version that cannot answer on this replica now
+    (a companion version still loading, or lost: ``sie.streams.scorer.rollout``); ``version`` answers it
+    instead, and each answer says so (the ``sie.routing.fallback`` header carries ``fallback``).  The result's
+    version label is always the version that answered."""
 
     version: str
     weight: int
     backend: Any = field(compare=False)
+    fallback: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,9 @@ class RoutingTable:
     def __post_init__(self) -> None:
         if not self.entries:
             raise ConfigError("routing.entries: need at least one version")
-        versions = [e.version for e in self.entries]
+        versions = [(e.version, e.fallback) for e in self.entries]
         if len(set(versions)) != len(versions):
-            raise ConfigError(f"routing.entries: versions must be unique (got {versions})")
+            raise ConfigError(f"routing.entries: versions must be unique (got {[v for v, _ in versions]})")
         if any(e.weight < 0 for e in self.entries):
             raise ConfigError(f"routing.entries: weights must be >= 0 (got {[e.weight for e in self.entries]})")
         total = sum(e.weight for e in self.entries)

@@ -179,3 +179,39 @@ def test_the_runtime_of_a_shared_process_is_reported_as_held_memory(rig: dict[st
     a.events()  # the health is read
     # placement charges each replica its declared 256 MiB + 25 MiB: the rest of the RSS is the runtime
     assert rig["pool"].held_memory_mb(25) == 1000 - 2 * (256 + 25)
+
+
+def _bundled(name: str, sha: str) -> dict[str, Any]:
+    """A model whose own package ``churnpkg`` came as a module archive ``sha`` (as ``sie apply`` uploads it)."""
+    doc = _doc(name=name)
+    doc["backend"] = {**doc["backend"], "callable": "churnpkg.rules:score",
+                      "modules": {"sha256": sha, "name": "modules.zip", "size": 10, "uri": None}}
+    return doc
+
+
+def test_a_model_whose_package_conflicts_with_a_hosted_one_goes_to_another_process_and_says_why(
+        rig: dict[str, Any]) -> None:
+    """Python imports a package once per process: two builds of ``churnpkg`` never share one (issue 22: the lane
+    restart-looped with 'already loaded from ... modules.zip'); the same build may."""
+    from sie.workers.agent.shared import import_roots
+    from sie.workers.process import LaunchSpec
+
+    launcher, pool = rig["launcher"], rig["pool"]
+    pool.slots = 4
+
+    def start(rid: str, doc: dict[str, Any]) -> Any:  # what the builder hands over once the bundle is local
+        return launcher.start(LaunchSpec(name=rid, argv=("python",), cwd=str(rig["dir"] / "replicas" / rid),
+                                         shared_spec=doc))
+
+    one = start("a-0", _bundled("a", "11" * 32))
+    two = start("b-0", _bundled("b", "22" * 32))
+    three = start("c-0", _bundled("c", "11" * 32))
+    rules = start("fraud-rules-0", _doc())
+    assert (one.process_id, two.process_id, three.process_id) == ("shared-0", "shared-1", "shared-0")
+    assert rules.process_id == "shared-0"  # models.fraud imports nothing churnpkg does
+    assert import_roots(_bundled("a", "11" * 32)) == {"churnpkg": f"bundle {'11' * 32}"}
+    assert "package 'churnpkg' of a-0 comes from bundle 1111" in pool.placed_apart["b-0"]
+    assert pool.placed_apart["a-0"] == "" and set(read_desired(rig["dir"] / "shared" / "shared-0")) == \
+        {"a-0", "c-0", "fraud-rules-0"}
+    # the replica's folder travels with it (the agent prepares a rollout's other version there)
+    assert read_desired(rig["dir"] / "shared" / "shared-1")["b-0"].dir == str(rig["dir"] / "replicas" / "b-0")

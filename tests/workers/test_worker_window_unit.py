@@ -124,7 +124,7 @@ def _run_worker(monkeypatch, spec: Any, backend: _Backend, tmp_path) -> tuple[in
         wait_until(lambda: any(e["event"] == "progress" for e in events()), 10, message="a progress line")
         return scorer.summary()
 
-    def batch(config, load_version, stop, on_ready=None):
+    def batch(config, load_version, stop, on_ready=None, versions=None):
         calls["batch"] = config.instance
         return ScorerSummary(0, 0, 0, 0, 0, 0, 0)
 

@@ -5,10 +5,11 @@ directory (one file per target hash) and the worker reads it with
 ``--spec-file``: no size limit on argv, and the file is there for an operator
 to inspect next to the replica's log.
 
-A spec whose artifact or modules are named by content (``artifactRef``, ``modules``) is made local first
-(``sie.workers.agent.artifacts``): the launch is deferred while they are fetched, refused when their bytes
-are, and the worker's copy of the spec names the verified files in the node's artifact cache
-(``artifact``, ``modulesPath``).  Workers run with ``python -P`` in their replica folder: neither the
+A replica's version is prepared by ``sie.workers.prepare.prepare_spec`` (policy, artifacts named by content
+fetched and verified by ``sie.workers.agent.artifacts``, module archive checked): the launch is deferred
+while they are fetched, refused when their bytes are, and the worker's copy of the spec names the verified
+files in the node's artifact cache (``artifact``, ``modulesPath``).  A companion version of a rollout is
+prepared by the same function (``prepare_companions``) into ``version-<v>.json`` in the replica's folder.  Workers run with ``python -P`` in their replica folder: neither the
 agent's working directory nor anything near it is on their ``sys.path``.
 
 A CDC connector's replica (its document has ``kind: CdcConnector``) runs ``sie.connectors.worker``.
@@ -26,7 +27,8 @@ from typing import Any
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.schemas.connector_spec import is_connector_doc
-from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec
+from sie.workers.prepare import prepare_spec
+from sie.workers.process import LaunchSpec
 from sie.workers.replica import DesiredReplica
 
 #: the entry points of the two kinds of replica process
@@ -117,63 +119,14 @@ class WorkerCommandBuilder:
         #: models one shared multi-model process hosts (``SIE_SHARED_PROCESSES``); 0: none is shared
         self.shared_processes = shared_processes
 
-    def _check(self, desired: DesiredReplica, spec_doc: Any) -> None:
-        """The node's spec policy, exactly as the API applies it; a refusal names the field."""
-        from sie.schemas.spec_models import ModelService
-
-        try:
-            spec = ModelService.from_document(spec_doc)
-        except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
-            raise LaunchRefused(f"spec refused: not a ModelService document: {str(exc).splitlines()[0]}") from None
-        problems = self.spec_policy.check(spec)
-        if problems:
-            raise LaunchRefused("spec refused: " + "; ".join(problems))
-
-    def _localize(self, spec_doc: dict[str, Any]) -> dict[str, Any]:
-        """The spec with its content-named artifacts replaced by their verified copies on this node (raises
-        ``LaunchDeferred`` while they are fetched, ``LaunchRefused`` when they are refused)."""
-        from sie.schemas.module_bundle import check_bundle
-        from sie.schemas.spec_models import ArtifactRef
-
-        backend = dict(spec_doc.get("backend") or {})
-        refs = {field: backend.get(field) for field in ("artifact_ref", "modules")}
-        if not any(isinstance(r, dict) for r in refs.values()):
-            return spec_doc
-        if self.artifacts is None:
-            raise LaunchRefused("spec names artifacts by sha256 but this agent cannot fetch artifacts")
-        paths: dict[str, Path] = {}
-        waiting: list[LaunchDeferred] = []
-        for field, ref in refs.items():
-            if isinstance(ref, dict):
-                try:
-                    paths[field] = self.artifacts.resolve(ArtifactRef.model_validate(ref))
-                except LaunchDeferred as exc:  # start every fetch before waiting for any
-                    waiting.append(exc)
-        if waiting:
-            raise LaunchDeferred("; ".join(str(w) for w in waiting))
-        if "artifact_ref" in paths:
-            backend["artifact"] = str(paths["artifact_ref"])
-        if "modules" in paths:
-            allowed = self.spec_policy.allowed_modules if self.spec_policy is not None else ()
-            problems = check_bundle(paths["modules"], allowed)
-            if problems:
-                raise LaunchRefused("spec refused: " + "; ".join(problems))
-            backend["modules_path"] = str(paths["modules"])
-        return {**spec_doc, "backend": backend}
-
     def replica_dir(self, replica_id: str) -> Path:
         return self.work_dir / replica_id
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
         spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
         module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
-        if module == WORKER_MODULE:
-            if self.spec_policy is not None:
-                self._check(desired, spec_doc)  # before anything of the replica touches the disk
-            localized = self._localize(spec_doc)
-            if localized is not spec_doc and self.spec_policy is not None:
-                self._check(desired, localized)  # the local copies are under the artifact cache, a model root
-            spec_doc = localized
+        if module == WORKER_MODULE:  # the one preparation of a version (a companion version's too)
+            spec_doc = prepare_spec(spec_doc, self.spec_policy, self.artifacts)
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         spec_file = directory / f"spec-{desired.target_hash}.json"

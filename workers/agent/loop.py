@@ -44,6 +44,7 @@ from sie.kernel.settings import Settings
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
 from sie.workers.agent.artifacts import ArtifactFetcher
+from sie.workers.agent.companions import Companions
 from sie.workers.agent.launch import MetricsPorts, WorkerCommandBuilder
 from sie.workers.agent.shared import SharedLauncher, SharedProcesses, live_process_ids
 from sie.workers.metrics import AgentMetrics
@@ -151,6 +152,8 @@ class Agent:
         # real GPUs: a replica waits for GPU memory still held by a draining one (simulated GPUs hold nothing)
         capacity = None if config.simulate_gpus else {g.index: g.memory_total_mb for g in self.inventory.gpus}
         self.supervisor = Supervisor(launcher, self.commands, self._clock, config.policy, gpu_capacity_mb=capacity)
+        #: a rollout's other version, prepared for each replica that serves it (``sie.workers.agent.companions``)
+        self.companions = Companions(self.commands, clock=self._clock.monotonic)
         self.metrics = AgentMetrics(config.node)
         self.metrics_port: int | None = None
         self._topics = {
@@ -197,6 +200,7 @@ class Agent:
         """One pass: assignments, supervision, heartbeat (each isolated)."""
         self._guard("assignments", self._poll_assignments)
         self._guard("supervisor", self._supervise)
+        self._guard("companions", lambda: self.companions.reconcile(self.supervisor.table.all()))
         if self.pool is not None:
             self._guard("warm_pool", self.pool.maintain)
         if self.shared is not None:
@@ -363,13 +367,16 @@ class Agent:
         self._produce("replica-status", snapshot.replica_id, "ReplicaStatus", record)
 
     def _heartbeat(self) -> None:
-        snapshots = self.supervisor.snapshots()
+        snapshots = [self._reported(s) for s in self.supervisor.snapshots()]
         probed = self._probe()  # fresh NVML readings and host memory (/proc/meminfo)
         gpus = self._gpu_metrics(snapshots, probed)
         self._seq += 1
         warm, reserved = (self.pool.ready(), self.pool.memory_mb()) if self.pool is not None else (0, 0)
         if self.shared is not None:  # the shared processes' runtimes: placement charges their models only
             reserved += self.shared.held_memory_mb(self.settings.model_overhead_mb)
+        # a rollout's other version runs in a process of its own next to each replica: memory placement never
+        # charged, held while the rollout lasts
+        reserved += sum(int(v.get("rss_mb") or 0) for s in snapshots for v in s.versions.values())
         record = messages.heartbeat(self.config.node, self._seq, _now_ms(), gpus, snapshots,
                                     self.advertise_host, self.metrics_port, warm, reserved,
                                     memory_total_mb=probed.memory_mb, memory_available_mb=probed.memory_available_mb,
@@ -381,6 +388,14 @@ class Agent:
         self.metrics.observe_replicas(snapshots)
         if self.pool is not None:
             self.metrics.observe_pool(self.pool.status())
+
+    def _reported(self, snapshot: ReplicaSnapshot) -> ReplicaSnapshot:
+        """A replica as the heartbeat reports it: its companions' state (the agent's preparation, then the
+        worker's load), and why a shared replica is not in the process it would have joined."""
+        versions = self.companions.versions_of(snapshot.replica_id, snapshot.versions)
+        apart = self.shared.placed_apart.get(snapshot.replica_id) if self.shared is not None else None
+        reason = f"{snapshot.reason} (not in {apart})" if apart and snapshot.state.has_process else snapshot.reason
+        return replace(snapshot, versions=versions, reason=reason)
 
     def _gpu_metrics(self, snapshots: list[ReplicaSnapshot], probed: Any) -> list[Any]:
         """Fresh NVML readings (``probed``); simulated GPUs report the budgets of the replicas running on them as used."""

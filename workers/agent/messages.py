@@ -69,6 +69,8 @@ def replica_report(snapshot: ReplicaSnapshot, host: str | None = None, process: 
         "records": snapshot.records,
         "inference_rps": snapshot.inference_rps,
         "process": process or dedicated_process(snapshot.pid),
+        "versions": [{"version": v, "state": info["state"], "detail": info.get("detail") or None}
+                     for v, info in sorted(snapshot.versions.items())],
     }
 
 
@@ -126,5 +128,6 @@ def desired_from_assignment(record: Mapping[str, Any]) -> list[DesiredReplica]:
             gpu_indices=tuple(int(i) for i in item.get("gpu_indices") or ()),
             gpu_memory_mb=int(item.get("gpu_memory_mb") or 0),
             epoch=epoch,
+            companions=tuple(str(c) for c in item.get("companions") or ()),
         )
     return list(by_id.values())

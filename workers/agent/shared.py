@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ class SharedProcess:
     process_id: str
     state_dir: Path
     members: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: replica id -> its folder (where the agent prepares a rollout's other version for it)
+    dirs: dict[str, str] = field(default_factory=dict)
     handle: ProcessHandle | None = None
     starts: int = 0
     #: SIGTERM sent (it hosts nothing): not given new replicas, restarted under its id once it exited
@@ -70,7 +72,18 @@ class SharedProcess:
         return self.handle is not None and self.handle.poll() is None
 
     def write_members(self) -> None:
-        write_desired(self.state_dir, [DesiredModel(rid, spec) for rid, spec in sorted(self.members.items())])
+        write_desired(self.state_dir, [DesiredModel(rid, spec, self.dirs.get(rid))
+                                       for rid, spec in sorted(self.members.items())])
+
+    def conflict(self, roots: Mapping[str, str]) -> str | None:
+        """Why a model importing ``roots`` (``import_roots``) cannot join this process: one of its top-level
+        packages is already imported here from other code (Python imports a package once per process)."""
+        for rid, spec in sorted(self.members.items()):
+            for name, origin in import_roots(spec).items():
+                if name in roots and roots[name] != origin:
+                    return (f"package {name!r} of {rid} comes from {origin}, this model's from {roots[name]} "
+                            f"(one process imports a package once)")
+        return None
 
     def health(self, now: float) -> dict[str, Any]:
         """The process's last ``health.json`` (re-read only when it changed); {} before the first one."""
@@ -109,19 +122,30 @@ class SharedProcesses:
         #: seconds without a new health.json after which ``kill`` takes the whole process down
         self.stale_s = stale_s
         self.processes: dict[str, SharedProcess] = {}
+        #: replica id -> why it is not hosted in some running shared process (its packages conflict there);
+        #: the agent reports it with the replica (``sie get replicas``/``describe``)
+        self.placed_apart: dict[str, str] = {}
 
     # -- placement ----------------------------------------------------------------------------------
-    def _pick(self, replica_id: str) -> SharedProcess:
-        """A running process with a free slot (the fullest: fewer processes), else a stopped one (its restart,
-        reusing its id), else a new one."""
+    def _pick(self, replica_id: str, spec_doc: dict[str, Any]) -> SharedProcess:
+        """A running process with a free slot whose models import nothing this one imports from other code
+        (the fullest: fewer processes), else a stopped one (its restart, reusing its id), else a new one."""
         for proc in self.processes.values():  # a relaunch of a replica moves it, never doubles it
-            if proc.members.pop(replica_id, None) is not None and proc.running:
-                proc.write_members()
-        running = [p for p in self.processes.values()
-                   if p.running and not p.stopping and not p.sealed and len(p.members) < self.slots]
+            if proc.members.pop(replica_id, None) is not None:
+                proc.dirs.pop(replica_id, None)
+                if proc.running:
+                    proc.write_members()
+        roots = import_roots(spec_doc)
+        conflicts = {p.process_id: why for p in self.processes.values() if (why := p.conflict(roots))}
+        for process_id, why in sorted(conflicts.items()):
+            log.info("replica %s: not hosted in shared process %s: %s", replica_id, process_id, why)
+        self.placed_apart[replica_id] = "; ".join(f"{pid}: {why}" for pid, why in sorted(conflicts.items()))
+        running = [p for p in self.processes.values() if p.running and not p.stopping and not p.sealed
+                   and len(p.members) < self.slots and p.process_id not in conflicts]
         if running:
             return max(running, key=lambda p: (len(p.members), p.process_id))
-        stopped = [p for p in self.processes.values() if not p.running and len(p.members) < self.slots]
+        stopped = [p for p in self.processes.values()
+                   if not p.running and len(p.members) < self.slots and p.process_id not in conflicts]
         if stopped:
             return min(stopped, key=lambda p: p.process_id)
         n = 0
@@ -131,17 +155,21 @@ class SharedProcesses:
         self.processes[proc.process_id] = proc
         return proc
 
-    def place(self, replica_id: str, spec_doc: dict[str, Any]) -> tuple[SharedProcess, ProcessHandle]:
+    def place(self, replica_id: str, spec_doc: dict[str, Any],
+              folder: str | None = None) -> tuple[SharedProcess, ProcessHandle]:
         """Host ``replica_id`` in a shared process: written into its ``models.json``, the process started if
-        it is not running (OSError if it cannot be)."""
-        proc = self._pick(replica_id)
+        it is not running (OSError if it cannot be).  ``folder``: the replica's folder (companion versions)."""
+        proc = self._pick(replica_id, spec_doc)
         proc.members[replica_id] = spec_doc
+        if folder:
+            proc.dirs[replica_id] = folder
         proc.write_members()
         if not proc.running:
             try:
                 proc.handle = self._start(proc)
             except OSError:
                 proc.members.pop(replica_id, None)
+                proc.dirs.pop(replica_id, None)
                 raise
         assert proc.handle is not None
         return proc, proc.handle
@@ -165,6 +193,8 @@ class SharedProcesses:
         """Stop hosting ``replica_id`` (its lane drains); a process left with no replica is stopped."""
         if proc.members.pop(replica_id, None) is None:
             return
+        proc.dirs.pop(replica_id, None)
+        self.placed_apart.pop(replica_id, None)
         if proc.running:
             proc.write_members()
 
@@ -210,6 +240,29 @@ class SharedProcesses:
         for handle in running:
             if handle.poll() is None:
                 handle.kill()
+
+
+def import_roots(spec_doc: Mapping[str, Any]) -> dict[str, str]:
+    """Top-level packages a model's worker imports its code from, and where from: ``bundle <sha256>`` for a
+    module archive (``backend.modules`` / its verified copy), ``folder <dir>`` for code next to a spec applied
+    from a file, ``installed`` for the node's environment.  A model with an artifact and no code imports
+    nothing of its own ({})."""
+    backend = spec_doc.get("backend") if isinstance(spec_doc.get("backend"), Mapping) else {}
+    assert isinstance(backend, Mapping)
+    refs = [backend.get(k) for k in ("module_class", "callable")]
+    names = {r.partition(":")[0].split(".")[0] for r in refs if isinstance(r, str) and ":" in r}
+    if not names:
+        return {}
+    modules = backend.get("modules")
+    if isinstance(modules, Mapping) and isinstance(modules.get("sha256"), str):
+        origin = f"bundle {modules['sha256']}"
+    elif isinstance(backend.get("modules_path"), str):
+        origin = f"bundle {Path(str(backend['modules_path'])).parent.name}"
+    elif isinstance(spec_doc.get("source"), str) and not str(spec_doc["source"]).startswith("<"):
+        origin = f"folder {Path(str(spec_doc['source'])).parent}"
+    else:
+        origin = "installed"
+    return {name: origin for name in sorted(names)}
 
 
 def _declared_mb(spec: dict[str, Any]) -> int:
@@ -277,7 +330,7 @@ class SharedHandle:
             return []
         self._seen_at = at
         state = lane.get("state")
-        numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate")}
+        numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate", "versions")}
         if state == "STARTING" and not self._loading:
             self._loading = True
             return [{"event": "loading", "pid": self.pid, "replica": self.replica_id, "model": lane.get("model")}]
@@ -324,7 +377,7 @@ class SharedLauncher:
     def start(self, spec: LaunchSpec) -> ProcessHandle:
         if spec.shared_spec is None:
             return self.dedicated.start(spec)
-        proc, process = self.pool.place(spec.name, dict(spec.shared_spec))
+        proc, process = self.pool.place(spec.name, dict(spec.shared_spec), spec.cwd)
         log.info("replica %s: hosted in shared process %s (pid %s)", spec.name, proc.process_id, process.pid)
         return SharedHandle(self.pool, proc, process, spec.name)
 

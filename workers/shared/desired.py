@@ -8,7 +8,11 @@ authenticate: the file sits in a directory only the agent's user can write.
 
 Format (JSON)::
 
-    {"models": [{"replica_id": "fraud-scorer-0", "spec": {...ModelService document...}}, ...]}
+    {"models": [{"replica_id": "fraud-scorer-0", "spec": {...ModelService document...},
+                 "dir": "/agent/work/fraud-scorer-0"}, ...]}
+
+``dir`` (optional): the replica's folder, where the agent prepares the other version of a rollout
+(``version-<v>.json``, ``sie.workers.versions``); it is not part of the fingerprint (no restart).
 
 ``replica_id`` is the replica's stable id, as for a single-model worker: it becomes the model's
 ``transactional.id`` (``sie.scorer.<model>.<replica_id>``) and static group membership, so a restarted
@@ -37,6 +41,7 @@ class DesiredModel:
 
     replica_id: str
     spec: dict[str, Any]
+    dir: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -53,7 +58,8 @@ def write_atomic(path: Path, doc: Any) -> None:
 
 def write_desired(state_dir: Path, models: list[DesiredModel]) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(state_dir / DESIRED_FILE, {"models": [{"replica_id": m.replica_id, "spec": m.spec} for m in models]})
+    write_atomic(state_dir / DESIRED_FILE, {"models": [{"replica_id": m.replica_id, "spec": m.spec,
+                                                         **({"dir": m.dir} if m.dir else {})} for m in models]})
 
 
 def read_desired(state_dir: Path) -> dict[str, DesiredModel]:
@@ -78,5 +84,8 @@ def read_desired(state_dir: Path) -> dict[str, DesiredModel]:
         replica_id = check_instance(str(entry.get("replica_id", "")), f"{path}: models[{i}].replica_id")
         if replica_id in wanted:
             raise ConfigError(f"{path}: models[{i}].replica_id {replica_id!r} appears twice")
-        wanted[replica_id] = DesiredModel(replica_id, entry["spec"])
+        folder = entry.get("dir")
+        if folder is not None and (not isinstance(folder, str) or not os.path.isabs(folder)):
+            raise ConfigError(f"{path}: models[{i}].dir must be an absolute path")
+        wanted[replica_id] = DesiredModel(replica_id, entry["spec"], folder)
     return wanted

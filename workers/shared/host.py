@@ -183,7 +183,8 @@ class Host:
 
         lane = Lane(rid, spec, settings=self.settings, policy=self.policy, weights=self._weights_for(spec.name),
                     metrics=ScorerMetrics.for_spec(spec), hang_s=self.hang_s, start_s=self.start_s,
-                    clock=self._clock, scorer_overrides=self._overrides)
+                    clock=self._clock, scorer_overrides=self._overrides,
+                    companions_dir=Path(want.dir) if want.dir else None)
         self.lanes[rid] = lane
         self._fingerprints[rid] = want.fingerprint
         lane.start()

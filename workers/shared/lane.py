@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sie.kernel.settings import Settings
@@ -42,6 +43,11 @@ LANE_FETCH_KBYTES = 1024
 MAX_HANGS = 3
 
 
+def _no_companion(spec: Any) -> Any:
+    raise RuntimeError(f"{spec.name} {spec.version}: this lane was started without a folder for the other "
+                       "version of a rollout (it serves its own version only)")
+
+
 def lane_producer_kbytes(settings: Settings) -> int:
     """The producer queue bound of a lane: 4 MiB, or two of the largest records if that is more."""
     return max(4096, 2 * settings.max_record_bytes // 1024 + 1)
@@ -52,9 +58,13 @@ class Lane:
 
     def __init__(self, replica_id: str, spec: Any, *, settings: Settings, policy: Any, weights: Any,
                  metrics: Any, hang_s: float, start_s: float, clock: Callable[[], float] = time.monotonic,
-                 scorer_overrides: dict[str, Any] | None = None) -> None:
+                 scorer_overrides: dict[str, Any] | None = None, companions_dir: Path | None = None) -> None:
         self.replica_id = replica_id
         self.spec = spec
+        #: where the agent prepares the other version of a rollout for this replica (``version-<v>.json``);
+        #: None: a lane started without an agent serves its own version only
+        self.companions_dir = companions_dir
+        self._versions: Any = None
         self._settings = settings
         self._policy = policy
         self._weights = weights
@@ -135,8 +145,8 @@ class Lane:
 
     def _run(self, gen: int, stop: threading.Event) -> None:
         from sie.streams.scorer import ScorerConfig
-        from sie.streams.scorer.rollout import run_rollout_scorer
-        from sie.workers.worker_main import CountingBackend, load_proven, version_loader
+        from sie.streams.scorer.rollout import InProcessVersions, run_rollout_scorer
+        from sie.workers.worker_main import CountingBackend, companion_versions, load_proven
 
         spec = self.spec
         if gen == self.generation:  # a supervised restart after a crash starts its READY clock again
@@ -158,9 +168,16 @@ class Lane:
                     settings=self._settings, spec=spec, instance=self.replica_id, static_membership=True,
                     max_batch=LANE_MAX_BATCH, fetch_queue_kbytes=LANE_FETCH_KBYTES,
                     producer_buffer_kbytes=lane_producer_kbytes(self._settings), **self._overrides)
-                load_version = version_loader(spec, counter, self._policy, self._config_of, self.label)
-                run_rollout_scorer(config, load_version, stop, on_ready=lambda scorer: self._ready(gen, scorer),
-                                   weights=self._weights, metrics=self.metrics)
+                # the other version of a rollout runs in a process of its own (never in this shared one: its
+                # imports would meet this process's other models'); a lane without an agent serves its own only
+                versions = (companion_versions(self._settings, self.companions_dir, self.label,
+                                               threads=self._settings.shared_process_threads)
+                            if self.companions_dir is not None else InProcessVersions(_no_companion))
+                if gen == self.generation:
+                    self._versions = versions
+                run_rollout_scorer(config, lambda _spec: counter, stop,
+                                   on_ready=lambda scorer: self._ready(gen, scorer), weights=self._weights,
+                                   metrics=self.metrics, versions=versions)
             finally:
                 backend.close()
         except Exception as exc:
@@ -228,4 +245,5 @@ class Lane:
             "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None,
             "thread": thread.status().to_json() if thread is not None else None,
             "abandoned_threads": sum(1 for t in self._abandoned if t.alive),
+            "versions": self._versions.report() if self._versions is not None else {},
         }

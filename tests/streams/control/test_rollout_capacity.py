@@ -183,6 +183,48 @@ def test_no_room_and_one_replica_needed_waits_and_the_surge_times_out_with_that_
     assert "not ready within surgeTimeoutSeconds 5" in rollout.reason and "< demand 1" in rollout.reason
 
 
+def test_every_replica_is_assigned_the_other_version_as_its_companion_and_none_restarts_for_it():
+    """The rollout's other version travels in the assignment (``companions``), outside the replica's identity:
+    the stable replica keeps its spec (its agent restarts nothing) and is asked to serve the canary too; the
+    surge replica serves the stable version too; once the rollout ends the companions are gone."""
+    import json
+
+    from sie.workers.replica import DesiredReplica
+
+    clock, state, pub, ctl, view, heartbeat, gpu = _controller_world(gpu_mb=16384)
+    view.phase = "RollingBack"  # no plan yet: the stable replica is placed as ever
+    ctl.reconcile(clock())
+    before = _published(pub)["m-0"]
+    assert before["companions"] == []
+    view.phase = "Surging"
+    ctl.reconcile(clock())
+    placed = _published(pub)
+    assert [json.loads(c)["version"] for c in placed["m-0"]["companions"]] == [NEW]
+    assert [json.loads(c)["version"] for c in placed["m-1"]["companions"]] == [OLD]
+    assert placed["m-0"]["spec_json"] == before["spec_json"]
+
+    def identity(a):
+        return DesiredReplica(a["replica_id"], a["model"], a["version"], a["spec_json"], tuple(a["gpu_indices"]),
+                              a["gpu_memory_mb"], companions=tuple(a["companions"])).target_hash
+
+    assert identity(placed["m-0"]) == identity(before)  # same worker: the agent only prepares the companion
+    clock.advance(1)
+    heartbeat(state, "node-a", clock(), [gpu(0, total=16384)],
+              [{"replica_id": "m-0", "model": "m", "version": OLD, "state": "READY",
+                "versions": [{"version": NEW, "state": "loading", "detail": None}]},
+               {"replica_id": "m-1", "model": "m", "version": NEW, "state": "READY",
+                "versions": [{"version": OLD, "state": "ready", "detail": None}]}])
+    report = ctl.reconcile(clock())
+    plan = ctl.capacity["m"]
+    assert plan.new_ready == 1 and not plan.companions_ready and plan.companions_waiting == f"replica 0 loading {NEW}"
+    # what `sie get replicas` / `describe model` show of it
+    views = {r.replica_id: r.other_version for r in report.statuses["m"].replicas}
+    assert views == {"m-0": f"{NEW} loading", "m-1": f"{OLD} ready"}
+    view.phase = "RollingBack"
+    ctl.reconcile(clock())
+    assert _published(pub)["m-0"]["companions"] == [] and set(_published(pub)) == {"m-0"}
+
+
 def test_rolling_back_places_the_stable_spec_again_so_the_new_version_replica_stops():
     clock, state, pub, ctl, view, heartbeat, gpu = _controller_world(gpu_mb=16384)
     ctl.reconcile(clock())
@@ -284,3 +326,35 @@ def test_what_a_new_version_replica_reports_while_not_ready_is_named_but_is_not_
     assert noisy.reason == quiet.reason and quiet.detail == ""  # the event text does not change per restart
     assert noisy.detail == "replica 3 (1.1.0): CRASHED: ImportError: models.fraud.rules has no score_v2 (restart 2)"
     assert noisy.waiting.endswith(noisy.detail)
+
+
+# --- both versions on every replica: the companions each READY replica reports -----------------------------
+
+def with_companions(companions, assigned=None, ready=None):
+    assigned = {0: OLD, 1: OLD, 2: OLD, 3: NEW} if assigned is None else assigned
+    ready = frozenset(assigned) if ready is None else frozenset(ready)
+    return CapacityInputs("Surging", OLD, NEW, 3, 2, assigned, ready, True, companions=companions)
+
+
+def test_surging_ends_only_when_every_ready_replica_serves_the_other_version_too():
+    loading = {0: ("ready", ""), 1: ("loading", ""), 2: ("ready", ""), 3: ("ready", "")}
+    plan = plan_capacity(with_companions(loading))
+    assert plan.new_ready == 1 and not plan.companions_ready and not plan.serving_both
+    assert plan.companions_waiting == f"replica 1 loading {NEW}"
+    plan = plan_capacity(with_companions({i: ("ready", "") for i in range(4)}))
+    assert plan.companions_ready and plan.serving_both and not plan.companion_failed
+
+
+def test_an_unreported_companion_is_waited_for_and_a_failed_one_is_named():
+    plan = plan_capacity(with_companions({0: ("ready", ""), 1: ("ready", ""), 2: ("ready", "")}))
+    assert not plan.companions_ready and f"replica 3 waiting {OLD}" in plan.companions_waiting
+    failed = {0: ("ready", ""), 1: ("failed", "spec.backend.callable: no attribute 'no_such_scorer'"),
+              2: ("ready", ""), 3: ("ready", "")}
+    plan = plan_capacity(with_companions(failed))
+    assert plan.companion_failed == f"version {NEW} FAILED on replica 1: spec.backend.callable: no attribute " \
+                                    "'no_such_scorer'"
+
+
+def test_replicas_that_are_not_ready_are_not_asked_for_their_companion():
+    plan = plan_capacity(with_companions({i: ("ready", "") for i in range(3)}, ready={0, 1, 2}))
+    assert plan.companions_ready and plan.new_ready == 0 and not plan.serving_both

@@ -142,3 +142,60 @@ def test_the_stable_p99_reference_reaches_back_at_least_a_minute():
     now_ms = int(clock.t * 1000)
     assert sorted(windows.asked) == sorted([("1.1.0", step_start), ("1.0.0", step_start),
                                             ("1.0.0", now_ms - 60_000)])
+
+
+# --- a canary that cannot be served everywhere: the capacity plan's companions ------------------------------
+
+def planned(**companions_state):
+    """A capacity plan whose surge replica is READY and whose companions are as given."""
+    from sie.streams.control.rollout_capacity import CapacityInputs, plan_capacity
+
+    assigned = {0: "1.0.0", 1: "1.1.0"}
+    companions = {0: companions_state.get("stable_replica", ("ready", "")), 1: ("ready", "")}
+    return plan_capacity(CapacityInputs(companions_state.get("phase", "Surging"), "1.0.0", "1.1.0", 1, 1, assigned,
+                                        frozenset(assigned), True, companions=companions))
+
+
+def test_surging_waits_for_the_canary_on_every_replica_and_fails_with_the_reason_it_cannot_load():
+    clock, plans = Clock(), {}
+    driver = RolloutDriver(Windows(), clock=clock, capacity=lambda model: plans.get(model))
+    driver.commit(driver.begin(*specs({"intervalSeconds": 2, "surgeTimeoutSeconds": 60}))[0])
+    plans["m"] = planned(stable_replica=("loading", ""))
+    drive(driver, clock, 5)
+    assert driver.get("m").rollout.phase is Phase.SURGING  # the surge replica is READY, replica 0 still loading
+    plans["m"] = planned(stable_replica=("failed", "spec.backend.callable: no attribute 'no_such_scorer'"))
+    drive(driver, clock, 1)
+    r = driver.get("m").rollout
+    assert r.phase is Phase.FAILED and r.weight_bp == 0
+    assert "version 1.1.0 FAILED on replica 0: spec.backend.callable: no attribute 'no_such_scorer'" in r.reason
+
+
+def test_a_canary_lost_on_a_replica_mid_step_rolls_back_at_once():
+    clock, plans = Clock(), {}
+    driver = RolloutDriver(Windows(), clock=clock, capacity=lambda model: plans.get(model))
+    driver.commit(driver.begin(*specs({"steps": [10, 50, 100], "intervalSeconds": 30}))[0])
+    plans["m"] = planned()
+    drive(driver, clock, 2)
+    assert driver.get("m").rollout.phase is Phase.CANARY
+    plans["m"] = planned(stable_replica=("failed", "lost 3 times within 300s; last: no answer within 10s"))
+    drive(driver, clock, 1)
+    r = driver.get("m").rollout
+    assert r.phase is Phase.ROLLED_BACK and r.weight_bp == 0
+    assert "canary failed at 10%: version 1.1.0 FAILED on replica 0: lost 3 times" in \
+        next(e.reason for e in r.events if e.target is Phase.ROLLING_BACK)
+
+
+def test_a_canary_that_answers_nothing_for_a_whole_step_rolls_back():
+    from sie.streams.control.rollout import VersionWindow
+
+    clock, windows = Clock(), Windows()
+    windows.by_version["1.1.0"] = VersionWindow()  # its share went to stable everywhere (fallbacks)
+    driver = RolloutDriver(windows, clock=clock)
+    driver.commit(driver.begin(*specs({"intervalSeconds": 4}))[0])
+    drive(driver, clock, 3)
+    assert driver.get("m").rollout.phase is Phase.CANARY  # inconclusive until a whole interval passed
+    drive(driver, clock, 3)
+    r = driver.get("m").rollout
+    assert r.phase is Phase.ROLLED_BACK
+    assert "canary 1.1.0 answered no request in 4s at 10% while 1.0.0 answered 1000" in \
+        next(e.reason for e in r.events if e.target is Phase.ROLLING_BACK)

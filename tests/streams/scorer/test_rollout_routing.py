@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from sie.kernel.settings import Settings
 from sie.streams.scorer import BUCKETS, RoutingTable, ScorerConfig
-from sie.streams.scorer.rollout import EPOCH_HEADER, RolloutScorer, WeightSet, weighted_table
+from sie.streams.scorer.errors import VersionLost
+from sie.streams.scorer.loop import FALLBACK_HEADER
+from sie.streams.scorer.rollout import (
+    EPOCH_HEADER,
+    InProcessVersions,
+    RolloutScorer,
+    WeightSet,
+    weighted_table,
+)
 from tests.fakes.kafka_clients import FakeMessage
 from tests.scorer_fixtures import echo_spec
 
@@ -91,7 +99,7 @@ def make_scorer():
     source = Source()
     config = ScorerConfig(settings=Settings(), spec=spec, instance="t-0")
     scorer = RolloutScorer(config, RoutingTable.single("1.0.0", Backend("1.0.0", 2.0)), weights=source,
-                           backend_factory=factory)
+                           versions=InProcessVersions(factory))
     return scorer, source, spec, canary_doc, loaded
 
 
@@ -166,8 +174,103 @@ def test_a_finished_rollout_between_other_versions_is_ignored():
     loaded: list[str] = []
     scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=own, instance="t-1"),
                            RoutingTable.single("1.2.0", Backend("1.2.0", 2.0)), weights=source,
-                           backend_factory=lambda s: loaded.append(s.version) or Backend(s.version, 3.0))
+                           versions=InProcessVersions(lambda s: loaded.append(s.version) or Backend(s.version, 3.0)))
     source.record = record(spec, {**spec.to_document(), "version": "1.1.0"}, "Complete", BUCKETS, 3)
     prepared = scorer.prepare(batch(spec, 20))
     assert {orjson.loads(o.value)["version"] for o in prepared.outputs} == {"1.2.0"}
     assert loaded == [] and all(not o.headers for o in prepared.outputs)
+
+
+# --- a companion that is not there, or is lost mid-batch: its share is answered by the own version -----------
+
+class Companions:
+    """A ``VersionProvider`` whose companion is ready only when the test says so."""
+
+    def __init__(self, backend) -> None:
+        self.companion = backend
+        self.ready = False
+        self.losses: list[tuple[str, str]] = []
+        self.retained: set[str] = set()
+
+    def backend(self, version, spec_doc):
+        return self.companion if self.ready else None
+
+    def lost(self, version, detail):
+        self.losses.append((version, detail))
+        self.ready = False
+
+    def retain(self, versions):
+        self.retained = set(versions)
+
+    def report(self):
+        return {"1.1.0": {"state": "ready" if self.ready else "loading", "detail": ""}}
+
+    def close(self):
+        pass
+
+
+class Dies:
+    def infer(self, rows):
+        raise VersionLost("1.1.0", "its process exited (killed by SIGKILL)")
+
+
+def with_companions(companion):
+    spec = echo_spec()
+    canary_doc = {**spec.to_document(), "version": "1.1.0"}
+    source, versions = Source(), Companions(companion)
+    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=spec, instance="t-2"),
+                           RoutingTable.single("1.0.0", Backend("1.0.0", 2.0)), weights=source, versions=versions)
+    return scorer, source, versions, spec, canary_doc
+
+
+def fallback_notes(prepared) -> dict[str, tuple[str, str | None]]:
+    out = {}
+    for o in prepared.outputs:
+        doc, headers = orjson.loads(o.value), dict(o.headers or [])
+        note = headers.get(FALLBACK_HEADER)
+        out[doc["id"]] = (doc["version"], note.decode() if note else None)
+    return out
+
+
+def test_a_canary_not_loaded_here_is_answered_by_the_own_version_and_each_answer_says_so():
+    scorer, source, versions, spec, canary_doc = with_companions(Backend("1.1.0", 3.0))
+    source.record = record(spec, canary_doc, "Canary", 5000, 2)
+    got = fallback_notes(scorer.prepare(batch(spec, 200)))
+    table = weighted_table(("1.0.0", None), ("1.1.0", None), 5000)
+    for i in range(200):
+        version, note = got[f"r{i}"]
+        assert version == "1.0.0", "the label is the version that answered"
+        if table.route(f"k{i}".encode(), "").version == "1.1.0":
+            assert note is not None and note.startswith("1.1.0 unavailable on this replica (loading)")
+        else:
+            assert note is None
+    assert versions.retained == {"1.1.0"}
+    versions.ready = True  # loaded and proven: the next batch routes the canary's share to it
+    after = fallback_notes(scorer.prepare(batch(spec, 200)))
+    assert {v for v, _ in after.values()} == {"1.0.0", "1.1.0"}
+    assert all(note is None for _, note in after.values())
+
+
+def test_a_companion_lost_mid_batch_is_answered_by_the_own_version_in_the_same_batch():
+    scorer, source, versions, spec, canary_doc = with_companions(Dies())
+    versions.ready = True
+    source.record = record(spec, canary_doc, "Canary", 5000, 2)
+    prepared = scorer.prepare(batch(spec, 100))
+    got = fallback_notes(prepared)
+    assert len(got) == 100 and {v for v, _ in got.values()} == {"1.0.0"}
+    lost = [note for _, note in got.values() if note]
+    assert lost and all(n.startswith("1.1.0 lost on this replica (its process exited") for n in lost)
+    assert versions.losses == [("1.1.0", "its process exited (killed by SIGKILL)")]
+    # the next batch no longer calls the lost companion: its share is a fallback until it is ready again
+    again = fallback_notes(scorer.prepare(batch(spec, 100)))
+    assert {v for v, _ in again.values()} == {"1.0.0"} and len(versions.losses) == 1
+    assert any(note and note.startswith("1.1.0 unavailable on this replica") for _, note in again.values())
+
+
+def test_in_process_versions_never_raise_a_load_failure_into_the_batch():
+    def factory(s):
+        raise RuntimeError("no such callable")
+
+    versions = InProcessVersions(factory)
+    assert versions.backend("1.1.0", {**echo_spec().to_document(), "version": "1.1.0"}) is None
+    assert versions.report() == {"1.1.0": {"state": "failed", "detail": "RuntimeError: no such callable"}}
