@@ -253,8 +253,13 @@ class _Slot:
         topics_for(settings, self.stable, partitions=4)
         path = workdir / f"{self.name}.yaml"
         path.write_text(yaml.safe_dump(self.doc), encoding="utf-8")
+        # the canary version runs in a companion process (``sie.workers.versions``), started outside the repo:
+        # PYTHONPATH makes the bench's model module importable there, as an installed package would be
+        repo = str(Path(__file__).resolve().parent.parent)
         self.scorer = ScorerProcess(path, settings.bootstrap_servers, f"{self.name}-0", workdir,
-                                    env={"SIE_TOPIC_PREFIX": settings.topic_prefix})
+                                    env={"SIE_TOPIC_PREFIX": settings.topic_prefix,
+                                         "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH"))
+                                                                       if p)})
         self.load: Any = None
         self.windows: KafkaVersionWindows | None = None
         self.serial = 0
@@ -395,6 +400,31 @@ def _collect(settings: Settings, slots: list[_Slot]) -> dict[str, Any]:
     return out
 
 
+def _call_times(outcomes: list[dict[str, Any]], answers: dict[str, Any]) -> str:
+    """The model-call (inference) time of canary and stable over each rollout's canary steps (each call once),
+    the median over the rollouts: identical code, so any difference is how each version is called (the
+    canary in a companion process: the pipe round trip and that process's wake-up)."""
+    stats: dict[str, list[list[float]]] = {"canary": [[], []], "stable": [[], []]}
+    for o in outcomes:
+        t0 = next((e[0] for e in o["events"] if e[2] == "Canary"), None)
+        if t0 is None:
+            continue
+        t1 = o["events"][-1][0]
+        calls: dict[tuple[str, float, int], None] = {}
+        for ts, version, status, _lat, inference, rows in answers[o["model"]]["rows"]:
+            if status == "ok" and t0 <= ts <= t1 and version in ("1.0.0", o["version"]):
+                calls[(version, inference, rows)] = None
+        for who, version in (("canary", o["version"]), ("stable", "1.0.0")):
+            mine = [c[1] for c in calls if c[0] == version]
+            if mine:
+                stats[who][0].append(_pct(mine, 0.5))
+                stats[who][1].append(_pct(mine, 0.99))
+    return ("model-call time over the canary steps (median over the rollouts): canary p50 "
+            f"{_pct(stats['canary'][0], 0.5):.1f} / p99 {_pct(stats['canary'][1], 0.5):.1f} ms, stable p50 "
+            f"{_pct(stats['stable'][0], 0.5):.1f} / p99 {_pct(stats['stable'][1], 0.5):.1f} ms (the canary runs in "
+            f"a companion process)")
+
+
 def _gate_of(reason: str) -> str:
     """Which gate a rollback reason names (the first failing one)."""
     if reason.startswith("no verdict"):
@@ -435,6 +465,7 @@ def _gates_report(args: argparse.Namespace, outcomes: list[dict[str, Any]], answ
         lines.append(f"{kind}: {good} of {len(mine)} {want} (target >= {len(mine) - 1}); "
                      f"the old single-ratio gate on the same windows would have failed {legacy} of {len(mine)}")
         if kind == "identical":
+            lines.append("  " + _call_times(mine, answers))
             durations = [o["duration_s"] for o in mine if o["phase"] == want]
             steps = [s for o in mine if o["phase"] == want for s in o["step_s"]]
             if durations:
