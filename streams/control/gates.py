@@ -40,8 +40,8 @@ Choices, each measured in ``bench/bench_rollout.py gates`` (``docs/rollouts.md``
 - **Like with like: the relative gate compares model-call (inference) time, not queue + inference.**
   Both versions are scored in the same batches of the same scorer, so they share the queue time; it
   carries no difference between versions, only the machine's noise, and a slow canary even raises the
-  stable's queue time with its own: measured, the old ratio of end-to-end p99s failed none of 20 canaries
-  3x slower per call (and 5 of 20 rollouts of identical code).  The SLA gate keeps queue + inference: it is about what callers wait.
+  stable's queue time with its own: measured, the old ratio of end-to-end p99s failed 0-2 of 20 canaries
+  3x slower per call (and 1-8 of 20 rollouts of identical code) in each of seven runs.  The SLA gate keeps queue + inference: it is about what callers wait.
 - **The median too**: on a loaded machine preemption adds tens of ms to a few calls in a hundred whatever
   the model, so a p99 is ~2x a median for both versions and a canary 3x slower per call is only ~2x worse
   at the p99, a close call; its median is 3x, decided in a few calls.  ``p99MaxRatio`` / ``p99SlackMs``
