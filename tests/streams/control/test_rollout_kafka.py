@@ -209,7 +209,7 @@ def test_a_slower_canary_rolls_back_on_the_relative_latency_gate(cluster):
     rollout, _elapsed, by_version, results, dead = run_rollout(cluster, "echo_slow", {**ROLLOUT, "gates": gates})
     assert rollout.phase is Phase.ROLLED_BACK, rollout.events
     reason = next(e.reason for e in rollout.events if e.target is Phase.ROLLING_BACK)
-    assert "gate failed at 10%: inference p50" in reason and not dead, reason
+    assert "gate failed at 10%: inference p" in reason and not dead, reason  # its p50 or p99 test
 
 
 # --- a leader SIGKILLed mid-rollout: the new leader resumes from the rollouts topic ------------------------
