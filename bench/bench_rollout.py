@@ -3,6 +3,8 @@ the time from a failing gate to 0 % canary.
 
     SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_rollout.py [--interval 5] [--rate 300]
         [--before 20] [--tick 1.0]
+    SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_rollout.py --handover [--rate 300]
+        (planned handovers on sie control + 2 agents: bench/rollout_handover.py)
 
 One in-process scorer (the echo model, 4 partitions) that follows the rollouts topic, requests at a steady
 ``--rate`` (keys repeat: stickiness), and the leader's ``RolloutDriver`` ticked every ``--tick`` seconds
@@ -153,7 +155,19 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=300.0, help="requests per second")
     parser.add_argument("--before", type=float, default=20.0, help="seconds of load before the rollout")
     parser.add_argument("--tick", type=float, default=1.0, help="the leader's tick (s)")
+    parser.add_argument("--handover", action="store_true",
+                        help="instead: planned handovers on sie control + 2 sie agent processes (the longest gap in "
+                             "results during a rollout, a rollback, a version change, a scale-down; "
+                             "bench/rollout_handover.py) -> bench/results/rollout_handover.txt")
+    parser.add_argument("--steady", type=float, default=10.0, help="--handover: seconds of the steady window")
     args = parser.parse_args()
+    if args.handover:
+        from bench.rollout_handover import report
+
+        text = report(args, Settings())
+        print(text)
+        (RESULTS.parent / "rollout_handover.txt").write_text(text, encoding="utf-8")
+        return 0
     settings = Settings().with_overrides(topic_prefix=f"brl{uuid.uuid4().hex[:8]}")
     ensure_topics(settings, [t for t in system_topics(settings.topic_prefix)
                              if t.name.rsplit(".", 1)[-1] in ("rollouts", "events", "specs")])

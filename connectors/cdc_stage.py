@@ -113,11 +113,16 @@ class CdcMetrics:
                                   ["connector", "partition"], registry=r)
         self._connector = connector
         self._server: Any = None
+        self.port: int | None = None
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Start the /metrics HTTP server on ``addr`` (``SIE_METRICS_BIND``); ``port`` 0 = any free one.
+        Returns the bound port (also ``self.port``)."""
         from prometheus_client import start_http_server
 
-        self._server, _ = start_http_server(port, registry=self.registry)
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        self.port = int(self._server.server_port)
+        return self.port
 
     def close(self) -> None:
         if self._server is not None:

@@ -90,6 +90,18 @@ def echo_raise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+def rules_or_outage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rules model for the fraud-rules schema (risk from the merchant's risk), but every call fails while the
+    file named by ``SIE_TEST_OUTAGE_FLAG`` exists: the model's own dependency is down (an outage: the scorer
+    retries, never dead-letters)."""
+    import os
+
+    flag = os.environ.get("SIE_TEST_OUTAGE_FLAG")
+    if flag and os.path.exists(flag):
+        raise ConnectionError("feature store 10.0.0.7:6379 refused the connection")
+    return [{"risk_score": float(row["merchant_risk"]), "reason": "merchant risk"} for row in rows]
+
+
 def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
     """``echo_spec`` at another version / with another callable of this module / a rollout block."""
     from sie.schemas.spec import parse_spec
@@ -338,14 +350,16 @@ def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
 class ScorerThread:
     """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
 
-    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None, **overrides) -> None:
+    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None,
+                 stop: threading.Event | None = None, **overrides) -> None:
+        """``stop``: the stop event (e.g. a ``StopRequest``, to hand over); ``overrides``: ScorerConfig fields."""
         self.backend_factory = backend_factory or load_echo_backend
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.ready = threading.Event()
         self.summary = None
         self.error: BaseException | None = None
-        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
-                                   session_timeout_ms=6000, **overrides)
+        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance,
+                                   **{"max_wait_ms": 10, "session_timeout_ms": 6000, **overrides})
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 

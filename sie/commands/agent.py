@@ -32,7 +32,8 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--labels", help="Node labels for spec.scheduling.nodeSelector, e.g. zone=a,disk=ssd.")
 @click.option("--tier", help="Node pool tier, e.g. tier-0 (only P0 models are placed there).")
 @click.option("--simulate-gpus", help="Pretend to have these GPUs, e.g. 2xA100-80GB (marked simulated).")
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), help="Serve Prometheus /metrics here (0 = any).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve Prometheus /metrics here (0 = any free port; the log line at start names the one bound).")
 @click.option("--worker-metrics-ports", default="0", show_default=True,
               help="Prometheus /metrics ports of the workers: 0 = any free port, A-B = one of that range, off = none. "
                    "Each is advertised in the heartbeat (the control plane's /v1/prometheus/targets lists them).")
