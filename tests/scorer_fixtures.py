@@ -52,6 +52,29 @@ def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+#: the rollout-gates bench's model: a fixed cost per call (like a GPU forward pass), slept so it measures the
+#: gates, not the machine's spare CPU
+PACED_CALL_S = 0.02
+
+
+def paced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``echo`` taking PACED_CALL_S per call (the model's own compute time, not synchronisation)."""
+    time.sleep(PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_3x(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that takes 3x as long per call: the gates bench's slow canary."""
+    time.sleep(3 * PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that cannot score 1 row in 20 (``echo_canary``): the gates bench's erring canary."""
+    time.sleep(PACED_CALL_S)
+    return echo_canary(rows)
+
+
 def echo_hang(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A model that hangs on every request but the spec's example (so it passes readiness): the multi-model
     process's watchdog tests.  It sleeps (the model's own stuck call, not synchronisation) for 10 minutes."""
