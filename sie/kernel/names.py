@@ -254,6 +254,11 @@ class Names:
     def control_state_client_id(self) -> str:
         return f"{self.prefix}.control.state.reader"
 
+    @property
+    def control_state_ends_client_id(self) -> str:
+        """The state reader's short-lived consumer that takes a read barrier's end offsets."""
+        return f"{self.prefix}.control.state.ends"
+
     def control_client_id(self, instance: str) -> str:
         return f"{self.prefix}.control.{instance}"
 

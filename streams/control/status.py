@@ -102,6 +102,8 @@ class ModelStatus:
     updated_at_ms: int = 0
     #: the autoscaler's decision (``autoscaler.ScaleDecision.to_record``); None for a fixed-size model
     autoscale: Mapping[str, Any] | None = None
+    #: the replica the traffic director holds for the model (``director.Extra.to_record``); None: none
+    director: Mapping[str, Any] | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The Avro ``ModelStatus`` record (also the JSON the HTTP API returns)."""
@@ -118,6 +120,7 @@ class ModelStatus:
             "epoch": self.epoch,
             "updated_at_ms": self.updated_at_ms,
             "autoscale": dict(self.autoscale) if self.autoscale is not None else None,
+            "director": dict(self.director) if self.director is not None else None,
         }
 
     @classmethod
@@ -135,6 +138,7 @@ class ModelStatus:
             epoch=int(rec.get("epoch") or 0),
             updated_at_ms=int(rec.get("updated_at_ms") or 0),
             autoscale=dict(rec["autoscale"]) if rec.get("autoscale") else None,
+            director=dict(rec["director"]) if rec.get("director") else None,
         )
 
     def same_as(self, other: ModelStatus | None) -> bool:

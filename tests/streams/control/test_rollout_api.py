@@ -23,6 +23,7 @@ from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc  # noqa: E402
 
 class Leader:
     is_leader = True
+    epoch = 1
 
 
 class Published:
