@@ -45,6 +45,7 @@ COMMAND_MODULES = [
     "sie.commands.logs",
     "sie.commands.dlq",
     "sie.commands.prometheus",
+    "sie.commands.status",
     "sie.commands.demo",
 ]
 

@@ -32,7 +32,8 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--labels", help="Node labels for spec.scheduling.nodeSelector, e.g. zone=a,disk=ssd.")
 @click.option("--tier", help="Node pool tier, e.g. tier-0 (only P0 models are placed there).")
 @click.option("--simulate-gpus", help="Pretend to have these GPUs, e.g. 2xA100-80GB (marked simulated).")
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), help="Serve Prometheus /metrics here (0 = any).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve Prometheus /metrics here (0 = any free port; the log line at start names the one bound).")
 @click.option("--wait-for-kafka", is_flag=True, envvar="SIE_WAIT_FOR_KAFKA",
               help="Kafka does not answer at start: wait for it (bounded backoff, /readyz says so) instead of exiting "
                    "with one line. Missing topics are always waited for. The Helm chart sets it.")
