@@ -254,6 +254,8 @@ ROLLOUT_GATES: dict[str, dict[str, Any]] = {
     "maxErrorRateIncrease": {"type": "number", "minimum": 0, "nullable": True},
     "maxExpiryRateIncrease": {"type": "number", "minimum": 0, "nullable": True},
     "minSamples": {"type": "integer", "minimum": 1},
+    "confidence": {"type": "number", "minimum": 0.5, "maximum": 1, "exclusiveMaximum": True},
+    "inconclusiveIntervals": {"type": "integer", "minimum": 0},
 }
 ROLLOUT: dict[str, dict[str, Any]] = {
     "steps": _desc("Percent of requests on the new version per step: strictly rising, ending at 100.",
