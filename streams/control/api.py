@@ -122,6 +122,7 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
             "max_replicas": spec.sla.max_replicas,
             "p99_latency_ms": spec.sla.p99_latency_ms,
             "topics": spec.topics.model_dump(mode="json"),
+            "digest": spec.digest(),
         }
     if numbers is None:
         numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
