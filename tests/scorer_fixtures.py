@@ -53,6 +53,29 @@ def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+#: the rollout-gates bench's model: a fixed cost per call (like a GPU forward pass), slept so it measures the
+#: gates, not the machine's spare CPU
+PACED_CALL_S = 0.02
+
+
+def paced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``echo`` taking PACED_CALL_S per call (the model's own compute time, not synchronisation)."""
+    time.sleep(PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_3x(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that takes 3x as long per call: the gates bench's slow canary."""
+    time.sleep(3 * PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that cannot score 1 row in 20 (``echo_canary``): the gates bench's erring canary."""
+    time.sleep(PACED_CALL_S)
+    return echo_canary(rows)
+
+
 def echo_hang(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A model that hangs on every request but the spec's example (so it passes readiness): the multi-model
     process's watchdog tests.  It sleeps (the model's own stuck call, not synchronisation) for 10 minutes."""
@@ -131,6 +154,8 @@ def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms:
 
 #: what a node running the test model must allow (SIE_ALLOWED_MODULES): the demo's package and this module
 ALLOWED_MODULES = ("models.fraud", "tests.scorer_fixtures")
+#: the LLM servers a test node allows (SIE_SGLANG_ENDPOINTS): the fake servers, all on loopback
+LLM_ENDPOINTS = ("127.0.0.1",)
 
 
 def echo_policy():
@@ -195,7 +220,8 @@ class ScorerProcess(LoggedProcess):
         cmd = [*prefix, sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES),
+               "SIE_SGLANG_ENDPOINTS": ",".join(LLM_ENDPOINTS), **(env or {})}
         super().__init__(cmd, log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log", env)
 
     def ready(self) -> bool:
