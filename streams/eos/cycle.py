@@ -297,6 +297,7 @@ class ExactlyOnce:
             return outcomes
         try:
             times.begun = self._wall()
+            txn.opened_at = self._clock()
             txn.begin()
             for out in prepared.outputs:
                 self._produce(txn, out, rejected, prepared.value)
@@ -386,7 +387,9 @@ class ExactlyOnce:
             log.warning("transaction aborted: %s", exc)
             self._abort(first)
             return BatchStatus.ABORTED
-        if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
+        # a hang means "broker down", not "fenced"; nor does a fatal error of a transaction open longer than its
+        # timeout: its coordinator aborted it and bumped the producer's epoch (the stage was partitioned or slow)
+        if not isinstance(exc, ProducerHung) and not self._timed_out(txn):
             self._fatal_streak += 1
         if self._fatal_streak >= self._limits.fatal_limit:
             raise Fenced(
@@ -396,6 +399,10 @@ class ExactlyOnce:
         log.error("producer unusable (%s); re-creating it", exc)
         self._restart(first)
         return BatchStatus.PRODUCER_RESTARTED
+
+    def _timed_out(self, txn: Checkpoint) -> bool:
+        """Whether ``txn`` was open longer than ``transaction.timeout.ms`` (so its coordinator may have aborted it)."""
+        return txn.opened_at is not None and self._clock() - txn.opened_at >= self.producer.transaction_timeout_s
 
     def _abort(self, first: dict[tuple[str, int], int]) -> None:
         self.aborts += 1

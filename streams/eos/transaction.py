@@ -155,6 +155,12 @@ class TransactionalProducer:
         return str(self._config.get("transactional.id"))
 
     @property
+    def transaction_timeout_s(self) -> float:
+        """Its ``transaction.timeout.ms`` (librdkafka's default 60 s): a transaction open longer is aborted by its
+        coordinator."""
+        return int(self._config.get("transaction.timeout.ms", 60_000)) / 1000
+
+    @property
     def max_record_bytes(self) -> int:
         """The largest record this producer writes (its ``message.max.bytes``): dead letters are fitted to it."""
         return int(self._config.get("message.max.bytes", _DEFAULT_MAX_BYTES))
@@ -358,7 +364,7 @@ class TransactionalProducer:
 class Checkpoint:
     """One batch's transaction: records produced, offsets tracked, committed in order (module docstring)."""
 
-    __slots__ = ("_producer", "_consumer", "_last", "_first", "produced")
+    __slots__ = ("_producer", "_consumer", "_last", "_first", "produced", "opened_at")
 
     def __init__(self, producer: TransactionalProducer, consumer: Any) -> None:
         self._producer = producer
@@ -366,6 +372,8 @@ class Checkpoint:
         self._last: dict[tuple[str, int], int] = {}
         self._first: dict[tuple[str, int], int] = {}
         self.produced = 0
+        #: when ``begin`` was called (the stage's monotonic clock); None: never begun
+        self.opened_at: float | None = None
 
     def begin(self) -> None:
         self._producer.begin()
