@@ -565,8 +565,8 @@ class ControlRig:
         assert now_workers == second_workers, f"the new model's replica was restarted: {second_workers} -> {now_workers}"
         self.last_window = (t0, t1, end)
         return self._result(fault, f"cp {leader.name} (epoch {old_epoch} -> {standby.name} epoch {new_epoch})", t0, end,
-                            f"takeover {takeover:.1f} s, resumed one stepped down in {stepped_down:.1f} s, "
-                            "no write with the old epoch")
+                            f"takeover {takeover:.1f} s, the old leader stepped down {stepped_down:.1f} s after the "
+                            "fault ended, no write with the old epoch")
 
     def _assert_no_zombie_writes(self, old_epoch: int, new_epoch: int) -> None:
         from sie.schemas.avro_codec import decode
@@ -617,8 +617,8 @@ class ControlRig:
         assert rid in worker_pids(other.pid) and rid not in worker_pids(agent.pid)
         self.last_window = (t0, t1, end)
         return self._result(fault, f"agent {node} ({rid})", t0, end,
-                            f"replica READY on {other.name} {moved:.1f} s after the pause; stale worker stopped "
-                            f"{drained:.1f} s after the resume")
+                            f"replica READY on {other.name} {moved:.1f} s after the fault; stale worker stopped "
+                            f"{drained:.1f} s after it ended")
 
     def _result(self, fault: str, desc: str, t0: float, end: float, note: str) -> FaultResult:
         stall, recovery = self.observer.measure(t0, end)

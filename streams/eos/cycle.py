@@ -407,13 +407,18 @@ class ExactlyOnce:
     def _abort(self, first: dict[tuple[str, int], int]) -> None:
         self.aborts += 1
         self._observer.aborted()
+        started = self._clock()
         try:
             self.producer.abort()
         except ProducerFatal as exc:
             log.error("abort failed (%s); re-creating the producer", exc)
             self._restart(first)
             return
+        aborted = self._clock()
         self._rewind(first)
+        # what a failed batch cost its partitions beyond the failure itself (the partition campaign reads it)
+        log.info("aborted in %.2fs, %d partition(s) rewound to their committed offsets in %.2fs",
+                 aborted - started, len(first), self._clock() - aborted)
 
     def _restart(self, first: dict[tuple[str, int], int]) -> None:
         self.producer_restarts += 1
