@@ -56,10 +56,12 @@ those partitions: they come again after the seek).
 
 Stalled: a stage that reaches its group coordinator (so it keeps its partitions) but not its transaction
 coordinator or the leaders it writes to (a partial partition, issue 27) fails every batch and would hold its
-partitions until ``max.poll.interval.ms``.  When a batch fails and nothing was committed for
-``EosLimits.stall_s`` while there was work (``idle()`` says when there was none), ``on_stalled(reason)`` runs
-BEFORE the recovery (which may wait for the broker): ``StreamLoop`` leaves the consumer group there, so the
-other members take the partitions, and joins again once the recovery is through.
+partitions until ``max.poll.interval.ms``.  When a batch fails, or its commit has not returned, and nothing was
+committed for ``EosLimits.stall_s`` while there was work (``idle()`` says when there was none),
+``on_stalled(reason)`` runs BEFORE the recovery (which may wait for the broker): ``StreamLoop`` leaves the
+consumer group there, so the other members take the partitions, and joins again once the recovery is through.
+(A commit still in flight then carries the old generation: the group coordinator refuses its offsets, or it
+completed before the rebalance; exactly once either way, KIP-447.)
 
 Users: the scorer and the CDC stage (through ``stage.StreamLoop``, pipelined) and backfill (its own
 assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
@@ -97,6 +99,9 @@ OnRewind = Callable[[list[tuple[str, int]]], None]
 log = logging.getLogger("sie.eos")
 
 T = TypeVar("T")
+
+#: how often a stage waiting on a commit looks at whether it stalled (``ExactlyOnce._wait``)
+_STALL_TICK_S = 0.5
 
 
 class BatchStatus(str, enum.Enum):
@@ -302,13 +307,13 @@ class ExactlyOnce:
             for out in prepared.outputs:
                 self._produce(txn, out, rejected, prepared.value)
             times.produced = self._wall()
+            # the consumer is not thread-safe: its group metadata is taken here, after the last consume()
+            metadata = self.consumer.consumer_group_metadata()
             if pipelined:
-                # the consumer is not thread-safe: its group metadata is taken here, after the last consume()
-                metadata = self.consumer.consumer_group_metadata()
                 pending = txn.start_commit(metadata, then=lambda: self._stamp_committed(times))
                 self._inflight = _InFlight(txn, pending, prepared.value, len(batch), times)
                 return outcomes
-            txn.commit()
+            self._wait(txn.start_commit(metadata))
             self._stamp_committed(times)
         except (TxnAbortable, ProducerFatal) as exc:
             outcomes.append(BatchOutcome(self._recover(txn, exc), None, len(batch), times))
@@ -329,7 +334,7 @@ class ExactlyOnce:
         if inflight is None:
             return []
         try:
-            inflight.commit.result()  # bounded: ProducerHung if a call inside never answered
+            self._wait(inflight.commit)  # bounded: ProducerHung if a call inside never answered
         except (TxnAbortable, ProducerFatal) as exc:
             gone = {(tp.topic, tp.partition) for tp in revoked}
             first = {tp: off for tp, off in inflight.txn.first_offsets().items() if tp not in gone}
@@ -341,6 +346,19 @@ class ExactlyOnce:
         return [self._committed(inflight.value, inflight.size, inflight.times)]
 
     # --- steps ----------------------------------------------------------------------------------------
+    def _wait(self, pending: PendingCall) -> None:
+        """``pending.result()``; meanwhile, past ``stall_s`` without a commit, ``on_stalled`` (module docstring):
+        a commit that hangs on an unreachable coordinator is given up by the watchdog only after
+        ``hang_limit_s`` per call (50 s for offsets + commit), the partitions should move on before that."""
+        stall_s = self._limits.stall_s
+        if self._on_stalled is not None and stall_s is not None:
+            while not pending.wait(_STALL_TICK_S):
+                stalled_s = self._clock() - self._progress_at
+                if stalled_s >= stall_s:
+                    self._on_stalled(f"nothing committed for {stalled_s:.0f}s, the commit in flight has not returned")
+                    break
+        pending.result()
+
     def _stamp_committed(self, times: BatchTimes) -> None:
         """When the commit returned (on the committer thread when pipelined)."""
         times.committed = self._wall()

@@ -26,6 +26,7 @@ from sie.streams.eos import (
 )
 from sie.streams.eos.transaction import TransactionalProducer
 from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
+from tests.helpers import wait_until
 
 TOPIC, OUT = "in", "out"
 
@@ -393,3 +394,43 @@ def test_a_stalled_stage_that_owns_every_partition_stays_in_the_group():
     loop, consumer, _, _ = stalled_loop(fails=3, took_s=6.0, alone=True)
     assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
     assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+class HangingFirstCommit(FakeProducer):
+    """The first commit hangs (a coordinator that answers nothing) ``took_s`` of ``clock`` and until ``release``."""
+
+    def __init__(self, consumer: FakeConsumer, clock: Clock, took_s: float, release: threading.Event) -> None:
+        super().__init__(consumer=consumer)
+        self.clock, self.took_s, self.release, self.hung = clock, took_s, release, False
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        if not self.hung:
+            self.hung = True
+            self.clock.now += self.took_s
+            assert self.release.wait(30), "the hanging commit was never released"
+        super().commit_transaction(timeout)
+
+
+def test_a_commit_that_hangs_past_stall_s_gives_the_partitions_back_while_it_hangs():
+    """A coordinator that answers nothing: the watchdog gives the call up only after hang_limit_s (25 s per call);
+    the partitions move on once stall_s passed without a commit, while the call still hangs."""
+    clock, stop, release = Clock(), threading.Event(), threading.Event()
+    consumer = waits_on(SharingConsumer(records(40), partitions={TOPIC: 2}), clock)
+    producer = HangingFirstCommit(consumer, clock, 12.0, release)
+    processor = StopWhenCommitted(stop, 40)
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=20, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
+                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
+                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+
+    def release_once_left() -> None:
+        wait_until(lambda: consumer.called("unsubscribe"), 20, 0.05, "the stalled stage to leave its group")
+        release.set()
+
+    releaser = threading.Thread(target=release_once_left, daemon=True)
+    releaser.start()
+    loop.run(stop)
+    releaser.join(5)
+    assert release.is_set() and loop.stall_leaves == 1  # it left while the commit hung
+    assert len(consumer.called("subscribe")) == 2 and consumer.committed_offsets[(TOPIC, 0)] == 40
