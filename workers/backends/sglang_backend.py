@@ -3,7 +3,8 @@
 NOT YET RUN AGAINST REAL SGLANG: there is no GPU on the development machines.
 It speaks SGLang's documented native API and is tested against
 ``tests/fakes/fake_sglang.py`` (503 while starting, ``/generate`` with
-``meta_info``, a crash control).  Expect to adjust details on first contact.
+``meta_info``, a crash control).  Run against a real vLLM on CPU with ``protocol: openai-completions``
+(an agent-run replica launching it through ``server_entry``: tests/workers/test_agent_real_vllm.py).
 
 Lifecycle (``load``):
   1. build the launch command (``sie.workers.sglang_launcher``: ``--mem-fraction-static`` from the
