@@ -75,7 +75,8 @@ def test_an_agent_run_replica_launches_a_real_vllm_and_serves_through_the_window
                    message=lambda: f"READY; seen {status.values()}; log: {_log(work_dir, rid)[-4000:]}")
         log_text = _log(work_dir, rid)
         assert "serving through the LLM window" in log_text
-        assert "vllm_entry: exec" in log_text and "--max-num-seqs 4" in log_text, log_text[-3000:]
+        # the launcher's command ran the entry point the spec names, with the window's C as the server's own limit
+        assert "vllm_entry.py --model-path" in log_text and "--max-running-requests 4" in log_text, log_text[-3000:]
         server = f"http://127.0.0.1:{_server_port(log_text)}"
 
         running: list[float] = []
