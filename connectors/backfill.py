@@ -245,11 +245,12 @@ class BackfillJob:
         if cfg.start is None or cfg.end is None:
             raise ConfigError(f"backfill job {cfg.job_id} does not exist yet: give --from and --to")
         # watermarks and offsets_for_times only: assign()s nothing, commits nothing
-        probe = self._clients.consumer(state_reader_config(
+        probe_config = state_reader_config(
             cfg.settings, cfg.group_id, cfg.settings.names.backfill_client_id(cfg.job_id, "probe"),
-            partition_eof=False))
+            partition_eof=False)
+        probe = self._clients.consumer(probe_config)
         try:
-            ranges = resolve_ranges(probe, src, cfg.start, cfg.end)
+            ranges = resolve_ranges(probe, src, cfg.start, cfg.end, config=probe_config)
         finally:
             probe.close()
         plan = BackfillPlan(cfg.job_id, cfg.spec.name, cfg.version, src, out, dlq, cfg.start.text, cfg.end.text,

@@ -174,18 +174,20 @@ def _bound_offsets(consumer: Any, topic: str, bound: Bound, watermarks: dict[int
     return {p: min(max(o, watermarks[p][0]), watermarks[p][1]) for p, o in raw.items()}
 
 
-def resolve_ranges(consumer: Any, topic: str, start: Bound, end: Bound,
-                   timeout: float = 30.0) -> tuple[PartitionRange, ...]:
-    """Per-partition ``[start, end)`` from the live topic (watermarks taken now, once)."""
-    md = consumer.list_topics(topic, timeout=timeout)
-    meta = md.topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
+def resolve_ranges(consumer: Any, topic: str, start: Bound, end: Bound, timeout: float = 30.0,
+                   config: dict[str, Any] | None = None) -> tuple[PartitionRange, ...]:
+    """Per-partition ``[start, end)`` from the live topic (watermarks taken now, once).  ``config``: the
+    consumer's, to name its principal when the topic is not its to read (``NotAuthorized``)."""
+    from sie.kernel.authz import topic_partitions
+
+    partitions = topic_partitions(consumer, topic, config or {}, "READ", timeout)
+    if partitions is None:
         raise ConfigError(f"source topic {topic!r} does not exist on the cluster; pass --source-topic or check "
                           f"the model's spec.topics.requests")
     from confluent_kafka import TopicPartition
 
     watermarks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-                  for p in sorted(meta.partitions)}
+                  for p in partitions}
     starts = _bound_offsets(consumer, topic, start, watermarks, False, timeout)
     ends = _bound_offsets(consumer, topic, end, watermarks, True, timeout)
     ranges = []

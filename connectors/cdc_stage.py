@@ -38,6 +38,7 @@ from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
+from sie.schemas.connector_spec import connector_name_problems
 from sie.streams.eos import EosLimits, StageSettings, StreamLoop
 from sie.streams.eos.deadletter import RECORD_OVERHEAD, dead_letter, short
 from sie.streams.eos.lag import consumer_lag
@@ -113,15 +114,21 @@ class CdcMetrics:
                                   ["connector", "partition"], registry=r)
         self._connector = connector
         self._server: Any = None
+        self.port: int | None = None
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Start the /metrics HTTP server on ``addr`` (``SIE_METRICS_BIND``); ``port`` 0 = any free one.
+        Returns the bound port (also ``self.port``)."""
         from prometheus_client import start_http_server
 
-        self._server, _ = start_http_server(port, registry=self.registry)
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        self.port = int(self._server.server_port)
+        return self.port
 
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
             self._server = None
 
     def value(self, name: str, **labels: str) -> float:
@@ -186,6 +193,9 @@ class CdcStage:
         #: sie.kernel.tracing.Tracing: a CDC row starts (or continues) the trace of the requests it becomes
         self._tracing = tracing or tracing_from_settings(config.settings, "sie-cdc")
         spec = config.connector
+        problems = connector_name_problems(spec, config.settings.topic_prefix, config.request_topic)
+        if problems:  # a replica document from the assignments topic, or a spec file: refused before any client
+            raise ConfigError(f"connector {spec.name!r} refused: " + "; ".join(problems))
         self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic,
                                       topic_prefix=config.settings.topic_prefix, input_schema=config.input_schema)
         self.request_topic = self.converter.request_topic

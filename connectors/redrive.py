@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from sie.kernel.authz import topic_partitions
 from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
@@ -138,15 +139,15 @@ class Redrive:
         cfg = self.config
         names = cfg.settings.names
         group = names.redrive_group(cfg.model, reason)
-        consumer = self._clients.consumer(eos_consumer_config(
-            cfg.settings, group, f"{group}.consumer", max_batch=cfg.max_batch))
+        consumer_config = eos_consumer_config(cfg.settings, group, f"{group}.consumer", max_batch=cfg.max_batch)
+        consumer = self._clients.consumer(consumer_config)
         producer = None
         try:
-            md = consumer.list_topics(cfg.dead_letter_topic, timeout=10)
-            meta = md.topics.get(cfg.dead_letter_topic)
-            if meta is None or meta.error is not None or not meta.partitions:
+            # NotAuthorized (naming the principal and the ACL) when the topic is not this principal's to read
+            partitions = topic_partitions(consumer, cfg.dead_letter_topic, consumer_config, "READ")
+            if partitions is None:
                 return  # no dead-letter topic: nothing was ever dead-lettered
-            tps = [TopicPartition(cfg.dead_letter_topic, p) for p in sorted(meta.partitions)]
+            tps = [TopicPartition(cfg.dead_letter_topic, p) for p in partitions]
             ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in tps}
             committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=30)}
             since = {}

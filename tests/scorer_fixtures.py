@@ -52,6 +52,29 @@ def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+#: the rollout-gates bench's model: a fixed cost per call (like a GPU forward pass), slept so it measures the
+#: gates, not the machine's spare CPU
+PACED_CALL_S = 0.02
+
+
+def paced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``echo`` taking PACED_CALL_S per call (the model's own compute time, not synchronisation)."""
+    time.sleep(PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_3x(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that takes 3x as long per call: the gates bench's slow canary."""
+    time.sleep(3 * PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that cannot score 1 row in 20 (``echo_canary``): the gates bench's erring canary."""
+    time.sleep(PACED_CALL_S)
+    return echo_canary(rows)
+
+
 def echo_hang(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A model that hangs on every request but the spec's example (so it passes readiness): the multi-model
     process's watchdog tests.  It sleeps (the model's own stuck call, not synchronisation) for 10 minutes."""
@@ -65,6 +88,18 @@ def echo_raise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if any(row["x"] != 1.0 for row in rows):
         raise ValueError("this model fails on every request")
     return echo(rows)
+
+
+def rules_or_outage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rules model for the fraud-rules schema (risk from the merchant's risk), but every call fails while the
+    file named by ``SIE_TEST_OUTAGE_FLAG`` exists: the model's own dependency is down (an outage: the scorer
+    retries, never dead-letters)."""
+    import os
+
+    flag = os.environ.get("SIE_TEST_OUTAGE_FLAG")
+    if flag and os.path.exists(flag):
+        raise ConnectionError("feature store 10.0.0.7:6379 refused the connection")
+    return [{"risk_score": float(row["merchant_risk"]), "reason": "merchant risk"} for row in rows]
 
 
 def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
@@ -118,6 +153,8 @@ def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms:
 
 #: what a node running the test model must allow (SIE_ALLOWED_MODULES): the demo's package and this module
 ALLOWED_MODULES = ("models.fraud", "tests.scorer_fixtures")
+#: the LLM servers a test node allows (SIE_SGLANG_ENDPOINTS): the fake servers, all on loopback
+LLM_ENDPOINTS = ("127.0.0.1",)
 
 
 def echo_policy():
@@ -181,7 +218,8 @@ class ScorerProcess(LoggedProcess):
         cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES),
+               "SIE_SGLANG_ENDPOINTS": ",".join(LLM_ENDPOINTS), **(env or {})}
         super().__init__(cmd, log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log", env)
 
     def ready(self) -> bool:
@@ -315,14 +353,16 @@ def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
 class ScorerThread:
     """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
 
-    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None, **overrides) -> None:
+    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None,
+                 stop: threading.Event | None = None, **overrides) -> None:
+        """``stop``: the stop event (e.g. a ``StopRequest``, to hand over); ``overrides``: ScorerConfig fields."""
         self.backend_factory = backend_factory or load_echo_backend
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.ready = threading.Event()
         self.summary = None
         self.error: BaseException | None = None
-        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
-                                   session_timeout_ms=6000, **overrides)
+        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance,
+                                   **{"max_wait_ms": 10, "session_timeout_ms": 6000, **overrides})
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 

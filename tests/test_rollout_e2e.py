@@ -23,8 +23,10 @@ from tests.scorer_fixtures import prove_exactly_once
 pytestmark = pytest.mark.kafka
 
 MODEL = "fraud-rules"
+#: a step passes on evidence (~75 canary answers and model calls: ~8 s at 50 % of 20/s), not on 3 s alone;
+#: inconclusiveIntervals gives it up to 30 s before the truncated tests decide
 ROLLOUT = {"steps": [50, 100], "intervalSeconds": 3, "surgeTimeoutSeconds": 120,
-           "gates": {"minSamples": 10, "p99MaxMs": 10_000, "p99SlackMs": 1_000}}
+           "gates": {"minSamples": 10, "p99MaxMs": 10_000, "p99SlackMs": 1_000, "inconclusiveIntervals": 9}}
 
 
 def _running(c: Cluster) -> tuple[dict, Path]:
@@ -68,7 +70,8 @@ def test_an_agent_rollout_waits_for_a_ready_surge_replica_and_drains_one_at_a_ti
         reasons = {e["to"]: e["reason"] for e in final["events"]}
         # Surging ended on the agent's READY of the new-version surge replica (readiness inference), not at once
         surged = next(e["reason"] for e in final["events"] if e["from"] == "Surging")
-        assert "READY after their readiness inference (surge" in surged, final["events"]
+        assert "READY after their readiness inference, and every replica serves both versions (surge" in surged, \
+            final["events"]
         assert "all 1 replicas run 1.1.0 READY" in reasons["Complete"], final["events"]
         # after the drain: one replica, the new version, READY (the surge replica stopped)
         model = wait_for(lambda: c.ready_model(MODEL, 1), 60, lambda: f"1 READY replica: {c.model(MODEL)}")
@@ -84,8 +87,9 @@ def test_an_agent_rollout_waits_for_a_ready_surge_replica_and_drains_one_at_a_ti
 
 
 def test_a_new_version_that_never_gets_ready_fails_the_surge_with_the_replicas_reason(kafka_settings, tmp_path: Path):
-    """Its callable does not exist: the surge replica's worker never passes its readiness inference, so the
-    rollout fails at surgeTimeoutSeconds naming what the agent reported; the stable replica served throughout."""
+    """Its callable does not exist: neither the surge replica's worker nor the stable replica's companion process
+    passes its readiness inference, so the rollout fails naming what an agent reported (at once, from the
+    companion's FAILED state; at the latest at surgeTimeoutSeconds); the stable replica served throughout."""
     c = Cluster(kafka_settings, tmp_path)
     try:
         doc, _path = _running(c)
@@ -94,9 +98,11 @@ def test_a_new_version_that_never_gets_ready_fails_the_surge_with_the_replicas_r
         assert final["phase"] == "Failed" and final["weight_percent"] == 0, final["events"]
         reason = final["reason"]
         print(f"rollout failed: {reason}")  # shown with -s: what an operator reads
-        # named: the surge replica's crash as its agent reports it, or its FAILED cool-down on the node
-        assert "not ready within surgeTimeoutSeconds 20" in reason, reason
-        assert "replica 1 (1.1.0): " in reason or "FAILED on node-a" in reason, reason
+        # named: the stable replica's companion FAILED to load it, or (at the surge timeout) the surge replica's
+        # crash as its agent reports it, or its FAILED cool-down on the node
+        assert ("version 1.1.0 FAILED on replica 0" in reason
+                or ("not ready within surgeTimeoutSeconds 20" in reason
+                    and ("replica 1 (1.1.0): " in reason or "FAILED on node-a" in reason))), reason
         assert "no_such_scorer" in reason, reason
         # the surge replica is gone, the stable replica stayed READY
         model = wait_for(lambda: (m := c.ready_model(MODEL, 1)) and len(m["replicas"]) == 1 and m, 60,

@@ -3,7 +3,9 @@
 ``sie validate`` checks the document; a model whose file is a Python script renamed ``fake.pt``, whose output
 is ``[B, 2]`` for one output field, or whose example scores outside a declared ``range`` passes that and only
 fails under the agent (a crash loop, then a cool-down).  ``load_check`` finds all three before anything is
-applied, with the same code the worker runs (``create_backend(...).load()``: the torch backend refuses a file
+applied, with the same code the worker runs, under the same ``SpecPolicy`` built from the same settings
+(``SIE_ALLOWED_MODULES``, ``SIE_MODEL_ROOTS``: a model the cluster would import is importable here, and one
+it would refuse is refused here) (``create_backend(...).load()``: the torch backend refuses a file
 that is not a TorchScript/export archive and an output shape that does not fit ``outputSchema``), then scores
 ``exampleInput`` and applies the scorer's own output check (``compile_output_check``).
 
@@ -47,11 +49,11 @@ class LoadReport:
         return not self.problems
 
 
-def _cpu_backend(spec: Any) -> Any:
-    """The spec's backend, unloaded, forced onto the CPU (a check must not need, or hold, a GPU)."""
+def _cpu_backend(spec: Any, policy: Any) -> Any:
+    """The spec's backend under ``policy``, unloaded, forced onto the CPU (a check must not need, or hold, a GPU)."""
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    return create_backend(dataclasses.replace(backend_config_from_spec(spec), device="cpu"))
+    return create_backend(dataclasses.replace(backend_config_from_spec(spec, policy), device="cpu"))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -59,8 +61,12 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 600 else text[:597] + "..."
 
 
-def load_check(spec: Any) -> LoadReport:
-    """Load ``spec``'s artifact on the CPU, score ``exampleInput``, check the output against ``outputSchema``."""
+def load_check(spec: Any, policy: Any) -> LoadReport:
+    """Load ``spec``'s artifact on the CPU, score ``exampleInput``, check the output against ``outputSchema``.
+
+    ``policy``: the ``sie.schemas.spec_policy.SpecPolicy`` a worker of this node would load it under
+    (``SpecPolicy.from_settings``; the CLI adds the spec file's folder as a model root, as its checks do).
+    """
     from sie.schemas.validation import compile_output_check, compile_validator
 
     started = time.monotonic()
@@ -77,7 +83,7 @@ def load_check(spec: Any) -> LoadReport:
             example = compile_validator(spec.input_schema)(dict(example))
         except ValueError as exc:
             problems.append(f"spec.exampleInput: {exc}")
-    backend = _cpu_backend(spec)
+    backend = _cpu_backend(spec, policy)
     outputs: dict[str, Any] | None = None
     try:
         try:
@@ -126,10 +132,11 @@ def _code_modules(spec: Any) -> list[tuple[str, str]]:
     return out
 
 
-def admission_problems(spec: Any, allowed_modules: Collection[str] = ()) -> LoadReport:
+def admission_problems(spec: Any, policy: Any, allowed_modules: Collection[str] = ()) -> LoadReport:
     """``load_check`` for the control plane's admission path (``POST /v1/models``): the same report, but code
     the spec names is imported only if its top-level module is in ``allowed_modules``; otherwise the load is
-    skipped with a note (never refused: the agent's readiness inference still checks it).
+    skipped with a note (never refused: the agent's readiness inference still checks it).  What is imported
+    is loaded under ``policy`` (the control plane's ``SpecPolicy``), as ``load_check``.
 
     The API layer (``sie.streams.control``) cannot import ``sie.workers`` (layers): ``sie control`` hands this
     function to it.  It loads on the machine that runs it, so relative artifacts must resolve there.
@@ -139,7 +146,7 @@ def admission_problems(spec: Any, allowed_modules: Collection[str] = ()) -> Load
         names = ", ".join(f"{what} (module {top!r})" for what, top in blocked)
         return LoadReport(spec.model_id, skipped=f"not loaded at admission: {names} is not in the allow-list of "
                                                  f"importable modules")
-    return load_check(spec)
+    return load_check(spec, policy)
 
 
 @dataclass(frozen=True)
@@ -153,11 +160,12 @@ class Prediction:
     inference_ms: float = 0.0
 
 
-def load_for_predict(spec: Any, device: str | None = None) -> Any:
-    """The spec's backend, loaded (on ``device`` when given, else the spec's own ``backend.device``)."""
+def load_for_predict(spec: Any, policy: Any, device: str | None = None) -> Any:
+    """The spec's backend under ``policy`` (as ``load_check``), loaded (on ``device`` when given, else the
+    spec's own ``backend.device``)."""
     from sie.workers.backends import backend_config_from_spec, create_backend
 
-    config = backend_config_from_spec(spec)
+    config = backend_config_from_spec(spec, policy)
     if device:
         config = dataclasses.replace(config, device=device)
     backend = create_backend(config)

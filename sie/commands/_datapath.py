@@ -76,16 +76,19 @@ def _count_exact(settings: Settings, spans: dict[tuple[str, int], tuple[int, int
 
 def traffic(settings: Settings, topics: list[str], window_s: float = 60.0, exact_below: int = 2000,
             timeout: float = 10.0) -> dict[str, TopicTraffic]:
-    """Records written to each of ``topics`` in the last ``window_s`` seconds (missing topics are left out)."""
+    """Records written to each of ``topics`` in the last ``window_s`` seconds (missing topics are left out;
+    ``NotAuthorized`` for one this principal may not read)."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
     from sie.kernel.admin import admin_client
+    from sie.kernel.authz import topic_partitions
 
     admin = admin_client(settings)
-    md = admin.list_topics(timeout=timeout)
-    tps = [TopicPartition(t, p) for t in dict.fromkeys(topics) if t in md.topics and md.topics[t].error is None
-           for p in sorted(md.topics[t].partitions)]
+    config = settings.kafka_client_config()
+    # by name: a topic this principal may not read is NotAuthorized (naming the ACL), not "missing"
+    found = {t: topic_partitions(admin, t, config, "READ", timeout) for t in dict.fromkeys(topics)}
+    tps = [TopicPartition(t, p) for t, parts in found.items() for p in parts or ()]
     if not tps:
         return {}
     since_ms = int((time.time() - window_s) * 1000)
@@ -104,18 +107,19 @@ def traffic(settings: Settings, topics: list[str], window_s: float = 60.0, exact
 
 
 def group_lag(settings: Settings, group: str, topic: str, timeout: float = 10.0) -> int | None:
-    """Records of ``topic`` the consumer ``group`` has not committed yet (None: the topic does not exist)."""
+    """Records of ``topic`` the consumer ``group`` has not committed yet (None: the topic does not exist;
+    ``NotAuthorized`` if this principal may not read it)."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
     from sie.kernel.admin import admin_client
+    from sie.kernel.authz import topic_partitions
 
     admin = admin_client(settings)
-    md = admin.list_topics(topic, timeout=timeout)
-    meta = md.topics.get(topic)
-    if meta is None or meta.error is not None:
+    partitions = topic_partitions(admin, topic, settings.kafka_client_config(), "READ", timeout)
+    if partitions is None:
         return None
-    tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+    tps = [TopicPartition(topic, p) for p in partitions]
     ends = _offsets(admin, tps, lambda _tp: OffsetSpec.latest(), timeout)
     firsts = _offsets(admin, tps, lambda _tp: OffsetSpec.earliest(), timeout)
     request = ConsumerGroupTopicPartitions(group, tps)

@@ -102,7 +102,8 @@ def command() -> None:
 @click.option("--dead-letter-topic", help="Where poison CDC events go (default: sie.cdc.<connector>.dlq).")
 @click.option("--partitions", type=click.IntRange(min=1),
               help="Partitions of the request/dead-letter topics if created (default: SIE_REQUEST_PARTITIONS).")
-@click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus /metrics here.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve Prometheus /metrics here (0 = any free port; the ready line prints the one bound).")
 @click.option("--log-interval", type=click.FloatRange(min=0.5), default=30.0, show_default=True,
               help="Seconds between progress log lines.")
 @click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True)
@@ -143,10 +144,10 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
 
     stop = stop_on_signals()
 
-    def ready(_stage) -> None:
+    def ready(stage) -> None:
         click.echo(f"ready: {connector.format} {connector.source_topic} -> {target} (dlq {config.dlq}) "
                    f"as {config.transactional_id}, group {config.group_id}"
-                   + (f", metrics on :{metrics_port}" if metrics_port else ""))
+                   + (f", metrics on {settings.metrics_bind}:{stage.metrics.port}" if metrics_port is not None else ""))
         sys.stdout.flush()
 
     started = time.monotonic()

@@ -146,9 +146,14 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
 
     t = spec.topics
     click.echo(f"Topics:      requests {t.requests}, results {t.results}, dead letters {t.dead_letters}")
+    from sie.kernel.authz import NotAuthorized
+
     try:
         seen = traffic(settings, [t.requests, t.results, t.dead_letters])
         lag = group_lag(settings, spec.group_id, t.requests)
+    except NotAuthorized as exc:  # the whole reason: the principal and the ACL it lacks
+        click.echo(f"Traffic:     unavailable: {exc}")
+        return
     except Exception as exc:  # KafkaException: a describe must still show the rest
         click.echo(f"Traffic:     unavailable ({str(exc).splitlines()[0][:200]})")
         return
@@ -163,6 +168,9 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
                f"{res.per_s if res else 0.0:.2f}/s, dead letters {dlq.per_s if dlq else 0.0:.2f}/s ({dead_rate})")
     click.echo(f"Lag:         {lag if lag is not None else '-'} request(s) not yet scored (group {spec.group_id}, "
                f"{req.partitions} partitions)")
+    if lag and out == 0:  # requests wait and nothing came out: a backend outage, or no scorer at all
+        click.echo(f"Scoring:     nothing committed in the last {req.window_s:.0f}s while {lag} request(s) wait: "
+                   "see Phase and the replicas' reasons (a backend outage is named there)")
 
 
 @click.group("describe")

@@ -64,7 +64,8 @@ def _print_secure_usage(kafka) -> None:  # noqa: ANN001 - LocalKafka, imported l
 
     click.echo(f"secured: SASL_SSL, SCRAM-SHA-512, ACLs enforced; CA {kafka.security.ca_cert}")
     click.echo("connect as the admin (super user):")
-    for key, value in kafka.security.client_env(ADMIN).items():
+    # the bootstrap first: without it a pasted block talks to the default 127.0.0.1:9092 (a dev broker?)
+    for key, value in {"SIE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, **kafka.security.client_env(ADMIN)}.items():
         click.echo(f"  export {key}={value}")
     click.echo(f"other users ({', '.join(u for u in USERS if u != ADMIN)}): the same with SIE_SASL_USERNAME and "
                f"SIE_SASL_PASSWORD_FILE={kafka.security.password_file('<user>')}; grant their ACLs with "

@@ -1,6 +1,8 @@
 """`sie predict -f SPEC --input JSON`: one synchronous inference, no Kafka.
 
-The model is loaded as a worker loads it, the request is parsed and validated by the scorer's codec, the
+The spec is checked against this node's policy and the model loaded under it, as a worker would
+(``SIE_ALLOWED_MODULES``, ``SIE_MODEL_ROOTS``; the spec file's folder counts as a model root, as for
+``sie validate``), the request is parsed and validated by the scorer's codec, the
 output is checked against ``outputSchema``, and the result is printed exactly as the scorer would publish
 it.  A request the scorer would dead-letter prints ``dead letter <reason>: <detail>`` and exits 4.
 """
@@ -37,12 +39,13 @@ def _read_input(text: str) -> bytes:
 def command(settings: Settings, spec_file: Path, input_text: str, device: str | None) -> None:
     """Score one request with the model of SPEC and print the result JSON (stdout); no Kafka involved."""
     from sie.commands._runtime import EXIT_PARTIAL
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec_policy import SpecPolicy, load_local_spec
     from sie.workers.load_check import load_for_predict, predict
 
-    spec = load_spec(spec_file, topic_prefix=settings.topic_prefix)
+    spec = load_local_spec(spec_file, settings)  # the model's code runs here: the node's policy first
     value = _read_input(input_text)
-    backend = load_for_predict(spec, device)
+    backend = load_for_predict(spec, SpecPolicy.from_settings(settings, extra_roots=[spec_file.resolve().parent]),
+                               device)
     try:
         prediction = predict(spec, backend, value, settings)
     finally:

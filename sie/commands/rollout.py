@@ -8,6 +8,8 @@ control plane is the one writer of rollout state (a standby answers 503 naming t
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -81,10 +83,29 @@ def status(settings: Settings, model: str, output: str, timeout: float, control_
     if output == "json":
         click.echo(json.dumps(r, indent=2))
         return
-    click.echo(f"{r['model']}: {r['stable_version']} -> {r['canary_version']}  {r['label']}  "
-               f"canary {r['weight_percent']:g}%  epoch {r['epoch']}")
+    for line in status_lines(r, time.time()):
+        click.echo(line)
+
+
+def utc_iso(ms: int) -> str:
+    """Epoch milliseconds as UTC ISO-8601 to the millisecond: ``2026-12-01T10:00:31.750Z``."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def status_lines(r: dict[str, Any], now: float) -> list[str]:
+    """``sie rollout status`` for one rollout (``describe``'s document): a header, when it started and how
+    long ago (``now``: epoch seconds), then the timeline, each transition at its UTC time and seconds after
+    the start (the ``-o json`` form keeps the epoch milliseconds)."""
+    started = r.get("started_ms") or (r["events"][0]["at_ms"] if r["events"] else None)
+    lines = [f"{r['model']}: {r['stable_version']} -> {r['canary_version']}  {r['label']}  "
+             f"canary {r['weight_percent']:g}%  epoch {r['epoch']}"]
+    if started:
+        lines.append(f"  started {utc_iso(started)} ({max(0.0, now - started / 1000):.0f}s ago)")
     for e in r["events"]:
-        click.echo(f"  {e['at_ms']}  {e['from']:>11} -> {e['to']:<11} {e['weight_bp'] / 100:>5g}%  {e['reason']}")
+        since = f"+{(e['at_ms'] - started) / 1000:.1f}s" if started else ""
+        lines.append(f"  {utc_iso(e['at_ms'])} {since:>9}  {e['from']:>11} -> {e['to']:<11} "
+                     f"{e['weight_bp'] / 100:>5g}%  {e['reason']}")
+    return lines
 
 
 def _action(name: str, doc: str) -> click.Command:

@@ -27,7 +27,8 @@ from sie.streams.scorer.config import ScorerConfig
               help="How long a started batch may wait to fill up (0: adaptive, what is already fetched).")
 @click.option("--pipelined/--serial", default=ScorerConfig.pipelined, show_default=True,
               help="Commit a batch while the next one is scored (--serial: one batch at a time).")
-@click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus /metrics here.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve Prometheus /metrics here (0 = any free port; the ready line prints the one bound).")
 @click.option("--instance", help="Stable, unique replica name: transactional.id = sie.scorer.<model>.<instance>. "
                                  "Default: <hostname>-<replica>.")
 @click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True,
@@ -86,10 +87,10 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
 
     stop = stop_on_signals()
 
-    def ready(_scorer) -> None:
+    def ready(scorer) -> None:
         click.echo(f"ready: scoring {spec.model_id} from {topics.requests} -> {topics.results} "
                    f"(dlq {topics.dead_letters}) as {config.transactional_id}"
-                   + (f", metrics on :{metrics_port}" if metrics_port else ""))
+                   + (f", metrics on {settings.metrics_bind}:{scorer.metrics.port}" if metrics_port is not None else ""))
         sys.stdout.flush()
 
     started = time.monotonic()

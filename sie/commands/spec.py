@@ -49,10 +49,6 @@ def _load_by_file(settings: Settings, files: tuple[Path, ...]):
     return loaded
 
 
-def _load_all(settings: Settings, files: tuple[Path, ...]):
-    return [spec for _path, specs in _load_by_file(settings, files) for spec in specs]
-
-
 def _print_ok(spec, verb: str = "ok") -> None:
     click.echo(f"{verb}: {spec.name} {spec.version} ({spec.backend.type})")
     for warning in spec.warnings:
@@ -71,14 +67,18 @@ def validate(settings: Settings, files: tuple[Path, ...], load: bool) -> None:
     Without --load only the document is checked (no Kafka, no model code); with it, each model is loaded
     and run once, and every problem is listed (exit 1).
     """
+    from sie.schemas.spec_policy import SpecPolicy
+
     failures: list[str] = []
-    for spec in _load_all(settings, files):
+    for path, spec in ((path, spec) for path, specs in _load_by_file(settings, files) for spec in specs):
         _print_ok(spec)
         if not load:
             continue
         from sie.workers.load_check import load_check
 
-        report = load_check(spec)
+        # the policy the document was just checked under (the node's settings + the spec's folder), which
+        # is the one a worker of this node loads it under (SIE_ALLOWED_MODULES, SIE_MODEL_ROOTS)
+        report = load_check(spec, SpecPolicy.from_settings(settings, extra_roots=[path.resolve().parent]))
         for note in report.notes:
             click.echo(f"  note: {note}")
         if report.skipped:
@@ -114,6 +114,12 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
     from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     loaded = _load_by_file(settings, files)
+    if upload:  # every file that would leave this machine is checked before anything is uploaded or published
+        from sie.commands._artifacts import upload_problems
+
+        refused = [p for path, specs in loaded for spec in specs for p in upload_problems(spec, path, settings)]
+        if refused:
+            raise SpecError("\n".join(refused))
     if control_url:
         import yaml
 

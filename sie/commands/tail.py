@@ -70,6 +70,7 @@ def command(settings: Settings, what: str, model: str | None, spec_file: Path | 
 
     from sie.commands._runtime import require_kafka
     from sie.commands.produce import resolve_spec
+    from sie.kernel.authz import from_kafka_error, topic_partitions
     from sie.kernel.clients import KafkaClients, state_reader_config
     from sie.kernel.errors import SieError
 
@@ -77,17 +78,17 @@ def command(settings: Settings, what: str, model: str | None, spec_file: Path | 
     spec = resolve_spec(settings, model, spec_file)
     topic = spec.topics.results if what == "results" else spec.topics.dead_letters
     names = settings.names
-    consumer = KafkaClients().consumer(state_reader_config(
-        settings, names.reader_group("tail", uuid.uuid4().hex[:8]), names.cli_client_id("tail"),
-        partition_eof=True))
+    config = state_reader_config(settings, names.reader_group("tail", uuid.uuid4().hex[:8]),
+                                 names.cli_client_id("tail"), partition_eof=True)
+    consumer = KafkaClients().consumer(config)
     try:
-        md = consumer.list_topics(topic, timeout=settings.connect_timeout_s)
-        meta = md.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
+        # missing, or not this principal's to read (NotAuthorized names the principal and the ACL)
+        partitions = topic_partitions(consumer, topic, config, "READ", settings.connect_timeout_s)
+        if partitions is None:
             raise SieError(f"topic {topic} does not exist on {settings.bootstrap_servers}: nothing was scored for "
                            f"{spec.name} yet")
         starts = []
-        for p in sorted(meta.partitions):
+        for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             starts.append(TopicPartition(topic, p, max(low, high - count)))
         consumer.assign(starts)
@@ -98,6 +99,9 @@ def command(settings: Settings, what: str, model: str | None, spec_file: Path | 
             if msg is None:
                 continue
             if msg.error() is not None:
+                denied = from_kafka_error(msg.error(), config, "READ", topic)
+                if denied is not None:  # Describe granted, Read not
+                    raise denied
                 pending.discard(msg.partition())  # _PARTITION_EOF (other errors: that partition is skipped)
                 continue
             backlog.append(msg)

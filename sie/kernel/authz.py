@@ -62,22 +62,61 @@ class NotAuthenticated(SieError):
 AUTHENTICATION_ERRORS = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "_SSL"})
 
 
+def topic_partitions(client: Any, topic: str, config: dict[str, Any], operation: str,
+                     timeout: float = 10.0) -> tuple[int, ...] | None:
+    """The partition ids of ``topic``; None if it does not exist; ``NotAuthorized`` if this principal may not
+    Describe it, naming the principal, ``operation`` and the topic (the ACL to grant).
+
+    The one look-up for everything that reads a topic by name (``sie tail``, ``sie describe model``, ``sie dlq
+    redrive``, ``sie backfill``): on a cluster with ACLs a topic the principal may not Describe is absent from
+    a cluster-wide listing, exactly like a missing one, so "does not exist" would send the user after the
+    wrong fix.  Asked for by name, Kafka says which (``TOPIC_AUTHORIZATION_FAILED``).  ``client``: an
+    AdminClient is asked with ``describe_topics``, which (unlike its metadata request naming the topic) never
+    auto-creates it; a consumer with a metadata request naming the topic (consumers never auto-create:
+    ``allow.auto.create.topics`` is off).  ``config``: the client's librdkafka config (its ``sasl.username``
+    is the principal named).  ``operation``: what the caller needs (READ and WRITE imply Describe), i.e. the
+    ACL ``sie acls plan`` grants.  Other Kafka errors propagate.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+    if hasattr(client, "describe_topics"):
+        try:
+            described = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(
+                timeout=timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            denied = from_kafka_error(err, config, operation, topic)
+            if denied is not None:
+                raise denied from None
+            if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return None
+            raise
+        return tuple(sorted(p.id for p in described.partitions)) or None
+    meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+    if meta is None:
+        return None
+    if meta.error is not None:
+        denied = from_kafka_error(meta.error, config, operation, topic)
+        if denied is not None:
+            raise denied
+        if meta.error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            return None
+        raise KafkaException(meta.error)
+    return tuple(sorted(meta.partitions)) or None
+
+
 def topic_denied(admin: Any, topic: str, config: dict[str, Any], operation: str,
                  timeout: float = 10.0) -> NotAuthorized | None:
-    """``NotAuthorized`` if this principal may not Describe ``topic``, else None (it exists or not).
-
-    On a cluster with ACLs a topic the principal may not Describe is absent from the metadata, exactly
-    like a missing one. ``describe_topics`` tells them apart and, unlike a metadata request naming the
-    topic, never auto-creates it (``auto.create.topics.enable`` is on by default).
-    """
-    from confluent_kafka import KafkaException, TopicCollection
+    """``NotAuthorized`` if this principal may not Describe ``topic``, else None (it exists or not, or Kafka
+    did not answer: the caller's own path reports that).  ``topic_partitions`` without the partitions."""
+    from confluent_kafka import KafkaException
 
     try:
-        futures = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)
-        futures[topic].result(timeout=timeout)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        return from_kafka_error(err, config, operation, topic)
+        topic_partitions(admin, topic, config, operation, timeout)
+    except NotAuthorized as exc:
+        return exc
+    except KafkaException:
+        return None
     return None
 
 

@@ -25,7 +25,9 @@ The rules, in the order they are checked (each decision carries the numbers behi
    taken back: they stay unschedulable with the placement engine's reason.
 4. **Wake from zero.**  A model at zero replicas with records waiting gets replicas at once (the cold
    first request the design accepts for long-tail models); the time from waking to the first committed
-   result is recorded (``first_result_ms``, shown by ``sie describe model``).
+   result is recorded (``first_result_ms``, shown by ``sie describe model``).  A wake that could not be
+   placed (rule 3 took it back to zero) is not tried again until ``blocked_retry_s`` has passed: without
+   that, every other pass woke it, found no room and took it back, and each time said so in three events.
 5. **Up, fast.**  ``capacity`` = records/s one READY replica commits while it has a backlog (learned from
    the signal windows in which the replicas had work queued throughout, ``ModelSignals.busy``; an EWMA).
    Until such a window was seen (a model that never had a backlog), the replicas' own inference throughput
@@ -324,6 +326,11 @@ def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDec
 
     # -- wake from zero ---------------------------------------------------------------------------------
     if current == 0:
+        if lag > 0 and blocked_until is not None:
+            # the last wake found no node (rule 3 took it back): waking again at once would repeat
+            # wake -> unschedulable -> blocked on every other pass; the blocked window holds the wake too
+            return hold(f"scaled to zero with {lag} record(s) waiting: the last wake could not be placed (its "
+                        f"scale_blocked event says why); retrying in {blocked_until - now:.0f}s")
         if lag > 0:
             target = min(limit, max(1, needed or 1))
             return scale(target, "wake", f"{lag} record(s) waiting with no replica: starting {target} "

@@ -31,7 +31,35 @@ No pass acts on a view it knows is stale (``StateView``, the state feeder in pro
   replayed heartbeats has been heard LIVE, for at most one ``node_timeout_s``: replayed heartbeats are
   history, and a node must not be judged offline (its replicas moved) before it had one chance to speak;
 * when many nodes go offline at once while the silence is more likely ours than theirs, the
-  ``MassOfflineGuard`` (``liveness.py``) holds their replicas where they are.
+  ``MassOfflineGuard`` (``liveness.py``) holds their replicas where they are;
+* a NEW LEADER's passes are skipped until its takeover loaded what its predecessor published
+  (``TakeoverView``; ``service.Takeover``): the state read to the end the control topics had after the
+  election fenced the old leader, and every unfinished rollout.  Before, its first pass planned without the
+  rollouts and removed the surge replica ("no longer desired"), which the next pass placed again.
+
+A new leader's first pass over that loaded view changes no assignment its predecessor published, because
+everything a pass decides from is either published in the same transaction as the assignments it shaped or
+re-derived from what agents report (tests/streams/control/test_takeover_unit.py walks every rollout phase):
+
+=============================  ===============================================================================
+what a pass depends on         where a new leader gets it
+=============================  ===============================================================================
+specs, nodes, connectors       compacted topics, read to the takeover's barrier
+assignments (``current``)      compacted topic: placement keeps every still-valid placement
+heartbeats (liveness, READY)   read live by the standby all along; a fresh process waits for a live
+                               heartbeat of every replayed node (``_stale_view``)
+FAILED reports -> cool-downs   a standby's passes build them from replica-status as the leader does; and
+                               each replica's ``cooldowns`` in ModelStatus (``_seed_term``: a fresh process
+                               replays only the reports of replicas still on that node)
+cool-down resets               ``cooldown_reset_requested`` events (read window 10 min)
+autoscaler counts              ``ModelStatus.autoscale`` (``_seed_decisions``); no backlog signal yet: hold
+director's added replica       ``ModelStatus.director`` (``_seed_director_floors``); its hot/cool tracks
+                               start afresh (a hot replica must stay hot ``sustain_s`` again)
+rollouts (phase, both specs)   the rollouts topic read to its end after the election (``Rollouts.load``)
+statuses last published        model-status (``_seed_term``: nothing re-published without a change, an
+                               unschedulable replica not announced again)
+rollout_capacity reports       not seeded: a model in a rollout gets its plan's event once more (events only)
+=============================  ===============================================================================
 """
 
 from __future__ import annotations
@@ -224,6 +252,23 @@ class StateView(Protocol):
         ...
 
 
+class TakeoverView(Protocol):
+    """What a new leader must have loaded before its first pass (``service.Takeover`` in production)."""
+
+    def not_loaded(self, epoch: int) -> str | None:
+        """Why the leader of ``epoch`` cannot act yet (None: everything its predecessor published is loaded).
+        Called once per pass while leading, before the state is read: the first call of a term starts the
+        loading."""
+        ...
+
+
+class Loaded:
+    """A takeover with nothing to load (unit tests feed ``ClusterState`` and the rollouts directly)."""
+
+    def not_loaded(self, epoch: int) -> str | None:
+        return None
+
+
 class SignalSource(Protocol):
     """Each autoscaled model's latest backlog signal (``signals.BacklogSampler`` in production)."""
 
@@ -336,8 +381,11 @@ class Controller:
         signals: SignalSource | None = None,
         rollouts: RolloutView | None = None,
         overheads: HostOverheads | None = None,
+        takeover: TakeoverView | None = None,
     ) -> None:
         self.state = state
+        #: what a new leader loads before its first pass (the module docstring's takeover)
+        self.takeover: TakeoverView = takeover if takeover is not None else Loaded()
         #: host memory a replica's process costs beyond its spec's memoryMb (SIE_PROCESS_OVERHEAD_MB,
         #: SIE_MODEL_OVERHEAD_MB; ``host_memory`` module); default: the settings' defaults
         self.overheads = overheads if overheads is not None else HostOverheads.defaults()
@@ -353,8 +401,10 @@ class Controller:
         #: the traffic director's memory per model and replica, and its decisions (newest last)
         self._director_tracks: dict[str, dict[str, Track]] = {}
         self.director_decisions: list[Any] = []
-        #: model -> the replica the director added (a floor under its count; leader memory, ``director`` docstring)
+        #: model -> the replica the director added (a floor under its count, ``director`` docstring); published
+        #: with the model's status (``ModelStatus.director``), from which a new leader and a standby take it
         self.director_extra: dict[str, Extra] = {}
+        self._director_seeded = False
         #: model -> why the director released its replica this pass (what that replica's ``removed`` event says)
         self._director_released: dict[str, str] = {}
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
@@ -372,13 +422,16 @@ class Controller:
         # what this process published and the feeder may not have read back yet: node -> assignment
         self._published: dict[str, AssignmentInfo] = {}
         self._status_published: dict[str, ModelStatus] = {}
-        self._status_loaded = False
+        #: the current term's first acting pass seeded what it continues from (``_seed_term``)
+        self._term_seeded = False
         self._unplaced_reported: dict[str, str] = {}
         #: replica id -> why it was evicted, while it has no node again
         self._evicted: dict[str, str] = {}
         self._node_online: dict[str, bool] = {}
         self._gpu_healthy: dict[tuple[str, int], bool] = {}
         self._led_last_pass = False
+        #: the leader epoch of this instance's current term (None: not leading)
+        self._term: int | None = None
         self.last_report: ReconcileReport | None = None
         self.statuses: dict[str, ModelStatus] = {}
         #: True once a pass acted (was not skipped for a stale view)
@@ -391,18 +444,22 @@ class Controller:
         durations: dict[str, float] = {}
         errors: dict[str, str] = {}
         leader = self.leadership.is_leader
-        if leader and not self._led_last_pass:
-            # new term: forget what a previous term of ours published; the topic is the truth now
+        epoch = self.leadership.epoch
+        if leader and (not self._led_last_pass or epoch != self._term):
+            # new term (also one won again between two passes): forget what a previous term of ours published
+            # and decided; what the topics hold once the takeover loaded them is the truth now
             self._published.clear()
             self._unplaced_reported.clear()
             self._decisions_seeded = False  # continue from the last decision published, not our own guesses
-            self.director_extra.clear()  # a floor of an earlier term of ours may be stale: start without one
-            self._director_tracks.clear()
+            self._director_seeded = False  # ... and from the director's published floor
+            self._term_seeded = False  # ... and from the statuses, cool-downs and reports last published
+            self._director_tracks.clear()  # hysteresis memory: a hot replica must stay hot sustain_s again
         self._led_last_pass = leader
-        if not leader:
-            self.director_extra.clear()  # the floor is the leader's (``director`` docstring); a standby holds none
+        self._term = epoch if leader else None
+        # before the snapshot: the takeover's read barrier must cover what this pass reads
+        loading = self.takeover.not_loaded(epoch) if leader else None
         snap = self.state.snapshot()
-        wait = self._stale_view(snap, now)
+        wait = self._stale_view(snap, now) or loading
         if wait is not None:
             durations["total"] = time.perf_counter() - started
             report = ReconcileReport(now, leader, (), None, self.statuses, {}, durations, skipped=wait)
@@ -410,6 +467,9 @@ class Controller:
             self._observe(report, snap, now)
             return report
         self.acted = True
+        if leader and not self._term_seeded:
+            self._seed_term(now)
+            self._term_seeded = True
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -431,6 +491,11 @@ class Controller:
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
             counts = {name: d.desired for name, d in self.decisions.items()}
         self._director_released = {}
+        if self.config.director is None:
+            self.director_extra.clear()
+        elif not leader or not self._director_seeded:
+            self._seed_director_floors(snap)  # a standby follows the leader's floors; a new leader continues them
+            self._director_seeded = leader
         if leader and self.config.director is not None:
             base = counts
             step("director", lambda: self._direct(snap, now, out, base))
@@ -905,17 +970,6 @@ class Controller:
     def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
         from dataclasses import replace as dc_replace
 
-        if not self._status_loaded:
-            from sie.streams.control.status import ModelStatus as MS
-
-            with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
-                loaded = dict(self.state.model_status)
-            for name, rec in loaded.items():
-                try:
-                    self._status_published[name] = MS.from_record(rec)
-                except Exception:
-                    pass
-            self._status_loaded = True
         epoch = self.leadership.epoch
         statuses: dict[str, ModelStatus] = {}
         cooldowns = self.cooldowns()
@@ -925,6 +979,9 @@ class Controller:
             decision = self.decisions.get(name)
             if decision is not None and name in snap.specs:
                 statuses[name] = dc_replace(statuses[name], autoscale=decision.to_record())
+            extra = self.director_extra.get(name)
+            if extra is not None and name in snap.specs:
+                statuses[name] = dc_replace(statuses[name], director=extra.to_record())
             if not statuses[name].same_as(self._status_published.get(name)):
                 out.append(OutRecord("model-status", name, "ModelStatus", statuses[name].to_record()))
         for name in sorted(set(self._status_published) - set(statuses)):
@@ -948,6 +1005,52 @@ class Controller:
                     self.decisions[name] = ScaleDecision.from_record(rec, now)
                 except (KeyError, TypeError, ValueError) as exc:
                     log.warning("autoscale state of %s unreadable (starting it afresh): %s", name, exc)
+
+    def _seed_term(self, now: float) -> None:
+        """A new term continues from the statuses last published (model-status topic), read once the takeover
+        loaded them: compared with them, nothing is re-published without a change; their replicas' cool-downs
+        join the exclusions (a standby's passes built the same from FAILED reports, but a fresh process
+        replays only those of replicas still on that node: a replica FAILED on node-a and moved to node-b
+        would otherwise be free to go back within its cool-down); their unschedulable reasons are not
+        announced again."""
+        from sie.streams.control.status import ModelStatus as MS
+
+        with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
+            loaded = dict(self.state.model_status)
+        self._status_published = {}
+        for name, rec in loaded.items():
+            try:
+                status = MS.from_record(rec)
+            except Exception as exc:
+                log.warning("model status of %s unreadable (it is published again): %s", name, exc)
+                continue
+            self._status_published[name] = status
+            for view in status.replicas:
+                if view.state == ReplicaState.UNSCHEDULABLE and view.reason:
+                    self._unplaced_reported[view.replica_id] = view.reason
+                for cd in view.cooldowns:
+                    until = int(cd["until_ms"]) / 1000.0
+                    key = (view.replica_id, str(cd["node"]))
+                    if until > now and key not in self.exclusions:
+                        # since: the FAILED report (until = report + failure_cooldown_s), for _clear_cooldowns
+                        self.exclusions[key] = Cooldown(until, str(cd["reason"]), view.model,
+                                                        until - self.config.failure_cooldown_s)
+
+    def _seed_director_floors(self, snap: StateSnapshot) -> None:
+        """The director's floors as last published (``ModelStatus.director``, in the same transaction as the
+        assignments that hold them): a new leader keeps the replica the director added instead of removing it,
+        and a standby's view counts it like the leader's.  WHY not re-derived from the assignments alone: a
+        model's replicas beyond the autoscaler's count could also be a count the old leader was about to lower,
+        and the floor's ``since``/``cool_since`` (its hysteresis) are not in them."""
+        with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic (like decisions)
+            records = {name: rec.get("director") for name, rec in self.state.model_status.items()}
+        self.director_extra = {}
+        for name, rec in records.items():
+            if rec and name in snap.specs:
+                try:
+                    self.director_extra[name] = Extra.from_record(rec)
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("traffic director floor of %s unreadable (starting without it): %s", name, exc)
 
     def _autoscale_inputs(self, name: str, spec: Any, snap: StateSnapshot, now: float) -> ModelInputs:
         ready, p99, rates = 0, None, []

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sie.kernel.errors import ConfigError
 
@@ -177,6 +178,18 @@ class Extra:
     replica: str
     since: float
     cool_since: float | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        """The ``DirectorFloor`` of the model's status (``ModelStatus.director``): published with the assignments
+        that hold it, so a new leader continues from it instead of removing the replica it holds."""
+        return {"floor": self.floor, "node": self.node, "replica": self.replica, "since_ms": int(self.since * 1000),
+                "cool_since_ms": None if self.cool_since is None else int(self.cool_since * 1000)}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Extra:
+        cool = rec.get("cool_since_ms")
+        return cls(int(rec["floor"]), str(rec["node"]), str(rec["replica"]), int(rec["since_ms"]) / 1000,
+                   None if cool is None else int(cool) / 1000)
 
 
 def replica_lever(extra: Extra | None, decisions: Sequence[Decision], signals: Sequence[Signal], count: int,

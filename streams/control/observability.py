@@ -69,18 +69,22 @@ def model_numbers(snap: StateSnapshot, now: float, timeout_s: float) -> dict[str
 
 
 def event_rows(events: Iterable[Any], limit: int) -> list[dict[str, Any]]:
-    """The last ``limit`` events as JSON rows, oldest first, the same event repeated back to back shown once
-    (``count`` says how often, ``ts_ms`` is the latest, ``first_ts_ms`` the first): a leader that says
-    "unschedulable" again after every election, or a record read twice, is one line, not a screenful."""
-    rows: list[dict[str, Any]] = []
+    """The last ``limit`` events as JSON rows, oldest first, each event said more than once shown once, as
+    ``kubectl describe`` does: ``count`` says how often, ``first_ts_ms`` when first, ``ts_ms`` when last, and
+    the row sits at its latest time, even when other events came in between (a flapping pair, a leader that
+    says "unschedulable" again after every election, a record read twice: one line each, not a screenful).
+    The same event = same kind, model, replica, node and detail."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in events:
         ts_ms = int(e.at * 1000)
-        last = rows[-1] if rows else None
-        if last is not None and (last["kind"], last["model"], last["replica_id"], last["node"], last["detail"]) == \
-                (e.kind, e.model, e.replica_id, e.node, e.detail):
-            last["count"] += 1
-            last["ts_ms"] = max(last["ts_ms"], ts_ms)
+        key = (e.kind, e.model, e.replica_id, e.node, e.detail)
+        row = rows.get(key)
+        if row is not None:
+            row["count"] += 1
+            row["ts_ms"] = max(row["ts_ms"], ts_ms)
+            row["first_ts_ms"] = min(row["first_ts_ms"], ts_ms)
             continue
-        rows.append({"ts_ms": ts_ms, "first_ts_ms": ts_ms, "kind": e.kind, "model": e.model,
-                     "replica_id": e.replica_id, "node": e.node, "detail": e.detail, "count": 1})
-    return rows[-limit:] if limit > 0 else []
+        rows[key] = {"ts_ms": ts_ms, "first_ts_ms": ts_ms, "kind": e.kind, "model": e.model,
+                     "replica_id": e.replica_id, "node": e.node, "detail": e.detail, "count": 1}
+    ordered = sorted(rows.values(), key=lambda r: r["ts_ms"])  # stable: same time keeps arrival order
+    return ordered[-limit:] if limit > 0 else []

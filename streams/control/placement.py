@@ -382,6 +382,11 @@ class _Node:
         return self.cpu_free + _CPU_EPSILON >= d.cpu and (self.mem_free is None or self.mem_free >= self.mem_need(d))
 
 
+def _cpu_free(node: _Node) -> str:
+    """``0 of 2 CPU free``: what the node's replicas have not declared."""
+    return f"{max(0.0, node.cpu_free):g} of {node.state.cpu_count:g} CPU free"
+
+
 def _pool_key(state: NodeState) -> tuple:
     return (tuple(sorted(state.labels.items())), tuple(sorted({g.product for g in state.gpus})))
 
@@ -836,19 +841,30 @@ class _Allocator:
         return self._commit(d, self.nodes[best[3]], [])
 
     def _explain_host(self, d: ReplicaDemand, pools: list[tuple[int, _Pool]], what: str | None) -> str:
+        """Why no eligible node has the CPU and host memory ``d`` declares (after ``what``, e.g. its GPU, did
+        fit somewhere).  CPU is packed by what the placed replicas declare (``resources.cpu``), never by
+        their load, so a node whose cores sit idle can be full: the reason says *declared* CPU, and which
+        resource ran out on which node, so nobody hunts for a memory problem that is not there."""
         banned = self._banned(d)
         nodes = [self.nodes[n] for _, pool in pools for n in pool.names if n not in banned]
-        cpu_node = min(nodes, key=lambda n: (-n.cpu_free, n.state.name))
-        if cpu_node.cpu_free + _CPU_EPSILON < d.cpu:
-            return f"needs {d.cpu:g} CPU; most free is {cpu_node.cpu_free:g} on {cpu_node.state.name}"
-        enforced = [(n, n.mem_free) for n in nodes if n.mem_free is not None]
-        if len(enforced) == len(nodes) and all(free < n.mem_need(d) for n, free in enforced):
-            mem_node, free = min(enforced, key=lambda nf: (-nf[1], nf[0].state.name))
+        cpu_short = [n for n in nodes if n.cpu_free + _CPU_EPSILON < d.cpu]
+        mem_short = [n for n in nodes if n.mem_free is not None and n.mem_free < n.mem_need(d)]
+        if len(cpu_short) == len(nodes):
+            node = min(nodes, key=lambda n: (-n.cpu_free, n.state.name))
+            where = f"on {node.state.name}:" if len(nodes) == 1 else f"on every eligible node; most free on {node.state.name}:"
+            return (f"needs {d.cpu:g} CPU; declared CPU is used up {where} {_cpu_free(node)} (its replicas declare "
+                    f"{node.state.cpu_count - node.cpu_free:g}; CPU is packed by resources.cpu, not by load)")
+        if len(mem_short) == len(nodes):
+            mem_node = min(mem_short, key=lambda n: (-(n.mem_free or 0), n.state.name))
             need = describe_need(d, mem_node.state, self.overheads)
-            return f"needs {need}; most free is {free} MiB on {mem_node.state.name}"
+            return f"needs {need}; most free is {mem_node.mem_free} MiB on {mem_node.state.name}"
         host = [describe_need(d, nodes[0].state, self.overheads)] if nodes[0].mem_need(d) else []
         parts = ([what] if what else []) + [f"{d.cpu:g} CPU"] + host
-        return f"needs {', '.join(parts)} on one node; no eligible node has all of them free"
+        short = [f"{n.state.name}: {_cpu_free(n)} (declared)" if n in cpu_short else
+                 f"{n.state.name}: {n.mem_free} MiB host memory free" for n in dict.fromkeys(cpu_short + mem_short)]
+        more = f"; and {len(short) - 3} more" if len(short) > 3 else ""
+        return (f"needs {', '.join(parts)} on one node; no eligible node has all of them free"
+                + (f" ({'; '.join(short[:3])}{more})" if short else ""))
 
     def _explain_no_node(self, d: ReplicaDemand) -> str:
         online = [n for n in self.inventory.nodes if n.online]

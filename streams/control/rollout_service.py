@@ -4,7 +4,9 @@ WHY one lock and leader-only writes: the reconcile loop ticks the driver while A
 and apply operator actions; both change the same ``RolloutDriver`` and publish through the leader's fenced
 producer, so each change is one locked (publish, commit) pair.  A standby neither drives nor writes (the API
 answers 503 naming the leader); when this instance becomes leader it first reads the rollouts topic to its
-end and resumes every unfinished rollout from what is committed there.  Reads (``sie get rollouts``) are
+end and resumes every unfinished rollout from what is committed there (``load``: once per leader epoch,
+BEFORE the controller's first pass of the term plans any replica, ``service.Takeover``: a pass planned
+without the rollouts would remove the surge replica).  Reads (``sie get rollouts``) are
 served from the driver's view on the leader and, on a standby, from the topic as read at most 5 s ago.
 """
 
@@ -65,7 +67,8 @@ class Rollouts:
         self._windows = windows or ModelWindows(
             settings, lambda model: ModelService.from_document(dict(self.driver.entries[model].stable_spec)))
         self.driver = RolloutDriver(self._windows, clock=clock)
-        self._loaded = False
+        #: the leader epoch whose rollouts the driver holds (None: none loaded, or a standby)
+        self._loaded_epoch: int | None = None
         self.last_error: str | None = None
         #: a standby's view of the rollouts topic (refreshed by ``tick`` at most every STANDBY_REFRESH_S)
         self._standby: list[Entry] = []
@@ -73,20 +76,43 @@ class Rollouts:
         self._mono = time.monotonic
         self._metrics = RolloutMetrics(registry) if registry is not None else None
 
+    @property
+    def _loaded(self) -> bool:
+        """The driver holds this leader term's rollouts (loaded after this term's election)."""
+        return self._leadership.is_leader and self._loaded_epoch == self._leadership.epoch
+
     # --- the leader's loop ---------------------------------------------------------------------
+    def load(self, epoch: int) -> str | None:
+        """A new leader's rollouts, once per term: the rollouts topic read to its end (after the election fenced
+        the old leader, so it holds every rollout record that leader committed).  None once loaded; else why not
+        (not leading, or the read failed: retried on the next call, and the controller does not act meanwhile)."""
+        with self._lock:
+            if not self._leadership.is_leader or self._leadership.epoch != epoch:
+                return f"epoch {epoch} is not this instance's term"
+            if self._loaded_epoch == epoch:
+                return None
+            try:
+                self.driver.load(self._reader(self._settings))
+            except Exception as exc:
+                self.last_error = f"reading the rollouts topic: {type(exc).__name__}: {exc}"
+                log.warning("rollouts: %s (retrying)", self.last_error)
+                return self.last_error
+            self._loaded_epoch = epoch
+            return None
+
     def tick(self) -> int:
         """Called by the reconcile loop: resume (once per leadership), then advance every rollout."""
         with self._lock:
             if not self._leadership.is_leader:
-                if self._loaded:
+                if self._loaded_epoch is not None:
                     self._windows.close()
-                self._loaded = False
+                self._loaded_epoch = None
                 self._refresh_standby_view()
                 return 0
             try:
                 if not self._loaded:
                     self.driver.load(self._reader(self._settings))
-                    self._loaded = True
+                    self._loaded_epoch = self._leadership.epoch
                 changed = self.driver.run_once(self._publisher)
                 for model, entry in self.driver.entries.items():
                     if entry.rollout.terminal and hasattr(self._windows, "close"):

@@ -1,8 +1,9 @@
 """``sie control`` as one object: state feeder, leader elector, controller loop, HTTP API.
 
 Start order: feeder (rebuild state from the topics) -> elector (join the group) -> loop (reconcile
-only once the feeder caught up) -> HTTP (``sie.streams.control.api``: FastAPI on uvicorn, bearer
-tokens from ``sie.streams.control.auth``; loopback unless another address is asked for).  Stop order is the reverse, and the elector closes its
+only once the feeder caught up; a new leader only once its ``Takeover`` loaded what the old one
+published) -> HTTP (``sie.streams.control.api``: FastAPI on uvicorn, bearer tokens from
+``sie.streams.control.auth``; loopback unless another address is asked for).  Stop order is the reverse, and the elector closes its
 consumer so the group hands partition 0 to a standby at once (no 6 s session wait on a clean stop).
 
 Every background thread runs under a ``SupervisedThread`` (``sie.kernel.supervised``): if one dies it
@@ -75,6 +76,9 @@ class ControlMetrics:
                            registry=self.registry)
         self.stale = Gauge("sie_control_state_stale", "1 while reconcile passes are skipped (the state is stale)",
                            registry=self.registry)
+        self.takeover = Gauge("sie_control_takeover_load_seconds",
+                              "Seconds this instance's last takeover spent loading what the old leader published "
+                              "(read barrier + rollouts) before its first pass", registry=self.registry)
         self.skipped = Counter("sie_control_state_records_skipped_total",
                                "Control records the state reader could not read or apply (skipped)", ["topic"],
                                registry=self.registry)
@@ -179,6 +183,89 @@ class SteadyWallClock:
         return self._wall0 + (time.monotonic() - self._mono0)
 
 
+class Takeover:
+    """What a new leader loads before its first reconcile pass (the controller's ``TakeoverView``).
+
+    WHY: the leader's pass is level-triggered, so it is only as right as the view it reads.  A standby's view
+    is warm but not complete at the moment it wins: the old leader's last transactions may still be on
+    their way to its feeder, and its driver holds no rollouts (a standby drives none).  A pass planned
+    without them removed the surge replica of a rollout in progress, and the next pass placed it again
+    (issue 22: the surge worker restarted, its partitions stalled 8 s).  So, once per leader epoch:
+
+    1. a read barrier (``StateFeeder.sync``): every control topic read to the high watermark the feeder took
+       after the election (the election's ``init_transactions`` fenced the old leader first, so its last
+       commit lies below it);
+    2. the rollouts topic read to its end (``Rollouts.load``).
+
+    Until both are done the controller skips its passes (the reason is in ``/healthz``) and the rollouts are
+    not ticked.  ``loaded_s`` is how long that took (``sie_control_takeover_load_seconds``; measured 0.4-1.3 s
+    on a loaded 2-core machine, docs/control-plane.md).
+
+    ==========================================  ===========================================================
+    failure while loading                       what happens
+    ==========================================  ===========================================================
+    the barrier's end offsets cannot be taken   retried on the feeder's next loop; ``describe()`` says why
+    the state feeder dies or stalls             passes skipped as stale anyway; the barrier's ends stay
+                                                valid and the restarted run serves it
+    the rollouts topic cannot be read           ``Rollouts.load`` returns why; retried on the next pass
+    leadership lost and won again meanwhile     a new epoch: a new barrier and a new rollouts read
+    ==========================================  ===========================================================
+    """
+
+    def __init__(self, feeder: Any, rollouts: Any, clock: Callable[[], float],
+                 wake: Callable[[], None] | None = None, metrics: ControlMetrics | None = None) -> None:
+        self._feeder = feeder
+        self._rollouts = rollouts
+        self._clock = clock
+        self._wake = wake
+        self._metrics = metrics
+        self._barrier: Any = None
+        self.epoch: int | None = None
+        self.started_at: float | None = None
+        #: seconds from the first pass of the term to the barrier seen reached, and to everything loaded
+        self.barrier_s: float | None = None
+        self.loaded_s: float | None = None
+
+    def not_loaded(self, epoch: int) -> str | None:
+        if epoch != self.epoch:
+            self.epoch, self.started_at, self.barrier_s, self.loaded_s = epoch, self._clock(), None, None
+            self._barrier = self._feeder.sync(on_done=self._wake)
+        if self.loaded_s is not None:
+            return None
+        started = self.started_at or 0.0
+        if not self._barrier.reached():
+            return (f"new leader (epoch {epoch}): reading the control topics to the end they had after the "
+                    f"election ({self._barrier.describe()})")
+        if self.barrier_s is None:
+            self.barrier_s = self._clock() - started
+        wait = self._rollouts.load(epoch)
+        if wait is not None:
+            return f"new leader (epoch {epoch}): loading the rollouts: {wait}"
+        self.loaded_s = self._clock() - started
+        if self._metrics is not None:
+            self._metrics.takeover.set(self.loaded_s)
+        log.info("leader epoch %d: loaded what the previous leader published in %.2fs (read barrier %.2fs); "
+                 "reconciling", epoch, self.loaded_s, self.barrier_s)
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """``/healthz``'s ``takeover``: this instance's latest term and how long its loading took (null: not yet)."""
+        def rounded(v: float | None) -> float | None:
+            return None if v is None else round(v, 3)
+
+        return {"epoch": self.epoch, "barrier_s": rounded(self.barrier_s), "loaded_s": rounded(self.loaded_s)}
+
+
+def one_pass(controller: Controller, rollouts: Any, now: float) -> ReconcileReport:
+    """One turn of the loop: reconcile, then the rollouts.  A leader's rollouts are not ticked after a pass
+    that could not act (a stale view, a takeover still loading): the driver would move on a capacity plan the
+    controller did not make from the current view."""
+    report = controller.reconcile(now)
+    if report.skipped is None or not report.leader:
+        rollouts.tick()
+    return report
+
+
 def default_instance_id() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
@@ -228,15 +315,18 @@ class ControlService:
         #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
         self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
                                  registry=self.metrics.registry)
+        self._wake = threading.Event()
+        #: what a new leader loads before its first pass (``Takeover``)
+        self.takeover = Takeover(self.feeder, self.rollouts, clock, wake=self._wake.set, metrics=self.metrics)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
                                      self.elector, config, self.metrics, view=self.feeder, signals=self.sampler,
-                                     rollouts=self.rollouts, overheads=HostOverheads.from_settings(settings))
+                                     rollouts=self.rollouts, overheads=HostOverheads.from_settings(settings),
+                                     takeover=self.takeover)
         #: the rollout's readiness gate and drain: the replica plan the controller made this pass
         self.rollouts.driver.capacity = lambda model: self.controller.capacity.get(model)
         self._http_port = http_port
         self._http_host = http_host
         self.http: Any = None
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._loop = SupervisedThread("sie-control-loop", self._run, self._stop)
         self.started_at = clock()
@@ -308,8 +398,7 @@ class ControlService:
         """The reconcile loop.  A pass isolates its steps and skips itself while the state is stale;
         whatever still escapes it ends this run, and the supervisor restarts the loop with backoff."""
         while not self._stop.is_set():
-            self.controller.reconcile(self.clock())
-            self.rollouts.tick()
+            one_pass(self.controller, self.rollouts, self.clock())
             self._observe_threads()
             self._wake.wait(self.config.reconcile_interval_s)
             self._wake.clear()
@@ -360,4 +449,5 @@ class ControlService:
             "feeder_last_error": self.feeder.last_error,
             "election_error": self.elector.last_error,
             "rollouts_error": self.rollouts.last_error,
+            "takeover": self.takeover.status(),
         }

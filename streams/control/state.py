@@ -110,6 +110,10 @@ class ReplicaReport:
     #: from heartbeats only: the worker process hosting it on its node (``pid-<pid>`` for a process of its
     #: own, a shared process's id; None: no process now, or an agent older than the field)
     process: str | None = None
+    #: from heartbeats only: while its backend is in an outage (its batches are retried: the backend fails on
+    #: a known-good row), the latest failure and when the outage began (epoch s); None while it scores
+    outage: str | None = None
+    outage_since: float | None = None
     #: from heartbeats only, during a rollout: version -> (state, detail) of the other version the replica
     #: serves from a process of its own (waiting | loading | ready | failed)
     versions: tuple[tuple[str, str, str], ...] = ()
@@ -342,6 +346,7 @@ class ClusterState:
 
     def apply_connector(self, name: str, record: Mapping[str, Any] | None) -> None:
         """A ConnectorRecord, or None (tombstone) = the connector is gone; an unreadable one is an error entry."""
+        from sie.schemas.connector_spec import connector_name_problems
         from sie.schemas.connector_store import connector_from_record
 
         with self._lock:
@@ -350,6 +355,12 @@ class ClusterState:
             except Exception as exc:  # a connector we cannot read is a status, not a crash
                 self.connectors.pop(name, None)
                 self.connector_errors[name] = f"connector record unreadable: {str(exc).splitlines()[0]}"
+                return
+            problems = [] if info is None or self.spec_policy is None else connector_name_problems(
+                info.spec, self.spec_policy.topic_prefix)
+            if problems:  # written past the API (Write on the connectors topic): never placed
+                self.connectors.pop(name, None)
+                self.connector_errors[name] = "connector refused: " + "; ".join(problems)
                 return
             self.connector_errors.pop(name, None)
             if info is None:
@@ -399,6 +410,8 @@ class ClusterState:
                 records=int(r.get("records") or 0),
                 inference_rps=float(r["inference_rps"]) if r.get("inference_rps") is not None else None,
                 process=r.get("process"),
+                outage=r.get("outage"),
+                outage_since=r["outage_since_ms"] / 1000.0 if r.get("outage_since_ms") is not None else None,
                 versions=tuple((str(v.get("version")), str(v.get("state")), str(v.get("detail") or ""))
                                for v in r.get("versions") or ()),
             )
@@ -696,6 +709,49 @@ _LAG_CHECK_S = 1.0  # how often the feeder compares its position on the heartbea
 _KEY_SHOWN = 64  # bytes of a skipped record's key shown in logs and health
 
 
+class ReadBarrier:
+    """"Every record committed on the control topics before this barrier was asked for is applied": what a new
+    leader waits for before its first pass (``StateFeeder.sync``).
+
+    WHY: a standby's feeder reads all along, but the old leader's last transactions can still be on their way
+    to it when the new leader is elected (a clean stop hands over in about a second); a pass that planned
+    from a state without them would undo them.  The targets are each partition's high watermark taken by
+    the feeder after the request, and the request is made after the election's ``init_transactions``
+    fenced the old leader, so nothing it committed lies beyond them.
+    """
+
+    def __init__(self, on_done: Callable[[], None] | None = None) -> None:
+        self.done = threading.Event()
+        self._on_done = on_done
+        #: (topic, partition) -> the end to reach (None: not taken yet)
+        self.ends: dict[tuple[str, int], int] | None = None
+        #: (topic, partition) -> (reached, end) while short of it
+        self.short: dict[tuple[str, int], tuple[int, int]] = {}
+        self.error: str | None = None
+
+    def reached(self) -> bool:
+        return self.done.is_set()
+
+    def describe(self) -> str:
+        """What it still waits for (shown while a new leader waits)."""
+        if self.done.is_set():
+            return "reached"
+        if self.ends is None:
+            return "taking the end offsets" + (f" (last try: {self.error})" if self.error else "")
+        short = sorted(self.short.items())
+        shown = ", ".join(f"{t}[{p}] at {at} of {end}" for (t, p), (at, end) in short[:5])
+        return f"{len(short)} partition(s) short: {shown}" + (" ..." if len(short) > 5 else "")
+
+    def _finish(self) -> None:
+        self.short = {}
+        self.done.set()
+        if self._on_done is not None:
+            try:
+                self._on_done()
+            except Exception:
+                log.exception("read barrier callback failed")
+
+
 class StateFeeder:
     """Reads every control topic (read_committed) into a ``ClusterState``, on a supervised thread.
 
@@ -713,6 +769,11 @@ class StateFeeder:
     * ``lag_reason()``: caught up once, but now behind the end of a heartbeats partition for more than
       ``lag_limit_s``: nodes look more silent than they are (evidence for the controller's mass-offline
       guard, which then holds removals).
+
+    ``sync()`` asks for a ``ReadBarrier``: done once every partition was read to the end it had when the
+    feeder thread took it (a new leader's takeover).  A partition counts as read to an offset when a record
+    before it was applied, an end-of-partition event was reported there (the end may be a transaction
+    marker, which no record shows), or the current run started past it (history outside the window).
     """
 
     def __init__(
@@ -747,6 +808,9 @@ class StateFeeder:
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition (kept across runs)
         self._run_start: dict[tuple[str, int], int] = {}  # where the current run started, per partition
         self._behind: dict[tuple[str, int], tuple[float, int]] = {}  # heartbeats partition -> (since, end to reach)
+        self._eof: dict[tuple[str, int], int] = {}  # where the latest end-of-partition event was, per partition
+        self._barriers: list[ReadBarrier] = []
+        self._barriers_lock = threading.Lock()
         self._lag_checked = 0.0
         self._polled_at: float | None = None
         self.errors = 0
@@ -778,6 +842,14 @@ class StateFeeder:
         if polled is not None and self._monotonic() - polled > self._stall_limit_s:
             return f"state reader stalled: no poll for {self._monotonic() - polled:.0f}s"
         return None
+
+    def sync(self, on_done: Callable[[], None] | None = None) -> ReadBarrier:
+        """A read barrier over every control topic (``ReadBarrier``); ``on_done`` is called from the feeder's
+        thread once it is reached."""
+        barrier = ReadBarrier(on_done)
+        with self._barriers_lock:
+            self._barriers.append(barrier)
+        return barrier
 
     def lag_s(self) -> float:
         """How long the feeder has been behind an end of a heartbeats partition it saw (0: not behind)."""
@@ -871,12 +943,15 @@ class StateFeeder:
                 msg = consumer.poll(0.2)
                 if self.caught_up.is_set():
                     self._check_lag(consumer)
+                if self._barriers:
+                    self._serve_barriers()
                 if msg is None:
                     continue
                 key = (msg.topic(), msg.partition())
                 error = msg.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
+                        self._eof[key] = max(self._eof.get(key, 0), msg.offset())
                         if pending.pop(key, None) is not None and not pending:
                             self._caught_up()
                         continue
@@ -902,6 +977,42 @@ class StateFeeder:
                 consumer.close()
             except Exception as exc:
                 log.warning("closing the state reader's consumer: %s", exc)
+
+    def _read_to(self, key: tuple[str, int]) -> int:
+        """The offset up to which ``key`` has been read and applied in this feeder (``ReadBarrier``)."""
+        return max(self._next.get(key, 0), self._eof.get(key, 0), self._run_start.get(key, 0))
+
+    def _ends(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The high watermark of each partition now, asked through a consumer of its own: the reader's consumer
+        would wait behind its own fetch long-poll on every call (a broker answers one request per connection at
+        a time): 17 partitions took 5-7 s that way, measured on a takeover."""
+        from confluent_kafka import TopicPartition
+
+        names = self._settings.names
+        probe = self._clients.consumer(state_reader_config(
+            self._settings, names.control_state_group, names.control_state_ends_client_id))
+        try:
+            return {key: probe.get_watermark_offsets(TopicPartition(*key), timeout=5)[1] for key in keys}
+        finally:
+            probe.close()
+
+    def _serve_barriers(self) -> None:
+        """Take the end offsets of each new barrier; finish every barrier whose ends were all reached."""
+        with self._barriers_lock:
+            barriers = list(self._barriers)
+        for barrier in barriers:
+            if barrier.ends is None:
+                try:
+                    barrier.ends = self._ends(list(self._run_start))
+                except Exception as exc:  # tried again on the next loop
+                    barrier.error = f"{type(exc).__name__}: {exc}"
+                    continue
+            barrier.short = {key: (self._read_to(key), end) for key, end in barrier.ends.items()
+                             if self._read_to(key) < end}
+            if not barrier.short:
+                with self._barriers_lock:
+                    self._barriers.remove(barrier)
+                barrier._finish()
 
     def _check_lag(self, consumer: Any) -> None:
         """Every second: is an end of a heartbeats partition seen earlier still not reached?"""

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.placement import Placement, PlacementPlan
 from sie.streams.control.state import StateSnapshot
+
+#: how a READY replica's reason starts while its backend is in an outage (it runs, but scores nothing: its
+#: batches are retried because the backend fails on a known-good row): the model is Degraded
+BACKEND_OUTAGE = "backend outage since "
 
 #: a desired replica in one of these is not serving and will not get there by itself: the model is Degraded
 TROUBLE_STATES: frozenset[ReplicaState] = frozenset(
@@ -97,6 +102,8 @@ class ModelStatus:
     updated_at_ms: int = 0
     #: the autoscaler's decision (``autoscaler.ScaleDecision.to_record``); None for a fixed-size model
     autoscale: Mapping[str, Any] | None = None
+    #: the replica the traffic director holds for the model (``director.Extra.to_record``); None: none
+    director: Mapping[str, Any] | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The Avro ``ModelStatus`` record (also the JSON the HTTP API returns)."""
@@ -113,6 +120,7 @@ class ModelStatus:
             "epoch": self.epoch,
             "updated_at_ms": self.updated_at_ms,
             "autoscale": dict(self.autoscale) if self.autoscale is not None else None,
+            "director": dict(self.director) if self.director is not None else None,
         }
 
     @classmethod
@@ -130,6 +138,7 @@ class ModelStatus:
             epoch=int(rec.get("epoch") or 0),
             updated_at_ms=int(rec.get("updated_at_ms") or 0),
             autoscale=dict(rec["autoscale"]) if rec.get("autoscale") else None,
+            director=dict(rec["director"]) if rec.get("director") else None,
         )
 
     def same_as(self, other: ModelStatus | None) -> bool:
@@ -173,6 +182,10 @@ def _replica_view(
     if report is None:
         return ReplicaView(**base, state=ReplicaState.PENDING, reason=f"assigned to {placement.node}; not yet reported by its agent")
     reason = report.reason
+    if report.outage and report.state == ReplicaState.READY:  # running, scoring nothing: the worker says why
+        since = (datetime.fromtimestamp(report.outage_since, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                 if report.outage_since else "?")
+        reason = f"{BACKEND_OUTAGE}{since}: {report.outage}; its batches are retried, nothing is scored"
     if report.version and report.version != placement.version:
         reason = f"running version {report.version}; {placement.version} requested" + (f"; {reason}" if reason else "")
     other = "; ".join(f"{v} {state}" + (f": {detail}" if detail else "") for v, state, detail in report.versions)
@@ -219,7 +232,11 @@ def build_status(
     ready = sum(1 for v in views if v.state == ReplicaState.READY and (v.actual_version in (None, v.version)))
     # READY on another version than placed (a replica being replaced by a new version) is not ready yet
     not_ready = [v for v in views if v.state != ReplicaState.READY or v.actual_version not in (None, v.version)]
-    if desired == ready:
+    outages = [v for v in views if v.state == ReplicaState.READY and BACKEND_OUTAGE in (v.reason or "")]
+    if outages:  # READY counts them (their processes run), but the model answers nothing through them
+        phase, reason = "Degraded", (f"{len(outages)} of {desired} replica(s) in a backend outage; "
+                                     f"{outages[0].replica_id}: {outages[0].reason}")
+    elif desired == ready:
         phase, reason = "Ready", None
     elif all(v.state == ReplicaState.UNSCHEDULABLE for v in views):
         phase, reason = "Unschedulable", not_ready[0].reason

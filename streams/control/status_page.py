@@ -1,8 +1,9 @@
 """The status page: a small read-only web page of the cluster, served by the control API at ``/status``.
 
 Three static files (``static/status.{html,js,css}``), no build step: the script calls the JSON routes
-(``/v1/nodes``, ``/v1/models``, ``/v1/replicas``, ``/v1/events``, ``/healthz``) every few seconds and
-draws nodes and GPUs, models (desired/ready, phase, lag, p99 against the budget), replicas (state,
+(``/v1/nodes``, ``/v1/models``, ``/v1/replicas``, ``/v1/events``, ``/v1/rollouts``, ``/healthz``) every few
+seconds and draws nodes and GPUs, models (desired/ready, phase, lag, p99 against the budget), rollouts
+(versions, phase, step, stable/new weights, epoch, the last transition at its UTC time), replicas (state,
 reason) and the latest events.
 
 How the browser authenticates (WHY a token form and ``sessionStorage``, not a cookie): the files

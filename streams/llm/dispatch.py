@@ -109,6 +109,7 @@ class Dispatcher:
         self._poison_after = poison_after
         self._clock = clock
         self._client = client or httpx.Client(
+            follow_redirects=False,  # a redirect would carry prompts to a host the node never allowed (SIE_SGLANG_ENDPOINTS)
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8))
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -218,8 +219,9 @@ class Dispatcher:
                 continue
             if status != 200:  # 503 starting/stopping, 404/401/403 misconfigured: not this request's fault
                 # what the server said is the fix (vLLM: 404 "The model `x` does not exist." for a served name
-                # the spec's served_model_name does not match)
-                pool.failed(endpoint, f"HTTP {status} on {path}: {_said(response)}")
+                # the spec's served_model_name does not match); a redirect is never followed
+                why = "a redirect: not followed" if 300 <= status < 400 else _said(response)
+                pool.failed(endpoint, f"HTTP {status} on {path}: {why}")
                 continue
             pool.release(endpoint, self._clock() - sent)
             if isinstance(streamed, BadOutput):

@@ -67,10 +67,12 @@ class ScorerSummary:
 
 
 class _MetricsObserver:
-    """The layer's failure events as the scorer's Prometheus counters."""
+    """The layer's failure events as the scorer's Prometheus counters (and its outage state, which the
+    agent forwards to the control plane: ``ScorerMetrics.outage``)."""
 
-    def __init__(self, metrics: ScorerMetrics) -> None:
+    def __init__(self, metrics: ScorerMetrics, wall_clock: Callable[[], float] = time.time) -> None:
         self._m = metrics
+        self._wall = wall_clock
 
     def aborted(self) -> None:
         self._m.txn_aborts.inc()
@@ -79,7 +81,7 @@ class _MetricsObserver:
         self._m.producer_restarts.inc()
 
     def retry_later(self, exc: RetryLater) -> None:
-        self._m.backend_outages.inc()
+        self._m.backend_outage(str(exc), self._wall())
 
 
 class Scorer:
@@ -142,7 +144,7 @@ class Scorer:
             tick_interval_s=cfg.lag_interval_s, limits=cfg.eos_limits(), pipelined=cfg.pipelined,
             fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give every replica a "
                         f"distinct --instance"),
-            self, clients=self._clients, observer=_MetricsObserver(self.metrics), clock=self._clock)
+            self, clients=self._clients, observer=_MetricsObserver(self.metrics, self._wall), clock=self._clock)
         try:
             self._loop.run(stop, on_ready)
         finally:

@@ -69,11 +69,16 @@ def test_kafka_unreachable_real_process_default_timeout_under_10s():
     """What a user sees: `sie agent` against a dead address, the default SIE_CONNECT_TIMEOUT_S, a fresh process."""
     env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": UNREACHABLE}
     env.pop("SIE_CONNECT_TIMEOUT_S", None)
+    # what starting the CLI costs on this machine now (2-5 s on a loaded 2-core CI box): the bound is the 5 s
+    # connect timeout on top of it, not a fixed wall time a busy machine's imports alone can exceed
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "sie", "--version"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=30)
+    startup = time.monotonic() - started
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "sie", "agent", "--node", "n1"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - started
-    assert proc.returncode == 1 and elapsed < 10, (elapsed, proc.stderr)
+    assert proc.returncode == 1 and elapsed < startup + 7, (elapsed, startup, proc.stderr)
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "did not answer within 5s" in proc.stderr
 

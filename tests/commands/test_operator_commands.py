@@ -161,6 +161,27 @@ def test_logs_prints_the_agents_worker_log_for_a_replica(tmp_path, capsys):
     assert "replicas with logs here: fraud-0" in capsys.readouterr().err
 
 
+def test_logs_of_a_replica_that_moved_between_nodes_shows_the_current_one_and_says_so(tmp_path, capsys):
+    """Issue 28.5: `sie logs churn-torch-0` refused with 'ran under several nodes here (nu1-a, nu1-b): pass
+    --node'. The log written last is the node that runs it now; the others stay one --node away."""
+    import os
+
+    for node, last in (("nu1-a", "old"), ("nu1-b", "new"), ("nu1-c", "older")):
+        log = tmp_path / node / "churn-torch-0" / "worker.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"{node} first\n{node} {last}\n")
+    now = os.stat(tmp_path / "nu1-b" / "churn-torch-0" / "worker.log").st_mtime
+    for node, age in (("nu1-a", 60), ("nu1-b", 0), ("nu1-c", 600)):  # nu1-b runs it now (written last)
+        os.utime(tmp_path / node / "churn-torch-0" / "worker.log", (now - age, now - age))
+    assert main(["logs", "churn-torch-0", "--work-dir", str(tmp_path), "-n", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["nu1-b new"]
+    assert captured.err.startswith("(node nu1-b: the log written last") and "also nu1-a, nu1-c: --node NAME" in captured.err
+    assert main(["logs", "churn-torch-0", "--work-dir", str(tmp_path), "-n", "1", "--node", "nu1-a"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["nu1-a old"] and captured.err == ""
+
+
 def test_applying_an_unchanged_spec_again_ends_its_replicas_cooldown(cluster, capsys):
     settings, spec, path = cluster
     from sie.schemas.spec_store import read_spec_snapshot

@@ -110,13 +110,15 @@ def test_predict_reports_an_invalid_request_as_its_dead_letter(capsys):
 
 def test_admission_never_imports_code_outside_the_allow_list(tmp_path):
     from sie.schemas.spec import load_spec
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.workers.load_check import admission_problems
 
     spec = load_spec(churn_spec(tmp_path, "", outputs=[{"name": "y", "type": "float", "range": [0, 1]}],
                                 backend={"type": "python", "callable": "tests.scorer_fixtures:echo"}))
-    report = admission_problems(spec)
+    policy = SpecPolicy(allowed_modules=("tests",))
+    report = admission_problems(spec, policy)
     assert report.ok and report.skipped and "'tests'" in report.skipped and "allow-list" in report.skipped
-    checked = admission_problems(spec, allowed_modules={"tests"})
+    checked = admission_problems(spec, policy, allowed_modules={"tests"})
     assert not checked.ok  # echo reads inputs["x"], which this schema has no field for
     assert checked.problems[0].startswith("load: ")
 
@@ -146,3 +148,45 @@ def test_a_pt2_needs_a_dynamic_batch_dimension_and_the_error_says_how(tmp_path, 
     assert "Guard failed" in err and "a .pt2 must be exported with a dynamic batch dimension" in err
     dynamic = churn_spec(tmp_path, _exported(tmp_path, dynamic=True))
     assert main(["validate", "--load", "-f", str(dynamic)]) == 0
+
+
+def _own_package_spec(directory: Path, package_name: str = "churnpkg") -> Path:
+    """A python model from the user's own package next to the spec (not the demo's ``models.fraud``)."""
+    package = directory / package_name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "rules.py").write_text(
+        "def score(batch):\n    return [{'churn_probability': 0.25 if row['is_foreign'] else 0.5} for row in batch]\n")
+    return churn_spec(directory, "", backend={"type": "python", "callable": f"{package_name}.rules:score"})
+
+
+@pytest.mark.parametrize("command", ["validate", "predict"])
+def test_validate_load_and_predict_honour_the_nodes_allowed_modules(tmp_path, capsys, monkeypatch, command):
+    """Issue 28.1: the spec passed the policy check (SIE_ALLOWED_MODULES=churnpkg), then the load refused
+    it as 'not in this node's allowed modules (models.fraud)': the backend was built without the policy."""
+    spec = _own_package_spec(tmp_path)
+    monkeypatch.setenv("SIE_ALLOWED_MODULES", "churnpkg")
+    args = (["validate", "--load", "-f", str(spec)] if command == "validate"
+            else ["predict", "-f", str(spec), "--input", json.dumps(EXAMPLE)])
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    if command == "validate":
+        assert "load: ok on cpu" in out and '"churn_probability": 0.25' in out
+    else:
+        assert orjson.loads(out)["outputs"] == {"churn_probability": 0.25}
+
+
+def test_predict_checks_the_spec_against_the_nodes_policy_before_loading_it(tmp_path, capsys):
+    """``sie predict`` runs the model's code and opens its files: it checks the spec against this node's
+    policy as ``validate`` and a worker do, so an artifact outside the model roots is named, never opened."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    artifact = elsewhere / scripted(elsewhere, out_features=1, bias=0.0, sigmoid=True)
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    spec = churn_spec(spec_dir, str(artifact))
+    assert main(["predict", "-f", str(spec), "--input", json.dumps(EXAMPLE)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: ") and "spec.backend.artifact" in captured.err
+    assert "model roots" in captured.err or "SIE_MODEL_ROOTS" in captured.err

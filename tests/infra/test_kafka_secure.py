@@ -318,3 +318,164 @@ def test_secrets_stay_out_of_status_help_plans_and_broker_logs(secure_kafka: Any
     text = "\n".join(outputs + logs)
     for secret in _secrets(secure_kafka):
         assert secret not in text
+
+
+class _Ran:
+    def __init__(self, exit_code: int, output: str) -> None:
+        self.exit_code, self.output = exit_code, output
+
+
+def _cli_as(kafka: Any, principal: Principal | None, prefix: str, args: list[str]) -> _Ran:
+    """``sie ARGS`` as a user runs it (``sie.cli.main``: errors as the one line a user sees), with the
+    principal's SIE_* variables (paths, no secret) and the prefix."""
+    import contextlib
+    import io
+    import os
+
+    from sie.cli import main
+
+    user = principal.name if principal is not None else "admin"
+    env = {**kafka.security.client_env(user), "SIE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+           "SIE_TOPIC_PREFIX": prefix}
+    saved = {k: os.environ.get(k) for k in env}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return _Ran(code, out.getvalue() + err.getvalue())
+
+
+def _unreadable_source(world: dict[str, Any]) -> str:
+    topic = f"{world['prefix']}-other.orders"
+    ensure_model_topics(world["admin"], [topic], 1)
+    return topic
+
+
+@pytest.mark.parametrize("role, args, topic", [
+    ("producer", ["tail", "results"], lambda w: w["spec"].topics.results),
+    ("producer", ["tail", "dlq"], lambda w: w["spec"].topics.dead_letters),
+    ("producer", ["dlq", "redrive"], lambda w: w["spec"].topics.dead_letters),
+    ("backfill", ["backfill", "--from", "earliest", "--to", "now", "--source-topic", _unreadable_source],
+     _unreadable_source),
+], ids=["tail-results", "tail-dlq", "dlq-redrive", "backfill-source"])
+def test_a_topic_the_principal_may_not_read_is_named_as_such_not_as_missing(world: dict[str, Any], role: str,
+                                                                           args: list[Any], topic: Any) -> None:
+    """Issue 28.2: as `sie-producer`, `sie tail results` said 'topic ... does not exist ... nothing was scored
+    yet' about a topic that exists: on a cluster with ACLs an undescribable topic looks absent."""
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    principal = Principal(kafka, prefix, role, models=[ModelScope.of_spec(spec)])
+    principal.grant(admin)
+    argv = [a(world) if callable(a) else a for a in args] + ["--spec", str(RULES)]
+    result = _cli_as(kafka, principal, prefix, argv)
+    assert result.exit_code == 1, result.output
+    assert f"not authorized: User:{principal.name} may not READ topic '{topic(world)}'" in result.output, \
+        result.output
+    assert "does not exist" not in result.output
+    assert f"--principal {principal.name}" in result.output  # the fix: what to grant, with sie acls plan
+
+
+def test_a_missing_topic_still_reads_as_missing_on_a_secured_cluster(world: dict[str, Any]) -> None:
+    result = _cli_as(world["kafka"], None, f"{world['prefix']}x", ["tail", "results", "--spec", str(RULES)])
+    assert result.exit_code == 1
+    assert "does not exist" in result.output and "nothing was scored for fraud-rules yet" in result.output
+
+
+def test_describe_model_names_the_acl_its_traffic_line_lacks(world: dict[str, Any]) -> None:
+    """`sie describe model` read the model topics' traffic; as a principal without Read on them it said
+    'does not exist yet: nothing was sent'."""
+    from sie.schemas.spec_store import publish_spec
+
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    publish_spec(admin, spec)
+    control = Principal(kafka, prefix, "control")
+    control.grant(admin, without=lambda r: r.resource == "topic" and r.name == admin.names.model_topic_prefix)
+    result = _cli_as(kafka, control, prefix, ["describe", "model", spec.name])
+    assert result.exit_code == 0, result.output
+    assert (f"Traffic:     unavailable: not authorized: User:{control.name} may not READ topic "
+            f"'{spec.topics.requests}'") in result.output, result.output
+    assert "does not exist" not in result.output
+
+
+def test_the_export_block_of_kafka_up_secure_connects_the_next_command(secure_kafka: Any) -> None:
+    """Issue 28.3: the block printed by `sie kafka up --secure` had no SIE_BOOTSTRAP_SERVERS: pasted as is,
+    the next command went to 127.0.0.1:9092 (no broker, or a plaintext dev broker)."""
+    from sie.commands.kafka import command as kafka_cli
+
+    up = CliRunner().invoke(kafka_cli, ["up", "--secure", "--base-port", str(secure_kafka.layout.base_port),
+                                        "--data-dir", str(secure_kafka.data_dir)], obj=secure_kafka.settings)
+    assert up.exit_code == 0, up.output
+    exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in up.output.splitlines()
+                   if line.strip().startswith("export "))
+    assert exports["SIE_BOOTSTRAP_SERVERS"] == secure_kafka.bootstrap_servers
+    assert not any("password" in v.lower() and not k.endswith("_FILE") for k, v in exports.items())
+    import os
+
+    saved = {k: os.environ.get(k) for k in exports}
+    os.environ.update(exports)  # pasted into the shell as printed
+    try:
+        settings = Settings()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    from sie.kernel.admin import wait_for_cluster
+
+    assert wait_for_cluster(settings, timeout=20).brokers, "the next command reaches the secured broker as admin"
+
+
+def test_each_principal_writes_exactly_its_capability_cells_and_a_crafted_spec_grants_the_scorer_nothing(
+        world: dict[str, Any]) -> None:
+    """docs/security.md's capability table on the secured broker: every role's principal, holding exactly the plan
+    of its role, tries to write every system topic; exactly the table's W cells succeed.  A spec crafted to name
+    system topics as its results, dead letters and group gets no plan at all, and no topic is ensured for it."""
+    from confluent_kafka import Producer
+
+    from sie.kernel.admin import topic_configs
+    from sie.kernel.errors import ConfigError
+    from sie.kernel.names import SYSTEM_TOPICS
+    from sie.schemas.spec_models import SpecTopics
+    from tests.security.test_capabilities import KAFKA_ROLES, capability_table
+
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    crafted = spec.model_copy(update={
+        "topics": SpecTopics(requests=spec.topics.requests, results=f"{prefix}.specs",
+                             dead_letters=f"{prefix}.assignments", backfill=spec.topics.backfill),
+        "group_id": f"{prefix}.control"})
+    with pytest.raises(ConfigError, match=rf"refusing to plan ACLs: fraud-rules: topics.results: {prefix}.specs is "
+                                          "SIE's system topic"):
+        plan(admin.names, "scorer", "sie-scorer", models=[ModelScope.of_spec(crafted)])
+    with pytest.raises(ConfigError, match="SIE's system topic"):
+        ensure_model_topics(admin, [crafted.topics.results, crafted.topics.dead_letters], 2)
+
+    table = capability_table()
+    model = [ModelScope.of_spec(spec)]
+    scopes: dict[str, dict[str, Any]] = {"scorer": {"models": model}, "connector": {
+        "connector": "orders", "source_topics": ["team.orders"], "models": model}, "backfill": {"models": model},
+        "producer": {"models": model}}
+    wrote: dict[str, set[str]] = {}
+    for role in KAFKA_ROLES:
+        principal = Principal(kafka, prefix, "cdc" if role == "connector" else role, **scopes.get(role, {}))
+        principal.grant(admin)
+        producer = Producer(principal.settings.kafka_client_config(**{"acks": "all", "message.timeout.ms": 20_000}))
+        delivered: dict[str, Any] = {}
+        for suffix in SYSTEM_TOPICS:
+            producer.produce(f"{prefix}.{suffix}", key=b"capability-probe", value=b"probe",
+                             on_delivery=lambda err, _m, s=suffix: delivered.__setitem__(s, err))
+        assert producer.flush(60) == 0
+        assert set(delivered) == set(SYSTEM_TOPICS)
+        refused = {s: e for s, e in delivered.items() if e is not None}
+        assert all("TOPIC_AUTHORIZATION_FAILED" in e.name() for e in refused.values()), refused
+        wrote[role] = {s for s, e in delivered.items() if e is None}
+    assert wrote == {role: {s for s in SYSTEM_TOPICS if table[s][role] == "W"} for role in KAFKA_ROLES}
+    assert wrote["scorer"] == set()
+    compacted = [t.name for t in system_topics(prefix) if t.compacted]
+    assert {topic_configs(admin, name)["cleanup.policy"] for name in compacted} == {"compact"}

@@ -30,7 +30,9 @@ SAMPLES: dict[str, dict] = {
                                 # records/inference_rps: their defaults, which is what an older writer's
                                 # records read as
                                 "records": 0, "inference_rps": None, "process": "pid-4242",
-                                "versions": [{"version": "1.1.0", "state": "loading", "detail": None}]}],
+                                "versions": [{"version": "1.1.0", "state": "loading", "detail": None}],
+                                "outage": "backend fails on a known-good row too (ConnectionError: refused)",
+                                "outage_since_ms": 1796153631750}],
                   "metrics_address": "node-a:9400", "warm_workers": 2, "reserved_memory_mb": 640,
                   "memory_total_mb": 131072, "memory_available_mb": 90112, "shared_process_slots": 0},
     "Assignment": {"node": "node-a", "epoch": 3, "issued_at_ms": 4,
@@ -52,7 +54,8 @@ SAMPLES: dict[str, dict] = {
                                   "last_scale_at_ms": 9, "capacity_per_replica": 120.5, "blocked_until_ms": None,
                                   "woke_at_ms": None, "first_result_ms": None, "lag": 5000, "arrival_rate": 10.0,
                                   "drain_rate": 120.5, "drain_time_s": 45.2, "budget_s": 30.0, "p99_ms": 12.0,
-                                  "needed": 3}},
+                                  "needed": 3},
+                    "director": {"floor": 3, "node": "node-b", "replica": "m-0", "since_ms": 7, "cool_since_ms": None}},
     "ArtifactManifest": {"sha256": "ab" * 32, "name": "fraud.safetensors", "size": 1_234_567, "chunk_size": 524288,
                          "chunks": 3, "chunk_partition": 1, "first_offset": 10, "last_offset": 12, "created_ms": 9},
     "ConnectorRecord": {"name": "orders-to-fraud", "spec_json": "{}", "applied_at_ms": 10, "paused": True,
@@ -213,6 +216,13 @@ def test_heartbeat_of_an_agent_before_host_memory_reads_as_unknown():
     decoded = Codec().decode(_encode_with(old, record), expected="Heartbeat")
     assert (decoded["memory_total_mb"], decoded["memory_available_mb"], decoded["shared_process_slots"]) == (None, None, 0)
     assert decoded["replicas"][0]["process"] is None
+
+
+def test_heartbeat_of_an_agent_before_outage_reports_reads_as_no_outage():
+    """An agent older than Heartbeat.v6 reports no backend outage: its replicas read as scoring (null)."""
+    old = json.loads((HISTORY_DIR / "Heartbeat.v5.avsc").read_text())
+    decoded = Codec().decode(_encode_with(old, _known_to(old, SAMPLES["Heartbeat"])), expected="Heartbeat")
+    assert (decoded["replicas"][0]["outage"], decoded["replicas"][0]["outage_since_ms"]) == (None, None)
 
 
 def test_current_schemas_are_frozen_in_history():

@@ -42,9 +42,10 @@ def _spec_doc(prefix: str, install: dict[str, str]) -> dict[str, Any]:
     doc["spec"]["backend"]["model_path"] = install["model"]
     config = doc["spec"]["backend"]["config"]
     del config["endpoints"]  # nothing named: the replica's own server is the window's only endpoint
-    config.update(server_entry=[install["python"], str(ENTRY)],
-                  extra_args=["--max-running-requests", str(SLOTS), "--context-length", "512",
-                              "--vllm", "--dtype", "float32", "--enforce-eager", "--disable-uvicorn-access-log"],
+    # vLLM's own flags are the node's choice, in the entry it allows; the spec's extra_args are SGLang options
+    # the node's policy allows (--max-running-requests, --dtype), mapped by the entry
+    config.update(server_entry=[install["python"], str(ENTRY), "--enforce-eager", "--disable-uvicorn-access-log"],
+                  extra_args=["--max-running-requests", str(SLOTS), "--dtype", "float32"], max_seq_len=512,
                   sampling_params={"max_new_tokens": MAX_TOKENS}, extra_body={"ignore_eos": True},
                   output_mode="text", startup_timeout_s=600, commit_interval_ms=50)
     spec = parse_spec(doc).to_document()

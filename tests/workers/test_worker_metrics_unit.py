@@ -104,3 +104,26 @@ def test_the_heartbeat_names_each_replicas_process_and_the_hosts_memory():
     launcher.last.exit(1)
     sup.update()  # CRASHED: no process, so none is named
     assert messages.heartbeat("node-a", 3, 7, [], sup.snapshots())["replicas"][0]["process"] is None
+
+
+def test_a_backend_outage_the_worker_reports_reaches_the_heartbeat_and_ends_when_it_says_so():
+    clock, launcher = FakeClock(), FakeLauncher()
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("w",)), clock)
+    sup.set_desired([replica()])
+    sup.update()
+    launcher.last.emit(event="ready", metrics_port=40123)
+    outage = {"since_ms": 1796153631750, "detail": "backend fails on a known-good row too (ConnectionError: refused)"}
+    launcher.last.emit(event="progress", records=5, lag=170, outage=outage)
+    sup.update()
+    (snap,) = sup.snapshots()
+    assert snap.outage == outage
+    reported = decode(encode("Heartbeat", messages.heartbeat("node-a", 1, 5, [], sup.snapshots())))["replicas"][0]
+    assert (reported["outage"], reported["outage_since_ms"]) == (outage["detail"], outage["since_ms"])
+    for nonsense in ({"since_ms": "yesterday", "detail": "x"}, {"detail": "x"}, "down", None):  # ignored, not trusted
+        launcher.last.emit(event="progress", records=5, outage=nonsense)
+        sup.update()
+        assert sup.snapshots()[0].outage is None
+    launcher.last.emit(event="progress", records=9, outage=outage)
+    launcher.last.exit(1)
+    sup.update()  # CRASHED: no process, no outage to report
+    assert sup.snapshots()[0].outage is None

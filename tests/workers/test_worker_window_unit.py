@@ -125,7 +125,7 @@ def _run_worker(monkeypatch, spec: Any, backend: _Backend, tmp_path) -> tuple[in
     def events() -> list[dict[str, Any]]:
         return [json.loads(line) for line in stream.getvalue().splitlines()]
 
-    scorer = SimpleNamespace(metrics=SimpleNamespace(port=9123, lag=lambda: 4, recent_p99=lambda: 0.25),
+    scorer = SimpleNamespace(metrics=SimpleNamespace(port=9123, lag=lambda: 4, recent_p99=lambda: 0.25, outage=lambda: None),
                              summary=lambda: ScorerSummary(3, 7, 7, 0, 0, 0, 0))
 
     def window(config, stop, on_ready=None, launched_url=None):
@@ -153,7 +153,7 @@ def test_a_worker_serves_its_own_sglang_server_through_the_window(monkeypatch, t
     assert kinds[0] == "loading" and kinds[1] == "ready" and kinds[-1] == "stopped"
     assert events[1]["metrics_port"] == 9123 and events[1]["outputs"] == {"answer": "x"}
     progress = next(e for e in events if e["event"] == "progress")
-    assert progress == {"event": "progress", "records": 7, "rate": None, "lag": 4, "p99_ms": 250.0}
+    assert progress == {"event": "progress", "records": 7, "rate": None, "lag": 4, "p99_ms": 250.0, "outage": None}
     assert events[-1]["records"] == 7
 
 

@@ -71,6 +71,8 @@ def replica_report(snapshot: ReplicaSnapshot, host: str | None = None, process: 
         "process": process or dedicated_process(snapshot.pid),
         "versions": [{"version": v, "state": info["state"], "detail": info.get("detail") or None}
                      for v, info in sorted(snapshot.versions.items())],
+        "outage_since_ms": snapshot.outage["since_ms"] if snapshot.outage else None,
+        "outage": snapshot.outage["detail"] if snapshot.outage else None,
     }
 
 

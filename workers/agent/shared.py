@@ -330,7 +330,7 @@ class SharedHandle:
             return []
         self._seen_at = at
         state = lane.get("state")
-        numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate", "versions")}
+        numbers = {k: lane.get(k) for k in ("records", "lag", "p99_ms", "rate", "versions", "outage")}
         if state == "STARTING" and not self._loading:
             self._loading = True
             return [{"event": "loading", "pid": self.pid, "replica": self.replica_id, "model": lane.get("model")}]
@@ -347,6 +347,14 @@ class SharedHandle:
         if self._removed_at is None:
             self._removed_at = time.time()
             self._pool.remove(self._proc, self.replica_id)
+
+    def hand_over(self) -> None:
+        """A lane has no standby successor (``LaunchSpec.standby`` is None for shared launches): it drains and
+        leaves the group, as on ``terminate``."""
+        self.terminate()
+
+    def serve(self) -> None:
+        """Never started in standby (see ``hand_over``): nothing to release."""
 
     def kill(self) -> None:
         """Stop hosting it now (its lane is abandoned, fenced by the next one); a process whose health went

@@ -243,6 +243,7 @@ class Lane:
             "rate": counter.rate() if counter is not None else None,
             "lag": scorer.metrics.lag() if scorer is not None else None,
             "p99_ms": round(p99 * 1000.0, 3) if p99 is not None else None,
+            "outage": scorer.metrics.outage() if scorer is not None else None,
             "thread": thread.status().to_json() if thread is not None else None,
             "abandoned_threads": sum(1 for t in self._abandoned if t.alive),
             "versions": self._versions.report() if self._versions is not None else {},

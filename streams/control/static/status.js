@@ -30,13 +30,15 @@ function cell(row, text, cls) {
   return td;
 }
 
-function stateCell(row, text) {
+// state: what decides the colour (default: the text itself, e.g. a rollout's label is coloured by its phase)
+function stateCell(row, text, state) {
   const td = document.createElement("td");
   const span = document.createElement("span");
   span.textContent = text;
-  const good = ["READY", "Ready", "online"], bad = ["FAILED", "CRASHED", "UNKNOWN", "UNSCHEDULABLE", "Degraded",
-    "Unschedulable", "Invalid", "offline"];
-  span.className = "state " + (good.includes(text) ? "ok" : bad.includes(text) ? "bad" : "warn");
+  const good = ["READY", "Ready", "online", "Complete"], bad = ["FAILED", "CRASHED", "UNKNOWN", "UNSCHEDULABLE",
+    "Degraded", "Unschedulable", "Invalid", "offline", "Failed", "RollingBack", "RolledBack"];
+  const key = state ?? text;
+  span.className = "state " + (good.includes(key) ? "ok" : bad.includes(key) ? "bad" : "warn");
   td.appendChild(span);
   row.appendChild(td);
 }
@@ -102,26 +104,57 @@ function drawReplicas(replicas) {
   });
 }
 
+function utc(ms) { return ms ? new Date(ms).toISOString() : "-"; }
+
+// which of its steps the rollout is at, as its label counts them (Canary(step 2/3, ...) is "2 / 3")
+function rolloutStep(r) {
+  const n = (r.steps || []).length;
+  if (!n) { return "-"; }
+  if (r.label.includes("Canary(")) { return (r.step + 1) + " / " + n; }
+  if (["Pending", "Surging"].includes(r.phase)) { return "0 / " + n; }
+  if (["Promoting", "Draining", "Complete"].includes(r.phase)) { return n + " / " + n; }
+  return "-";
+}
+
+function drawRollouts(rollouts) {
+  $("rollouts-none").hidden = rollouts.length > 0;
+  fill("rollouts", rollouts, (tr, r) => {
+    tr.dataset.model = r.model;
+    tr.dataset.phase = r.phase;
+    cell(tr, r.model);
+    cell(tr, r.stable_version + " \u2192 " + r.canary_version);
+    stateCell(tr, r.label, r.phase);
+    cell(tr, rolloutStep(r), "num");
+    cell(tr, (100 - r.weight_percent) + "% / " + r.weight_percent + "%", "num");
+    cell(tr, r.epoch, "num");
+    const last = r.events && r.events.length ? r.events[r.events.length - 1] : null;
+    cell(tr, last ? utc(last.at_ms) + " (" + ago(last.at_ms) + "): " + last.from + " \u2192 " + last.to + ": " +
+      last.reason : r.reason);
+  });
+}
+
 function drawEvents(events) {
   fill("events", events.slice().reverse(), (tr, e) => {
     cell(tr, clock(e.ts_ms));
     cell(tr, e.kind);
     cell(tr, e.model);
     cell(tr, e.replica_id);
-    cell(tr, e.detail + (e.count > 1 ? " (x" + e.count + ")" : ""));
+    cell(tr, e.detail + (e.count > 1 ? " (x" + e.count + ", first at " + clock(e.first_ts_ms) + ")" : ""));
   });
 }
 
 async function refresh() {
   try {
-    const [health, nodes, models, replicas, events] = await Promise.all([
-      api("/healthz"), api("/v1/nodes"), api("/v1/models"), api("/v1/replicas"), api("/v1/events?limit=30")]);
+    const [health, nodes, models, replicas, events, rollouts] = await Promise.all([
+      api("/healthz"), api("/v1/nodes"), api("/v1/models"), api("/v1/replicas"), api("/v1/events?limit=30"),
+      api("/v1/rollouts")]);
     $("cluster").textContent = health.instance + " (" + health.role + ", epoch " + health.epoch + ")" +
       (health.ok ? "" : " " + health.status);
     drawModels(models.models);
     drawNodes(nodes.nodes);
     drawReplicas(replicas.replicas);
     drawEvents(events.events);
+    drawRollouts(rollouts.rollouts);
     $("error").textContent = "";
     $("refreshed").textContent = "updated " + new Date().toLocaleTimeString();
     document.body.dataset.loaded = "true";

@@ -7,6 +7,7 @@ topics; what the fake publisher receives is what would go out in one transaction
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -369,6 +370,42 @@ def test_the_process_hosting_a_replica_reaches_its_status(world):
                     processes={"alpha-0": "shared-0"})
     (view,) = ctl.reconcile(clock()).statuses["alpha"].replicas
     assert view.process == "shared-0"  # a multi-model runtime reports the shared process instead
+
+
+def test_a_ready_replica_whose_backend_is_in_an_outage_makes_its_model_degraded_with_the_reason(world):
+    """Issue 22: the worker runs (READY) but retries every batch; the agent's heartbeat says why, the status says
+    Degraded with that reason (what `sie describe model` and the API show), and Ready again once it scores."""
+    from sie.schemas.avro_codec import decode, encode
+    from sie.workers.agent import messages
+    from sie.workers.replica import ReplicaState as RS
+    from sie.workers.supervisor import ReplicaSnapshot
+
+    clock, state, pub, _, ctl = world
+    state.apply_spec("alpha", spec_record("alpha"))
+    ctl.reconcile(clock())
+    (node,) = [n for n, ids in assigned(pub).items() if "alpha-0" in ids]
+    since_ms = int(clock() * 1000)
+
+    def beat(outage):
+        clock.advance(1)
+        snap = ReplicaSnapshot("alpha-0", "alpha", "1.0.0", RS.READY, 4242, 0, 0, "", None, None, "h", (), lag=500,
+                               outage=outage)
+        state.apply_heartbeat(decode(encode("Heartbeat", messages.heartbeat(node, 2, int(clock() * 1000), [], [snap]))),
+                              seen_at=clock())
+        return ctl.reconcile(clock())
+
+    rep = beat({"since_ms": since_ms, "detail": "backend fails on a known-good row too (ConnectionError: refused)"})
+    status = rep.statuses["alpha"]
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since_ms / 1000))
+    assert status.phase == "Degraded" and status.ready_replicas == 1
+    assert status.reason == (f"1 of 1 replica(s) in a backend outage; alpha-0: backend outage since {since}: backend "
+                             "fails on a known-good row too (ConnectionError: refused); its batches are retried, nothing "
+                             "is scored")
+    assert [r.value["phase"] for r in rep.of("model-status")] == ["Degraded"]
+    assert beat({"since_ms": since_ms, "detail": "backend fails on a known-good row too (ConnectionError: refused)"}) \
+        .of("model-status") == []  # the same outage: the status is not published again every pass
+    rep = beat(None)
+    assert rep.statuses["alpha"].phase == "Ready" and [r.value["phase"] for r in rep.of("model-status")] == ["Ready"]
 
 
 def test_config_file_reads_the_article_config(tmp_path):

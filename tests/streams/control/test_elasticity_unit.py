@@ -250,3 +250,27 @@ def test_heartbeat_p99_feeds_the_autoscaler_and_pool_memory_is_kept_out_of_place
     signals.set("m", clock(), 400, arrivals=10, drained=100)  # ... but the backlog grows and p99 is over the SLA
     rep = ctl.reconcile(clock())
     assert rep.decisions["m"].desired == 2 and "p99 250 ms > SLA 100 ms" in rep.decisions["m"].reason
+
+
+def test_a_wake_that_cannot_be_placed_is_not_retried_every_pass(elastic):
+    """Issue 28.7: `scale_blocked ... no scale-up for 60s` then `woke_from_zero` ~2 s later, over and over: the
+    blocked decision took the unplaceable replica back to zero, and the next pass woke the model again (the
+    wake ignored the blocked window), so every other pass emitted both events and an `unschedulable`."""
+    clock, state, pub, signals, _, ctl = elastic
+    state.apply_spec("big", scalable("big", lo=0, hi=2, gpu_mb=10**6))  # no node has a GPU that large
+    for _ in range(30):  # a minute of 2 s passes with records waiting all along
+        now = tick(clock, state, 2)
+        signals.set("big", now, 100)
+        ctl.reconcile(now)
+    kinds = [r.value["kind"] for r in pub.all("events")]
+    assert kinds.count("woke_from_zero") == 1 and kinds.count("scale_blocked") == 1, kinds
+    assert kinds.count("unschedulable") == 1, kinds
+    decision = ctl.decisions["big"]
+    assert decision.desired == 0 and decision.action == "hold"
+    assert "could not be placed" in decision.reason and "retrying in" in decision.reason
+    for _ in range(5):  # the blocked window over: one more try, reported once more
+        now = tick(clock, state, 2)
+        signals.set("big", now, 100)
+        ctl.reconcile(now)
+    kinds = [r.value["kind"] for r in pub.all("events")]
+    assert kinds.count("woke_from_zero") == 2 and kinds.count("scale_blocked") == 2, kinds

@@ -169,3 +169,18 @@ def test_elasticity_metrics_backlog_scale_events_and_preemptions():
     # the model is no longer autoscaled: its backlog series goes (a counter of past events stays)
     metrics.observe(SimpleNamespace(**{**vars(report), "decisions": {}, "plan": None}), snap, NOW, 10)
     assert "sie_autoscale_lag_records{" not in generate_latest(metrics.registry).decode()
+
+
+def test_repeats_interleaved_with_other_events_are_one_row_each_at_their_latest_time():
+    """Issue 28.7: as `kubectl describe` does, an event said again and again is one row with a count and its
+    first and last time, even when others come in between (a flapping pair showed as a screenful)."""
+    state = ClusterState()
+    base = {"model": "m", "replica_id": None, "node": None}
+    for i, (kind, detail) in enumerate([("scale_blocked", "no room: back to 0"), ("unschedulable", "needs 2 cpu"),
+                                        ("scale_blocked", "no room: back to 0"), ("unschedulable", "needs 2 cpu"),
+                                        ("scale_blocked", "no room: back to 0"), ("placed", "m-0 placed on a")]):
+        state.apply_event({**base, "ts_ms": 1000 * (i + 1), "kind": kind, "detail": detail}, (0, i))
+    rows = event_rows(state.snapshot().events, 10)
+    assert [(r["kind"], r["count"], r["first_ts_ms"], r["ts_ms"]) for r in rows] == [
+        ("unschedulable", 2, 2000, 4000), ("scale_blocked", 3, 1000, 5000), ("placed", 1, 6000, 6000)]
+    assert [r["kind"] for r in event_rows(state.snapshot().events, 2)] == ["scale_blocked", "placed"]

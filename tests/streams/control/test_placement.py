@@ -177,7 +177,30 @@ def test_cpu_only_models_need_cpu_room():
     assert where(plan, "lr-2") == ("a", ())
     assert "anti-affinity relaxed" in plan.placements["lr-2"].note
     full = place(make_demands("lr", 4, cpu=4), cluster)
-    assert reason(full, "lr-3") == "unschedulable: needs 4 CPU; most free is 2 on b"
+    assert reason(full, "lr-3") == ("unschedulable: needs 4 CPU; declared CPU is used up on every eligible node; most "
+                                    "free on b: 2 of 6 CPU free (its replicas declare 4; CPU is packed by "
+                                    "resources.cpu, not by load)")
+
+
+def test_a_node_full_of_declared_cpu_says_so_not_memory():
+    """Issue 28.8: four models at cpu 0.5 filled a 2-core node (idle, memory to spare) and the fifth stayed
+    unschedulable: the reason names declared CPU as what ran out, with the numbers."""
+    demands = [d for m in "abcde" for d in make_demands(m, 1, cpu=0.5, memory_mb=25)]
+    plan = place(demands, inv(node("nu1-a", gpus=(), cpu=2, memory_mb=24000)))
+    assert len(plan.placements) == 4
+    (unplaced,) = plan.unplaced.values()
+    assert unplaced.reason == ("unschedulable: needs 0.5 CPU; declared CPU is used up on nu1-a: 0 of 2 CPU free "
+                               "(its replicas declare 2; CPU is packed by resources.cpu, not by load)")
+    assert "memory" not in unplaced.reason
+
+
+def test_when_cpu_is_short_on_one_node_and_memory_on_the_other_the_reason_names_each():
+    demands = make_demands("a", 1, cpu=2, memory_mb=25) + make_demands("c", 1, cpu=0.5, memory_mb=1000) + \
+        make_demands("b", 1, cpu=0.1, memory_mb=2500)
+    plan = place(demands, inv(node("n1", gpus=(), cpu=2, memory_mb=4000), node("n2", gpus=(), cpu=2, memory_mb=3000)))
+    assert reason(plan, "b-0") == ("unschedulable: needs 0.1 CPU, 2500 MiB host memory on one node; no eligible node "
+                                   "has all of them free (n1: 0 of 2 CPU free (declared); n2: 2000 MiB host memory "
+                                   "free)")
 
 
 def test_host_memory_is_enforced_when_reported():

@@ -23,6 +23,7 @@ from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc  # noqa: E402
 
 class Leader:
     is_leader = True
+    epoch = 1
 
 
 class Published:
@@ -160,6 +161,11 @@ def test_the_cli_steers_a_rollout_through_the_api(env, tmp_path):
         assert out.exit_code == 0 and "1.0.0" in out.output and "Paused[Canary(step 1/2, 50%)]" in out.output
         out = runner.invoke(cli, ["rollout", "status", "m"], env=env_vars)
         assert out.exit_code == 0 and "Surging -> Canary" in out.output and "paused by operator" in out.output
+        import re  # issue 28.4: readable times (UTC ISO, seconds after the start), never raw epoch ms
+
+        assert not re.search(r"\b\d{13}\b", out.output), out.output
+        assert re.search(r"^  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z +\+\d+\.\ds +Surging -> Canary", out.output,
+                         re.M), out.output
         out = runner.invoke(cli, ["rollout", "abort", "m"], env={**env_vars, "SIE_API_TOKEN": VIEWER_TOKEN})
         assert out.exit_code != 0 and "needs role operator" in str(out.exception)
         out = runner.invoke(cli, ["rollout", "abort", "m"], env=env_vars)

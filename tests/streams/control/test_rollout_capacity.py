@@ -269,6 +269,7 @@ def test_the_rollout_service_gives_the_controller_phase_and_both_specs_only_whil
 
     class Lead:
         is_leader = True
+        epoch = 1
 
     class Pub:
         def publish(self, records):

@@ -59,13 +59,21 @@ class Feed:
     def __init__(self, records: list[FakeMessage], state: ClusterState | None = None, **feeder_options: Any) -> None:
         partitions = {t.name: t.partitions for t in system_topics(SETTINGS.topic_prefix)}
         self.consumer = FakeConsumer(records, partitions=partitions)
-        self.clients = fake_clients(consumer=self.consumer)
+        self.probes: list[EndsProbe] = []
+        self.clients = fake_clients(consumer=self._consumer_for)
         self.state = state or ClusterState()
         self.skipped: list[str] = []
         self.mono = FakeMonotonic()
         self.feeder = StateFeeder(SETTINGS, self.state, clock=lambda: NOW_S, history_s=HISTORY_S,
                                   clients=self.clients.clients, on_skip=self.skipped.append, monotonic=self.mono,
                                   backoff_initial_s=0.01, **feeder_options)
+
+    def _consumer_for(self, config: dict[str, Any]) -> Any:
+        """The reader's consumer; the short-lived one that takes a read barrier's ends sees the same log."""
+        if config["client.id"] == SETTINGS.names.control_state_ends_client_id:
+            self.probes.append(EndsProbe(self.consumer))
+            return self.probes[-1]
+        return self.consumer
 
     def start(self) -> Feed:
         self.feeder.start()
@@ -80,6 +88,22 @@ class Feed:
         """Until the feeder has polled twice more: whatever was fetchable before has been applied."""
         seen = len(self.consumer.called("poll"))
         wait_until(lambda: len(self.consumer.called("poll")) >= seen + 2, message="two feeder polls")
+
+
+class EndsProbe:
+    """A second consumer on the fake's log: only asks for end offsets."""
+
+    def __init__(self, log: FakeConsumer) -> None:
+        self._log, self.closed = log, False
+
+    def configure(self, config: dict[str, Any]) -> EndsProbe:
+        return self
+
+    def get_watermark_offsets(self, partition: Any, timeout: float | None = None) -> tuple[int, int]:
+        return self._log.get_watermark_offsets(partition, timeout)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class FakeMonotonic:
@@ -298,3 +322,28 @@ def test_lag_behind_the_heartbeats_topic_is_measured_from_the_ends_the_reader_sa
     f.mono.t += 1.1
     f.settle()
     assert f.feeder.lag_reason() is None and f.feeder.lag_s() == 0.0
+
+
+def test_a_read_barrier_is_reached_only_once_every_partition_is_read_to_the_end_it_had_when_asked(feeds):
+    """A new leader's takeover: the old leader's last transaction (an assignment, then its commit marker) lands
+    after the standby's feeder caught up; the barrier asked for now waits for it, and the marker's end counts
+    (only an end-of-partition event shows it)."""
+    f = feed(feeds, [msg("assignments", 0, 0, "node-a", None)])
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    f.consumer.set_watermarks(topic("assignments"), 0, high=3)  # committed: the broker has it, the reader not yet
+    woken = []
+    barrier = f.feeder.sync(on_done=lambda: woken.append(True))
+    f.settle()
+    assert not barrier.reached() and not woken
+    assert barrier.describe() == f"1 partition(s) short: {topic('assignments')}[0] at 1 of 3"
+    record = encode("Assignment", {"node": "node-a", "epoch": 7, "issued_at_ms": 1, "replicas": []})
+    f.consumer.append(msg("assignments", 0, 1, "node-a", record))
+    f.settle()
+    assert not barrier.reached(), "the commit marker at offset 2 is not read yet"
+    f.consumer.add_marker(topic("assignments"), 0, 2)
+    wait_until(barrier.reached, message="the barrier reached once the marker was passed")
+    assert woken == [True] and f.state.assignments["node-a"].epoch == 7  # applied before the barrier says so
+    later = f.feeder.sync()
+    wait_until(later.reached, message="nothing new since: reached at once")
+    # the ends come from a consumer of their own (the reader's would wait behind its fetch), closed after
+    assert len(f.probes) == 2 and all(p.closed for p in f.probes)

@@ -26,17 +26,18 @@ _spec.loader.exec_module(vllm_entry)
 
 
 def test_the_launchers_command_line_becomes_vllm_serve():
+    entry = ["/venv/bin/python", "vllm_entry.py", "--enforce-eager"]  # the node's own vLLM flag, in its entry
     config = BackendConfig(type="sglang", model_path="/models/tiny", model_id="llm-x:1", config={
-        "server_entry": ["/venv/bin/python", "vllm_entry.py"], "max_seq_len": 512,
-        "extra_args": ["--max-running-requests", "4", "--vllm", "--dtype", "float32", "--enforce-eager"]})
+        "server_entry": entry, "max_seq_len": 512, "extra_args": ["--max-running-requests", "4", "--dtype", "float32"]})
     argv = list(build_launch(config, port=31000, free_mb=lambda _i: None, python=sys.executable).argv)
-    assert argv[:2] == ["/venv/bin/python", "vllm_entry.py"]
+    assert argv[:3] == entry
     out = vllm_entry.vllm_argv(argv[2:], "/venv/bin/vllm")
     assert out[:3] == ["/venv/bin/vllm", "serve", "/models/tiny"]
-    pairs = {out[i]: out[i + 1] for i in range(3, len(out) - 3, 2)}
+    pairs = {out[i]: out[i + 1] for i in range(3, len(out) - 1, 2)}
     assert pairs == {"--host": "127.0.0.1", "--port": "31000", "--tensor-parallel-size": "1",
-                     "--served-model-name": "llm-x", "--max-model-len": "512", "--max-num-seqs": "4"}
-    assert out[-3:] == ["--dtype", "float32", "--enforce-eager"]  # after --vllm: passed through
+                     "--served-model-name": "llm-x", "--max-model-len": "512", "--max-num-seqs": "4",
+                     "--dtype": "float32"}
+    assert out[-1] == "--enforce-eager"  # before --model-path: the entry's own, passed through
 
 
 def test_a_flag_without_a_vllm_meaning_is_refused_by_name():

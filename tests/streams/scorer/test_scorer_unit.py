@@ -176,7 +176,7 @@ class FlakyBackend:
 
 
 def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, ts=NOW_MS, pipelined=True,
-             consumer_class=FakeConsumer):
+             consumer_class=FakeConsumer, metrics=None):
     """The scorer over one partition of ``values``; it is stopped once every record is committed."""
     spec = spec or echo_spec()
     stop = threading.Event()
@@ -195,7 +195,7 @@ def run_fake(values, backend=None, faults=None, max_batch=100, spec=None, ts=NOW
     config = ScorerConfig(settings=Settings(), spec=spec, instance="test-0", max_batch=max_batch, max_wait_ms=0,
                           retry_backoff_s=0.0, pipelined=pipelined)
     scorer = Scorer(config, RoutingTable.single(spec.version, backend or FlakyBackend()),
-                    clients=fake_clients(consumer=consumer, producer=make_producer).clients)
+                    clients=fake_clients(consumer=consumer, producer=make_producer).clients, metrics=metrics)
     summary = scorer.run(stop)
     visible = [t for p in producers for t in p.visible]
     return summary, visible, consumer, producers, scorer, spec
@@ -251,6 +251,32 @@ def test_transient_outage_is_retried_not_dead_lettered(pipelined):
     seeks = [c.args[2] for c in consumer.called("seek")]
     # found while preparing: no transaction was opened, only the consumer went back to the first record
     assert summary.aborts == 0 and seeks and seeks[0] == 0
+
+
+def test_a_backend_outage_is_reported_while_it_lasts_and_ends_with_the_first_scored_batch():
+    """What the worker forwards to its agent (and the control plane shows as Degraded): the outage from the
+    first retried batch, with the failure, until a batch scores again."""
+    from sie.streams.scorer.metrics import ScorerMetrics
+
+    spec = echo_spec()
+    metrics = ScorerMetrics.for_spec(spec)
+    seen_when_back = []
+
+    class Recovering(FlakyBackend):
+        def infer(self, rows):
+            if self.outage == 0 and not seen_when_back:
+                seen_when_back.append((metrics.outage(), metrics.value("sie_backend_outage", {"model_id": spec.name})))
+            return super().infer(rows)
+
+    assert metrics.outage() is None
+    summary, visible, *_rest = run_fake([req(i) for i in range(8)], backend=Recovering(outage=40), spec=spec,
+                                        metrics=metrics)
+    outage, gauge = seen_when_back[0]
+    assert outage is not None and "CUDA error: device busy" in outage["detail"] and outage["since_ms"] > 0
+    assert gauge == 1
+    assert metrics.outage() is None and metrics.value("sie_backend_outage", {"model_id": spec.name}) == 0
+    assert metrics.value("sie_backend_outages_total", {"model_id": spec.name}) >= 1
+    assert summary.results == 8 and summary.dead_letters == 0
 
 
 @pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial"])
