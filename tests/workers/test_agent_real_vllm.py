@@ -77,7 +77,7 @@ def test_an_agent_run_replica_launches_a_real_vllm_and_serves_through_the_window
         log_text = _log(work_dir, rid)
         assert "serving through the LLM window" in log_text
         # the launcher's command ran the entry point the spec names, with the window's C as the server's own limit
-        assert "vllm_entry.py --model-path" in log_text and "--max-running-requests 4" in log_text, log_text[-3000:]
+        assert "vllm_entry.py --enforce-eager" in log_text and "--max-running-requests 4" in log_text, log_text[-3000:]
         server = f"http://127.0.0.1:{_server_port(log_text)}"
 
         running: list[float] = []
