@@ -36,8 +36,9 @@ there was work): the stage cannot commit, typically because it reaches its group
 transaction coordinator or the leaders it writes to (a partial network partition), and it would keep its
 partitions, unscored, until ``max.poll.interval.ms``.  It leaves the group instead (``leave_group``, before
 the recovery waits for the broker), so the other members take its partitions at their next heartbeat, and
-subscribes again once the recovery returned and ``stall_s`` passed, doubling up to ``STALL_BACKOFF_MAX_S``
-while each join ends in another stall; a commit resets it.  Why wait: a joining member is given its share of
+subscribes again once the recovery returned and ``stall_s`` passed since it left, doubling up to
+``STALL_BACKOFF_MAX_S`` while each join ends in another stall; a commit resets it (one that lands after the
+leave, the commit in flight then, retried: it joins at once).  Why wait: a joining member is given its share of
 partitions, its own or the others' (measured: a scorer that joined again at once took a healthy scorer's
 partition and stalled it too).  A member that owns every partition does not leave: nobody would take them.
 Measured in the partition campaign (docs/reliability.md "Partitions", case 4).
@@ -213,6 +214,7 @@ class StreamLoop(Generic[T]):
         #: left the group on a stall (module docstring): joins again at ``_rejoin_at`` (None: not yet known)
         self._out_of_group = False
         self._rejoin_at: float | None = None
+        self._left_at = 0.0
         #: stalls since the last commit (the backoff before joining again doubles with each)
         self.stalls_in_a_row = 0
         #: how many times this stage left its group on a stall
@@ -276,16 +278,22 @@ class StreamLoop(Generic[T]):
         log.warning("%s: %s; leaving the consumer group so that the other members take its partitions, joining "
                     "again once the recovery is through", self.settings.name, reason)
         leave_group(self._consumer)
-        self._out_of_group, self._rejoin_at = True, None
+        self._out_of_group, self._rejoin_at, self._left_at = True, None, self._clock()
 
     def _rejoin(self, consumer: Any) -> None:
-        """Out of the group on a stall, the recovery returned: subscribe again (after the backoff, if any)."""
+        """Out of the group on a stall, the recovery returned: subscribe again once the backoff, counted from the
+        leave, passed: the recovery's own wait (an abort retried against a coordinator that answers late) is time
+        out of the group too (measured in case 6 of the partition campaign: a 20 s abort + a 10 s backoff after it
+        kept a scorer out 31 s, 16 s past the heal).  A commit that landed since the leave (the one in flight
+        then, retried) proves the stage commits again: it joins at once."""
         if self._rejoin_at is None:
             base = self.settings.limits.stall_s or 0.0
-            backoff = min(STALL_BACKOFF_MAX_S, base * 2 ** max(0, self.stalls_in_a_row - 1))
-            self._rejoin_at = self._clock() + backoff
-            log.warning("%s: left the group on %d stall(s) in a row; joining it again in %.0fs",
-                        self.settings.name, self.stalls_in_a_row, backoff)
+            backoff = 0.0 if self.stalls_in_a_row == 0 else min(STALL_BACKOFF_MAX_S,
+                                                                 base * 2 ** (self.stalls_in_a_row - 1))
+            self._rejoin_at = self._left_at + backoff
+            log.warning("%s: left the group on %d stall(s) in a row %.0fs ago; joining it again in %.0fs",
+                        self.settings.name, self.stalls_in_a_row, self._clock() - self._left_at,
+                        max(0.0, self._rejoin_at - self._clock()))
         if self._clock() < self._rejoin_at:
             return
         self._subscribe(consumer)

@@ -383,6 +383,46 @@ def test_a_stage_that_commits_nothing_for_stall_s_leaves_its_group_then_joins_ag
     assert loop.stalls_in_a_row == 0  # the commit reset it
 
 
+class SlowAbort(SlowFailingCommits):
+    """As ``SlowFailingCommits``; each abort also takes ``abort_s`` (a coordinator still finishing the previous
+    transaction: the abort is retried until it answers)."""
+
+    def __init__(self, consumer: FakeConsumer, clock: Clock, fails: int, took_s: float, abort_s: float) -> None:
+        super().__init__(consumer, clock, fails, took_s)
+        self.abort_s = abort_s
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        self.clock.now += self.abort_s
+        super().abort_transaction(timeout)
+
+
+def test_the_backoff_before_joining_again_counts_from_the_leave():
+    """Issue 27, case 6 (a broker cut from the others while clients reach it): the recovery after the leave
+    (an abort waiting on its coordinator) took 20 s, and a backoff of stall_s started only after it kept the
+    scorer out of its group 31 s, 16 s past the heal.  The time the recovery took counts: out of the group
+    stall_s (10 s) since the leave, not the recovery (12 s) + stall_s."""
+    clock, stop = Clock(), threading.Event()
+    consumer = waits_on(SharingConsumer(records(40), partitions={TOPIC: 2}), clock)
+    at: dict[str, list[float]] = {"subscribe": [], "unsubscribe": []}
+    for name in at:
+        def timed(*args: Any, _call: Any = getattr(consumer, name), _name: str = name, **kwargs: Any) -> Any:
+            at[_name].append(clock.now)
+            return _call(*args, **kwargs)
+        setattr(consumer, name, timed)
+    producer = SlowAbort(consumer, clock, fails=2, took_s=6.0, abort_s=12.0)
+    processor = StopWhenCommitted(stop, 40)
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=40, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
+                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
+                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop.run(stop)
+    left, joined = at["unsubscribe"][0], at["subscribe"][1]
+    assert loop.stall_leaves == 1
+    assert 12.0 <= joined - left < 13.0, at  # right after the 12 s abort (it was 12 + 10 s)
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
 def test_failures_within_stall_s_of_a_commit_never_leave_the_group():
     loop, consumer, _, _ = stalled_loop(fails=1, took_s=6.0)
     assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
