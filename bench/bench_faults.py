@@ -19,18 +19,22 @@ every partition answered a request produced after the fault), and the read_commi
 A fault whose trial fails (a deadline reached, a request lost or doubled) gets a FAILED row saying why.
 Results: bench/results/faults.txt (its hand-written "## analysis" section is kept).
 
-    python bench/bench_faults.py --partitions [--repeats 3] [--rate 150] [--cases 1,4,5,6,7,7b,2,3]
+    python bench/bench_faults.py --partitions [--repeats 3] [--rate 150] [--cases 1,4,4b,5,6,7,7b,2,3]
 
 The partition campaign (issue 27, tests/partition_campaign.py; needs root: network namespaces): every broker,
 scorer/agent node, control plane and the client on its own address of a private test network; the cases are
 partitions (a link cut, packets dropped between nodes) instead of crashes.  Per case also the healthy scorer's
-own partitions' stall and the time from the heal to every partition answering.  Results:
+own partitions' stall and the time from the heal to every partition answering.  The defaults are the test's full
+profile (``SIE_FAULT_CAMPAIGN=full``: 150 req/s, 60 s flaps, 4b = the partial partition that keeps none of the
+scorer's coordinators, 7b = the flapping link of a partition leader), once each; a row over one of the campaign's
+bounds (``tests.partition_campaign.held``) says OVER BOUND and the exit status is 1.  Results:
 bench/results/partitions.txt (its "## analysis" section is kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -97,7 +101,8 @@ def run_control_faults(kafka: LocalKafka, root: Path, which: list[str], repeats:
 #: the partition campaign's cases: key -> (rig, method, keyword arguments)
 PARTITION_CASES: dict[str, tuple[str, str, dict[str, object]]] = {
     "1": ("scorer", "cut_scorer", {}),
-    "4": ("scorer", "partial", {}),
+    "4": ("scorer", "partial", {"keep": "group"}),
+    "4b": ("scorer", "partial", {"keep": "other"}),
     "5": ("scorer", "cut_client", {}),
     "6": ("scorer", "broker_minority", {}),
     "7": ("scorer", "flap", {"node": "a1", "duration_s": 60.0}),
@@ -110,7 +115,7 @@ PARTITION_CASES: dict[str, tuple[str, str, dict[str, object]]] = {
 def run_partitions(args: argparse.Namespace) -> int:
     from tests.netns import unavailable
     from tests.partition_campaign import TABLE_HEADER as PARTITION_HEADER
-    from tests.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet
+    from tests.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet, held
 
     why = unavailable()
     if why is not None:
@@ -140,6 +145,12 @@ def run_partitions(args: argparse.Namespace) -> int:
                             why_failed = " ".join(str(exc).split())[:300].replace("|", "/")
                             row = PartitionResult(f"{key} {method}", "-", float("nan"), None, float("nan"), None,
                                                   float("nan"), 0, -1, -1, f"FAILED: {why_failed}")
+                        else:
+                            try:  # the campaign's bounds (tests/test_partition_campaign.py judges them the same way)
+                                held(row)
+                            except AssertionError as exc:
+                                over = " ".join(str(exc).split("PartitionResult(")[0].split())[:120] or "a bound"
+                                row = dataclasses.replace(row, note=f"OVER BOUND ({over}): {row.note}")
                         rows.append(row)
                         print(row.row(), flush=True)
             finally:
@@ -174,7 +185,7 @@ def run_partitions(args: argparse.Namespace) -> int:
     old = out.read_text() if out.exists() else ""
     analysis = old[old.index("\n## analysis"):] if "\n## analysis" in old else ""
     out.write_text(text + analysis)
-    return 1 if any(r.lost != 0 or r.doubled != 0 for r in rows) else 0
+    return 1 if any(r.lost != 0 or r.doubled != 0 or r.note.startswith("OVER BOUND") for r in rows) else 0
 
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "faults.txt"
