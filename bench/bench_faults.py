@@ -122,6 +122,7 @@ def run_partitions(args: argparse.Namespace) -> int:
         print(f"the partition campaign needs network namespaces: {why}", file=sys.stderr)
         return 2
     which = [c.strip() for c in args.cases.split(",") if c.strip()]
+    rate, control_rate = args.rate or 150.0, 20.0  # the test's full profile
     root = Path(tempfile.mkdtemp(prefix="bench-partitions-"))
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -129,8 +130,8 @@ def run_partitions(args: argparse.Namespace) -> int:
     proofs: list[str] = []
     net = TestNet(Settings(), root).start()
     try:
-        for kind, factory in (("scorer", lambda: ScorerNet(net, root / "scorer", args.rate)),
-                              ("control", lambda: ControlNet(net, root / "control", args.rate / 5))):
+        for kind, factory in (("scorer", lambda: ScorerNet(net, root / "scorer", rate)),
+                              ("control", lambda: ControlNet(net, root / "control", control_rate))):
             keys = [k for k in which if PARTITION_CASES[k][0] == kind]
             if not keys:
                 continue
@@ -166,8 +167,8 @@ def run_partitions(args: argparse.Namespace) -> int:
         f"{time.monotonic() - started:.0f} s",
         "# command: python bench/bench_faults.py " + " ".join(sys.argv[1:]),
         "# every node in its own network namespace (tests/netns.py): 3 brokers (KRaft), 2 scorers (sie score, 6 request "
-        f"partitions, session 10 s) or 2 agents + 2 control planes, the client; {args.rate:g} req/s to the scorers, "
-        f"{args.rate / 5:g} req/s to the control rig's model; {args.repeats} trial(s) per case",
+        f"partitions, session 10 s) or 2 agents + 2 control planes, the client; {rate:g} req/s to the scorers, "
+        f"{control_rate:g} req/s to the control rig's model; {args.repeats} trial(s) per case",
         "# stall: longest gap between committed outputs of one request partition around the fault; healthy stall: the "
         "same over the partitions of the scorer that was not cut;",
         "# recovery: fault -> every partition answered a request produced after the fault; after heal: heal -> the same;",
@@ -194,7 +195,9 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "faults.txt"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--rate", type=float, default=40.0, help="requests/s to the scorer (the control rig: half)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s to the scorer (default 40, the control rig half; with --partitions 150, the "
+                             "control rig 20 as in the test's full profile)")
     parser.add_argument("--faults", default="a,b,c,d,d2,e,f")
     parser.add_argument("--scorer-kafka-extra", default="",
                         help="SIE_KAFKA_EXTRA for the sie score process (JSON librdkafka properties), for A/B runs")
@@ -208,6 +211,7 @@ def main() -> int:
     if args.partitions:
         return run_partitions(args)
     which = [f.strip() for f in args.faults.split(",") if f.strip()]
+    args.rate = args.rate or 40.0
     root = Path(tempfile.mkdtemp(prefix="bench-faults-"))
     load_before = os.getloadavg()
     kafka = LocalKafka(Settings(), brokers=3, base_port=free_base_port(6), data_dir=root / "kafka", detach=False)
