@@ -396,6 +396,17 @@ class SlowAbort(SlowFailingCommits):
         super().abort_transaction(timeout)
 
 
+def joins_and_leaves(consumer: FakeConsumer, clock: Clock) -> dict[str, list[float]]:
+    """When (``clock``) ``consumer`` subscribed and unsubscribed."""
+    at: dict[str, list[float]] = {"subscribe": [], "unsubscribe": []}
+    for name in at:
+        def timed(*args: Any, _call: Any = getattr(consumer, name), _name: str = name, **kwargs: Any) -> Any:
+            at[_name].append(clock.now)
+            return _call(*args, **kwargs)
+        setattr(consumer, name, timed)
+    return at
+
+
 def test_the_backoff_before_joining_again_counts_from_the_leave():
     """Issue 27, case 6 (a broker cut from the others while clients reach it): the recovery after the leave
     (an abort waiting on its coordinator) took 20 s, and a backoff of stall_s started only after it kept the
@@ -403,12 +414,7 @@ def test_the_backoff_before_joining_again_counts_from_the_leave():
     stall_s (10 s) since the leave, not the recovery (12 s) + stall_s."""
     clock, stop = Clock(), threading.Event()
     consumer = waits_on(SharingConsumer(records(40), partitions={TOPIC: 2}), clock)
-    at: dict[str, list[float]] = {"subscribe": [], "unsubscribe": []}
-    for name in at:
-        def timed(*args: Any, _call: Any = getattr(consumer, name), _name: str = name, **kwargs: Any) -> Any:
-            at[_name].append(clock.now)
-            return _call(*args, **kwargs)
-        setattr(consumer, name, timed)
+    at = joins_and_leaves(consumer, clock)
     producer = SlowAbort(consumer, clock, fails=2, took_s=6.0, abort_s=12.0)
     processor = StopWhenCommitted(stop, 40)
     settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
@@ -453,9 +459,11 @@ class HangingFirstCommit(FakeProducer):
 
 def test_a_commit_that_hangs_past_stall_s_gives_the_partitions_back_while_it_hangs():
     """A coordinator that answers nothing: the watchdog gives the call up only after hang_limit_s (25 s per call);
-    the partitions move on once stall_s passed without a commit, while the call still hangs."""
+    the partitions move on once stall_s passed without a commit, while the call still hangs.  The call then
+    returned committed: the stage commits again, so it joins at once (no backoff)."""
     clock, stop, release = Clock(), threading.Event(), threading.Event()
     consumer = waits_on(SharingConsumer(records(40), partitions={TOPIC: 2}), clock)
+    at = joins_and_leaves(consumer, clock)
     producer = HangingFirstCommit(consumer, clock, 12.0, release)
     processor = StopWhenCommitted(stop, 40)
     settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
@@ -473,4 +481,5 @@ def test_a_commit_that_hangs_past_stall_s_gives_the_partitions_back_while_it_han
     loop.run(stop)
     releaser.join(5)
     assert release.is_set() and loop.stall_leaves == 1  # it left while the commit hung
+    assert at["subscribe"][1] - at["unsubscribe"][0] < 1.0, at  # the commit landed: it commits again, joins at once
     assert len(consumer.called("subscribe")) == 2 and consumer.committed_offsets[(TOPIC, 0)] == 40
