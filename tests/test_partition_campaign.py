@@ -12,9 +12,10 @@ bench/results/partitions.txt, docs/reliability.md).
 Each trial: nothing lost, nothing doubled (every request delivered so far has exactly one committed result or
 dead letter, read_committed), the scorers never exited, every partition stalled less than the case's bound, a
 healthy scorer's own partitions at most ``HEALTHY_BOUND_S`` (5 s) while the other is cut off, and every
-partition answered within ``HEAL_BOUND_S`` (20 s) of the heal; each rig's teardown proves its whole run once
-more with a fresh reader.  Skipped, saying why, where network namespaces cannot be made (not root, no
-iproute2/nftables); the namespaces are removed whatever happens.
+partition answered within ``HEAL_BOUND_S`` (20 s) of the heal (case 6, a broker's return: 45 s,
+``ScorerNet.broker_minority``); each rig's teardown proves its whole run once more with a fresh reader.
+Skipped, saying why, where network namespaces cannot be made (not root, no iproute2/nftables); the namespaces
+are removed whatever happens.
 """
 
 from __future__ import annotations
