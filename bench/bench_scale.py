@@ -508,6 +508,13 @@ class SizeRun:
         r["load_end"] = loadavg()
         return r
 
+    def abort(self) -> None:
+        """Stop every process of this size at once (the size's watchdog)."""
+        for c in self.controls:
+            c.kill()
+        if self.sims is not None:
+            self.sims.close()
+
     def close(self) -> None:
         for c in self.controls:
             c.stop()
@@ -1018,10 +1025,10 @@ def run_size(args: argparse.Namespace, bootstrap: str, nodes: int, models: int, 
     run = SizeRun(args, bootstrap, nodes, models, broker_pid=broker_pid)
     expired = threading.Event()
 
-    def expire() -> None:
+    def expire() -> None:  # what the size waits on dies: its next wait or request fails, and it unwinds
         expired.set()
         log(f"size {nodes}x{models}: over {args.size_timeout:.0f}s, stopping it")
-        os.kill(os.getpid(), signal.SIGINT)
+        run.abort()
 
     timer = threading.Timer(args.size_timeout, expire)
     timer.daemon = True
@@ -1029,9 +1036,9 @@ def run_size(args: argparse.Namespace, bootstrap: str, nodes: int, models: int, 
     try:
         log(f"=== size {nodes} nodes x {models} models (prefix {run.prefix}) ===")
         return run.execute()
-    except KeyboardInterrupt:
+    except Exception as exc:
         if expired.is_set():
-            raise SizeTimeout(f"over --size-timeout {args.size_timeout:.0f}s") from None
+            raise SizeTimeout(f"over --size-timeout {args.size_timeout:.0f}s ({type(exc).__name__}: {exc})") from None
         raise
     finally:
         timer.cancel()
