@@ -56,6 +56,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from sie.kernel.errors import ConfigError
@@ -94,12 +95,15 @@ class ApiError(Exception):
         self.status, self.error, self.errors, self.headers = status, error, errors or [], headers
 
 
-def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """One model as the API shows it; ``numbers``: ``observability.model_numbers`` when already computed."""
+def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | None = None,
+               snap: Any = None, events: Mapping[str | None, list[Any]] | None = None) -> dict[str, Any] | None:
+    """One model as the API shows it; ``numbers``: ``observability.model_numbers``, ``snap`` the state snapshot and
+    ``events`` the snapshot's events by model when already computed (``GET /v1/models`` computes each once for
+    every model: a snapshot and an events scan per model made that route quadratic, 1,000 models took seconds)."""
     from sie.streams.control.observability import event_rows, model_numbers
 
     status = service.controller.statuses.get(name)
-    snap = service.state.snapshot()
+    snap = snap if snap is not None else service.state.snapshot()
     spec = snap.specs.get(name)
     if status is None and spec is None and name not in snap.spec_errors:
         return None
@@ -127,7 +131,8 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
         numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
     # from the workers, through their agents' heartbeats: lag (sum), recent p99 (worst replica)
     out["live"] = numbers.get(name, {"lag": None, "p99_ms": None, "reporting": 0})
-    out["events"] = event_rows((e for e in snap.events if e.model == name), 20)
+    mine = events.get(name, []) if events is not None else [e for e in snap.events if e.model == name]
+    out["events"] = event_rows(mine, 20)
     return out
 
 
@@ -279,7 +284,10 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         snap = service.state.snapshot()
         names = sorted(set(service.controller.statuses) | set(snap.specs) | set(snap.spec_errors))
         numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
-        return {"models": [m for m in (model_json(service, n, numbers) for n in names) if m is not None]}
+        events: dict[str | None, list[Any]] = {}
+        for e in snap.events:
+            events.setdefault(e.model, []).append(e)
+        return {"models": [m for m in (model_json(service, n, numbers, snap, events) for n in names) if m is not None]}
 
     @app.get("/v1/events", summary="The latest events of the cluster (placements, failures, audit)")
     def events(limit: int = 50, _: Principal = Depends(viewer)) -> dict[str, Any]:

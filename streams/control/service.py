@@ -299,9 +299,11 @@ class ControlService:
         self.artifacts = KnownArtifacts(ArtifactStore(settings, clients=self.clients))
         self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
+        self._wake = threading.Event()  # set: the reconcile loop runs its next pass now
         self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients,
                                   lag_limit_s=config.node_timeout_s / 2,
-                                  on_skip=lambda topic: self.metrics.skipped.labels(topic).inc())
+                                  on_skip=lambda topic: self.metrics.skipped.labels(topic).inc(),
+                                  on_change=lambda _topic: self._wake.set())
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
                                      on_change=self._on_leadership, clock=clock, clients=clients)
         #: the autoscaler's backlog signal: sampled only while this instance leads (a standby follows the
@@ -315,7 +317,6 @@ class ControlService:
         #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
         self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
                                  registry=self.metrics.registry)
-        self._wake = threading.Event()
         #: what a new leader loads before its first pass (``Takeover``)
         self.takeover = Takeover(self.feeder, self.rollouts, clock, wake=self._wake.set, metrics=self.metrics)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
@@ -396,12 +397,14 @@ class ControlService:
 
     def _run(self) -> None:
         """The reconcile loop.  A pass isolates its steps and skips itself while the state is stale;
-        whatever still escapes it ends this run, and the supervisor restarts the loop with backoff."""
+        whatever still escapes it ends this run, and the supervisor restarts the loop with backoff.  A wake
+        (an election, a takeover loaded, a live spec or connector record) runs the next pass at once; cleared
+        before the pass, so a wake that comes during a pass is not lost."""
         while not self._stop.is_set():
+            self._wake.clear()
             one_pass(self.controller, self.rollouts, self.clock())
             self._observe_threads()
             self._wake.wait(self.config.reconcile_interval_s)
-            self._wake.clear()
 
     def _observe_threads(self) -> None:
         threads = {"state_feeder": self.feeder.thread_status(), "leader_elector": self.elector.thread_status(),

@@ -8,7 +8,7 @@ the last record per model is the answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -213,12 +213,18 @@ def build_status(
     timeout_s: float,
     epoch: int,
     cooldowns: Mapping[str, list[dict[str, Any]]] | None = None,
+    replica_ids: Iterable[str] | None = None,
 ) -> ModelStatus:
-    """Desired (the plan) vs actual (agents' reports) for one model; ``cooldowns`` by replica id."""
+    """Desired (the plan) vs actual (agents' reports) for one model; ``cooldowns`` by replica id.
+    ``replica_ids``: the model's replicas in ``plan`` when the caller grouped them already (one sweep of the plan
+    for every model, instead of one per model: ``Controller._statuses``)."""
     if spec is None:
         return ModelStatus(name, "", "", "", "Invalid", spec_error or "spec missing", 0, 0, (), epoch, int(now * 1000))
     views: list[ReplicaView] = []
-    for rid in sorted(set(r for r in plan.placements if plan.placements[r].model == name) | set(r for r in plan.unplaced if plan.unplaced[r].model == name)):
+    if replica_ids is None:
+        replica_ids = ([r for r in plan.placements if plan.placements[r].model == name]
+                       + [r for r in plan.unplaced if plan.unplaced[r].model == name])
+    for rid in sorted(set(replica_ids)):
         placed = plan.placements.get(rid)
         if placed is not None:
             views.append(_replica_view(placed, snap, now, timeout_s))

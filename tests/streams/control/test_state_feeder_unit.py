@@ -347,3 +347,32 @@ def test_a_read_barrier_is_reached_only_once_every_partition_is_read_to_the_end_
     wait_until(later.reached, message="nothing new since: reached at once")
     # the ends come from a consumer of their own (the reader's would wait behind its fetch), closed after
     assert len(f.probes) == 2 and all(p.closed for p in f.probes)
+
+
+def spec_record(name: str) -> bytes:
+    doc = {"apiVersion": "sie.lmsys.org/v1", "kind": "ModelService", "metadata": {"name": name},
+           "spec": {"model": {"name": name, "version": "1.0.0"},
+                    "backend": {"type": "python", "callable": "models.fraud.rules:score"}}}
+    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec_store import spec_record as record_of
+
+    return encode("ModelSpecRecord", record_of(parse_spec(doc, source="test"), 0))
+
+
+def test_a_live_spec_wakes_the_loop_and_the_replay_does_not(feeds):
+    """An applied spec is placed in one pass, not at the loop's next interval (bench/bench_scale.py: apply ->
+    assignment); the history replayed at start wakes nothing (the first pass after catching up reads it all)."""
+    woken: list[str] = []
+    f = feed(feeds, [msg("specs", 0, 0, "old", spec_record("old")),
+                     msg("nodes", 0, 0, "node-a", registration("node-a"))], on_change=woken.append)
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    f.settle()
+    assert woken == [] and "old" in f.state.specs
+
+    f.consumer.append(msg("nodes", 0, 1, "node-b", registration("node-b")))
+    f.consumer.append(msg("specs", 0, 1, "new", spec_record("new")))
+    wait_until(lambda: woken == ["specs"], message="the live spec woke the loop")
+    assert "new" in f.state.specs and "node-b" in f.state.nodes  # a registration wakes nothing
+    f.consumer.append(msg("specs", 0, 2, "bad", b"\x00not avro"))
+    wait_until(lambda: f.feeder.skipped == 1, message="the unreadable spec skipped")
+    assert woken == ["specs"]  # a record that was skipped changed nothing to act on
