@@ -621,7 +621,7 @@ def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
             return _start_rollout(service, current, spec)
     from sie.schemas.spec_store import publish_spec
 
-    publish_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False)
+    publish_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False, writer=service.spec_writer)
     return 202, {"name": spec.name, "version": spec.version, "accepted": True,
                  "status": f"/v1/models/{spec.name}", "warnings": list(spec.warnings)}
 
@@ -646,7 +646,7 @@ def _delete_model(service: Any, name: str) -> dict[str, Any]:
     spec = service.state.snapshot().specs.get(name)
     if spec is None:
         raise ApiError(404, f"model {name!r} is not applied")
-    delete_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S)
+    delete_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, writer=service.spec_writer)
     return {"name": name, "deleted": True}
 
 

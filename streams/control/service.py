@@ -297,6 +297,11 @@ class ControlService:
         self.clients = clients or KafkaClients()
         #: artifacts on the cluster, for the API (uploads, and the check that a spec's artifact is there)
         self.artifacts = KnownArtifacts(ArtifactStore(settings, clients=self.clients))
+        from sie.schemas.spec_store import AckedWriter
+
+        #: the API's spec writes (apply, delete): one producer for all of them (``AckedWriter``)
+        self.spec_writer = AckedWriter(settings, settings.names.control_client_id(f"{self.instance_id}.specs"),
+                                       clients=self.clients)
         self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
         self._wake = threading.Event()  # set: the reconcile loop runs its next pass now
@@ -366,6 +371,7 @@ class ControlService:
             self.http.stop()
             self.audit.close()
         self._loop.join(10)
+        self.spec_writer.close()
         self.sampler.stop()
         self.elector.stop()
         self.feeder.stop()
