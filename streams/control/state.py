@@ -815,6 +815,8 @@ class StateFeeder:
         self._run_start: dict[tuple[str, int], int] = {}  # where the current run started, per partition
         self._behind: dict[tuple[str, int], tuple[float, int]] = {}  # heartbeats partition -> (since, end to reach)
         self._eof: dict[tuple[str, int], int] = {}  # where the latest end-of-partition event was, per partition
+        #: heartbeats partition -> node key -> its latest record read while replaying (``_replayed``)
+        self._replay_latest: dict[tuple[str, int], dict[bytes | None, Any]] = {}
         self._barriers: list[ReadBarrier] = []
         self._barriers_lock = threading.Lock()
         self._lag_checked = 0.0
@@ -958,8 +960,10 @@ class StateFeeder:
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         self._eof[key] = max(self._eof.get(key, 0), msg.offset())
-                        if pending.pop(key, None) is not None and not pending:
-                            self._caught_up()
+                        if pending.pop(key, None) is not None:
+                            self._replayed(key)
+                            if not pending:
+                                self._caught_up()
                         continue
                     self.errors += 1
                     self.last_error = f"consumer: {error}"
@@ -967,15 +971,23 @@ class StateFeeder:
                         raise KafkaException(error)
                     continue
                 self._next[key] = msg.offset() + 1
-                self._apply(msg, live=key not in pending)
+                if key in pending and self._topics.get(key[0]) == "heartbeats":
+                    # history: only each node's latest heartbeat counts (its replayed_at, GPUs, replicas); a
+                    # cold start at 200 nodes replays ~60,000 of them, decoded and applied in 70 s before
+                    self._replay_latest.setdefault(key, {})[msg.key()] = msg
+                else:
+                    self._apply(msg, live=key not in pending)
                 if key in pending and msg.offset() + 1 >= pending[key]:
                     del pending[key]
+                    self._replayed(key)
                     if not pending:
                         self._caught_up()
         except Exception as exc:
             self.last_error = f"state reader died: {type(exc).__name__}: {exc}"
             raise
         finally:
+            for key in list(self._replay_latest):  # read, so never read again (resumed after): applied now
+                self._replayed(key)
             if not self._stop.is_set():
                 self.caught_up.clear()  # whatever ended this run, the state is stale until the next one caught up
                 self.caught_up_at = None
@@ -983,6 +995,13 @@ class StateFeeder:
                 consumer.close()
             except Exception as exc:
                 log.warning("closing the state reader's consumer: %s", exc)
+
+    def _replayed(self, key: tuple[str, int]) -> None:
+        """A partition read to the end it had at start: apply what its replay kept back (the latest heartbeat
+        of each node), in log order."""
+        kept = self._replay_latest.pop(key, None)
+        for msg in sorted((kept or {}).values(), key=lambda m: m.offset()):
+            self._apply(msg, live=False)
 
     def _read_to(self, key: tuple[str, int]) -> int:
         """The offset up to which ``key`` has been read and applied in this feeder (``ReadBarrier``)."""

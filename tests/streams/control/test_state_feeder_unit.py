@@ -376,3 +376,29 @@ def test_a_live_spec_wakes_the_loop_and_the_replay_does_not(feeds):
     f.consumer.append(msg("specs", 0, 2, "bad", b"\x00not avro"))
     wait_until(lambda: f.feeder.skipped == 1, message="the unreadable spec skipped")
     assert woken == ["specs"]  # a record that was skipped changed nothing to act on
+
+
+def test_a_replay_applies_only_the_latest_heartbeat_of_each_node_before_catching_up(feeds):
+    """Liveness, GPUs and replica reports come from a node's latest heartbeat: the replay applies that one alone
+    (a cold start at 200 nodes replayed ~60,000, 70 s of decoding: bench/bench_scale.py), and before it says it
+    caught up; a heartbeat read live is applied as it comes."""
+    applied: list[tuple[str, int]] = []
+
+    class Counting(ClusterState):
+        def apply_heartbeat(self, record: Any, seen_at: float | None, replayed_at: float | None = None) -> None:
+            applied.append((record["node"], record["ts_ms"]))
+            super().apply_heartbeat(record, seen_at, replayed_at)
+
+    records = [msg("heartbeats", 0, i, node, heartbeat(node, RECENT_MS + i), RECENT_MS + i)
+               for i, node in enumerate(["node-a", "node-b", "node-a", "node-a", "node-b"])]
+    f = Feed(records, state=Counting())
+    feeds.append(f)
+    f.start()
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    assert sorted(applied) == [("node-a", RECENT_MS + 3), ("node-b", RECENT_MS + 4)]
+    assert f.state.heartbeats["node-a"].replayed_at == (RECENT_MS + 3) / 1000 and f.state.heartbeats["node-a"].seen_at is None
+
+    f.consumer.append(msg("heartbeats", 0, 5, "node-a", heartbeat("node-a", RECENT_MS + 5)))
+    f.consumer.append(msg("heartbeats", 0, 6, "node-a", heartbeat("node-a", RECENT_MS + 6)))
+    wait_until(lambda: len(applied) == 4, message="both live heartbeats applied")
+    assert f.state.heartbeats["node-a"].seen_at == NOW_S
