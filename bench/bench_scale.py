@@ -499,14 +499,16 @@ class SizeRun:
         wait_for(lambda: (self.controls[1].health() or {}).get("state_caught_up"), 120, "the standby caught up")
         log(f"leader {lead.instance} (pid {lead.pid}), standby cp-2 up")
         self.populate(lead)
-        self.steady(lead)
-        self.probes(lead)
-        self.api(lead)
-        self.agent_replay()
-        self.takeover()
-        self.node_loss()
-        self.cold_start()
-        self.topic_sizes()
+        phases: list[tuple[str, Callable[[], None]]] = [
+            ("steady", lambda: self.steady(lead)), ("probes", lambda: self.probes(lead)), ("api", lambda: self.api(lead)),
+            ("agent_replay", self.agent_replay), ("takeover", self.takeover), ("node_loss", self.node_loss),
+            ("cold_start", self.cold_start), ("topic_sizes", self.topic_sizes)]
+        for name, phase in phases:  # a phase that fails is reported as such; the next ones still run
+            try:
+                phase()
+            except (TimeoutError, RuntimeError, OSError, KeyError, AssertionError) as exc:
+                log(f"phase {name} failed: {type(exc).__name__}: {exc}")
+                r[name] = {**r.get(name, {}), "error": f"{type(exc).__name__}: {exc}"}
         r["duration_s"] = round(time.time() - t0, 1)
         r["load_end"] = loadavg()
         return r
@@ -631,19 +633,22 @@ class SizeRun:
             self.result["steady"]["profile"] = profile
         log(f"steady: {json.dumps(self.result['steady'])[:600]}")
 
-    def _profile(self, lead: ControlProc, seconds: float) -> str | None:
-        """py-spy's view of the leader (``--profile-leader``): top functions, written next to the results."""
-        if shutil.which("py-spy") is None:
+    def _profile(self, lead: ControlProc, seconds: float) -> dict[str, Any] | None:
+        """py-spy's view of the leader (``--profile-leader``): the functions the thread holding the GIL (running
+        Python) spent its samples in (leaf frames) and under (inclusive), from a sampling of ``seconds``; the raw
+        stacks are kept in --out-dir."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(spy).exists():
             log("py-spy not installed (pip install py-spy): no profile")
             return None
-        out = Path(self.args.out_dir) / f"scale-profile-{self.nodes}x{self.models}.txt"
-        cmd = ["py-spy", "record", "--pid", str(lead.pid), "--duration", str(int(seconds)), "--format", "raw",
-               "--output", str(out.with_suffix(".raw")), "--rate", "50", "--nonblocking"]
+        raw = Path(self.args.out_dir) / f"{self.args.name}-profile-{self.nodes}x{self.models}.collapsed"
+        cmd = [spy, "record", "--pid", str(lead.pid), "--duration", str(int(seconds)), "--format", "raw",
+               "--output", str(raw), "--rate", "50", "--nonblocking", "--gil"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-        if done.returncode != 0:
+        if done.returncode != 0 or not raw.exists():
             log(f"py-spy failed: {done.stderr[-300:]}")
             return None
-        return str(out.with_suffix(".raw"))
+        return profile_summary(raw.read_text())
 
     def probes(self, lead: ControlProc) -> None:
         assert self.tail is not None
@@ -655,12 +660,19 @@ class SizeRun:
             applied[name] = t
             lead.post(model_doc(name, self.models + k, n))
             time.sleep(max(0.0, self.args.probe_interval - (time.time() - t)))
-        wait_for(lambda: all(self.tail.ready(m) for m in applied), 120, "every probe Ready", interval=0.2)  # type: ignore[union-attr]
+        try:
+            wait_for(lambda: all(self.tail.ready(m) for m in applied), self.args.phase_timeout,  # type: ignore[union-attr]
+                     "every probe Ready", interval=0.2)
+        except TimeoutError as exc:
+            log(f"probes: {exc}; reporting those that got there")
         assigned = {m: self.tail.assigned_at(m, n) for m in applied}
+        ready = {m: self.tail.ready(m) for m in applied}
         self.result["probes"] = {
             "n": len(applied), "interval_s": self.args.probe_interval,
+            "not_assigned": sum(1 for a in assigned.values() if a is None),
+            "not_ready": sum(1 for a in ready.values() if a is None),
             "apply_to_assignment_s": summary(assigned[m] - applied[m] for m in applied if assigned[m]),  # type: ignore[operator]
-            "apply_to_ready_s": summary(self.tail.ready(m) - applied[m] for m in applied),  # type: ignore[operator]
+            "apply_to_ready_s": summary(ready[m] - applied[m] for m in applied if ready[m]),  # type: ignore[operator]
         }
         log(f"probes: {self.result['probes']}")
 
@@ -736,7 +748,7 @@ class SizeRun:
         epoch0 = (standby.health() or {}).get("epoch")
         t_kill = time.time()
         lead.kill()
-        elected = wait_for(lambda: (standby.health() or {}).get("role") == "leader" and time.time(), 60,
+        elected = wait_for(lambda: (standby.health() or {}).get("role") == "leader" and time.time(), self.args.phase_timeout,
                            "the standby elected", interval=0.05)
 
         def acting() -> float | None:
@@ -747,7 +759,7 @@ class SizeRun:
                 and not str(h.get("subsystems", {}).get("reconcile_loop", {}).get("detail", "")).startswith("not acting")
             return time.time() if ok else None
 
-        first_pass = wait_for(acting, 120, "the new leader's first acting pass", interval=0.05)
+        first_pass = wait_for(acting, self.args.phase_timeout, "the new leader's first acting pass", interval=0.05)
         health = standby.health() or {}
         time.sleep(self.args.settle)  # passes after the takeover: what would they change? (a bench pause)
         with self.tail.lock:
@@ -781,20 +793,20 @@ class SizeRun:
                 ok = all(self.tail.node_of.get(rid) not in (None, node) for rid in lost)  # type: ignore[union-attr]
             return time.time() if ok else None
 
-        t_replaced = wait_for(replaced, 120, f"the replicas of {node} re-assigned", interval=0.05)
+        t_replaced = wait_for(replaced, self.args.phase_timeout, f"the replicas of {node} re-assigned", interval=0.05)
 
         def offline() -> float | None:
             found = [e[0] for e in self.tail.events_since(last_hb, ("node_offline",)) if e[3] == node]  # type: ignore[union-attr]
             return found[0] if found else None
 
-        t_offline = wait_for(offline, 60, f"{node} offline")
+        t_offline = wait_for(offline, self.args.phase_timeout, f"{node} offline")
 
         def ready_again() -> float | None:
             with self.tail.lock:  # type: ignore[union-attr]
                 ok = all(self.tail.status.get(m, ("", 0, 0))[0] == "Ready" for m in models)  # type: ignore[union-attr]
             return time.time() if ok else None
 
-        t_ready = wait_for(ready_again, 120, f"the models of {node} Ready again", interval=0.1)
+        t_ready = wait_for(ready_again, self.args.phase_timeout, f"the models of {node} Ready again", interval=0.1)
         counters = self.sims.stats()
         self.result["node_loss"] = {
             "node": node, "replicas": len(lost), "models": len(models),
@@ -857,6 +869,31 @@ class SizeRun:
         finally:
             consumer.close()
         log(f"topic sizes: {json.dumps(self.result['topic_sizes'])[:600]}")
+
+
+def profile_summary(collapsed: str, top: int = 25) -> dict[str, Any]:
+    """Top functions of py-spy's collapsed stacks (``frame;frame;... count``): by own (leaf) and inclusive samples,
+    idle samples (a thread waiting) counted apart."""
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = idle = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"
+                  for f in stack.split(";")[1:]]  # the first frame is the thread
+        leaf = frames[-1] if frames else "?"
+        if any(w in leaf for w in ("wait (threading", "poll (", "select (", "sleep", "_wait", "acquire")):
+            idle += n
+            continue
+        total += n
+        own[leaf] = own.get(leaf, 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    pick = lambda d: [(k, round(v / max(1, total), 3)) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]]  # noqa: E731
+    return {"busy_samples": total, "idle_samples": idle, "own": pick(own), "inclusive": pick(incl)}
 
 
 class _NoLauncher:
@@ -1011,8 +1048,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probes", type=int, default=20)
     p.add_argument("--probe-interval", type=float, default=1.5)
     p.add_argument("--api-repeats", type=int, default=5)
-    p.add_argument("--populate-timeout", type=float, default=600.0)
-    p.add_argument("--size-timeout", type=float, default=1500.0, help="a size that runs longer is stopped (seconds)")
+    p.add_argument("--populate-timeout", type=float, default=900.0)
+    p.add_argument("--phase-timeout", type=float, default=300.0, help="longest wait of one phase (seconds)")
+    p.add_argument("--size-timeout", type=float, default=2400.0, help="a size that runs longer is stopped (seconds)")
     p.add_argument("--profile-leader", type=float, default=0.0, help="py-spy the leader this many seconds (steady window)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--control-args", nargs="*", default=[], help="extra `sie control` options")
