@@ -34,7 +34,9 @@ class ReplicaState(enum.StrEnum):
     STARTING  process launched: loading the model and running the readiness inference.
     READY     the readiness inference passed; the scorer consumes requests.
     DRAINING  SIGTERM sent (no longer assigned, or its target changed): the scorer commits its current
-              batch and leaves the consumer group; SIGKILL after the drain grace.
+              batch and leaves the consumer group; SIGKILL after the drain grace.  A replica replaced
+              in place is DRAINING while it still serves, until its successor is loaded (hand-over,
+              ``sie.workers.supervisor``).
     STOPPED   exited after a drain, or forgotten before it ever ran (terminal; the agent drops it
               from its table once reported).
     FAILED    crashed ``max_crashes`` times within the crash window, could not be started that

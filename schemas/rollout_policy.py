@@ -8,7 +8,10 @@ WHY in ``sie.schemas``: the policy is part of the ModelService contract, validat
       steps: [10, 20, 50, 100]       # percent of requests on the new version, strictly rising, ends at 100
       intervalSeconds: 20            # time per step before the gates may pass it
       surgeTimeoutSeconds: 300       # how long the new version may take to become ready
-      gates: {p99MaxMs, p99MaxRatio, p99SlackMs, maxErrorRateIncrease, maxExpiryRateIncrease, minSamples}
+      gates: {p99MaxMs, p99MaxRatio, p99SlackMs, maxErrorRateIncrease, maxExpiryRateIncrease, minSamples,
+              confidence, inconclusiveIntervals}
+
+What the gates test and why (sequential tests, a stated confidence): ``sie.streams.control.gates``.
 """
 
 from __future__ import annotations
@@ -22,16 +25,21 @@ from sie.kernel.errors import ConfigError
 DEFAULT_STEPS = (10, 20, 50, 100)
 DEFAULT_INTERVAL_S = 20.0
 _KEYS = {"steps", "intervalSeconds", "surgeTimeoutSeconds", "gates"}
-_GATE_KEYS = {"p99MaxMs", "p99MaxRatio", "p99SlackMs", "maxErrorRateIncrease", "maxExpiryRateIncrease", "minSamples"}
+_GATE_KEYS = {"p99MaxMs", "p99MaxRatio", "p99SlackMs", "maxErrorRateIncrease", "maxExpiryRateIncrease", "minSamples",
+              "confidence", "inconclusiveIntervals"}
+#: dataclass field -> its name in the spec (errors name the spec's field)
+_GATE_FIELDS = {"p99_max_ms": "p99MaxMs", "p99_max_ratio": "p99MaxRatio", "p99_slack_ms": "p99SlackMs",
+                "max_error_rate_increase": "maxErrorRateIncrease", "max_expiry_rate_increase": "maxExpiryRateIncrease"}
 
 
 @dataclass(frozen=True)
 class Gates:
-    """SLO gates of one canary step.  ``None`` switches a gate off."""
+    """SLO gates of one canary step.  ``None`` switches a gate off.  Each gate is a sequential test on the
+    step's window (``sie.streams.control.gates``): it fails the canary only with ``confidence``."""
 
-    #: absolute p99 the canary must hold (default: the spec's ``sla.p99LatencyMs``)
+    #: absolute p99 (queue + inference) the canary must hold (default: the spec's ``sla.p99LatencyMs``)
     p99_max_ms: float | None = None
-    #: canary p99 <= stable p99 * ratio + slack (slack keeps millisecond noise from failing a fast model)
+    #: canary inference p99 <= stable's * ratio + slack (slack keeps millisecond noise from failing a fast model)
     p99_max_ratio: float | None = 1.5
     p99_slack_ms: float = 5.0
     #: canary error rate (inference errors + dead letters) <= stable's + this
@@ -40,14 +48,25 @@ class Gates:
     max_expiry_rate_increase: float | None = 0.01
     #: requests the canary must have answered in the window before any gate judges it
     min_samples: int = 100
+    #: probability that a canary no worse than the limits completes the whole rollout (1 - confidence is the
+    #: false-rollback rate, split over the steps and the gates switched on)
+    confidence: float = 0.99
+    #: a step whose gates reach no verdict by the end of its interval waits up to this many more intervals,
+    #: then rolls back ("not proven"), so an inconclusive canary never holds its share forever
+    inconclusive_intervals: int = 2
 
     def __post_init__(self) -> None:
         if self.min_samples < 1:
             raise ConfigError(f"rollout.gates.minSamples: must be >= 1 (got {self.min_samples})")
-        for name in ("p99_max_ms", "p99_max_ratio", "max_error_rate_increase", "max_expiry_rate_increase"):
+        for name, spec_name in _GATE_FIELDS.items():
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ConfigError(f"rollout.gates.{name}: must be >= 0 (got {value})")
+                raise ConfigError(f"rollout.gates.{spec_name}: must be >= 0 (got {value})")
+        if not 0.5 <= self.confidence < 1.0:
+            raise ConfigError(f"rollout.gates.confidence: must be in [0.5, 1) (got {self.confidence}); "
+                              f"e.g. 0.99: an identical canary is rolled back at most 1 % of the time")
+        if self.inconclusive_intervals < 0:
+            raise ConfigError(f"rollout.gates.inconclusiveIntervals: must be >= 0 (got {self.inconclusive_intervals})")
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,16 @@ class Policy:
                 raise ValueError(f"gates.{key} = {value!r}")
             return None if value is None else float(value)
 
+        def integer(key: str, default: int) -> int:
+            value = gates_doc.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"rollout.gates.{key}: must be an integer (got {value!r})")
+            return value
+
+        confidence = num("confidence", 0.99)
+        if confidence is None:
+            raise ConfigError("rollout.gates.confidence: must be a number in [0.5, 1) (got null)")
+
         gates = Gates(
             p99_max_ms=num("p99MaxMs", sla_p99_ms),
             p99_max_ratio=num("p99MaxRatio", 1.5),
@@ -104,6 +133,8 @@ class Policy:
             max_error_rate_increase=num("maxErrorRateIncrease", 0.01),
             max_expiry_rate_increase=num("maxExpiryRateIncrease", 0.01),
             min_samples=int(gates_doc.get("minSamples", 100)),
+            confidence=confidence,
+            inconclusive_intervals=integer("inconclusiveIntervals", 2),
         )
         return cls(steps=tuple(int(s) for s in doc.get("steps", DEFAULT_STEPS)),
                    interval_s=float(doc.get("intervalSeconds", DEFAULT_INTERVAL_S)), gates=gates,
@@ -111,8 +142,14 @@ class Policy:
 
     def to_document(self) -> dict[str, Any]:
         g = self.gates
+        gates: dict[str, Any] = {"p99MaxMs": g.p99_max_ms, "p99MaxRatio": g.p99_max_ratio, "p99SlackMs": g.p99_slack_ms,
+                                 "maxErrorRateIncrease": g.max_error_rate_increase,
+                                 "maxExpiryRateIncrease": g.max_expiry_rate_increase, "minSamples": g.min_samples}
+        # fields newer than the rollout record format only when set: a control plane one release older (a
+        # rolling upgrade) reads the record of a rollout that kept their defaults
+        if g.confidence != Gates.confidence:
+            gates["confidence"] = g.confidence
+        if g.inconclusive_intervals != Gates.inconclusive_intervals:
+            gates["inconclusiveIntervals"] = g.inconclusive_intervals
         return {"steps": list(self.steps), "intervalSeconds": self.interval_s,
-                "surgeTimeoutSeconds": self.surge_timeout_s,
-                "gates": {"p99MaxMs": g.p99_max_ms, "p99MaxRatio": g.p99_max_ratio, "p99SlackMs": g.p99_slack_ms,
-                          "maxErrorRateIncrease": g.max_error_rate_increase,
-                          "maxExpiryRateIncrease": g.max_expiry_rate_increase, "minSamples": g.min_samples}}
+                "surgeTimeoutSeconds": self.surge_timeout_s, "gates": gates}

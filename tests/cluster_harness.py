@@ -318,6 +318,19 @@ class Cluster:
             return None
         return m
 
+    def settled(self, name: str, version: str, replicas: int) -> dict | None:
+        """The model's status once it is Ready with exactly ``replicas`` READY replicas, all at ``version``."""
+        m = self.ready_model(name, replicas)
+        if not m or len(m["replicas"]) != replicas or any(r["version"] != version for r in m["replicas"]):
+            return None
+        return m
+
+    def post_model(self, doc: dict) -> dict:
+        """POST a ModelService document to the control API (202 expected: AssertionError otherwise)."""
+        status, body = http(self.api(), "POST", "/v1/models", yaml.safe_dump(doc))
+        assert status == 202, f"POST /v1/models: {status} {body}"
+        return body
+
     def wait_ready(self, name: str, replicas: int, timeout: float = 90, port: int | None = None) -> dict:
         return wait_for(lambda: self.ready_model(name, replicas, port), timeout,
                         lambda: f"{name} Ready with {replicas} replicas; status {self.model(name, port)}\n"
@@ -477,6 +490,8 @@ class ResultTail:
         self.kinds = {topics["results"]: "result", topics["dead_letters"]: "dlq"}
         self.arrivals: dict[str, list[tuple[float, str]]] = {}
         self.order: list[tuple[float, str]] = []
+        #: request id -> the partition its first output landed on (a scorer answers on the request's partition)
+        self.output_partition: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._config = settings.kafka_client_config(**{
@@ -510,6 +525,7 @@ class ResultTail:
                     if rid is not None:
                         self.arrivals.setdefault(rid, []).append((now, self.kinds[msg.topic()]))
                         self.order.append((now, rid))
+                        self.output_partition.setdefault(rid, msg.partition())
                     read_up_to(self._reached[msg.topic()], msg)
 
     def read_to_end(self, timeout: float = 30.0) -> None:
@@ -563,6 +579,19 @@ class ResultTail:
             seq = [start, *sorted(times.get(p, [])), end]
             out[p] = max(b - a for a, b in zip(seq, seq[1:]))
         return out
+
+    def gaps(self, start: float, end: float, partition_of: dict[str, int] | None = None
+             ) -> tuple[float, dict[int, float]]:
+        """(the longest gap between consecutive committed outputs of any partition, the longest per request
+        partition) in [start, end]; the window edges count as arrivals, so silence since ``start`` shows.
+        ``partition_of``: request id -> partition (``RequestStream.partition_of``); default: the partition
+        each output landed on (a scorer answers on the request's partition number)."""
+        with self._lock:
+            times = [at for at, _ in self.order if start <= at <= end]
+            where = dict(self.output_partition) if partition_of is None else partition_of
+        seq = [start, *times, end]
+        overall = max(b - a for a, b in zip(seq, seq[1:]))
+        return overall, self.stalls(where, start, end)
 
     def close(self) -> None:
         self._stop.set()

@@ -115,14 +115,14 @@ class Harness:
     """An LLMScorer on a thread over ``values`` spread round-robin on ``partitions`` partitions."""
 
     def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, consumer_class=FakeConsumer,
-                 endpoints=None, **cfg) -> None:
+                 endpoints=None, stop: threading.Event | None = None, **cfg) -> None:
         self.spec = llm_spec(endpoints or [{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20,
                              **cfg)
         topic = self.spec.topics.requests
         self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS)
                         for i, v in enumerate(values)]
         self.n = len(values)
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.consumer = consumer_class(self.records, partitions={topic: partitions})
         self.producers: list[FakeProducer] = []
 

@@ -52,6 +52,29 @@ def echo_slow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return echo(rows)
 
 
+#: the rollout-gates bench's model: a fixed cost per call (like a GPU forward pass), slept so it measures the
+#: gates, not the machine's spare CPU
+PACED_CALL_S = 0.02
+
+
+def paced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``echo`` taking PACED_CALL_S per call (the model's own compute time, not synchronisation)."""
+    time.sleep(PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_3x(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that takes 3x as long per call: the gates bench's slow canary."""
+    time.sleep(3 * PACED_CALL_S)
+    return echo(rows)
+
+
+def paced_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A new version of ``paced`` that cannot score 1 row in 20 (``echo_canary``): the gates bench's erring canary."""
+    time.sleep(PACED_CALL_S)
+    return echo_canary(rows)
+
+
 def echo_hang(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A model that hangs on every request but the spec's example (so it passes readiness): the multi-model
     process's watchdog tests.  It sleeps (the model's own stuck call, not synchronisation) for 10 minutes."""
@@ -327,14 +350,16 @@ def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
 class ScorerThread:
     """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
 
-    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None, **overrides) -> None:
+    def __init__(self, settings, spec, instance: str = "t0", backend_factory=None,
+                 stop: threading.Event | None = None, **overrides) -> None:
+        """``stop``: the stop event (e.g. a ``StopRequest``, to hand over); ``overrides``: ScorerConfig fields."""
         self.backend_factory = backend_factory or load_echo_backend
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.ready = threading.Event()
         self.summary = None
         self.error: BaseException | None = None
-        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10,
-                                   session_timeout_ms=6000, **overrides)
+        self.config = ScorerConfig(settings=settings, spec=spec, instance=instance,
+                                   **{"max_wait_ms": 10, "session_timeout_ms": 6000, **overrides})
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 

@@ -26,6 +26,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 class _Leader:
     is_leader = True
+    epoch = 1  # the rollouts are loaded once per leader epoch (rollout_service.Rollouts)
 
 
 class _Published:

@@ -28,7 +28,7 @@ import subprocess
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -69,6 +69,13 @@ class LaunchSpec:
     #: worker of its own (``sie.workers.agent.shared``); None: a process of its own
     shared_spec: Mapping[str, Any] | None = None
 
+    def standby(self) -> LaunchSpec | None:
+        """This launch as a successor that loads, then waits for ``ProcessHandle.serve`` (``--standby``), or
+        None if it cannot wait that way (a shared process's lane, a connector: they stop, then start)."""
+        if self.warm_args is None or self.shared_spec is not None:
+            return None
+        return replace(self, argv=(*self.argv, "--standby"), warm_args=(*self.warm_args, "--standby"))
+
 
 class ProcessHandle(Protocol):
     """A started process as the supervisor sees it."""
@@ -86,6 +93,13 @@ class ProcessHandle(Protocol):
 
     def kill(self) -> None:
         """Stop now (SIGKILL)."""
+
+    def hand_over(self) -> None:
+        """Stop for a loaded successor (SIGUSR2): drain like ``terminate``; the worker keeps its static group
+        membership for the successor only if it owns every partition (``sie.streams.eos.stage.leaves_group``)."""
+
+    def serve(self) -> None:
+        """Start serving (SIGUSR1): a ``--standby`` worker whose predecessor released the replica."""
 
     def log_tail(self, lines: int = 5) -> str:
         """Last lines of the process's stdout/stderr log (for crash reasons)."""
@@ -197,6 +211,12 @@ class SubprocessHandle:
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
+
+    def hand_over(self) -> None:
+        self._signal(signal.SIGUSR2)
+
+    def serve(self) -> None:
+        self._signal(signal.SIGUSR1)
 
     def assign(self, payload: Mapping[str, Any], log_path: Path | None) -> None:
         """Hand a waiting warm worker its replica: one JSON line on its stdin (OSError if it is gone).

@@ -11,6 +11,23 @@ records the full target set (applying the same set twice changes nothing) and
     any with a process, no longer desired --SIGTERM--> DRAINING --exit--> STOPPED (forgotten)
     DRAINING past the grace period --SIGKILL--> (exit) --> STOPPED
 
+Planned stops never wait for a session timeout: SIGTERM makes the worker's scorer commit its batch and
+LEAVE its consumer group (``sie.streams.eos.transaction.leave_group``), so the other replicas take its
+partitions at their next heartbeat.  A replica replaced IN PLACE (same id, new target: a new version, a
+Draining rollout step) hands over instead, so its partitions pause only for the switch, not for a load:
+
+    old READY --target changed--> DRAINING (handing over: still serving, no signal)
+    new PENDING --launch with --standby--> STARTING: loads, proves readiness, reports "standby", waits
+    old --SIGUSR2 (hand over: commit; leave the group, so the other replicas serve the partitions while the
+         successor starts, unless it owns every partition: then keep its static membership)--> "released"
+    new --SIGUSR1 once every predecessor released--> init_transactions fences the old id; the consumer joins
+         (or takes the kept static membership, group.instance.id, without a rebalance) --> READY
+
+It falls back to stop-then-start (SIGTERM, the old leaves; the new starts once it exited) when the new
+launch cannot wait loaded (a shared process's lane, a connector), when the GPU cannot hold both, and when
+the successor crashes, fails or is not loaded within ``startup_timeout_s``.  A crash is no planned stop:
+a SIGKILLed worker keeps its membership and its restart takes its partitions back without a rebalance.
+
 Every edge is listed in ``sie.schemas.replica_state.TRANSITIONS`` and ``_transition`` checks it:
 a move the table does not allow raises ``ReplicaTransitionError`` instead of being published.
 
@@ -67,6 +84,8 @@ class SupervisorPolicy:
     drain_grace_s: float = 15.0
     #: a launch deferred (artifacts being fetched) is tried again after this long
     deferred_retry_s: float = 0.5
+    #: replace in place by hand-over (module docstring): the old worker serves until its successor is loaded
+    hand_over: bool = True
 
     def backoff(self, crashes: int) -> float:
         """Delay before the restart that follows the ``crashes``-th crash within the window:
@@ -201,7 +220,11 @@ class Supervisor:
             self.table.remove(replica)
             return
         if replica.state in (ReplicaState.PENDING, ReplicaState.CRASHED) and now >= replica.next_start_at:
-            if self._predecessor_running(replica):
+            predecessors = self._predecessors(replica)
+            if len(predecessors) == 1 and predecessors[0].handing_over:
+                self._launch_successor(replica, predecessors[0], now)
+                return
+            if predecessors:
                 return  # same id, old target still draining: don't double the memory on the GPU
             busy = self._gpu_busy(replica)
             if busy is not None:
@@ -216,6 +239,10 @@ class Supervisor:
             if "records" in event and isinstance(event["records"], int):
                 replica.records = event["records"]
             _take_reported(replica, event)
+            if kind == "standby":
+                replica.standby_ready = True
+            elif kind == "released":
+                replica.released = True
             if kind == "ready" and replica.state == ReplicaState.STARTING:
                 replica.start_s = now - replica.started_at
                 self._transition(replica, ReplicaState.READY, "readiness inference passed"
@@ -225,7 +252,15 @@ class Supervisor:
 
     def _check_process(self, replica: ActualReplica, now: float) -> None:
         policy = self.policy
-        if replica.retiring and replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+        if replica.handing_over:
+            self._hand_over_step(replica, now)
+        elif replica.retiring and replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+            if replica.state == ReplicaState.READY and policy.hand_over and self._successor(replica) is not None:
+                # serves on until its successor is loaded (module docstring); the successor's launch, next in
+                # this same pass, decides: a standby launch (this one DRAINING, still serving) or stop first
+                replica.handing_over = True
+                replica.drain_deadline = now + policy.startup_timeout_s  # the successor's own start deadline
+                return
             replica.handle.terminate()
             replica.drain_deadline = now + policy.drain_grace_s
             self._transition(replica, ReplicaState.DRAINING, "draining: SIGTERM sent")
@@ -233,11 +268,78 @@ class Supervisor:
             if now >= replica.drain_deadline and id(replica.handle) not in self._kill_reasons:
                 self._kill(replica, f"drain took longer than {policy.drain_grace_s:g}s")
         elif replica.state == ReplicaState.STARTING:
+            if replica.standby and replica.standby_ready:  # loaded: the predecessor hands over now, not next pass
+                for predecessor in self._predecessors(replica):
+                    if predecessor.handing_over:
+                        self._hand_over_step(predecessor, now)
+            if replica.standby and replica.standby_ready and not replica.serving and \
+                    all(p.released for p in self._predecessors(replica)):
+                replica.serving = True
+                replica.handle.serve()
+                replica.reason = "its predecessor released the replica: serving (SIGUSR1 sent)"
+                self._record(replica)
             if now - replica.started_at > policy.startup_timeout_s and id(replica.handle) not in self._kill_reasons:
                 self._kill(replica, f"not ready within {policy.startup_timeout_s:g}s (readiness inference never passed)")
         elif replica.state == ReplicaState.READY:
             if now - replica.last_progress_at > policy.liveness_timeout_s and id(replica.handle) not in self._kill_reasons:
                 self._kill(replica, f"hung: no progress report for {policy.liveness_timeout_s:g}s")
+
+    # -- replace in place: hand-over (module docstring) ----------------------------------------------------
+    def _hand_over_step(self, old: ActualReplica, now: float) -> None:
+        """A retired replica still serving: hand over once its successor is loaded, or stop (SIGTERM) if that
+        is not going to happen."""
+        successor = self._successor(old)
+        if successor is not None and successor.state == ReplicaState.STARTING and successor.standby_ready:
+            old.handing_over = False
+            old.handle.hand_over()
+            old.drain_deadline = now + self.policy.drain_grace_s
+            self._retire(old, "handing over: its successor is loaded; SIGUSR2 sent")
+            return
+        if successor is None or successor.state not in (ReplicaState.PENDING, ReplicaState.STARTING):
+            why = "its successor " + (f"is {successor.state.value}" if successor is not None else "is gone")
+        elif now >= old.drain_deadline:
+            why = f"its successor was not loaded within {self.policy.startup_timeout_s:g}s"
+        else:
+            return  # still loading (or waiting for its artifacts): the old one keeps serving
+        self._end_hand_over(old, now, why)
+
+    def _end_hand_over(self, old: ActualReplica, now: float, why: str) -> None:
+        """Give the hand-over up: the old worker stops (SIGTERM: it leaves the group), its successor starts after."""
+        old.handing_over = False
+        old.handle.terminate()
+        old.drain_deadline = now + self.policy.drain_grace_s
+        log.info("replica %s: no hand-over: %s", old.replica_id, why)
+        self._retire(old, f"draining: SIGTERM sent ({why})")
+
+    def _retire(self, old: ActualReplica, reason: str) -> None:
+        """``old`` is DRAINING with ``reason`` (a transition from READY, else a new reason)."""
+        if old.state == ReplicaState.DRAINING:
+            old.reason = reason
+            self._record(old)
+        else:
+            self._transition(old, ReplicaState.DRAINING, reason)
+
+    def _launch_successor(self, replica: ActualReplica, predecessor: ActualReplica, now: float) -> None:
+        """Start ``replica`` with ``--standby`` next to its serving predecessor, if it can wait that way and the
+        GPU holds both; else the predecessor stops first.  While the launch is deferred (its artifacts are
+        being fetched) the predecessor stays READY and serves."""
+        busy = self._gpu_busy(replica)
+        if busy is not None:
+            self._end_hand_over(predecessor, now, f"no room for both: {busy}")
+            return
+        self._launch(replica, now, predecessor)
+        if replica.state == ReplicaState.STARTING and predecessor.handing_over and predecessor.state != ReplicaState.DRAINING:
+            self._retire(predecessor, f"handing over: serving until its successor (pid {replica.pid}) is loaded")
+
+    def _successor(self, replica: ActualReplica) -> ActualReplica | None:
+        """The replica that replaces ``replica`` in place (same id, not retiring), if any."""
+        current = self.table.current(replica.replica_id)
+        return current if current is not replica else None
+
+    def _predecessors(self, replica: ActualReplica) -> list[ActualReplica]:
+        """Other replicas with the same id whose process still runs (being retired)."""
+        return [other for other in self.table.all()
+                if other is not replica and other.replica_id == replica.replica_id and other.state.has_process]
 
     def _kill(self, replica: ActualReplica, why: str) -> None:
         log.warning("replica %s (pid %s): %s; sending SIGKILL", replica.replica_id, replica.pid, why)
@@ -274,10 +376,19 @@ class Supervisor:
         replica.next_start_at = now + delay
         self._transition(replica, ReplicaState.CRASHED, f"{cause}; " + (f"restarting in {delay:g}s" if delay else "restarting now"))
 
-    def _launch(self, replica: ActualReplica, now: float) -> None:
+    def _launch(self, replica: ActualReplica, now: float, predecessor: ActualReplica | None = None) -> None:
+        """Start ``replica``'s worker; ``predecessor``: as its successor, with ``--standby`` (hand-over)."""
         is_restart = replica.state == ReplicaState.CRASHED
         try:
-            replica.handle = self._launcher.start(self._build(replica.desired))
+            spec = self._build(replica.desired)
+            if predecessor is not None:
+                standby = spec.standby()
+                if standby is None:
+                    self._end_hand_over(predecessor, now, "its successor cannot start in standby (shared process "
+                                                          "or connector)")
+                    return
+                spec = standby
+            replica.handle = self._launcher.start(spec)
         except LaunchRefused as exc:  # the node's policy refuses the spec: no retry can change that
             replica.handle = None
             self._transition(replica, ReplicaState.FAILED, str(exc))
@@ -301,7 +412,9 @@ class Supervisor:
         replica.metrics_port = replica.lag = replica.p99_ms = replica.inference_rps = replica.start_s = None
         replica.outage = None
         replica.warm = bool(getattr(replica.handle, "warm", False))
-        self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}")
+        replica.standby, replica.standby_ready, replica.serving, replica.released = predecessor is not None, False, False, False
+        self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}"
+                         + (" (standby: its predecessor serves until this one is loaded)" if predecessor else ""))
 
     def _gpu_busy(self, replica: ActualReplica) -> str | None:
         """Why ``replica`` must wait before it starts: a GPU it is assigned would be over-committed by the
@@ -320,12 +433,6 @@ class Supervisor:
                 return (f"waiting for GPU {index}: {held:.0f} MiB still held by {names} (draining) + {share:.0f} "
                         f"MiB > {capacity.get(index, 0)} MiB")
         return None
-
-    def _predecessor_running(self, replica: ActualReplica) -> bool:
-        return any(
-            other is not replica and other.replica_id == replica.replica_id and other.state.has_process
-            for other in self.table.all()
-        )
 
     # -- reporting -----------------------------------------------------------------
     def _transition(self, replica: ActualReplica, state: ReplicaState, reason: str) -> None:

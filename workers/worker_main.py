@@ -29,9 +29,25 @@ the replica's log file):
                                                             lag, its recent per-request p99 and, during a
                                                             rollout, the other version's state
                                                             ({"1.1.0": {"state": "ready", "detail": ""}})
-    {"event": "draining"}                                   SIGTERM received
+    {"event": "draining"}                                   SIGTERM (or SIGUSR2: a hand-over) received
+    {"event": "standby"}                                    --standby: loaded and proven; waits for SIGUSR1
+    {"event": "released"}                                   the scorer's consumer and producer are closed:
+                                                            a successor may take the replica's place
     {"event": "error", "detail": "..."}                     fatal; the process exits 1 right after
     {"event": "stopped", "records": N}                      clean exit (0) after a drain
+
+Stops and hand-overs (docs/reliability.md, "Planned stops and crashes of scorer replicas"): SIGTERM is a
+planned stop: the batch in flight commits and the consumer LEAVES the group, so the other replicas take
+its partitions at their next heartbeat (static membership would otherwise hold them for the session
+timeout).  The agent's
+replace-in-place (a new version or spec for the same replica id) starts the successor with ``--standby``:
+it loads and proves the model while this replica still serves, reports ``standby`` and waits; the agent
+then sends the serving worker SIGUSR2 (stop for a successor: commit, then leave the group so the other
+replicas serve its partitions while the successor starts, unless it owns every partition: then it keeps
+its static membership, ``sie.streams.eos.stage.leaves_group``) and, once it released, the successor
+SIGUSR1: its ``init_transactions`` fences the predecessor's id and its consumer joins (or takes the kept
+membership, ``group.instance.id``, without a rebalance).  A SIGKILLed or crashed worker never leaves: its
+restart takes its place the same way.
 
 Settings (Kafka connection, topic prefix) come from SIE_* environment variables,
 read once here at the entry point; the agent passes its environment through.
@@ -214,18 +230,25 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.kernel.admin import ensure_model_topics
     from sie.kernel.settings import Settings
     from sie.schemas.spec_policy import SpecPolicy
+    from sie.streams.eos import StopRequest
     from sie.streams.llm.config import serves_through_window
     from sie.streams.scorer import ScorerConfig
     from sie.streams.scorer.rollout import run_rollout_scorer
 
-    stop_event = threading.Event()
+    stop_event = StopRequest()
+    serve = threading.Event()  # --standby: set by SIGUSR1 (go), and by any stop (nothing to wait for then)
 
     def _on_term(signum: int, _frame: Any) -> None:
         status.emit("draining", signal=signal.Signals(signum).name)
-        stop_event.set()
+        if signum == signal.SIGUSR2:
+            stop_event.hand_over()  # a successor takes this replica's place (StopRequest.hand_over)
+        else:
+            stop_event.set()
+        serve.set()
 
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGINT, _on_term)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        signal.signal(signum, _on_term)
+    signal.signal(signal.SIGUSR1, lambda _s, _f: serve.set())
 
     settings = Settings()
     spec = _load_spec(args.spec_file)
@@ -248,6 +271,15 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters,
                                        deferred_topic(spec, settings.names, launched_server=launched)],
                             settings.request_partitions)
+        if args.standby:  # the predecessor still serves: wait for it to release the replica's id (SIGUSR1)
+            status.emit("standby")
+            waited = time.monotonic()
+            while not serve.wait(1.0):
+                pass
+            if stop_event.is_set():
+                status.emit("stopped", records=0)
+                return 0
+            log.info("%s: standby for %.2fs; serving now", label, time.monotonic() - waited)
 
         progress_stop = threading.Event()
         fatal: list[str] = []
@@ -307,6 +339,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
                 records = counter.records
         finally:
             progress_stop.set()
+        status.emit("released")  # consumer and producer closed: a successor may take the replica's id now
         log.info("scorer stopped: %s", summary.line() if hasattr(summary, "line") else summary)
     finally:
         backend.close()
@@ -376,6 +409,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spec-file", type=Path, help="ModelService document (JSON, to_document form)")
     parser.add_argument("--replica-id", help="stable replica id, e.g. fraud-scorer-0")
     parser.add_argument("--status-fd", type=int, default=None, help="fd of the status pipe to the agent")
+    parser.add_argument("--standby", action="store_true",
+                        help="load and prove the model, report 'standby', and serve only after SIGUSR1 (a successor "
+                             "taking a serving replica's place)")
     parser.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
     parser.add_argument("--gpu-indices", default="", help="node-local (NVML) indices of the GPUs reserved, e.g. 0,1")
     parser.add_argument("--gpu-memory-mb", type=int, default=0, help="absolute GPU memory budget of this replica")

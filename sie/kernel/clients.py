@@ -52,10 +52,21 @@ class KafkaClients:
     admin: Callable[[dict[str, Any]], Any] = _admin
 
 
+#: heartbeat of an exactly-once stage's consumer.  Classic-protocol members learn that the group rebalances
+#: only from a heartbeat's answer, so this bounds how long the partitions of a member that left on a planned
+#: stop wait for the others (two static scorers, 4 partitions, 300 req/s, one stopped: the stopped one's
+#: partitions were silent 1.56 s at 2500 ms, 0.40 s at 500 ms, 0.20 s at 250 ms).  Cost, measured on a
+#: private broker (40 idle members of 8 groups, 30 s): broker CPU 13.4 % at 2500 ms, 14.0 % at 500 ms,
+#: 11.9 % at 250 ms (noise): each member's idle fetch long-polls (fetch.wait.max.ms 50) are ~20 requests/s,
+#: its heartbeats 4/s.
+EOS_HEARTBEAT_MS = 250
+
+
 def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, max_batch: int = 256,
                         session_timeout_ms: int = 10_000, max_poll_interval_ms: int = 300_000,
                         fetch_queue_kbytes: int = 16_384, auto_offset_reset: str = "earliest",
-                        group_instance_id: str | None = None) -> dict[str, Any]:
+                        group_instance_id: str | None = None,
+                        heartbeat_interval_ms: int = EOS_HEARTBEAT_MS) -> dict[str, Any]:
     """Consumer of an exactly-once stage; ``group_instance_id`` turns on static membership."""
     return settings.kafka_client_config(**{
         "group.id": group_id,
@@ -67,7 +78,10 @@ def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, ma
         "partition.assignment.strategy": "range",  # classic protocol, eager: on_revoke sees every partition go
         **({"group.instance.id": group_instance_id} if group_instance_id else {}),
         "session.timeout.ms": session_timeout_ms,
-        "heartbeat.interval.ms": max(500, session_timeout_ms // 4),
+        # members learn of a rebalance only from a heartbeat's answer (classic protocol): a member that left
+        # on a planned stop (or joined) has its partitions served by the others within about this long
+        # (EOS_HEARTBEAT_MS); capped at a third of the session so a live member is never timed out
+        "heartbeat.interval.ms": min(heartbeat_interval_ms, session_timeout_ms // 3),
         "max.poll.interval.ms": max_poll_interval_ms,
         "queued.max.messages.kbytes": fetch_queue_kbytes,  # bounded prefetch: flat memory whatever the backlog
         "queued.min.messages": max(1000, 4 * max_batch),

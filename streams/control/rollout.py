@@ -22,11 +22,14 @@ counts its changes: scorers apply a weight set only as a whole ``(epoch, weight_
 transaction boundary (``sie.streams.scorer.rollout``).  Weights only rise through the steps; rollback
 puts them to 0 at once.
 
-SLO gates (``Gates``) compare the canary with the stable version over the same window: p99 against an
-absolute limit and relative to stable, error (inference error + dead letter) rate and expiry rate
+SLO gates (``Gates``, judged by ``sie.streams.control.gates.judge``) compare the canary with the stable
+version over the same window, each as a sequential test with a stated confidence: p99 against an absolute
+limit and (inference time) relative to stable, error (inference error + dead letter) rate and expiry rate
 against stable's plus an allowance, and they judge only once the canary answered ``min_samples``
-requests.  A failing gate rolls back at the tick that sees it (so within one interval); a passing step
-advances when its interval has elapsed.
+requests.  A failing gate rolls back at the tick that sees it (so within one interval); a step advances
+when its interval has elapsed and every gate passed; a step still without a verdict after
+``inconclusive_intervals`` more intervals is decided by the truncated tests (``GateResult.at_deadline``:
+on, if no gate leans worse; else back), so an inconclusive canary never holds its share forever.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from typing import Any
 
 from sie.kernel.errors import SieError
 from sie.schemas.rollout_policy import DEFAULT_INTERVAL_S, DEFAULT_STEPS, Gates, Policy
+from sie.streams.control.gates import Answer, GateResult, Verdict, VersionWindow, judge
 
-__all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_STEPS", "FULL_BP", "TRANSITIONS", "Event", "Gates", "GateResult", "Phase",
+__all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_STEPS", "FULL_BP", "TRANSITIONS", "Answer", "Event", "Gates", "GateResult",
+           "Phase",
            "Policy", "Rollout", "RolloutError", "RolloutTransitionError", "Verdict", "VersionWindow", "judge",
            "new_rollout", "weights_of"]
 
@@ -82,68 +87,6 @@ class RolloutError(SieError):
 
 class RolloutTransitionError(RolloutError):
     """A transition missing from ``TRANSITIONS``: a handler bug, never published."""
-
-
-@dataclass(frozen=True)
-class VersionWindow:
-    """What one version did over a window: requests answered, errors (inference + dead letters), expired, p99."""
-
-    requests: int = 0
-    errors: int = 0
-    expired: int = 0
-    p99_ms: float | None = None
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
-
-    @property
-    def expiry_rate(self) -> float:
-        return self.expired / self.requests if self.requests else 0.0
-
-
-class Verdict(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-
-
-@dataclass(frozen=True)
-class GateResult:
-    verdict: Verdict
-    reasons: tuple[str, ...]
-
-    def line(self) -> str:
-        return "; ".join(self.reasons)
-
-
-def judge(gates: Gates, canary: VersionWindow, stable: VersionWindow) -> GateResult:
-    """Canary vs stable over the same window.  Relative gates need ``min_samples`` on stable too (at the
-    100 % step stable has no traffic: only the absolute p99 gate and the canary's own rates judge then)."""
-    if canary.requests < gates.min_samples:
-        return GateResult(Verdict.INCONCLUSIVE,
-                          (f"canary answered {canary.requests} < minSamples {gates.min_samples} requests",))
-    failures: list[str] = []
-    stable_ok = stable.requests >= gates.min_samples
-    base_err = stable.error_rate if stable_ok else 0.0
-    base_exp = stable.expiry_rate if stable_ok else 0.0
-    if gates.p99_max_ms is not None and canary.p99_ms is not None and canary.p99_ms > gates.p99_max_ms:
-        failures.append(f"p99 {canary.p99_ms:.1f} ms > p99MaxMs {gates.p99_max_ms:g}")
-    if (gates.p99_max_ratio is not None and stable_ok and canary.p99_ms is not None and stable.p99_ms is not None
-            and canary.p99_ms > stable.p99_ms * gates.p99_max_ratio + gates.p99_slack_ms):
-        failures.append(f"p99 {canary.p99_ms:.1f} ms > stable {stable.p99_ms:.1f} ms x {gates.p99_max_ratio:g} "
-                        f"+ {gates.p99_slack_ms:g} ms")
-    if gates.max_error_rate_increase is not None and canary.error_rate > base_err + gates.max_error_rate_increase:
-        failures.append(f"error rate {canary.error_rate:.2%} > stable {base_err:.2%} + "
-                        f"{gates.max_error_rate_increase:.2%}")
-    if gates.max_expiry_rate_increase is not None and canary.expiry_rate > base_exp + gates.max_expiry_rate_increase:
-        failures.append(f"expiry rate {canary.expiry_rate:.2%} > stable {base_exp:.2%} + "
-                        f"{gates.max_expiry_rate_increase:.2%}")
-    if failures:
-        return GateResult(Verdict.FAIL, tuple(failures))
-    p99 = f"{canary.p99_ms:.1f}" if canary.p99_ms is not None else "-"
-    return GateResult(Verdict.PASS, (f"canary {canary.requests} requests, p99 {p99} ms, errors "
-                                     f"{canary.error_rate:.2%}, expired {canary.expiry_rate:.2%}",))
 
 
 @dataclass(frozen=True)
@@ -257,15 +200,29 @@ class Rollout:
                               f"{self.stable_version} "
                               f"answered {stable.requests}: its share never reached it (see the replicas' "
                               f"versions in sie describe model)", weight_bp=0)
-        result = judge(self.policy.gates, canary, stable)
+        result = judge(self.policy.gates, canary, stable, steps=len(self.policy.steps))
         if result.verdict is Verdict.FAIL:
             return self._move(Phase.ROLLING_BACK, now_ms, f"gate failed at {self.weight_bp / 100:g}%: {result.line()}",
                               weight_bp=0)
-        if elapsed_s < self.policy.interval_s or result.verdict is Verdict.INCONCLUSIVE:
+        if elapsed_s < self.policy.interval_s:
             return self
+        passed = f"gates passed at {self.weight_bp / 100:g}%: {result.line()}"
+        if result.verdict is Verdict.INCONCLUSIVE:
+            # the step waits for a verdict, but not forever: at its deadline the truncated tests decide
+            deadline_s = self.policy.interval_s * (1 + self.policy.gates.inconclusive_intervals)
+            if elapsed_s < deadline_s:
+                return self
+            if result.at_deadline() is Verdict.FAIL:
+                return self._move(Phase.ROLLING_BACK, now_ms,
+                                  f"no verdict at {self.weight_bp / 100:g}% within {deadline_s:g} s (intervalSeconds x "
+                                  f"(1 + inconclusiveIntervals {self.policy.gates.inconclusive_intervals})), leaning "
+                                  f"worse or too few answers: {result.line()}; for a model with little traffic raise "
+                                  f"intervalSeconds or lower gates.minSamples", weight_bp=0)
+            passed = (f"gates passed at {self.weight_bp / 100:g}% at the step's deadline ({deadline_s:g} s), no gate "
+                      f"leaning worse: {result.line()}")
         if self.step + 1 < len(self.policy.steps):
-            return self._step_to(self.step + 1, now_ms, f"gates passed at {self.weight_bp / 100:g}%: {result.line()}")
-        return self._move(Phase.PROMOTING, now_ms, f"gates passed at 100%: {result.line()}", weight_bp=FULL_BP)
+            return self._step_to(self.step + 1, now_ms, passed)
+        return self._move(Phase.PROMOTING, now_ms, passed, weight_bp=FULL_BP)
 
     def promoted(self, now_ms: int) -> Rollout:
         """Promoting -> Draining: the new version is the model's stable version; old replicas drain."""

@@ -19,11 +19,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from sie.streams.control.controller import OutRecord
+from sie.streams.control.gates import REFERENCE_S
 from sie.streams.control.rollout import (
+    Answer,
     Event,
     Policy,
     Rollout,
@@ -197,8 +199,11 @@ class RolloutDriver:
         if r.phase is Phase.CANARY:
             since = r.phase_since_ms
             plan = self.capacity(r.model) if self.capacity is not None else None
+            stable = self._windows.window(r.model, r.stable_version, since)
+            # the stable's p99 from at least the last REFERENCE_S (gates.py: a step alone is too short for a p99)
+            reference = self._windows.window(r.model, r.stable_version, min(since, now - int(REFERENCE_S * 1000)))
             return r.tick(now, self._windows.window(r.model, r.canary_version, since),
-                          self._windows.window(r.model, r.stable_version, since),
+                          replace(stable, reference=reference.answers),
                           failure=plan.companion_failed if plan is not None else "")
         if r.phase is Phase.PROMOTING:
             return r.promoted(now)  # this tick's records carry the new version's spec onto the specs topic
@@ -280,11 +285,14 @@ _VERSION_FAULTS = frozenset({b"inference_error", b"output_violation", b"result_t
 
 class KafkaVersionWindows:
     """Canary and stable numbers read from what the scorers committed: the model's results (status, version,
-    queue + inference ms) and dead letters (``sie.version``, ``sie.reason``), read_committed.
+    queue + inference ms, rows in the model call) and dead letters (``sie.version``, ``sie.reason``),
+    read_committed.  A window carries every ok answer's (queue + inference, inference, call rows): the gates'
+    sequential tests count observations, so a summary such as one p99 is not enough (``gates``).
 
     WHY from the output topics rather than metrics: they are exactly what was answered, by which version,
     and when (the record timestamp), the same for every replica; no scrape interval or lost heartbeat can
     make the gates judge a window they did not see.  ``window`` drains what has arrived (non-blocking).
+    Memory: 5 numbers per answer for ``keep_s`` (at 300 answers/s and the default 600 s, ~180,000 rows).
     """
 
     def __init__(self, settings: Any, spec: Any, keep_s: float = 600.0,
@@ -304,8 +312,9 @@ class KafkaVersionWindows:
             assign += [TopicPartition(topic, p, -2) for p in sorted(md.topics[topic].partitions)]
         self._consumer.assign(assign)
         self._keep_ms = int(keep_s * 1000)
-        #: version -> [(ts_ms, latency_ms or None, kind)] kind: ok | expired | error
-        self._seen: dict[str, list[tuple[int, float | None, str]]] = {}
+        #: version -> [(ts_ms, kind, queue + inference ms, inference ms, rows in the call)]; kind: ok | expired |
+        #: error (the timings only for ok)
+        self._seen: dict[str, list[tuple[int, str, float, float, int]]] = {}
 
     def _drain(self) -> None:
         import orjson
@@ -322,12 +331,16 @@ class KafkaVersionWindows:
                     try:
                         doc = orjson.loads(m.value())
                         timings = doc.get("timings") or {}
-                        latency = float(timings.get("queue_ms", 0.0)) + float(timings.get("inference_ms", 0.0))
+                        inference = float(timings.get("inference_ms", 0.0))
+                        latency = float(timings.get("queue_ms", 0.0)) + inference
+                        rows = max(1, int(timings.get("batch_size") or 1))
                         version, status = str(doc["version"]), doc.get("status")
                     except Exception:  # a result we cannot read does not count for either version
                         continue
-                    self._seen.setdefault(version, []).append(
-                        (ts, latency if status == "ok" else None, "ok" if status == "ok" else "expired"))
+                    if status == "ok":
+                        self._seen.setdefault(version, []).append((ts, "ok", latency, inference, rows))
+                    else:
+                        self._seen.setdefault(version, []).append((ts, "expired", 0.0, 0.0, 0))
                 else:
                     headers = dict(safe_headers(m) or [])
                     version_b, reason = headers.get("sie.version"), headers.get("sie.reason")
@@ -335,7 +348,7 @@ class KafkaVersionWindows:
                         continue
                     kind = "error" if reason in _VERSION_FAULTS else "expired" if reason == b"expired" else ""
                     if kind:
-                        self._seen.setdefault(version_b.decode(errors="replace"), []).append((ts, None, kind))
+                        self._seen.setdefault(version_b.decode(errors="replace"), []).append((ts, kind, 0.0, 0.0, 0))
             if len(msgs) < 1000:
                 return
 
@@ -347,10 +360,9 @@ class KafkaVersionWindows:
         if rows and rows[0][0] < since_ms - self._keep_ms:  # bounded memory: forget what no window needs
             rows[:] = [r for r in rows if r[0] >= since_ms - self._keep_ms]
         inside = [r for r in rows if r[0] >= since_ms]
-        latencies = sorted(r[1] for r in inside if r[1] is not None)
-        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None
-        return VersionWindow(requests=len(inside), errors=sum(1 for r in inside if r[2] == "error"),
-                             expired=sum(1 for r in inside if r[2] == "expired"), p99_ms=p99)
+        return VersionWindow.of([Answer(r[2], r[3], r[4]) for r in inside if r[1] == "ok"],
+                                errors=sum(1 for r in inside if r[1] == "error"),
+                                expired=sum(1 for r in inside if r[1] == "expired"))
 
     def close(self) -> None:
         self._consumer.close()

@@ -35,12 +35,12 @@ from sie.streams.eos.errors import (
     TxnAbortable,
 )
 from sie.streams.eos.records import Output, Prepared, safe_headers
-from sie.streams.eos.stage import BatchProcessor, StageSettings, StreamLoop
+from sie.streams.eos.stage import BatchProcessor, StageSettings, StopRequest, StreamLoop, leaves_group
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
 
 __all__ = [
     "BatchOutcome", "BatchProcessor", "BatchStatus", "BatchTimes", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
     "ExactlyOnce", "Fenced", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RecordRejected",
-    "RetryLater", "StageSettings", "StreamLoop", "TransactionalProducer", "TxnAbortable", "close_quietly",
-    "rewind", "safe_headers", "start_producer",
+    "RetryLater", "StageSettings", "StopRequest", "StreamLoop", "TransactionalProducer", "TxnAbortable", "close_quietly",
+    "leaves_group", "rewind", "safe_headers", "start_producer",
 ]

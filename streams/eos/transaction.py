@@ -62,6 +62,7 @@ _TXN_CALL_TIMEOUT_S = 10.0  # librdkafka timeout of send_offsets/commit/abort
 _WATCHDOG_GRACE_S = 5.0  # how long past that timeout we wait before declaring the call hung
 _COMMITTED_TRY_S = 5.0  # librdkafka timeout of one committed() try in rewind
 _CLOSE_LIMIT_S = 10.0  # Consumer.close() has no timeout; after this long it is abandoned
+_LEAVE_LIMIT_S = 5.0  # a planned stop waits this long at most for its LeaveGroup to be sent (leave_group)
 _DEFAULT_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes default
 
 
@@ -468,14 +469,62 @@ def _purge(producer: Any) -> None:
         pass
 
 
+def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[[], float] = time.monotonic,
+                poll_s: float = 0.05) -> bool:
+    """A planned stop (SIGTERM, a drain, a lane removed): leave the consumer group NOW, so the other members
+    take this member's partitions at their next heartbeat instead of after ``session.timeout.ms``.
+
+    Call it after the last batch committed.  Why not just ``close()``: a static member
+    (``group.instance.id``, KIP-345) sends no LeaveGroup when it closes (librdkafka
+    ``rd_kafka_cgrp_leave_maybe``: skipped once the consumer is terminating), so its partitions
+    wait out the session timeout: 10.5 s measured with the 10 s default, with nobody scoring them.
+    ``unsubscribe()`` before ``close()`` does leave, static or not: the eager revoke of every partition
+    is served here (``poll``; the stage's ``on_revoke`` finds nothing in flight, and a record the poll
+    still returns is dropped: it is uncommitted, the next owner reads it again), and once the unassign is
+    done librdkafka sends the LeaveGroup and clears the member id (``rd_kafka_cgrp_leave``), which is
+    what this waits for: closing before that would suppress the leave again.
+
+    A crash (SIGKILL, an error out of the loop) never gets here: the member stays in the group until
+    its session times out, and a restarted replica (same ``group.instance.id``) takes its place and its
+    partitions without a rebalance.
+
+    Returns whether the leave was sent within ``limit_s`` (False: the group drops the member after its
+    session timeout, as for a crash; safe, nothing uncommitted is lost).  Never raises.
+    """
+    deadline = clock() + limit_s
+    try:
+        if not consumer.memberid():  # never joined (or already left): nothing to leave
+            return True
+        consumer.unsubscribe()
+        while consumer.memberid():
+            if clock() >= deadline:
+                return False
+            consumer.poll(poll_s)  # serves the revoke; a record it returns is dropped (never committed)
+        return True
+    except Exception as exc:  # a consumer in an error state (fenced, closed): it is dropped by the group anyway
+        log.warning("leaving the consumer group: %s", exc)
+        return False
+
+
 def close_quietly(consumer: Any, producer: TransactionalProducer | None,
-                  logger: logging.Logger = log) -> None:
-    """Close the consumer (leaves the group: partitions move at once), then the producer; never raises.
+                  logger: logging.Logger = log, *, leave: bool = False) -> None:
+    """Close the consumer, then the producer; never raises.  ``leave``: a planned stop, the consumer
+    leaves the group first (``leave_group``: its partitions move to the others at once, static member
+    or not); else a static member keeps its place for its restart (a dynamic one leaves on close anyway).
 
     ``Consumer.close()`` has no timeout and can wait indefinitely while the group coordinator is
     unreachable; after ``_CLOSE_LIMIT_S`` it is abandoned (the group then drops this member after
     ``session.timeout.ms``, which is safe: nothing uncommitted is lost, it is read again).
     """
+    if consumer is not None and leave:
+        try:  # leave_group bounds itself; the watchdog is for a client call that never returns
+            left = call_bounded(lambda: leave_group(consumer), "consumer-leave", _LEAVE_LIMIT_S + _WATCHDOG_GRACE_S)
+        except CallAbandoned as exc:
+            left = False
+            logger.warning("consumer leave: %s", exc)
+        if not left:
+            logger.warning("consumer group: no LeaveGroup sent within %.0fs; the group drops this member "
+                           "after session.timeout.ms", _LEAVE_LIMIT_S)
     if consumer is not None:
         try:
             call_bounded(consumer.close, "consumer-close", _CLOSE_LIMIT_S)

@@ -26,7 +26,8 @@ Failure -> what happens:
 * crash (SIGKILL): nothing uncommitted was ever visible; the next owner reads from the committed offset
   and generates the unfinished records again: the generation repeats, the visible result is one;
 * an endpoint outage: the dispatcher re-dispatches to another endpoint (never a dead letter);
-* stop (SIGTERM): what is finished is committed; requests in flight are abandoned (redone by the next owner).
+* stop (SIGTERM): what is finished is committed; requests in flight are abandoned (redone by the next owner);
+  the consumer then leaves the group, so the others take its partitions at once (``eos.transaction.leave_group``).
 
 Quota policy ``delay`` with ``defer`` (the default): a caller over its quota that holds too much of the
 window has its held requests moved to the model's deferred topic, in the transaction that commits them
@@ -50,7 +51,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 from sie.kernel.authz import from_kafka_error
 from sie.kernel.clients import KafkaClients
 from sie.schemas.spec_models import PRIORITY_LEVELS
-from sie.streams.eos import BatchStatus, ExactlyOnce, start_producer
+from sie.streams.eos import BatchStatus, ExactlyOnce, leaves_group, start_producer
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import ConsumerFatal, RetryLater
 from sie.streams.eos.lag import consumer_lag
@@ -172,6 +173,7 @@ class LLMScorer:
         if stop.is_set():
             return self.summary()
         consumer = self._consumer = self._clients.consumer(cfg.consumer_config())
+        planned = False
         dispatcher = self.dispatcher = Dispatcher(
             self.pool, self.protocol, self.pool.capacity, stop, on_done=self._done.put, is_current=self._current,
             timeout_s=self.llm.request_timeout_s, connect_timeout_s=self.llm.connect_timeout_s,
@@ -215,9 +217,11 @@ class LLMScorer:
                     next_direct = now + self.llm.director_interval_s
             self._drain()
             self._commit()  # SIGTERM: what is finished becomes visible; the rest is redone by the next owner
+            planned = True
         finally:
             dispatcher.close()
-            close_quietly(consumer, producer)
+            # planned: leave the group (eos.transaction.leave_group), unless handing over to a successor
+            close_quietly(consumer, producer, leave=planned and leaves_group(stop, consumer, topics))
             self.metrics.close()
         return self.summary()
 

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sie.kernel.clients import eos_consumer_config, transactional_producer_config
+from sie.kernel.clients import EOS_HEARTBEAT_MS, eos_consumer_config, transactional_producer_config
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
@@ -55,10 +55,11 @@ class ScorerConfig:
     session_timeout_ms: int = 10_000  # a SIGKILLed scorer's partitions move after this long
     # KIP-345 static membership (group.instance.id = transactional.id): a restarted/moved replica takes its
     # dead predecessor's place at once instead of waiting out session_timeout_ms (bench_failover: worker
-    # SIGKILL -> scoring resumed 8-9 s -> ~2-3 s). Cost: a static member does not leave on close, so the
-    # partitions of a replica drained for good (scale down) wait session_timeout_ms. Only for instances
-    # whose id is unique among live scorers and stable across restarts (agent replicas).
+    # SIGKILL -> scoring resumed 8-9 s -> ~2-3 s). A planned stop still leaves the group at once
+    # (sie.streams.eos.transaction.leave_group): static membership only matters for a crash. Only for
+    # instances whose id is unique among live scorers and stable across restarts (agent replicas).
     static_membership: bool = False
+    heartbeat_interval_ms: int = EOS_HEARTBEAT_MS  # how soon members see a rebalance (clients.EOS_HEARTBEAT_MS)
     max_poll_interval_ms: int = 300_000  # one batch (consume -> commit) must finish within this
     transaction_timeout_ms: int = 60_000  # > worst batch time, <= broker transaction.max.timeout.ms
     fetch_queue_kbytes: int = 16_384  # prefetch bound: memory stays bounded whatever the backlog
@@ -80,6 +81,8 @@ class ScorerConfig:
             ("max_request_bytes", self.request_limit >= 1, ">= 1"),
             ("max_json_depth", 1 <= self.max_json_depth <= 250, "between 1 and 250"),
             ("session_timeout_ms", self.session_timeout_ms >= 1000, ">= 1000"),
+            ("heartbeat_interval_ms", 1 <= self.heartbeat_interval_ms <= self.session_timeout_ms // 3,
+             "between 1 and session_timeout_ms / 3"),
             ("transaction_timeout_ms", self.transaction_timeout_ms >= 1000, ">= 1000"),
             ("fetch_queue_kbytes", self.fetch_queue_kbytes >= 64, ">= 64"),
             # a record larger than the producer's whole queue would never fit: produce() would wait forever
@@ -125,6 +128,7 @@ class ScorerConfig:
             session_timeout_ms=self.session_timeout_ms, max_poll_interval_ms=self.max_poll_interval_ms,
             fetch_queue_kbytes=self.fetch_queue_kbytes, auto_offset_reset=self.auto_offset_reset,
             group_instance_id=self.transactional_id if self.static_membership else None,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
         )
 
     def producer_config(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ batch's queue times in one vectorised pass (``BatchHistogram``).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -291,10 +292,21 @@ class ScorerMetrics:
         return self.port
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        """Stop the /metrics server and free its port.  ``shutdown()`` alone waits until the server loop's
+        select (every 0.5 s) returns: up to 0.5 s (0.3 s measured) of every planned stop, in which a
+        replica handing over to its successor still held its partitions' id.  A connection wakes it."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        stopper = threading.Thread(target=server.shutdown, name="metrics-shutdown", daemon=True)
+        stopper.start()
+        try:
+            with socket.create_connection(tuple(server.server_address[:2]), timeout=0.5):
+                pass
+        except OSError:  # nothing listens any more: the loop is ending anyway
+            pass
+        stopper.join(2.0)
+        server.server_close()
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current sample value (for tests and the exit summary); 0.0 if never set."""

@@ -167,6 +167,11 @@ class FakeConsumer(_Recorder):
         self._events: list[Any] = []  # pending rebalance callbacks / injected errors, served by poll/consume
         self._callbacks: dict[str, Callable[..., Any] | None] = {}
         self._subscribed: list[str] = []
+        #: the group member id while subscribed (librdkafka clears it when it sends LeaveGroup: after an
+        #: ``unsubscribe`` once the revoke was served by a poll); ``left`` counts those leaves
+        self.member_id: str | None = None
+        self.left = 0
+        self.serving = False
         self.eof_events = 0
         self.closed = False
 
@@ -220,18 +225,26 @@ class FakeConsumer(_Recorder):
         self._call("subscribe", list(topics))
         with self._cond:
             self._subscribed = list(topics)
+            self.member_id = "fake-member"
             self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
             tps = [TopicPartition(t, p) for (t, p) in sorted(self._log) if t in topics]
             self._events.append(("assign", tps))
             self._cond.notify_all()
 
     def unsubscribe(self) -> None:
+        """As librdkafka's: pending rebalances are dropped; the revoke of what is assigned runs in the next
+        poll (the eager protocol), after which the member leaves the group (``member_id`` None).  Subscribed
+        again before that poll: the old assignment is dropped without a callback (what the leader's rejoin
+        was written against)."""
         self._call("unsubscribe")
         with self._cond:
-            self._subscribed, self._callbacks = [], {}
+            self._subscribed = []
             self._events = [e for e in self._events if e[0] == "error"]
-            self._drop(list(self._fetch))
+            self._events.append(("leave", [TopicPartition(t, p) for (t, p) in sorted(self._fetch)]))
+            self._cond.notify_all()
 
+    def memberid(self) -> str | None:
+        return self.member_id
     def assign(self, partitions: list[TopicPartition]) -> None:
         self._call("assign", [(tp.topic, tp.partition, tp.offset) for tp in partitions])
         with self._cond:
@@ -347,11 +360,30 @@ class FakeConsumer(_Recorder):
             self._paused.discard(key)
 
     def _serve_events(self, out: list[FakeMessage]) -> None:
-        """Rebalance callbacks run here, in the polling thread, as librdkafka runs them."""
+        """Rebalance callbacks run here, in the polling thread, as librdkafka runs them (``serving`` is True
+        meanwhile: what a callback calls runs inside librdkafka's serving, as it does for real)."""
+        self.serving = True
+        try:
+            self._serve_pending(out)
+        finally:
+            self.serving = False
+
+    def _serve_pending(self, out: list[FakeMessage]) -> None:
         while self._events:
             kind, payload = self._events.pop(0)
             if kind == "error":
                 out.append(payload)
+                continue
+            if kind == "leave":  # unsubscribe: revoke everything (eager), then the LeaveGroup
+                self.left += 1
+                if self._subscribed:  # subscribed again at once (the leader's rejoin): dropped, no callback
+                    self._drop([(tp.topic, tp.partition) for tp in payload])
+                    continue
+                callback = self._callbacks.get("revoke")
+                if callback is not None:
+                    callback(self, payload)
+                self._drop(list(self._fetch))
+                self._callbacks, self.member_id = {}, None
                 continue
             callback = self._callbacks.get(kind)
             if kind == "assign":

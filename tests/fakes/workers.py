@@ -64,6 +64,14 @@ class FakeHandle:
     def kill(self) -> None:
         self.signals.append("KILL")
 
+    def hand_over(self) -> None:
+        self.signals.append("USR2")
+        if self.exit_on_term:
+            self.exit(0)
+
+    def serve(self) -> None:
+        self.signals.append("USR1")
+
     def log_tail(self, lines: int = 5) -> str:
         return ""
 

@@ -197,6 +197,116 @@ def test_changed_target_drains_old_before_starting_new(env: Any) -> None:
     assert states(sup.update()) == ["STOPPED", "STARTING"] and len(launcher.started) == 2
 
 
+# --- replace in place: the hand-over (sie.workers.supervisor module docstring) ---------------------------
+
+@pytest.fixture
+def worker_env() -> tuple[Supervisor, FakeLauncher, FakeClock]:
+    """Like ``env``, but the launches are dedicated worker processes (``warm_args``): they can start in standby."""
+    clock, launcher = FakeClock(), FakeLauncher()
+    policy = SupervisorPolicy(immediate_first_restart=False, startup_timeout_s=20, liveness_timeout_s=10,
+                              drain_grace_s=5, max_crashes=3, crash_window_s=60)
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("worker", d.replica_id),
+                                                    warm_args=("--replica-id", d.replica_id)), clock, policy)
+    return sup, launcher, clock
+
+
+def test_a_replica_replaced_in_place_serves_until_its_successor_is_loaded_then_hands_over(worker_env: Any) -> None:
+    sup, launcher, _ = worker_env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    changes = sup.update()
+    # the successor starts next to the serving old worker, in standby; the old one got no signal yet
+    assert states(changes) == ["PENDING", "STARTING", "DRAINING"]
+    new = launcher.last
+    assert new is not old and new.spec.argv[-1] == "--standby" and new.spec.warm_args[-1] == "--standby"
+    assert "handing over: serving until its successor" in changes[2].reason
+    assert old.signals == [] and new.signals == []
+    old.emit(event="progress", records=10)  # still serving meanwhile
+    assert sup.update() == [] and old.signals == []
+    new.emit(event="standby")  # loaded and proven
+    changes = sup.update()
+    assert old.signals == ["USR2"] and new.signals == []  # hand over: commit, keep the membership
+    assert "SIGUSR2" in changes[0].reason
+    old.emit(event="released")  # its consumer and producer are closed: the successor may take the id now
+    sup.update()
+    assert new.signals == ["USR1"]
+    old.exit(0)
+    new.emit(event="ready")
+    assert states(sup.update()) == ["STOPPED", "READY"]
+    assert sup.update() == [] and new.signals == ["USR1"]  # told once
+
+
+def test_a_successor_that_crashes_while_loading_stops_the_old_worker_the_classic_way(worker_env: Any) -> None:
+    sup, launcher, clock = worker_env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    sup.update()
+    new = launcher.last
+    new.exit(1)
+    assert states(sup.update()) == ["CRASHED"]
+    changes = sup.update()
+    assert old.signals == ["TERM"]  # no hand-over any more: a planned stop, the old worker leaves the group
+    assert "its successor is CRASHED" in changes[0].reason
+    clock.advance(10)
+    assert sup.update() == [] and len(launcher.started) == 3 - 1  # the relaunch waits for the old one to exit
+    old.exit(0)
+    assert states(sup.update()) == ["STOPPED", "STARTING"]
+    assert launcher.last.spec.argv[-1] != "--standby"  # nothing serves now: a plain start
+
+
+def test_a_successor_not_loaded_within_the_startup_timeout_ends_the_hand_over(worker_env: Any) -> None:
+    sup, launcher, clock = worker_env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    sup.update()
+    for _ in range(4):  # the old worker serves on (progress keeps it alive) while the new one loads
+        clock.advance(5)
+        old.emit(event="progress")
+        sup.update()
+    clock.advance(1)
+    sup.update()
+    assert old.signals == ["TERM"] and launcher.last.signals == ["KILL"]
+
+
+def test_a_successor_whose_launch_is_deferred_leaves_the_old_worker_serving(worker_env: Any) -> None:
+    from sie.workers.process import LaunchDeferred
+
+    sup, launcher, _ = worker_env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    launcher.fail_next = LaunchDeferred("fetching artifacts")
+    changes = sup.update()
+    assert states(changes) == ["PENDING", "PENDING"] and "fetching artifacts" in changes[1].reason
+    assert old.signals == [] and sup.snapshots()[0].state == ReplicaState.READY
+
+
+def test_an_agent_stopping_during_a_hand_over_stops_both_workers(worker_env: Any) -> None:
+    sup, launcher, _ = worker_env
+    start_ready(sup, launcher, [replica()])
+    old = launcher.last
+    sup.set_desired([replica(spec_json='{"v": 2}')])
+    sup.update()
+    new = launcher.last
+    sup.set_desired([])  # the agent's shutdown
+    sup.update()
+    assert old.signals == ["TERM"] and new.signals == ["TERM"]  # the standby one never serves
+    old.exit(0)
+    new.exit(0)
+    assert states(sup.update()) == ["STOPPED", "STOPPED"] and len(sup.table) == 0
+
+
+def test_a_removed_replica_is_stopped_at_once(worker_env: Any) -> None:
+    """No successor (scale-down, delete): SIGTERM at once, the worker leaves its group."""
+    sup, launcher, _ = worker_env
+    start_ready(sup, launcher, [replica(0), replica(1)])
+    sup.set_desired([replica(0)])
+    assert states(sup.update()) == ["DRAINING"] and launcher.last.signals == ["TERM"]
+
+
 def test_launch_failure_counts_as_crash(env: Any) -> None:
     sup, launcher, _ = env
     launcher.fail_next = OSError("No such file or directory: 'python'")

@@ -348,6 +348,14 @@ class SharedHandle:
             self._removed_at = time.time()
             self._pool.remove(self._proc, self.replica_id)
 
+    def hand_over(self) -> None:
+        """A lane has no standby successor (``LaunchSpec.standby`` is None for shared launches): it drains and
+        leaves the group, as on ``terminate``."""
+        self.terminate()
+
+    def serve(self) -> None:
+        """Never started in standby (see ``hand_over``): nothing to release."""
+
     def kill(self) -> None:
         """Stop hosting it now (its lane is abandoned, fenced by the next one); a process whose health went
         stale is hung as a whole and is SIGKILLed (every replica it hosted sees that exit)."""

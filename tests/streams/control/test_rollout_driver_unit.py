@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sie.schemas.spec import parse_spec
-from sie.streams.control.rollout import Phase, RolloutError, VersionWindow
+from sie.streams.control.rollout import Answer, Phase, RolloutError, VersionWindow
 from sie.streams.control.rollout_driver import Entry, RolloutDriver, RolloutRefused
 from tests.scorer_fixtures import echo_spec_doc
 
@@ -22,9 +22,12 @@ class Clock:
 
 class Windows:
     def __init__(self) -> None:
-        self.by_version = {"1.0.0": VersionWindow(1000, 0, 0, 10.0), "1.1.0": VersionWindow(500, 0, 0, 11.0)}
+        self.by_version = {"1.0.0": VersionWindow.of([Answer(10.0, 8.0, 10)] * 1000),
+                           "1.1.0": VersionWindow.of([Answer(11.0, 8.5, 2)] * 500)}
+        self.asked: list[tuple[str, int]] = []
 
     def window(self, model, version, since_ms):
+        self.asked.append((version, since_ms))
         return self.by_version[version]
 
 
@@ -72,7 +75,7 @@ def test_a_rollout_runs_to_complete_and_publishes_its_state_events_and_the_new_s
 
 def test_a_failing_canary_rolls_back_and_the_spec_stays():
     clock, windows = Clock(), Windows()
-    windows.by_version["1.1.0"] = VersionWindow(500, 25, 0, 11.0)  # 5 % dead letters
+    windows.by_version["1.1.0"] = VersionWindow.of([Answer(11.0, 8.5, 2)] * 475, errors=25)  # 5 % dead letters
     driver = RolloutDriver(windows, clock=clock)
     driver.commit(driver.begin(*specs({"intervalSeconds": 2}))[0])
     records = drive(driver, clock, 5)
@@ -124,6 +127,21 @@ def test_operator_actions():
         driver.act("other", "pause", "x")
     with pytest.raises(RolloutError, match="must be pause, resume, promote or abort"):
         driver.act("m", "explode", "x")
+
+
+def test_the_stable_p99_reference_reaches_back_at_least_a_minute():
+    """The canary and the stable are judged over the step's window; the stable's p99 (the relative gate's
+    limit) over at least the last REFERENCE_S, since one step holds too few stable calls for a p99."""
+    clock, windows = Clock(), Windows()
+    driver = RolloutDriver(windows, clock=clock)
+    driver.commit(driver.begin(*specs({"intervalSeconds": 20}))[0])
+    drive(driver, clock, 2)
+    step_start = driver.get("m").rollout.phase_since_ms
+    windows.asked.clear()
+    drive(driver, clock, 0.5)
+    now_ms = int(clock.t * 1000)
+    assert sorted(windows.asked) == sorted([("1.1.0", step_start), ("1.0.0", step_start),
+                                            ("1.0.0", now_ms - 60_000)])
 
 
 # --- a canary that cannot be served everywhere: the capacity plan's companions ------------------------------

@@ -29,9 +29,11 @@ from tests.scorer_fixtures import echo_version_spec, load_echo_backend, prove_ex
 
 pytestmark = pytest.mark.kafka
 
-#: short steps for CI; latency gates loose (a shared 2-core machine): these tests are about errors and exactly-once
+#: short steps for CI; latency gates loose (a shared 2-core machine): these tests are about errors and exactly-once.
+#: A step passes on evidence (~75 canary answers in ~75 model calls: ~3 s at 10 % of 300/s), so a step of 2 s
+#: may take longer; inconclusiveIntervals gives it up to 20 s before the truncated tests decide.
 ROLLOUT = {"steps": [10, 50, 100], "intervalSeconds": 2,
-           "gates": {"minSamples": 50, "p99MaxMs": 5000, "p99SlackMs": 500}}
+           "gates": {"minSamples": 50, "p99MaxMs": 5000, "p99SlackMs": 500, "inconclusiveIntervals": 9}}
 
 
 class Load:
@@ -199,14 +201,15 @@ def test_a_canary_that_dead_letters_rolls_back_exactly_once(cluster):
                if int(dict(m.headers() or []).get(EPOCH_HEADER, b"0")) == last)
 
 
-def test_a_slower_canary_rolls_back_on_the_relative_p99_gate(cluster):
-    """The canary takes 60 ms more per batch; both versions' rows share each batch's queue time, so its p99 is
-    stable's + 60 ms, and the gate (ratio 1.0 + 20 ms) fails it whatever the machine's load."""
-    gates = {"minSamples": 50, "p99MaxMs": 10_000, "p99MaxRatio": 1.0, "p99SlackMs": 20}
+def test_a_slower_canary_rolls_back_on_the_relative_latency_gate(cluster):
+    """The canary takes 60 ms more per model call; the relative gate compares the versions' inference times
+    (their shared queue time says nothing about either), so the default gates (1.5x + 5 ms) fail it at 10 %
+    whatever the machine's load (p99MaxMs loosened: the SLA is not what this test is about)."""
+    gates = {"minSamples": 50, "p99MaxMs": 10_000}
     rollout, _elapsed, by_version, results, dead = run_rollout(cluster, "echo_slow", {**ROLLOUT, "gates": gates})
     assert rollout.phase is Phase.ROLLED_BACK, rollout.events
     reason = next(e.reason for e in rollout.events if e.target is Phase.ROLLING_BACK)
-    assert "p99" in reason and not dead
+    assert "gate failed at 10%: inference p" in reason and not dead, reason  # its p50 or p99 test
 
 
 # --- a leader SIGKILLed mid-rollout: the new leader resumes from the rollouts topic ------------------------

@@ -7,6 +7,7 @@ import pytest
 from sie.kernel.errors import ConfigError
 from sie.streams.control.rollout import (
     TRANSITIONS,
+    Answer,
     Gates,
     Phase,
     Policy,
@@ -20,8 +21,9 @@ from sie.streams.control.rollout import (
     weights_of,
 )
 
-HEALTHY = VersionWindow(requests=1000, errors=1, expired=0, p99_ms=20.0)
-STABLE = VersionWindow(requests=9000, errors=9, expired=0, p99_ms=20.0)
+#: ok answers of 20 ms (model call 15 ms): the canary in calls of 2 rows, the stable in calls of 18
+HEALTHY = VersionWindow.of([Answer(20.0, 15.0, 2)] * 999, errors=1)
+STABLE = VersionWindow.of([Answer(20.0, 15.0, 18)] * 8991, errors=9)
 
 
 class Clock:
@@ -68,7 +70,7 @@ def test_healthy_rollout_walks_every_step_then_completes():
 
 def test_failing_gate_rolls_back_at_once_not_at_the_interval_end():
     r, clock = _canary()
-    bad = VersionWindow(requests=200, errors=12, expired=0, p99_ms=20.0)  # 6 % errors
+    bad = VersionWindow.of([Answer(20.0, 15.0, 2)] * 376, errors=24)  # 6 % errors
     r = r.tick(clock.advance(1), bad, STABLE)
     assert r.phase is Phase.ROLLING_BACK and r.weight_bp == 0 and r.epoch == 2
     assert "error rate 6.00% > stable 0.10% + 1.00%" in r.reason
@@ -79,14 +81,15 @@ def test_failing_gate_rolls_back_at_once_not_at_the_interval_end():
 def test_too_few_samples_is_inconclusive_and_holds_the_step():
     r, clock = _canary(Policy(gates=Gates(min_samples=500)))
     few = VersionWindow(requests=10, errors=10, expired=0, p99_ms=999.0)  # terrible, but too few to judge
-    r2 = r.tick(clock.advance(60), few, STABLE)
-    assert r2 is r
+    r2 = r.tick(clock.advance(59), few, STABLE)
+    assert r2 is r  # past the 20 s interval, within 1 + inconclusiveIntervals (2) of them
+    assert r.tick(clock.advance(1), few, STABLE).phase is Phase.ROLLING_BACK  # not forever
 
 
 @pytest.mark.parametrize("canary,why", [
-    (VersionWindow(1000, 0, 0, 40.0), "p99 40.0 ms > stable 20.0 ms x 1.5 + 5 ms"),
-    (VersionWindow(1000, 0, 0, 120.0), "p99 120.0 ms > p99MaxMs 100"),
-    (VersionWindow(1000, 0, 50, 20.0), "expiry rate 5.00% > stable 0.00% + 1.00%"),
+    (VersionWindow.of([Answer(45.0, 40.0, 1)] * 1000), "inference p99 40.0 ms > stable 15.0 ms x 1.5 + 5 ms"),
+    (VersionWindow.of([Answer(120.0, 15.0, 1)] * 1000), "p99 120.0 ms > p99MaxMs 100"),
+    (VersionWindow.of([Answer(20.0, 15.0, 1)] * 950, expired=50), "expiry rate 5.00% > stable 0.00% + 1.00%"),
 ])
 def test_each_gate_fails_on_its_own(canary, why):
     result = judge(Gates(p99_max_ms=100.0), canary, STABLE)
@@ -95,8 +98,9 @@ def test_each_gate_fails_on_its_own(canary, why):
 
 def test_relative_gates_skip_a_stable_without_samples():
     """At 100 % stable has no traffic: the canary is judged on its own numbers and the absolute SLA."""
-    assert judge(Gates(), VersionWindow(1000, 0, 0, 80.0), VersionWindow()).verdict is Verdict.PASS
-    assert judge(Gates(p99_max_ms=50), VersionWindow(1000, 0, 0, 80.0), VersionWindow()).verdict is Verdict.FAIL
+    slower = VersionWindow.of([Answer(80.0, 75.0, 1)] * 1000)
+    assert judge(Gates(), slower, VersionWindow()).verdict is Verdict.PASS
+    assert judge(Gates(p99_max_ms=50), slower, VersionWindow()).verdict is Verdict.FAIL
 
 
 def test_pause_holds_weight_and_resume_restarts_the_interval():

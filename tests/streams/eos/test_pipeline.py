@@ -11,9 +11,19 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, Output, Prepared, StageSettings, StreamLoop
+from sie.streams.eos import (
+    BatchStatus,
+    EosLimits,
+    ExactlyOnce,
+    Output,
+    Prepared,
+    StageSettings,
+    StopRequest,
+    StreamLoop,
+)
 from sie.streams.eos.transaction import TransactionalProducer
 from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
 
@@ -115,7 +125,7 @@ class Recorder:
         raise AssertionError("nothing is refused here")
 
     def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
-        pass
+        self.events.append(("assigned", consumer.serving))  # True: called inside librdkafka's callback serving
 
     def committed(self, value: Any, batch_size: int) -> None:
         self.events.append(("committed", batch_size))
@@ -178,6 +188,83 @@ def test_a_stop_request_commits_the_batch_in_flight_and_counts_it():
     assert consumer.committed_offsets[(TOPIC, 0)] == 40  # the last batch (its commit started after stop) committed
     assert sum(n for kind, n in processor.events if kind == "committed") == 40
     assert len(values(producers)) == 40 and consumer.closed
+
+
+def run_until_stopped(stop: threading.Event, prepare_error: Exception | None = None,
+                      consumer: FakeConsumer | None = None) -> tuple[FakeConsumer, list[FakeProducer], Recorder]:
+    """A subscribed loop over 40 records, asked to stop (``stop``) once it prepared all of them, or whose
+    ``prepare`` raises ``prepare_error`` (a crash out of the loop)."""
+    consumer = consumer or FakeConsumer(records(40))
+    producers: list[FakeProducer] = []
+
+    def make(_c: dict[str, Any]) -> FakeProducer:
+        producers.append(FakeProducer(consumer=consumer))
+        return producers[-1]
+
+    processor = Recorder()
+    processor.stop, processor.stop_after = stop, 40
+    if prepare_error is not None:
+        def fail(_batch: list[Any]) -> Prepared[int]:
+            raise prepare_error
+        processor.prepare = fail  # type: ignore[method-assign]
+    loop_for(consumer, make, processor).run(stop)
+    return consumer, producers, processor
+
+
+def test_a_stop_request_leaves_the_group_after_the_last_commit():
+    """A planned stop: the member leaves (unsubscribe, the eager revoke served, LeaveGroup) before it closes, so
+    the others take its partitions at their next heartbeat, static member or not (transaction.leave_group)."""
+    consumer, producers, processor = run_until_stopped(threading.Event())
+    assert consumer.left == 1 and consumer.member_id is None and consumer.closed
+    last_commit = producers[-1].called("commit_transaction")[-1].seq
+    unsubscribed, closed = consumer.called("unsubscribe")[0].seq, consumer.called("close")[0].seq
+    assert last_commit < unsubscribed < closed  # the last batch committed first; the member left before close
+    assert processor.events[-1] == ("dropped", [0])  # the revoke was served: nothing in flight, nothing dropped
+
+
+class HandOver(StopRequest):
+    def set(self) -> None:  # what the Recorder calls: a hand-over instead of a plain stop
+        self.handing_over = True
+        super().set()
+
+
+class SharingConsumer(FakeConsumer):
+    """A member of a group with another member: it is assigned partition 0 of the topic's two."""
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        super().subscribe(topics, **callbacks)
+        with self._cond:
+            self._events[-1] = ("assign", [TopicPartition(TOPIC, 0)])
+
+
+def test_a_hand_over_by_the_only_member_keeps_the_static_membership_for_the_successor():
+    """``StopRequest.hand_over`` by a member owning every partition: leaving would empty the group; its loaded
+    successor (same instance id) takes the place without a rebalance."""
+    consumer, _, _ = run_until_stopped(HandOver())
+    assert consumer.closed and not consumer.called("unsubscribe") and consumer.member_id == "fake-member"
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+def test_a_hand_over_by_one_of_several_members_leaves_so_the_others_serve_while_the_successor_starts():
+    consumer = SharingConsumer(records(40), partitions={TOPIC: 2})
+    run_until_stopped(HandOver(), consumer=consumer)
+    assert consumer.left == 1 and consumer.member_id is None and consumer.closed
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+def test_a_loop_that_ends_on_an_error_keeps_the_membership_for_its_restart():
+    """A crash is no planned stop: no leave, so a static member's restart takes its place without a rebalance."""
+    consumer = FakeConsumer(records(40))
+    with pytest.raises(RuntimeError, match="model crashed"):
+        run_until_stopped(threading.Event(), prepare_error=RuntimeError("model crashed"), consumer=consumer)
+    assert consumer.closed and not consumer.called("unsubscribe") and consumer.member_id == "fake-member"
+
+
+def test_the_processor_hears_of_an_assignment_outside_librdkafka_s_callback():
+    """A consumer call made inside a rebalance callback that takes confluent-kafka's call state (list_topics)
+    clears it; the next callback of the same poll then aborts the process (StreamLoop._on_assign)."""
+    _, _, processor = run_until_stopped(threading.Event())
+    assert ("assigned", False) in processor.events and ("assigned", True) not in processor.events
 
 
 def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_returns():

@@ -9,6 +9,7 @@ from collections import Counter
 
 import httpx
 import orjson
+import pytest
 from confluent_kafka import KafkaError
 
 from tests.fakes.kafka_clients import FakeConsumer, kafka_error
@@ -167,3 +168,23 @@ def test_a_partition_revoked_while_paused_and_assigned_again_is_resumed():
     finally:
         gate.set()
         h.stop.set()
+
+
+@pytest.mark.parametrize("hand_over", [False, True])
+def test_a_stop_request_leaves_the_group_after_the_last_commit_unless_handing_over_as_the_only_member(hand_over):
+    """SIGTERM: what is finished commits, then the consumer leaves (its partitions move at once, static member
+    or not); a hand-over by the member owning every partition keeps the membership for its successor."""
+    from sie.streams.eos import StopRequest
+
+    stop = StopRequest()
+    h = Harness([question(i) for i in range(6)], sglang_answer, stop=stop)
+    wait_until(lambda: h.all_committed(), 10, message="all committed")
+    if hand_over:
+        stop.hand_over()
+    h.close()
+    if hand_over:
+        assert not h.consumer.called("unsubscribe") and h.consumer.member_id is not None
+    else:
+        assert h.consumer.left == 1 and h.consumer.member_id is None
+        assert h.consumer.called("unsubscribe")[0].seq < h.consumer.called("close")[0].seq
+    assert h.consumer.closed and h.all_committed()

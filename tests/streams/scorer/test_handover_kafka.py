@@ -1,0 +1,169 @@
+"""Planned stops vs crashes of static-membership scorers, on a real broker (sie.streams.eos.transaction.leave_group).
+
+* A scorer stopped ON PURPOSE leaves its group after its last commit: the other scorer owns every partition
+  within a few heartbeats, far under the session timeout a static member's partitions used to wait out.
+* A worker SIGKILLed and restarted under its replica id (the agent's restart) takes its place back as the
+  same static member: the other worker is never revoked anything, no rebalance.
+
+Both end with the exactly-once proof: read_committed, every request exactly one answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sie.streams.eos import StopRequest
+from tests.cluster_harness import ResultTail
+from tests.helpers import wait_until
+from tests.scorer_fixtures import (
+    ALLOWED_MODULES,
+    LoggedProcess,
+    ScorerThread,
+    echo_spec,
+    prove_exactly_once,
+    topics_for,
+)
+from tests.streams.control.test_rollout_kafka import Load
+
+pytestmark = pytest.mark.kafka
+
+SESSION_MS = 10_000  # ScorerConfig's default: what a static member's partitions waited after a planned stop
+PARTITIONS = 6
+
+
+def group_assignment(settings, group_id: str) -> dict[str, list[int]]:
+    """group.instance.id (else member id) -> the partitions it owns now ({} while the group is unreadable)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    try:
+        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result(timeout=10)
+    except Exception:
+        return {}
+    return {(m.group_instance_id or m.member_id): sorted(tp.partition for tp in m.assignment.topic_partitions)
+            for m in desc.members}
+
+
+def test_a_scorer_stopped_on_purpose_hands_its_partitions_over_far_within_the_session_timeout(kafka_settings):
+    spec = echo_spec()
+    topics_for(kafka_settings, spec, partitions=PARTITIONS)
+    t = spec.topics
+    tail = ResultTail(kafka_settings, {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters})
+    static = {"static_membership": True, "session_timeout_ms": SESSION_MS}
+    a = ScorerThread(kafka_settings, spec, instance="a", **static)
+    b = ScorerThread(kafka_settings, spec, instance="b", stop=StopRequest(), **static)
+    load = None
+    try:
+        assert a.ready.wait(60) and b.ready.wait(60)
+        a_id, b_id = a.config.transactional_id, b.config.transactional_id
+        wait_until(lambda: len(group_assignment(kafka_settings, spec.group_id).get(b_id, [])) > 0, 60, 0.2,
+                   "both scorers own partitions")
+        load = Load(kafka_settings, t.requests, rate=200)
+        wait_until(lambda: tail.count() > 400, 60, 0.1, "results from both scorers")
+
+        stopped = time.monotonic()
+        b.close()  # a planned stop (SIGTERM in a worker): the batch in flight commits, the member leaves
+        owns_all = wait_until(lambda: group_assignment(kafka_settings, spec.group_id).get(a_id) == list(range(PARTITIONS)),
+                              SESSION_MS / 1000 * 3, 0.1, "scorer a owns every partition")
+        took = time.monotonic() - stopped
+        print(f"planned stop -> the other scorer owns all {PARTITIONS} partitions in {took:.2f}s "
+              f"(session timeout {SESSION_MS / 1000:g}s)")
+        assert owns_all and took < 4.0, f"{took:.2f}s: the partitions waited for the session timeout"
+        until = time.monotonic() + 2.0
+        wait_until(lambda: time.monotonic() >= until and tail.count() > 0, 10, 0.1, "results after the hand-over")
+        _, per = tail.gaps(stopped, time.monotonic())
+        print(f"longest gap per partition after the stop: {max(per.values()):.2f}s")
+        assert max(per.values()) < 4.0, per
+
+        ids = load.stop()
+        load = None
+        prove_exactly_once(kafka_settings, spec, ids, timeout=90)
+    finally:
+        if load is not None:
+            load.stop()
+        a.close()
+        if b.thread.is_alive():
+            b.close()
+        tail.close()
+
+
+class Worker(LoggedProcess):
+    """``python -m sie.workers.worker_main`` for one replica id: the process an agent runs (static membership:
+    group.instance.id = transactional.id = sie.scorer.<model>.<replica id>), without an agent."""
+
+    def __init__(self, settings, spec_file: Path, replica_id: str, log_dir: Path) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES),
+               "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": settings.topic_prefix}
+        cmd = [sys.executable, "-m", "sie.workers.worker_main", "--spec-file", str(spec_file),
+               "--replica-id", replica_id, "--progress-interval", "5"]
+        super().__init__(cmd, log_dir / f"worker-{replica_id}-{time.monotonic_ns()}.log", env)
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        return "status ready" in self.output()
+
+    def assignments(self) -> list[tuple[str, list[int]]]:
+        """("assigned" | "revoked", partitions) in the order the worker logged them."""
+        return [(kind, [int(p) for p in parts.split(",") if p.strip()])
+                for kind, parts in re.findall(r": (assigned|revoked) \[([\d, ]*)\]", self.output())]
+
+
+def test_a_sigkilled_worker_restarted_under_its_replica_id_takes_its_partitions_back_without_a_rebalance(
+        kafka_settings, tmp_path):
+    spec = echo_spec()
+    topics_for(kafka_settings, spec, partitions=PARTITIONS)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_document()))
+    t = spec.topics
+    tail = ResultTail(kafka_settings, {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters})
+    a = Worker(kafka_settings, spec_file, "r-0", tmp_path)
+    b = Worker(kafka_settings, spec_file, "r-1", tmp_path)
+    b2 = None
+    load = None
+    try:
+        wait_until(lambda: a.ready() and b.ready(), 90, 0.2, "both workers ready")
+
+        def split() -> list[int] | None:
+            """b's partitions once the two workers' last assignments cover the topic between them."""
+            last_a, last_b = a.assignments()[-1:], b.assignments()[-1:]
+            if last_a and last_b and last_a[0][0] == last_b[0][0] == "assigned" \
+                    and sorted(last_a[0][1] + last_b[0][1]) == list(range(PARTITIONS)) and last_b[0][1]:
+                return last_b[0][1]
+            return None
+
+        owned_by_b = wait_until(split, 60, 0.2, lambda: f"both workers own partitions: a {a.assignments()}, "
+                                                        f"b {b.assignments()}")
+        load = Load(kafka_settings, t.requests, rate=200)
+        wait_until(lambda: tail.count() > 400, 60, 0.1, "results from both workers")
+
+        before = len(a.assignments())
+        killed = time.monotonic()
+        b.kill()  # a crash: no LeaveGroup, the static member stays in the group
+        b2 = Worker(kafka_settings, spec_file, "r-1", tmp_path)  # the agent's restart: same replica id
+        wait_until(lambda: b2.assignments()[-1:] == [("assigned", owned_by_b)], 60, 0.1,
+                   lambda: f"the restart takes partitions {owned_by_b} back; it logged {b2.assignments()}")
+        resumed = time.monotonic() - killed
+        # no rebalance: the other worker never lost (or gained) anything
+        assert a.assignments()[before:] == [], a.assignments()
+        wait_until(lambda: tail.first_after(killed + resumed) is not None, 30, 0.1, "results after the restart")
+        print(f"SIGKILL -> the restart (same group.instance.id) owns its partitions again in {resumed:.2f}s, "
+              f"the other worker untouched")
+
+        ids = load.stop()
+        load = None
+        prove_exactly_once(kafka_settings, spec, ids, timeout=90)
+    finally:
+        if load is not None:
+            load.stop()
+        for w in (a, b, b2):
+            if w is not None:
+                w.ensure_dead()
+        tail.close()
