@@ -593,7 +593,7 @@ class SizeRun:
         counts0 = self.tail.snapshot_counts()
         cpu0 = {"leader": lead.cpu_s(), "standby": standby.cpu_s() if standby else None,
                 "sims": self.sims.cpu_s(), "broker": proc_cpu_s(self.broker_pid) if self.broker_pid else None}
-        rec0 = lead.metric("sie_control_reconcile_seconds")
+        rec0 = lead.metric("sie_control_reconcile_")
         load0 = loadavg()
         t0 = time.time()
         profile = None
@@ -604,12 +604,14 @@ class SizeRun:
         counts1 = self.tail.snapshot_counts()
         cpu1 = {"leader": lead.cpu_s(), "standby": standby.cpu_s() if standby else None,
                 "sims": self.sims.cpu_s(), "broker": proc_cpu_s(self.broker_pid) if self.broker_pid else None}
-        rec1 = lead.metric("sie_control_reconcile_seconds")
+        rec1 = lead.metric("sie_control_reconcile_")
         cpu = {k: round((cpu1[k] - cpu0[k]) / took, 3) for k in cpu0 if cpu0[k] is not None and cpu1[k] is not None}
         passes = rec1.get("sie_control_reconcile_seconds_count", 0) - rec0.get("sie_control_reconcile_seconds_count", 0)
         total = rec1.get("sie_control_reconcile_seconds_sum", 0) - rec0.get("sie_control_reconcile_seconds_sum", 0)
+        cpu_key = "sie_control_reconcile_cpu_seconds_total"
+        pass_cpu = rec1.get(cpu_key, 0) - rec0.get(cpu_key, 0)
         buckets = sorted((float(k.split('le="')[1].split('"')[0]), rec1[k] - rec0.get(k, 0))
-                         for k in rec1 if "_bucket" in k and 'le="+Inf"' not in k)
+                         for k in rec1 if k.startswith("sie_control_reconcile_seconds_bucket") and 'le="+Inf"' not in k)
         p99_bucket = next((le for le, c in buckets if passes and c >= 0.99 * passes), None)
         topics = {}
         for name, c1 in counts1.items():
@@ -624,6 +626,8 @@ class SizeRun:
             "leader_mem": proc_mem_mb(lead.pid), "standby_mem": proc_mem_mb(standby.pid) if standby else None,
             "reconcile": {"passes": int(passes), "per_s": round(passes / took, 2),
                           "mean_s": round(total / passes, 3) if passes else None, "p99_bucket_le_s": p99_bucket,
+                          # None: a control plane without the metric (before it existed)
+                          "cpu_mean_s": round(pass_cpu / passes, 3) if passes and cpu_key in rec1 else None,
                           "last_pass_ms": health.get("subsystems", {}).get("reconcile_loop", {}).get("last_pass_ms")},
             "topics": topics,
             "total": {"records_per_s": round(sum(t["records_per_s"] for t in topics.values()), 1),
@@ -915,6 +919,7 @@ def growth(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "leader CPU (cores)": lambda r: r.get("steady", {}).get("cpu_cores", {}).get("leader"),
         "leader RSS MB": lambda r: (r.get("steady", {}).get("leader_mem") or {}).get("rss_mb"),
         "reconcile pass mean s": lambda r: r.get("steady", {}).get("reconcile", {}).get("mean_s"),
+        "reconcile pass CPU s": lambda r: r.get("steady", {}).get("reconcile", {}).get("cpu_mean_s"),
         "broker bytes/s": lambda r: r.get("steady", {}).get("total", {}).get("bytes_per_s"),
         "takeover first pass s": lambda r: r.get("takeover", {}).get("first_pass_s"),
         "agent replay p50 s": lambda r: r.get("agent_replay", {}).get("p50"),
@@ -974,6 +979,7 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         ("steady: leader RSS / peak, MB", lambda r: f"{r['steady']['leader_mem']['rss_mb']:.0f}/{r['steady']['leader_mem']['hwm_mb']:.0f}"),
         ("steady: reconcile passes/s", lambda r: r["steady"]["reconcile"]["per_s"]),
         ("steady: reconcile pass mean, s", lambda r: r["steady"]["reconcile"]["mean_s"]),
+        ("steady: reconcile pass CPU mean, s", lambda r: r["steady"]["reconcile"]["cpu_mean_s"]),
         ("steady: reconcile pass p99 <= (bucket), s", lambda r: r["steady"]["reconcile"]["p99_bucket_le_s"]),
         ("steady: broker records/s (all topics)", lambda r: r["steady"]["total"]["records_per_s"]),
         ("steady: broker KB/s (all topics)", lambda r: round(r["steady"]["total"]["bytes_per_s"] / 1024, 1)),
@@ -1090,8 +1096,17 @@ def run_size(args: argparse.Namespace, bootstrap: str, nodes: int, models: int, 
         run.close()
 
 
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM, and SIGINT even when a shell started the bench in the background (which ignores it), stop the
+        # bench through its clean-up: the control planes, the simulators and the private broker go with it
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     tmp = Path(tempfile.mkdtemp(prefix="sie-scale-run-"))
     broker = Broker(args.bootstrap, tmp)
