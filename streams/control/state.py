@@ -153,6 +153,15 @@ class HeartbeatInfo:
     #: models one shared worker process of the agent hosts (0: every replica in a process of its own)
     shared_process_slots: int = 0
 
+    def replica(self, replica_id: str) -> ReplicaReport | None:
+        """This heartbeat's report of ``replica_id`` (None: not in it), by an index made on first use: asked for
+        every replica of the node each pass, a scan made a pass quadratic in replicas per node."""
+        index = self.__dict__.get("_by_id")
+        if index is None:
+            index = {r.replica_id: r for r in reversed(self.replicas)}  # the first one wins, as a scan found
+            object.__setattr__(self, "_by_id", index)
+        return index.get(replica_id)
+
     @property
     def reports_host_memory(self) -> bool:
         """Does this agent report host memory (and so how it runs processes)? False for agents older than it."""
@@ -664,12 +673,13 @@ class StateSnapshot:
         online, else (or if absent there) the latest replica-status record from that node."""
         hb = self.heartbeats.get(node)
         if hb is not None and self.node_online(node, now, timeout_s):
-            for r in hb.replicas:
-                if r.replica_id == replica_id:
-                    status = self.replica_status.get(replica_id)
-                    if status is not None and status.node == node and status.state == r.state and not r.reason:
-                        return replace(r, reason=status.reason, exit_code=status.exit_code, signal=status.signal)
-                    return r
+            r = hb.replica(replica_id)
+            if r is not None:
+                status = self.replica_status.get(replica_id)
+                if (status is not None and status.node == node and status.state == r.state and not r.reason
+                        and (status.reason, status.exit_code, status.signal) != (r.reason, r.exit_code, r.signal)):
+                    return replace(r, reason=status.reason, exit_code=status.exit_code, signal=status.signal)
+                return r
         status = self.replica_status.get(replica_id)
         if status is not None and status.node == node:
             return status

@@ -146,15 +146,14 @@ class ModelStatus:
         to re-publish: the lag and rates change every pass, the decision rarely)."""
         if other is None:
             return False
-        a, b = self.to_record(), other.to_record()
-        for key in ("epoch", "updated_at_ms"):
-            a.pop(key), b.pop(key)
-        auto_a, auto_b = a.pop("autoscale"), b.pop("autoscale")
+        auto_a, auto_b = self.autoscale, other.autoscale
         if (auto_a is None) != (auto_b is None):
             return False
-        if auto_a is not None and _decision_identity(auto_a) != _decision_identity(auto_b):
+        if auto_a is not None and auto_b is not None and _decision_identity(auto_a) != _decision_identity(auto_b):
             return False
-        return a == b
+        # field by field, as values (every model, every pass: no records built to compare them)
+        return (replace(self, epoch=0, updated_at_ms=0, autoscale=None)
+                == replace(other, epoch=0, updated_at_ms=0, autoscale=None))
 
 
 #: the fields of an autoscale record that are the decision (the rest are the numbers behind it)
