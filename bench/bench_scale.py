@@ -292,8 +292,11 @@ class Tail:
         #: node -> its latest Assignment: ((replica_id, version, gpu_indices, gpu_memory_mb, spec_json, companions)...)
         self.assignment: dict[str, tuple] = {}
         self.assignment_epoch: dict[str, int] = {}
-        #: replica id -> (first visible, node), and its latest node
+        #: replica id -> (first visible, node), and its latest node; the leader's stamp (CreateTime) of that record
         self.first_assigned: dict[str, float] = {}
+        self.first_stamped: dict[str, float] = {}
+        #: model -> when its latest spec record was visible
+        self.spec_seen: dict[str, float] = {}
         self.node_of: dict[str, str] = {}
         #: model -> version -> first time Ready with ready == desired > 0; model -> latest (phase, desired, ready)
         self.ready_at: dict[str, dict[str, float]] = {}
@@ -338,20 +341,24 @@ class Tail:
                     if value is None:
                         continue
                     if suffix == "assignments":
-                        self._assignment(key.decode(), decode(value), now)
+                        self._assignment(key.decode(), decode(value), now, msg.timestamp()[1] / 1000)
+                    elif suffix == "specs":
+                        self.spec_seen[key.decode()] = now
                     elif suffix == "model-status":
                         self._status(decode(value), now)
                     elif suffix == "events":
                         e = decode(value)
                         self.events.append((now, e["kind"], e.get("replica_id"), e.get("node"), e.get("detail") or ""))
 
-    def _assignment(self, node: str, record: dict[str, Any], now: float) -> None:
+    def _assignment(self, node: str, record: dict[str, Any], now: float, stamped: float) -> None:
         replicas = tuple(sorted((r["replica_id"], r["version"], tuple(r["gpu_indices"]), r["gpu_memory_mb"],
                                  r["spec_json"], tuple(r.get("companions") or ())) for r in record["replicas"]))
         self.assignment[node] = replicas
         self.assignment_epoch[node] = int(record.get("epoch") or 0)
         for r in replicas:
-            self.first_assigned.setdefault(r[0], now)
+            if r[0] not in self.first_assigned:
+                self.first_assigned[r[0]] = now
+                self.first_stamped[r[0]] = stamped
             self.node_of[r[0]] = node
 
     def _status(self, record: dict[str, Any], now: float) -> None:
@@ -671,12 +678,22 @@ class SizeRun:
             log(f"probes: {exc}; reporting those that got there")
         assigned = {m: self.tail.assigned_at(m, n) for m in applied}
         ready = {m: self.tail.ready(m) for m in applied}
+        with self.tail.lock:  # where the time went: spec visible, assignment produced by the leader, visible
+            spec_seen = {m: self.tail.spec_seen.get(m) for m in applied}
+            stamped = {m: max((self.tail.first_stamped.get(f"{m}-{i}") or 0.0) for i in range(n)) for m in applied}
         self.result["probes"] = {
             "n": len(applied), "interval_s": self.args.probe_interval,
             "not_assigned": sum(1 for a in assigned.values() if a is None),
             "not_ready": sum(1 for a in ready.values() if a is None),
             "apply_to_assignment_s": summary(assigned[m] - applied[m] for m in applied if assigned[m]),  # type: ignore[operator]
             "apply_to_ready_s": summary(ready[m] - applied[m] for m in applied if ready[m]),  # type: ignore[operator]
+            "split_s": {
+                "apply_to_spec_visible": summary(spec_seen[m] - applied[m] for m in applied if spec_seen[m]),  # type: ignore[operator]
+                "spec_visible_to_leader_produced": summary(stamped[m] - spec_seen[m] for m in applied  # type: ignore[operator]
+                                                           if spec_seen[m] and stamped[m]),
+                "produced_to_visible": summary(assigned[m] - stamped[m] for m in applied  # type: ignore[operator]
+                                               if assigned[m] and stamped[m]),
+            },
         }
         log(f"probes: {self.result['probes']}")
 
@@ -970,6 +987,12 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         ("nodes in use / most replicas on a node", lambda r: f"{r['populate']['nodes_in_use']}/{r['populate']['most_replicas_on_a_node']}"),
         ("probe apply -> assignment p50, s", lambda r: r["probes"]["apply_to_assignment_s"]["p50"]),
         ("probe apply -> assignment p99, s", lambda r: r["probes"]["apply_to_assignment_s"]["p99"]),
+        ("  split p50: spec visible|leader wrote|visible", lambda r: "|".join(
+            f"{r['probes']['split_s'][k]['p50']:.2f}" for k in
+            ("apply_to_spec_visible", "spec_visible_to_leader_produced", "produced_to_visible"))),
+        ("  split p99: spec visible|leader wrote|visible", lambda r: "|".join(
+            f"{r['probes']['split_s'][k]['p99']:.2f}" for k in
+            ("apply_to_spec_visible", "spec_visible_to_leader_produced", "produced_to_visible"))),
         ("probe apply -> Ready p50, s", lambda r: r["probes"]["apply_to_ready_s"]["p50"]),
         ("probe apply -> Ready p99, s", lambda r: r["probes"]["apply_to_ready_s"]["p99"]),
         ("steady: leader CPU, cores", lambda r: r["steady"]["cpu_cores"]["leader"]),
