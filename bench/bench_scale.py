@@ -154,6 +154,7 @@ class Broker:
     def __init__(self, bootstrap: str | None, tmp: Path) -> None:
         self.kafka: Any = None
         self.pid: int | None = None
+        self.data: Path | None = None  # the private broker's log directories (on-disk topic sizes)
         if bootstrap:
             self.bootstrap = bootstrap
             return
@@ -167,6 +168,7 @@ class Broker:
         self.bootstrap = self.kafka.up(timeout=180)
         state = json.loads(self.kafka.state_file.read_text())
         self.pid = int(next(iter(state["pids"].values())))
+        self.data = data
         log(f"private broker at {self.bootstrap} (pid {self.pid}, data in {data})")
 
     def close(self) -> None:
@@ -451,6 +453,7 @@ class SizeRun:
     nodes: int
     models: int
     broker_pid: int | None = None
+    broker_data: Path | None = None
     prefix: str = field(default_factory=lambda: f"scale{uuid.uuid4().hex[:8]}")
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sie-scale-")))
     operator: str = field(default_factory=lambda: "sie_" + secrets.token_urlsafe(32))
@@ -886,6 +889,9 @@ class SizeRun:
                 keys = latest.get(s, {})
                 d["keys"] = len(keys)
                 d["latest_bytes"] = sum(keys.values())
+                if self.broker_data is not None:  # what the broker stores (compressed batches, not yet cleaned)
+                    d["disk_bytes"] = sum(f.stat().st_size for f in self.broker_data.glob(
+                        f"*/data/{self.prefix}.{s}-*/*.log"))
             self.result["topic_sizes"] = sizes
         finally:
             consumer.close()
@@ -1035,6 +1041,8 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for topic in ("assignments", "model-status", "specs", "nodes", "heartbeats", "replica-status", "events"):
         spec.append((f"topic {topic}: records | MB in log", lambda r, t=topic: (
             f"{r['topic_sizes'][t]['records']}|{r['topic_sizes'][t]['bytes'] / 1e6:.1f}" if t in r["topic_sizes"] else "-")))
+        spec.append(("  MB on the broker's disk", lambda r, t=topic: (
+            round(r["topic_sizes"][t]["disk_bytes"] / 1e6, 2) if "disk_bytes" in r["topic_sizes"].get(t, {}) else "-")))
         spec.append(("  keys | MB latest per key", lambda r, t=topic: (
             f"{r['topic_sizes'][t]['keys']}|{r['topic_sizes'][t]['latest_bytes'] / 1e6:.2f}" if t in r["topic_sizes"] else "-")))
     lines += [row(label, get) for label, get in spec]
@@ -1094,9 +1102,9 @@ class SizeTimeout(Exception):
     pass
 
 
-def run_size(args: argparse.Namespace, bootstrap: str, nodes: int, models: int, broker_pid: int | None) -> dict[str, Any]:
+def run_size(args: argparse.Namespace, broker: Broker, nodes: int, models: int) -> dict[str, Any]:
     """One size, stopped (SizeTimeout) when it runs past ``--size-timeout``: the harness never hangs."""
-    run = SizeRun(args, bootstrap, nodes, models, broker_pid=broker_pid)
+    run = SizeRun(args, broker.bootstrap, nodes, models, broker_pid=broker.pid, broker_data=broker.data)
     expired = threading.Event()
 
     def expire() -> None:  # what the size waits on dies: its next wait or request fails, and it unwinds
@@ -1137,7 +1145,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     try:
         for nodes, models in parse_sizes(args.sizes):
             try:
-                results.append(run_size(args, broker.bootstrap, nodes, models, broker.pid))
+                results.append(run_size(args, broker, nodes, models))
             except (TimeoutError, RuntimeError, SizeTimeout, OSError) as exc:
                 log(f"size {nodes}x{models} failed: {type(exc).__name__}: {exc}")
                 results.append({"nodes": nodes, "models": models, "error": f"{type(exc).__name__}: {exc}"})
