@@ -38,6 +38,7 @@ from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
+from sie.schemas.connector_spec import connector_name_problems
 from sie.streams.eos import EosLimits, StageSettings, StreamLoop
 from sie.streams.eos.deadletter import RECORD_OVERHEAD, dead_letter, short
 from sie.streams.eos.lag import consumer_lag
@@ -127,6 +128,7 @@ class CdcMetrics:
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
             self._server = None
 
     def value(self, name: str, **labels: str) -> float:
@@ -191,6 +193,9 @@ class CdcStage:
         #: sie.kernel.tracing.Tracing: a CDC row starts (or continues) the trace of the requests it becomes
         self._tracing = tracing or tracing_from_settings(config.settings, "sie-cdc")
         spec = config.connector
+        problems = connector_name_problems(spec, config.settings.topic_prefix, config.request_topic)
+        if problems:  # a replica document from the assignments topic, or a spec file: refused before any client
+            raise ConfigError(f"connector {spec.name!r} refused: " + "; ".join(problems))
         self.converter = CdcConverter(spec, config.field_types, request_topic=config.request_topic,
                                       topic_prefix=config.settings.topic_prefix, input_schema=config.input_schema)
         self.request_topic = self.converter.request_topic

@@ -12,7 +12,8 @@ already owns the node).  The cache folder is a model root of every node (``SpecP
 
 Errors say whether trying again can help: ``ArtifactUnavailable`` (a broker, server or network that did
 not answer: retry with backoff) or ``ArtifactRefused`` (wrong bytes, a missing chunk, a source this node
-does not allow: the same try gives the same answer).  Messages never show a URI's credentials or query.
+does not allow: the same try gives the same answer).  Messages never show a URI's credentials or query, nor the
+digest or size of bytes fetched from it; HTTP redirects are never followed (the allow-list names the URI fetched).
 """
 
 from __future__ import annotations
@@ -139,11 +140,13 @@ class ArtifactCache:
                 os.fsync(f.fileno())
             actual = file_sha256(tmp) if writer.positioned else writer.digest.hexdigest()
             size = tmp.stat().st_size
+            # never the digest or the size of what was fetched: from a URI that would tell whoever wrote the spec
+            # something about a resource they may not read (an internal server's answer)
             if actual != ref.sha256:
-                raise ArtifactRefused(f"{ref.label}: the bytes fetched hash to sha256:{actual[:12]}, not the "
-                                      f"sha256 the spec names; refused (re-upload it with sie apply, or fix the spec)")
+                raise ArtifactRefused(f"{ref.label}: the bytes fetched do not hash to the sha256 the spec names; "
+                                      "refused (re-upload it with sie apply, or fix the spec)")
             if ref.size is not None and size != ref.size:
-                raise ArtifactRefused(f"{ref.label}: {size} bytes fetched, the spec says {ref.size}")
+                raise ArtifactRefused(f"{ref.label}: the bytes fetched are not the {ref.size} bytes the spec says")
             os.chmod(tmp, 0o444)
             os.replace(tmp, self.path(ref))
         finally:
@@ -196,7 +199,11 @@ def _download_http(uri: str, shown: str, sink: HashingWriter, timeout: float) ->
     import httpx
 
     try:
-        with httpx.stream("GET", uri, timeout=timeout, follow_redirects=True) as response:
+        # no redirect is followed: SIE_ARTIFACT_SOURCES allowed this URI, not wherever its server points
+        with httpx.stream("GET", uri, timeout=timeout, follow_redirects=False) as response:
+            if response.is_redirect:
+                raise ArtifactRefused(f"{shown}: HTTP {response.status_code}, a redirect; SIE does not follow them "
+                                      "(name the final URL in the spec, under SIE_ARTIFACT_SOURCES)")
             if response.status_code >= 500 or response.status_code == 429:
                 raise ArtifactUnavailable(f"{shown}: HTTP {response.status_code}; retrying later")
             if response.status_code >= 400:

@@ -24,7 +24,9 @@ whole file against the sha256 the spec names.  Nothing is ever unpickled or exec
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +42,14 @@ RECORD = "ArtifactManifest"
 #: the largest chunk; smaller when max_record_bytes is set lower (a chunk must fit a record with room to spare)
 CHUNK_BYTES = 512 * 1024
 DIGEST_HEADER = "sie.sha256"
+
+
+#: the smallest chunk an upload writes (``chunk_size_for`` with the smallest ``max_record_bytes``, 64 KiB, is 48 KiB)
+MIN_CHUNK_BYTES = 16 * 1024
+#: no artifact has more chunks than this, whatever its manifest says (8 GiB in 16 KiB chunks)
+MAX_CHUNKS = (8 << 30) // MIN_CHUNK_BYTES
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 
 
 def chunk_size_for(settings: Settings) -> int:
@@ -64,8 +74,46 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Manifest:
-        return cls(**{k: record[k] for k in cls.__dataclass_fields__})
+    def from_record(cls, record: dict[str, Any], max_bytes: int, key_digest: str | None = None) -> Manifest:
+        """The manifest of a record, checked in full BEFORE anything is sized by it (``ArtifactRefused`` naming the
+        field otherwise): a record written by whoever may write the manifests topic must not make a fetching
+        agent allocate ``chunks`` of anything (``2**31-1`` chunks was a MemoryError on every node)."""
+        try:
+            manifest = cls(**{k: record[k] for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError) as exc:
+            raise ArtifactRefused(f"manifest: not an {RECORD} record ({type(exc).__name__}: {exc})") from None
+        problem = manifest.problem(max_bytes, key_digest)
+        if problem is not None:
+            raise ArtifactRefused(f"manifest sha256:{str(manifest.sha256)[:12]}: {problem}")
+        return manifest
+
+    def problem(self, max_bytes: int, key_digest: str | None = None) -> str | None:
+        """Why this manifest cannot be the one of an artifact a node may fetch, or None.  Every number is checked
+        against the others: ``chunks`` must be exactly ``ceil(size / chunk_size)`` (never above ``MAX_CHUNKS``),
+        the offsets must hold that many records, the size must be one this node accepts."""
+        ints = {k: getattr(self, k) for k in ("size", "chunk_size", "chunks", "chunk_partition", "first_offset",
+                                               "last_offset", "created_ms")}
+        wrong = [k for k, v in ints.items() if not isinstance(v, int) or isinstance(v, bool)]
+        if wrong:
+            return f"{', '.join(wrong)} must be whole numbers"
+        if not isinstance(self.sha256, str) or not _SHA256.fullmatch(self.sha256):
+            return "sha256 must be 64 lowercase hex digits"
+        if key_digest is not None and key_digest != self.sha256:
+            return f"its key names sha256:{key_digest[:12]}, its record sha256:{self.sha256[:12]}"
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            return "name must be a plain file name"
+        if not 0 <= self.size <= max_bytes:
+            return f"size {self.size} is not between 0 and max_artifact_bytes {max_bytes} (SIE_MAX_ARTIFACT_BYTES)"
+        if not MIN_CHUNK_BYTES <= self.chunk_size <= CHUNK_BYTES:
+            return f"chunk_size {self.chunk_size} is not between {MIN_CHUNK_BYTES} and {CHUNK_BYTES}"
+        expected = -(-self.size // self.chunk_size)
+        if self.chunks != expected or self.chunks > MAX_CHUNKS:
+            return f"chunks {self.chunks} is not ceil(size / chunk_size) = {expected} (at most {MAX_CHUNKS})"
+        if self.chunk_partition < 0 or self.first_offset < -1 or self.last_offset < self.first_offset:
+            return "chunk_partition, first_offset and last_offset must be a partition and an offset range"
+        if self.chunks and (self.first_offset < 0 or self.last_offset - self.first_offset + 1 < self.chunks):
+            return (f"offsets {self.first_offset}..{self.last_offset} cannot hold {self.chunks} chunks")
+        return None
 
     def to_json(self) -> dict[str, Any]:
         """What the API shows (``GET /v1/artifacts/sha256:<hex>``)."""
@@ -95,6 +143,8 @@ class ArtifactStore:
         self._group = group_id or names.control_state_group
         self._clients = clients or KafkaClients()
         self.chunk_size = chunk_size_for(settings)
+        #: sha256 -> why its latest manifest record was refused (filled by ``manifests``)
+        self.invalid: dict[str, str] = {}
 
     # -- look up -------------------------------------------------------------------------------------
     def manifests(self, timeout: float = 30.0) -> dict[str, Manifest]:
@@ -107,6 +157,7 @@ class ArtifactStore:
         consumer = self._clients.consumer(state_reader_config(
             self.settings, self._group, names.artifact_client_id("lookup"), **{"fetch.wait.max.ms": 50}))
         found: dict[str, Manifest] = {}
+        invalid: dict[str, str] = {}
         try:
             partitions = _topic_partitions(consumer, self.manifest_topic)
             pending = set(partitions)  # until each reports its end (an empty one too, once its leader answers)
@@ -127,19 +178,38 @@ class ArtifactStore:
                     digest = key.removeprefix("sha256:")
                     if msg.value() is None:
                         found.pop(digest, None)
+                        invalid.pop(digest, None)
                         continue
                     try:
-                        found[digest] = Manifest.from_record(decode(msg.value(), expected=RECORD))
+                        found[digest] = Manifest.from_record(decode(msg.value(), expected=RECORD),
+                                                             self.settings.max_artifact_bytes, key_digest=digest)
+                        invalid.pop(digest, None)
                     except Exception as exc:  # one unreadable record never hides the others
-                        log.warning("%s[%d]@%d: unreadable manifest skipped: %s", msg.topic(), msg.partition(),
-                                    msg.offset(), str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                        found.pop(digest, None)  # the latest record of the key is the manifest: it is not usable
+                        invalid[digest] = reason
+                        log.warning("%s[%d]@%d: invalid manifest skipped: %r", msg.topic(), msg.partition(),
+                                    msg.offset(), reason)
         finally:
             consumer.close()
+        self.invalid = invalid
         return found
 
     def lookup(self, sha256: str, timeout: float = 30.0) -> Manifest | None:
-        """The manifest of ``sha256``, or None when it was never (completely) uploaded."""
+        """The manifest of ``sha256``, or None when it was never (completely) uploaded or its latest manifest
+        record is invalid (``invalid`` says why; an upload of the same bytes writes a valid one)."""
         return self.manifests(timeout).get(sha256)
+
+    def require(self, sha256: str, label: str, timeout: float = 30.0) -> Manifest:
+        """The manifest of ``sha256`` for a fetch, else ``ArtifactRefused`` naming why (not uploaded, or refused)."""
+        found = self.lookup(sha256, timeout)
+        if found is not None:
+            return found
+        if sha256 in self.invalid:
+            raise ArtifactRefused(f"artifact {label}: its manifest on {self.manifest_topic} is refused "
+                                  f"({self.invalid[sha256]}); upload the artifact again (sie apply -f SPEC)")
+        raise ArtifactRefused(f"artifact {label} is not on the cluster's artifacts topic ({self.manifest_topic}); "
+                              "upload it (sie apply -f SPEC)")
 
     # -- upload --------------------------------------------------------------------------------------
     def begin(self, sha256: str, name: str, timeout: float = 60.0) -> ArtifactUpload:
@@ -169,6 +239,9 @@ class ArtifactStore:
         from confluent_kafka import KafkaError, TopicPartition
 
         m = manifest
+        problem = m.problem(self.settings.max_artifact_bytes)
+        if problem is not None:  # whoever built it, nothing is sized by an unchecked manifest
+            raise ArtifactRefused(f"manifest sha256:{str(m.sha256)[:12]}: {problem}")
         label = f"sha256:{m.sha256[:12]} ({m.name})"
         if m.chunks == 0:
             return
@@ -204,9 +277,10 @@ class ArtifactStore:
                         break
         finally:
             consumer.close()
-        missing = sorted(set(range(m.chunks)) - received)
-        if missing:
-            shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        if len(received) < m.chunks:  # received holds only real chunks: bounded by what the broker delivered
+            first = list(itertools.islice((i for i in range(m.chunks) if i not in received), 5))
+            left = m.chunks - len(received)
+            shown = ", ".join(map(str, first)) + (f" and {left - len(first)} more" if left > len(first) else "")
             raise ArtifactRefused(f"{label}: chunk {shown} of {m.chunks} not found on {self.chunk_topic}"
                                   f"[{m.chunk_partition}] between offsets {m.first_offset} and {m.last_offset}; "
                                   "upload it again (sie apply)")

@@ -203,6 +203,29 @@ def parse_connector_spec(doc: Any, source: str = "<dict>") -> CdcConnectorSpec:
         raise ConnectorSpecError(f"{source}: " + "; ".join(problems)) from None
 
 
+def connector_name_problems(spec: CdcConnectorSpec, topic_prefix: str, request_topic: str | None = None) -> list[str]:
+    """The connector's names under the naming module's rules (``sie.kernel.names``), one ``field: reason`` each: its
+    target model's name, its request topic (the spec's, or ``request_topic``: what the control plane resolved)
+    only outside ``<p>.`` or the target model's own, and a source that is no system topic.  Without it a connector
+    could write requests into ``<p>.specs`` and ensure that topic as a data topic (``cleanup.policy=delete``)."""
+    from sie.kernel.errors import ConfigError
+    from sie.kernel.names import Names, check_model_name
+
+    names = Names(topic_prefix)
+    try:
+        check_model_name(spec.model, "connector.model")
+    except ConfigError as exc:
+        return [str(exc)]
+    problems = []
+    for field, topic in (("connector.requestTopic", spec.request_topic), ("request_topic", request_topic)):
+        problem = names.data_topic_problem(spec.model, topic) if topic is not None else None
+        if problem:
+            problems.append(f"{field}: {problem}")
+    if names.is_system_topic(spec.source_topic):
+        problems.append(f"connector.sourceTopic: {spec.source_topic} is SIE's system topic, not a change stream")
+    return problems
+
+
 #: ``kind`` of the document an agent gets for a connector replica (a ModelService document has no ``kind``)
 CONNECTOR_KIND = "CdcConnector"
 

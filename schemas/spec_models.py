@@ -48,7 +48,7 @@ class FieldSpec(_Frozen):
     type: FieldType
     required: bool = True
     nullable: bool = False
-    max_length: int | None = None
+    max_length: int | None = Field(None, ge=1)
     range: tuple[float, float] | None = None
     description: str | None = None
 
@@ -142,9 +142,9 @@ class Scheduling(_Frozen):
 
 
 class Sla(_Frozen):
-    p99_latency_ms: float | None = None
-    max_queue_time_ms: float | None = None
-    min_qps: float | None = None
+    p99_latency_ms: float | None = Field(None, gt=0)
+    max_queue_time_ms: float | None = Field(None, gt=0)
+    min_qps: float | None = Field(None, ge=0)
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
 
@@ -211,6 +211,17 @@ class ModelService(_Frozen):
     def to_document(self) -> dict[str, Any]:
         """JSON-able normalised form (what ``sie apply`` publishes on the specs topic)."""
         return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        """sha256 of the normalised spec, without where it was read from and its warnings: equal digests, equal
+        specs.  The control API shows it (``GET /v1/models/{name}``: ``spec.digest``) so a client that holds a
+        desired spec (the Kubernetes operator) publishes only what differs: re-publishing an unchanged spec is
+        not a no-op (it ends cool-downs)."""
+        import hashlib
+        import json
+
+        doc = {k: v for k, v in self.to_document().items() if k not in ("source", "warnings")}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> ModelService:

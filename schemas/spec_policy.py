@@ -16,8 +16,14 @@ assignments topic) could otherwise run anything as the worker's user.  The check
 * an artifact named by content (``artifactRef``, ``modules``) with a URI must come from a source this node
   allows: ``file://`` under a model root, anything else under a prefix of ``SIE_ARTIFACT_SOURCES``;
 * an sglang spec's ``config.server_entry`` (the program its node runs instead of ``python -m
-  sglang.launch_server``) must be listed in ``SIE_SGLANG_SERVER_ENTRIES``, and ``config.extra_args`` may carry
-  ``--trust-remote-code`` only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` allows it;
+  sglang.launch_server``) must be listed in ``SIE_SGLANG_SERVER_ENTRIES``; ``config.extra_args`` is resolved with
+  SGLang's own argument table and may set only allowed destinations, never one SIE sets (``sie.schemas.sglang_args``:
+  ``--trust-remote`` is ``--trust-remote-code``, allowed only where ``SIE_SGLANG_TRUST_REMOTE_CODE`` says so);
+* an sglang spec's ``config.server_url`` / ``config.endpoints`` (servers every worker sends the model's requests
+  to) must be http(s) URLs under a prefix of ``SIE_SGLANG_ENDPOINTS`` (default none);
+* the model's name, its topic overrides (``topics``, ``kafka_input.topic``) and its group (``kafka_input.group_id``)
+  must pass the naming module (``sie.kernel.names``): nothing under the cluster's prefix but the model's own names,
+  so no spec makes a scorer write ``<p>.specs`` or an ``ensure`` flip a system topic's cleanup policy;
 * ``moduleKwargs``, ``config`` and ``exampleInput`` must be plain data (strings, numbers, booleans,
   null, lists, string-keyed maps) of bounded depth and size.
 
@@ -80,6 +86,16 @@ def source_allowed(uri: str, sources: Iterable[str]) -> bool:
     return False
 
 
+def endpoint_allowed(url: str, entries: Iterable[str]) -> bool:
+    """``url`` is under one of ``entries``: a URL prefix (``source_allowed``) or a host name (any port, http(s))."""
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.scheme not in ("http", "https"):
+        return False
+    host = (parts.hostname or "").lower()
+    whole = url if parts.path else url + "/"  # http://h:1 is http://h:1/, under the prefix http://h:1/
+    return any(source_allowed(whole, [e]) if "://" in e else host == e.strip("[]").lower() for e in entries)
+
+
 def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
@@ -100,6 +116,12 @@ class SpecPolicy:
     server_entries: tuple[str, ...] = ()
     #: whether an sglang spec may pass ``--trust-remote-code`` (``SIE_SGLANG_TRUST_REMOTE_CODE``)
     trust_remote_code: bool = False
+    #: URL prefixes an sglang spec's ``server_url`` / ``endpoints`` may name (``SIE_SGLANG_ENDPOINTS``)
+    endpoints: tuple[str, ...] = ()
+    #: the cluster's topic prefix (``SIE_TOPIC_PREFIX``): what a spec's topic and group overrides may not name
+    topic_prefix: str = "sie"
+    #: SGLang destinations this node allows besides ``sglang_args.ALLOWED_DESTS`` (``SIE_SGLANG_EXTRA_ARGS``)
+    sglang_extra_dests: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings, extra_roots: Iterable[Path] = ()) -> SpecPolicy:
@@ -108,10 +130,13 @@ class SpecPolicy:
             settings.cache_dir / "models", packaged_demo_root()]
         roots.append(settings.artifact_cache_dir)  # only files verified against a spec's sha256 land there
         roots.extend(extra_roots)
+        from sie.schemas.sglang_args import node_dests
+
         return cls(tuple(settings.allowed_modules), tuple(_real(Path(r).expanduser()) for r in dict.fromkeys(roots)),
                    tuple(settings.artifact_sources),
                    tuple(_normalised_entry(e) for e in settings.sglang_server_entries),
-                   settings.sglang_trust_remote_code)
+                   settings.sglang_trust_remote_code, tuple(settings.sglang_endpoints), settings.topic_prefix,
+                   node_dests(settings.sglang_extra_args))
 
     # -- the checks ------------------------------------------------------------------------------------
     def check(self, spec: Any) -> list[str]:
@@ -138,9 +163,35 @@ class SpecPolicy:
             problems.extend(check_plain_data(getattr(backend, attr, None) or {}, _FIELD_NAMES[attr], MAX_DATA_BYTES[attr]))
         if getattr(backend, "type", None) == "sglang":
             problems.extend(self.check_server_command(getattr(backend, "config", None) or {}))
+            problems.extend(self.check_endpoints(getattr(backend, "config", None) or {}))
         example = getattr(spec, "example_input", None)
         if example is not None:
             problems.extend(check_plain_data(example, _FIELD_NAMES["example_input"], MAX_DATA_BYTES["example_input"]))
+        problems.extend(self.check_names(spec))
+        return problems
+
+    def check_names(self, spec: Any) -> list[str]:
+        """The model's name, topics and group under the naming module's rules (``Names.data_topic_problem``)."""
+        from sie.kernel.errors import ConfigError
+        from sie.kernel.names import Names, check_model_name
+
+        try:
+            check_model_name(spec.name, "spec.model.name")
+        except ConfigError as exc:
+            return [str(exc)]
+        names = Names(self.topic_prefix)
+        problems = []
+        topics = getattr(spec, "topics", None)
+        for attr, path in (("requests", "spec.topics.requests"), ("results", "spec.topics.results"),
+                           ("dead_letters", "spec.topics.deadLetters"), ("backfill", "spec.topics.backfill")):
+            topic = getattr(topics, attr, None)
+            problem = names.data_topic_problem(spec.name, topic) if topic is not None else None
+            if problem:
+                problems.append(f"{path}: {problem}")
+        group = getattr(spec, "group_id", None)
+        problem = names.group_problem(spec.name, group) if group is not None else None
+        if problem:
+            problems.append(f"spec.kafka_input.group_id: {problem}")
         return problems
 
     def check_reference(self, ref: Any, path: str) -> list[str]:
@@ -158,8 +209,9 @@ class SpecPolicy:
 
     def check_server_command(self, config: Any) -> list[str]:
         """An sglang spec's ``server_entry`` (the program the node runs) must be one this node allows, and
-        ``extra_args`` may not ask SGLang to run the model's own Python (``--trust-remote-code``) unless allowed:
-        either would otherwise let whoever applies a spec run code as the worker's user."""
+        ``extra_args`` may set only the SGLang destinations this node allows (``sie.schemas.sglang_args``):
+        either would otherwise let whoever applies a spec run code as the worker's user, or move SIE's own
+        ``--model-path``/``--host``/``--port``."""
         problems: list[str] = []
         entry = config.get("server_entry") if isinstance(config, dict) else None
         if entry is not None:
@@ -171,13 +223,43 @@ class SpecPolicy:
                     f"spec.backend.config.server_entry: {_short(shlex.join(entry))} is not one of this node's allowed "
                     "server entries; leave it out to run `python -m sglang.launch_server`, or list it in "
                     "SIE_SGLANG_SERVER_ENTRIES on every node")
-        extra = config.get("extra_args") if isinstance(config, dict) else None
-        if extra is not None and not (isinstance(extra, list) and all(isinstance(a, str) for a in extra)):
-            problems.append(f"spec.backend.config.extra_args: must be a list of strings (got {_short(extra)})")
-        elif extra and not self.trust_remote_code and any(
-                a == "--trust-remote-code" or a.startswith("--trust-remote-code=") for a in extra):
-            problems.append("spec.backend.config.extra_args: --trust-remote-code runs Python shipped with the model; "
-                            "set SIE_SGLANG_TRUST_REMOTE_CODE=true on every node to allow it")
+        if isinstance(config, dict):
+            from sie.schemas.sglang_args import allowed_dests, check_extra_args
+
+            allowed = allowed_dests(self.sglang_extra_dests, self.trust_remote_code)
+            problems.extend(check_extra_args(config.get("extra_args"), allowed, config=config))
+        return problems
+
+    def check_endpoints(self, config: Any) -> list[str]:
+        """``server_url`` / ``endpoints``: every worker sends the model's example input and then every request's
+        prompt there, so a spec may name only servers this node lists (``SIE_SGLANG_ENDPOINTS``), over http(s),
+        without credentials in the URL."""
+        if not isinstance(config, dict):
+            return []
+        named: list[tuple[str, Any]] = []
+        if config.get("server_url") is not None:
+            named.append(("spec.backend.config.server_url", config["server_url"]))
+        endpoints = config.get("endpoints")
+        if isinstance(endpoints, list):
+            for i, item in enumerate(endpoints):
+                named.append((f"spec.backend.config.endpoints[{i}]",
+                              item.get("url") if isinstance(item, dict) else item))
+        elif endpoints is not None:
+            return [f"spec.backend.config.endpoints: must be a list of URLs or {{url: ...}} maps (got {_short(endpoints)})"]
+        problems = []
+        for where, url in named:
+            from sie.schemas.artifact_cache import safe_uri
+
+            if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+                problems.append(f"{where}: must be an http(s) URL of a server (got {_short(url)})")
+            elif urlsplit(url).username or urlsplit(url).password:
+                problems.append(f"{where}: {safe_uri(url)} carries credentials in the URL; a spec is stored and shown "
+                                "in clear, so keep secrets out of it")
+            elif not endpoint_allowed(url, self.endpoints):
+                allowed = ", ".join(self.endpoints) or "none"
+                problems.append(f"{where}: {safe_uri(url)} is not under this node's LLM endpoints ({allowed}); list "
+                                "the server in SIE_SGLANG_ENDPOINTS on every node, or leave endpoints out to have "
+                                "each replica start its own SGLang server")
         return problems
 
     def check_path(self, value: Any, path: str) -> list[str]:
@@ -211,6 +293,38 @@ class SpecPolicy:
             allowed = ", ".join(self.artifact_sources) or "none"
             return [f"{path}: {safe_uri(uri)} is not under this node's artifact sources ({allowed}); set "
                     "SIE_ARTIFACT_SOURCES on every node, or upload the artifact to the cluster (sie apply)"]
+        return []
+
+    def check_upload(self, value: Any, spec_folder: Path, fmt: str | None, path: str = "spec.backend.artifact") -> list[str]:
+        """What ``sie apply`` may upload from this machine: a regular file of an artifact format (its suffix one of
+        ``SUFFIX_FORMATS``, agreeing with ``format``), under the spec's folder or a model root, with no dot-folder or
+        dot-file on the way from that root.  Without it a spec in ``~`` naming ``.ssh/id_rsa`` with an explicit
+        format uploaded the key to the cluster."""
+        import stat
+
+        from sie.schemas.spec_parse import SUFFIX_FORMATS
+
+        real = _real(Path(str(value)).expanduser())
+        roots = [r for r in (*self.model_roots, _real(spec_folder)) if _within(real, r)]
+        if not roots:
+            return [f"{path}: {real} is outside the spec's folder and this node's model roots; nothing else is uploaded"]
+        root = max(roots, key=lambda r: len(r.parts))  # the closest root decides what counts as hidden
+        hidden = [part for part in real.relative_to(root).parts if part.startswith(".")]
+        if hidden:
+            return [f"{path}: {real} is inside a hidden file or folder ({hidden[0]!r}) under {root}; sie apply uploads "
+                    "no dot-files or dot-folders (move the artifact next to the spec)"]
+        try:
+            mode = os.stat(real).st_mode
+        except OSError as exc:
+            return [f"{path}: cannot read {real} ({exc.strerror or exc})"]
+        if not stat.S_ISREG(mode):
+            return [f"{path}: {real} is not a regular file; sie apply uploads only model artifact files"]
+        implied = SUFFIX_FORMATS.get(real.suffix.lower())
+        if implied is None:
+            return [f"{path}: {real.name} is not a model artifact ({', '.join(sorted(SUFFIX_FORMATS))}); sie apply "
+                    "uploads nothing else, whatever the spec's format says"]
+        if fmt is not None and fmt != implied:
+            return [f"{path}: {real.name} is a {implied} file by its suffix, the spec says format {fmt}"]
         return []
 
     def search_paths(self, candidates: Iterable[Path]) -> tuple[Path, ...]:

@@ -9,18 +9,52 @@ the fields of ``GenerateReqInput`` (``/generate``'s body); ``SamplingParams``' f
 their base classes) and of ``ResponseFormat``/``JsonSchemaResponseFormat`` (aliases included).
 Writes ``tests/fixtures/sglang_contract.json``, which ``tests/streams/llm/test_sglang_contract.py`` checks
 the adapter's launch command and request bodies against.
+
+It also writes SGLang's ARGUMENT TABLE, ``schemas/json/sglang_server_args.json`` (package data: every node's spec
+policy parses a spec's ``extra_args`` with it, ``sie.schemas.sglang_args``): each action of the parser
+``sglang serve`` builds (option strings, destination, nargs) and the parser's own settings (``allow_abbrev``).
+The table cannot come from ``ast``: ``add_cli_args_from_dataclass`` derives actions from type annotations at run
+time.  So this step builds the real parser: sglang's argument modules import without a GPU (no CUDA, no kernels),
+given a handful of small packages::
+
+    python -m venv --system-site-packages /tmp/sglv && /tmp/sglv/bin/pip install --no-deps /tmp/sgl/sglang-<v>-*.whl \
+        && /tmp/sglv/bin/pip install msgspec psutil pybase64 pillow pyzmq tqdm
+    python scripts/sglang_contract.py /tmp/sgl/sglang-<v>-*.whl --parser-python /tmp/sglv/bin/python
+
+(torch must be importable by that interpreter; the system site-packages provide it here.)
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import re
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sglang_contract.json"
+TABLE_OUT = Path(__file__).resolve().parent.parent / "schemas" / "json" / "sglang_server_args.json"
+#: run by ``--parser-python``: the parser exactly as ``sglang.srt.server_args.prepare_server_args`` builds it
+_DUMP_PARSER = r"""
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+def row(a):
+    out = {"options": list(a.option_strings), "dest": a.dest, "nargs": a.nargs}
+    if a.type is not None:
+        out["type"] = getattr(a.type, "__name__", type(a.type).__name__)
+    if a.choices is not None and all(isinstance(c, (str, int, float, bool)) for c in a.choices):
+        out["choices"] = sorted(a.choices, key=str)
+    return out
+actions = [row(a) for a in parser._actions]
+json.dump({"allow_abbrev": parser.allow_abbrev, "prefix_chars": parser.prefix_chars,
+           "fromfile_prefix_chars": parser.fromfile_prefix_chars, "python": sys.version.split()[0],
+           "actions": actions}, sys.stdout)
+"""
 FILES = {
     "server_args": "sglang/srt/server_args.py",
     "io_struct": "sglang/srt/managers/io_struct.py",
@@ -50,7 +84,17 @@ def fields(all_classes: dict[str, ast.ClassDef], name: str) -> list[str]:
     return out
 
 
-def main(wheel: str) -> int:
+def parser_table(python: str, version: str) -> dict:
+    """SGLang's argument table, dumped by ``python`` (an interpreter that can import ``sglang.srt.server_args``)."""
+    out = subprocess.run([python, "-c", _DUMP_PARSER], capture_output=True, text=True, cwd="/")
+    if out.returncode != 0:
+        raise SystemExit(f"--parser-python {python}: cannot build sglang's parser (see this script's docstring "
+                         f"for the packages it needs):\n{out.stderr[-2000:]}")
+    table = json.loads(out.stdout)
+    return {"sglang_version": version, **table}
+
+
+def main(wheel: str, parser_python: str | None = None) -> int:
     version = re.search(r"sglang-([^-]+)-", Path(wheel).name)
     with zipfile.ZipFile(wheel) as z:
         trees = {k: ast.parse(z.read(v).decode()) for k, v in FILES.items()}
@@ -94,10 +138,20 @@ def main(wheel: str) -> int:
         "json_schema_format_fields": sorted(fields(openai, "JsonSchemaResponseFormat")),
     }
     OUT.write_text(json.dumps(contract, indent=1) + "\n", encoding="utf-8")
+    if parser_python:
+        table = parser_table(parser_python, contract["sglang_version"])
+        head = json.dumps({k: v for k, v in table.items() if k != "actions"}, indent=1)[:-2]
+        rows = ",\n  ".join(json.dumps(a) for a in table["actions"])  # one action per line: reviewable diffs
+        TABLE_OUT.write_text(f'{head},\n "actions": [\n  {rows}\n ]\n}}\n', encoding="utf-8")
+        print(f"{TABLE_OUT}: {len(table['actions'])} actions of sglang {table['sglang_version']}'s parser")
     print(f"{OUT}: sglang {contract['sglang_version']}, {len(flags)} flags, "
           f"{len(contract['generate_fields'])} /generate fields")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    cli = argparse.ArgumentParser(description="Pin SGLang's request/launch contract and its argument table.")
+    cli.add_argument("wheel")
+    cli.add_argument("--parser-python", help="an interpreter that imports sglang.srt.server_args (see the docstring)")
+    ns = cli.parse_args()
+    sys.exit(main(ns.wheel, ns.parser_python))

@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "sie.commands.connector",
     "sie.commands.backfill",
     "sie.commands.control",
+    "sie.commands.operator",
     "sie.commands.token",
     "sie.commands.acls",
     "sie.commands.cluster",
@@ -50,6 +51,7 @@ COMMAND_MODULES = [
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="sie", prog_name="sie", message="%(prog)s %(version)s")
 @click.option("--bootstrap-servers", envvar="SIE_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers.")
 @click.option("-v", "--verbose", is_flag=True, help="Show SIE's and librdkafka's log lines on stderr.")
 @click.pass_context

@@ -30,6 +30,13 @@ _KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "pri
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the Kubernetes tests run last: CI builds their kube-apiserver in the background meanwhile (.ci/run), and
+    # the first of them may wait for that build (its session fixture) longer than a test's own timeout
+    items.sort(key=lambda item: "/tests/k8s/" in str(item.path))
+    first_k8s = next((item for item in items if "/tests/k8s/" in str(item.path)), None)
+    wait_s = float(os.environ.get("SIE_K8S_TOOLS_WAIT_S") or 0)
+    if first_k8s is not None and wait_s > 0:
+        first_k8s.add_marker(pytest.mark.timeout(wait_s + 600))
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & _KAFKA_FIXTURES:

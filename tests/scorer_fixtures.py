@@ -153,6 +153,8 @@ def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms:
 
 #: what a node running the test model must allow (SIE_ALLOWED_MODULES): the demo's package and this module
 ALLOWED_MODULES = ("models.fraud", "tests.scorer_fixtures")
+#: the LLM servers a test node allows (SIE_SGLANG_ENDPOINTS): the fake servers, all on loopback
+LLM_ENDPOINTS = ("127.0.0.1",)
 
 
 def echo_policy():
@@ -216,7 +218,8 @@ class ScorerProcess(LoggedProcess):
         cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES),
+               "SIE_SGLANG_ENDPOINTS": ",".join(LLM_ENDPOINTS), **(env or {})}
         super().__init__(cmd, log_dir / f"scorer-{instance}-{time.monotonic_ns()}.log", env)
 
     def ready(self) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sie.schemas.sglang_args import ArgsRefused, check_launch
 from sie.workers.backends.base import BackendError
 
 #: keep this share of free memory out of SGLang's static pool (CUDA context, activations, other tenants' growth)
@@ -87,7 +88,8 @@ def build_launch(
     Reads ``config.model_path`` and ``config.config``: ``tp_size`` (default: number of GPUs reserved, else 1),
     ``max_seq_len`` -> ``--context-length``, ``served_model_name`` (default: the model name),
     ``mem_fraction_static`` (only used when NVML cannot measure, e.g. CPU or simulated GPUs),
-    ``extra_args`` (list, appended verbatim), ``server_entry`` (argv prefix replacing
+    ``extra_args`` (list, appended after SIE's own arguments once ``sglang_args.check_launch`` proved they
+    set none of SIE's destinations; the node's spec policy allowed them already), ``server_entry`` (argv prefix replacing
     ``python -m sglang.launch_server``, only one the node's spec policy allows: SIE_SGLANG_SERVER_ENTRIES;
     tests point it at the fake server), and what the worker adds:
     ``gpu_indices`` (physical NVML indices) and ``gpu_memory_mb`` (absolute budget per GPU).
@@ -142,5 +144,10 @@ def build_launch(
             fraction = float(cfg["mem_fraction_static"])
     if fraction is not None:
         argv += ["--mem-fraction-static", f"{fraction:g}"]
-    argv += [str(a) for a in cfg.get("extra_args") or ()]
+    extra = [str(a) for a in cfg.get("extra_args") or ()]
+    try:  # the spec policy allowed extra_args; this proves SIE's own arguments still hold once they are appended
+        check_launch(argv[len(entry):], extra)
+    except ArgsRefused as exc:
+        raise BackendError(f"{model_id}: {exc}") from None
+    argv += extra
     return SGLangLaunch(argv=tuple(argv), port=port, mem_fraction_static=fraction)

@@ -1,7 +1,9 @@
 """The CLI's client of a control plane's HTTP API (``--control-url`` / ``SIE_CONTROL_URL``).
 
 Sends the bearer token (``SIE_API_TOKEN``, else the local operator token file that ``sie control``
-wrote on this machine) and verifies HTTPS against ``SIE_API_CA`` when set.  Every failure becomes a
+wrote on this machine) and verifies HTTPS against ``SIE_API_CA`` when set.  A token goes only to a loopback URL or
+over https (``SIE_API_TOKEN_OVER_HTTP`` opts into plain http), and the local token file only to this machine
+(``sie.streams.control.auth.token_for_url``); redirects are never followed (httpx's default).  Every failure becomes a
 ``SieError`` naming the URL and the fix; the token never appears in a message.
 """
 
@@ -25,11 +27,11 @@ class ControlApi:
     """A few calls to one control plane."""
 
     def __init__(self, settings: Settings, url: str, timeout: float = 20.0) -> None:
-        from sie.streams.control.auth import client_token
+        from sie.streams.control.auth import token_for_url
 
         self.url = url.rstrip("/")
         self._settings = settings
-        self._token = client_token(settings)
+        self._token = token_for_url(settings, self.url)  # SieError before anything is sent where it must not go
         self._timeout = timeout
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
@@ -46,7 +48,7 @@ class ControlApi:
 
         verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
         try:
-            with httpx.Client(verify=verify, timeout=self._timeout) as client:
+            with httpx.Client(verify=verify, timeout=self._timeout, follow_redirects=False) as client:
                 response = client.request(method, self.url + path, content=body,
                                           headers=self._headers("application/yaml" if body is not None else None))
         except httpx.HTTPError as exc:
@@ -87,7 +89,8 @@ class ControlApi:
 
         verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
         try:
-            with httpx.Client(verify=verify, timeout=httpx.Timeout(timeout, connect=self._timeout)) as client:
+            with httpx.Client(verify=verify, timeout=httpx.Timeout(timeout, connect=self._timeout),
+                              follow_redirects=False) as client:
                 response = client.put(self.url + path, content=data, params=params,
                                       headers=self._headers("application/octet-stream"))
         except httpx.HTTPError as exc:

@@ -70,6 +70,18 @@ def _file_blocks(path: Path) -> Any:
     return blocks
 
 
+def upload_problems(spec: Any, spec_file: Path, settings: Settings) -> list[str]:
+    """Why ``spec``'s local artifact may not leave this machine (``SpecPolicy.check_upload``), one line each."""
+    from sie.schemas.spec_policy import SpecPolicy
+
+    backend = spec.backend
+    if backend.artifact is None or backend.artifact_ref is not None:
+        return []
+    folder = Path(spec_file).resolve().parent
+    policy = SpecPolicy.from_settings(settings, extra_roots=[folder])
+    return [f"{spec.name}: {p}" for p in policy.check_upload(backend.artifact, folder, backend.format)]
+
+
 def for_cluster(spec: Any, spec_file: Path, settings: Settings, uploader: Uploader) -> Any:
     """``spec`` with its local artifact and its own modules uploaded and named by sha256 (see module docstring)."""
     from sie.schemas.module_bundle import build_bundle
@@ -78,6 +90,9 @@ def for_cluster(spec: Any, spec_file: Path, settings: Settings, uploader: Upload
     backend = spec.backend
     changes: dict[str, Any] = {}
     if backend.artifact is not None and backend.artifact_ref is None:
+        problems = upload_problems(spec, spec_file, settings)
+        if problems:  # before a byte is read: only model artifact files under the spec's folder or a model root
+            raise click.ClickException("; ".join(problems))
         path = Path(backend.artifact)
         size = path.stat().st_size
         if size > settings.max_artifact_bytes:

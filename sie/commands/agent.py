@@ -34,6 +34,12 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--simulate-gpus", help="Pretend to have these GPUs, e.g. 2xA100-80GB (marked simulated).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus /metrics here (0 = any free port; the log line at start names the one bound).")
+@click.option("--wait-for-kafka", is_flag=True, envvar="SIE_WAIT_FOR_KAFKA",
+              help="Kafka does not answer at start: wait for it (bounded backoff, /readyz says so) instead of exiting "
+                   "with one line. Missing topics are always waited for. The Helm chart sets it.")
+@click.option("--health-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve /readyz (503 with what the agent waits for, until it follows its assignments) and /livez "
+                   "here, on SIE_METRICS_BIND (Kubernetes probes).")
 @click.option("--worker-metrics-ports", default="0", show_default=True,
               help="Prometheus /metrics ports of the workers: 0 = any free port, A-B = one of that range, off = none. "
                    "Each is advertised in the heartbeat (the control plane's /v1/prometheus/targets lists them).")
@@ -56,7 +62,7 @@ def _parse_labels(text: str | None) -> dict[str, str]:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_obj
 def command(settings: Settings, node: str, labels: str | None, tier: str | None, simulate_gpus: str | None,
-            metrics_port: int | None, worker_metrics_ports: str, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
+            metrics_port: int | None, wait_for_kafka: bool, health_port: int | None, worker_metrics_ports: str, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
             crash_window_s: float, backoff_max_s: float, startup_timeout_s: float, liveness_timeout_s: float,
             drain_grace_s: float, warm_pool: int, log_level: str) -> None:
     """Run the node agent for NODE until SIGTERM/SIGINT (which drains its workers).
@@ -82,9 +88,17 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
         metrics_port=metrics_port, worker_metrics_ports=worker_metrics_ports, policy=policy, warm_pool=warm_pool,
         **({"work_dir": work_dir} if work_dir is not None else {}),
     )
-    require_kafka(settings)  # one line within seconds, not a KafkaException traceback (logs start after it)
+    if not wait_for_kafka:
+        require_kafka(settings)  # one line within seconds, not a KafkaException traceback (logs start after it)
+    # topics not there yet (every pod of a release starts at once; `sie topics ensure` runs in a Job): the
+    # agent waits for them with bounded backoff and says what it waits for (log, /readyz) instead of exiting
     configure_logging(log_level)
     stop = stop_on_signals("draining workers")
     agent = Agent(config, settings)
+    if health_port is not None:
+        from sie.kernel.startup import serve_readiness
+
+        bound = serve_readiness(agent.readiness, settings.metrics_bind, health_port)
+        click.echo(f"agent {node}: /readyz and /livez on {settings.metrics_bind}:{bound}", err=True)
     agent.run(stop)
     click.echo(f"agent {node} stopped")

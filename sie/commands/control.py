@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from sie.commands._runtime import configure_logging, require_kafka
+from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
 
 
@@ -31,19 +31,46 @@ from sie.kernel.settings import Settings
 @click.option("--node-timeout", type=float, default=None, help="Seconds without heartbeat before a node is offline (default 6).")
 @click.option("--failure-cooldown", type=float, default=None, help="Seconds a FAILED replica is kept off its node (default 300).")
 @click.option("--session-timeout-ms", type=int, default=6000, show_default=True, help="Leader group session timeout.")
-@click.option("--no-ensure-topics", is_flag=True, help="Do not create missing system topics at start.")
+@click.option("--no-ensure-topics", is_flag=True,
+              help="Do not create missing system topics at start: wait for them (e.g. a Kubernetes Job creates them).")
+@click.option("--wait-for-kafka", is_flag=True, envvar="SIE_WAIT_FOR_KAFKA",
+              help="Kafka does not answer at start: wait for it (bounded backoff, /readyz says so) instead of exiting "
+                   "with one line. The Helm chart sets it.")
+@click.option("--health-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve /readyz (503 with what it waits for, until its state caught up) and /livez here, on "
+                   "SIE_METRICS_BIND, without a token (Kubernetes probes).")
 @click.pass_obj
 def control(settings: Settings, http_port: int, http_host: str, instance_id: str | None, config_path: Path | None,
             node_timeout: float | None, failure_cooldown: float | None, session_timeout_ms: int,
-            no_ensure_topics: bool) -> None:
+            no_ensure_topics: bool, wait_for_kafka: bool, health_port: int | None) -> None:
     """Run the control plane: reconcile specs into per-node assignments over Kafka."""
     from sie.kernel.admin import ensure_topics
+    from sie.kernel.startup import Readiness, serve_readiness
+    from sie.kernel.startup import wait_for_kafka as wait_for
     from sie.kernel.topics import system_topics
     from sie.streams.control.controller import ControlConfig
     from sie.streams.control.service import ControlService
 
-    require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
+    if not wait_for_kafka:
+        require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
     configure_logging("info")
+    readiness = Readiness("control")
+    service: ControlService | None = None
+
+    def _ready() -> tuple[bool, str]:
+        if service is None or not service.feeder.caught_up.is_set():
+            return False, "the state feeder to read the control topics to their end"
+        return True, f"serving ({'leader' if service.elector.is_leader else 'standby'})"
+
+    if health_port is not None:
+        bound = serve_readiness(readiness, settings.metrics_bind, health_port, check=_ready)
+        click.echo(f"sie control: /readyz and /livez on {settings.metrics_bind}:{bound}", err=True)
+    # started before Kafka or its topics (every pod of a release starts at once): wait with bounded backoff,
+    # saying what for (log, /readyz), instead of exiting
+    stopped = stop_on_signals("stopping")
+    topics = [] if not no_ensure_topics else [t.name for t in system_topics(settings.topic_prefix)]
+    if not wait_for(settings, topics, readiness, stopped):
+        return
     overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
     if config_path is not None:
         config = ControlConfig.from_yaml(config_path, **overrides)
@@ -51,14 +78,17 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
         config = ControlConfig(**{k: v for k, v in overrides.items() if v is not None})
     if not no_ensure_topics:
         ensure_topics(settings, system_topics(settings.topic_prefix))
-    service = ControlService(settings, config, instance_id=instance_id, http_port=http_port, http_host=http_host,
-                             session_timeout_ms=session_timeout_ms)
+    service = running = ControlService(settings, config, instance_id=instance_id, http_port=http_port,
+                                       http_host=http_host, session_timeout_ms=session_timeout_ms)
+    readiness.set_ready()  # from here /readyz asks _ready(): has the state caught up?
 
     def _stop(signum: int, _frame: object) -> None:
-        service._stop.set()  # noqa: SLF001 - wake wait(); stop() runs below on the main thread
+        running._stop.set()  # noqa: SLF001 - wake wait(); stop() runs below on the main thread
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    if stopped.is_set():  # a signal while the service was being built
+        return
     import ipaddress
 
     try:

@@ -114,6 +114,12 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
     from sie.schemas.spec_store import AckedWriter, ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     loaded = _load_by_file(settings, files)
+    if upload:  # every file that would leave this machine is checked before anything is uploaded or published
+        from sie.commands._artifacts import upload_problems
+
+        refused = [p for path, specs in loaded for spec in specs for p in upload_problems(spec, path, settings)]
+        if refused:
+            raise SpecError("\n".join(refused))
     if control_url:
         import yaml
 

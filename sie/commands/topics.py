@@ -27,17 +27,19 @@ def ensure(settings: Settings, replication_factor: int | None, prefix: str | Non
            partitions: int | None) -> None:
     """Create missing system topics, fix cleanup.policy drift, report partition mismatches (idempotent)."""
     from sie.commands._runtime import require_kafka
-    from sie.kernel.admin import ensure_topics, model_topic_specs
+    from sie.kernel.admin import check_data_topics, ensure_topics, model_topic_specs
+    from sie.kernel.names import Names
     from sie.kernel.topics import system_topics
     from sie.schemas.spec import load_specs
 
-    require_kafka(settings)
     topics = system_topics(prefix or settings.topic_prefix)
     for path in specs:
         for spec in load_specs(path, topic_prefix=prefix or settings.topic_prefix):
             t = spec.topics
             names = [t.requests, t.results, t.dead_letters, t.backfill, settings.names.backfill_dead_letter_topic(t.backfill)]
+            check_data_topics(Names(prefix or settings.topic_prefix), names)  # never a system topic as a data topic
             topics.extend(model_topic_specs(names, partitions or settings.request_partitions, settings.max_record_bytes))
+    require_kafka(settings)
     report = ensure_topics(settings, topics, replication_factor)
     click.echo(report.table())
     click.echo(f"{len(report.created)} created, {len(report.fixed)} fixed, {len(report.existing)} existing "

@@ -29,7 +29,9 @@ producer   write request topics (``sie produce``, applications).
 Nothing creates topics: an administrator does (``sie topics ensure``, or a scorer's topics when its
 model is applied) with a super-user principal.  Without ``--model``/``--node``/``--connector``/``--job``
 the plan covers every one of them through PREFIXED patterns (every name starts with the cluster
-prefix); with them it is LITERAL where Kafka allows.  A model name that is a dotted prefix of another
+prefix); with them it is LITERAL where Kafka allows.  A spec's topics and group must pass the naming rules
+(``Names.data_topic_problem``: nothing under ``<p>.`` but the model's own names), and no data-path role is ever
+planned a grant on a system topic beyond reading ``rollouts`` (scorer) and ``backfill-plans`` (backfill).  A model name that is a dotted prefix of another
 (``fraud`` and ``fraud.v2``) shares the PREFIXED transactional-id pattern: name models accordingly.
 """
 
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sie.kernel.errors import ConfigError, SieError
-from sie.kernel.names import Names
+from sie.kernel.names import SYSTEM_TOPICS, Names
 
 ROLES = ("scorer", "agent", "control", "cdc", "backfill", "producer")
 LITERAL, PREFIXED = "literal", "prefixed"
@@ -120,6 +122,7 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
     """The ACL rules of ``role`` for ``principal`` on the cluster of ``names`` (see the module docstring)."""
     if role not in ROLES:
         raise ConfigError(f"role: one of {', '.join(ROLES)} (got {role!r})")
+    _check_scopes(names, models, source_topics)
     r = _Rules(principal_of(principal))
     system = names.system_topic
     if role == "scorer":
@@ -195,7 +198,47 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         else:
             r.add("topic", names.model_topic_prefix, ["write"], "requests to every model (also results: narrow it "
                   "with --model)", PREFIXED)
-    return sorted(set(r.rules))
+    rules = sorted(set(r.rules))
+    _check_system_grants(names, role, rules)
+    return rules
+
+
+#: the only system topics a data-path role is granted anything on, and what
+_DATA_ROLE_SYSTEM_GRANTS = {("scorer", "rollouts", "read"), ("backfill", "backfill-plans", "read"),
+                            ("backfill", "backfill-plans", "write"), ("backfill", "backfill-plans", "describe_configs")}
+
+
+def _check_scopes(names: Names, models: Sequence[ModelScope], source_topics: Sequence[str]) -> None:
+    """A model's topics and group from a spec (``-f SPEC``) under the naming rules, before any rule is made: a spec
+    naming ``<p>.specs`` as its results would otherwise be granted Write on it."""
+    problems = []
+    for m in models:
+        for what, topic in (("requests", m.requests), ("results", m.results), ("deadLetters", m.dead_letters),
+                            ("backfill", m.backfill)):
+            problem = names.data_topic_problem(m.model, topic)
+            if problem:
+                problems.append(f"{m.model}: topics.{what}: {problem}")
+        problem = names.group_problem(m.model, m.group)
+        if problem:
+            problems.append(f"{m.model}: group: {problem}")
+    for topic in source_topics:
+        if names.is_system_topic(topic):
+            problems.append(f"--source-topic {topic}: SIE's system topic, not a change stream")
+    if problems:
+        raise ConfigError("refusing to plan ACLs: " + "; ".join(problems))
+
+
+def _check_system_grants(names: Names, role: str, rules: Sequence[AclRule]) -> None:
+    """The last word: a scorer, connector, backfill or producer principal is never granted a system topic beyond
+    ``_DATA_ROLE_SYSTEM_GRANTS``, whatever the names it was planned from."""
+    if role in ("agent", "control"):
+        return
+    suffixes = {names.system_topic(s): s for s in SYSTEM_TOPICS}
+    for rule in rules:
+        if rule.resource == "topic" and rule.name in suffixes and \
+                (role, suffixes[rule.name], rule.operation) not in _DATA_ROLE_SYSTEM_GRANTS:
+            raise ConfigError(f"refusing to plan ACLs: role {role} would get {rule.operation.upper()} on the system "
+                              f"topic {rule.name}")
 
 
 def render(rules: Sequence[AclRule]) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sie.kernel.clients import KafkaClients, admin_config
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
+from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 from sie.kernel.topics import TopicSpec
 
@@ -388,6 +389,14 @@ def _set_topic_config(admin: AdminClient, topic: str, values: dict[str, str], ti
 _BATCH_OVERHEAD = 1024
 
 
+def check_data_topics(names: Names, topics: Iterable[str]) -> None:
+    """``ConfigError`` naming any of ``topics`` that is one of SIE's system topics (never ensured as data)."""
+    system = sorted(t for t in topics if names.is_system_topic(t))
+    if system:
+        raise ConfigError(f"{', '.join(system)}: SIE's system topic(s), not a model's data topics; refusing to "
+                          "create or reconfigure them as such (fix the spec's topics)")
+
+
 def model_topic_specs(topic_names: Sequence[str], partitions: int, max_record_bytes: int) -> list[TopicSpec]:
     """A model's data-path topics: requests, results, dead letters, backfill - all the same partition count.
 
@@ -410,6 +419,10 @@ def ensure_model_topics(
     replication_factor: int | None = None,
     clients: KafkaClients | None = None,
 ) -> EnsureReport:
-    """Ensure a model's data-path topics (requests, results, dead letters, backfill); None entries are skipped."""
+    """Ensure a model's data-path topics (requests, results, dead letters, backfill); None entries are skipped.
+
+    A system topic is refused (``ConfigError``) before anything is created or changed: ensuring it as a data topic
+    would set ``cleanup.policy=delete`` on a compacted topic holding the cluster's state."""
+    check_data_topics(settings.names, [n for n in topic_names if n])
     specs = model_topic_specs([n for n in topic_names if n], partitions, settings.max_record_bytes)
     return ensure_topics(settings, specs, replication_factor, clients=clients)

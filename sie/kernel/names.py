@@ -19,6 +19,16 @@ ACL per resource type covers a whole SIE cluster and two clusters on one Kafka n
     <p>.artifacts / <p>.artifact-chunks         artifact manifests (key sha256:<hex>) / their chunks (sha256:<hex>/<i>)
     <p>.connectors                              CDC connectors applied through the control plane (key = name)
     cdc:<connector>                             a connector's replica "model" in placements (never a model name)
+
+Names that come FROM DATA (a spec, an assignment, a connector) are checked here, once, by whoever decodes them:
+
+* a model name (``MODEL_NAME_RE``) and a replica id (``REPLICA_ID_RE``: it becomes a folder under the agent's
+  work directory, so no ``/``, no leading ``.``);
+* a spec's topic and group overrides and a connector's topics (``Names.data_topic_problem``, ``group_problem``):
+  everything under ``<p>.`` is SIE's own namespace (system topics, other models' topics and groups, the control
+  plane's groups), so a spec may name there only its OWN names (its defaults, or ``<p>.model.<model>.<word>``);
+  anything outside ``<p>.`` is the team's own topic.  Otherwise ``sie acls plan -f SPEC`` would grant a scorer Write on ``<p>.specs``, and ensuring the
+  model's topics would flip a compacted system topic to ``cleanup.policy=delete``.
 """
 
 from __future__ import annotations
@@ -37,6 +47,37 @@ def check_instance(instance: str, what: str = "instance") -> str:
     if not INSTANCE_RE.match(instance):
         raise ConfigError(f"{what}: must match {INSTANCE_RE.pattern} (got {instance!r}); pass --instance NAME")
     return instance
+
+
+#: model names (the spec parser's rule): they name topics, groups, transactional ids and metrics labels
+MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
+#: replica ids (``<model>-<n>``, ``cdc:<connector>-<n>``): a folder under the agent's work directory, a process
+#: name, a Kafka key; never a path separator, never a leading dot
+REPLICA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+#: a Kafka topic name (Kafka's own rule, as the spec parser checks it)
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def check_model_name(name: object, what: str = "model name") -> str:
+    """``name`` if it can name a model's topics, else a ``ConfigError`` naming the rule."""
+    if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
+        raise ConfigError(f"{what}: must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 "
+                          f"characters (got {_shown(name)})")
+    return name
+
+
+def check_replica_id(replica_id: object, what: str = "replica_id") -> str:
+    """``replica_id`` if it can name a folder under the agent's work directory, else a ``ConfigError``."""
+    if not isinstance(replica_id, str) or not REPLICA_ID_RE.match(replica_id):
+        raise ConfigError(f"{what}: must match {REPLICA_ID_RE.pattern} (a folder name: no '/', no leading '.'; "
+                          f"got {_shown(replica_id)})")
+    return replica_id
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: repr (control characters escaped, never a raw newline in a log), cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 #: system topic suffixes (the catalogue with partitions and policies is sie.kernel.topics)
 SYSTEM_TOPICS = ("specs", "nodes", "heartbeats", "assignments", "replica-status", "events", "control-leader",
@@ -70,6 +111,44 @@ class Names:
         if suffix not in SYSTEM_TOPICS:
             raise KeyError(f"unknown system topic {suffix!r}; known: {sorted(SYSTEM_TOPICS)}")
         return f"{self.prefix}.{suffix}"
+
+    def is_system_topic(self, topic: str) -> bool:
+        return any(topic == f"{self.prefix}.{suffix}" for suffix in SYSTEM_TOPICS)
+
+    def own_data_topics(self, model: str) -> tuple[str, ...]:
+        """Every topic under ``<p>.`` that belongs to ``model``: its defaults, its deferred topic, its backfill DLQ."""
+        t = self.model_topics(model)
+        return (t.requests, t.results, t.dead_letters, t.backfill_results, self.llm_deferred_topic(model),
+                self.backfill_dead_letter_topic(t.backfill_results))
+
+    def data_topic_problem(self, model: str, topic: str) -> str | None:
+        """Why ``topic`` may not be a data-path topic of ``model`` (a spec's override, a connector's request topic),
+        or None.  Under ``<p>.`` only the model's own names; outside it any valid topic (the team's own)."""
+        if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+            return f"not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters; got {_shown(topic)})"
+        if topic in self.own_data_topics(model):
+            return None
+        own = f"{self.model_topic_prefix}{model}."
+        if topic.startswith(own) and re.fullmatch(r"[A-Za-z0-9_-]+", topic[len(own):]):
+            return None  # <p>.model.<model>.<one word>: the model's own (one more dot would be model "<model>.x"'s)
+        if self.is_system_topic(topic):
+            return (f"{topic} is SIE's system topic; a model's data may not go there (whoever may write the "
+                    "model's topics would write the cluster's state)")
+        if topic == self.prefix or topic.startswith(self.prefix + "."):
+            return (f"{topic} is in SIE's own namespace '{self.prefix}.' (system topics, other models' topics); "
+                    f"name a topic outside it, or leave the override out for {self.model_topic_prefix}{model}.*")
+        return None
+
+    def group_problem(self, model: str, group: str) -> str | None:
+        """Why ``group`` may not be the consumer group of ``model``'s scorer, or None (same rule as topics)."""
+        if not isinstance(group, str) or not group or len(group) > 249 or any(ord(c) < 0x20 for c in group):
+            return f"not a usable consumer group id (got {_shown(group)})"
+        if group == self.scorer_group(model):
+            return None
+        if group == self.prefix or group.startswith(self.prefix + "."):
+            return (f"{group} is in SIE's own namespace '{self.prefix}.' (the control plane's, agents' and other "
+                    f"models' groups); name a group outside it, or leave it out for {self.scorer_group(model)}")
+        return None
 
     def model_topics(self, model: str) -> ModelTopics:
         base = f"{self.prefix}.model.{model}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +32,29 @@ DEFAULT_ALLOWED_MODULES = ("models.fraud",)
 PUBLIC_PATH_CHOICES = ("/healthz", "/metrics")
 API_ROLES = ("viewer", "operator")
 _MODULE_RE_TEXT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+#: what an agent's workers get of its own environment besides SIE's settings (``worker_environment``): the process
+#: basics and the compute stacks' knobs, never a name that looks like a credential (``_CREDENTIAL``) and never the
+#: agent's other ``SIE_*`` variables; ``SIE_WORKER_ENV`` names more, passed as they are (e.g. ``HF_TOKEN``)
+WORKER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
+    "PYTHONHASHSEED", "PYTHONIOENCODING", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_CACHE", "TRANSFORMERS_OFFLINE", "COVERAGE_PROCESS_START",
+})
+WORKER_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "TORCHINDUCTOR_",
+                       "PYTORCH_", "TRITON_", "SGLANG_", "FLASHINFER_")
+_CREDENTIAL = ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")
+#: settings an agent never hands its workers: the control API's (its token above all) and the workers' own
+#: principal, which ``worker_settings`` has already applied
+NOT_FOR_WORKERS = ("api_token", "api_tokens", "api_token_file", "api_tokens_file", "api_tls_cert", "api_tls_key",
+                   "api_ca", "api_public_paths", "api_token_over_http", "worker_sasl_username", "worker_sasl_password",
+                   "worker_sasl_password_file")
+
+
+def looks_like_credential(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in _CREDENTIAL)
 
 
 class ApiTokenEntry(BaseModel):
@@ -102,6 +126,13 @@ class Settings(BaseSettings):
     worker_sasl_password: SecretStr | None = Field(None, description="sasl.password of the agent's workers.")
     worker_sasl_password_file: Path | None = Field(None, description="File with the workers' sasl.password.")
 
+    worker_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Environment variables an agent passes to its workers as they are, besides the built-in "
+                    "allow-list of process and compute-stack variables (SIE_WORKER_ENV=HF_TOKEN,MY_LICENSE_FILE); "
+                    "default none. Nothing else of the agent's environment (its API token, other secrets) reaches "
+                    "model code.")
+
     # --- What a spec may name (checked wherever a spec is read: CLI, API, control plane, agent, worker) ---
     allowed_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_ALLOWED_MODULES),
@@ -128,6 +159,18 @@ class Settings(BaseSettings):
     sglang_trust_remote_code: bool = Field(
         False, description="Let an sglang spec pass --trust-remote-code (SGLang then runs Python shipped with "
                             "the model's files); off by default.")
+    sglang_extra_args: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="SGLang options an sglang spec's backend.config.extra_args may set on this node besides the "
+                    "built-in allow-list (sie.schemas.sglang_args.ALLOWED_DESTS), as option strings or "
+                    "destinations (SIE_SGLANG_EXTRA_ARGS=--chat-template,lora_paths); default none. The options SIE "
+                    "sets itself (--model-path, --host, --port, ...) can never be allowed.")
+    sglang_endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Servers an sglang spec's backend.config.server_url / endpoints may name (SGLang or "
+                    "OpenAI-compatible servers a spec's requests are sent to): URL prefixes or host names (any port), "
+                    "e.g. SIE_SGLANG_ENDPOINTS=http://10.0.0.5:30000/,https://llm.example.com/v1/,gpu-7.internal; "
+                    "http(s) only; default none: a spec cannot send its requests to a server the node did not list.")
     max_artifact_bytes: int = Field(
         8 << 30, ge=1,
         description="Largest artifact `sie apply` uploads, the API accepts (PUT /v1/artifacts) and an agent fetches.",
@@ -145,6 +188,9 @@ class Settings(BaseSettings):
         None, description="Operator token written at the control plane's first start and read by a local CLI "
                           "when SIE_API_TOKEN is unset (default: <cache_dir>/control/operator.token, mode 0600).",
     )  # type: ignore[assignment]  # filled in by _derive_paths
+    api_token_over_http: bool = Field(
+        False, description="Let the CLI send SIE_API_TOKEN to a remote --control-url over plain http "
+                           "(SIE_API_TOKEN_OVER_HTTP); off: only https or a loopback URL get a token.")
     api_tls_cert: Path | None = Field(None, description="PEM certificate of the control API (HTTPS when set).")
     api_tls_key: Path | None = Field(None, description="PEM private key of the control API.")
     api_ca: Path | None = Field(None, description="CA bundle the CLI verifies an HTTPS control API against.")
@@ -265,7 +311,7 @@ class Settings(BaseSettings):
         return values
 
     @field_validator("allowed_modules", "api_public_paths", "artifact_sources", "sglang_server_entries",
-                     mode="before")
+                     "sglang_extra_args", "sglang_endpoints", "worker_env", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)
@@ -304,6 +350,18 @@ class Settings(BaseSettings):
                 raise ValueError(f"SIE_ARTIFACT_SOURCES: {source!r} must be a URI prefix with a host or bucket, "
                                  "e.g. s3://models/ or https://models.example.com/ (file:// paths go under "
                                  "SIE_MODEL_ROOTS instead)")
+        return value
+
+    @field_validator("sglang_endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str]) -> list[str]:
+        """An endpoint is ``http(s)://host[:port][/path]`` or a host name: a bare ``https://`` would allow any server."""
+        import re
+
+        for prefix in value:
+            if not re.match(r"^https?://[^/@\s]+(/\S*)?$", prefix) and not re.match(r"^[A-Za-z0-9.-]+$|^\[[0-9A-Fa-f:.]+\]$", prefix):
+                raise ValueError(f"SIE_SGLANG_ENDPOINTS: {prefix!r} must be an http(s) URL prefix with a host and no "
+                                 "credentials (http://10.0.0.5:30000/, https://llm.example.com/v1/) or a host name")
         return value
 
     @field_validator("api_public_paths")
@@ -371,6 +429,15 @@ class Settings(BaseSettings):
             "worker_sasl_username": None, "worker_sasl_password": None, "worker_sasl_password_file": None,
         })
 
+    def worker_environment(self, parent: Mapping[str, str]) -> dict[str, str]:
+        """The environment an agent gives its workers: ``parent``'s allow-listed variables (``WORKER_ENV_NAMES``,
+        ``WORKER_ENV_PREFIXES``, never a credential-like name; plus ``SIE_WORKER_ENV``) and the workers' settings
+        (``worker_settings().to_env()``) without ``NOT_FOR_WORKERS``.  Model code and the SGLang server run
+        there: before, they inherited the agent's whole environment, ``SIE_API_TOKEN`` included."""
+        return {**worker_environment(parent, self.worker_env),
+                **{k: v for k, v in self.worker_settings().to_env().items()
+                   if k not in {f"SIE_{n.upper()}" for n in NOT_FOR_WORKERS}}}
+
     def to_env(self) -> dict[str, str]:
         """These settings as ``SIE_*`` variables, for child processes (an agent's workers).
 
@@ -411,6 +478,21 @@ class Settings(BaseSettings):
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields changed (CLI options override env)."""
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})
+
+
+def worker_environment(parent: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """``parent``'s variables a worker may inherit (``Settings.worker_environment`` adds SIE's own settings)."""
+    named = set(extra)
+    return {k: v for k, v in parent.items()
+            if k in named or ((k in WORKER_ENV_NAMES or k.startswith(WORKER_ENV_PREFIXES)) and not looks_like_credential(k))}
+
+
+def child_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """What a worker's own helper process (the SGLang server) gets of the worker's environment ``parent``: the same
+    allow-list and the variables ``SIE_WORKER_ENV`` names (e.g. ``HF_TOKEN`` for a gated model's download), never
+    SIE's settings (the worker's Kafka credentials among them)."""
+    named = [str(n) for n in _split_list(parent.get("SIE_WORKER_ENV", ""))]
+    return {k: v for k, v in worker_environment(parent, named).items() if not k.startswith("SIE_")}
 
 
 def _plain(value: Any) -> Any:

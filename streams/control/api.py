@@ -126,6 +126,7 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
             "max_replicas": spec.sla.max_replicas,
             "p99_latency_ms": spec.sla.p99_latency_ms,
             "topics": spec.topics.model_dump(mode="json"),
+            "digest": spec.digest(),
         }
     if numbers is None:
         numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
@@ -137,6 +138,12 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
 
 
 # ------------------------------------------------------------------------------------------- audit
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every control character (newline, escape, NUL, DEL, C1) written as its escape (``\\n``,
+    ``\\x1b``): one line, never a forged log line or terminal sequence."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 class AuditLog:
@@ -158,7 +165,9 @@ class AuditLog:
         from sie.schemas.avro_codec import encode
 
         who = f"{principal.name} ({principal.role})" if principal is not None else "anonymous"
-        detail = f"{who} {action} {model or '-'}: {outcome}; from {client}"
+        # every part may carry text a caller chose (a path, a model name, a refusal quoting a spec): a newline or
+        # an escape sequence would forge a log line or an event, so each control character is shown escaped
+        detail = escape_text(f"{who} {action} {model or '-'}: {outcome}; from {client}")
         value = encode("ControlEvent", {"ts_ms": int(self._clock() * 1000), "kind": "audit", "model": model,
                                         "replica_id": None, "node": None, "detail": detail[:2000]})
         log.info("audit: %s", detail)
@@ -201,7 +210,8 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
 
     from sie.streams.control.auth import Principal
 
-    app = FastAPI(title="SIE control plane", version="1", docs_url=None, redoc_url=None,
+    # openapi_url=None: FastAPI would serve the document to anyone; it is served below, behind a token
+    app = FastAPI(title="SIE control plane", version="1", docs_url=None, redoc_url=None, openapi_url=None,
                   description="Model specs, nodes and replicas of one SIE cluster. Bearer token required "
                               "(viewer: GET; operator: POST/DELETE).")
     bearer = HTTPBearer(auto_error=False, description="An API token (sie token create; SIE_API_TOKEN).")
@@ -213,7 +223,8 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     def authenticate(request: Request, creds: HTTPAuthorizationCredentials | None) -> Principal | None:
         principal = tokens.authenticate(creds.credentials if creds is not None else None)
         if principal is None and creds is not None:
-            log.warning("rejected an unknown token for %s %s from %s", request.method, request.url.path, _client(request))
+            log.warning("rejected an unknown token for %s %s from %s", request.method, escape_text(request.url.path),
+                        _client(request))
         return principal
 
     def require(role: str, public: str | None = None) -> Any:
@@ -237,6 +248,11 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
 
     viewer = require("viewer")
     operator = require("operator")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(_: Principal = Depends(viewer)) -> dict[str, Any]:
+        """The OpenAPI document: what routes exist is for holders of a token, like everything else."""
+        return app.openapi()
 
     # -- errors: one shape, no internals ------------------------------------------------------------
     @app.exception_handler(ApiError)
@@ -483,7 +499,7 @@ def _connector_routes(app: Any, service: Any, operator: Any, viewer: Any, audit:
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    from sie.schemas.connector_spec import ConnectorSpecError, parse_connector_spec
+    from sie.schemas.connector_spec import ConnectorSpecError, connector_name_problems, parse_connector_spec
     from sie.schemas.connector_store import delete_connector, publish_connector
     from sie.streams.control.connectors import connector_offsets, connector_status
 
@@ -535,6 +551,10 @@ def _connector_routes(app: Any, service: Any, operator: Any, viewer: Any, audit:
                 text = str(exc).removeprefix("request body: ")
                 raise ApiError(422, f"invalid CdcConnector: {text}",
                                [_problem_to_error(p) for p in text.split("; ")]) from None
+            problems = connector_name_problems(spec, service.settings.topic_prefix)
+            if problems:
+                raise ApiError(422, f"invalid CdcConnector: {'; '.join(problems)}",
+                               [_problem_to_error(p) for p in problems])
             existing = service.state.snapshot().connectors.get(spec.name)
             paused = existing.paused if existing is not None else False  # operator state survives a re-apply
             publish_connector(service.settings, spec, paused, timeout=PUBLISH_TIMEOUT_S)
@@ -695,6 +715,10 @@ class RequestGuard:
                 await JSONResponse({"error": error, "errors": []}, status_code=status,
                                    headers={"Connection": "close"})(scope, receive, send)
 
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in str(scope.get("path", ""))):
+            # %0a, %1b ... decoded into a path parameter would reach the audit event and the log: refused, not echoed
+            await reply(400, "the request path holds a control character")
+            return
         large = (self.large_bodies is not None and scope.get("method") == "PUT"
                  and str(scope.get("path", "")).startswith(self.large_bodies[0]))
         max_body = self.large_bodies[1] if large and self.large_bodies is not None else self.max_body

@@ -178,6 +178,42 @@ class TokenStore:
         return Principal(found.name, found.role) if found is not None else None
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url`` names this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def token_for_url(settings: Settings, url: str) -> str | None:
+    """The token the CLI may send to ``url``, or None when it has none; ``SieError`` when it would go where it must
+    not: ``SIE_API_TOKEN`` only to a loopback URL or over https (plain http to another host only with
+    ``SIE_API_TOKEN_OVER_HTTP=true``), the local operator token file only to a control plane on this machine."""
+    from urllib.parse import urlsplit
+
+    from sie.kernel.errors import SieError
+
+    token = client_token(settings)
+    if token is None or is_loopback_url(url):
+        return token
+    shown = f"{urlsplit(url).scheme}://{urlsplit(url).netloc.rpartition('@')[2]}"
+    if settings.api_token is None:
+        raise SieError(f"not sending the local operator token ({settings.api_token_file}) to {shown}: it belongs to "
+                       "the control plane on this machine; set SIE_API_TOKEN to a token of that control plane")
+    if urlsplit(url).scheme != "https" and not settings.api_token_over_http:
+        raise SieError(f"not sending SIE_API_TOKEN to {shown} over plain http (anyone on the path could read it): "
+                       "use https:// (SIE_API_TLS_CERT on the control plane, SIE_API_CA here), or set "
+                       "SIE_API_TOKEN_OVER_HTTP=true if the network is yours")
+    return token
+
+
 def client_token(settings: Settings) -> str | None:
     """The token a CLI sends: ``SIE_API_TOKEN``, else the local operator token file if this user can read it."""
     if settings.api_token is not None:

@@ -358,6 +358,7 @@ class ClusterState:
 
     def apply_connector(self, name: str, record: Mapping[str, Any] | None) -> None:
         """A ConnectorRecord, or None (tombstone) = the connector is gone; an unreadable one is an error entry."""
+        from sie.schemas.connector_spec import connector_name_problems
         from sie.schemas.connector_store import connector_from_record
 
         with self._lock:
@@ -366,6 +367,12 @@ class ClusterState:
             except Exception as exc:  # a connector we cannot read is a status, not a crash
                 self.connectors.pop(name, None)
                 self.connector_errors[name] = f"connector record unreadable: {str(exc).splitlines()[0]}"
+                return
+            problems = [] if info is None or self.spec_policy is None else connector_name_problems(
+                info.spec, self.spec_policy.topic_prefix)
+            if problems:  # written past the API (Write on the connectors topic): never placed
+                self.connectors.pop(name, None)
+                self.connector_errors[name] = "connector refused: " + "; ".join(problems)
                 return
             self.connector_errors.pop(name, None)
             if info is None:

@@ -97,6 +97,7 @@ class Dispatcher:
         self._poison_after = poison_after
         self._clock = clock
         self._client = client or httpx.Client(
+            follow_redirects=False,  # a redirect would carry prompts to a host the node never allowed (SIE_SGLANG_ENDPOINTS)
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8))
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -205,7 +206,7 @@ class Dispatcher:
                     return True
                 continue
             if status != 200:  # 503 starting/stopping, 404/401/403 misconfigured: not this request's fault
-                pool.failed(endpoint, f"HTTP {status}")
+                pool.failed(endpoint, f"HTTP {status}" + (" (a redirect: not followed)" if 300 <= status < 400 else ""))
                 continue
             pool.release(endpoint, self._clock() - sent)
             if isinstance(streamed, BadOutput):

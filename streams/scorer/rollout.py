@@ -185,6 +185,7 @@ class RolloutScorer(Scorer):
         self._own = RouteEntry(own, BUCKETS, routing.entries[0].backend)
         self._applied: tuple[Any, ...] | None = None
         self._ws: WeightSet | None = None
+        self._unreadable: dict[str, Any] | None = None
         self.epoch = 0
 
     def prepare(self, batch: list) -> Prepared[dict[str, Any]]:
@@ -207,7 +208,16 @@ class RolloutScorer(Scorer):
         record = self._weights.latest()
         if record is None or record.get("model") != self.config.spec.name:
             return
-        ws = WeightSet.from_record(record)
+        try:
+            ws = WeightSet.from_record(record)
+        except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            # a record no replica can follow (whoever may write the rollouts topic wrote it): refused once, with
+            # the reason; the replica keeps its table instead of failing every batch on the same record
+            if self._unreadable != record:
+                self._unreadable = record
+                log.error("model %s: unreadable rollout record refused (%s: %s); keeps serving as before",
+                          self.config.spec.name, type(exc).__name__, " ".join(str(exc).split())[:300])
+            return
         own = self._own.version
         if ws.phase in _TERMINAL and own not in (ws.stable_version, ws.canary_version):
             # a finished rollout between two other versions (this replica runs a version applied since): its

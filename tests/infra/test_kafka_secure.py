@@ -430,3 +430,52 @@ def test_the_export_block_of_kafka_up_secure_connects_the_next_command(secure_ka
     from sie.kernel.admin import wait_for_cluster
 
     assert wait_for_cluster(settings, timeout=20).brokers, "the next command reaches the secured broker as admin"
+
+
+def test_each_principal_writes_exactly_its_capability_cells_and_a_crafted_spec_grants_the_scorer_nothing(
+        world: dict[str, Any]) -> None:
+    """docs/security.md's capability table on the secured broker: every role's principal, holding exactly the plan
+    of its role, tries to write every system topic; exactly the table's W cells succeed.  A spec crafted to name
+    system topics as its results, dead letters and group gets no plan at all, and no topic is ensured for it."""
+    from confluent_kafka import Producer
+
+    from sie.kernel.admin import topic_configs
+    from sie.kernel.errors import ConfigError
+    from sie.kernel.names import SYSTEM_TOPICS
+    from sie.schemas.spec_models import SpecTopics
+    from tests.security.test_capabilities import KAFKA_ROLES, capability_table
+
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    crafted = spec.model_copy(update={
+        "topics": SpecTopics(requests=spec.topics.requests, results=f"{prefix}.specs",
+                             dead_letters=f"{prefix}.assignments", backfill=spec.topics.backfill),
+        "group_id": f"{prefix}.control"})
+    with pytest.raises(ConfigError, match=rf"refusing to plan ACLs: fraud-rules: topics.results: {prefix}.specs is "
+                                          "SIE's system topic"):
+        plan(admin.names, "scorer", "sie-scorer", models=[ModelScope.of_spec(crafted)])
+    with pytest.raises(ConfigError, match="SIE's system topic"):
+        ensure_model_topics(admin, [crafted.topics.results, crafted.topics.dead_letters], 2)
+
+    table = capability_table()
+    model = [ModelScope.of_spec(spec)]
+    scopes: dict[str, dict[str, Any]] = {"scorer": {"models": model}, "connector": {
+        "connector": "orders", "source_topics": ["team.orders"], "models": model}, "backfill": {"models": model},
+        "producer": {"models": model}}
+    wrote: dict[str, set[str]] = {}
+    for role in KAFKA_ROLES:
+        principal = Principal(kafka, prefix, "cdc" if role == "connector" else role, **scopes.get(role, {}))
+        principal.grant(admin)
+        producer = Producer(principal.settings.kafka_client_config(**{"acks": "all", "message.timeout.ms": 20_000}))
+        delivered: dict[str, Any] = {}
+        for suffix in SYSTEM_TOPICS:
+            producer.produce(f"{prefix}.{suffix}", key=b"capability-probe", value=b"probe",
+                             on_delivery=lambda err, _m, s=suffix: delivered.__setitem__(s, err))
+        assert producer.flush(60) == 0
+        assert set(delivered) == set(SYSTEM_TOPICS)
+        refused = {s: e for s, e in delivered.items() if e is not None}
+        assert all("TOPIC_AUTHORIZATION_FAILED" in e.name() for e in refused.values()), refused
+        wrote[role] = {s for s, e in delivered.items() if e is None}
+    assert wrote == {role: {s for s in SYSTEM_TOPICS if table[s][role] == "W"} for role in KAFKA_ROLES}
+    assert wrote["scorer"] == set()
+    compacted = [t.name for t in system_topics(prefix) if t.compacted]
+    assert {topic_configs(admin, name)["cleanup.policy"] for name in compacted} == {"compact"}

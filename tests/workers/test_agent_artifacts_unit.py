@@ -55,6 +55,12 @@ class FakeStore:
             return None
         return Manifest(sha256, "w", len(self.data[sha256]), 4, 1, 0, 0, 0, 0)
 
+    def require(self, sha256: str, label: str, timeout: float = 30.0) -> Manifest:
+        found = self.lookup(sha256, timeout)
+        if found is None:
+            raise ArtifactRefused(f"artifact {label} is not on the cluster's artifacts topic ({self.manifest_topic})")
+        return found
+
     def fetch(self, manifest: Manifest, sink: Any, timeout: float = 300.0) -> None:
         self.fetches += 1
         self.release.wait(10)

@@ -108,10 +108,7 @@ class ArtifactFetcher:
                 raise ArtifactRefused("; ".join(problems))
             path = self.cache.put(ref, lambda sink: download(ref.uri, sink, timeout=self._timeout))
         else:
-            manifest = self.store.lookup(ref.sha256)
-            if manifest is None:
-                raise ArtifactRefused(f"artifact {ref.label} is not on the cluster's artifacts topic "
-                                      f"({self.store.manifest_topic}); upload it (sie apply -f SPEC)")
+            manifest = self.store.require(ref.sha256, ref.label)
             path = self.cache.put(ref, lambda sink: self.store.fetch(manifest, sink, timeout=self._timeout))
         self.fetched += 1
         log.info("artifact %s fetched and verified in %.1fs: %s", ref.label, time.monotonic() - started, path)

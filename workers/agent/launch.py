@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from sie.kernel.errors import ConfigError
-from sie.kernel.settings import Settings
+from sie.kernel.names import check_replica_id
+from sie.kernel.settings import Settings, worker_environment
 from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.prepare import prepare_spec
-from sie.workers.process import LaunchSpec
+from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
 
 #: the entry points of the two kinds of replica process
@@ -103,9 +104,10 @@ class WorkerCommandBuilder:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
         # same cluster, with the same topic prefix and security settings, as the agent that runs them
-        # (with the workers' own Kafka principal when SIE_WORKER_SASL_USERNAME is set).
-        worker_env = settings.worker_settings().to_env() if settings else {}
-        self.base_env = {**(os.environ if base_env is None else base_env), **worker_env}
+        # (with the workers' own Kafka principal when SIE_WORKER_SASL_USERNAME is set). Of the agent's own
+        # environment only an allow-list reaches them (never SIE_API_TOKEN): Settings.worker_environment.
+        parent = os.environ if base_env is None else base_env
+        self.base_env = settings.worker_environment(parent) if settings else worker_environment(parent)
         #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
         self.spec_policy = spec_policy
         #: ``sie.workers.agent.artifacts.ArtifactFetcher``: makes artifacts named by content local
@@ -120,9 +122,21 @@ class WorkerCommandBuilder:
         self.shared_processes = shared_processes
 
     def replica_dir(self, replica_id: str) -> Path:
-        return self.work_dir / replica_id
+        """The replica's folder: an assignment's ``replica_id`` checked by the naming module and the path proved to
+        be a child of the work directory (``LaunchRefused`` otherwise: an absolute or ``../..`` id would make the
+        agent write a spec, a log and start a worker anywhere)."""
+        try:
+            check_replica_id(replica_id, "assignment replica_id")
+        except ConfigError as exc:
+            raise LaunchRefused(f"replica refused: {exc}") from None
+        root = self.work_dir.resolve()
+        directory = (root / replica_id).resolve()
+        if directory.parent != root:
+            raise LaunchRefused(f"replica refused: its folder {directory} is outside the work directory {root}")
+        return directory
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
+        self.replica_dir(desired.replica_id)  # before anything else: a refused id never reaches the disk
         spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
         module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
         if module == WORKER_MODULE:  # the one preparation of a version (a companion version's too)

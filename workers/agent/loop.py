@@ -41,6 +41,7 @@ from typing import Any
 
 from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
+from sie.kernel.startup import Readiness, wait_for_kafka
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
 from sie.workers.agent.artifacts import ArtifactFetcher
@@ -173,6 +174,8 @@ class Agent:
         self._next_heartbeat = 0.0
         self._started_at_ms = _now_ms()
         self.ready = threading.Event()  # set once registered and consuming (tests wait on it)
+        #: what /readyz says (sie.kernel.startup): waiting for Kafka or its topics, then ready
+        self.readiness = Readiness("agent")
 
     def _live_ids(self) -> list[str]:
         """Replicas with a process and running shared processes: their /metrics ports stay taken."""
@@ -181,14 +184,19 @@ class Agent:
 
     # -- lifecycle -------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Run until ``stop`` is set, then drain every worker and return."""
-        self._open()
+        """Run until ``stop`` is set, then drain every worker and return.
+
+        Started before Kafka or its topics exist (every pod of a release starts at once), it waits for
+        them with bounded backoff, saying what it waits for (``sie.kernel.startup``), instead of exiting."""
         try:
+            if not self._open(stop):
+                return
             if self.config.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(self.config.metrics_port, self.settings.metrics_bind)
                 log.info("agent %s: /metrics on port %s", self.config.node, self.metrics_port)
             self._register()
             self.ready.set()
+            self.readiness.set_ready(f"node {self.config.node} registered, following its assignments")
             while not stop.is_set():
                 self.run_once()
             self._shutdown()
@@ -218,7 +226,9 @@ class Agent:
             self.metrics.loop_errors.labels(self.config.node, subsystem).inc()
 
     # -- Kafka -----------------------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self, stop: threading.Event) -> bool:
+        """Clients, and the assignments topic assigned from its beginning; False if stopped while waiting for
+        Kafka or the topic (``sie.kernel.startup``: bounded backoff, /readyz says what it waits for)."""
         from confluent_kafka import TopicPartition
 
         node = self.config.node
@@ -232,14 +242,11 @@ class Agent:
         self._consumer = self._clients.consumer(state_reader_config(
             self.settings, names.agent_group(node), names.agent_client_id(node, "assignments"), partition_eof=True))
         topic = self._topics["assignments"]
-        metadata = self._consumer.list_topics(topic, timeout=10)
-        info = metadata.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            from sie.kernel.errors import KafkaUnavailable
-
-            raise KafkaUnavailable(
-                f"topic {topic!r} not found at {self.settings.bootstrap_servers}: run `sie topics ensure` first"
-            )
+        consumer = self._consumer
+        if not wait_for_kafka(self.settings, [topic], self.readiness, stop,
+                              metadata=lambda: consumer.list_topics(topic, timeout=5)):
+            return False
+        info = consumer.list_topics(topic, timeout=10).topics[topic]
         from confluent_kafka import OFFSET_BEGINNING
 
         partitions = sorted(info.partitions)
@@ -252,6 +259,7 @@ class Agent:
                 self._replay_left[p] = high
         self._replaying = True
         self._replay_started = self._replay_logged = self._clock.monotonic()
+        return True
 
     def _close(self) -> None:
         if self._consumer is not None:

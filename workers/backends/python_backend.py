@@ -29,8 +29,11 @@ class PythonBackend:
             )
         fn = import_object(cfg.callable, cfg.search_paths, what="spec.backend.callable",
                            allowed_modules=cfg.allowed_modules, bundle=cfg.modules_path)
-        if not callable(fn):
-            raise BackendError(f"{cfg.model_id}: spec.backend.callable {cfg.callable} is not callable")
+        if isinstance(fn, type) or not callable(fn):
+            # a class would be constructed on every batch (its __init__ run with the batch): not a scoring function
+            raise BackendError(f"{cfg.model_id}: spec.backend.callable {cfg.callable} is a "
+                               f"{'class' if isinstance(fn, type) else type(fn).__name__}, not a function; name a "
+                               "function of your model package that takes the batch (e.g. 'models.fraud.rules:score')")
         self._fn = fn
         try:
             outputs = self.infer([cfg.warmup_input()])

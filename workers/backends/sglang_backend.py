@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -45,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sie.kernel.settings import child_environment
 from sie.streams.llm import protocols as llm_protocols
 from sie.workers.backends.base import BackendConfig, BackendError, InferenceError
 from sie.workers.process import describe_exit, spawn_child
@@ -62,25 +64,34 @@ class SGLangHttpError(Exception):
 
 
 class SGLangClient:
-    """The one wrapper for HTTP to an SGLang server (stdlib urllib; loopback only)."""
+    """The one wrapper for HTTP to an SGLang server: httpx, http(s) only, redirects never followed (a server that
+    answers 3xx is an error naming it: a redirect would send the model's prompts to a host no one allowed)."""
 
     def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
+        from urllib.parse import urlsplit
+
+        import httpx
+
         self.base_url = base_url.rstrip("/")
+        if urlsplit(self.base_url).scheme not in ("http", "https"):
+            raise BackendError(f"SGLang server {self.base_url[:80]!r}: only http(s) URLs are used")
         self.timeout_s = timeout_s
+        self._http = httpx.Client(follow_redirects=False)
 
     def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        import urllib.error
-        import urllib.request
+        import httpx
 
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.timeout_s) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            raise SGLangHttpError(exc.code, exc.read().decode("utf-8", "replace")) from None
+            response = self._http.request(method, self.base_url + path, json=body,
+                                          timeout=timeout or self.timeout_s)
+        except httpx.TransportError as exc:  # refused, reset, timed out: the server's side, like OSError before
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
+        if response.is_redirect:
+            raise SGLangHttpError(response.status_code, f"redirect to {response.headers.get('location', '?')[:100]!r} "
+                                                        "not followed (SIE talks to the server it was given, only)")
+        if response.status_code >= 400:
+            raise SGLangHttpError(response.status_code, response.text)
+        payload = response.content
         if not payload:
             return None
         try:
@@ -165,7 +176,9 @@ class SGLangBackend:
         if not url:
             launch = build_launch(self.config)
             log.info("%s: starting SGLang: %s", self.config.model_id, " ".join(launch.argv))
-            self._server = self._spawn(launch.argv, log_path=self._log_path)
+            # the server (third-party code, the model's own with trust_remote_code) gets no SIE setting: not the
+            # worker's Kafka credentials, not any other credential-like variable
+            self._server = self._spawn(launch.argv, env=child_environment(os.environ), log_path=self._log_path)
             url = self.launched_url = f"http://127.0.0.1:{launch.port}"
         self._client = self._client_factory(str(url))
         self._pool = ThreadPoolExecutor(max_workers=int(cfg.get("max_concurrency", 16)), thread_name_prefix="sglang")

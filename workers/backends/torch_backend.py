@@ -173,6 +173,11 @@ def _load_safetensors(path: Path, device: str, config: BackendConfig) -> torch.n
         )
     cls = import_object(config.module_class, config.search_paths, what="spec.backend.module_class",
                         allowed_modules=config.allowed_modules, bundle=config.modules_path)
+    # Type-checked BEFORE it is called: a spec may name any attribute of an allowed module, and calling a function
+    # (``models.fraud.train:main``, ``make_dataset(n=1e10)``) would run it with the spec's moduleKwargs.
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise BackendError(f"spec.backend.module_class: {config.module_class} is a {type(cls).__name__}, not a "
+                           "torch.nn.Module subclass; name the model's class (e.g. 'models.fraud.model:FraudMLP')")
     try:
         module = cls(**dict(config.module_kwargs))
     except Exception as exc:
@@ -180,8 +185,6 @@ def _load_safetensors(path: Path, device: str, config: BackendConfig) -> torch.n
             f"spec.backend.module_class: {config.module_class}(**{dict(config.module_kwargs)}) failed "
             f"({type(exc).__name__}: {exc}); check spec.backend.module_kwargs"
         ) from exc
-    if not isinstance(module, torch.nn.Module):
-        raise BackendError(f"spec.backend.module_class: {config.module_class} is not a torch.nn.Module")
     try:
         state = load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
