@@ -967,6 +967,52 @@ def growth(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: the rows of the before/after table (``--compare``)
+COMPARED: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+    ("populate: applies/s", lambda r: r["populate"]["applies_per_s"]),
+    ("populate: first apply -> all Ready, s", lambda r: r["populate"]["all_ready_s"]),
+    ("probe apply -> assignment p50, s", lambda r: r["probes"]["apply_to_assignment_s"]["p50"]),
+    ("probe apply -> assignment p99, s", lambda r: r["probes"]["apply_to_assignment_s"]["p99"]),
+    ("probe apply -> Ready p99, s", lambda r: r["probes"]["apply_to_ready_s"]["p99"]),
+    ("steady: leader CPU, cores", lambda r: r["steady"]["cpu_cores"]["leader"]),
+    ("steady: leader CPU-s per pass (all threads)",
+     lambda r: round(r["steady"]["cpu_cores"]["leader"] / r["steady"]["reconcile"]["per_s"], 3)),
+    ("steady: reconcile pass mean (wall), s", lambda r: r["steady"]["reconcile"]["mean_s"]),
+    ("GET /v1/models p50, s", lambda r: r["api"]["/v1/models"]["p50"]),
+    ("status page refresh, s", lambda r: r["api"]["status_page_refresh_s"]),
+    ("sie get replicas (Kafka) p50, s", lambda r: r["api"]["sie_get_replicas"]["kafka"]["p50"]),
+    ("sie get replicas (API) p50, s", lambda r: r["api"]["sie_get_replicas"]["api"]["p50"]),
+    ("leader SIGKILL -> first acting pass, s", lambda r: r["takeover"]["first_pass_s"]),
+    ("node loss: last heartbeat -> re-placed, s", lambda r: r["node_loss"]["replaced_after_last_heartbeat_s"]),
+    ("cold start: caught up, s", lambda r: r["cold_start"]["caught_up_s"]),
+    ("agent restart: replay p50, s", lambda r: r["agent_replay"]["p50"]),
+    ("assignments topic: MB a replay decodes", lambda r: round(r["topic_sizes"]["assignments"]["bytes"] / 1e6, 1)),
+    ("assignments topic: MB on the broker's disk",
+     lambda r: round(r["topic_sizes"]["assignments"]["disk_bytes"] / 1e6, 2)),
+    ("load average (start/end)", lambda r: f"{r['load_start']:.0f}/{r['load_end']:.0f}"),
+]
+
+
+def render_compare(before: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """Before (another run's JSON, e.g. bench/results/scale-before.json) vs this run, for the sizes both have."""
+    lines = [f"before ({before.get('label') or 'an earlier run'}) vs after (this run), same sizes"]
+    for b in before.get("results", []):
+        a = next((r for r in results if (r["nodes"], r["models"]) == (b["nodes"], b["models"])), None)
+        if a is None or "error" in b:
+            continue
+        lines.append(f"{'size ' + str(b['nodes']) + 'x' + str(b['models']):<44}{'before':>14}{'after':>14}")
+        for label, get in COMPARED:
+            cells = []
+            for r in (b, a):
+                try:
+                    v = get(r)
+                except (KeyError, TypeError, ZeroDivisionError):
+                    v = None
+                cells.append("-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
+            lines.append(f"{label:<44}{cells[0]:>14}{cells[1]:>14}")
+    return "\n".join(lines) + "\n"
+
+
 def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = ["SIE control plane at scale (python bench/bench_scale.py " + " ".join(args.argv) + ")",
              f"each model {args.replicas} fixed replicas; heartbeats every {args.heartbeat_s:g} s; simulated replica "
@@ -1095,6 +1141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="scale", help="result file stem (scale.txt, scale.json)")
     p.add_argument("--keep-logs", default=None, help="copy the control planes' logs here")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--compare", default=None, help="a results JSON of an earlier run: a before/after table of the "
+                                                     "sizes both ran (e.g. bench/results/scale-before.json)")
     return p
 
 
@@ -1154,6 +1202,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         shutil.rmtree(tmp, ignore_errors=True)
     done = [r for r in results if "error" not in r]
     text = render(done, args) if done else "no size completed\n"
+    if args.compare and done:
+        text += "\n" + render_compare(json.loads(Path(args.compare).read_text()), done)
     failed = [r for r in results if "error" in r]
     if failed:
         text += "".join(f"size {r['nodes']}x{r['models']} FAILED: {r['error']}\n" for r in failed)
