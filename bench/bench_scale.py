@@ -410,9 +410,13 @@ class Sims:
             self.pipes.append(parent)
             for n in chunk:
                 self.node_pipe[n] = parent
-        for pipe in self.pipes:
-            if not pipe.poll(120):
-                raise TimeoutError("a simulator did not register its nodes within 120 s")
+        for proc, pipe in zip(self.procs, self.pipes):
+            deadline = time.monotonic() + 180
+            while not pipe.poll(1):
+                if not proc.is_alive():
+                    raise RuntimeError(f"simulator {proc.name} died before registering its nodes (exit {proc.exitcode})")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"simulator {proc.name} did not register its nodes within 180 s")
             kind, _ = pipe.recv()
             assert kind == "ready", kind
 

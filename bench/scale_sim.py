@@ -370,7 +370,17 @@ def sim_main(config: SimConfig, conn: Any, stop: Any) -> None:
         os.environ[key] = value
     logging.basicConfig(level=logging.WARNING, format=f"sim-{config.index} %(levelname)s %(name)s: %(message)s")
     sim = Simulator(config)
-    sim.open()
+    for attempt in range(12):  # a topic just created may not have its leader yet (NOT_LEADER_FOR_PARTITION)
+        try:
+            sim.open()
+            break
+        except Exception as exc:  # noqa: BLE001 - a start-up race, retried as a supervisor restarts an agent
+            if attempt == 11:
+                raise
+            logging.getLogger("bench.scale.sim").warning("opening the simulator failed (%s); again in 5 s", exc)
+            sim.close()
+            sim = Simulator(config)
+            time.sleep(5)
     sim.register()
     conn.send(("ready", sim.stats()))
     try:
