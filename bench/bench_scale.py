@@ -190,11 +190,13 @@ class ControlProc:
         self.run, self.instance = run, instance
         self.port = _free_port()
         self.log_path = run.tmp / f"{instance}.log"
+        nice = run.args.control_nice
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sie", "control", "--http-port", str(self.port), "--instance", instance,
                  "--no-ensure-topics", *run.args.control_args],
-                cwd=ROOT, env=run.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                cwd=ROOT, env=run.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=(lambda: os.nice(nice)) if nice else None)
         self.started = time.time()
 
     @property
@@ -1018,7 +1020,8 @@ def render_compare(before: dict[str, Any], results: list[dict[str, Any]]) -> str
 
 
 def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = ["SIE control plane at scale (python bench/bench_scale.py " + " ".join(args.argv) + ")",
+    lines = ["SIE control plane at scale (python bench/bench_scale.py " + " ".join(args.argv) + ")"
+             + (f"; control planes at nice {args.control_nice}" if args.control_nice else ""),
              f"each model {args.replicas} fixed replicas; heartbeats every {args.heartbeat_s:g} s; simulated replica "
              f"start {args.start_s[0]:g}-{args.start_s[1]:g} s; 2-core machine shared with other sessions: CPU is CPU "
              "seconds per second (cores), load average per size", ""]
@@ -1141,6 +1144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-leader", type=float, default=0.0, help="py-spy the leader this many seconds (steady window)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--control-args", nargs="*", default=[], help="extra `sie control` options")
+    p.add_argument("--control-nice", type=int, default=0,
+                   help="run the control planes at this nice value (e.g. -10, as root): on a machine shared with "
+                        "other work, as if they had a host of their own (the simulators and broker are not changed)")
     p.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     p.add_argument("--name", default="scale", help="result file stem (scale.txt, scale.json)")
     p.add_argument("--keep-logs", default=None, help="copy the control planes' logs here")
