@@ -753,7 +753,8 @@ class SizeRun:
             cfg = AgentConfig(node=node, simulate_gpus="8xA100-80GB", work_dir=self.tmp / "agent")
             agent = Agent(cfg, self.settings, launcher=_NoLauncher())
             t0 = time.perf_counter()
-            agent._open()  # noqa: SLF001 - the agent's own start-up, without registering or heartbeating
+            if not agent._open(threading.Event()):  # noqa: SLF001 - its start-up, without registering or heartbeating
+                raise RuntimeError(f"agent {node} could not open its clients")
             try:
                 deadline = time.monotonic() + 120
                 while agent.replaying or not len(agent.supervisor.table):
