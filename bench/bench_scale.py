@@ -522,7 +522,7 @@ class SizeRun:
         for name, phase in phases:  # a phase that fails is reported as such; the next ones still run
             try:
                 phase()
-            except (TimeoutError, RuntimeError, OSError, KeyError, AssertionError) as exc:
+            except Exception as exc:  # noqa: BLE001 - one phase's failure (or bug) is its result, not the run's end
                 log(f"phase {name} failed: {type(exc).__name__}: {exc}")
                 r[name] = {**r.get(name, {}), "error": f"{type(exc).__name__}: {exc}"}
         r["duration_s"] = round(time.time() - t0, 1)
@@ -655,13 +655,12 @@ class SizeRun:
 
     def _profile(self, lead: ControlProc, seconds: float) -> dict[str, Any] | None:
         """py-spy's view of the leader (``--profile-leader``): the functions the thread holding the GIL (running
-        Python) spent its samples in (leaf frames) and under (inclusive), from a sampling of ``seconds``; the raw
-        stacks are kept in --out-dir."""
+        Python) spent its samples in (leaf frames) and under (inclusive), from a sampling of ``seconds``."""
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(spy).exists():
             log("py-spy not installed (pip install py-spy): no profile")
             return None
-        raw = Path(self.args.out_dir) / f"{self.args.name}-profile-{self.nodes}x{self.models}.collapsed"
+        raw = self.tmp / f"profile-{self.nodes}x{self.models}.collapsed"
         cmd = [spy, "record", "--pid", str(lead.pid), "--duration", str(int(seconds)), "--format", "raw",
                "--output", str(raw), "--rate", "50", "--nonblocking", "--gil"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
