@@ -1046,11 +1046,11 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         ("nodes in use / most replicas on a node", lambda r: f"{r['populate']['nodes_in_use']}/{r['populate']['most_replicas_on_a_node']}"),
         ("probe apply -> assignment p50, s", lambda r: r["probes"]["apply_to_assignment_s"]["p50"]),
         ("probe apply -> assignment p99, s", lambda r: r["probes"]["apply_to_assignment_s"]["p99"]),
-        ("  split p50: spec visible|leader wrote|visible", lambda r: "|".join(
-            f"{r['probes']['split_s'][k]['p50']:.2f}" for k in
+        ("  p50: spec seen|leader wrote|agents saw, s", lambda r: "|".join(
+            f"{r['probes']['split_s'][k]['p50']:.1f}" for k in
             ("apply_to_spec_visible", "spec_visible_to_leader_produced", "produced_to_visible"))),
-        ("  split p99: spec visible|leader wrote|visible", lambda r: "|".join(
-            f"{r['probes']['split_s'][k]['p99']:.2f}" for k in
+        ("  p99: spec seen|leader wrote|agents saw, s", lambda r: "|".join(
+            f"{r['probes']['split_s'][k]['p99']:.1f}" for k in
             ("apply_to_spec_visible", "spec_visible_to_leader_produced", "produced_to_visible"))),
         ("probe apply -> Ready p50, s", lambda r: r["probes"]["apply_to_ready_s"]["p50"]),
         ("probe apply -> Ready p99, s", lambda r: r["probes"]["apply_to_ready_s"]["p99"]),
@@ -1151,6 +1151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="scale", help="result file stem (scale.txt, scale.json)")
     p.add_argument("--keep-logs", default=None, help="copy the control planes' logs here")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--render", default=None, help="write the text report of a results JSON again (no run)")
     p.add_argument("--compare", default=None, help="a results JSON of an earlier run: a before/after table of the "
                                                      "sizes both ran (e.g. bench/results/scale-before.json)")
     return p
@@ -1191,6 +1192,18 @@ def _interrupt(_signum: int, _frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = build_parser().parse_args(argv)
+    if args.render:  # the report of an earlier run, with this version's rendering
+        saved = json.loads(Path(args.render).read_text())
+        rerun = build_parser().parse_args(saved["args"])
+        rerun.argv = saved["args"]
+        done = [r for r in saved["results"] if "error" not in r]
+        text = render(done, rerun)
+        if rerun.compare:
+            text += "\n" + render_compare(json.loads((ROOT / rerun.compare).read_text()), done)
+        print(text)
+        if not args.no_write:
+            Path(args.render).with_suffix(".txt").write_text(text)
+        return saved["results"]
     if threading.current_thread() is threading.main_thread():
         # SIGTERM, and SIGINT even when a shell started the bench in the background (which ignores it), stop the
         # bench through its clean-up: the control planes, the simulators and the private broker go with it
