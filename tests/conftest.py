@@ -26,17 +26,24 @@ import pytest
 from sie.infra.kafka.local import LocalKafka, free_base_port
 from sie.kernel.settings import Settings
 
+#: test files that run a real vLLM server (tests/real_llm.py), installed by scripts/real_llm/setup.sh
+_REAL_LLM_TESTS = ("/test_real_vllm.py", "/test_agent_real_vllm.py")
 _KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka", "secure_kafka"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the Kubernetes tests run last: CI builds their kube-apiserver in the background meanwhile (.ci/run), and
-    # the first of them may wait for that build (its session fixture) longer than a test's own timeout
-    items.sort(key=lambda item: "/tests/k8s/" in str(item.path))
-    first_k8s = next((item for item in items if "/tests/k8s/" in str(item.path)), None)
-    wait_s = float(os.environ.get("SIE_K8S_TOOLS_WAIT_S") or 0)
-    if first_k8s is not None and wait_s > 0:
-        first_k8s.add_marker(pytest.mark.timeout(wait_s + 600))
+    # the tests of tools CI installs in the background meanwhile (.ci/run) run last, the real vLLM server's and then
+    # the Kubernetes ones; the first of each may wait for its install longer than a test's own timeout
+    def late(item: pytest.Item) -> int:
+        path = str(item.path)
+        return 2 if "/tests/k8s/" in path else 1 if any(name in path for name in _REAL_LLM_TESTS) else 0
+
+    items.sort(key=late)
+    for rank, variable in ((1, "SIE_LLM_SETUP_WAIT_S"), (2, "SIE_K8S_TOOLS_WAIT_S")):
+        first = next((item for item in items if late(item) == rank), None)
+        wait_s = float(os.environ.get(variable) or 0)
+        if first is not None and wait_s > 0:
+            first.add_marker(pytest.mark.timeout(wait_s + 900))
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & _KAFKA_FIXTURES:

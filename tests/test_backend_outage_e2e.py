@@ -31,6 +31,8 @@ def test_a_backend_outage_shows_as_degraded_with_its_reason_and_heals(kafka_sett
     flag = tmp_path / "feature-store-down"
     c = Cluster(kafka_settings, tmp_path, extra_env={
         "SIE_ALLOWED_MODULES": "models.fraud,tests.scorer_fixtures", "SIE_TEST_OUTAGE_FLAG": str(flag),
+        # the agent hands its workers only allow-listed variables (docs/security.md): name the test's own
+        "SIE_WORKER_ENV": "SIE_TEST_OUTAGE_FLAG",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples")])})
     stream = reader = None
     try:

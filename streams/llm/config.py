@@ -174,14 +174,20 @@ def launched_concurrency(cfg: Mapping[str, Any]) -> int:
     return int(_num(cfg, "max_concurrency", 16, 1))
 
 
-def with_launched_server(cfg: Mapping[str, Any], url: str) -> dict[str, Any]:
+def with_launched_server(cfg: Mapping[str, Any], url: str, model_name: str | None = None) -> dict[str, Any]:
     """``cfg`` with the replica's own server first among the endpoints, at ``launched_concurrency`` slots; the
-    endpoints the spec names (``endpoints`` / ``server_url``) follow it."""
+    endpoints the spec names (``endpoints`` / ``server_url``) follow it.  ``model_name``: the name the launcher
+    serves the model under when the spec sets no ``served_model_name`` (``--served-model-name``, the spec's
+    name): the OpenAI-compatible protocols send it as ``model``, and a real server refuses any other (vLLM:
+    404 "The model ... does not exist")."""
     named = cfg.get("endpoints") or ([cfg["server_url"]] if cfg.get("server_url") else [])
     if not isinstance(named, list):
         raise ConfigError(f"spec.backend.config.endpoints: must be a list of URLs or mappings (got {named!r})")
     own = {"url": url, "concurrency": launched_concurrency(cfg)}
-    return {k: v for k, v in cfg.items() if k != "server_url"} | {"endpoints": [own, *named]}
+    out = {k: v for k, v in cfg.items() if k != "server_url"} | {"endpoints": [own, *named]}
+    if model_name and not cfg.get("served_model_name"):
+        out["served_model_name"] = model_name
+    return out
 
 
 def deferred_topic(spec: Any, names: Any, launched_server: bool = False) -> str | None:

@@ -71,6 +71,18 @@ class Job:
     first_token: float | None = None  # streamed: when its first text arrived
 
 
+def _said(response: httpx.Response) -> str:
+    """The server's own error message, short: OpenAI-compatible servers answer ``{"error": {"message"}}``
+    (vLLM, llama.cpp), SGLang ``{"error": ...}`` or ``{"message"}``; else the body's start."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return response.text[:200]
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    message = err.get("message") if isinstance(err, dict) else err
+    return str(message if message is not None else doc)[:200]
+
+
 class _Incomplete(Exception):
     """A streamed answer ended before its ``[DONE]``: no usable answer (the server's fault)."""
 
@@ -199,14 +211,17 @@ class Dispatcher:
                 job.server_errors += 1
                 if job.server_errors == 1:
                     first_5xx_served = served
-                pool.failed(endpoint, f"HTTP {status}")
+                pool.failed(endpoint, f"HTTP {status}: {_said(response)}")
                 if job.server_errors >= self._poison_after and served > first_5xx_served:
                     job.error = f"{path}: HTTP {status} {job.server_errors} times while the servers answered " \
                                 f"other requests: {response.text[:300]}"
                     return True
                 continue
             if status != 200:  # 503 starting/stopping, 404/401/403 misconfigured: not this request's fault
-                pool.failed(endpoint, f"HTTP {status}" + (" (a redirect: not followed)" if 300 <= status < 400 else ""))
+                # what the server said is the fix (vLLM: 404 "The model `x` does not exist." for a served name
+                # the spec's served_model_name does not match); a redirect is never followed
+                why = "a redirect: not followed" if 300 <= status < 400 else _said(response)
+                pool.failed(endpoint, f"HTTP {status} on {path}: {why}")
                 continue
             pool.release(endpoint, self._clock() - sent)
             if isinstance(streamed, BadOutput):

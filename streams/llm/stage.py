@@ -102,7 +102,7 @@ class LLMScorer:
     def __init__(self, config: ScorerConfig, llm: LLMConfig, *, validator: Callable[[dict], dict] | None = None,
                  clients: KafkaClients | None = None, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time, metrics: ScorerMetrics | None = None,
-                 http_client: Any = None) -> None:
+                 http_client: Any = None, backend_config: dict[str, Any] | None = None) -> None:
         spec = config.spec
         self.config = config
         self.llm = llm
@@ -114,7 +114,8 @@ class LLMScorer:
 
         self._codec = Codec(spec.name, validator, config.request_limit, config.max_json_depth)
         self._check_outputs = compile_output_check(spec.output_schema)
-        backend_cfg = dict(getattr(spec.backend, "config", None) or {})
+        # the spec's backend config, or what run_llm_scorer made of it for a launched server (its served name)
+        backend_cfg = dict(backend_config if backend_config is not None else getattr(spec.backend, "config", None) or {})
         self.mapping = LLMMapping(output_fields(spec), backend_cfg)
         self.protocol = Protocol(llm.protocol, self.mapping, backend_cfg)
         self._version = str(spec.version)
@@ -621,6 +622,8 @@ def run_llm_scorer(config: ScorerConfig, stop: threading.Event, on_ready: Callab
     agent's worker with ``launched_url``, the SGLang server it started, first among the endpoints:
     ``sie.streams.llm.config.with_launched_server``)."""
     cfg = dict(getattr(config.spec.backend, "config", None) or {})
-    llm = LLMConfig.from_backend_config(with_launched_server(cfg, launched_url) if launched_url else cfg)
-    scorer = LLMScorer(config, llm, **kwargs)
+    if launched_url:  # the launcher serves the model as served_model_name, else as the spec's name
+        cfg = with_launched_server(cfg, launched_url, config.spec.name)
+    llm = LLMConfig.from_backend_config(cfg)
+    scorer = LLMScorer(config, llm, backend_config=cfg, **kwargs)
     return scorer.run(stop, on_ready=(lambda: on_ready(scorer)) if on_ready else None)

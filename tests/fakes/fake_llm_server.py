@@ -16,6 +16,8 @@
   whole answer object with the text so far, cumulative) then ``data: [DONE]``; the OpenAI endpoints send
   ``chat.completion.chunk`` / ``text_completion`` chunks with deltas, a ``usage`` chunk when
   ``stream_options.include_usage`` is set, then ``data: [DONE]``;
+* ``--served-model-name N`` (the launcher passes it): the OpenAI endpoints answer a request for another
+  ``model`` 404 ``{"error": {"message": "The model `x` does not exist."}}``, as vLLM does;
 * ``/health``, ``/health_generate`` 200; ``GET /stats`` -> counters (generated, max concurrent seen).
 """
 
@@ -149,6 +151,11 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, {"error": f"no route {self.path}"})
                 return
+            served = state.args.served_model_name
+            if self.path != "/generate" and served and body.get("model") != served:  # as vLLM answers it
+                self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                           "type": "NotFoundError", "param": "model", "code": 404}})
+                return
             if not isinstance(prompt, str):
                 self._send(400, {"error": "prompt/text is required"})
                 return
@@ -221,6 +228,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="streamed: the first token after this fraction of the generation time")
     parser.add_argument("--fail-after", type=int, default=None, help="answer 500 after N generations")
     parser.add_argument("--model-path", default="fake")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the OpenAI endpoints answer 404 to any other 'model' (as vLLM does)")
     args, _unknown = parser.parse_known_args(argv)
     return args
 

@@ -157,3 +157,25 @@ def test_never_healthy_times_out(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="not healthy after 0.5s"):
         b.load()
     b.close()
+
+
+def test_an_openai_compatible_server_is_waited_on_at_health_and_proven_by_a_generation(tmp_path: Path) -> None:
+    """``protocol: openai-completions`` (vLLM, llama.cpp): readiness polls ``/health`` (vLLM has no
+    ``/health_generate``), the warm-up generation goes through ``/v1/completions`` asking for the model by the
+    name the launcher serves it under (the fake, like vLLM, answers any other name 404), and rows map through
+    the window's own protocol."""
+    fake_llm = str(REPO_ROOT / "tests" / "fakes" / "fake_llm_server.py")
+    config = sglang_config(tmp_path, protocol="openai-completions",
+                           server_entry=[sys.executable, fake_llm, "--mean-s", "0.01", "--p99-s", "0.02"])
+    config = BackendConfig(**{**config.__dict__, "output_fields": (FieldRef("answer", "string"),
+                                                                   FieldRef("completion_tokens", "int"))})
+    b = create_backend(config)
+    try:
+        b.load()
+        assert b._health_path == "/health"  # noqa: SLF001
+        rows = b.infer([{"description": "tv"}, {"description": "bread"}])
+        assert [r["answer"] for r in rows] == ["echo: Transaction: tv. Risk as JSON.",
+                                               "echo: Transaction: bread. Risk as JSON."]
+        assert all(r["completion_tokens"] >= 1 for r in rows)
+    finally:
+        b.close()

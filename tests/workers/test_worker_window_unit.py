@@ -68,15 +68,25 @@ def test_the_own_server_comes_first_and_the_named_endpoints_follow():
     assert "server_url" not in served and served["endpoints"][1:] == ["http://c:3"]
 
 
+def test_the_window_asks_for_the_model_by_the_name_the_launcher_serves_it_under():
+    """The launcher starts the server with --served-model-name <spec name> (or the spec's served_model_name);
+    an OpenAI-compatible server refuses any other "model" (vLLM: 404), so the window sends that name."""
+    assert with_launched_server({}, OWN, "llm-x")["served_model_name"] == "llm-x"
+    assert with_launched_server({"served_model_name": "qwen"}, OWN, "llm-x")["served_model_name"] == "qwen"
+
+
 def test_run_llm_scorer_puts_the_launched_server_in_the_pool(monkeypatch):
     from sie.streams.llm import stage
 
     seen: list[LLMConfig] = []
     config = SimpleNamespace(spec=_launched_spec(extra_args=["--max-running-requests", "6"]))
+    backend_configs: list[dict] = []
     monkeypatch.setattr(stage, "LLMScorer", lambda cfg, llm, **kw: SimpleNamespace(
-        llm=llm, run=lambda stop, on_ready=None: seen.append(llm) or "done"))
+        llm=llm, run=lambda stop, on_ready=None: seen.append(llm) or backend_configs.append(kw["backend_config"])
+        or "done"))
     assert stage.run_llm_scorer(config, threading.Event(), launched_url=OWN) == "done"  # type: ignore[arg-type]
     assert [(e[0], e[1]) for e in seen[0].endpoints] == [(OWN, 6)]
+    assert backend_configs[0]["served_model_name"] == config.spec.name  # what the launcher serves it as
 
 
 # --- the worker's choice ---------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 NOT YET RUN AGAINST REAL SGLANG: there is no GPU on the development machines.
 It speaks SGLang's documented native API and is tested against
 ``tests/fakes/fake_sglang.py`` (503 while starting, ``/generate`` with
-``meta_info``, a crash control).  Expect to adjust details on first contact.
+``meta_info``, a crash control).  Run against a real vLLM on CPU with ``protocol: openai-completions``
+(an agent-run replica launching it through ``server_entry``: tests/workers/test_agent_real_vllm.py).
 
 Lifecycle (``load``):
   1. build the launch command (``sie.workers.sglang_launcher``: ``--mem-fraction-static`` from the
@@ -19,16 +20,19 @@ Serving: the agent's worker proves the server with ONE generation through ``infe
 serves the replica through the LLM window (``sie.streams.llm``) with ``launched_url`` as an endpoint; the
 per-row batch mapping below serves traffic only for ``sie score`` on a spec that names no servers.
 
-Request -> prompt -> output mapping (``infer``), one ``POST /generate`` per row, in parallel
-(``max_concurrency`` threads), each ``{"text", "sampling_params", "rid"}``:
+Request -> prompt -> output mapping (``infer``), one request per row, in parallel (``max_concurrency``
+threads), built and read by the LLM window's own ``sie.streams.llm.protocols`` (one mapping for both paths):
+``config.protocol`` ``sglang`` (default: ``POST /generate`` ``{"text", "sampling_params", "rid"}``) or
+``openai-completions`` / ``openai-chat`` (vLLM, llama.cpp server; readiness then polls ``/health``, which
+only says the server is up, and the warm-up generation is the proof):
   * prompt: ``config.prompt_template.format(**inputs)``, default: the inputs as JSON;
-  * ``output_mode: json`` (default when any output field is not a string, or there are several):
+  * ``output_mode: json`` (default unless the only output field besides token counts is one string):
     ``sampling_params.json_schema`` is generated from ``spec.outputSchema`` (types, required,
     ranges), so the server's constrained decoding can only emit e.g. ``{"score": 0.93}``; the text
     is parsed as JSON and each output field is cast to its declared type;
   * ``output_mode: text``: the one string output field receives the generated text;
   * output fields named ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
-    ``finish_reason``, ``e2e_latency`` are filled from ``meta_info`` when the text does not set them.
+    ``finish_reason``, ``e2e_latency`` are filled from the answer's token counts / ``meta_info``.
   A row whose text is not valid JSON for the schema raises ``InferenceError`` (the scorer dead-letters
   that row); connection errors while the server process is gone make ``fatal_error()`` non-None,
   which the worker turns into an exit (the agent then restarts the replica).
@@ -99,10 +103,13 @@ class SGLangClient:
         except json.JSONDecodeError:
             return payload.decode("utf-8", "replace")
 
-    def health_generate(self, timeout: float = 10.0) -> bool:
-        """True once the server answers 200 (a real one-token generation); False on 503/connection refused."""
+    def health_generate(self, timeout: float = 10.0, path: str = "/health_generate") -> bool:
+        """True once ``path`` answers 200, False on 503 or connection refused (still starting).  SGLang's
+        ``/health_generate`` answers 200 after a real one-token generation; an OpenAI-compatible server's
+        ``/health`` (vLLM, llama.cpp) says only that it is up, so readiness is proven by the warm-up
+        generation that follows (``SGLangBackend.load``)."""
         try:
-            self._request("GET", "/health_generate", timeout=timeout)
+            self._request("GET", path, timeout=timeout)
             return True
         except SGLangHttpError as exc:
             if exc.status == 503:
@@ -111,8 +118,8 @@ class SGLangClient:
         except OSError:  # connection refused while the server is still binding its port
             return False
 
-    def generate(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/generate", dict(payload))
+    def generate(self, payload: Mapping[str, Any], path: str = "/generate") -> dict[str, Any]:
+        return self._request("POST", path, dict(payload))
 
     def model_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_model_info")
@@ -122,13 +129,6 @@ def output_json_schema(fields: tuple[Any, ...], ranges: Mapping[str, tuple[float
     """JSON schema of the output fields, for SGLang's constrained decoding (``sampling_params.json_schema``);
     the same schema the LLM window sends (``sie.streams.llm.protocols``)."""
     return llm_protocols.output_json_schema([(f.name, f.type) for f in fields], ranges)
-
-
-def _cast(value: Any, type_name: str, name: str) -> Any:
-    try:
-        return llm_protocols.cast_output(value, type_name, name)
-    except llm_protocols.BadOutput as exc:  # the batch path's error type for a row it cannot answer
-        raise InferenceError(str(exc)) from exc
 
 
 class SGLangBackend:
@@ -153,21 +153,23 @@ class SGLangBackend:
         self._pool: ThreadPoolExecutor | None = None
         self._seq = 0
         self._log_path: Path | None = Path(cfg["log_path"]) if cfg.get("log_path") else None
-        fields = tuple(config.output_fields)
-        string_fields = [f for f in fields if f.type == "string" and f.name not in META_FIELDS]
-        default_mode = "text" if len(fields) == 1 and len(string_fields) == 1 else "json"
-        self.output_mode = str(cfg.get("output_mode") or default_mode)
-        if self.output_mode not in ("json", "text"):
-            raise BackendError(f"{config.model_id}: spec.backend.config.output_mode must be 'json' or 'text' (got {self.output_mode!r})")
-        if self.output_mode == "text" and len(string_fields) != 1:
-            raise BackendError(
-                f"{config.model_id}: output_mode 'text' needs exactly one string output field (got {[f.name for f in string_fields]})"
-            )
-        self._text_field = string_fields[0].name if self.output_mode == "text" else None
-        sampling = {"max_new_tokens": 128, "temperature": 0.0, **dict(cfg.get("sampling_params") or {})}
-        if self.output_mode == "json" and "regex" not in sampling and "json_schema" not in sampling:
-            sampling["json_schema"] = json.dumps(output_json_schema(fields, cfg.get("output_ranges")))
-        self.sampling_params = sampling
+        fields = [(f.name, f.type) for f in config.output_fields]
+        protocol = str(cfg.get("protocol") or "sglang")
+        try:
+            #: prompt and answer mapping, request body and answer shape: the LLM window's own (one mapping)
+            self.mapping = llm_protocols.LLMMapping(fields, cfg)
+            # a server this backend launches serves the model as the launcher names it (--served-model-name):
+            # the OpenAI protocols must ask for that name (vLLM answers any other 404)
+            served = cfg.get("served_model_name") or (None if cfg.get("server_url") else config.model_id.split(":")[0])
+            self.protocol = llm_protocols.Protocol(protocol, self.mapping, {**cfg, "stream": False,
+                                                                            "served_model_name": served})
+        except ValueError as exc:
+            raise BackendError(f"{config.model_id}: {exc}") from None
+        self.output_mode = self.mapping.mode
+        self.sampling_params = self.protocol.sampling
+        #: the readiness endpoint: SGLang's /health_generate generates; an OpenAI-compatible server's /health
+        #: only says it is up, and the warm-up generation (load) is what proves it serves
+        self._health_path = "/health_generate" if protocol == "sglang" else "/health"
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -195,12 +197,13 @@ class SGLangBackend:
             crashed = self.fatal_error()
             if crashed:
                 raise BackendError(f"{self.config.model_id}: {crashed}")
-            if self._client.health_generate():
+            if self._client.health_generate(path=self._health_path):
                 return
             if time.monotonic() >= deadline:
                 raise BackendError(
                     f"{self.config.model_id}: SGLang at {self._client.base_url} not healthy after {timeout_s:g}s "
-                    f"(/health_generate kept answering 503); raise spec.backend.config.startup_timeout_s"
+                    f"({self._health_path} kept answering 503 or refusing connections); raise "
+                    f"spec.backend.config.startup_timeout_s"
                 )
             time.sleep(interval_s)  # production polling pace while the server loads weights
 
@@ -231,50 +234,22 @@ class SGLangBackend:
         self._server = None
 
     # -- inference ---------------------------------------------------------------------------------------------
-    def _prompt(self, inputs: Mapping[str, Any]) -> str:
-        template = self.config.config.get("prompt_template")
-        if not template:
-            return json.dumps(dict(inputs), sort_keys=True)
-        try:
-            return str(template).format(**inputs)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise InferenceError(f"spec.backend.config.prompt_template: {exc!r} not in the request inputs") from exc
-
     def _one(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         assert self._client is not None
         self._seq += 1
-        payload = {"text": self._prompt(inputs), "sampling_params": self.sampling_params, "stream": False,
-                   "rid": f"{self.config.config.get('replica_id', 'sie')}-{uuid.uuid4().hex[:12]}"}
+        proto = self.protocol
         try:
-            response = self._client.generate(payload)
-        except SGLangHttpError as exc:
-            raise InferenceError(f"SGLang /generate: {exc}") from exc
-        except OSError as exc:
-            raise InferenceError(f"SGLang /generate unreachable: {exc}") from exc
-        return self._map(response)
-
-    def _map(self, response: Any) -> dict[str, Any]:
-        if not isinstance(response, dict) or "text" not in response:
-            raise InferenceError(f"SGLang /generate returned no 'text' (got {str(response)[:200]})")
-        text, meta = response["text"], response.get("meta_info") or {}
-        outputs: dict[str, Any] = {}
-        if self.output_mode == "text":
-            outputs[self._text_field] = text  # type: ignore[index]
-        else:
+            prompt = self.mapping.prompt(inputs)
+            payload = proto.request(prompt, f"{self.config.config.get('replica_id', 'sie')}-{uuid.uuid4().hex[:12]}")
             try:
-                parsed = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InferenceError(f"generated text is not JSON for the output schema: {text[:200]!r}") from exc
-            if not isinstance(parsed, dict):
-                raise InferenceError(f"generated JSON is not an object: {text[:200]!r}")
-            for field in self.config.output_fields:
-                if field.name in parsed:
-                    outputs[field.name] = _cast(parsed[field.name], field.type, field.name)
-        if isinstance(meta, dict):
-            for field in self.config.output_fields:
-                if field.name in META_FIELDS and field.name not in outputs and field.name in meta:
-                    outputs[field.name] = _cast(meta[field.name], field.type, field.name)
-        return outputs
+                response = self._client.generate(payload, proto.path)
+            except SGLangHttpError as exc:
+                raise InferenceError(f"SGLang {proto.path}: {exc}") from exc
+            except OSError as exc:
+                raise InferenceError(f"SGLang {proto.path} unreachable: {exc}") from exc
+            return self.mapping.outputs(proto.parse(response))
+        except llm_protocols.BadOutput as exc:  # the batch path's error type for a row it cannot answer
+            raise InferenceError(str(exc)) from exc
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self._client is None or self._pool is None:
