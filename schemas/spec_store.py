@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -57,54 +58,102 @@ def ensure_specs_topic(settings: Settings) -> None:
     ensure_topics(settings, [t for t in system_topics(settings.topic_prefix) if t.name == name])
 
 
-def produce_acknowledged(settings: Settings, messages: list[tuple[str, bytes | None]], timeout: float,
-                         topic: str | None = None) -> None:
-    """Send ``(key, value)`` pairs in order to ``topic`` (default: the specs topic) with an idempotent producer;
-    raise unless every one is acknowledged."""
-    from sie.kernel.clients import KafkaClients
+class AckedWriter:
+    """One idempotent producer for many acknowledged writes (``produce_acknowledged``).
 
-    producer = KafkaClients().producer(settings.kafka_client_config(**{
-        "enable.idempotence": True,  # no duplicates or reordering on retry
-        "acks": "all",
-        "message.timeout.ms": int(timeout * 1000),
-    }))
+    WHY: a fresh idempotent producer waits for its producer id from the broker before its first record is
+    acknowledged: 0.5 s per write measured on a loaded machine (bench/bench_scale.py), which capped the control
+    API at ~5 applies/s and put half a second into every apply -> assignment.  The control plane's API and
+    ``sie apply`` of many specs keep one.  Thread-safe (librdkafka's producer is); made on first use.
+    """
+
+    def __init__(self, settings: Settings, client_id: str, clients: Any = None, timeout_s: float = 30.0) -> None:
+        self._settings = settings
+        self._client_id = client_id
+        self._clients = clients
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._producer: Any = None
+
+    def producer(self) -> Any:
+        with self._lock:
+            if self._producer is None:
+                from sie.kernel.clients import KafkaClients, idempotent_producer_config
+
+                clients = self._clients or KafkaClients()
+                # a record not acknowledged within the timeout fails (as a fresh producer's would), not later
+                self._producer = clients.producer(idempotent_producer_config(
+                    self._settings, self._client_id, **{"linger.ms": 0,
+                                                        "message.timeout.ms": int(self._timeout_s * 1000)}))
+            return self._producer
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(timeout)
+
+
+def produce_acknowledged(settings: Settings, messages: list[tuple[str, bytes | None]], timeout: float,
+                         topic: str | None = None, writer: AckedWriter | None = None) -> None:
+    """Send ``(key, value)`` pairs in order to ``topic`` (default: the specs topic) with an idempotent producer
+    (``writer``'s, else a fresh one); raise unless every one is acknowledged within ``timeout``."""
+    if writer is not None:
+        producer = writer.producer()
+    else:
+        from sie.kernel.clients import KafkaClients
+
+        producer = KafkaClients().producer(settings.kafka_client_config(**{
+            "enable.idempotence": True,  # no duplicates or reordering on retry
+            "acks": "all",
+            "message.timeout.ms": int(timeout * 1000),
+        }))
     errors: list[str] = []
     delivered: list[int] = []
+    done = threading.Event()
 
     def on_delivery(err: Any, msg: Any) -> None:
         if err is not None:
             errors.append(f"{msg.topic()} key {msg.key()!r}: {err.str()}")
         else:
             delivered.append(msg.offset())
+        if len(errors) + len(delivered) == len(messages):
+            done.set()
 
     topic = topic or specs_topic(settings)
     for key, value in messages:
         producer.produce(topic, key=key.encode("utf-8"), value=value, on_delivery=on_delivery)
-    remaining = producer.flush(timeout)
+    deadline = time.monotonic() + timeout
+    while not done.is_set() and time.monotonic() < deadline:  # serves the callbacks (any thread's)
+        producer.poll(min(0.05, max(0.0, deadline - time.monotonic())))
     if errors:
         raise SieError(f"publishing to {topic} failed: {'; '.join(errors)}")
-    if remaining or len(delivered) != len(messages):
+    if len(delivered) != len(messages):
         raise KafkaUnavailable(
             f"{topic}: {len(messages) - len(delivered)} record(s) not acknowledged within {timeout:.0f}s by "
             f"{settings.bootstrap_servers}; check the broker (sie kafka status) and retry"
         )
+    if writer is None:
+        producer.flush(timeout)
 
 
 def publish_spec(settings: Settings, spec: ModelService, timeout: float = 30.0,
-                 clock: Callable[[], float] = time.time, ensure_topic: bool = True) -> dict[str, Any]:
-    """Publish ``spec`` on the specs topic and wait for the acknowledgement; returns the record sent."""
+                 clock: Callable[[], float] = time.time, ensure_topic: bool = True,
+                 writer: AckedWriter | None = None) -> dict[str, Any]:
+    """Publish ``spec`` on the specs topic and wait for the acknowledgement; returns the record sent.
+    ``writer``: a producer kept for many writes (``AckedWriter``), else a fresh one."""
     if ensure_topic:
         ensure_specs_topic(settings)
     record = spec_record(spec, int(clock() * 1000))
-    produce_acknowledged(settings, [(spec.name, encode(RECORD, record))], timeout)
+    produce_acknowledged(settings, [(spec.name, encode(RECORD, record))], timeout, writer=writer)
     return record
 
 
 def delete_spec(settings: Settings, spec: ModelService, timeout: float = 30.0,
-                clock: Callable[[], float] = time.time) -> None:
+                clock: Callable[[], float] = time.time, writer: AckedWriter | None = None) -> None:
     """Publish a ``deleted=true`` record, then a tombstone, for the spec's model."""
     record = spec_record(spec, int(clock() * 1000), deleted=True)
-    produce_acknowledged(settings, [(spec.name, encode(RECORD, record)), (spec.name, None)], timeout)
+    produce_acknowledged(settings, [(spec.name, encode(RECORD, record)), (spec.name, None)], timeout, writer=writer)
 
 
 @dataclass

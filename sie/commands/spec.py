@@ -111,7 +111,7 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
     """Validate specs, upload what they need, and publish them on the cluster's specs topic (key = model name)."""
     from sie.commands._artifacts import ApiUploader, KafkaUploader, document_for_api, for_cluster
     from sie.schemas.compat import check_spec_compatibility
-    from sie.schemas.spec_store import ensure_specs_topic, publish_spec, read_specs, specs_topic
+    from sie.schemas.spec_store import AckedWriter, ensure_specs_topic, publish_spec, read_specs, specs_topic
 
     loaded = _load_by_file(settings, files)
     if upload:  # every file that would leave this machine is checked before anything is uploaded or published
@@ -150,35 +150,39 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
     applied = read_specs(settings, timeout=timeout)
     uploader = KafkaUploader(settings, timeout) if upload else None
     cooling: dict[str, list[str]] | None = None
-    for path, specs in loaded:
-        for spec in specs:
-            if uploader is not None:
-                spec = for_cluster(spec, path, settings, uploader)
-            current = applied.get(spec.name)
-            if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
-                if cooling is None:
-                    cooling = _cooling_replicas(settings, timeout)
-                if not cooling.get(spec.name):
-                    _print_ok(spec, "unchanged")
+    writer = AckedWriter(settings, settings.names.cli_client_id("apply"), timeout_s=timeout)  # one producer for all
+    try:
+        for path, specs in loaded:
+            for spec in specs:
+                if uploader is not None:
+                    spec = for_cluster(spec, path, settings, uploader)
+                current = applied.get(spec.name)
+                if current is not None and _comparable(current.to_document()) == _comparable(spec.to_document()):
+                    if cooling is None:
+                        cooling = _cooling_replicas(settings, timeout)
+                    if not cooling.get(spec.name):
+                        _print_ok(spec, "unchanged")
+                        continue
+                    # the same spec again, but a replica of it is in cool-down: re-publishing it is the operator's
+                    # "I fixed it" (the control plane ends cool-downs that began before a spec was applied)
+                    publish_spec(settings, spec, timeout=timeout, ensure_topic=False, writer=writer)
+                    _print_ok(spec, "re-applied")
+                    click.echo(f"  cool-down ended for {', '.join(cooling[spec.name])}: placed again on the next pass")
                     continue
-                # the same spec again, but a replica of it is in cool-down: re-publishing it is the operator's
-                # "I fixed it" (the control plane ends cool-downs that began before a spec was applied)
-                publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
-                _print_ok(spec, "re-applied")
-                click.echo(f"  cool-down ended for {', '.join(cooling[spec.name])}: placed again on the next pass")
-                continue
-            if current is not None and current.version != spec.version:
-                breaks = check_spec_compatibility(current, spec)
-                if breaks and not allow_breaking:
-                    lines = "\n".join(f"  {b}" for b in breaks)
-                    raise SpecError(
-                        f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
-                        f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
-                    )
-            publish_spec(settings, spec, timeout=timeout, ensure_topic=False)
-            applied[spec.name] = spec  # a later file in this run compares against what we just published
-            _print_ok(spec, "applied" if current is None else "configured")
-            click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
+                if current is not None and current.version != spec.version:
+                    breaks = check_spec_compatibility(current, spec)
+                    if breaks and not allow_breaking:
+                        lines = "\n".join(f"  {b}" for b in breaks)
+                        raise SpecError(
+                            f"{spec.name} {spec.version}: schema_incompatible with applied {current.version} "
+                            f"(a rolling update would break clients; --allow-breaking to force):\n{lines}"
+                        )
+                publish_spec(settings, spec, timeout=timeout, ensure_topic=False, writer=writer)
+                applied[spec.name] = spec  # a later file in this run compares against what we just published
+                _print_ok(spec, "applied" if current is None else "configured")
+                click.echo(f"  -> {specs_topic(settings)} (requests: {spec.topics.requests})")
+    finally:
+        writer.close()
 
 
 def _cooling_replicas(settings: Settings, timeout: float) -> dict[str, list[str]]:

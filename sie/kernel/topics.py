@@ -30,27 +30,37 @@ class TopicSpec:
         return config
 
 
+#: compacted control topics that every control plane (and, for assignments, every agent) replays from the beginning
+#: at start: the broker compacts only closed segments, and a segment closes at 1 GiB or after 7 days by default,
+#: so without this a replay reads every record ever written (bench/bench_scale.py: 245 records, 49 MB of
+#: assignments for 5 MB of live ones after one populate of 1,000 models).  A segment closed after an hour of
+#: writes is compacted once a tenth of the log is dirty: a replay reads the live records, about an hour of
+#: changes and the open segment (docs/control-plane.md, "Scale").
+_REPLAYED = {"segment.ms": str(3600 * 1000), "min.cleanable.dirty.ratio": "0.1"}
+
 # name suffix -> (partitions, compacted, purpose, extra config)
 _SYSTEM = [
-    ("specs", 1, True, "ModelService specs, key = model name; tombstone = deleted", {}),
-    ("nodes", 1, True, "node registry: inventory of each node (CPU, memory, GPUs), key = node", {}),
+    ("specs", 1, True, "ModelService specs, key = model name; tombstone = deleted", _REPLAYED),
+    ("nodes", 1, True, "node registry: inventory of each node (CPU, memory, GPUs), key = node", _REPLAYED),
     # LogAppendTime: a heartbeat's timestamp is the broker's, never the agent's clock (replayed heartbeats
     # count as seen at that time; an agent whose clock is off cannot look dead or alive because of it)
     ("heartbeats", 3, False, "agent heartbeats with GPU metrics, key = node",
      {"retention.ms": str(6 * 3600 * 1000), "message.timestamp.type": "LogAppendTime"}),
-    ("assignments", 3, True, "desired replicas per node published by the control plane, key = node", {}),
+    ("assignments", 3, True, "desired replicas per node published by the control plane, key = node", _REPLAYED),
     ("replica-status", 3, False, "replica state changes reported by agents, key = replica id", {}),
     ("events", 1, False, "control-plane decisions and failures (placements, evictions, unschedulable)", {}),
-    ("control-leader", 1, True, "control-plane leadership epochs, key = cluster", {}),
-    ("model-status", 1, True, "desired vs actual per model published by the leading control plane, key = model", {}),
+    ("control-leader", 1, True, "control-plane leadership epochs, key = cluster", _REPLAYED),
+    ("model-status", 1, True, "desired vs actual per model published by the leading control plane, key = model",
+     _REPLAYED),
     ("backfill-plans", 1, True, "the bounded range of each backfill job, fixed at its start, key = job id", {}),
     # content-addressed: a manifest (small, one partition, read whole by every lookup) is written only after
     # every chunk of its artifact was acknowledged; chunks of one artifact share a partition (a contiguous
     # range the manifest names), so a fetch reads that range and nothing else
     ("artifacts", 1, True, "artifact manifests (size, chunks, where they are), key = sha256:<hex>", {}),
     ("artifact-chunks", 3, True, "artifact bytes in chunks, key = sha256:<hex>/<index>", {}),
-    ("connectors", 1, True, "CDC connectors applied through the control plane (spec, paused), key = name", {}),
-    ("rollouts", 1, True, "each model's rollout (phase, version weights + epoch, timeline), key = model", {}),
+    ("connectors", 1, True, "CDC connectors applied through the control plane (spec, paused), key = name",
+     _REPLAYED),
+    ("rollouts", 1, True, "each model's rollout (phase, version weights + epoch, timeline), key = model", _REPLAYED),
 ]
 
 

@@ -132,8 +132,10 @@ def direct(signals: Sequence[Signal], tracks: Mapping[str, Track], now: float, p
     hot = {s.name for s in signals if is_hot(s, policy)}
     for s in signals:
         t = tracks.get(s.name, Track())
-        t = replace(t, hot_since=(t.hot_since if t.hot_since is not None else now) if s.name in hot else None,
-                    cool_since=(t.cool_since if t.cool_since is not None else now) if is_cool(s, policy) else None)
+        hot_since = (t.hot_since if t.hot_since is not None else now) if s.name in hot else None
+        cool_since = (t.cool_since if t.cool_since is not None else now) if is_cool(s, policy) else None
+        if (hot_since, cool_since) != (t.hot_since, t.cool_since):  # most replicas, most passes: unchanged
+            t = replace(t, hot_since=hot_since, cool_since=cool_since)
         settled = t.changed_at is None or now - t.changed_at >= policy.hold_s
         cooler = [o for o in signals if o.name != s.name and o.name not in hot]
         if t.hot_since is not None and now - t.hot_since >= policy.sustain_s and settled and cooler:

@@ -67,8 +67,11 @@ class ControlMetrics:
         self.epoch = Gauge("sie_control_leader_epoch", "Leader epoch this instance knows", registry=self.registry)
         self.reconcile_seconds = Histogram(
             "sie_control_reconcile_seconds", "Duration of one reconcile pass", registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
+        self.reconcile_cpu = Counter("sie_control_reconcile_cpu_seconds", "CPU time of the reconcile passes (the "
+                                     "loop thread's; against sie_control_reconcile_seconds: how long a pass waited "
+                                     "for a core)", registry=self.registry)
         self.placements = Counter("sie_control_placement_events_total", "Placement decisions published", ["kind"], registry=self.registry)
         self.errors = Counter("sie_control_errors_total", "Reconcile subsystem failures", ["subsystem"], registry=self.registry)
         self.unplaced = Gauge("sie_control_replicas_unplaced", "Desired replicas without a node", registry=self.registry)
@@ -95,6 +98,7 @@ class ControlMetrics:
 
     def observe(self, report: ReconcileReport, snap: StateSnapshot, now: float, timeout_s: float) -> None:
         self.reconcile_seconds.observe(report.durations.get("total", 0.0))
+        self.reconcile_cpu.inc(max(0.0, report.durations.get("cpu", 0.0)))
         self.leader.set(1 if report.leader else 0)
         self.guard.set(1 if report.guard else 0)
         self.stale.set(1 if report.skipped else 0)
@@ -297,11 +301,18 @@ class ControlService:
         self.clients = clients or KafkaClients()
         #: artifacts on the cluster, for the API (uploads, and the check that a spec's artifact is there)
         self.artifacts = KnownArtifacts(ArtifactStore(settings, clients=self.clients))
+        from sie.schemas.spec_store import AckedWriter
+
+        #: the API's spec writes (apply, delete): one producer for all of them (``AckedWriter``)
+        self.spec_writer = AckedWriter(settings, settings.names.control_client_id(f"{self.instance_id}.specs"),
+                                       clients=self.clients)
         self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
+        self._wake = threading.Event()  # set: the reconcile loop runs its next pass now
         self.feeder = StateFeeder(settings, self.state, clock=clock, clients=clients,
                                   lag_limit_s=config.node_timeout_s / 2,
-                                  on_skip=lambda topic: self.metrics.skipped.labels(topic).inc())
+                                  on_skip=lambda topic: self.metrics.skipped.labels(topic).inc(),
+                                  on_change=lambda _topic: self._wake.set())
         self.elector = LeaderElector(settings, self.instance_id, session_timeout_ms=session_timeout_ms,
                                      on_change=self._on_leadership, clock=clock, clients=clients)
         #: the autoscaler's backlog signal: sampled only while this instance leads (a standby follows the
@@ -315,7 +326,6 @@ class ControlService:
         #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
         self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
                                  registry=self.metrics.registry)
-        self._wake = threading.Event()
         #: what a new leader loads before its first pass (``Takeover``)
         self.takeover = Takeover(self.feeder, self.rollouts, clock, wake=self._wake.set, metrics=self.metrics)
         self.controller = Controller(self.state, TransactionalPublisher(self.elector),
@@ -365,6 +375,7 @@ class ControlService:
             self.http.stop()
             self.audit.close()
         self._loop.join(10)
+        self.spec_writer.close()
         self.sampler.stop()
         self.elector.stop()
         self.feeder.stop()
@@ -396,12 +407,14 @@ class ControlService:
 
     def _run(self) -> None:
         """The reconcile loop.  A pass isolates its steps and skips itself while the state is stale;
-        whatever still escapes it ends this run, and the supervisor restarts the loop with backoff."""
+        whatever still escapes it ends this run, and the supervisor restarts the loop with backoff.  A wake
+        (an election, a takeover loaded, a live spec or connector record) runs the next pass at once; cleared
+        before the pass, so a wake that comes during a pass is not lost."""
         while not self._stop.is_set():
+            self._wake.clear()
             one_pass(self.controller, self.rollouts, self.clock())
             self._observe_threads()
             self._wake.wait(self.config.reconcile_interval_s)
-            self._wake.clear()
 
     def _observe_threads(self) -> None:
         threads = {"state_feeder": self.feeder.thread_status(), "leader_elector": self.elector.thread_status(),

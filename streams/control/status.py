@@ -8,7 +8,7 @@ the last record per model is the answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -146,15 +146,14 @@ class ModelStatus:
         to re-publish: the lag and rates change every pass, the decision rarely)."""
         if other is None:
             return False
-        a, b = self.to_record(), other.to_record()
-        for key in ("epoch", "updated_at_ms"):
-            a.pop(key), b.pop(key)
-        auto_a, auto_b = a.pop("autoscale"), b.pop("autoscale")
+        auto_a, auto_b = self.autoscale, other.autoscale
         if (auto_a is None) != (auto_b is None):
             return False
-        if auto_a is not None and _decision_identity(auto_a) != _decision_identity(auto_b):
+        if auto_a is not None and auto_b is not None and _decision_identity(auto_a) != _decision_identity(auto_b):
             return False
-        return a == b
+        # field by field, as values (every model, every pass: no records built to compare them)
+        return (replace(self, epoch=0, updated_at_ms=0, autoscale=None)
+                == replace(other, epoch=0, updated_at_ms=0, autoscale=None))
 
 
 #: the fields of an autoscale record that are the decision (the rest are the numbers behind it)
@@ -213,12 +212,18 @@ def build_status(
     timeout_s: float,
     epoch: int,
     cooldowns: Mapping[str, list[dict[str, Any]]] | None = None,
+    replica_ids: Iterable[str] | None = None,
 ) -> ModelStatus:
-    """Desired (the plan) vs actual (agents' reports) for one model; ``cooldowns`` by replica id."""
+    """Desired (the plan) vs actual (agents' reports) for one model; ``cooldowns`` by replica id.
+    ``replica_ids``: the model's replicas in ``plan`` when the caller grouped them already (one sweep of the plan
+    for every model, instead of one per model: ``Controller._statuses``)."""
     if spec is None:
         return ModelStatus(name, "", "", "", "Invalid", spec_error or "spec missing", 0, 0, (), epoch, int(now * 1000))
     views: list[ReplicaView] = []
-    for rid in sorted(set(r for r in plan.placements if plan.placements[r].model == name) | set(r for r in plan.unplaced if plan.unplaced[r].model == name)):
+    if replica_ids is None:
+        replica_ids = ([r for r in plan.placements if plan.placements[r].model == name]
+                       + [r for r in plan.unplaced if plan.unplaced[r].model == name])
+    for rid in sorted(set(replica_ids)):
         placed = plan.placements.get(rid)
         if placed is not None:
             views.append(_replica_view(placed, snap, now, timeout_s))

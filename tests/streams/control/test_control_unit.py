@@ -130,6 +130,43 @@ def test_two_models_publish_assignments_per_node_with_epoch(world):
     assert statuses["alpha"]["desired_replicas"] == 2 and statuses["alpha"]["phase"] == "Progressing"
 
 
+def test_a_pass_with_the_inputs_of_the_last_placement_reuses_its_plan(world, monkeypatch):
+    """Placement is a pure function of demands, inventory, current placements, exclusions and hints: a pass whose
+    inputs equal the last one's reuses its plan, and any change of them (a node's CPU, a new spec, a published
+    assignment) places afresh.  A node's momentary available memory is never packed against: not an input."""
+    import sie.streams.control.controller as mod
+
+    clock, state, pub, _, ctl = world
+    calls: list[int] = []
+    real = mod.place
+    monkeypatch.setattr(mod, "place", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def beat(**extra: Any) -> None:
+        for node in ("node-a", "node-b"):
+            state.apply_heartbeat({"node": node, "ts_ms": int(clock() * 1000), "seq": 1, "gpus": [gpu(0), gpu(1)],
+                                   "replicas": [], **extra}, seen_at=clock())
+
+    state.apply_spec("alpha", spec_record("alpha", replicas=2))
+    ctl.reconcile(clock())  # places alpha, publishes it
+    for r in pub.all("assignments"):
+        state.apply_assignment(r.key, r.value)  # read back, as the feeder would
+    clock.advance(1)
+    beat()
+    first = ctl.reconcile(clock())
+    placed = len(calls)
+    clock.advance(1)
+    beat(memory_total_mb=65536, memory_available_mb=1000)  # host memory reported: placement's input changed
+    ctl.reconcile(clock())
+    assert len(calls) == placed + 1
+    clock.advance(1)
+    beat(memory_total_mb=65536, memory_available_mb=2000)  # only the available memory moved
+    again = ctl.reconcile(clock())
+    assert len(calls) == placed + 1 and again.plan.placements == first.plan.placements
+    state.apply_spec("beta", spec_record("beta"))
+    ctl.reconcile(clock())
+    assert len(calls) == placed + 2 and any("beta-0" in ids for ids in assigned(pub).values())
+
+
 def test_same_state_twice_publishes_nothing(world):
     clock, state, pub, _, ctl = world
     state.apply_spec("alpha", spec_record("alpha"))

@@ -89,6 +89,18 @@ def test_the_same_event_is_shown_once_with_a_count_and_a_record_read_twice_is_ap
     assert event_rows(state.snapshot().events, 1)[0]["kind"] == "placed"
 
 
+def test_a_reread_is_skipped_while_the_event_is_kept_and_the_kept_window_slides():
+    state = ClusterState(max_events=3)
+    for offset in range(5):
+        state.apply_event({"ts_ms": offset, "kind": "placed", "model": "m", "replica_id": f"m-{offset}", "node": "a",
+                           "detail": "on a"}, (0, offset))
+    assert [e.position for e in state.snapshot().events] == [(0, 2), (0, 3), (0, 4)]
+    state.apply_event({"ts_ms": 4, "kind": "placed", "model": "m", "detail": "on a"}, (0, 4))  # kept: a re-read
+    assert len(state.snapshot().events) == 3
+    state.apply_event({"ts_ms": 0, "kind": "placed", "model": "m", "detail": "on a"}, (0, 0))  # long gone: new again
+    assert [e.position for e in state.snapshot().events] == [(0, 3), (0, 4), (0, 0)]
+
+
 def _status(name: str, states: list[ReplicaState], priority: str = "P0") -> ModelStatus:
     views = tuple(ReplicaView(f"{name}-{i}", name, "1", "a", (), 0, s) for i, s in enumerate(states))
     ready = sum(1 for s in states if s == ReplicaState.READY)
