@@ -18,11 +18,23 @@ Per fault: the longest stall of a request partition (gap between committed outpu
 every partition answered a request produced after the fault), and the read_committed proof (lost, doubled).
 A fault whose trial fails (a deadline reached, a request lost or doubled) gets a FAILED row saying why.
 Results: bench/results/faults.txt (its hand-written "## analysis" section is kept).
+
+    python bench/bench_faults.py --partitions [--repeats 3] [--rate 150] [--cases 1,4,4b,5,6,7,7b,2,3]
+
+The partition campaign (issue 27, tests/partition_campaign.py; needs root: network namespaces): every broker,
+scorer/agent node, control plane and the client on its own address of a private test network; the cases are
+partitions (a link cut, packets dropped between nodes) instead of crashes.  Per case also the healthy scorer's
+own partitions' stall and the time from the heal to every partition answering.  The defaults are the test's full
+profile (``SIE_FAULT_CAMPAIGN=full``: 150 req/s, 60 s flaps, 4b = the partial partition that keeps none of the
+scorer's coordinators, 7b = the flapping link of a partition leader), once each; a row over one of the campaign's
+bounds (``tests.partition_campaign.held``) says OVER BOUND and the exit status is 1.  Results:
+bench/results/partitions.txt (its "## analysis" section is kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -86,16 +98,120 @@ def run_control_faults(kafka: LocalKafka, root: Path, which: list[str], repeats:
     return rows, f"control rig, whole run, fresh read_committed reader: {requests} requests, {lost} lost, {doubled} doubled"
 
 
+#: the partition campaign's cases: key -> (rig, method, keyword arguments)
+PARTITION_CASES: dict[str, tuple[str, str, dict[str, object]]] = {
+    "1": ("scorer", "cut_scorer", {}),
+    "4": ("scorer", "partial", {"keep": "group"}),
+    "4b": ("scorer", "partial", {"keep": "other"}),
+    "5": ("scorer", "cut_client", {}),
+    "6": ("scorer", "broker_minority", {}),
+    "7": ("scorer", "flap", {"node": "a1", "duration_s": 60.0}),
+    "7b": ("scorer", "flap", {"node": "leader", "duration_s": 60.0}),
+    "2": ("control", "cut_agent", {}),
+    "3": ("control", "cut_leader", {}),
+}
+
+
+def run_partitions(args: argparse.Namespace) -> int:
+    from tests.netns import unavailable
+    from tests.partition_campaign import TABLE_HEADER as PARTITION_HEADER
+    from tests.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet, held
+
+    why = unavailable()
+    if why is not None:
+        print(f"the partition campaign needs network namespaces: {why}", file=sys.stderr)
+        return 2
+    which = [c.strip() for c in args.cases.split(",") if c.strip()]
+    rate, control_rate = args.rate or 150.0, 20.0  # the test's full profile
+    root = Path(tempfile.mkdtemp(prefix="bench-partitions-"))
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    rows: list[PartitionResult] = []
+    proofs: list[str] = []
+    net = TestNet(Settings(), root).start()
+    try:
+        for kind, factory in (("scorer", lambda: ScorerNet(net, root / "scorer", rate)),
+                              ("control", lambda: ControlNet(net, root / "control", control_rate))):
+            keys = [k for k in which if PARTITION_CASES[k][0] == kind]
+            if not keys:
+                continue
+            rig = factory()
+            try:
+                for _ in range(args.repeats):
+                    for key in keys:
+                        _, method, kwargs = PARTITION_CASES[key]
+                        try:
+                            row = getattr(rig, method)(**kwargs)
+                        except AssertionError as exc:
+                            why_failed = " ".join(str(exc).split())[:300].replace("|", "/")
+                            row = PartitionResult(f"{key} {method}", "-", float("nan"), None, float("nan"), None,
+                                                  float("nan"), 0, -1, -1, f"FAILED: {why_failed}")
+                        else:
+                            try:  # the campaign's bounds (tests/test_partition_campaign.py judges them the same way)
+                                held(row)
+                            except AssertionError as exc:
+                                over = " ".join(str(exc).split("PartitionResult(")[0].split())[:120] or "a bound"
+                                row = dataclasses.replace(row, note=f"OVER BOUND ({over}): {row.note}")
+                        rows.append(row)
+                        print(row.row(), flush=True)
+            finally:
+                requests, lost, doubled = rig.close()
+            proofs.append(f"{kind} rig, whole run, fresh read_committed reader: {requests} requests, {lost} lost, "
+                          f"{doubled} doubled")
+    finally:
+        net.close()
+    load_after = os.getloadavg()
+    lines = [
+        f"# bench_faults --partitions: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs (shared with other "
+        f"engineers' tests), load average {load_before[0]:.1f} before / {load_after[0]:.1f} after, "
+        f"{time.monotonic() - started:.0f} s",
+        "# command: python bench/bench_faults.py " + " ".join(sys.argv[1:]),
+        "# every node in its own network namespace (tests/netns.py): 3 brokers (KRaft), 2 scorers (sie score, 6 request "
+        f"partitions, session 10 s) or 2 agents + 2 control planes, the client; {rate:g} req/s to the scorers, "
+        f"{control_rate:g} req/s to the control rig's model; {args.repeats} trial(s) per case",
+        "# stall: longest gap between committed outputs of one request partition around the fault; healthy stall: the "
+        "same over the partitions of the scorer that was not cut;",
+        "# recovery: fault -> every partition answered a request produced after the fault; after heal: heal -> the same;",
+        "# lost/doubled: every request delivered so far has exactly one committed result or dead letter (read_committed)",
+        "",
+        PARTITION_HEADER,
+        *(r.row() for r in rows),
+        "",
+        *proofs,
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out if args.out != DEFAULT_OUT else Path(__file__).parent / "results" / "partitions.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = out.read_text() if out.exists() else ""
+    analysis = old[old.index("\n## analysis"):] if "\n## analysis" in old else ""
+    out.write_text(text + analysis)
+    return 1 if any(r.lost != 0 or r.doubled != 0 or r.note.startswith("OVER BOUND") for r in rows) else 0
+
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "faults.txt"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--rate", type=float, default=40.0, help="requests/s to the scorer (the control rig: half)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s to the scorer (default 40, the control rig half; with --partitions 150, the "
+                             "control rig 20 as in the test's full profile)")
     parser.add_argument("--faults", default="a,b,c,d,d2,e,f")
     parser.add_argument("--scorer-kafka-extra", default="",
                         help="SIE_KAFKA_EXTRA for the sie score process (JSON librdkafka properties), for A/B runs")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "faults.txt")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results file (default faults.txt; with --partitions: partitions.txt)")
+    parser.add_argument("--partitions", action="store_true",
+                        help="the partition campaign on a private test network of namespaces (needs root)")
+    parser.add_argument("--cases", default=",".join(PARTITION_CASES),
+                        help="partition campaign cases (with --partitions)")
     args = parser.parse_args()
+    if args.partitions:
+        return run_partitions(args)
     which = [f.strip() for f in args.faults.split(",") if f.strip()]
+    args.rate = args.rate or 40.0
     root = Path(tempfile.mkdtemp(prefix="bench-faults-"))
     load_before = os.getloadavg()
     kafka = LocalKafka(Settings(), brokers=3, base_port=free_base_port(6), data_dir=root / "kafka", detach=False)

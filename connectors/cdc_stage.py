@@ -30,11 +30,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sie.connectors.cdc import CdcConnectorSpec, CdcConverter
-from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
+from sie.kernel.clients import (
+    KafkaClients,
+    eos_consumer_config,
+    eos_transaction_timeout_ms,
+    transactional_producer_config,
+)
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
@@ -65,7 +70,7 @@ class CdcStageConfig:
     max_wait_ms: int = 20
     poll_timeout_ms: int = 200
     session_timeout_ms: int = 10_000
-    transaction_timeout_ms: int = 60_000
+    transaction_timeout_ms: int | None = None  # None: the session timeout (clients.eos_transaction_timeout_ms)
     metrics_port: int | None = None
     log_interval_s: float = 30.0
     limits: EosLimits = field(default_factory=EosLimits)
@@ -222,11 +227,15 @@ class CdcStage:
         self._loop = StreamLoop(StageSettings(
             name=f"cdc {cfg.connector.name}", topics=[cfg.connector.source_topic],
             producer_config=transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
-                                                          transaction_timeout_ms=cfg.transaction_timeout_ms),
+                                                          transaction_timeout_ms=cfg.transaction_timeout_ms
+                                                          or eos_transaction_timeout_ms(cfg.session_timeout_ms)),
             consumer_config=eos_consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
                                                 max_batch=cfg.max_batch, session_timeout_ms=cfg.session_timeout_ms),
             max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
-            tick_interval_s=min(cfg.log_interval_s, 5.0), limits=cfg.limits,
+            tick_interval_s=min(cfg.log_interval_s, 5.0),
+            # a stage that can commit nothing for a session's length gives its partitions to the others
+            limits=cfg.limits if cfg.limits.stall_s is not None else replace(cfg.limits,
+                                                                             stall_s=cfg.session_timeout_ms / 1000),
             fenced_hint="give every stage instance a distinct --instance"),
             self, clients=self._clients, observer=_Observer(self.metrics), clock=self._clock)
         try:

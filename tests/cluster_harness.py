@@ -6,6 +6,11 @@ runs on the shared broker never meet. Processes are tracked by PID and stopped b
 engineers run `sie` processes on the same machine, so nothing here ever matches processes by name.
 
 Waiting is always on a condition with a deadline (HTTP API, /proc, or Kafka records), never a sleep.
+
+``Cluster(..., hosts=topology)`` places processes on the nodes of a private test network
+(tests/netns.py): ``start_control(..., host="c1")`` runs the control plane inside node c1's network
+namespace, its HTTP API reached through a loopback forward (``Proc.port`` is the forward's), and ``sie``
+CLI commands run on ``cli_host``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -132,6 +137,15 @@ def worker_pids(agent_pid: int) -> dict[str, int]:
 # ------------------------------------------------------------------------------------------ processes
 
 
+class Hosts(Protocol):
+    """Where a process runs (tests/netns.py ``Topology``): a command prefix per node, and a loopback port
+    here that reaches a port on a node's own loopback."""
+
+    def prefix(self, name: str) -> list[str]: ...
+
+    def forward(self, name: str, port: int) -> int: ...
+
+
 @dataclass
 class Proc:
     """One `sie control` or `sie agent` subprocess, its log file and (control) HTTP port."""
@@ -142,6 +156,8 @@ class Proc:
     log_path: Path
     port: int | None = None
     seen_workers: set[int] = field(default_factory=set)
+    #: the test-network node it runs on (``Cluster(hosts=...)``), None: this host
+    host: str | None = None
 
     @property
     def pid(self) -> int:
@@ -171,7 +187,8 @@ class Cluster:
     """Starts and stops real processes for one test (or bench run) under a unique topic prefix."""
 
     def __init__(self, settings: Settings, root: Path, prefix: str | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, *, hosts: Hosts | None = None,
+                 cli_host: str | None = None) -> None:
         from sie.kernel.admin import ensure_topics
         from sie.kernel.topics import system_topics
 
@@ -183,6 +200,7 @@ class Cluster:
         #: more environment for every process started from now on (e.g. SIE_ALLOWED_MODULES of a test's own
         #: model packages, SIE_ADVERTISE_HOST)
         self.extra_env: dict[str, str] = dict(extra_env or {})
+        self.hosts, self.cli_host = hosts, cli_host
         ensure_topics(self.settings, system_topics(self.prefix))
 
     # -- environment -------------------------------------------------------------------------------
@@ -201,30 +219,41 @@ class Cluster:
         env.update(self.extra_env)
         return env
 
+    def _where(self, host: str | None) -> list[str]:
+        if host is None:
+            return []
+        if self.hosts is None:
+            raise ValueError(f"host={host!r}: this Cluster has no test network (Cluster(hosts=...))")
+        return self.hosts.prefix(host)
+
     def _spawn(self, name: str, kind: str, args: list[str], port: int | None = None,
-               env: dict[str, str] | None = None, cwd: Path | None = None) -> Proc:
+               env: dict[str, str] | None = None, cwd: Path | None = None, host: str | None = None) -> Proc:
         log_path = self.root / f"{kind}-{name}-{len(self.procs)}.log"
         log = open(log_path, "wb")
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "sie", *args], cwd=cwd or REPO, env={**self.env, **(env or {})},
+            popen = subprocess.Popen([*self._where(host), sys.executable, "-m", "sie", *args], cwd=cwd or REPO,
+                                     env={**self.env, **(env or {})},
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
-        proc = Proc(name, kind, popen, log_path, port)
+        if host is not None and port is not None:
+            port = self.hosts.forward(host, port)  # type: ignore[union-attr] - _where checked it
+        proc = Proc(name, kind, popen, log_path, port, host=host)
         self.procs.append(proc)
         return proc
 
-    def start_control(self, instance: str, *, node_timeout: float | None = None, extra: Iterable[str] = ()) -> Proc:
+    def start_control(self, instance: str, *, node_timeout: float | None = None, extra: Iterable[str] = (),
+                      host: str | None = None) -> Proc:
         port = free_port()
         args = ["control", "--http-port", str(port), "--http-host", "127.0.0.1", "--instance", instance,
                 "--no-ensure-topics"]
         if node_timeout is not None:
             args += ["--node-timeout", str(node_timeout)]
-        return self._spawn(instance, "control", args + list(extra), port)
+        return self._spawn(instance, "control", args + list(extra), port, host=host)
 
     def start_agent(self, node: str, *, gpus: str | None = "1xL4-24GB", tier: str | None = None,
                     labels: str | None = None, heartbeat_s: float = 2.0, extra: Iterable[str] = (),
-                    env: dict[str, str] | None = None, cwd: Path | None = None) -> Proc:
+                    env: dict[str, str] | None = None, cwd: Path | None = None, host: str | None = None) -> Proc:
         args = ["agent", "--node", node, "--heartbeat-s", str(heartbeat_s), "--work-dir", str(self.root / "agents"),
                 "--drain-grace-s", "5"]
         if gpus:
@@ -233,12 +262,12 @@ class Cluster:
             args += ["--tier", tier]
         if labels:
             args += ["--labels", labels]
-        return self._spawn(node, "agent", args + list(extra), env=env, cwd=cwd)
+        return self._spawn(node, "agent", args + list(extra), env=env, cwd=cwd, host=host)
 
     def sie(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run one `sie` CLI command against this cluster (its prefix and broker)."""
-        return subprocess.run([sys.executable, "-m", "sie", *args], cwd=REPO, env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run([*self._where(self.cli_host), sys.executable, "-m", "sie", *args], cwd=REPO,
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
 
     # -- specs ---------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ for), it is never taken as an answer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -211,6 +212,7 @@ class Observer:
         self.settings, self.topics, self.load, self.partitions = settings, topics, load, partitions
         #: more context for a failed wait (the rig's logs, partition leaders)
         self.diagnose: Callable[[], str] = lambda: ""
+        self.stall_began: dict[int, float] = {}
         self.tail = ResultTail(settings, topics, **INSTRUMENT_TIMEOUTS)
 
     def _arrivals(self) -> list[tuple[float, str]]:
@@ -242,6 +244,12 @@ class Observer:
     def measure(self, t0: float, end: float) -> tuple[float, float]:
         """(longest per-partition gap between outputs in [last output before t0, end], fault -> every partition
         answered a request produced after the fault)."""
+        stalls, recovery = self.per_partition(t0, end)
+        return max(stalls.values(), default=end - t0), recovery
+
+    def per_partition(self, t0: float, end: float) -> tuple[dict[int, float], float]:
+        """(request partition -> its longest gap between outputs in [its last output before t0, end], fault ->
+        every partition answered a request produced after the fault)."""
         delivered = self.load.delivered()
         with self.load._lock:  # noqa: SLF001
             sent_at = dict(self.load.sent_at)
@@ -254,13 +262,19 @@ class Observer:
             per.setdefault(p, []).append(at)
             if sent_at.get(rid, 0) > t0:
                 first_new[p] = min(first_new.get(p, at), at)
-        stall = 0.0
-        for times in per.values():
+        stalls: dict[int, float] = {}
+        #: partition -> when (seconds after t0) its longest gap began: what a trial's notes name
+        self.stall_began: dict[int, float] = {}
+        for p, times in per.items():
             before = [t for t in times if t <= t0]
             seq = [before[-1] if before else t0, *(t for t in times if t > t0), end]
-            stall = max(stall, max(b - a for a, b in zip(seq, seq[1:])))
+            gap, began = max((b - a, a) for a, b in zip(seq, seq[1:]))
+            stalls[p], self.stall_began[p] = gap, began - t0
+        for p in range(self.partitions):
+            if p not in stalls:  # never answered at all: silent the whole window
+                stalls[p], self.stall_began[p] = end - t0, 0.0
         recovery = max(first_new.values(), default=end) - t0
-        return stall, recovery
+        return stalls, recovery
 
     def settle(self, timeout: float = 90.0) -> tuple[int, int, int]:
         """(delivered, lost, doubled) over every request delivered so far, once each has an output (deadline:
@@ -462,14 +476,20 @@ RULES = "fraud-rules"
 
 
 class ControlRig:
-    """Two ``sie control`` (leader + standby) and two ``sie agent`` serving fraud-rules (1 replica) under load."""
+    """Two ``sie control`` (leader + standby) and two ``sie agent`` serving fraud-rules (1 replica) under load.
 
-    def __init__(self, kafka: LocalKafka, root: Path, rate_per_s: float = 20.0) -> None:
+    ``net`` (the partition campaign, tests/partition_campaign.py): every process on its own node of the test
+    network: the control planes on c1/c2, the agents (and their workers) on a1/a2, the load and the CLI on
+    the client node."""
+
+    def __init__(self, kafka: LocalKafka, root: Path, rate_per_s: float = 20.0, net: Any = None) -> None:
         settings = kafka.settings_for_clients()
-        self.c = Cluster(settings, Path(root))
+        topo = net.topo if net is not None else None
+        self.c = Cluster(settings, Path(root), hosts=topo, cli_host="client" if topo else None)
         c = self.c
-        self.controls = [c.start_control("cp-1"), c.start_control("cp-2")]
-        self.agents = [c.start_agent("node-a"), c.start_agent("node-b")]
+        on = (lambda node: node) if topo else (lambda node: None)
+        self.controls = [c.start_control("cp-1", host=on("c1")), c.start_control("cp-2", host=on("c2"))]
+        self.agents = [c.start_agent("node-a", host=on("a1")), c.start_agent("node-b", host=on("a2"))]
         c.wait_leader(90)
         wait_until(lambda: len([n for n in (try_get(c.api(), "/v1/nodes") or {}).get("nodes", [])
                                 if n["status"] == "online"]) == 2, 60, message=lambda: "both agents online; " + c.logs())
@@ -480,10 +500,13 @@ class ControlRig:
         self.settings = c.settings
         self.topics = c.spec_topics(RULES)
         example = example_input(self.spec_path)
-        self.load = Load(self.settings, self.topics["requests"],
-                         lambda n: {**example, "amount": float(10 + n % 5000)}, "c", rate_per_s)
+        with topo.entered("client") if topo else contextlib.nullcontext():  # the load's producer and thread
+            self.load = Load(self.settings, self.topics["requests"],
+                             lambda n: {**example, "amount": float(10 + n % 5000)}, "c", rate_per_s)
+            self.load.start()
         self.status = StatusTail(self.settings)
-        self.load.start()
+        #: (fault, heal, end) of the last trial (monotonic)
+        self.last_window = (0.0, 0.0, 0.0)
         partitions = len(partition_leaders(self.settings, self.topics["requests"]))
         self.observer = Observer(self.settings, self.topics, self.load, partitions)
 
@@ -498,6 +521,13 @@ class ControlRig:
         through the new leader meanwhile (the paused one's view is now stale) is placed; SIGCONT: the resumed
         instance must step down and never write as leader again: no committed LeaderEpoch/Assignment with its
         old epoch after the new leader's first record, the new model's replica never drained."""
+        return self.leader_isolated(fault, lambda p: os.kill(p.pid, signal.SIGSTOP),
+                                    lambda p: os.kill(p.pid, signal.SIGCONT))
+
+    def leader_isolated(self, fault: str, isolate: Callable[[Any], None], restore: Callable[[Any], None],
+                        model: str = "fraud-rules-b") -> FaultResult:
+        """``leader_pause`` with any isolation of the leader: ``isolate(proc)`` (SIGSTOP, its node's link cut)
+        and ``restore(proc)``; ``model``: the name of the model applied through the new leader meanwhile."""
         c = self.c
         self.steady()
         leader = c.wait_leader(60)
@@ -505,21 +535,21 @@ class ControlRig:
         wait_until(lambda: self._health(standby).get("role") == "standby", 30, message="a standby")
         old_epoch = int(self._health(leader)["epoch"])
         t0 = time.monotonic()
-        os.kill(leader.pid, signal.SIGSTOP)
+        isolate(leader)
         try:
             wait_until(lambda: self._health(standby).get("role") == "leader", 2 * leader_takeover_bound_s(), 0.2,
                        message=lambda: "the standby to take over; " + c.logs("control"))
             takeover = time.monotonic() - t0
             new_epoch = int(self._health(standby)["epoch"])
             assert new_epoch > old_epoch, (old_epoch, new_epoch)
-            second = c.write_spec(RULES, name="fraud-rules-b", resources={"cpu": 0.25})
+            second = c.write_spec(RULES, name=model, resources={"cpu": 0.25})
             done = c.sie("apply", "-f", str(second))  # through the live leader (the paused one answers nothing)
             assert done.returncode == 0, done.stdout + done.stderr
-            c.wait_ready("fraud-rules-b", 1, timeout=90, port=standby.port)
-            second_workers = {rid: pid for rid, (_, pid) in c.all_workers().items() if rid.startswith("fraud-rules-b")}
+            c.wait_ready(model, 1, timeout=90, port=standby.port)
+            second_workers = {rid: pid for rid, (_, pid) in c.all_workers().items() if rid.startswith(f"{model}-")}
             assert second_workers, c.all_workers()
         finally:
-            os.kill(leader.pid, signal.SIGCONT)
+            restore(leader)
         t1 = time.monotonic()
         # the resumed instance learns it lost partition 0 (or is fenced on its first write) and steps down
         wait_until(lambda: (h := self._health(leader)) and h.get("role") != "leader" or
@@ -529,13 +559,14 @@ class ControlRig:
         # one node timeout (6 s) + reconcile passes of the resumed instance: proved by the standby's view of
         # the second model staying Ready with the same worker, and by the committed records below
         end = self.observer.wait_answered_after(t1, STALL_BOUND_S, f"{fault}: scoring after the resume")
-        wait_until(lambda: c.ready_model("fraud-rules-b", 1, standby.port), 30, message="fraud-rules-b still Ready")
+        wait_until(lambda: c.ready_model(model, 1, standby.port), 30, message=f"{model} still Ready")
         self._assert_no_zombie_writes(old_epoch, new_epoch)
-        now_workers = {rid: pid for rid, (_, pid) in c.all_workers().items() if rid.startswith("fraud-rules-b")}
+        now_workers = {rid: pid for rid, (_, pid) in c.all_workers().items() if rid.startswith(f"{model}-")}
         assert now_workers == second_workers, f"the new model's replica was restarted: {second_workers} -> {now_workers}"
+        self.last_window = (t0, t1, end)
         return self._result(fault, f"cp {leader.name} (epoch {old_epoch} -> {standby.name} epoch {new_epoch})", t0, end,
-                            f"takeover {takeover:.1f} s, resumed one stepped down in {stepped_down:.1f} s, "
-                            "no write with the old epoch")
+                            f"takeover {takeover:.1f} s, the old leader stepped down {stepped_down:.1f} s after the "
+                            "fault ended, no write with the old epoch")
 
     def _assert_no_zombie_writes(self, old_epoch: int, new_epoch: int) -> None:
         from sie.schemas.avro_codec import decode
@@ -556,6 +587,13 @@ class ControlRig:
         """SIGSTOP the agent running the fraud-rules replica (its worker keeps running): the control plane moves
         the replica (same transactional id: the new worker fences the old); SIGCONT: the resumed agent drains its
         stale replica; exactly one worker of the replica remains."""
+        return self.agent_isolated(fault, lambda p: os.kill(p.pid, signal.SIGSTOP),
+                                   lambda p: os.kill(p.pid, signal.SIGCONT))
+
+    def agent_isolated(self, fault: str, isolate: Callable[[Any], None], restore: Callable[[Any], None]
+                       ) -> FaultResult:
+        """``agent_pause`` with any isolation of the agent: ``isolate(proc)`` (SIGSTOP; its node's link cut, which
+        cuts its worker off too) and ``restore(proc)``."""
         c = self.c
         self.steady()
         placement = c.placement(RULES)
@@ -564,22 +602,23 @@ class ControlRig:
         other = next(a for a in self.agents if a is not agent)
         old_pid = worker_pids(agent.pid)[rid]
         wall, t0 = time.time(), time.monotonic()
-        os.kill(agent.pid, signal.SIGSTOP)
+        isolate(agent)
         try:
             wait_until(lambda: self.status.ready_after(rid, wall, other.name), 90, 0.2,
                        message=lambda: f"{rid} READY on {other.name}; " + c.logs())
             moved = time.monotonic() - t0
         finally:
-            os.kill(agent.pid, signal.SIGCONT)
+            restore(agent)
         t1 = time.monotonic()
         wait_until(lambda: rid not in worker_pids(agent.pid), 60, 0.2,
                    message=lambda: f"the resumed agent {node} to stop its stale {rid} (pid {old_pid}); " + c.logs("agent"))
         drained = time.monotonic() - t1
         end = self.observer.wait_answered_after(t1, STALL_BOUND_S, f"{fault}: scoring after the resume")
         assert rid in worker_pids(other.pid) and rid not in worker_pids(agent.pid)
+        self.last_window = (t0, t1, end)
         return self._result(fault, f"agent {node} ({rid})", t0, end,
-                            f"replica READY on {other.name} {moved:.1f} s after the pause; stale worker stopped "
-                            f"{drained:.1f} s after the resume")
+                            f"replica READY on {other.name} {moved:.1f} s after the fault; stale worker stopped "
+                            f"{drained:.1f} s after it ended")
 
     def _result(self, fault: str, desc: str, t0: float, end: float, note: str) -> FaultResult:
         stall, recovery = self.observer.measure(t0, end)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,9 @@ class ScorerProcess(LoggedProcess):
     """``python -m sie score`` as a child process (the real CLI), with its output in a file."""
 
     def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
+                 env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
+        """``prefix``: what runs the command (e.g. ``ip netns exec <node>``: tests/netns.py)."""
+        cmd = [*prefix, sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES),

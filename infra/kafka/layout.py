@@ -4,6 +4,9 @@ One broker: combined broker+controller node 1 on ``base_port`` (clients) and
 ``base_port+1`` (controller), formatted ``--standalone``.
 Three brokers: nodes 1-3 on ``base+0/+1``, ``base+2/+3``, ``base+4/+5`` with a
 static ``controller.quorum.voters``; internal topics replicated 3 with min ISR 2.
+Every node listens on and advertises 127.0.0.1, unless ``hosts`` gives each node
+its own address (the partition campaign's brokers, each in its own network
+namespace: tests/netns.py).
 
 Settings every shape gets, and why:
 - ``group.initial.rebalance.delay.ms=0``: the default 3 s delay would add 3 s to
@@ -41,6 +44,8 @@ class NodeLayout:
     broker_port: int
     controller_port: int
     dir: Path
+    #: the address it listens on and advertises
+    host: str = HOST
 
     @property
     def data_dir(self) -> Path:
@@ -64,7 +69,7 @@ class NodeLayout:
 
     @property
     def bootstrap(self) -> str:
-        return f"{HOST}:{self.broker_port}"
+        return f"{self.host}:{self.broker_port}"
 
 
 @dataclass(frozen=True)
@@ -72,15 +77,20 @@ class ClusterLayout:
     brokers: int
     base_port: int
     root: Path
+    #: one address per node (empty: every node on ``HOST``)
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.brokers not in SUPPORTED_SHAPES:
             raise ValueError(f"brokers: must be 1 or 3 (got {self.brokers})")
+        if self.hosts and len(self.hosts) != self.brokers:
+            raise ValueError(f"hosts: one address per broker (got {len(self.hosts)} for {self.brokers})")
 
     @property
     def nodes(self) -> tuple[NodeLayout, ...]:
         return tuple(
-            NodeLayout(i + 1, self.base_port + 2 * i, self.base_port + 2 * i + 1, self.root / f"node-{i + 1}")
+            NodeLayout(i + 1, self.base_port + 2 * i, self.base_port + 2 * i + 1, self.root / f"node-{i + 1}",
+                       self.hosts[i] if self.hosts else HOST)
             for i in range(self.brokers)
         )
 
@@ -100,17 +110,18 @@ class ClusterLayout:
 
     @property
     def quorum_voters(self) -> str:
-        return ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in self.nodes)
+        return ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in self.nodes)
 
     def server_properties(self, node: NodeLayout) -> dict[str, str]:
         """The broker config of one node, as an ordered dict."""
         internal_rf = "1" if self.brokers == 1 else "3"
         internal_isr = "1" if self.brokers == 1 else "2"
+        host = node.host
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
-            "listeners": f"PLAINTEXT://{HOST}:{node.broker_port},CONTROLLER://{HOST}:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{node.broker_port},CONTROLLER://{HOST}:{node.controller_port}",
+            "listeners": f"PLAINTEXT://{host}:{node.broker_port},CONTROLLER://{host}:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{host}:{node.broker_port},CONTROLLER://{host}:{node.controller_port}",
             "inter.broker.listener.name": "PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,"
@@ -129,7 +140,7 @@ class ClusterLayout:
             "broker.heartbeat.interval.ms": "1000",
         }
         if self.brokers == 1:
-            props["controller.quorum.bootstrap.servers"] = f"{HOST}:{node.controller_port}"
+            props["controller.quorum.bootstrap.servers"] = f"{host}:{node.controller_port}"
         else:
             props["controller.quorum.voters"] = self.quorum_voters
             props["default.replication.factor"] = "3"

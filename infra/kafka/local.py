@@ -23,8 +23,8 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +53,20 @@ class ClusterState:
     pids: dict[int, int] = field(default_factory=dict)
     #: SASL_SSL + SCRAM + ACLs (``sie kafka up --secure``); secrets in ``<data_dir>/secrets``
     secure: bool = False
+    #: each node's address (empty: all on 127.0.0.1; ``ClusterLayout.hosts``)
+    hosts: tuple[str, ...] = ()
 
     def with_pid(self, node_id: int, pid: int | None) -> ClusterState:
         pids = {k: v for k, v in self.pids.items() if k != node_id}
         if pid is not None:
             pids[node_id] = pid
-        return ClusterState(self.brokers, self.base_port, self.cluster_id, self.kafka_version, pids, self.secure)
+        return replace(self, pids=pids)
 
     def stopped(self) -> ClusterState:
-        return ClusterState(self.brokers, self.base_port, self.cluster_id, self.kafka_version, {}, self.secure)
+        return replace(self, pids={})
+
+    def layout(self, root: Path) -> ClusterLayout:
+        return ClusterLayout(self.brokers, self.base_port, root, self.hosts)
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -69,7 +74,8 @@ class ClusterState:
             return None
         raw = json.loads(path.read_text())
         return cls(raw["brokers"], raw["base_port"], raw["cluster_id"], raw["kafka_version"],
-                   {int(k): int(v) for k, v in raw.get("pids", {}).items()}, bool(raw.get("secure", False)))
+                   {int(k): int(v) for k, v in raw.get("pids", {}).items()}, bool(raw.get("secure", False)),
+                   tuple(raw.get("hosts", ())))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +206,12 @@ class LocalKafka:
     ``brokers`` and ``base_port`` matter for ``up``; the other methods read the
     shape from the state file, so ``LocalKafka(settings, data_dir=d).down()``
     stops whatever runs there.
+
+    ``hosts`` and ``launcher`` (the partition campaign, tests/netns.py): node i listens on and
+    advertises ``hosts[i]`` and is started as ``launcher(node) + java ...`` (e.g. ``ip netns exec
+    <its namespace>``).  Its ports are then not checked here (they are free in its own namespace; a
+    broker that cannot bind exits and ``up`` quotes its log), and ``up``/``start_broker`` probe the
+    brokers from the calling thread's network, so call them from where the hosts are reachable.
     """
 
     def __init__(
@@ -210,6 +222,8 @@ class LocalKafka:
         data_dir: Path | None = None,
         *,
         secure: bool = False,
+        hosts: Sequence[str] = (),
+        launcher: Callable[[NodeLayout], Sequence[str]] | None = None,
         detach: bool = True,
         echo: Echo = _quiet,
         clock: Clock = time.monotonic,
@@ -217,7 +231,8 @@ class LocalKafka:
     ) -> None:
         self.settings = settings
         self.data_dir = Path(data_dir or settings.kafka_data_dir).resolve()
-        self._requested = ClusterLayout(brokers, base_port, self.data_dir)
+        self._requested = ClusterLayout(brokers, base_port, self.data_dir, tuple(hosts))
+        self._launcher = launcher
         self._secure_requested = secure
         self.security = SecurityFiles(self.data_dir / "secrets")
         self._detach = detach
@@ -240,7 +255,7 @@ class LocalKafka:
         state = self._state()
         if state is None:
             return self._requested
-        return ClusterLayout(state.brokers, state.base_port, self.data_dir)
+        return state.layout(self.data_dir)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -277,14 +292,14 @@ class LocalKafka:
         state = self._state()
         layout = self._requested
         if state is not None:
-            recorded = ClusterLayout(state.brokers, state.base_port, self.data_dir)
+            recorded = state.layout(self.data_dir)
             running = [n.node_id for n in recorded.nodes if self._alive(n, state)]
             if state.secure != self._secure_requested:
                 raise ConfigError(
                     f"{self.data_dir} holds a {'secured' if state.secure else 'plaintext'} cluster: run "
                     f"`sie kafka down --wipe --data-dir {self.data_dir}` first or pass another --data-dir"
                 )
-            if (state.brokers, state.base_port) != (layout.brokers, layout.base_port):
+            if (state.brokers, state.base_port, state.hosts) != (layout.brokers, layout.base_port, layout.hosts):
                 if running:
                     raise ConfigError(
                         f"a {state.brokers}-broker cluster already runs from {self.data_dir} "
@@ -301,13 +316,13 @@ class LocalKafka:
                 return layout.bootstrap_servers
         else:
             state = ClusterState(layout.brokers, layout.base_port, new_cluster_id(), self.settings.kafka_version,
-                                 secure=self._secure_requested)
+                                 secure=self._secure_requested, hosts=layout.hosts)
         to_start = [n for n in layout.nodes if not self._alive(n, state)]
-        for node in to_start:
+        for node in to_start if self._launcher is None else ():  # a launched node's ports are its own
             for port in (node.broker_port, node.controller_port):
-                if port_in_use(port):
+                if port_in_use(port, node.host):
                     raise ConfigError(
-                        f"{HOST}:{port} is already in use: run `sie kafka down` or pass --base-port"
+                        f"{node.host}:{port} is already in use: run `sie kafka down` or pass --base-port"
                     )
         lib = ensure_jars(self.settings, echo=self._echo)
         java = require_tool("java")
@@ -462,7 +477,7 @@ class LocalKafka:
             node.logs_dir.mkdir(parents=True, exist_ok=True)
             props = layout.server_properties(node)
             if state.secure:
-                props.update(secure_server_properties(self.security, node.broker_port, node.controller_port, HOST))
+                props.update(secure_server_properties(self.security, node.broker_port, node.controller_port, node.host))
             _write_private_text(node.properties_file, render_properties(props))  # holds the admin's password
             if not (node.data_dir / "meta.properties").is_file():
                 cmd = self._java_cmd(node, lib, java, "kafka.tools.StorageTool", "256m") + [
@@ -485,6 +500,8 @@ class LocalKafka:
 
     def _start_node(self, node: NodeLayout, state: ClusterState, lib: Path, java: str) -> ClusterState:
         cmd = self._java_cmd(node, lib, java, "kafka.Kafka", self.settings.kafka_heap) + [str(node.properties_file)]
+        if self._launcher is not None:
+            cmd = [*self._launcher(node), *cmd]
         pid = self._procs.start(cmd, cwd=node.dir, log=node.stdout_log, detach=self._detach)
         state = state.with_pid(node.node_id, pid)
         state.save(self.state_file)

@@ -37,7 +37,9 @@ from sie.streams.scorer.config import ScorerConfig
 @click.option("--partitions", type=click.IntRange(min=1), help="Partitions of model topics created if missing "
                                                                 "(default: SIE_REQUEST_PARTITIONS).")
 @click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True,
-              help="Consumer group session timeout: how fast a dead scorer's partitions move.")
+              help="Consumer group session timeout: how fast a dead scorer's partitions move. Also its "
+                   "transaction timeout (at least 10 s) and how long it may commit nothing before it gives its "
+                   "partitions to the other replicas.")
 @click.option("--expired-to", type=click.Choice(["result", "dead_letter"]), default="result", show_default=True,
               help="Where requests older than sla.max_queue_time_ms go.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",

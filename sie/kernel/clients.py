@@ -3,7 +3,7 @@
 Roles (each config is commented where it matters for exactly-once, liveness or bounded memory):
 
 * ``eos_consumer_config``           a consume-transform-produce stage's consumer (scorer, CDC stage, backfill):
-                                    offsets only inside transactions, read_committed, eager assignor;
+                                    offsets only inside transactions, read_committed, cooperative assignor;
 * ``transactional_producer_config`` that stage's producer (stable ``transactional.id``: a restart fences
                                     the zombie), also the control-plane leader's fenced writer;
 * ``idempotent_producer_config``    status and registration writers (agents, ``sie apply``, ``sie produce``):
@@ -61,6 +61,60 @@ class KafkaClients:
 #: its heartbeats 4/s.
 EOS_HEARTBEAT_MS = 250
 
+#: the assignor of an exactly-once stage's consumer group.  Eager ``range`` made every rebalance revoke every
+#: partition of every member, which then re-read the committed offsets of all of them; read_committed with
+#: KIP-447 (``require_stable``) holds that read while an offset is still PENDING in a transaction, so when a
+#: scorer was cut off from the brokers between ``send_offsets_to_transaction`` and its commit, the healthy
+#: scorer that took its partitions stopped on ALL of its own too until the cut-off one's transaction ended
+#: (issue 27: ~40 s, 51-52 s for the cut-off one's).  ``cooperative-sticky`` (KIP-429) revokes only what moves:
+#: the others keep fetching and committing their own partitions, and only the moved ones wait for their
+#: offsets (bounded by ``eos_transaction_timeout_ms``).  Measured in the partition campaign (docs/reliability.md).
+#: A group cannot mix eager and cooperative members: a member started with the other assignor is refused
+#: (INCONSISTENT_GROUP_PROTOCOL) until the last member of the other kind has left, so upgrading from a release
+#: with ``range`` restarts all replicas of a model together (its old members serve meanwhile).
+EOS_ASSIGNOR = "cooperative-sticky"
+
+
+#: connection liveness of an exactly-once stage's clients.  A partition's fetch (or a produce, a commit) rides
+#: one TCP connection per broker; when a link goes down and up again, a request sent meanwhile is retransmitted
+#: by TCP at exponentially growing intervals, so after the heal the connection can wait tens of seconds for its
+#: next retransmission, and librdkafka only gives up on a request after ``socket.timeout.ms`` (60 s by default):
+#: with a link flapping every 3 s, one partition stayed silently stalled ~49 s, 14-28 s past the heal (issue
+#: 27).  A request unanswered for 10 s now closes its connection (librdkafka logs REQTMOUT naming the broker)
+#: and a fresh one is opened at once; reconnect attempts back off to at most 2 s instead of 10 s, and a connect
+#: that does not complete in 10 s (a SYN lost in the partition) is retried instead of waited on for 30 s.  The
+#: requests that may take longer have their own timeouts (JoinGroup: max.poll.interval.ms + 3 s, heartbeats:
+#: the session); a fetch is a 50 ms long-poll.  The producer's socket timeout follows transaction.timeout.ms
+#: (``eos_transaction_timeout_ms``) and must stay below it.
+EOS_LIVENESS: dict[str, int] = {
+    "socket.timeout.ms": 10_000,
+    "socket.connection.setup.timeout.ms": 10_000,
+    "reconnect.backoff.max.ms": 2_000,
+}
+
+
+#: the shortest transaction timeout of an exactly-once stage (Kafka Streams' exactly-once default): with 6 s (a 6 s
+#: session), brokers on an overloaded 2-core host (load 45-55) acknowledged records later than that, every batch
+#: timed out and was aborted, and two scorers never reached a steady load (the partition campaign, issue 27)
+EOS_MIN_TRANSACTION_TIMEOUT_MS = 10_000
+
+
+def eos_transaction_timeout_ms(session_timeout_ms: int) -> int:
+    """``transaction.timeout.ms`` of a consume-transform-produce stage whose consumer has this session timeout:
+    the same, and at least ``EOS_MIN_TRANSACTION_TIMEOUT_MS``.
+
+    A member cut off from the brokers leaves its transaction open, and with it the offsets it sent to it: the
+    member that takes its partitions after the session timeout cannot read their committed offsets until that
+    transaction ends, which, if the cut-off member does not come back, is when the coordinator aborts it:
+    ``transaction.timeout.ms`` after it began, checked every ``transaction.abort.timed.out.transaction.cleanup.
+    interval.ms`` (10 s by default).  librdkafka's 60 s default kept a moved partition stalled ~60 s; sized to the
+    session, a moved partition waits about as long as the session itself again.  A transaction here is open only
+    from the batch's first output to its commit (inference runs before it: ``sie.streams.eos.cycle``), so even
+    a slow broker rarely makes one outlive it, and then it is aborted and the batch read again (exactly once
+    holds either way).  Kafka Streams defaults exactly-once transactions to 10 s for the same reason.
+    librdkafka lowers the producer's ``message.timeout.ms`` and ``socket.timeout.ms`` to it as well."""
+    return max(session_timeout_ms, EOS_MIN_TRANSACTION_TIMEOUT_MS)
+
 
 def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, max_batch: int = 256,
                         session_timeout_ms: int = 10_000, max_poll_interval_ms: int = 300_000,
@@ -75,7 +129,9 @@ def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, ma
         "enable.auto.offset.store": False,
         "isolation.level": "read_committed",  # never see records of aborted transactions (explicit on purpose)
         "auto.offset.reset": auto_offset_reset,
-        "partition.assignment.strategy": "range",  # classic protocol, eager: on_revoke sees every partition go
+        # classic protocol, incremental (KIP-429): a rebalance revokes only the partitions that move, so a member
+        # keeps fetching and committing its own partitions while another's are handed over (EOS_ASSIGNOR)
+        "partition.assignment.strategy": EOS_ASSIGNOR,
         **({"group.instance.id": group_instance_id} if group_instance_id else {}),
         "session.timeout.ms": session_timeout_ms,
         # members learn of a rebalance only from a heartbeat's answer (classic protocol): a member that left
@@ -95,6 +151,7 @@ def eos_consumer_config(settings: Settings, group_id: str, client_id: str, *, ma
         # partitions added to a request topic are seen (and rebalanced onto) within 10 s, not librdkafka's
         # default 5 minutes; the stage then re-reads the result topic's partition count (issue 9, case 8)
         "topic.metadata.refresh.interval.ms": 10_000,
+        **EOS_LIVENESS,  # a request stuck on a connection that lost packets is retried on a fresh one
     })
 
 
@@ -121,6 +178,10 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
         "retry.backoff.ms": 1,
         "queue.buffering.max.messages": max(100_000, 40 * max_batch),
         **({"queue.buffering.max.kbytes": buffer_kbytes} if buffer_kbytes is not None else {}),
+        # a request stuck on a connection that lost packets is retried on a fresh one (EOS_LIVENESS); librdkafka
+        # requires the socket timeout at least 100 ms below the transaction timeout
+        **EOS_LIVENESS,
+        "socket.timeout.ms": min(EOS_LIVENESS["socket.timeout.ms"], transaction_timeout_ms - 100),
     })
 
 

@@ -54,6 +54,15 @@ Failure -> what happens (the batch is never half-visible), the same in both mode
 Every rewind is reported to ``on_rewind`` (``StreamLoop`` drops records it had already collected from
 those partitions: they come again after the seek).
 
+Stalled: a stage that reaches its group coordinator (so it keeps its partitions) but not its transaction
+coordinator or the leaders it writes to (a partial partition, issue 27) fails every batch and would hold its
+partitions until ``max.poll.interval.ms``.  When a batch fails, or its commit has not returned, and nothing was
+committed for ``EosLimits.stall_s`` while there was work (``idle()`` says when there was none),
+``on_stalled(reason)`` runs BEFORE the recovery (which may wait for the broker): ``StreamLoop`` leaves the
+consumer group there, so the other members take the partitions, and joins again once the recovery is through.
+(A commit still in flight then carries the old generation: the group coordinator refuses its offsets, or it
+completed before the rebalance; exactly once either way, KIP-447.)
+
 Users: the scorer and the CDC stage (through ``stage.StreamLoop``, pipelined) and backfill (its own
 assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
 ``TransactionalProducer`` for producer-only transactions.
@@ -91,6 +100,9 @@ log = logging.getLogger("sie.eos")
 
 T = TypeVar("T")
 
+#: how often a stage waiting on a commit looks at whether it stalled (``ExactlyOnce._wait``)
+_STALL_TICK_S = 0.5
+
 
 class BatchStatus(str, enum.Enum):
     """How one batch ended; only ``COMMITTED`` made anything visible."""
@@ -114,6 +126,9 @@ class EosLimits:
     fatal_limit: int = 5
     retry_later_max_s: float = 5.0
     hang_limit_s: float = 25.0
+    #: a batch that fails after nothing was committed for this long (while there was work) is a stall:
+    #: ``on_stalled`` (module docstring); None: never (stages without a consumer group)
+    stall_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -192,7 +207,7 @@ class ExactlyOnce:
                  limits: EosLimits = EosLimits(), *, observer: EosObserver | None = None,
                  fenced_hint: str = "give every instance a distinct --instance (or stop the other job)",
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
-                 on_rewind: OnRewind | None = None) -> None:
+                 on_rewind: OnRewind | None = None, on_stalled: Callable[[str], None] | None = None) -> None:
         self.producer = producer
         self.consumer = consumer
         self._stop = stop
@@ -202,6 +217,10 @@ class ExactlyOnce:
         self._clock = clock
         self._wall = wall_clock
         self._on_rewind = on_rewind
+        self._on_stalled = on_stalled
+        #: when the stage last made progress: a commit, or nothing to do (``idle``) before its batches failed
+        self._progress_at = clock()
+        self._failed_since_commit = False
         self._fatal_streak = 0
         self._retry_delay = limits.backoff_s
         self._inflight: _InFlight | None = None
@@ -212,6 +231,18 @@ class ExactlyOnce:
         self.last_commit_s = 0.0
         #: timings of the last committed batch (set before its outcome is handed back)
         self.last_times = BatchTimes()
+
+    def idle(self) -> None:
+        """Nothing to do right now (no records, nothing in flight): not a stall, however long ago the last commit.
+        Once a batch failed, only a commit counts (records of a failed batch come again after the rewind, and a
+        poll meanwhile may well return none)."""
+        if self._inflight is None and not self._failed_since_commit:
+            self._progress_at = self._clock()
+
+    def restarted(self) -> None:
+        """The stage starts afresh (joined its group again): ``stall_s`` counts from now."""
+        self._progress_at = self._clock()
+        self._failed_since_commit = False
 
     @property
     def in_flight(self) -> bool:
@@ -271,17 +302,18 @@ class ExactlyOnce:
             return outcomes
         try:
             times.begun = self._wall()
+            txn.opened_at = self._clock()
             txn.begin()
             for out in prepared.outputs:
                 self._produce(txn, out, rejected, prepared.value)
             times.produced = self._wall()
+            # the consumer is not thread-safe: its group metadata is taken here, after the last consume()
+            metadata = self.consumer.consumer_group_metadata()
             if pipelined:
-                # the consumer is not thread-safe: its group metadata is taken here, after the last consume()
-                metadata = self.consumer.consumer_group_metadata()
                 pending = txn.start_commit(metadata, then=lambda: self._stamp_committed(times))
                 self._inflight = _InFlight(txn, pending, prepared.value, len(batch), times)
                 return outcomes
-            txn.commit()
+            self._wait(txn.start_commit(metadata))
             self._stamp_committed(times)
         except (TxnAbortable, ProducerFatal) as exc:
             outcomes.append(BatchOutcome(self._recover(txn, exc), None, len(batch), times))
@@ -302,7 +334,7 @@ class ExactlyOnce:
         if inflight is None:
             return []
         try:
-            inflight.commit.result()  # bounded: ProducerHung if a call inside never answered
+            self._wait(inflight.commit)  # bounded: ProducerHung if a call inside never answered
         except (TxnAbortable, ProducerFatal) as exc:
             gone = {(tp.topic, tp.partition) for tp in revoked}
             first = {tp: off for tp, off in inflight.txn.first_offsets().items() if tp not in gone}
@@ -314,11 +346,26 @@ class ExactlyOnce:
         return [self._committed(inflight.value, inflight.size, inflight.times)]
 
     # --- steps ----------------------------------------------------------------------------------------
+    def _wait(self, pending: PendingCall) -> None:
+        """``pending.result()``; meanwhile, past ``stall_s`` without a commit, ``on_stalled`` (module docstring):
+        a commit that hangs on an unreachable coordinator is given up by the watchdog only after
+        ``hang_limit_s`` per call (50 s for offsets + commit), the partitions should move on before that."""
+        stall_s = self._limits.stall_s
+        if self._on_stalled is not None and stall_s is not None:
+            while not pending.wait(_STALL_TICK_S):
+                stalled_s = self._clock() - self._progress_at
+                if stalled_s >= stall_s:
+                    self._on_stalled(f"nothing committed for {stalled_s:.0f}s, the commit in flight has not returned")
+                    break
+        pending.result()
+
     def _stamp_committed(self, times: BatchTimes) -> None:
         """When the commit returned (on the committer thread when pipelined)."""
         times.committed = self._wall()
 
     def _committed(self, value: Any, size: int, times: BatchTimes) -> BatchOutcome[Any]:
+        self._progress_at = self._clock()
+        self._failed_since_commit = False
         self._fatal_streak = 0
         self._retry_delay = self._limits.backoff_s
         self.last_commit_s = times.commit_s
@@ -350,11 +397,17 @@ class ExactlyOnce:
     def _recover(self, txn: Checkpoint, exc: EosError,
                  first: dict[tuple[str, int], int] | None = None) -> BatchStatus:
         first = txn.first_offsets() if first is None else first
+        self._failed_since_commit = True
+        stalled_s = self._clock() - self._progress_at
+        if self._on_stalled is not None and self._limits.stall_s is not None and stalled_s >= self._limits.stall_s:
+            self._on_stalled(f"nothing committed for {stalled_s:.0f}s, the last batch failed: {exc}")
         if isinstance(exc, TxnAbortable):
             log.warning("transaction aborted: %s", exc)
             self._abort(first)
             return BatchStatus.ABORTED
-        if not isinstance(exc, ProducerHung):  # a hang means "broker down", not "fenced"
+        # a hang means "broker down", not "fenced"; nor does a fatal error of a transaction open longer than its
+        # timeout: its coordinator aborted it and bumped the producer's epoch (the stage was partitioned or slow)
+        if not isinstance(exc, ProducerHung) and not self._timed_out(txn):
             self._fatal_streak += 1
         if self._fatal_streak >= self._limits.fatal_limit:
             raise Fenced(
@@ -365,16 +418,25 @@ class ExactlyOnce:
         self._restart(first)
         return BatchStatus.PRODUCER_RESTARTED
 
+    def _timed_out(self, txn: Checkpoint) -> bool:
+        """Whether ``txn`` was open longer than ``transaction.timeout.ms`` (so its coordinator may have aborted it)."""
+        return txn.opened_at is not None and self._clock() - txn.opened_at >= self.producer.transaction_timeout_s
+
     def _abort(self, first: dict[tuple[str, int], int]) -> None:
         self.aborts += 1
         self._observer.aborted()
+        started = self._clock()
         try:
             self.producer.abort()
         except ProducerFatal as exc:
             log.error("abort failed (%s); re-creating the producer", exc)
             self._restart(first)
             return
+        aborted = self._clock()
         self._rewind(first)
+        # what a failed batch cost its partitions beyond the failure itself (the partition campaign reads it)
+        log.info("aborted in %.2fs, %d partition(s) rewound to their committed offsets in %.2fs",
+                 aborted - started, len(first), self._clock() - aborted)
 
     def _restart(self, first: dict[tuple[str, int], int]) -> None:
         self.producer_restarts += 1

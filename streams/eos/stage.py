@@ -13,6 +13,8 @@ records mean::
         every tick_interval_s: processor.tick(consumer)        # lag gauges, progress logs
         outcomes = eos.start_batch(batch, processor.prepare, processor.rejected)
         for each committed outcome: processor.committed(value, size)   # counters move only for visible work
+        left the group on a stall: subscribe again once the recovery is through (after a backoff if the
+                                   last join ended in a stall too)
     eos.settle()                           # the in-flight commit finishes (stop requests included)
     close_quietly(consumer, producer, leave=stopped_on_request and leaves_group(...))
                                            # a planned stop LEAVES the group (static member or not): the others
@@ -28,6 +30,18 @@ has started on the committer thread, so the next ``collect`` (and, when that bat
 each batch is committed before the next is collected (``run_batch``).
 
 A stop request (SIGTERM) is honoured between batches: the batch in flight is committed first.
+
+Stalls (``sie.streams.eos.cycle``: a batch fails after nothing was committed for ``EosLimits.stall_s`` while
+there was work): the stage cannot commit, typically because it reaches its group coordinator but not its
+transaction coordinator or the leaders it writes to (a partial network partition), and it would keep its
+partitions, unscored, until ``max.poll.interval.ms``.  It leaves the group instead (``leave_group``, before
+the recovery waits for the broker), so the other members take its partitions at their next heartbeat, and
+subscribes again once the recovery returned and ``stall_s`` passed since it left, doubling up to
+``STALL_BACKOFF_MAX_S`` while each join ends in another stall; a commit resets it (one that lands after the
+leave, the commit in flight then, retried: it joins at once).  Why wait: a joining member is given its share of
+partitions, its own or the others' (measured: a scorer that joined again at once took a healthy scorer's
+partition and stalled it too).  A member that owns every partition does not leave: nobody would take them.
+Measured in the partition campaign (docs/reliability.md "Partitions", case 4).
 """
 
 from __future__ import annotations
@@ -44,9 +58,13 @@ from sie.kernel.clients import KafkaClients
 from sie.streams.eos.batcher import Batcher
 from sie.streams.eos.cycle import BatchOutcome, BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
 from sie.streams.eos.records import Output, Prepared
-from sie.streams.eos.transaction import close_quietly
+from sie.streams.eos.transaction import close_quietly, leave_group
 
 log = logging.getLogger("sie.eos")
+
+#: the longest a stage that left its group on stalls in a row waits before joining again (the first time:
+#: ``EosLimits.stall_s``, doubling per stall)
+STALL_BACKOFF_MAX_S = 120.0
 
 T = TypeVar("T")
 
@@ -191,6 +209,16 @@ class StreamLoop(Generic[T]):
         #: assignments seen in rebalance callbacks, handed to the processor from the loop (``_on_assign``)
         self._assigned: list[list[Any]] = []
         self.eos: ExactlyOnce | None = None
+        self._consumer: Any = None
+        self._in_rebalance = False
+        #: left the group on a stall (module docstring): joins again at ``_rejoin_at`` (None: not yet known)
+        self._out_of_group = False
+        self._rejoin_at: float | None = None
+        self._left_at = 0.0
+        #: stalls since the last commit (the backoff before joining again doubles with each)
+        self.stalls_in_a_row = 0
+        #: how many times this stage left its group on a stall
+        self.stall_leaves = 0
 
     # --- rebalance callbacks (run inside consume(), on the loop's thread) ----------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
@@ -214,7 +242,11 @@ class StreamLoop(Generic[T]):
 
     def _dropped(self, partitions: list[Any], lost: bool) -> None:
         if self.eos is not None:  # the in-flight commit finishes (or fails and recovers) before the partitions go
-            self._report(self.eos.settle(revoked=partitions))
+            self._in_rebalance = True
+            try:
+                self._report(self.eos.settle(revoked=partitions))
+            finally:
+                self._in_rebalance = False
         dropped = self.batcher.drop(partitions) if self.batcher else 0
         self._processor.partitions_dropped(partitions, lost)
         log.log(logging.WARNING if lost else logging.INFO, "%s: %s %s (dropped %d uncommitted collected records)",
@@ -228,7 +260,51 @@ class StreamLoop(Generic[T]):
     def _report(self, outcomes: list[BatchOutcome[Any]]) -> None:
         for outcome in outcomes:
             if outcome.status is BatchStatus.COMMITTED:
+                self.stalls_in_a_row = 0
                 self._processor.committed(outcome.value, outcome.size)
+
+    # --- stalls (module docstring) ------------------------------------------------------------------------
+    def _stalled(self, reason: str) -> None:
+        """``ExactlyOnce``'s ``on_stalled``, before it recovers the failed batch: leave the group.  Not from
+        inside a rebalance callback (the partitions are going anyway; a poll there would nest)."""
+        if self._out_of_group or self._in_rebalance or self._consumer is None:
+            return
+        if owns_every_partition(self._consumer, self.settings.topics):
+            log.warning("%s: %s; no other member to take its partitions: staying in the group", self.settings.name,
+                        reason)
+            return
+        self.stalls_in_a_row += 1
+        self.stall_leaves += 1
+        log.warning("%s: %s; leaving the consumer group so that the other members take its partitions, joining "
+                    "again once the recovery is through", self.settings.name, reason)
+        leave_group(self._consumer)
+        self._out_of_group, self._rejoin_at, self._left_at = True, None, self._clock()
+
+    def _rejoin(self, consumer: Any) -> None:
+        """Out of the group on a stall, the recovery returned: subscribe again once the backoff, counted from the
+        leave, passed: the recovery's own wait (an abort retried against a coordinator that answers late) is time
+        out of the group too (measured in case 6 of the partition campaign: a 20 s abort + a 10 s backoff after it
+        kept a scorer out 31 s, 16 s past the heal).  A commit that landed since the leave (the one in flight
+        then, retried) proves the stage commits again: it joins at once."""
+        if self._rejoin_at is None:
+            base = self.settings.limits.stall_s or 0.0
+            backoff = 0.0 if self.stalls_in_a_row == 0 else min(STALL_BACKOFF_MAX_S,
+                                                                 base * 2 ** (self.stalls_in_a_row - 1))
+            self._rejoin_at = self._left_at + backoff
+            log.warning("%s: left the group on %d stall(s) in a row %.0fs ago; joining it again in %.0fs",
+                        self.settings.name, self.stalls_in_a_row, self._clock() - self._left_at,
+                        max(0.0, self._rejoin_at - self._clock()))
+        if self._clock() < self._rejoin_at:
+            return
+        self._subscribe(consumer)
+        self._out_of_group, self._rejoin_at = False, None
+        if self.eos is not None:
+            self.eos.restarted()  # stall_s from now
+        log.info("%s: joined the consumer group again after a stall", self.settings.name)
+
+    def _subscribe(self, consumer: Any) -> None:
+        consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_lost)
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
@@ -237,7 +313,7 @@ class StreamLoop(Generic[T]):
                                   patience_s=cfg.producer_patience_s)
         if stop.is_set():  # stopped before the broker answered: nothing was started
             return
-        consumer = self._clients.consumer(cfg.consumer_config)
+        consumer = self._consumer = self._clients.consumer(cfg.consumer_config)
         eos: ExactlyOnce | None = None
         planned = False  # the loop ended on a stop request (not an error): the member leaves the group
         try:
@@ -245,10 +321,9 @@ class StreamLoop(Generic[T]):
                                              client_config=cfg.consumer_config)
             self.eos = eos = ExactlyOnce(producer, consumer, stop, cfg.limits, observer=self._observer,
                                          fenced_hint=cfg.fenced_hint, clock=self._clock, wall_clock=self._wall,
-                                         on_rewind=self._rewound)
+                                         on_rewind=self._rewound, on_stalled=self._stalled)
             self._processor.started(consumer)
-            consumer.subscribe(list(cfg.topics), on_assign=self._on_assign, on_revoke=self._on_revoke,
-                               on_lost=self._on_lost)
+            self._subscribe(consumer)
             if on_ready:
                 on_ready()
             freeze_startup_heap()
@@ -265,9 +340,14 @@ class StreamLoop(Generic[T]):
                     next_tick = self._clock() + cfg.tick_interval_s
                 if not batch:
                     self._report(eos.settle())  # idle: report the in-flight batch now, not at the next one
+                    eos.idle()
+                    if self._out_of_group:
+                        self._rejoin(consumer)
                     continue
                 self._report(eos.start_batch(batch, prepare, rejected, pipelined=pipelined,
                                              collected_at=collected_at))
+                if self._out_of_group:
+                    self._rejoin(consumer)
             self._report(eos.settle())  # stop requested: the batch in flight is committed first
             planned = True
         finally:

@@ -155,6 +155,12 @@ class TransactionalProducer:
         return str(self._config.get("transactional.id"))
 
     @property
+    def transaction_timeout_s(self) -> float:
+        """Its ``transaction.timeout.ms`` (librdkafka's default 60 s): a transaction open longer is aborted by its
+        coordinator."""
+        return int(self._config.get("transaction.timeout.ms", 60_000)) / 1000
+
+    @property
     def max_record_bytes(self) -> int:
         """The largest record this producer writes (its ``message.max.bytes``): dead letters are fitted to it."""
         return int(self._config.get("message.max.bytes", _DEFAULT_MAX_BYTES))
@@ -358,7 +364,7 @@ class TransactionalProducer:
 class Checkpoint:
     """One batch's transaction: records produced, offsets tracked, committed in order (module docstring)."""
 
-    __slots__ = ("_producer", "_consumer", "_last", "_first", "produced")
+    __slots__ = ("_producer", "_consumer", "_last", "_first", "produced", "opened_at")
 
     def __init__(self, producer: TransactionalProducer, consumer: Any) -> None:
         self._producer = producer
@@ -366,6 +372,8 @@ class Checkpoint:
         self._last: dict[tuple[str, int], int] = {}
         self._first: dict[tuple[str, int], int] = {}
         self.produced = 0
+        #: when ``begin`` was called (the stage's monotonic clock); None: never begun
+        self.opened_at: float | None = None
 
     def begin(self) -> None:
         self._producer.begin()
@@ -478,7 +486,7 @@ def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[
     (``group.instance.id``, KIP-345) sends no LeaveGroup when it closes (librdkafka
     ``rd_kafka_cgrp_leave_maybe``: skipped once the consumer is terminating), so its partitions
     wait out the session timeout: 10.5 s measured with the 10 s default, with nobody scoring them.
-    ``unsubscribe()`` before ``close()`` does leave, static or not: the eager revoke of every partition
+    ``unsubscribe()`` before ``close()`` does leave, static or not: the revoke of every partition it owns
     is served here (``poll``; the stage's ``on_revoke`` finds nothing in flight, and a record the poll
     still returns is dropped: it is uncommitted, the next owner reads it again), and once the unassign is
     done librdkafka sends the LeaveGroup and clears the member id (``rd_kafka_cgrp_leave``), which is
@@ -493,8 +501,8 @@ def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[
     """
     deadline = clock() + limit_s
     try:
-        if not consumer.memberid():  # never joined (or already left): nothing to leave
-            return True
+        # also when it is no member right now: after a lost session librdkafka is joining again, and that join
+        # would complete with an assignment (a stalled scorer was handed partitions back that way, issue 27)
         consumer.unsubscribe()
         while consumer.memberid():
             if clock() >= deadline:

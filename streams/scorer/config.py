@@ -11,7 +11,12 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sie.kernel.clients import EOS_HEARTBEAT_MS, eos_consumer_config, transactional_producer_config
+from sie.kernel.clients import (
+    EOS_HEARTBEAT_MS,
+    eos_consumer_config,
+    eos_transaction_timeout_ms,
+    transactional_producer_config,
+)
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
@@ -61,7 +66,9 @@ class ScorerConfig:
     static_membership: bool = False
     heartbeat_interval_ms: int = EOS_HEARTBEAT_MS  # how soon members see a rebalance (clients.EOS_HEARTBEAT_MS)
     max_poll_interval_ms: int = 300_000  # one batch (consume -> commit) must finish within this
-    transaction_timeout_ms: int = 60_000  # > worst batch time, <= broker transaction.max.timeout.ms
+    # None: the session timeout (clients.eos_transaction_timeout_ms: a cut-off scorer's open transaction is aborted
+    # about as soon as its partitions moved); > the slowest produce-and-commit, <= broker transaction.max.timeout.ms
+    transaction_timeout_ms: int | None = None
     fetch_queue_kbytes: int = 16_384  # prefetch bound: memory stays bounded whatever the backlog
     # what the transactional producer may queue; None: librdkafka's default (1 GiB). A multi-model process
     # (sie.workers.shared) bounds it per model, since it runs one producer per model it hosts
@@ -83,7 +90,8 @@ class ScorerConfig:
             ("session_timeout_ms", self.session_timeout_ms >= 1000, ">= 1000"),
             ("heartbeat_interval_ms", 1 <= self.heartbeat_interval_ms <= self.session_timeout_ms // 3,
              "between 1 and session_timeout_ms / 3"),
-            ("transaction_timeout_ms", self.transaction_timeout_ms >= 1000, ">= 1000"),
+            ("transaction_timeout_ms", self.transaction_timeout_ms is None or self.transaction_timeout_ms >= 1000,
+             ">= 1000 or unset"),
             ("fetch_queue_kbytes", self.fetch_queue_kbytes >= 64, ">= 64"),
             # a record larger than the producer's whole queue would never fit: produce() would wait forever
             ("producer_buffer_kbytes", self.producer_buffer_kbytes is None
@@ -116,11 +124,18 @@ class ScorerConfig:
         kafka_input = getattr(self.spec, "kafka_input", None)
         return getattr(kafka_input, "auto_offset_reset", None) or "earliest"
 
+    @property
+    def effective_transaction_timeout_ms(self) -> int:
+        if self.transaction_timeout_ms is not None:
+            return self.transaction_timeout_ms
+        return eos_transaction_timeout_ms(self.session_timeout_ms)
+
     # --- the exactly-once layer's configuration ----------------------------------------
     def eos_limits(self) -> EosLimits:
+        # a scorer that can commit nothing for a session's length gives its partitions to the others (stage.py)
         return EosLimits(attempts=self.retriable_attempts, backoff_s=self.retry_backoff_s,
                          fatal_limit=self.fatal_limit, retry_later_max_s=self.backend_backoff_max_s,
-                         hang_limit_s=self.txn_hang_limit_s)
+                         hang_limit_s=self.txn_hang_limit_s, stall_s=self.session_timeout_ms / 1000)
 
     def consumer_config(self) -> dict[str, Any]:
         return eos_consumer_config(
@@ -133,5 +148,5 @@ class ScorerConfig:
 
     def producer_config(self) -> dict[str, Any]:
         return transactional_producer_config(self.settings, self.transactional_id, max_batch=self.max_batch,
-                                             transaction_timeout_ms=self.transaction_timeout_ms,
+                                             transaction_timeout_ms=self.effective_transaction_timeout_ms,
                                              buffer_kbytes=self.producer_buffer_kbytes)

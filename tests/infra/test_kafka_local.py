@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sie.commands.kafka import command as kafka_cli
 from sie.infra.kafka.fetch import ensure_jars
 from sie.infra.kafka.layout import ClusterLayout
-from sie.infra.kafka.local import LocalKafka, free_base_port, port_in_use
+from sie.infra.kafka.local import ClusterState, LocalKafka, free_base_port, port_in_use
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from tests.helpers import consume_all, create_topic, produce_json, unique_topic, wait_until
@@ -26,6 +26,23 @@ def test_three_broker_layout_pairs_ports_and_lists_all_voters(tmp_path: Path) ->
     assert "controller.quorum.bootstrap.servers" not in props
     assert props["transaction.state.log.min.isr"] == "2" and props["offsets.topic.replication.factor"] == "3"
     assert props["group.initial.rebalance.delay.ms"] == "0"
+
+
+def test_nodes_on_their_own_hosts_listen_on_advertise_and_vote_with_them(tmp_path: Path) -> None:
+    """The partition campaign's brokers (tests/netns.py): each on its own address, recorded with the cluster."""
+    layout = ClusterLayout(3, 30000, tmp_path, ("10.203.0.10", "10.203.0.11", "10.203.0.12"))
+    assert layout.bootstrap_servers == "10.203.0.10:30000,10.203.0.11:30002,10.203.0.12:30004"
+    props = layout.server_properties(layout.node(2))
+    assert props["listeners"] == "PLAINTEXT://10.203.0.11:30002,CONTROLLER://10.203.0.11:30003"
+    assert props["advertised.listeners"] == props["listeners"]
+    assert props["controller.quorum.voters"] == "1@10.203.0.10:30001,2@10.203.0.11:30003,3@10.203.0.12:30005"
+    with pytest.raises(ValueError, match="one address per broker"):
+        ClusterLayout(3, 30000, tmp_path, ("10.203.0.10",))
+    state = ClusterState(3, 30000, "id", "4.1.1", {1: 10}, hosts=layout.hosts)
+    state.save(tmp_path / "cluster.json")
+    loaded = ClusterState.load(tmp_path / "cluster.json")
+    assert loaded == state and loaded.with_pid(2, 11).hosts == layout.hosts
+    assert LocalKafka(Settings(), data_dir=tmp_path).bootstrap_servers == layout.bootstrap_servers
 
 
 def test_single_broker_layout_is_combined_standalone(tmp_path: Path) -> None:

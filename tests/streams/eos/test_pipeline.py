@@ -26,6 +26,7 @@ from sie.streams.eos import (
 )
 from sie.streams.eos.transaction import TransactionalProducer
 from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
+from tests.helpers import wait_until
 
 TOPIC, OUT = "in", "out"
 
@@ -288,3 +289,197 @@ def test_a_batch_stays_open_while_the_previous_commit_runs_and_closes_when_it_re
     consumer.append(FakeMessage(TOPIC, 0, 3, b"k3", b"v3"))
     assert [m.offset() for m in Batcher(consumer, 1, 0.0, 1.0).collect(lambda _s: True)] == [2]  # full: closes at once
     assert [m.offset() for m in Batcher(consumer, 10, 0.0, 1.0).collect()] == [3]  # serial: what is fetched
+
+
+# --- stalls: a stage that can commit nothing gives its partitions back (stage.py, cycle.py) -------------------
+
+class Clock:
+    """A monotonic clock the test moves: a little on every read, a lot when a call takes long or a poll waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def waits_on(consumer: FakeConsumer, clock: Clock) -> FakeConsumer:
+    """``consumer`` whose polls that return nothing take their whole timeout of ``clock``."""
+    consume = consumer.consume
+
+    def timed(num_messages: int = 1, timeout: float | None = None) -> list[FakeMessage]:
+        got = consume(num_messages, 0)
+        if not got and timeout:
+            clock.now += timeout
+        return got
+
+    consumer.consume = timed  # type: ignore[method-assign]
+    return consumer
+
+
+class SlowFailingCommits(FakeProducer):
+    """Each commit takes ``took_s`` of ``clock`` (records waiting out a message timeout); the first ``fails``
+    fail abortably, as when the leaders of the output partitions cannot be reached."""
+
+    def __init__(self, consumer: FakeConsumer, clock: Clock, fails: int, took_s: float) -> None:
+        super().__init__(consumer=consumer)
+        self.clock, self.fails, self.took_s = clock, fails, took_s
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        self.clock.now += self.took_s
+        if self.fails > 0:
+            self.fails -= 1
+            self._call("commit_transaction")
+            raise kafka_error(KafkaError._TIMED_OUT, "3 message(s) timed out", txn_requires_abort=True)
+        super().commit_transaction(timeout)
+
+
+class StopWhenCommitted(Recorder):
+    def __init__(self, stop: threading.Event, total: int) -> None:
+        super().__init__()
+        self.stop, self.total, self.done = stop, total, 0
+
+    def prepare(self, batch: list[Any]) -> Prepared[int]:
+        return echo(batch)
+
+    def committed(self, value: Any, batch_size: int) -> None:
+        super().committed(value, batch_size)
+        self.done += batch_size
+        if self.done >= self.total:
+            self.stop.set()
+
+
+def stalled_loop(fails: int, took_s: float, alone: bool = False
+                 ) -> tuple[StreamLoop[Any], FakeConsumer, SlowFailingCommits, StopWhenCommitted]:
+    """A stage whose first ``fails`` commits fail, each ``took_s`` into it; it owns partition 0 of the topic's two
+    (another member has the other), or ``alone`` every partition."""
+    clock, stop = Clock(), threading.Event()
+    consumer = waits_on(FakeConsumer(records(40)) if alone else SharingConsumer(records(40), partitions={TOPIC: 2}),
+                        clock)
+    producer = SlowFailingCommits(consumer, clock, fails, took_s)
+    processor = StopWhenCommitted(stop, 40)
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=40, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
+                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
+                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop.run(stop)
+    return loop, consumer, producer, processor
+
+
+def test_a_stage_that_commits_nothing_for_stall_s_leaves_its_group_then_joins_again():
+    """Issue 27, case 4: a scorer that reaches its group coordinator but cannot commit kept its partitions,
+    unscored, until max.poll.interval.ms.  Its second failed batch (12 s without a commit > stall_s 10 s)
+    leaves the group BEFORE the recovery, so the others take over; it joins again after stall_s."""
+    loop, consumer, producer, processor = stalled_loop(fails=3, took_s=6.0)
+    unsubscribed = [c.seq for c in consumer.called("unsubscribe")]
+    aborts = [c.seq for c in producer.called("abort_transaction")]
+    assert loop.stall_leaves == 1 and len(unsubscribed) == 2  # the stall's leave, the planned stop's at the end
+    assert aborts[0] < unsubscribed[0] < aborts[1]  # the first failure (6 s) is no stall; the second (12 s) is
+    assert len(consumer.called("subscribe")) == 2  # joined again after the recovery
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40 and [r.value for r in producer.visible] == [
+        f"v{i}".encode() for i in range(40)]  # each record once, in order
+    assert loop.stalls_in_a_row == 0  # the commit reset it
+
+
+class SlowAbort(SlowFailingCommits):
+    """As ``SlowFailingCommits``; each abort also takes ``abort_s`` (a coordinator still finishing the previous
+    transaction: the abort is retried until it answers)."""
+
+    def __init__(self, consumer: FakeConsumer, clock: Clock, fails: int, took_s: float, abort_s: float) -> None:
+        super().__init__(consumer, clock, fails, took_s)
+        self.abort_s = abort_s
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        self.clock.now += self.abort_s
+        super().abort_transaction(timeout)
+
+
+def joins_and_leaves(consumer: FakeConsumer, clock: Clock) -> dict[str, list[float]]:
+    """When (``clock``) ``consumer`` subscribed and unsubscribed."""
+    at: dict[str, list[float]] = {"subscribe": [], "unsubscribe": []}
+    for name in at:
+        def timed(*args: Any, _call: Any = getattr(consumer, name), _name: str = name, **kwargs: Any) -> Any:
+            at[_name].append(clock.now)
+            return _call(*args, **kwargs)
+        setattr(consumer, name, timed)
+    return at
+
+
+def test_the_backoff_before_joining_again_counts_from_the_leave():
+    """Issue 27, case 6 (a broker cut from the others while clients reach it): the recovery after the leave
+    (an abort waiting on its coordinator) took 20 s, and a backoff of stall_s started only after it kept the
+    scorer out of its group 31 s, 16 s past the heal.  The time the recovery took counts: out of the group
+    stall_s (10 s) since the leave, not the recovery (12 s) + stall_s."""
+    clock, stop = Clock(), threading.Event()
+    consumer = waits_on(SharingConsumer(records(40), partitions={TOPIC: 2}), clock)
+    at = joins_and_leaves(consumer, clock)
+    producer = SlowAbort(consumer, clock, fails=2, took_s=6.0, abort_s=12.0)
+    processor = StopWhenCommitted(stop, 40)
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=40, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
+                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
+                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop.run(stop)
+    left, joined = at["unsubscribe"][0], at["subscribe"][1]
+    assert loop.stall_leaves == 1
+    assert 12.0 <= joined - left < 13.0, at  # right after the 12 s abort (it was 12 + 10 s)
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+def test_failures_within_stall_s_of_a_commit_never_leave_the_group():
+    loop, consumer, _, _ = stalled_loop(fails=1, took_s=6.0)
+    assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+def test_a_stalled_stage_that_owns_every_partition_stays_in_the_group():
+    """Nobody would take its partitions: leaving would only add a rebalance (a single scorer, a broker fault)."""
+    loop, consumer, _, _ = stalled_loop(fails=3, took_s=6.0, alone=True)
+    assert loop.stall_leaves == 0 and len(consumer.called("subscribe")) == 1
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+class HangingFirstCommit(FakeProducer):
+    """The first commit hangs (a coordinator that answers nothing) ``took_s`` of ``clock`` and until ``release``."""
+
+    def __init__(self, consumer: FakeConsumer, clock: Clock, took_s: float, release: threading.Event) -> None:
+        super().__init__(consumer=consumer)
+        self.clock, self.took_s, self.release, self.hung = clock, took_s, release, False
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        if not self.hung:
+            self.hung = True
+            self.clock.now += self.took_s
+            assert self.release.wait(30), "the hanging commit was never released"
+        super().commit_transaction(timeout)
+
+
+def test_a_commit_that_hangs_past_stall_s_gives_the_partitions_back_while_it_hangs():
+    """A coordinator that answers nothing: the watchdog gives the call up only after hang_limit_s (25 s per call);
+    the partitions move on once stall_s passed without a commit, while the call still hangs.  The call then
+    returned committed: the stage commits again, so it joins at once (no backoff)."""
+    clock, stop, release = Clock(), threading.Event(), threading.Event()
+    consumer = waits_on(SharingConsumer(records(40), partitions={TOPIC: 2}), clock)
+    at = joins_and_leaves(consumer, clock)
+    producer = HangingFirstCommit(consumer, clock, 12.0, release)
+    processor = StopWhenCommitted(stop, 40)
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=20, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
+                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
+                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+
+    def release_once_left() -> None:
+        wait_until(lambda: consumer.called("unsubscribe"), 20, 0.05, "the stalled stage to leave its group")
+        release.set()
+
+    releaser = threading.Thread(target=release_once_left, daemon=True)
+    releaser.start()
+    loop.run(stop)
+    releaser.join(5)
+    assert release.is_set() and loop.stall_leaves == 1  # it left while the commit hung
+    assert at["subscribe"][1] - at["unsubscribe"][0] < 1.0, at  # the commit landed: it commits again, joins at once
+    assert len(consumer.called("subscribe")) == 2 and consumer.committed_offsets[(TOPIC, 0)] == 40

@@ -253,6 +253,7 @@ class FailingCommitProducer:
     """The slice of TransactionalProducer that ExactlyOnce/Checkpoint use; every commit fails with ``error``."""
 
     transactional_id = "t"
+    transaction_timeout_s = 10.0
 
     def __init__(self, error: Exception) -> None:
         self._error = error
@@ -291,3 +292,20 @@ def test_hung_calls_keep_recovering_while_fatal_errors_stop_at_the_limit():
         eos.run_batch([], lambda _b: Prepared())
     with pytest.raises(Fenced):
         eos.run_batch([], lambda _b: Prepared())
+
+
+def test_a_transaction_its_coordinator_timed_out_is_not_counted_as_fenced():
+    """Its coordinator aborted it and bumped the epoch (the stage was cut off or slow past transaction.timeout.ms):
+    the next call fails as fenced, which is not another live holder of the id (issue 27, a stage in a partial
+    partition for minutes would otherwise stop with ``Fenced``)."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 6.0  # every read: 6 s later (a transaction outlives its 10 s between begin and the failure)
+        return now[0]
+
+    fenced = FailingCommitProducer(ProducerFatal("commit_transaction: fenced (fatal)"))
+    eos = ExactlyOnce(fenced, IdleConsumer(), threading.Event(), EosLimits(fatal_limit=3), clock=clock)  # type: ignore[arg-type]
+    for _ in range(10):
+        assert eos.run_batch([], lambda _b: Prepared())[0] is BatchStatus.PRODUCER_RESTARTED
+    assert fenced.restarts == 10

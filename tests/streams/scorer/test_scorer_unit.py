@@ -151,6 +151,25 @@ def test_config_rejects_bad_values_naming_the_field():
     assert cfg.producer_config()["transactional.id"] == "sie.scorer.echo-x.host-1"
 
 
+def test_a_partition_move_never_stops_the_others_and_a_cut_off_transaction_ends_with_the_session():
+    """Issue 27 (the partition campaign, docs/reliability.md): the cooperative assignor revokes only what moves; the
+    open transaction of a scorer cut off from the brokers is aborted about one session timeout after it began;
+    a request stuck on a connection that lost packets is retried on a fresh one within 10 s."""
+    cfg = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="host-1", session_timeout_ms=12_000)
+    consumer, producer = cfg.consumer_config(), cfg.producer_config()
+    assert consumer["partition.assignment.strategy"] == "cooperative-sticky"
+    assert producer["transaction.timeout.ms"] == 12_000 == consumer["session.timeout.ms"]
+    assert consumer["socket.timeout.ms"] == 10_000 and consumer["reconnect.backoff.max.ms"] == 2000
+    short = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="h", session_timeout_ms=6000)
+    assert short.producer_config()["transaction.timeout.ms"] == 10_000  # the floor (clients.eos_transaction_...)
+    assert short.producer_config()["socket.timeout.ms"] == 9900  # librdkafka: >= 100 ms below the transaction's
+    explicit = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="h", transaction_timeout_ms=30_000)
+    assert explicit.producer_config()["transaction.timeout.ms"] == 30_000
+    assert explicit.producer_config()["socket.timeout.ms"] == 10_000
+    with pytest.raises(ConfigError, match="scorer.transaction_timeout_ms"):
+        ScorerConfig(settings=Settings(), spec=echo_spec(), instance="i", transaction_timeout_ms=10)
+
+
 def test_static_membership_uses_the_transactional_id_as_group_instance_id():
     dynamic = ScorerConfig(settings=Settings(), spec=echo_spec("echo-x"), instance="r-0")
     assert "group.instance.id" not in dynamic.consumer_config()  # sie score: dynamic members leave on close
