@@ -25,6 +25,7 @@ Failures while waiting:
 | no broker answers | ``Kafka at <servers>: <librdkafka's reason>`` |
 | credentials refused (the KafkaUser not created yet) | ``Kafka at <servers> refuses user <u>: <reason>`` |
 | topic missing or leaderless | ``topics [<names>] (run sie topics ensure, or the chart's topics Job)`` |
+| a first read refused after that (a topic created a moment ago answers ListOffsets ``NOT_LEADER_FOR_PARTITION``) | ``<what> (<librdkafka's reason>)``, retried: ``retry_until_answered`` |
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from sie.kernel.clients import KafkaClients
 from sie.kernel.errors import KafkaUnavailable
 from sie.kernel.settings import Settings
 
 log = logging.getLogger("sie.startup")
+
+T = TypeVar("T")
 
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
@@ -124,6 +127,30 @@ def wait_for_kafka(settings: Settings, topics: Iterable[str], readiness: Readine
         stop.wait(backoff)
         backoff = min(backoff * 2, max_backoff_s)
     return False
+
+
+def retry_until_answered(call: Callable[[], T], what: str, readiness: Readiness, stop: threading.Event, *,
+                         max_backoff_s: float = MAX_BACKOFF_S) -> T | None:
+    """``call()``'s value, retried with the same bounded backoff while it raises ``KafkaException`` (module
+    docstring); None if ``stop`` was set first.  For the first reads a component makes once ``wait_for_kafka``
+    returned (watermarks of the topic it replays): on a topic created a moment ago a broker may still refuse
+    them, and a component that died there would need a restart to try again (a CI run: the agent's thread
+    ended on ``NOT_LEADER_FOR_PARTITION`` and never followed its assignments)."""
+    from confluent_kafka import KafkaException
+
+    from sie.kernel.admin import kafka_error_text
+
+    backoff = INITIAL_BACKOFF_S
+    while not stop.is_set():
+        try:
+            return call()
+        except KafkaException as exc:
+            why = f"{what} ({kafka_error_text(exc)})"
+            readiness.waiting(why)
+            log.warning("%s: waiting for %s; next try in %.1fs", readiness.component, why, backoff)
+        stop.wait(backoff)
+        backoff = min(backoff * 2, max_backoff_s)
+    return None
 
 
 def serve_readiness(readiness: Readiness, host: str, port: int,

@@ -11,7 +11,14 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from sie.kernel.settings import Settings
-from sie.kernel.startup import MAX_BACKOFF_S, Readiness, missing_topics, serve_readiness, wait_for_kafka
+from sie.kernel.startup import (
+    MAX_BACKOFF_S,
+    Readiness,
+    missing_topics,
+    retry_until_answered,
+    serve_readiness,
+    wait_for_kafka,
+)
 
 
 def _md(**topics: int) -> SimpleNamespace:
@@ -55,6 +62,23 @@ def test_stop_ends_the_wait():
     stop = threading.Event()
     stop.set()
     assert wait_for_kafka(Settings(), ["t"], Readiness("x"), stop, metadata=lambda: _md()) is False
+
+
+def test_a_first_read_refused_by_a_new_topics_broker_is_retried_saying_why_until_it_answers():
+    """A CI run: the agent's thread ended on NOT_LEADER_FOR_PARTITION from a watermark read of a topic created a
+    moment before, and the node never followed its assignments."""
+    refused = KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "Broker: Not leader for partition"))
+    steps = Steps(refused, refused, {0: 12})
+    readiness = Readiness("agent")
+    assert retry_until_answered(steps, "the end of sie.assignments", readiness, steps.stop) == {0: 12}
+    assert steps.slept == [0.5, 1.0]
+    assert readiness.snapshot() == (False, "the end of sie.assignments (Broker: Not leader for partition)")
+
+
+def test_a_stop_ends_the_retries():
+    stop = threading.Event()
+    stop.set()
+    assert retry_until_answered(lambda: 1, "x", Readiness("x"), stop) is None
 
 
 def test_a_leaderless_partition_is_still_missing():

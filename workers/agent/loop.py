@@ -41,7 +41,7 @@ from typing import Any
 
 from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
-from sie.kernel.startup import Readiness, wait_for_kafka
+from sie.kernel.startup import Readiness, retry_until_answered, wait_for_kafka
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent import messages
 from sie.workers.agent.artifacts import ArtifactFetcher
@@ -251,12 +251,20 @@ class Agent:
 
         partitions = sorted(info.partitions)
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        # the replay's end: what the topic holds now (read_committed: the last stable offset)
-        self._replay_left = {}
-        for p in partitions:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if high > low:
-                self._replay_left[p] = high
+        # the replay's end: what the topic holds now (read_committed: the last stable offset); a topic created a
+        # moment ago may still refuse the read (NOT_LEADER_FOR_PARTITION): retried, not the end of the agent
+        def ends() -> dict[int, int]:
+            out = {}
+            for p in partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if high > low:
+                    out[p] = high
+            return out
+
+        replay_left = retry_until_answered(ends, f"the end of {topic}", self.readiness, stop)
+        if replay_left is None:
+            return False
+        self._replay_left = replay_left
         self._replaying = True
         self._replay_started = self._replay_logged = self._clock.monotonic()
         return True
