@@ -90,11 +90,13 @@ def resource(settings: Settings, files: tuple[Path, ...], namespace: str | None,
               help="Every CR is reconciled at least this often (status from the control plane).")
 @click.option("--health-port", type=int, default=8081, show_default=True,
               help="/healthz, /readyz, /metrics (0 = off).")
-@click.option("--health-host", default="0.0.0.0", show_default=True)
+@click.option("--health-host", default=None,
+              help="Address of the health port (default: SIE_METRICS_BIND, loopback unless set; the chart sets 0.0.0.0 "
+                   "in the pod so that the kubelet's probes reach it).")
 @click.option("--kubeconfig", envvar="KUBECONFIG", default=None, help="Outside a pod: the kubeconfig to use.")
 @click.pass_obj
 def run(settings: Settings, control_url: str, namespaces: tuple[str, ...], lease_namespace: str | None,
-        lease_name: str, identity: str | None, resync_s: float, health_port: int, health_host: str,
+        lease_name: str, identity: str | None, resync_s: float, health_port: int, health_host: str | None,
         kubeconfig: str | None) -> None:
     """Run the operator in the foreground; SIGTERM releases the Lease and stops."""
     import signal
@@ -114,7 +116,7 @@ def run(settings: Settings, control_url: str, namespaces: tuple[str, ...], lease
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     if health_port:
-        _serve_health(operator, health_host, health_port)
+        _serve_health(operator, health_host or settings.metrics_bind, health_port)
     operator.run()
 
 

@@ -88,6 +88,17 @@ def test_every_pod_is_locked_down_and_only_the_operator_gets_a_token(kube: KubeA
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
 
 
+def test_every_probed_port_listens_beyond_loopback_only_in_the_pod(kube: KubeApiServer):
+    """SIE's processes bind their health/metrics ports to loopback unless told otherwise (SIE_METRICS_BIND): each
+    container the kubelet probes must be told, or its probes fail and the pod never becomes ready."""
+    probed = {where: c for where, pod in _pods(_render(kube, "sie", SECURED)).items() for c in pod["containers"]
+              if "readinessProbe" in c or "livenessProbe" in c}
+    assert {"StatefulSet/sie-control", "DaemonSet/sie-agent", "Deployment/sie-operator"} <= set(probed), sorted(probed)
+    for where, c in probed.items():
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env.get("SIE_METRICS_BIND") == "0.0.0.0", where
+
+
 def test_the_agent_advertises_its_pod_ip_and_kafka_comes_from_the_kafkauser_secret(kube: KubeApiServer):
     docs = _render(kube, "sie", SECURED)
     agent = _pods(docs)["DaemonSet/sie-agent"]["containers"][0]
