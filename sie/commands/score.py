@@ -96,9 +96,10 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
         sys.stdout.flush()
 
     started = time.monotonic()
-    from sie.streams.llm.config import uses_window
+    from sie.streams.llm.config import serves_through_window
 
-    if uses_window(spec):  # an LLM served by running servers: the continuous in-flight window (docs/llm.md)
+    # the one rule the agent's worker asks too; `sie score` launches no server, so: the servers the spec names
+    if serves_through_window(spec):  # an LLM served by running servers: the continuous in-flight window (docs/llm.md)
         from sie.streams.llm.stage import run_llm_scorer
 
         policy.enforce(spec)

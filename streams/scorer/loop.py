@@ -348,7 +348,9 @@ class Scorer:
 
 def run_scorer(config: ScorerConfig, backend_factory: Callable[[Any], Any], stop_event: threading.Event,
                on_ready: Callable[[Scorer], None] | None = None, **scorer_kwargs: Any) -> ScorerSummary:
-    """Serve ``config.spec`` until ``stop_event`` is set; the library entry point (CLI and node agent).
+    """Serve ``config.spec`` alone (one version, no rollout) until ``stop_event`` is set: the library entry point
+    for embedding a scorer (benchmarks, tests).  ``sie score`` and the node agent's worker run
+    ``sie.streams.scorer.rollout.run_rollout_scorer``, which also follows the model's rollout.
 
     ``backend_factory(spec)`` returns a *loaded* backend for the spec's version.  With one version the
     routing table sends it 100% of traffic; call ``scorer.set_routing`` (from ``on_ready``) to change that.
