@@ -63,8 +63,9 @@ consumer group there, so the other members take the partitions, and joins again 
 (A commit still in flight then carries the old generation: the group coordinator refuses its offsets, or it
 completed before the rebalance; exactly once either way, KIP-447.)
 
-Users: the scorer and the CDC stage (through ``stage.StreamLoop``, pipelined) and backfill (its own
-assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
+Users: the scorer and the CDC stage through ``stage.StreamLoop`` (the scorer serial unless
+``ScorerConfig.pipelined``, ``sie score --pipelined``; the CDC stage pipelined, ``StageSettings``' default),
+backfill (its own assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
 ``TransactionalProducer`` for producer-only transactions.
 """
 
