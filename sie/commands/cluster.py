@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import click
@@ -239,13 +240,21 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
     if not control_url and spec_obj is not None:
         _describe_data_path(settings, spec_obj)
     click.echo("Events:")
-    for e in events or ():
+    for line in event_lines(events or ()):
+        click.echo(line)
+
+
+def event_lines(events: Iterable[dict[str, Any]]) -> list[str]:
+    """``describe``'s Events: one line per event row (``event_rows``), naming its replica unless the detail does
+    (two replicas with the same reason are two lines, which would otherwise read as one event said twice)."""
+    out = []
+    for e in events:
         stamp = time.strftime("%H:%M:%S", time.localtime(e["ts_ms"] / 1000))
         repeated = f" (x{e['count']}, first at {time.strftime('%H:%M:%S', time.localtime(e['first_ts_ms'] / 1000))})" \
             if e.get("count", 1) > 1 else ""
-        click.echo(f"  {stamp}  {e['kind']:<14} {e['detail']}{repeated}")
-    if not events:
-        click.echo("  (none recent)")
+        who = f"{e['replica_id']}: " if e.get("replica_id") and e["replica_id"] not in e["detail"] else ""
+        out.append(f"  {stamp}  {e['kind']:<14} {who}{e['detail']}{repeated}")
+    return out or ["  (none recent)"]
 
 
 def _autoscale_lines(auto: dict[str, Any] | None) -> list[str]:
