@@ -12,7 +12,9 @@
 
 Brokers started here are not detached: Ctrl-C in the terminal stops them too.
 Tests that use any of these fixtures get the ``kafka`` marker automatically,
-so ``-m "not kafka"`` runs the pure unit tests alone.
+so ``-m "not kafka"`` runs the pure unit tests alone (a test that starts a broker itself is marked by hand).
+Also automatic: ``k8s`` (tests/k8s: a real kube-apiserver), ``real_llm`` (a real vLLM server) and ``smoke``
+(``SMOKE``: the single-broker tests the quick tier adds to the unit tests, ``./scripts/test.sh --quick``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from sie.kernel.settings import Settings
 #: test files that run a real vLLM server (tests/real_llm.py), installed by scripts/real_llm/setup.sh
 _REAL_LLM_TESTS = ("/test_real_vllm.py", "/test_agent_real_vllm.py")
 _KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka", "secure_kafka"}
+#: the quick tier's tests on a broker (``smoke``): exactly once in both commit modes through the CLI's own scorer, a
+#: crash at random moments in both, a poison record, and the cluster's happy path (control plane + two agents)
+SMOKE = (
+    "tests/streams/scorer/test_scorer_kafka.py::test_happy_path_one_result_per_request_same_key_and_partition",
+    "tests/streams/scorer/test_scorer_kafka.py::test_sigkill_at_random_moments_loses_and_duplicates_nothing",
+    "tests/streams/scorer/test_scorer_kafka.py::test_poison_lands_in_the_dlq_with_reason_and_valid_requests_are_scored",
+    "tests/test_cluster_e2e.py::test_two_agents_place_and_score_two_models",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,6 +55,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if first is not None and wait_s > 0:
             first.add_marker(pytest.mark.timeout(wait_s + 900))
     for item in items:
+        if "/tests/k8s/" in str(item.path):
+            item.add_marker(pytest.mark.k8s)
+        if any(name in str(item.path) for name in _REAL_LLM_TESTS):
+            item.add_marker(pytest.mark.real_llm)
+        if item.nodeid.split("[", 1)[0] in SMOKE:
+            item.add_marker(pytest.mark.smoke)
         names = set(getattr(item, "fixturenames", ()))
         if names & _KAFKA_FIXTURES:
             item.add_marker(pytest.mark.kafka)

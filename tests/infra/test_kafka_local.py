@@ -84,6 +84,7 @@ def test_status_of_an_empty_data_dir_exits_non_zero(tmp_path: Path) -> None:
     assert "no local cluster" in str(result.exception)
 
 
+@pytest.mark.kafka  # it starts a broker of its own
 def test_up_status_noop_down(tmp_path: Path) -> None:
     kafka = LocalKafka(Settings(), base_port=free_base_port(2), data_dir=tmp_path, detach=False)
     try:
