@@ -350,6 +350,15 @@ class StopWhenCommitted(Recorder):
             self.stop.set()
 
 
+def stall_stage(consumer: Any, producer: Any, processor: Any, clock: Any, max_batch: int = 40) -> StreamLoop[Any]:
+    """The stall tests' stage: serial, stall_s 10 s, no retry backoff, on these fake clients and clock."""
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={}, max_batch=max_batch, max_wait_s=0.0, idle_s=0.05,
+                             tick_interval_s=60.0, limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
+    return StreamLoop(settings, processor, clock=clock,
+                      clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+
+
 def stalled_loop(fails: int, took_s: float, alone: bool = False
                  ) -> tuple[StreamLoop[Any], FakeConsumer, SlowFailingCommits, StopWhenCommitted]:
     """A stage whose first ``fails`` commits fail, each ``took_s`` into it; it owns partition 0 of the topic's two
@@ -359,11 +368,7 @@ def stalled_loop(fails: int, took_s: float, alone: bool = False
                         clock)
     producer = SlowFailingCommits(consumer, clock, fails, took_s)
     processor = StopWhenCommitted(stop, 40)
-    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
-                             consumer_config={}, max_batch=40, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
-                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
-    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
-                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop = stall_stage(consumer, producer, processor, clock)
     loop.run(stop)
     return loop, consumer, producer, processor
 
@@ -417,11 +422,7 @@ def test_the_backoff_before_joining_again_counts_from_the_leave():
     at = joins_and_leaves(consumer, clock)
     producer = SlowAbort(consumer, clock, fails=2, took_s=6.0, abort_s=12.0)
     processor = StopWhenCommitted(stop, 40)
-    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
-                             consumer_config={}, max_batch=40, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
-                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
-    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
-                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop = stall_stage(consumer, producer, processor, clock)
     loop.run(stop)
     left, joined = at["unsubscribe"][0], at["subscribe"][1]
     assert loop.stall_leaves == 1
@@ -466,11 +467,7 @@ def test_a_commit_that_hangs_past_stall_s_gives_the_partitions_back_while_it_han
     at = joins_and_leaves(consumer, clock)
     producer = HangingFirstCommit(consumer, clock, 12.0, release)
     processor = StopWhenCommitted(stop, 40)
-    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
-                             consumer_config={}, max_batch=20, max_wait_s=0.0, idle_s=0.05, tick_interval_s=60.0,
-                             limits=EosLimits(backoff_s=0.0, stall_s=10.0), pipelined=False)
-    loop: StreamLoop[Any] = StreamLoop(settings, processor, clock=clock,
-                                       clients=fake_clients(consumer=consumer, producer=lambda _c: producer).clients)
+    loop = stall_stage(consumer, producer, processor, clock, max_batch=20)
 
     def release_once_left() -> None:
         wait_until(lambda: consumer.called("unsubscribe"), 20, 0.05, "the stalled stage to leave its group")
