@@ -1,54 +1,16 @@
-"""The control plane's placement engine: which model replica runs on which node and GPU.
+"""The control plane: which model replica runs on which node and GPU, kept true by one leader's reconcile loop.
 
-Pure and deterministic (no I/O, no clock): the controller feeds it specs, the node inventory
-(from agent registrations/heartbeats) and the current placement, and publishes the plan.
+Four rooms, each importing only the rooms below it (import-linter contracts in pyproject.toml):
 
-- ``inventory``: frozen node/GPU state (``NodeState``, ``GpuState``, ``ClusterInventory``).
-- ``demand``: ``ReplicaDemand`` and ``demands_from_spec(spec)``.
-- ``placement``: ``place(...)`` (full pass), ``Placer`` (incremental events),
-  ``PlacementPlan``/``Placement``/``Unplaced`` and ``validate_tier_request`` (409 helper).
+- ``api/``: the HTTP surface: routes, tokens and roles (``auth``), the status page and its static files,
+  the audit writer, the ASGI request guard and the uvicorn server thread.
+- ``rollout/``: moving a model from one version to the next: the state machine, the canary gates, the
+  leader's driver over the rollouts topic and the service the API and the reconcile pass call.
+- ``reconcile/``: the core: cluster state rebuilt from the control topics (``records``, ``feeder``), the
+  controller and its ports, leader election, liveness, autoscaler, traffic director, signals, connectors
+  as replicas, model status and observability.
+- ``placement/``: pure and deterministic (no I/O, no clock): node inventory, replica demand, host memory,
+  the placement engine and the rollout capacity plan.
+
+``service`` (``ControlService``) wires the rooms into the running process ``sie control`` starts.
 """
-
-from sie.streams.control.demand import ReplicaDemand, demands_from_spec, make_demands
-from sie.streams.control.inventory import (
-    GPU_PRODUCT_LABEL,
-    TIER0,
-    TIER_LABEL,
-    ClusterInventory,
-    GpuState,
-    NodeState,
-)
-from sie.streams.control.placement import (
-    Placement,
-    PlacementPlan,
-    Placer,
-    PlanDiff,
-    PlanStats,
-    PlanUpdate,
-    Unplaced,
-    node_eligible,
-    place,
-    validate_tier_request,
-)
-
-__all__ = [
-    "GPU_PRODUCT_LABEL",
-    "TIER0",
-    "TIER_LABEL",
-    "ClusterInventory",
-    "GpuState",
-    "NodeState",
-    "Placement",
-    "PlacementPlan",
-    "PlanDiff",
-    "PlanStats",
-    "PlanUpdate",
-    "Placer",
-    "ReplicaDemand",
-    "Unplaced",
-    "demands_from_spec",
-    "make_demands",
-    "node_eligible",
-    "place",
-    "validate_tier_request",
-]

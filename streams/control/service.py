@@ -2,8 +2,8 @@
 
 Start order: feeder (rebuild state from the topics) -> elector (join the group) -> loop (reconcile
 only once the feeder caught up; a new leader only once its ``Takeover`` loaded what the old one
-published) -> HTTP (``sie.streams.control.api``: FastAPI on uvicorn, bearer tokens from
-``sie.streams.control.auth``; loopback unless another address is asked for).  Stop order is the reverse, and the elector closes its
+published) -> HTTP (``sie.streams.control.api.routes``: FastAPI on uvicorn, bearer tokens from
+``sie.streams.control.api.auth``; loopback unless another address is asked for).  Stop order is the reverse, and the elector closes its
 consumer so the group hands partition 0 to a standby at once (no 6 s session wait on a clean stop).
 
 Every background thread runs under a ``SupervisedThread`` (``sie.kernel.supervised``): if one dies it
@@ -29,12 +29,14 @@ from typing import Any
 from sie.kernel.clients import KafkaClients
 from sie.kernel.supervised import SupervisedThread
 from sie.schemas.replica_state import ReplicaState
-from sie.streams.control.autoscaler import bounds
-from sie.streams.control.controller import ControlConfig, Controller, ReconcileReport
-from sie.streams.control.host_memory import HostOverheads
-from sie.streams.control.leader import LeaderElector, TransactionalPublisher
-from sie.streams.control.signals import BacklogSampler
-from sie.streams.control.state import ClusterState, StateFeeder, StateSnapshot
+from sie.streams.control.placement.host_memory import HostOverheads
+from sie.streams.control.reconcile.autoscaler import bounds
+from sie.streams.control.reconcile.config import ControlConfig
+from sie.streams.control.reconcile.controller import Controller, ReconcileReport
+from sie.streams.control.reconcile.feeder import StateFeeder
+from sie.streams.control.reconcile.leader import LeaderElector, TransactionalPublisher
+from sie.streams.control.reconcile.records import ClusterState, StateSnapshot
+from sie.streams.control.reconcile.signals import BacklogSampler
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +117,9 @@ class ControlMetrics:
         self._observe_models(report.statuses)
         if report.plan is not None:
             self.unplaced.set(len(report.plan.unplaced))
-        for r in report.of("events"):
-            if r.value is not None:
-                self.placements.labels(r.value["kind"]).inc()
+        for event in report.of("events"):
+            if event.value is not None:
+                self.placements.labels(event.value["kind"]).inc()
         for name in report.errors:
             self.errors.labels(name).inc()
         self._observe_elasticity(report)
@@ -134,12 +136,12 @@ class ControlMetrics:
             except KeyError:
                 pass
         self._autoscaled = set(report.decisions)
-        for r in report.of("events"):
-            if r.value is None or r.value.get("model") is None:
+        for event in report.of("events"):
+            if event.value is None or event.value.get("model") is None:
                 continue
-            decision = report.decisions.get(r.value["model"])
-            if decision is not None and decision.scaled and r.value["kind"] in _SCALE_EVENTS:
-                self.scale_events.labels(r.value["model"], decision.action).inc()
+            made = report.decisions.get(event.value["model"])
+            if made is not None and made.scaled and event.value["kind"] in _SCALE_EVENTS:
+                self.scale_events.labels(event.value["model"], made.action).inc()
         if report.plan is not None:
             for rid, pre in report.plan.preempted.items():
                 if any(r.value is not None and r.value["kind"] == "preempted" and r.value["replica_id"] == rid
@@ -304,7 +306,7 @@ class ControlService:
         from sie.schemas.spec_store import AckedWriter
 
         #: the API's spec writes (apply, delete): one producer for all of them (``AckedWriter``)
-        self.spec_writer = AckedWriter(settings, settings.names.control_client_id(f"{self.instance_id}.specs"),
+        self.spec_writer = AckedWriter(settings, settings.names.control_client_id(self.instance_id, "specs"),
                                        clients=self.clients)
         self.state = ClusterState(spec_policy=self.spec_policy)
         self.metrics = ControlMetrics()
@@ -320,7 +322,7 @@ class ControlService:
         self.sampler = BacklogSampler(settings, self._autoscaled_models, clock=clock,
                                       interval_s=config.backlog_interval_s, clients=clients,
                                       rate_window_s=config.backlog_window_s)
-        from sie.streams.control.rollout_service import Rollouts
+        from sie.streams.control.rollout.service import Rollouts
 
         #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API;
         #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
@@ -349,8 +351,10 @@ class ControlService:
         self.sampler.start()
         self._loop.start()
         if self._http_port is not None:
-            from sie.streams.control.api import ApiServer, AuditLog, create_app
-            from sie.streams.control.auth import TokenStore, ensure_initial_token
+            from sie.streams.control.api.audit import AuditLog
+            from sie.streams.control.api.auth import TokenStore, ensure_initial_token
+            from sie.streams.control.api.routes import create_app
+            from sie.streams.control.api.server import ApiServer
 
             created = ensure_initial_token(self.settings)
             if created is not None:
@@ -389,7 +393,7 @@ class ControlService:
         """Models whose count can change (min != max, P0 never below one): name -> (scorer group, request topic)."""
         if not self.elector.is_leader:
             return {}
-        from sie.streams.control.autoscaler import ModelInputs
+        from sie.streams.control.reconcile.autoscaler import ModelInputs
 
         out = {}
         for name, spec in self.state.snapshot().specs.items():

@@ -26,7 +26,7 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
 from sie.schemas.spec import parse_spec
 from sie.schemas.spec_store import publish_spec
-from sie.streams.control.controller import ControlConfig
+from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.service import ControlService
 from tests.helpers import wait_until
 from tests.streams.control.test_control_kafka import AssignmentReader, FakeAgent, _producer

@@ -24,7 +24,7 @@ import pytest
 from sie.kernel.admin import ensure_topics
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import decode, encode
-from sie.streams.control.controller import ControlConfig
+from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.service import ControlService
 from tests.helpers import (
     OPERATOR_TOKEN,

@@ -19,7 +19,8 @@ from sie.kernel.admin import ensure_topics
 from sie.kernel.clients import transactional_producer_config
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
-from sie.streams.control.state import ClusterState, StateFeeder
+from sie.streams.control.reconcile.feeder import StateFeeder
+from sie.streams.control.reconcile.records import ClusterState
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.kafka

@@ -24,13 +24,16 @@ import pytest
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import encode
 from sie.schemas.spec import ModelService
-from sie.streams.control.controller import ControlConfig, Controller, OutRecord, StaticLeadership
-from sie.streams.control.director import DirectorPolicy
-from sie.streams.control.rollout import Phase, VersionWindow
-from sie.streams.control.rollout_service import Rollouts
+from sie.streams.control.reconcile.config import ControlConfig
+from sie.streams.control.reconcile.controller import Controller
+from sie.streams.control.reconcile.director import DirectorPolicy
+from sie.streams.control.reconcile.feeder import ReadBarrier, decode_value
+from sie.streams.control.reconcile.ports import OutRecord, StaticLeadership
+from sie.streams.control.reconcile.records import ClusterState
+from sie.streams.control.rollout.machine import Phase, VersionWindow
+from sie.streams.control.rollout.service import Rollouts
 from sie.streams.control.service import Takeover, one_pass
-from sie.streams.control.state import ClusterState, ReadBarrier, decode_value
-from tests.streams.control.test_control_unit import FakeClock, gpu, register, spec_record
+from tests.streams.control.reconcile.test_control_unit import FakeClock, gpu, register, spec_record
 
 OLD, NEW = "1.0.0", "1.1.0"
 NODES = ("node-a", "node-b")

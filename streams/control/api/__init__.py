@@ -1,0 +1,11 @@
+"""The control plane's HTTP API: what operators and the CLI call, and the status page.
+
+- ``routes``: the FastAPI app (``create_app``) and its routes.
+- ``auth``: tokens and roles (``TokenStore``), the CLI's token files.
+- ``audit``: ``AuditLog``, one ``audit`` event per write on the events topic (a producer of its own).
+- ``guard``: ``RequestGuard`` (ASGI: body size, body deadline, 500s without internals) and the header deadline.
+- ``server``: ``ApiServer``, the uvicorn server thread (concurrency and header-size limits, TLS).
+- ``status_page`` and ``static/``: the status page.
+
+May import every other room of the control plane; none of them imports it.
+"""

@@ -1,0 +1,57 @@
+"""Placement: pure, deterministic decisions of what runs where (no I/O, no clock, no Kafka).
+
+The controller feeds it specs, the node inventory (from agent registrations/heartbeats) and the current
+placement, and publishes the plan.  Imports only ``sie.schemas`` and ``sie.kernel``: never another room of
+the control plane, never a Kafka client.
+
+- ``inventory``: frozen node/GPU state (``NodeState``, ``GpuState``, ``ClusterInventory``).
+- ``demand``: ``ReplicaDemand`` and ``demands_from_spec(spec)``.
+- ``host_memory``: what a replica needs from its node's RAM besides the GPU (``HostOverheads``).
+- ``engine``: ``place(...)`` (full pass), ``Placer`` (incremental events),
+  ``PlacementPlan``/``Placement``/``Unplaced`` and ``validate_tier_request`` (409 helper).
+- ``rollout_capacity``: which version each replica of a model in a rollout runs (``plan_capacity``).
+"""
+
+from sie.streams.control.placement.demand import ReplicaDemand, demands_from_spec, make_demands
+from sie.streams.control.placement.engine import (
+    Placement,
+    PlacementPlan,
+    Placer,
+    PlanDiff,
+    PlanStats,
+    PlanUpdate,
+    Unplaced,
+    node_eligible,
+    place,
+    validate_tier_request,
+)
+from sie.streams.control.placement.inventory import (
+    GPU_PRODUCT_LABEL,
+    TIER0,
+    TIER_LABEL,
+    ClusterInventory,
+    GpuState,
+    NodeState,
+)
+
+__all__ = [
+    "GPU_PRODUCT_LABEL",
+    "TIER0",
+    "TIER_LABEL",
+    "ClusterInventory",
+    "GpuState",
+    "NodeState",
+    "Placement",
+    "PlacementPlan",
+    "PlanDiff",
+    "PlanStats",
+    "PlanUpdate",
+    "Placer",
+    "ReplicaDemand",
+    "Unplaced",
+    "demands_from_spec",
+    "make_demands",
+    "node_eligible",
+    "place",
+    "validate_tier_request",
+]
