@@ -12,7 +12,8 @@ Semantics (``docs/connectors.md``):
 * **Idempotent.** A result's key is ``<request id>:<version>``.  Request ids are stable across re-reads
   (the request's own ``id``, else ``<topic>:<partition>:<offset>``), so re-running a job, or running a
   second job over the same range, upserts rather than adds in a compacted topic or an upserting sink.
-* **Exactly once, resumable.** One batch = one transaction (``sie.streams.eos.ExactlyOnce``): results, dead
+* **Exactly once, resumable.** A bounded run of the shared stage loop (``sie.streams.eos.StreamLoop`` with
+  ``ranges``: ``sie.streams.eos.ranges`` has its steps and failures): one batch = one transaction, results, dead
   letters and the group's offsets commit together, with ``transactional.id`` ``sie.backfill.<job-id>``.
   After SIGKILL, re-running with the same ``--job-id`` fences the dead process, starts from the group's
   committed offsets and yields exactly one result (or dead letter) per record in range for
@@ -45,7 +46,7 @@ from sie.connectors.backfill_plan import (
     resolve_ranges,
     write_plan,
 )
-from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter, live_group_lag
+from sie.connectors.backfill_throttle import BackfillThrottle, LiveLagGate, RateLimiter, live_group_lag
 from sie.kernel.clients import (
     KafkaClients,
     eos_consumer_config,
@@ -54,7 +55,7 @@ from sie.kernel.clients import (
 )
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
-from sie.streams.eos import BatchStatus, EosLimits, ExactlyOnce, close_quietly, start_producer
+from sie.streams.eos import EosLimits, StageSettings, StreamLoop
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.records import Output, Prepared
 from sie.streams.scorer import Codec, DeadLetterReason, Inference, InferenceFailed, Poison, canary_row
@@ -211,11 +212,9 @@ class BackfillJob:
         self._plan: BackfillPlan | None = None
         self.live_gate: LiveLagGate | None = None
         self._pos: dict[int, int] = {}
-        # Partitions sought back after an aborted batch: consumer.position() still reports the offset
-        # after the last record consumed BEFORE the seek until a record is consumed again, so it must
-        # not be read as "passed the end" for them (it would skip the whole aborted batch).
-        self._rewound: set[int] = set()
         self._done: set[int] = set()
+        self._already_done = 0
+        self._consumer: Any = None
         self._scored = 0
         self._dead: Counter = Counter()
         self._job_header = ("sie.backfill.job", config.job_id.encode())
@@ -262,58 +261,45 @@ class BackfillJob:
     # --- running ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event, backend: Any,
             on_started: Callable[[BackfillJob], None] | None = None) -> BackfillReport:
-        """Score the plan's remaining records with ``backend`` (loaded) until done or ``stop``."""
+        """Score the plan's remaining records with ``backend`` (loaded) until done or ``stop``: a bounded run of
+        ``StreamLoop`` (``sie.streams.eos.ranges``) over the plan's ranges, throttled by ``--rate`` and the
+        live-lag gate, with this job as its ``BatchProcessor``."""
         cfg = self.config
         self._inference = Inference(backend, self._canary)
         plan = self.plan()
         started = self._clock()
-        from confluent_kafka import TopicPartition
-
         from sie.kernel.admin import admin_client, ensure_model_topics
 
         partitions = self._partition_count(plan.source_topic) or len(plan.ranges) or 1
         ensure_model_topics(cfg.settings, [plan.output_topic, plan.dead_letter_topic], partitions,
                             clients=self._clients)
-        producer = start_producer(
-            transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
-                                          transaction_timeout_ms=cfg.transaction_timeout_ms),
-            stop, self._clients.producer, cfg.limits)  # init_transactions(): a zombie run of this job is fenced here
-        consumer = self._clients.consumer(eos_consumer_config(
-            cfg.settings, cfg.group_id, cfg.settings.names.backfill_client_id(cfg.job_id, "consumer"),
-            max_batch=cfg.max_batch))
-        eos = ExactlyOnce(producer, consumer, stop, cfg.limits,
-                          fenced_hint=f"another run of backfill job {cfg.job_id} is live: stop it first")
-        already_done = 0
-        try:
-            committed = consumer.committed([TopicPartition(plan.source_topic, r.partition) for r in plan.ranges],
-                                           timeout=30)
-            resume = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
-            assign = []
-            for r in plan.ranges:
-                pos = min(max(resume.get(r.partition, r.start), r.start), r.end)
-                self._pos[r.partition] = pos
-                already_done += pos - r.start
-                if pos >= r.end:
-                    self._done.add(r.partition)
-                else:
-                    assign.append(TopicPartition(plan.source_topic, r.partition, pos))
-            if assign:
-                consumer.assign(assign)
-            admin = admin_client(cfg.settings, self._clients)
-            live_parts = [r.partition for r in plan.ranges]
-            gate = self.live_gate = LiveLagGate(
-                lambda: live_group_lag(admin, consumer, cfg.spec.group_id, plan.source_topic, live_parts),
-                cfg.max_live_lag, cfg.lag_interval_s, self._clock)
-            limiter = RateLimiter(cfg.rate, self._clock)
-            if on_started:
-                on_started(self)
-            self._loop(stop, consumer, eos, gate, limiter)
-        finally:
-            close_quietly(consumer, producer)
+        admin = admin_client(cfg.settings, self._clients)
+        live_parts = [r.partition for r in plan.ranges]
+        self.live_gate = LiveLagGate(
+            lambda: live_group_lag(admin, self._consumer, cfg.spec.group_id, plan.source_topic, live_parts),
+            cfg.max_live_lag, cfg.lag_interval_s, self._clock)
+        throttle = BackfillThrottle(self.live_gate, RateLimiter(cfg.rate, self._clock), cfg.lag_interval_s)
+        settings = StageSettings(
+            name=f"backfill {cfg.job_id}", topics=[plan.source_topic],
+            # init_transactions(): a zombie run of this job is fenced before its committed offsets are read
+            producer_config=transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
+                                                          transaction_timeout_ms=cfg.transaction_timeout_ms),
+            consumer_config=eos_consumer_config(cfg.settings, cfg.group_id,
+                                                cfg.settings.names.backfill_client_id(cfg.job_id, "consumer"),
+                                                max_batch=cfg.max_batch),
+            max_batch=cfg.max_batch, max_wait_s=0.0, idle_s=cfg.poll_timeout_ms / 1000,
+            tick_interval_s=cfg.progress_interval_s, limits=cfg.limits, pipelined=False,
+            fenced_hint=f"another run of backfill job {cfg.job_id} is live: stop it first")
+        loop: StreamLoop[_BatchCounts] = StreamLoop(settings, self, clients=self._clients, clock=self._clock,
+                                                    ranges=self._ranges, throttle=throttle)
+        loop.run(stop, on_ready=(lambda: on_started(self)) if on_started else None)
+        run = loop.range_run
+        if run is not None:
+            self._done = {p for (_t, p) in run.done}
         self._emit_progress(final=True)
         return BackfillReport(cfg.job_id, cfg.version, len(self._done) == len(plan.ranges), plan.total,
-                              already_done, self._scored, dict(self._dead), self._clock() - started,
-                              self.live_gate.pauses if self.live_gate else 0, eos.aborts)
+                              self._already_done, self._scored, dict(self._dead), self._clock() - started,
+                              self.live_gate.pauses, loop.eos.aborts if loop.eos else 0)
 
     def _partition_count(self, topic: str) -> int | None:
         from sie.kernel.admin import wait_for_cluster
@@ -321,89 +307,51 @@ class BackfillJob:
         meta = wait_for_cluster(self.config.settings, clients=self._clients).topics.get(topic)
         return len(meta.partitions) if meta is not None and meta.partitions else None
 
-    def _loop(self, stop: threading.Event, consumer: Any, eos: ExactlyOnce, gate: LiveLagGate,
-              limiter: RateLimiter) -> None:
+    def _ranges(self, consumer: Any) -> dict[tuple[str, int], tuple[int, int]]:
+        """The plan's ranges from this job's committed offsets on (a resumed job skips what an earlier run did)."""
         from confluent_kafka import TopicPartition
 
-        cfg = self.config
         plan = self._plan
         assert plan is not None
-        topic = plan.source_topic
-        ends = {r.partition: r.end for r in plan.ranges}
-        paused_for_live = False
-        next_progress = self._clock()
-        timeout = cfg.poll_timeout_ms / 1000
-        while not stop.is_set() and len(self._done) < len(plan.ranges):
-            if self._clock() >= next_progress:
-                self._emit_progress()
-                next_progress = self._clock() + cfg.progress_interval_s
-            active = [TopicPartition(topic, p) for p in ends if p not in self._done]
-            if gate.blocked():
-                if not paused_for_live:
-                    consumer.pause(active)
-                    paused_for_live = True
-                stop.wait(min(cfg.lag_interval_s, 0.5))
-                continue
-            if paused_for_live:
-                consumer.resume(active)
-                paused_for_live = False
-            wanted = limiter.take(cfg.max_batch)
-            if wanted == 0:
-                stop.wait(min(max(limiter.wait_s(), 0.005), 0.5))
-                continue
-            messages = consumer.consume(wanted, timeout)
-            batch, reached_end = [], set()
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.fatal():
-                        raise ConfigError(f"backfill consumer: fatal error {err.str()}")
-                    log.warning("backfill consumer: %s", err.str())
-                    continue
-                p = msg.partition()
-                self._rewound.discard(p)
-                if p in reached_end or p in self._done:
-                    continue
-                if msg.offset() >= ends[p]:
-                    reached_end.add(p)  # everything of p below the end is in this batch or committed before
-                    continue
-                batch.append(msg)
-            limiter.refund(wanted - len(messages))
-            if reached_end:
-                consumer.pause([TopicPartition(topic, p) for p in reached_end])
-            if batch:
-                status, counts = eos.run_batch(batch, self._prepare, self._rejected)
-                if status is not BatchStatus.COMMITTED:
-                    # rewound to the committed offsets: re-read everything not committed, ends included
-                    # (only the batch's partitions were sought; each has a record in range to deliver again)
-                    self._rewound.update(m.partition() for m in batch)
-                    consumer.resume([TopicPartition(topic, p) for p in ends if p not in self._done])
-                    continue
-                assert counts is not None
-                self._scored += counts.scored
-                self._dead.update(counts.dead)
-                for p, off in counts.last.items():
-                    self._pos[p] = off + 1
-            self._done.update(reached_end)
-            if not batch:
-                self._check_positions(consumer, topic, ends)
+        self._consumer = consumer
+        committed = consumer.committed([TopicPartition(plan.source_topic, r.partition) for r in plan.ranges],
+                                       timeout=30)
+        resume = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+        bounds, self._already_done = {}, 0
+        for r in plan.ranges:
+            pos = min(max(resume.get(r.partition, r.start), r.start), r.end)
+            self._pos[r.partition] = pos
+            self._already_done += pos - r.start
+            bounds[(plan.source_topic, r.partition)] = (pos, r.end)
+            if pos >= r.end:
+                self._done.add(r.partition)
+        return bounds
 
-    def _check_positions(self, consumer: Any, topic: str, ends: dict[int, int]) -> None:
-        """Idle: a partition whose fetch position passed its end (control records, aborted data) is done."""
-        from confluent_kafka import KafkaException, TopicPartition
+    # --- BatchProcessor (sie.streams.eos.stage): the loop calls these ---------------------------------------
+    def started(self, consumer: Any) -> None:
+        self._consumer = consumer
 
-        pending = [TopicPartition(topic, p) for p in ends if p not in self._done and p not in self._rewound]
-        if not pending:
-            return
-        try:
-            positions = consumer.position(pending)
-        except KafkaException as exc:
-            log.debug("position(): %s", exc)
-            return
-        for tp in positions:
-            if tp.offset >= 0 and tp.offset >= ends[tp.partition]:
-                self._done.add(tp.partition)
-                self._pos[tp.partition] = ends[tp.partition]
+    def prepare(self, batch: list[Any]) -> Prepared[_BatchCounts]:
+        return self._prepare(batch)
+
+    def rejected(self, output: Output, detail: str, value: Any) -> Output:
+        return self._rejected(output, detail, value)
+
+    def committed(self, value: Any, batch_size: int) -> None:
+        counts: _BatchCounts = value
+        self._scored += counts.scored
+        self._dead.update(counts.dead)
+        for p, off in counts.last.items():
+            self._pos[p] = off + 1
+
+    def tick(self, consumer: Any) -> None:
+        self._emit_progress()
+
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Never called: a bounded run assign()s its partitions."""
+
+    def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
+        """Never called: a bounded run assign()s its partitions."""
 
     # --- one batch (prepared outside the transaction, then produced and committed by the layer) ----------
     def _prepare(self, batch: list) -> Prepared[_BatchCounts]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import re
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -218,39 +217,26 @@ def ensure_plans_topic(settings: Any, clients: KafkaClients | None = None) -> st
 
 def read_plan(settings: Any, job_id: str, timeout: float = 30.0,
               clients: KafkaClients | None = None) -> BackfillPlan | None:
-    """The stored plan of ``job_id`` (latest record of that key), or None."""
-    from confluent_kafka import KafkaError, TopicPartition
+    """The stored plan of ``job_id`` (latest record of that key), or None: the plans topic read to its end
+    (``sie.kernel.replay``: past the transaction markers and aborted records a log can end on)."""
+    from sie.kernel.replay import read_to_end
 
     names = settings.names
     topic = plans_topic(settings)
     consumer = (clients or KafkaClients()).consumer(state_reader_config(
         settings, names.reader_group(PLANS_SUFFIX, job_id), names.backfill_client_id(job_id, "plan-reader")))
+    found: list[bytes | None] = [None]
+    wanted = job_id.encode()
+
+    def see(msg: Any) -> None:
+        if msg.key() == wanted:
+            found[0] = msg.value()
+
     try:
-        tp = TopicPartition(topic, 0)
-        low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
-        if high <= low:
-            return None
-        consumer.assign([TopicPartition(topic, 0, low)])
-        found: bytes | None = None
-        wanted = job_id.encode()
-        deadline = time.monotonic() + timeout
-        position = low
-        while position < high:
-            if time.monotonic() > deadline:
-                raise KafkaUnavailable(f"reading {topic}: not at offset {high} after {timeout:.0f}s")
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    break
-                raise KafkaUnavailable(f"reading {topic}: {msg.error()}")
-            position = msg.offset() + 1
-            if msg.key() == wanted:
-                found = msg.value()
-        return None if found is None else BackfillPlan.from_json(found)
+        read_to_end(consumer, topic, see, timeout_s=timeout, missing_ok=True)  # no topic yet: no plan yet
     finally:
         consumer.close()
+    return None if found[0] is None else BackfillPlan.from_json(found[0])
 
 
 def write_plan(settings: Any, plan: BackfillPlan, timeout: float = 30.0, clients: KafkaClients | None = None) -> None:

@@ -111,3 +111,26 @@ def live_group_lag(admin: Any, consumer: Any, group_id: str, topic: str, partiti
     except (KafkaException, Exception) as exc:  # noqa: BLE001 - an unreadable lag must not kill the job
         log.debug("live lag of %s unreadable: %s", group_id, exc)
         return None
+
+
+class BackfillThrottle:
+    """Both of the above as the bounded run's ``Throttle`` (``sie.streams.eos.ranges``): the live-lag gate pauses
+    the run's partitions (looked at again within half a second, or ``interval_s``), the rate limiter grants
+    records per batch."""
+
+    def __init__(self, gate: LiveLagGate, limiter: RateLimiter, interval_s: float) -> None:
+        self.gate = gate
+        self.limiter = limiter
+        self._interval_s = interval_s
+
+    def paused(self) -> bool:
+        return self.gate.blocked()
+
+    def take(self, wanted: int) -> int:
+        return self.limiter.take(wanted)
+
+    def refund(self, unused: int) -> None:
+        self.limiter.refund(unused)
+
+    def wait_s(self) -> float:
+        return min(self._interval_s, 0.5) if self.gate.blocked_now else self.limiter.wait_s()

@@ -229,7 +229,8 @@ class CdcStage:
             producer_config=transactional_producer_config(cfg.settings, cfg.transactional_id, max_batch=cfg.max_batch,
                                                           transaction_timeout_ms=cfg.transaction_timeout_ms
                                                           or eos_transaction_timeout_ms(cfg.session_timeout_ms)),
-            consumer_config=eos_consumer_config(cfg.settings, cfg.group_id, f"{cfg.transactional_id}.consumer",
+            consumer_config=eos_consumer_config(cfg.settings, cfg.group_id,
+                                                cfg.settings.names.stage_client_id(cfg.transactional_id, "consumer"),
                                                 max_batch=cfg.max_batch, session_timeout_ms=cfg.session_timeout_ms),
             max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, idle_s=cfg.poll_timeout_ms / 1000,
             tick_interval_s=min(cfg.log_interval_s, 5.0),

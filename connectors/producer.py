@@ -16,12 +16,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
+
+if TYPE_CHECKING:
+    from sie.kernel.clients import KafkaClients
 from sie.kernel.tracing import DISABLED, TRACEPARENT, Tracing
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
@@ -118,8 +121,8 @@ class RequestProducer:
 
     def __init__(self, settings: Settings, topic: str, *, validator: Validator | None = None,
                  rate: float | None = None, extra_config: dict[str, Any] | None = None,
-                 tracing: Tracing = DISABLED) -> None:
-        from sie.kernel.clients import KafkaClients
+                 tracing: Tracing = DISABLED, clients: KafkaClients | None = None) -> None:
+        from sie.kernel.clients import KafkaClients, request_producer_config
 
         self.topic = topic
         self._tracing = tracing
@@ -127,15 +130,8 @@ class RequestProducer:
         self._validator = validator
         self._limiter = RateLimiter(rate)
         self._started = time.monotonic()
-        config = settings.kafka_client_config(**{
-            "enable.idempotence": True,  # retries never duplicate a request
-            "acks": "all",
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": 200_000,
-            **(extra_config or {}),
-        })
-        self._producer = KafkaClients().producer(config)
+        config = request_producer_config(settings, settings.names.writer_client_id("requests"), **(extra_config or {}))
+        self._producer = (clients or KafkaClients()).producer(config)
         self._bootstrap = settings.bootstrap_servers
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:

@@ -4,7 +4,7 @@ After a fix (a new model version, a corrected schema), the requests that were de
 again.  ``Redrive`` reads the model's dead-letter topic and, for each dead letter of the chosen reason(s),
 produces its original request (key and value: a dead letter keeps them byte for byte) to the model's request
 topic, on the exactly-once layer: the produced requests and the consumer offsets commit in one transaction
-(``ExactlyOnce.run_batch``, like backfill).
+(a bounded run of ``sie.streams.eos.StreamLoop``, like backfill: ``sie.streams.eos.ranges``).
 
 **The mark.**  Each (model, reason) has its own consumer group, ``<p>.redrive.<model>.<reason>``
 (``Names.redrive_group``): its committed offsets on the dead-letter topic are what has been redriven.  A run
@@ -40,7 +40,7 @@ from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.schemas.request import DLQ_REASONS
-from sie.streams.eos import BatchStatus, ExactlyOnce, Output, Prepared, close_quietly, start_producer
+from sie.streams.eos import Output, Prepared, StageSettings, StreamLoop, close_quietly
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.records import safe_headers
 
@@ -114,6 +114,69 @@ def _original_id(value: bytes | None, headers: dict[str, bytes]) -> bytes | None
     return orjson.dumps({"id": ":".join(coords), **doc})
 
 
+class _Cursor:
+    """One reason's cursor as the ``BatchProcessor`` of its bounded run (``sie.streams.eos.stage``)."""
+
+    def __init__(self, redrive: Redrive, reason: str, report: RedriveReport, consumer_config: dict[str, Any]) -> None:
+        self._redrive = redrive
+        self._consumer_config = consumer_config
+        self._reason = reason
+        self._report = report
+        #: offsets before ``--since`` the mark moves past (set by ``ranges``, which the loop may call twice)
+        self.passed_over = 0
+
+    def ranges(self, consumer: Any) -> dict[tuple[str, int], tuple[int, int]]:
+        """From the cursor's mark (or ``since_ms``, when later) to the topic's ends now, per partition."""
+        from confluent_kafka import TopicPartition
+
+        cfg = self._redrive.config
+        topic = cfg.dead_letter_topic
+        self.passed_over = 0
+        # NotAuthorized (naming the principal and the ACL) when the topic is not this principal's to read
+        partitions = topic_partitions(consumer, topic, self._consumer_config, "READ")
+        if partitions is None:
+            return {}  # no dead-letter topic: nothing was ever dead-lettered
+        tps = [TopicPartition(topic, p) for p in partitions]
+        marks = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False) for tp in tps}
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=30)}
+        since = {}
+        if cfg.since_ms is not None:
+            found = consumer.offsets_for_times([TopicPartition(topic, tp.partition, cfg.since_ms) for tp in tps],
+                                               timeout=10)
+            since = {tp.partition: (tp.offset if tp.offset >= 0 else marks[tp.partition][1]) for tp in found}
+        bounds = {}
+        for p, (low, end) in marks.items():
+            start = max(committed[p] if committed[p] >= 0 else low, low)
+            if p in since and since[p] > start:
+                self.passed_over += since[p] - start  # offsets (a marker or two included)
+                start = since[p]
+            bounds[(topic, p)] = (start, end)
+        return bounds
+
+    def started(self, consumer: Any) -> None:
+        pass
+
+    def prepare(self, batch: list[Any]) -> Prepared[dict[str, Any]]:
+        return self._redrive._prepare(self._reason, batch)
+
+    def rejected(self, output: Output, detail: str, value: Any) -> Output:
+        return self._redrive._rejected(output, detail, value)
+
+    def committed(self, value: Any, batch_size: int) -> None:
+        if value["redriven"]:
+            self._report.redriven[self._reason] += value["redriven"]
+        self._report.not_redriven += value["not_redriven"]
+
+    def tick(self, consumer: Any) -> None:
+        pass
+
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Never called: a bounded run assign()s its partitions."""
+
+    def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
+        """Never called: a bounded run assign()s its partitions."""
+
+
 class Redrive:
     """Run once: ``Redrive(config).run(stop)`` -> ``RedriveReport``."""
 
@@ -124,6 +187,8 @@ class Redrive:
     def run(self, stop: threading.Event) -> RedriveReport:
         started = time.monotonic()
         report = RedriveReport(self.config.model)
+        if not self._readable():
+            return report  # no dead-letter topic: nothing was ever dead-lettered
         for reason in self.config.reasons:
             if stop.is_set():
                 report.complete = False
@@ -132,98 +197,48 @@ class Redrive:
         report.seconds = time.monotonic() - started
         return report
 
+    def _readable(self) -> bool:
+        """Whether the dead-letter topic exists; ``NotAuthorized`` (naming the principal and the ACL) when it is not
+        this principal's to read.  Before any cursor starts its transactional producer: a run with nothing to read
+        fences nobody, and a principal lacking both ACLs is told about the topic it asked to read first."""
+        cfg = self.config
+        group = cfg.settings.names.redrive_group(cfg.model, cfg.reasons[0]) if cfg.reasons else None
+        if group is None:
+            return False
+        config = eos_consumer_config(cfg.settings, group, cfg.settings.names.stage_client_id(group, "consumer"),
+                                     max_batch=cfg.max_batch)
+        consumer = self._clients.consumer(config)
+        try:
+            return topic_partitions(consumer, cfg.dead_letter_topic, config, "READ") is not None
+        finally:
+            close_quietly(consumer, None)
+
     # --- one reason: one cursor (group), one transactional id -----------------------------------------
     def _run_reason(self, reason: str, stop: threading.Event, report: RedriveReport) -> None:
-        from confluent_kafka import TopicPartition
-
+        """One cursor's bounded run of ``StreamLoop`` (``sie.streams.eos.ranges``): from its mark to the ends
+        the dead-letter topic had when it started."""
         cfg = self.config
         names = cfg.settings.names
         group = names.redrive_group(cfg.model, reason)
-        consumer_config = eos_consumer_config(cfg.settings, group, f"{group}.consumer", max_batch=cfg.max_batch)
-        consumer = self._clients.consumer(consumer_config)
-        producer = None
-        try:
-            # NotAuthorized (naming the principal and the ACL) when the topic is not this principal's to read
-            partitions = topic_partitions(consumer, cfg.dead_letter_topic, consumer_config, "READ")
-            if partitions is None:
-                return  # no dead-letter topic: nothing was ever dead-lettered
-            tps = [TopicPartition(cfg.dead_letter_topic, p) for p in partitions]
-            ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in tps}
-            committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=30)}
-            since = {}
-            if cfg.since_ms is not None:
-                found = consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, cfg.since_ms) for tp in tps],
-                                                   timeout=10)
-                since = {tp.partition: (tp.offset if tp.offset >= 0 else ends[tp.partition]) for tp in found}
-            starts = {}
-            for tp in tps:
-                p = tp.partition
-                low = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[0]
-                start = max(committed[p] if committed[p] >= 0 else low, low)
-                if p in since and since[p] > start:
-                    report.passed_over += since[p] - start  # offsets (a marker or two included)
-                    start = since[p]
-                starts[p] = start
-            todo = {p for p in ends if starts[p] < ends[p]}
-            if not todo:
-                return
-            producer = start_producer(transactional_producer_config(
+        consumer_config = eos_consumer_config(cfg.settings, group, names.stage_client_id(group, "consumer"),
+                                              max_batch=cfg.max_batch)
+        cursor = _Cursor(self, reason, report, consumer_config)
+        settings = StageSettings(
+            name=f"redrive {cfg.model} {reason}", topics=[cfg.dead_letter_topic],
+            # init_transactions(): a zombie run of this cursor is fenced before its mark is read
+            producer_config=transactional_producer_config(
                 cfg.settings, names.redrive_transactional_id(cfg.model, reason), max_batch=cfg.max_batch),
-                stop, self._clients.producer)  # init_transactions(): a zombie run of this cursor is fenced
-            consumer.assign([TopicPartition(cfg.dead_letter_topic, p, starts[p]) for p in sorted(todo)])
-            eos = ExactlyOnce(producer, consumer, stop,
-                              fenced_hint=f"another `sie dlq redrive --model {cfg.model}` of reason {reason} is "
-                                          f"live: let it finish")
-            self._loop(reason, stop, consumer, eos, ends, todo, report)
-            report.aborts += eos.aborts
-        finally:
-            close_quietly(consumer, producer)
-
-    def _loop(self, reason: str, stop: threading.Event, consumer: Any, eos: ExactlyOnce, ends: dict[int, int],
-              todo: set[int], report: RedriveReport) -> None:
-        from confluent_kafka import KafkaException, TopicPartition
-
-        cfg = self.config
-        topic = cfg.dead_letter_topic
-        rewound: set[int] = set()
-        while todo:
-            if stop.is_set():
-                report.complete = False
-                return
-            batch, reached = [], set()
-            for msg in consumer.consume(cfg.max_batch, cfg.poll_timeout_s):
-                if msg.error() is not None:
-                    if msg.error().fatal():
-                        raise ConfigError(f"redrive consumer: fatal error {msg.error().str()}")
-                    continue
-                p = msg.partition()
-                rewound.discard(p)
-                if p not in todo or p in reached:
-                    continue
-                if msg.offset() >= ends[p]:
-                    reached.add(p)  # written after the run started: left for the next run
-                    continue
-                batch.append(msg)
-            if reached:
-                consumer.pause([TopicPartition(topic, p) for p in reached])
-            if batch:
-                status, counts = eos.run_batch(batch, lambda b: self._prepare(reason, b), self._rejected)
-                if status is not BatchStatus.COMMITTED:
-                    rewound.update(m.partition() for m in batch)
-                    consumer.resume([TopicPartition(topic, p) for p in todo])
-                    continue
-                assert counts is not None
-                if counts["redriven"]:
-                    report.redriven[reason] += counts["redriven"]
-                report.not_redriven += counts["not_redriven"]
-            todo -= reached
-            if not batch and todo:  # idle: a position past the end (markers after the last record) is done
-                pending = [TopicPartition(topic, p) for p in todo if p not in rewound]
-                try:
-                    positions = consumer.position(pending) if pending else []
-                except KafkaException:
-                    positions = []
-                todo -= {tp.partition for tp in positions if tp.offset >= ends[tp.partition]}
+            consumer_config=consumer_config,
+            max_batch=cfg.max_batch, max_wait_s=0.0, idle_s=cfg.poll_timeout_s, tick_interval_s=3600.0,
+            pipelined=False,
+            fenced_hint=f"another `sie dlq redrive --model {cfg.model}` of reason {reason} is live: let it finish")
+        loop: StreamLoop[dict[str, Any]] = StreamLoop(settings, cursor, clients=self._clients, ranges=cursor.ranges)
+        loop.run(stop)
+        report.passed_over += cursor.passed_over
+        if loop.eos is not None:
+            report.aborts += loop.eos.aborts
+        if loop.range_run is not None and not loop.range_run.finished:
+            report.complete = False  # stopped before the end
 
     def _prepare(self, reason: str, batch: Sequence[Any]) -> Prepared[dict[str, Any]]:
         """Outside the transaction: one request per dead letter of ``reason`` (others: their cursor's)."""

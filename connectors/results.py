@@ -12,11 +12,14 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sie.kernel.settings import Settings
+
+if TYPE_CHECKING:
+    from sie.kernel.clients import KafkaClients
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -50,20 +53,19 @@ class ResultCollector:
     """
 
     def __init__(self, settings: Settings, topic: str, *, sent_at: dict[str, float] | None = None,
-                 since_ms: int = 0, clock: Callable[[], float] = time.time) -> None:
-        from confluent_kafka import Consumer
+                 since_ms: int = 0, clock: Callable[[], float] = time.time, clients: KafkaClients | None = None) -> None:
+        from sie.kernel.clients import KafkaClients, state_reader_config
 
         self.topic = topic
         self._sent_at = sent_at
         self._since_ms = since_ms
         self.stats = ResultStats()
         self._clock = clock
-        self._consumer = Consumer(settings.kafka_client_config(**{
-            "group.id": f"sie.results-reader.{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }))
+        names = settings.names
+        # a throwaway group of its own (subscribed, never committed): every run reads the topic from the beginning
+        self._consumer = (clients or KafkaClients()).consumer(state_reader_config(
+            settings, names.reader_group("results", uuid.uuid4().hex[:8]), names.reader_client_id("results"),
+            partition_eof=False))
         self._consumer.subscribe([topic])
 
     def poll(self, timeout: float = 0.5, max_records: int = 5000) -> int:
@@ -73,10 +75,11 @@ class ResultCollector:
         stats = self.stats
         read = 0
         for msg in messages:
-            if msg.error() or msg.value() is None or msg.timestamp()[1] < self._since_ms:
+            value = msg.value()
+            if msg.error() or value is None or msg.timestamp()[1] < self._since_ms:
                 continue
             read += 1
-            result = orjson.loads(msg.value())
+            result = orjson.loads(value)
             rid = str(result.get("id"))
             if rid in stats.results:
                 stats.duplicates += 1

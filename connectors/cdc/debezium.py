@@ -89,7 +89,7 @@ def _row_fields(schema: dict[str, Any] | None, which: str) -> list[dict[str, Any
         if f.get("field") == which and f.get("fields") is not None:
             fields = f["fields"]
             _check_struct_fields(fields, f"schema.fields[{which}].fields")
-            return fields  # type: ignore[no-any-return]
+            return fields
     return None
 
 

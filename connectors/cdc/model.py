@@ -212,7 +212,7 @@ def position_part(value: Any, field: str, fmt: str) -> str:
     would put an arbitrary structure into every request id)."""
     t = type(value)
     if t is str:
-        return value  # type: ignore[no-any-return]
+        return value
     if t is int or t is float or value is None or t is bool:
         return str(value)
     raise CdcDecodeError(

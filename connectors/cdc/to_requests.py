@@ -183,6 +183,12 @@ class _Plan:
         database, table, op_enum = row.database, row.table, row.op
         image = row.before if op_enum is Op.DELETE else row.after
         qualified = f"{database}.{table}"
+        if image is None:
+            raise CdcDecodeError(
+                CdcErrorReason.MALFORMED_EVENT,
+                f"{qualified}: the {op_enum.value} event carries no row image "
+                f"({'before' if op_enum is Op.DELETE else 'after'}); the source must log full row images",
+            )
         pk = self._pk(row, image, qualified) if self.primary_keys else row.pk
         if not pk:
             raise CdcDecodeError(

@@ -48,7 +48,7 @@ ROLES = ("scorer", "agent", "control", "cdc", "backfill", "producer")
 LITERAL, PREFIXED = "literal", "prefixed"
 RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
-#: the control topics the control plane replays into its state (``sie.streams.control.state``)
+#: the control topics the control plane replays into its state (``sie.streams.control.reconcile.feeder``)
 CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events",
                  "model-status", "connectors", "artifacts", "artifact-chunks", "rollouts")
 #: the control topics the control plane writes (the leader transactionally; the API specs, connectors,

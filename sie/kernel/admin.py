@@ -241,6 +241,27 @@ class GroupProgress:
         return sum(max(0, end - self.committed.get(p, end)) for p, end in self.ends.items())
 
 
+def _offsets_topic_ready(admin: AdminClient, group_id: str, topic: str, timeout: float) -> bool:
+    """Whether group offsets can be asked for: False when ``__consumer_offsets`` does not exist (nothing was ever
+    committed on this cluster); ``SieError`` (transient: the caller asks again later) while a partition of it has no
+    leader.  WHY: librdkafka's ListConsumerGroupOffsets crashed the process (SIGSEGV, confluent-kafka 2.x) against a
+    fresh broker whose offsets topic was still being created (its first coordinator lookup creates it); a
+    DescribeTopics first never does."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+    try:
+        described = admin.describe_topics(TopicCollection(["__consumer_offsets"]), request_timeout=timeout)[
+            "__consumer_offsets"].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return False
+        raise
+    if not described.partitions or any(p.leader is None for p in described.partitions):
+        raise SieError(f"progress of group {group_id} on {topic}: the cluster's offsets topic has partitions "
+                       "without a leader yet (a fresh or recovering broker): asked again at the next sample")
+    return True
+
+
 def group_progress(admin: AdminClient, group_id: str, topic: str, timeout: float = 5.0) -> GroupProgress:
     """Committed offsets of ``group_id`` and the ends of ``topic`` through one admin client (read-only: the
     group is never joined).  A topic that does not exist yet has no partitions (nothing waits on it);
@@ -270,9 +291,12 @@ def group_progress(admin: AdminClient, group_id: str, topic: str, timeout: float
                 return GroupProgress(group_id, topic, {}, {})
             raise
         parts = [TopicPartition(topic, p.id) for p in sorted(described.partitions, key=lambda p: p.id)]
-        request = ConsumerGroupTopicPartitions(group_id, parts)
-        done = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group_id].result(timeout=timeout)
-        committed = {tp.partition: tp.offset for tp in done.topic_partitions if tp.offset >= 0}
+        committed: dict[int, int] = {}
+        if _offsets_topic_ready(admin, group_id, topic, timeout):
+            request = ConsumerGroupTopicPartitions(group_id, parts)
+            done = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group_id].result(
+                timeout=timeout)
+            committed = {tp.partition: tp.offset for tp in done.topic_partitions if tp.offset >= 0}
 
         def offsets(spec: OffsetSpec) -> dict[int, int]:
             futures = admin.list_offsets({tp: spec for tp in parts}, isolation_level=IsolationLevel.READ_COMMITTED,

@@ -6,11 +6,18 @@ Roles (each config is commented where it matters for exactly-once, liveness or b
                                     offsets only inside transactions, read_committed, cooperative assignor;
 * ``transactional_producer_config`` that stage's producer (stable ``transactional.id``: a restart fences
                                     the zombie), also the control-plane leader's fenced writer;
-* ``idempotent_producer_config``    status and registration writers (agents, ``sie apply``, ``sie produce``):
+* ``idempotent_producer_config``    status and registration writers (agents, ``sie apply``, ``sie cdc``):
                                     retries never duplicate, no transactions;
-* ``state_reader_config``           readers of compacted state topics that ``assign()`` and never commit
-                                    (control-plane state, agents' assignments, spec snapshots), read_committed;
-* ``group_member_config``           the control plane's leader-election membership.
+* ``request_producer_config``       an application's request writer (``RequestProducer``: ``sie produce``, the
+                                    demo): idempotent, lz4, a deep queue for bursts;
+* ``state_reader_config``           readers that never commit, read_committed: of compacted state topics
+                                    that ``assign()`` (control-plane state, agents' assignments, spec
+                                    snapshots, rollouts, ``sie tail``) and throwaway groups that ``subscribe()``
+                                    (``ResultCollector``, the demo's dead letters);
+* ``group_member_config``           the control plane's leader-election membership;
+* ``admin_config``                  an admin client of the cluster ``Settings`` name;
+* ``broker_probe_config``           an admin client of a broker ``sie kafka`` runs itself (by address, before
+                                    any ``Settings`` name it): is it up, create its SCRAM users.
 
 ``KafkaClients`` is how a component makes its clients: the real librdkafka classes by default, fakes in
 unit tests (no broker needed for the logic; the broker tests stay).
@@ -20,15 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from sie.kernel.consumer import KafkaConsumer
+from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 
 
-def _consumer(config: dict[str, Any]) -> Any:
+def _consumer(config: dict[str, Any]) -> KafkaConsumer:
     from confluent_kafka import Consumer
 
-    return Consumer(config)
+    return cast(KafkaConsumer, Consumer(config))  # why a cast: sie.kernel.consumer
 
 
 def _producer(config: dict[str, Any]) -> Any:
@@ -47,7 +56,7 @@ def _admin(config: dict[str, Any]) -> Any:
 class KafkaClients:
     """Factories of Kafka clients (each takes a librdkafka config dict)."""
 
-    consumer: Callable[[dict[str, Any]], Any] = _consumer
+    consumer: Callable[[dict[str, Any]], KafkaConsumer] = _consumer
     producer: Callable[[dict[str, Any]], Any] = _producer
     admin: Callable[[dict[str, Any]], Any] = _admin
 
@@ -163,7 +172,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
     ``buffer_kbytes`` caps what the producer may queue (librdkafka's default is 1 GiB per producer): a
     multi-model worker process (``sie.workers.shared``) runs one producer per model and bounds each."""
     return settings.kafka_client_config(**{
-        "client.id": f"{transactional_id}.producer",
+        "client.id": Names.stage_client_id(transactional_id, "producer"),
         "transactional.id": transactional_id,
         "enable.idempotence": True,
         "acks": "all",
@@ -193,6 +202,16 @@ def idempotent_producer_config(settings: Settings, client_id: str, **overrides: 
         "acks": "all",
         "linger.ms": 5,
         "message.max.bytes": settings.max_record_bytes,
+        **overrides,
+    })
+
+
+def request_producer_config(settings: Settings, client_id: str, **overrides: Any) -> dict[str, Any]:
+    """An application's writer of requests (``sie.connectors.producer.RequestProducer``): idempotent (a retry
+    never duplicates a request), lz4 (requests are JSON), room for a burst of 200,000 queued requests."""
+    return idempotent_producer_config(settings, client_id, **{
+        "compression.type": "lz4",
+        "queue.buffering.max.messages": 200_000,
         **overrides,
     })
 
@@ -232,3 +251,32 @@ def group_member_config(settings: Settings, group_id: str, client_id: str, *, se
 
 def admin_config(settings: Settings) -> dict[str, Any]:
     return settings.kafka_client_config()
+
+
+#: the properties of a client's config that say how it connects (an allow-list: a consumer's or producer's own
+#: properties would make an admin client beside it log a warning for each)
+_CONNECTION_KEYS = frozenset({"bootstrap.servers", "client.id", "logger", "client.dns.lookup", "broker.address.family"})
+_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "reconnect.", "connections.")
+
+
+def connection_config(client_config: dict[str, Any]) -> dict[str, Any]:
+    """How ``client_config``'s client connects (brokers, security, socket settings), for an admin client beside
+    it: an exactly-once stage that has only its consumer's config describing its own group."""
+    return {key: value for key, value in client_config.items()
+            if key in _CONNECTION_KEYS or key.startswith(_CONNECTION_PREFIXES)}
+
+
+def broker_probe_config(bootstrap: str, security: dict[str, Any] | None = None, *,
+                        timeout_s: float | None = None, log_level: int = 3) -> dict[str, Any]:
+    """An admin client of a local broker by address (``sie.infra.kafka.local``: probing a broker that boots,
+    creating SCRAM users).  ``security``: librdkafka properties of a secured cluster (the admin's SASL_SSL
+    settings).  ``timeout_s``: how long a probe waits, which bounds its connection setup too."""
+    return {
+        **(security or {}),
+        "bootstrap.servers": bootstrap,
+        **({
+            "reconnect.backoff.max.ms": 500,  # default 10 s would delay noticing a broker that just came up
+            "socket.connection.setup.timeout.ms": max(1000, int(timeout_s * 1000)),
+        } if timeout_s is not None else {}),
+        "log_level": log_level,
+    }

@@ -224,12 +224,26 @@ class Names:
     def redrive_transactional_id(self, model: str, reason: str) -> str:
         return f"{self.prefix}.redrive.{model}.{reason}"
 
+    @staticmethod
+    def stage_client_id(transactional_id: str, role: str) -> str:
+        """A consume-transform-produce stage's client ids, from its transactional id (or group): ``<id>.consumer``,
+        ``<id>.producer`` (``role``)."""
+        return f"{transactional_id}.{role}"
+
     def cli_client_id(self, command: str) -> str:
         return f"{self.prefix}.cli.{command}"
 
     def reader_group(self, purpose: str, unique: str) -> str:
         """A throwaway group of a one-off reader that assign()s and never commits (CLI reads, probes)."""
         return f"{self.prefix}.reader.{purpose}.{unique}"
+
+    def reader_client_id(self, purpose: str) -> str:
+        """The client id of a one-off reader (``reader_group``) of ``purpose``."""
+        return f"{self.prefix}.reader.{purpose}"
+
+    def writer_client_id(self, purpose: str) -> str:
+        """The client id of a one-off writer (``sie apply``'s spec records, ``sie cdc`` test records, ...)."""
+        return f"{self.prefix}.writer.{purpose}"
 
     def reader_group_prefix(self, purpose: str | None = None) -> str:
         """What every reader group (or those of one purpose) starts with: PREFIXED ACLs."""
@@ -259,8 +273,14 @@ class Names:
         """The state reader's short-lived consumer that takes a read barrier's end offsets."""
         return f"{self.prefix}.control.state.ends"
 
-    def control_client_id(self, instance: str) -> str:
-        return f"{self.prefix}.control.{instance}"
+    def control_client_id(self, instance: str, role: str | None = None) -> str:
+        """A control-plane instance's client id, or that of one of its clients (``role``, e.g. ``specs``)."""
+        return f"{self.prefix}.control.{instance}" + (f".{role}" if role else "")
+
+    @property
+    def control_audit_client_id(self) -> str:
+        """The API's audit writer (``sie.streams.control.api.audit.AuditLog``), shared by every instance."""
+        return f"{self.control_group}.audit"
 
     def agent_group(self, node: str) -> str:
         return f"{self.prefix}.agent.{node}"

@@ -225,7 +225,7 @@ class Settings(BaseSettings):
                           "0.0.0.0/::, else SIE_METRICS_BIND itself.")
 
     # --- Placement: host memory a replica's process costs beyond its spec's memoryMb --------------
-    # (streams/control/host_memory.py applies them; docs/architecture.md "Placement with host memory")
+    # (streams/control/placement/host_memory.py applies them; docs/architecture.md "Placement with host memory")
     process_overhead_mb: int = Field(
         579, ge=0,
         description="Host memory (MiB) of a worker process of its own, before any model: measured 579 MB resident "
@@ -292,6 +292,13 @@ class Settings(BaseSettings):
         None, description="Broker data and logs for `sie kafka up` (default: <cache_dir>/kafka-run)."
     )  # type: ignore[assignment]  # filled in by _derive_paths
     kafka_heap: str = Field("512m", description="Heap per local broker.")
+    kafka_jit: Literal["quick", "full"] = Field(
+        "quick",
+        description="JIT of a local broker's JVM. quick: the C1 compiler only (-XX:TieredStopAtLevel=1): the broker "
+                    "starts on ~45 % less CPU and spends ~35 % less on a short workload, where C2's compiling never "
+                    "pays back (measured: docs/development.md); full: C1 + C2, for long runs at peak throughput "
+                    "(the benchmarks use it).",
+    )
 
     @model_validator(mode="before")
     @classmethod

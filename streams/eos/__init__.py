@@ -9,13 +9,17 @@ Nothing in here imports a user of it.  Pieces, bottom up:
 * ``cycle``       ``ExactlyOnce``: the batch cycle and its recovery paths, written once; serial (``run_batch``)
                   or pipelined (``start_batch``/``settle``: a batch's commit overlaps the next batch's work);
 * ``batcher``     micro-batching outside any transaction;
-* ``stage``       ``StreamLoop``: a whole subscribe-and-process stage (the scorer, the CDC stage);
+* ``stage``       ``StreamLoop``: a whole consume-process-commit stage, the one exactly-once loop (the scorer, the
+                  CDC stage; bounded runs: backfill, redrive; windowed: the LLM stage);
+* ``ranges``      bounded runs of ``StreamLoop``: fixed offset ranges, stopped at their ends, a ``Throttle``;
+* ``windowed``    windowed stages of ``StreamLoop``: records in flight across polls, their finished prefix committed;
 * ``records``     ``Output``/``Prepared``: a batch's outputs, prepared outside the transaction;
 * ``deadletter``  dead letters written the same way by every stage, always fitted to the size limit;
 * ``lag``         consumer lag for the ``*_consumer_lag`` gauges.
 """
 
 from sie.streams.eos.cycle import (
+    PIPELINED_DEFAULT,
     BatchOutcome,
     BatchStatus,
     BatchTimes,
@@ -34,13 +38,15 @@ from sie.streams.eos.errors import (
     RetryLater,
     TxnAbortable,
 )
+from sie.streams.eos.ranges import RangeRun, Throttle
 from sie.streams.eos.records import Output, Prepared, safe_headers
 from sie.streams.eos.stage import BatchProcessor, StageSettings, StopRequest, StreamLoop, leaves_group
 from sie.streams.eos.transaction import Checkpoint, TransactionalProducer, close_quietly, rewind
+from sie.streams.eos.windowed import WindowedProcessor
 
 __all__ = [
     "BatchOutcome", "BatchProcessor", "BatchStatus", "BatchTimes", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
-    "ExactlyOnce", "Fenced", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RecordRejected",
-    "RetryLater", "StageSettings", "StopRequest", "StreamLoop", "TransactionalProducer", "TxnAbortable", "close_quietly",
-    "leaves_group", "rewind", "safe_headers", "start_producer",
+    "ExactlyOnce", "Fenced", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RangeRun", "RecordRejected",
+    "RetryLater", "StageSettings", "StopRequest", "StreamLoop", "Throttle", "TransactionalProducer", "TxnAbortable",
+    "WindowedProcessor", "close_quietly", "PIPELINED_DEFAULT", "leaves_group", "rewind", "safe_headers", "start_producer",
 ]

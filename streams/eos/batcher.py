@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sie.kernel.authz import from_kafka_error
+from sie.kernel.consumer import KafkaConsumer
 from sie.streams.eos.errors import ConsumerFatal
 
 log = logging.getLogger("sie.eos")
@@ -41,7 +42,7 @@ HOLD_WAIT_S = 0.005
 class Batcher:
     """Collects up to ``max_batch`` records, waiting at most ``max_wait_s`` once one has arrived."""
 
-    def __init__(self, consumer: Any, max_batch: int, max_wait_s: float, idle_timeout_s: float,
+    def __init__(self, consumer: KafkaConsumer, max_batch: int, max_wait_s: float, idle_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic, client_config: dict[str, Any] | None = None) -> None:
         self._consumer = consumer
         #: the consumer's librdkafka config: names the principal and group of an authorization failure
@@ -53,8 +54,11 @@ class Batcher:
         self._buffer: list[Any] = []
         self.consumer_errors = 0
 
-    def collect(self, hold: Callable[[float], bool] | None = None) -> list[Any]:
-        """The next batch; empty if nothing arrived within ``idle_timeout_s``.
+    def collect(self, hold: Callable[[float], bool] | None = None, limit: int | None = None,
+                idle_s: float | None = None) -> list[Any]:
+        """The next batch of at most ``limit`` records (default ``max_batch``; a bounded run's throttle or a
+        windowed stage's room grants fewer); empty if nothing arrived within ``idle_s`` (default
+        ``idle_timeout_s``).
 
         Two phases: wait for one record, then take what is already fetched (``max_wait`` 0), or fill until
         full or ``max_wait`` after that FIRST record (not after the first ``consume`` call returned).
@@ -71,7 +75,8 @@ class Batcher:
         """
         buf = self._buffer = []
         clock = self._clock
-        idle_deadline = clock() + self._idle_timeout
+        most = self._max_batch if limit is None else min(limit, self._max_batch)
+        idle_deadline = clock() + (self._idle_timeout if idle_s is None else idle_s)
         while not buf:
             left = idle_deadline - clock()
             if left <= 0:
@@ -79,19 +84,19 @@ class Batcher:
             # consume(1, ...) returns as soon as one record is there (consume(n) would wait for n).
             self._accept(self._consumer.consume(1, max(0.001, min(left, 0.1))))
         if self._max_wait <= 0:  # adaptive: what is already fetched, no waiting (consume(n, 0) never blocks)
-            if len(buf) < self._max_batch:
-                self._accept(self._consumer.consume(self._max_batch - len(buf), 0))
+            if len(buf) < most:
+                self._accept(self._consumer.consume(most - len(buf), 0))
             if hold is not None:
-                while len(buf) < self._max_batch and hold(HOLD_WAIT_S):
-                    self._accept(self._consumer.consume(self._max_batch - len(buf), 0))
-                if len(buf) < self._max_batch:  # the commit returned: what arrived since the last look
-                    self._accept(self._consumer.consume(self._max_batch - len(buf), 0))
+                while len(buf) < most and hold(HOLD_WAIT_S):
+                    self._accept(self._consumer.consume(most - len(buf), 0))
+                if len(buf) < most:  # the commit returned: what arrived since the last look
+                    self._accept(self._consumer.consume(most - len(buf), 0))
             batch, self._buffer = self._buffer, []
             return batch
         deadline = clock() + self._max_wait
-        while len(buf) < self._max_batch:
+        while len(buf) < most:
             left = deadline - clock()
-            self._accept(self._consumer.consume(self._max_batch - len(buf), max(0.001, left)))
+            self._accept(self._consumer.consume(most - len(buf), max(0.001, left)))
             if left <= 0:
                 break
         batch, self._buffer = self._buffer, []

@@ -12,7 +12,7 @@ Preparing first keeps the broker-side transaction (it starts with the first prod
 producing and committing, whatever the inference time; and a dependency that is down (``RetryLater``)
 is found before anything was produced.
 
-Pipelined (``start_batch``/``settle``, what ``StreamLoop`` runs by default): the commit of batch N runs on
+Pipelined (``start_batch``/``settle``, what ``StreamLoop`` runs when ``pipelined``): the commit of batch N runs on
 the producer's committer thread (its watchdog: ``TransactionalProducer.start_commit``) while the caller's
 thread collects batch N+1 (librdkafka releases the GIL while it waits for the coordinator)::
 
@@ -63,10 +63,12 @@ consumer group there, so the other members take the partitions, and joins again 
 (A commit still in flight then carries the old generation: the group coordinator refuses its offsets, or it
 completed before the rebalance; exactly once either way, KIP-447.)
 
-Users: the scorer and the CDC stage through ``stage.StreamLoop`` (the scorer serial unless
-``ScorerConfig.pipelined``, ``sie score --pipelined``; the CDC stage pipelined, ``StageSettings``' default),
-backfill (its own assign()-based loop, ``run_batch``: serial); the control-plane leader uses the same
-``TransactionalProducer`` for producer-only transactions.
+Users: the scorer and the CDC stage through ``stage.StreamLoop``, serial unless asked (``PIPELINED_DEFAULT``
+below, the one default both read: ``StageSettings.pipelined``, ``ScorerConfig.pipelined``; ``sie score
+--pipelined`` opts in); backfill and dead-letter redrive through ``StreamLoop``'s bounded runs
+(``sie.streams.eos.ranges``: serial); the LLM stage through ``StreamLoop``'s windowed mode
+(``sie.streams.eos.windowed``: serial); the control-plane
+leader uses the same ``TransactionalProducer`` for producer-only transactions.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from sie.kernel.consumer import KafkaConsumer
 from sie.streams.eos.deadletter import DEAD_LETTER, fit, minimal
 from sie.streams.eos.errors import (
     EosError,
@@ -100,6 +103,17 @@ OnRewind = Callable[[list[tuple[str, int]]], None]
 log = logging.getLogger("sie.eos")
 
 T = TypeVar("T")
+
+#: The one default commit mode of every stage: ``StageSettings.pipelined`` (the CDC stage) and
+#: ``ScorerConfig.pipelined`` (``sie score``, the node agent's workers) both read it; ``sie score --pipelined``
+#: opts in.  Serial, by measurement: pipelining did not win where it was measured.  Same-run backlog throughput,
+#: pipelined / serial (bench_scoring.py --only null,sie,sie_other, 100,000 requests, 2026-12-02, load 14-33 on 2
+#: cores): 0.91x, 1.57x, 0.86x.  End-to-end p99 at 200/s (bench_latency.py): pipelined 1.3-1.5x lower in that
+#: loaded session's three pairs, serial 2x lower (49 vs 97 ms) in the quietest run (2026-12-01 11:51, load
+#: 0.2-4.2); at 2,000/s repeats of one mode spread 651-2,008 ms, more than the modes differ.  With no mode ahead
+#: at every rate or run, the simpler cycle is the default: each batch committed before the next is collected.
+#: Numbers: bench/results/pipelining.txt, docs/benchmarks.md.
+PIPELINED_DEFAULT = False
 
 #: how often a stage waiting on a commit looks at whether it stalled (``ExactlyOnce._wait``)
 _STALL_TICK_S = 0.5
@@ -204,7 +218,7 @@ class ExactlyOnce:
     (waits for the in-flight commit; the producer's ``close`` ends its committer thread).
     """
 
-    def __init__(self, producer: TransactionalProducer, consumer: Any, stop: threading.Event,
+    def __init__(self, producer: TransactionalProducer, consumer: KafkaConsumer, stop: threading.Event,
                  limits: EosLimits = EosLimits(), *, observer: EosObserver | None = None,
                  fenced_hint: str = "give every instance a distinct --instance (or stop the other job)",
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
@@ -461,7 +475,9 @@ def start_producer(config: dict[str, Any], stop: threading.Event, factory: Calla
     ``while not stop.is_set()`` loop then does nothing); ``KafkaUnavailable`` after ``patience_s``.
     """
     if factory is None:
-        from confluent_kafka import Producer as factory  # noqa: N813 - the librdkafka class is the factory
+        from sie.kernel.clients import KafkaClients
+
+        factory = KafkaClients().producer
     producer = TransactionalProducer(config, factory, limits.attempts, limits.backoff_s, stop, limits.hang_limit_s)
     producer.start(patience_s=patience_s)
     return producer

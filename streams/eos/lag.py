@@ -9,14 +9,15 @@ inside the batch loop.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from confluent_kafka import KafkaException
+
+from sie.kernel.consumer import KafkaConsumer
 
 log = logging.getLogger("sie.lag")
 
 
-def consumer_lag(consumer: Any) -> dict[int, int]:
+def consumer_lag(consumer: KafkaConsumer) -> dict[int, int]:
     """``{partition: records behind}`` for the assigned partitions whose position and watermark are known.
 
     Empty when nothing is assigned or the client cannot answer (a metric is not worth an error).

@@ -17,7 +17,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # a Prepared[X] is a Prepared[X | None]: it is only read
 
 Headers = list[tuple[str, bytes]]
 
@@ -43,13 +43,13 @@ class Output:
                 + sum(len(k.encode()) + len(v or b"") for k, v in self.headers or ()))
 
 
-@dataclass(slots=True)
-class Prepared(Generic[T]):
+@dataclass(slots=True, frozen=True)
+class Prepared(Generic[T_co]):
     """A prepared batch: the outputs to produce (in order) and the stage's own summary of them
     (handed back to the stage's ``committed`` only if the transaction commits)."""
 
     outputs: list[Output] = field(default_factory=list)
-    value: T | None = None
+    value: T_co | None = None
 
 
 _read_headers = operator.methodcaller("headers")

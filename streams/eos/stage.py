@@ -1,4 +1,9 @@
-"""One consume-transform-produce stage driven end to end: the loop the scorer and the CDC stage share.
+"""One consume-transform-produce stage driven end to end: the one consume loop of SIE's exactly-once stages.
+
+Users: the scorer and the CDC stage (subscribed: a consumer group, run until stopped), backfill and dead-letter
+redrive (bounded runs: ``ranges=``, ``assign()`` fixed offset ranges and stop at their ends; the steps of a
+bounded run and its failures are in ``sie.streams.eos.ranges``), and the LLM stage (windowed: ``window=``, its
+transaction is its in-flight window's finished prefix, not the batch it just consumed; ``sie.streams.eos.windowed``).
 
 ``StreamLoop.run`` owns the clients and the order of things; a ``BatchProcessor`` owns only what its
 records mean::
@@ -20,14 +25,14 @@ records mean::
                                            # a planned stop LEAVES the group (static member or not): the others
                                            # take its partitions at their next heartbeat; an error exit
                                            # keeps a static member's place for its restart (no rebalance), and
-                                           # so does a hand-over (StopRequest.hand_over) by a member that owns
-                                           # every partition: its loaded successor takes the place at once
+                                           # so does a hand-over (StopRequest.hand_over) by the group's only
+                                           # member: its loaded successor takes the place at once
 
-Pipelined (``StageSettings.pipelined``, the default): ``start_batch`` returns as soon as the batch's commit
-has started on the committer thread, so the next ``collect`` (and, when that batch fills up first, its
-``prepare``) overlaps the commit's round trips; the rules that keep this exactly once are in
-``sie.streams.eos.cycle``.  With ``pipelined=False``
-each batch is committed before the next is collected (``run_batch``).
+Serial by default (``cycle.PIPELINED_DEFAULT``, the measurement there): each batch is committed before the
+next is collected (``run_batch``).  Pipelined (``StageSettings.pipelined``): ``start_batch`` returns as soon as
+the batch's commit has started on the committer thread, so the next ``collect`` (and, when that batch fills up
+first, its ``prepare``) overlaps the commit's round trips; the rules that keep this exactly once are in
+``sie.streams.eos.cycle``.
 
 A stop request (SIGTERM) is honoured between batches: the batch in flight is committed first.
 
@@ -54,11 +59,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from sie.kernel.clients import KafkaClients
+from confluent_kafka import TopicPartition
+
+from sie.kernel.clients import KafkaClients, connection_config
+from sie.kernel.consumer import KafkaConsumer
 from sie.streams.eos.batcher import Batcher
-from sie.streams.eos.cycle import BatchOutcome, BatchStatus, EosLimits, EosObserver, ExactlyOnce, start_producer
+from sie.streams.eos.cycle import (
+    PIPELINED_DEFAULT,
+    BatchOutcome,
+    BatchStatus,
+    EosLimits,
+    EosObserver,
+    ExactlyOnce,
+    start_producer,
+)
+from sie.streams.eos.ranges import RangeRun, Ranges, Throttle
 from sie.streams.eos.records import Output, Prepared
-from sie.streams.eos.transaction import close_quietly, leave_group
+from sie.streams.eos.transaction import close_quietly, leave_group, rewind
+from sie.streams.eos.windowed import WindowedProcessor
 
 log = logging.getLogger("sie.eos")
 
@@ -112,7 +130,8 @@ class StopRequest(threading.Event):
         self.set()
 
 
-def leaves_group(stop: threading.Event, consumer: Any, topics: Sequence[str]) -> bool:
+def leaves_group(stop: threading.Event, consumer: KafkaConsumer, topics: Sequence[str], *,
+                 alone: Callable[[], bool]) -> bool:
     """Whether a stage stopped on request by ``stop`` leaves its consumer group.
 
     A plain stop always leaves.  A hand-over leaves too when another member can take the partitions: they
@@ -120,16 +139,41 @@ def leaves_group(stop: threading.Event, consumer: Any, topics: Sequence[str]) ->
     it its share.  Measured (two static scorers, 6 partitions, 300 requests/s, one replaced by a successor
     started as it stopped): the replaced one's partitions were silent 0.30 s when it left, 0.61 s when it
     kept its membership for the successor (bench/results/rollout_handover.txt has the cluster figures).
-    A member that owns every partition keeps its static membership instead: leaving would empty the group,
-    nobody would serve meanwhile, and a broker's ``group.initial.rebalance.delay.ms`` (3 s by default; 0 on
-    SIE's own broker) would hold the successor's join into the empty group; the successor takes the place
-    without a rebalance."""
+    The group's only member keeps its static membership instead: leaving would empty the group, nobody would
+    serve meanwhile, and a broker's ``group.initial.rebalance.delay.ms`` (3 s by default; 0 on SIE's own broker)
+    would hold the successor's join into the empty group; the successor takes the place without a rebalance.
+    "Only" is asked of the broker (``alone``: ``alone_in_group``), not read from the assignment: a member that
+    owns every partition may be in the middle of handing some to a member that just joined (cooperative: it is
+    told to revoke them and must join again before the newcomer is given them).  A successor that took its
+    place without a rebalance then inherited only what it kept, and the revoked partitions were nobody's until
+    the group's next rebalance (seen in tests/test_handover_e2e.py: 3 of 6 partitions silent until the end).
+    A member that joins after the broker's answer finds a rebalance waiting for this one, and the successor's
+    join (the same ``group.instance.id``) takes its place in that rebalance."""
     if not getattr(stop, "handing_over", False):
         return True
-    return not owns_every_partition(consumer, topics)
+    return not (owns_every_partition(consumer, topics) and alone())
 
 
-def owns_every_partition(consumer: Any, topics: Sequence[str], timeout_s: float = 5.0) -> bool:
+def alone_in_group(consumer: KafkaConsumer, consumer_config: dict[str, Any], clients: KafkaClients,
+                   timeout_s: float = 3.0) -> bool:
+    """Whether the broker describes ``consumer``'s group as stable with this member alone (False when unknown:
+    the caller then leaves, which is safe)."""
+    from confluent_kafka import ConsumerGroupState
+
+    group, me = consumer_config.get("group.id"), consumer.memberid()
+    if not group or not me:
+        return False
+    try:
+        admin = clients.admin(connection_config(consumer_config))
+        described = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(
+            timeout=timeout_s + 1)
+    except Exception as exc:  # unknown: leave (the others, if any, take over; safe either way)
+        log.info("group %s not described (%s): leaving it", group, exc)
+        return False
+    return described.state == ConsumerGroupState.STABLE and [m.member_id for m in described.members] == [me]
+
+
+def owns_every_partition(consumer: KafkaConsumer, topics: Sequence[str], timeout_s: float = 5.0) -> bool:
     """Whether ``consumer``'s assignment covers every partition of ``topics`` (False when unknown)."""
     try:
         assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
@@ -148,7 +192,7 @@ def owns_every_partition(consumer: Any, topics: Sequence[str], timeout_s: float 
 class BatchProcessor(Protocol):
     """What a stage does with its records; ``StreamLoop`` does everything else."""
 
-    def started(self, consumer: Any) -> None:
+    def started(self, consumer: KafkaConsumer) -> None:
         """Once, after the consumer exists and before it subscribes (e.g. read topic metadata)."""
 
     def prepare(self, batch: list[Any]) -> Prepared[Any]:
@@ -159,7 +203,7 @@ class BatchProcessor(Protocol):
         """The dead letter replacing ``output`` (which the producer refused) for its ``output.source``;
         update ``value``'s counts so ``committed`` sees it.  The layer fits it to the size limit."""
 
-    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+    def partitions_assigned(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
         """Partitions assigned in a rebalance (e.g. re-read topic metadata: partitions may have been added).
         Called on the loop's thread after the ``consume()`` that assigned them returned, before any of their
         records is prepared (not inside librdkafka's callback: see ``StreamLoop._on_assign``)."""
@@ -167,7 +211,7 @@ class BatchProcessor(Protocol):
     def committed(self, value: Any, batch_size: int) -> None:
         """After the batch committed (its outputs are visible): move counters and metrics."""
 
-    def tick(self, consumer: Any) -> None:
+    def tick(self, consumer: KafkaConsumer) -> None:
         """Every ``tick_interval_s`` between batches (lag gauges, progress logs)."""
 
     def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
@@ -189,8 +233,9 @@ class StageSettings:
     limits: EosLimits = field(default_factory=EosLimits)
     fenced_hint: str = "give every instance a distinct --instance"
     producer_patience_s: float | None = 60.0
-    #: commit batch N on a committer thread while batch N+1 is collected and prepared (cycle docstring)
-    pipelined: bool = True
+    #: commit batch N on a committer thread while batch N+1 is collected and prepared (cycle docstring); the
+    #: default is ``cycle.PIPELINED_DEFAULT`` (serial, by measurement)
+    pipelined: bool = PIPELINED_DEFAULT
 
 
 class StreamLoop(Generic[T]):
@@ -198,8 +243,17 @@ class StreamLoop(Generic[T]):
 
     def __init__(self, settings: StageSettings, processor: BatchProcessor, *,
                  clients: KafkaClients | None = None, observer: EosObserver | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 ranges: Ranges | None = None, throttle: Throttle | None = None,
+                 window: WindowedProcessor | None = None) -> None:
         self.settings = settings
+        #: a windowed stage (``sie.streams.eos.windowed``; ``processor`` is the same object)
+        self._window = window
+        self._stop_event = threading.Event()
+        #: a bounded run (``sie.streams.eos.ranges``): ``assign()`` these ranges, stop at their ends
+        self._ranges = ranges
+        self._throttle = throttle
+        self.range_run: RangeRun | None = None
         self._processor = processor
         self._clients = clients or KafkaClients()
         self._observer = observer
@@ -209,8 +263,10 @@ class StreamLoop(Generic[T]):
         #: assignments seen in rebalance callbacks, handed to the processor from the loop (``_on_assign``)
         self._assigned: list[list[Any]] = []
         self.eos: ExactlyOnce | None = None
-        self._consumer: Any = None
+        self._consumer: KafkaConsumer | None = None
         self._in_rebalance = False
+        #: leaving the group on a stall (inside a failed batch's recovery): a revoke then commits nothing
+        self._leaving = False
         #: left the group on a stall (module docstring): joins again at ``_rejoin_at`` (None: not yet known)
         self._out_of_group = False
         self._rejoin_at: float | None = None
@@ -221,7 +277,7 @@ class StreamLoop(Generic[T]):
         self.stall_leaves = 0
 
     # --- rebalance callbacks (run inside consume(), on the loop's thread) ----------------------------------
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
         """Noted only: the processor hears of it from the loop (``_hand_assigned``).  Why: a consumer call that
         takes confluent-kafka's per-thread call state (``list_topics``, ``consumer_group_metadata``) made
         inside a rebalance callback clears that state when it returns, and the NEXT callback served by the
@@ -230,14 +286,14 @@ class StreamLoop(Generic[T]):
         log.info("%s: assigned %s", self.settings.name, [p.partition for p in partitions])
         self._assigned.append(partitions)
 
-    def _hand_assigned(self, consumer: Any) -> None:
+    def _hand_assigned(self, consumer: KafkaConsumer) -> None:
         while self._assigned:
             self._processor.partitions_assigned(consumer, self._assigned.pop(0))
 
-    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, _consumer: KafkaConsumer, partitions: list[Any]) -> None:
         self._dropped(partitions, lost=False)
 
-    def _on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
+    def _on_lost(self, _consumer: KafkaConsumer, partitions: list[Any]) -> None:
         self._dropped(partitions, lost=True)
 
     def _dropped(self, partitions: list[Any], lost: bool) -> None:
@@ -245,6 +301,10 @@ class StreamLoop(Generic[T]):
             self._in_rebalance = True
             try:
                 self._report(self.eos.settle(revoked=partitions))
+                if self._window is not None and not lost and not self._leaving:
+                    # still this member's generation: what is finished is committed, not redone by the next owner
+                    self._window.closing()
+                    self._commit_window(self.eos, force=True)
             finally:
                 self._in_rebalance = False
         dropped = self.batcher.drop(partitions) if self.batcher else 0
@@ -256,6 +316,8 @@ class StreamLoop(Generic[T]):
         """After a rewind (failed commit, backoff): records collected from those partitions come again."""
         if self.batcher is not None:
             self.batcher.drop_keys(set(partitions))
+        if self.range_run is not None:
+            self.range_run.rewound(partitions)
 
     def _report(self, outcomes: list[BatchOutcome[Any]]) -> None:
         for outcome in outcomes:
@@ -277,10 +339,14 @@ class StreamLoop(Generic[T]):
         self.stall_leaves += 1
         log.warning("%s: %s; leaving the consumer group so that the other members take its partitions, joining "
                     "again once the recovery is through", self.settings.name, reason)
-        leave_group(self._consumer)
+        self._leaving = True  # the revoke leave_group serves runs inside the failed batch's recovery: no commit
+        try:
+            leave_group(self._consumer)
+        finally:
+            self._leaving = False
         self._out_of_group, self._rejoin_at, self._left_at = True, None, self._clock()
 
-    def _rejoin(self, consumer: Any) -> None:
+    def _rejoin(self, consumer: KafkaConsumer) -> None:
         """Out of the group on a stall, the recovery returned: subscribe again once the backoff, counted from the
         leave, passed: the recovery's own wait (an abort retried against a coordinator that answers late) is time
         out of the group too (measured in case 6 of the partition campaign: a 20 s abort + a 10 s backoff after it
@@ -302,13 +368,18 @@ class StreamLoop(Generic[T]):
             self.eos.restarted()  # stall_s from now
         log.info("%s: joined the consumer group again after a stall", self.settings.name)
 
-    def _subscribe(self, consumer: Any) -> None:
+    def _subscribe(self, consumer: KafkaConsumer) -> None:
         consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
+        """Run until ``stop`` (a subscribed stage), or until every range is done (a bounded run)."""
         cfg = self.settings
+        self._stop_event = stop
+        bounded = self._ranges is not None
+        # init_transactions() first: a zombie holder of the id is fenced, and its open transaction aborted, before
+        # anything is read (a bounded run's start offsets: read_committed waits on a pending offset commit)
         producer = start_producer(cfg.producer_config, stop, self._clients.producer, cfg.limits,
                                   patience_s=cfg.producer_patience_s)
         if stop.is_set():  # stopped before the broker answered: nothing was started
@@ -323,10 +394,23 @@ class StreamLoop(Generic[T]):
                                          fenced_hint=cfg.fenced_hint, clock=self._clock, wall_clock=self._wall,
                                          on_rewind=self._rewound, on_stalled=self._stalled)
             self._processor.started(consumer)
-            self._subscribe(consumer)
+            if bounded:
+                if self._read_ranges(consumer):  # read now that earlier holders of the id are fenced
+                    assert self.range_run is not None
+                    consumer.assign(self.range_run.assignment())
+            else:
+                self._subscribe(consumer)
             if on_ready:
                 on_ready()
             freeze_startup_heap()
+            if bounded:
+                self._run_bounded(stop, consumer, batcher, eos)
+                planned = True
+                return
+            if self._window is not None:
+                self._run_windowed(stop, consumer, batcher, eos, self._window)
+                planned = True
+                return
             next_tick = self._clock()
             prepare, rejected, pipelined, wall = self._processor.prepare, self._processor.rejected, cfg.pipelined, self._wall
             hold = eos.commit_running if pipelined else None
@@ -358,5 +442,100 @@ class StreamLoop(Generic[T]):
                     except Exception as exc:  # noqa: BLE001 - logged; the original error propagates
                         log.warning("%s: commit in flight at exit: %s", self.settings.name, exc)
             # a planned stop leaves the group (partitions move to the others at their next heartbeat); an
-            # error keeps a static member's place for its restart (transaction.leave_group)
-            close_quietly(consumer, producer, leave=planned and leaves_group(stop, consumer, cfg.topics))
+            # error keeps a static member's place for its restart (transaction.leave_group); a bounded run
+            # has no group membership to leave (assign())
+            close_quietly(consumer, producer,
+                          leave=planned and not bounded and leaves_group(
+                              stop, consumer, cfg.topics,
+                              alone=lambda: alone_in_group(consumer, cfg.consumer_config, self._clients)))
+
+    # --- windowed stages (sie.streams.eos.windowed) ---------------------------------------------------------
+    def _run_windowed(self, stop: threading.Event, consumer: Any, batcher: Batcher, eos: ExactlyOnce,
+                      window: WindowedProcessor) -> None:
+        """Collect what the window has room for, hand it over, commit what is ready (``sie.streams.eos.windowed``)."""
+        cfg = self.settings
+        next_tick = self._clock()
+        while not stop.is_set():
+            limit, idle_s = window.room(consumer)
+            records = batcher.collect(None, limit, idle_s)
+            if self._assigned:
+                self._hand_assigned(consumer)
+            if self._clock() >= next_tick:
+                window.tick(consumer)
+                next_tick = self._clock() + cfg.tick_interval_s
+            window.accept(records)
+            if not self._commit_window(eos, force=False):
+                eos.idle()  # waiting on work in flight is not a stall
+            if self._out_of_group:
+                self._rejoin(consumer)
+        window.closing()  # stop requested: what is finished becomes visible; the rest is redone by the next owner
+        self._commit_window(eos, force=True)
+
+    def _commit_window(self, eos: ExactlyOnce, force: bool) -> bool:
+        """One transaction of what the window has ready; whether there was any.  Not committed: the window
+        drops what it holds and every partition it held is rewound to its committed offset."""
+        window = self._window
+        assert window is not None
+        batch = window.ready(force)
+        if not batch:
+            return False
+        outcomes = eos.start_batch(batch, window.prepare, window.rejected, pipelined=False)
+        self._report(outcomes)
+        if outcomes[-1].status is not BatchStatus.COMMITTED:
+            firsts = window.failed()
+            if firsts:
+                rewind(eos.consumer, firsts, self._stop_event)
+                self._rewound(list(firsts))
+        return True
+
+    # --- bounded runs (sie.streams.eos.ranges) ------------------------------------------------------------
+    def _read_ranges(self, consumer: Any) -> bool:
+        """Read the run's ranges (``self.range_run``); whether any partition has records left."""
+        assert self._ranges is not None
+        self.range_run = run = RangeRun(self._ranges(consumer))
+        return not run.finished
+
+    def _run_bounded(self, stop: threading.Event, consumer: Any, batcher: Batcher, eos: ExactlyOnce) -> None:
+        """Serial batches over the assigned ranges until each reached its end (``sie.streams.eos.ranges``)."""
+        cfg, run, throttle = self.settings, self.range_run, self._throttle
+        assert run is not None
+        prepare, rejected = self._processor.prepare, self._processor.rejected
+        next_tick = self._clock()
+        throttled = False  # the partitions are paused by the throttle
+        while not stop.is_set() and not run.finished:
+            if self._clock() >= next_tick:
+                self._processor.tick(consumer)
+                next_tick = self._clock() + cfg.tick_interval_s
+            limit = None
+            if throttle is not None:
+                if throttle.paused():
+                    if not throttled:
+                        consumer.pause(run.unfinished())
+                        throttled = True
+                    stop.wait(min(throttle.wait_s(), 0.5))
+                    continue
+                if throttled:
+                    consumer.resume(run.unfinished())
+                    throttled = False
+                limit = throttle.take(cfg.max_batch)
+                if limit == 0:
+                    stop.wait(min(max(throttle.wait_s(), 0.005), 0.5))
+                    continue
+            fetched = batcher.collect(None, limit)
+            collected_at = self._wall()
+            if throttle is not None and limit is not None:
+                throttle.refund(limit - len(fetched))
+            batch, reached = run.take(fetched)
+            if reached:
+                consumer.pause([TopicPartition(t, p) for (t, p) in reached])
+            if not batch:
+                eos.idle()
+                run.committed(reached)
+                run.passed(consumer)
+                continue
+            outcomes = eos.start_batch(batch, prepare, rejected, pipelined=False, collected_at=collected_at)
+            self._report(outcomes)
+            if outcomes[-1].status is BatchStatus.COMMITTED:
+                run.committed(reached)
+            else:  # rewound to the committed offsets: everything not committed is read again, ends included
+                consumer.resume(run.unfinished())

@@ -51,6 +51,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from sie.kernel.authz import from_kafka_error
+from sie.kernel.consumer import KafkaConsumer
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import BoundedWorker, CallAbandoned, Pending, call_bounded
 from sie.streams.eos.errors import ProducerFatal, ProducerHung, RecordRejected, TxnAbortable
@@ -366,7 +367,7 @@ class Checkpoint:
 
     __slots__ = ("_producer", "_consumer", "_last", "_first", "produced", "opened_at")
 
-    def __init__(self, producer: TransactionalProducer, consumer: Any) -> None:
+    def __init__(self, producer: TransactionalProducer, consumer: KafkaConsumer) -> None:
         self._producer = producer
         self._consumer = consumer
         self._last: dict[tuple[str, int], int] = {}
@@ -377,13 +378,6 @@ class Checkpoint:
 
     def begin(self) -> None:
         self._producer.begin()
-
-    def track(self, topic: str, partition: int, offset: int) -> None:
-        """Mark a record processed (records of one partition arrive in offset order)."""
-        tp = (topic, partition)
-        if tp not in self._first:
-            self._first[tp] = offset
-        self._last[tp] = offset
 
     def track_batch(self, batch: list[Any]) -> None:
         """Every record of ``batch`` processed: each produced its outputs (or was skipped on purpose)."""
@@ -430,7 +424,7 @@ class Checkpoint:
         return dict(self._first)
 
 
-def rewind(consumer: Any, first_offsets: dict[tuple[str, int], int], stop: threading.Event,
+def rewind(consumer: KafkaConsumer, first_offsets: dict[tuple[str, int], int], stop: threading.Event,
            backoff_s: float = 0.1) -> bool:
     """Seek the batch's partitions back to the group's committed offsets.
 
@@ -477,7 +471,7 @@ def _purge(producer: Any) -> None:
         pass
 
 
-def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[[], float] = time.monotonic,
+def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[[], float] = time.monotonic,
                 poll_s: float = 0.05) -> bool:
     """A planned stop (SIGTERM, a drain, a lane removed): leave the consumer group NOW, so the other members
     take this member's partitions at their next heartbeat instead of after ``session.timeout.ms``.
@@ -514,7 +508,7 @@ def leave_group(consumer: Any, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[
         return False
 
 
-def close_quietly(consumer: Any, producer: TransactionalProducer | None,
+def close_quietly(consumer: KafkaConsumer, producer: TransactionalProducer | None,
                   logger: logging.Logger = log, *, leave: bool = False) -> None:
     """Close the consumer, then the producer; never raises.  ``leave``: a planned stop, the consumer
     leaves the group first (``leave_group``: its partitions move to the others at once, static member

@@ -19,7 +19,7 @@ Spec keys (``backend: sglang``; all optional except an endpoint)::
         endpoint_backoff_s: 0.5        # first ejection; doubles per failure up to endpoint_backoff_max_s
         endpoint_backoff_max_s: 30
         poison_after: 3                # 5xx answers to one request (others served meanwhile) -> dead letter
-        director: {sustain_s: 5, ...}  # the traffic director's policy (sie.streams.control.director), on
+        director: {sustain_s: 5, ...}  # the traffic director's policy (sie.streams.control.reconcile.director), on
                                        # by default with two endpoints or more; false switches it off
         director_interval_ms: 1000     # how often it looks
         served_model_name / model      # OpenAI "model" field
@@ -127,7 +127,7 @@ class LLMConfig:
 def _director(doc: Any, endpoints: int) -> Any:
     """The director's policy: ``false`` -> off; absent -> the default rule when there is more than one endpoint
     (with one, there is nowhere to shift to); a mapping -> its numbers."""
-    from sie.streams.control.director import DirectorPolicy
+    from sie.streams.control.reconcile.director import DirectorPolicy
 
     if doc is False or (doc is None and endpoints < 2):
         return None

@@ -188,7 +188,8 @@ class Protocol:
             raise BadOutput(f"{self.path} answered {type(doc).__name__}, not a JSON object")
         if self.name == "sglang":
             text = doc.get("text")
-            meta = doc.get("meta_info") if isinstance(doc.get("meta_info"), dict) else {}
+            meta_info = doc.get("meta_info")
+            meta: dict[str, Any] = meta_info if isinstance(meta_info, dict) else {}
             if not isinstance(text, str):
                 raise BadOutput(f"{self.path} answered no 'text'")
             return Generation(text, _int(meta.get("prompt_tokens")), _int(meta.get("completion_tokens")),
@@ -204,7 +205,8 @@ class Protocol:
             text = message.get("content") if isinstance(message, dict) else None
         if not isinstance(text, str):
             raise BadOutput(f"{self.path} answered a choice without text")
-        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+        usage_doc = doc.get("usage")
+        usage: dict[str, Any] = usage_doc if isinstance(usage_doc, dict) else {}
         meta = {"finish_reason": first["finish_reason"]} if first.get("finish_reason") is not None else {}
         return Generation(text, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), meta)
 

@@ -1,15 +1,17 @@
 """The LLM scorer: a model's request topic -> a continuous in-flight window of generations -> results,
 exactly once.  ``docs/llm.md`` is the user-facing description.
 
-The loop (one thread; the generations run on the dispatcher's C workers)::
+The loop is the shared one: a windowed ``StreamLoop`` (``sie.streams.eos.windowed``) with this scorer as its
+stage, on one thread; the generations run on the dispatcher's C workers::
 
     while not stop:
-        consume up to (max_pending - window.size) records     # full: the partitions are paused instead
-        each record -> window.add; poison/expired -> finished at once (dead letter / expired result);
+        room(): up to (max_pending - window.size) records     # full: the partitions are paused instead
+        the loop collects them (Batcher: consume(); consumer errors as in every stage)
+        accept(): each record -> window.add; poison/expired -> finished at once (dead letter / expired result);
                        else -> a Job queued to the workers (they take the next one as each finishes)
-        finished jobs -> window.finish (result, or dead letter inference_error/output_violation)
-        every commit_interval: window.take_ready() -> ONE short transaction via ExactlyOnce.run_batch:
-                       its results + dead letters + offsets (last of each partition's prefix + 1)
+                  finished jobs -> window.finish (result, or dead letter inference_error/output_violation)
+        ready(): every commit_interval: window.take_ready() -> the loop commits it as ONE short transaction
+                       (ExactlyOnce): its results + dead letters + offsets (last of each partition's prefix + 1)
 
 The commit rule: only each partition's *contiguous finished prefix* is produced and committed
 (``sie.streams.llm.window``), so no output exists for an offset beyond the committed one and a replay
@@ -18,9 +20,11 @@ outputs are built before ``begin``), so it lasts milliseconds whatever the gener
 
 Failure -> what happens:
 
-* a transaction aborts or the producer is re-created (``run_batch`` not COMMITTED): the whole window is
-  dropped and every partition it held is rewound to the committed offsets read back from Kafka (only
-  Kafka knows whether an unknown-outcome commit made it); those records are generated again;
+* a transaction aborts or the producer is re-created (not COMMITTED): ``failed`` drops the whole window and
+  the loop rewinds every partition it held to the committed offsets read back from Kafka (only Kafka knows
+  whether an unknown-outcome commit made it); those records are generated again;
+* nothing committed for a session's length while transactions fail or a commit hangs: the loop's stall rule
+  (``sie.streams.eos.stage``: leave the group, join again after a backoff), as for every stage;
 * revoke: the finished prefix is committed first (still our generation), then the partitions' records
   are dropped; lost: dropped; their generations finishing later are ignored (window epochs);
 * crash (SIGKILL): nothing uncommitted was ever visible; the next owner reads from the committed offset
@@ -48,15 +52,13 @@ from typing import Any
 import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
-from sie.kernel.authz import from_kafka_error
 from sie.kernel.clients import KafkaClients
 from sie.schemas.spec_models import PRIORITY_LEVELS
-from sie.streams.eos import BatchStatus, ExactlyOnce, leaves_group, start_producer
+from sie.streams.eos import ExactlyOnce, StageSettings, StreamLoop
 from sie.streams.eos.deadletter import dead_letter
-from sie.streams.eos.errors import ConsumerFatal, RetryLater
+from sie.streams.eos.errors import RetryLater
 from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared, safe_headers
-from sie.streams.eos.transaction import close_quietly, rewind
 from sie.streams.llm.config import LLMConfig, with_launched_server
 from sie.streams.llm.defer import AtOrigin, DeferPolicy, Origin
 from sie.streams.llm.dispatch import Dispatcher, Job
@@ -150,7 +152,7 @@ class LLMScorer:
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
                                  clock=clock)
         self.window = Window()
-        #: the traffic director (``sie.streams.control.director``): its memory per endpoint and its decisions
+        #: the traffic director (``sie.streams.control.reconcile.director``): its memory per endpoint and its decisions
         self._tracks: dict[str, Any] = {}
         self.director_decisions: deque[Any] = deque(maxlen=200)
         self._done: queue.SimpleQueue[Job] = queue.SimpleQueue()
@@ -158,78 +160,142 @@ class LLMScorer:
         self._reassigned = False
         self._consumer: Any = None
         self._stop = threading.Event()
-        self.eos: ExactlyOnce | None = None
+        self._loop: StreamLoop[dict[str, Any]] | None = None
         self.dispatcher: Dispatcher | None = None
+        #: what the loop subscribes to: without the deferred topic when it is missing at start
+        self._topics = [spec.topics.requests] + ([self._deferred_topic] if self._deferred_topic else [])
+        #: the entries ``ready`` took for the transaction in progress, and its prepared outputs
+        self._entries: list[Any] = []
+        self._prepared: Prepared[dict[str, Any]] = Prepared([], {})
+        self._txn_started = 0.0
+        self._next_commit = self._next_lag = self._next_direct = 0.0
         self._counts = dict(batches=0, records_in=0, results=0, expired=0, dead_letters=0)
         #: seconds of each committed transaction (run_batch: produce + offsets + commit), for the bench
         self.txn_times: list[float] = []
 
     # --- running -------------------------------------------------------------------------------------
+    @property
+    def eos(self) -> ExactlyOnce | None:
+        return self._loop.eos if self._loop is not None else None
+
     def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> ScorerSummary:
+        """A windowed ``StreamLoop`` (``sie.streams.eos.windowed``) with this scorer as its stage, until ``stop``."""
         cfg = self.config
         self._stop = stop
         if cfg.metrics_port is not None:
             self.metrics.serve(cfg.metrics_port, cfg.settings.metrics_bind)
-        producer = start_producer(cfg.producer_config(), stop, self._clients.producer, cfg.eos_limits())
-        if stop.is_set():
-            return self.summary()
-        consumer = self._consumer = self._clients.consumer(cfg.consumer_config())
-        planned = False
-        dispatcher = self.dispatcher = Dispatcher(
-            self.pool, self.protocol, self.pool.capacity, stop, on_done=self._done.put, is_current=self._current,
-            timeout_s=self.llm.request_timeout_s, connect_timeout_s=self.llm.connect_timeout_s,
-            poison_after=self.llm.poison_after, client=self._http_client, clock=self._clock,
-            priority=PRIORITY_LEVELS.index(cfg.spec.priority_level))
+        settings = StageSettings(
+            name=f"llm scorer {cfg.spec.name}", topics=self._topics, producer_config=cfg.producer_config(),
+            consumer_config=cfg.consumer_config(), max_batch=_MAX_CONSUME, max_wait_s=0.0, idle_s=0.1,
+            tick_interval_s=min(cfg.lag_interval_s, self.llm.director_interval_s), limits=cfg.eos_limits(),
+            pipelined=False,
+            fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give every replica a distinct "
+                        f"--instance")
+        self._loop = StreamLoop(settings, self, window=self, clients=self._clients, observer=_Observer(self.metrics),
+                                clock=self._clock, wall_clock=self._wall)
         try:
-            self.eos = ExactlyOnce(producer, consumer, stop, cfg.eos_limits(), observer=_Observer(self.metrics),
-                                   fenced_hint=f"another live scorer probably uses --instance {cfg.instance}: give "
-                                               f"every replica a distinct --instance", clock=self._clock)
-            dispatcher.start()
-            self._check_deferred_topic(consumer)
-            topics = [cfg.spec.topics.requests] + ([self._deferred_topic] if self._deferred_topic else [])
-            consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                               on_lost=self._on_lost)
-            if on_ready:
-                on_ready()
-            next_commit = self._clock() + self.llm.commit_interval_s
-            next_lag = self._clock()
-            next_direct = self._clock() + self.llm.director_interval_s
-            while not stop.is_set():
-                dispatcher.check()
-                self._poll(consumer)
-                if self._share_stale and self.quotas is not None and self._clock() >= self._share_retry_at:
-                    self._update_share(consumer)
-                self._defer()
-                self._release()
-                self._drain()
-                now = self._clock()
-                if now >= next_commit or self._full_and_ready():
-                    self._commit()
-                    next_commit = now + self.llm.commit_interval_s
-                    self.llm_metrics.in_flight.set(dispatcher.busy)
-                    self.llm_metrics.endpoints_up.set(self.pool.in_service())
-                    if self.fair is not None:
-                        self.llm_metrics.quota_held.set(self.fair.size)
-                if now >= next_lag:
-                    self.metrics.set_lag(consumer_lag(consumer))
-                    next_lag = now + cfg.lag_interval_s
-                if self.llm.director is not None and now >= next_direct:
-                    self.direct(now)
-                    next_direct = now + self.llm.director_interval_s
-            self._drain()
-            self._commit()  # SIGTERM: what is finished becomes visible; the rest is redone by the next owner
-            planned = True
+            self._loop.run(stop, on_ready=on_ready)
         finally:
-            dispatcher.close()
-            # planned: leave the group (eos.transaction.leave_group), unless handing over to a successor
-            close_quietly(consumer, producer, leave=planned and leaves_group(stop, consumer, topics))
+            if self.dispatcher is not None:
+                self.dispatcher.close()
             self.metrics.close()
         return self.summary()
+
+    # --- the windowed stage (sie.streams.eos.windowed): StreamLoop calls these ----------------------------
+    def started(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self.dispatcher = Dispatcher(
+            self.pool, self.protocol, self.pool.capacity, self._stop, on_done=self._done.put, is_current=self._current,
+            timeout_s=self.llm.request_timeout_s, connect_timeout_s=self.llm.connect_timeout_s,
+            poison_after=self.llm.poison_after, client=self._http_client, clock=self._clock,
+            priority=PRIORITY_LEVELS.index(self.config.spec.priority_level))
+        self.dispatcher.start()
+        self._check_deferred_topic(consumer)
+        now = self._clock()
+        self._next_commit = now + self.llm.commit_interval_s
+        self._next_lag = now
+        self._next_direct = now + self.llm.director_interval_s
+
+    def room(self, consumer: Any) -> tuple[int, float]:
+        """Records the window has room for; full: its partitions paused, one poll for rebalances and liveness."""
+        assert self.dispatcher is not None
+        self.dispatcher.check()
+        room = self.llm.pending_limit - self.window.size
+        if room > 0:
+            if self._paused or self._reassigned:
+                self._resume(consumer)
+            return min(room, _MAX_CONSUME, self._throttle_deferred(consumer)), (0.02 if self.window.size else 0.1)
+        new = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._paused]
+        if new:
+            consumer.pause(new)
+            self._paused.update((tp.topic, tp.partition) for tp in new)
+        return 1, 0.02
+
+    def accept(self, records: list[Any]) -> None:
+        for msg in records:
+            self._accept(msg)
+        if self._share_stale and self.quotas is not None and self._clock() >= self._share_retry_at:
+            self._update_share(self._consumer)
+        self._defer()
+        self._release()
+        self._drain()
+
+    def closing(self) -> None:
+        self._drain()
+
+    def ready(self, force: bool) -> list[Any]:
+        """Every ``commit_interval`` (or a full window with a large finished prefix; or forced): the finished
+        prefix of each partition, as one batch (module docstring)."""
+        if not force:
+            now = self._clock()
+            if now < self._next_commit and not self._full_and_ready():
+                return []
+            self._next_commit = now + self.llm.commit_interval_s
+            if self.dispatcher is not None:
+                self.llm_metrics.in_flight.set(self.dispatcher.busy)
+            self.llm_metrics.endpoints_up.set(self.pool.in_service())
+            if self.fair is not None:
+                self.llm_metrics.quota_held.set(self.fair.size)
+        entries = self._entries = self.window.take_ready()
+        if not entries:
+            return []
+        self._prepared = Prepared([o for e in entries for o in e.outputs or ()], self._stats(entries))
+        self._txn_started = self._clock()
+        return [e.msg for e in entries]
+
+    def prepare(self, batch: list[Any]) -> Prepared[dict[str, Any]]:
+        """The outputs of the entries ``ready`` took: built as each record finished, before the transaction."""
+        return self._prepared
+
+    def failed(self) -> dict[TP, int]:
+        """Aborted or producer re-created: only Kafka knows what is committed.  Drop the window, rewind all."""
+        entries = self._entries
+        firsts: dict[TP, int] = dict(self.window.first_offsets())
+        for e in entries:
+            tp = (e.msg.topic(), e.msg.partition())
+            firsts[tp] = min(firsts.get(tp, e.msg.offset()), e.msg.offset())
+        dropped = self.window.reset()
+        if self.fair is not None:
+            self.fair.drop(self._current)
+        log.warning("transaction of %d records not committed; %d more records in flight dropped, rewinding %d "
+                    "partitions to the committed offsets", len(entries), dropped, len(firsts))
+        if self._paused and self._consumer is not None:
+            self._resume(self._consumer)
+        return firsts
+
+    def tick(self, consumer: Any) -> None:
+        now = self._clock()
+        if now >= self._next_lag:
+            self.metrics.set_lag(consumer_lag(consumer))
+            self._next_lag = now + self.config.lag_interval_s
+        if self.llm.director is not None and now >= self._next_direct:
+            self.direct(now)
+            self._next_direct = now + self.llm.director_interval_s
 
     def direct(self, now: float) -> None:
         """One look of the traffic director at the endpoints; its weight changes go to the pool at once
         (keys move between endpoints only as far as the weights say), each decision is logged with its numbers."""
-        from sie.streams.control.director import direct
+        from sie.streams.control.reconcile.director import direct
 
         self._tracks, decisions = direct(self.pool.signals(), self._tracks, now, self.llm.director)
         for d in decisions:
@@ -262,6 +328,7 @@ class LLMScorer:
         if not ok:
             log.warning("llm scorer %s: the deferred topic %s does not exist; quota policy delay holds requests in "
                         "the window only (create it: sie score creates it at start)", self.config.spec.name, topic)
+            self._topics.remove(topic)  # read by the loop's subscribe, right after started()
             self._deferred_topic, self.defer_policy = None, None
 
     def summary(self) -> ScorerSummary:
@@ -269,32 +336,7 @@ class LLMScorer:
         return ScorerSummary(**self._counts, aborts=eos.aborts if eos else 0,
                              producer_restarts=eos.producer_restarts if eos else 0)
 
-    # --- consuming -------------------------------------------------------------------------------------
-    def _poll(self, consumer: Any) -> None:
-        room = self.llm.pending_limit - self.window.size
-        if room > 0:
-            if self._paused or self._reassigned:
-                self._resume(consumer)
-            msgs = consumer.consume(min(room, _MAX_CONSUME, self._throttle_deferred(consumer)),
-                                    0.02 if self.window.size else 0.1)
-        else:  # full: keep polling (rebalances, liveness) with the partitions paused
-            new = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._paused]
-            if new:
-                consumer.pause(new)
-                self._paused.update((tp.topic, tp.partition) for tp in new)
-            msgs = consumer.consume(1, 0.02)
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                denied = from_kafka_error(err, self.config.consumer_config(), "READ", msg.topic() or None)
-                if denied is not None:
-                    raise denied
-                if err.fatal():
-                    raise ConsumerFatal(f"consumer: fatal error {err.str()}; restart the stage")
-                log.warning("consumer: %s", err.str())
-                continue
-            self._accept(msg)
-
+    # --- consuming (the loop collects; ``room`` said how much) --------------------------------------------
     def _throttle_deferred(self, consumer: Any) -> int:
         """At most ``deferred_window`` deferred records in the window: at the bound the deferred partitions
         are paused, and while they are not, one consume takes at most what is left below the bound (one
@@ -494,39 +536,7 @@ class LLMScorer:
                           self._max_record_bytes)
         self.window.finish(tp, offset, epoch, [out], {"kind": "dead", "reason": why})
 
-    # --- committing -----------------------------------------------------------------------------------------
-    def _commit(self) -> BatchStatus | None:
-        """One short transaction of every partition's finished prefix (module docstring)."""
-        entries = self.window.take_ready()
-        if not entries or self.eos is None:
-            return None
-        outputs = [o for e in entries for o in e.outputs or ()]
-        stats = self._stats(entries)
-        started = self._clock()
-        status, _ = self.eos.run_batch([e.msg for e in entries], lambda _b: Prepared(outputs, stats), self._rejected)
-        took = self._clock() - started
-        if status is BatchStatus.COMMITTED:
-            self.txn_times.append(took)
-            self.llm_metrics.txn.observe(took)
-            self._committed(stats, entries)
-            return status
-        # Aborted or producer re-created: only Kafka knows what is committed. Drop the window, rewind all.
-        firsts = self.window.first_offsets()
-        for e in entries:
-            tp = (e.msg.topic(), e.msg.partition())
-            firsts[tp] = min(firsts.get(tp, e.msg.offset()), e.msg.offset())
-        dropped = self.window.reset()
-        if self.fair is not None:
-            self.fair.drop(self._current)
-        log.warning("transaction of %d records not committed (%s); %d more records in flight dropped, "
-                    "rewinding %d partitions to the committed offsets", len(entries), status.value, dropped,
-                    len(firsts))
-        if self._consumer is not None:
-            rewind(self._consumer, firsts, self._stop)
-            if self._paused:
-                self._resume(self._consumer)
-        return status
-
+    # --- committing (the loop runs the transaction; ``ready`` said what is in it) --------------------------------
     def _resume(self, consumer: Any) -> None:
         """Resume EVERY assigned partition, not only those we paused: a partition revoked while paused and
         assigned again may still be paused in librdkafka (resuming one that is not paused is a no-op)."""
@@ -565,42 +575,39 @@ class LLMScorer:
                 "prompt_tokens": sum(int(e.info.get("prompt_tokens", 0)) for e in entries),
                 "completion_tokens": sum(int(e.info.get("completion_tokens", 0)) for e in entries)}
 
-    def _rejected(self, output: Output, detail: str, stats: dict[str, Any]) -> Output:
+    def rejected(self, output: Output, detail: str, stats: Any) -> Output:
         """A result the producer refused (too large): its request is dead-lettered instead."""
         stats[output.kind if output.kind in ("expired", "deferred") else "ok"] -= 1
         stats["dead"]["result_too_large"] = stats["dead"].get("result_too_large", 0) + 1
         return dead_letter(self._dlq_topic, output.source, DeadLetterReason.RESULT_TOO_LARGE.value, detail,
                            self._codec.dead_letter_tags(self._version), self._max_record_bytes)
 
-    def _committed(self, stats: dict[str, Any], entries: list[Any]) -> None:
+    def committed(self, value: Any, batch_size: int) -> None:
+        stats: dict[str, Any] = value
+        took = self._clock() - self._txn_started
+        self.txn_times.append(took)
+        self.llm_metrics.txn.observe(took)
         c = self._counts
         c["batches"] += 1
-        c["records_in"] += len(entries)
+        c["records_in"] += batch_size
         c["results"] += stats["ok"]
         c["expired"] += stats["expired"]
         c["dead_letters"] += sum(stats["dead"].values())
         self.deferred += stats["deferred"]
         if stats["deferred"]:
             self.llm_metrics.quota_deferred.inc(stats["deferred"])
-        self.metrics.batch_committed(stats, len(entries), self.eos.last_commit_s if self.eos else None,
+        self.metrics.batch_committed(stats, batch_size, self.eos.last_commit_s if self.eos else None,
                                      self._wall() * 1000.0)
         self.llm_metrics.add_tokens(stats["prompt_tokens"], stats["completion_tokens"])
 
-    # --- rebalances (inside consume(): no transaction is open) -------------------------------------------------
-    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+    # --- rebalances (StreamLoop: on the loop's thread; a revoke committed the finished prefix first) ----------------
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
         self._reassigned = True
         self._share_stale = True  # the next poll with room resumes everything assigned (see _resume)
-        log.info("llm scorer %s: assigned %s", self.config.spec.name, [p.partition for p in partitions])
 
-    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
-        self._drain()
-        self._commit()  # still our generation: what is finished is not redone by the next owner
-        self._dropped(partitions, lost=False)
+    _on_assign = partitions_assigned
 
-    def _on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
-        self._dropped(partitions, lost=True)
-
-    def _dropped(self, partitions: list[Any], lost: bool) -> None:
+    def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         dropped = self.window.drop(tps)
         if self.fair is not None:

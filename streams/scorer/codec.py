@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 import orjson
 
@@ -50,6 +50,7 @@ class Request:
         self.extra = extra
 
 
+@final
 @dataclass(frozen=True)
 class Poison:
     """A record that can't be scored: it goes to the dead-letter topic with this reason and detail."""

@@ -20,7 +20,7 @@ from sie.kernel.clients import (
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_instance
 from sie.kernel.settings import Settings
-from sie.streams.eos import EosLimits
+from sie.streams.eos import PIPELINED_DEFAULT, EosLimits
 
 if TYPE_CHECKING:  # sie.schemas.spec imports pydantic models; only needed for typing here
     from sie.schemas.spec import ModelService
@@ -49,9 +49,9 @@ class ScorerConfig:
     # backlog gives full batches, light load one record per batch (bench_latency). > 0: linger that long.
     max_wait_ms: int = 0
     # commit batch N on a committer thread while batch N+1 is collected and prepared (sie.streams.eos.cycle):
-    # pipelined: the commit's round trips overlap the next batch's work.  Opt-in: in the latency runs so far
-    # (bench/results/latency.txt, docs/benchmarks.md) neither mode had the lower p99 at every rate; throughput was equal
-    pipelined: bool = False
+    # the commit's round trips overlap the next batch's work.  The layer's one default for every stage
+    # (cycle.PIPELINED_DEFAULT: serial, with the measurement); `sie score --pipelined` opts in
+    pipelined: bool = PIPELINED_DEFAULT
     poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
     max_request_bytes: int | None = None  # None: settings.max_request_bytes (larger values: too_large)
     max_json_depth: int = 64  # deeper JSON nesting is a schema_violation (orjson can't write >254)
@@ -139,7 +139,8 @@ class ScorerConfig:
 
     def consumer_config(self) -> dict[str, Any]:
         return eos_consumer_config(
-            self.settings, self.group_id, f"{self.transactional_id}.consumer", max_batch=self.max_batch,
+            self.settings, self.group_id, self.settings.names.stage_client_id(self.transactional_id, "consumer"),
+            max_batch=self.max_batch,
             session_timeout_ms=self.session_timeout_ms, max_poll_interval_ms=self.max_poll_interval_ms,
             fetch_queue_kbytes=self.fetch_queue_kbytes, auto_offset_reset=self.auto_offset_reset,
             group_instance_id=self.transactional_id if self.static_membership else None,

@@ -10,8 +10,8 @@ The consume loop, the transaction cycle and every recovery path are the exactly-
 
 ``BackendUnavailable`` (a ``RetryLater``) makes the layer abort and retry the batch after a backoff:
 an outage never becomes dead letters.  With ``ScorerConfig.pipelined`` (``sie score --pipelined``; serial is
-the default) batch N commits on the producer's committer thread while batch N+1 is parsed, validated and
-scored here.
+the default, ``sie.streams.eos.cycle.PIPELINED_DEFAULT``, the same for every stage) batch N commits on the
+producer's committer thread while batch N+1 is parsed, validated and scored here.
 A stop request (SIGTERM) is honoured between batches: the batch in flight is committed, the consumer
 closed (leaving the group), and ``run`` returns a summary.
 """

@@ -4,7 +4,7 @@ WHY here and like this: the rollout's traffic split has to keep exactly-once and
 is not a router in front of Kafka but a choice made inside the scorer's own batch: every replica of the
 model runs both versions in-process and routes each request by ``RoutingTable.route`` (crc32 of the key,
 else of the id, into 10,000 buckets).  The weights come from the rollout record on the compacted rollouts
-topic (written by the leading control plane, ``sie.streams.control.rollout_driver``) as one value
+topic (written by the leading control plane, ``sie.streams.control.rollout.driver``) as one value
 ``(epoch, canary weight)``; a scorer picks up the newest value only at the start of a batch (``prepare``
 runs before the batch's transaction opens), so one transaction is scored under one epoch, and it stamps
 that epoch on every record the batch produces (header ``sie.routing.epoch``).
@@ -292,16 +292,16 @@ class KafkaWeightSource:
 
     def __init__(self, settings: Any, model: str | None, consumer_factory: Callable[[dict], Any] | None = None,
                  reader: str | None = None) -> None:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
+        from sie.kernel.clients import KafkaClients, state_reader_config
         from sie.schemas.avro_codec import Codec
 
         names = settings.names
         self._topic = names.system_topic("rollouts")
-        config = settings.kafka_client_config(**{
-            "group.id": names.reader_group("rollout-weights", reader or model or "all"), "enable.auto.commit": False,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-        self._consumer = (consumer_factory or Consumer)(config)
+        config = state_reader_config(settings, names.reader_group("rollout-weights", reader or model or "all"),
+                                     names.reader_client_id("rollout-weights"), partition_eof=False)
+        self._consumer = (consumer_factory or KafkaClients().consumer)(config)
         md = self._consumer.list_topics(self._topic, timeout=10)
         parts = sorted(md.topics[self._topic].partitions) if self._topic in md.topics else [0]
         self._consumer.assign([TopicPartition(self._topic, p, -2) for p in parts])
@@ -328,19 +328,20 @@ class KafkaWeightSource:
         while True:
             msgs = self._consumer.consume(500, 0)
             for m in msgs:
-                if m.error() or m.key() is None:
+                key, value = m.key(), m.value()
+                if m.error() or key is None:
                     continue
                 try:
-                    model = m.key().decode()
+                    model = key.decode()
                 except UnicodeDecodeError:
                     continue
                 if self._model is not None and model != self._model:
                     continue
-                if m.value() is None:  # tombstone: the model's rollout record was deleted
+                if value is None:  # tombstone: the model's rollout record was deleted
                     self._records.pop(model, None)
                     continue
                 try:
-                    self._records[model] = self._codec.decode(m.value(), expected="Rollout")
+                    self._records[model] = self._codec.decode(value, expected="Rollout")
                 except Exception as exc:  # a record we cannot read must not stop scoring
                     log.error("rollouts topic: unreadable record for %s skipped (%s)", model, exc)
             if len(msgs) < 500:

@@ -422,8 +422,8 @@ def test_end_to_end_canal_to_stage_to_scorer_gives_one_result_per_converted_row(
     from sie.connectors.cdc import load_connector_spec
     from sie.connectors.cdc_stage import field_types_of
     from sie.kernel.admin import ensure_model_topics
-    from sie.streams.scorer import ScorerConfig, run_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
+    from tests.scorer_fixtures import ScorerThread
 
     model = _fraud_spec_for_test(f"fraud-e2e-{uuid.uuid4().hex[:8]}")
     t = model.topics
@@ -440,12 +440,7 @@ def test_end_to_end_canal_to_stage_to_scorer_gives_one_result_per_converted_row(
         backend.load()
         return backend
 
-    scorer_stop, scorer_ready = threading.Event(), threading.Event()
-    scorer_box: dict = {}
-    scorer = threading.Thread(target=lambda: scorer_box.setdefault("summary", run_scorer(
-        ScorerConfig(settings=kafka_settings, spec=model, instance="e2e", max_wait_ms=10, session_timeout_ms=6000),
-        load, scorer_stop, on_ready=lambda _s: scorer_ready.set())), daemon=True)
-    scorer.start()
+    scorer = ScorerThread(kafka_settings, model, instance="e2e", backend_factory=load)
     config = CdcStageConfig(settings=kafka_settings, connector=spec, instance="e2e", field_types=field_types_of(model),
                             request_topic=t.requests, dead_letter_topic=topics.dlq, max_wait_ms=10,
                             session_timeout_ms=6000)
@@ -459,9 +454,8 @@ def test_end_to_end_canal_to_stage_to_scorer_gives_one_result_per_converted_row(
         dead = consume_all(kafka_settings, topics.dlq, expected=1, timeout=20)
     finally:
         stage_stop.set()
-        scorer_stop.set()
         stage_thread.join(30)
-        scorer.join(30)
+        scorer.close()
     request_ids = {orjson.loads(r.value)["id"] for r in requests}
     result_docs = [orjson.loads(r.value) for r in results]
     assert len(requests) == len(request_ids) == 5 and sorted(d["id"] for d in result_docs) == sorted(request_ids)

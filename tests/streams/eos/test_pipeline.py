@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import ConsumerGroupState, KafkaError, TopicPartition
 
 from sie.streams.eos import (
     BatchStatus,
@@ -25,10 +25,10 @@ from sie.streams.eos import (
     StreamLoop,
 )
 from sie.streams.eos.transaction import TransactionalProducer
-from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
+from tests.fakes.kafka_clients import FakeAdmin, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
 from tests.helpers import wait_until
 
-TOPIC, OUT = "in", "out"
+TOPIC, OUT, GROUP = "in", "out", "g"
 
 
 def records(n: int, partition: int = 0) -> list[FakeMessage]:
@@ -138,11 +138,13 @@ class Recorder:
         self.events.append(("dropped", [p.partition for p in partitions]))
 
 
-def loop_for(consumer: FakeConsumer, producer_factory: Any, processor: Recorder, max_batch: int = 10) -> StreamLoop[Any]:
+def loop_for(consumer: FakeConsumer, producer_factory: Any, processor: Recorder, max_batch: int = 10,
+             admin: FakeAdmin | None = None) -> StreamLoop[Any]:
     settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
-                             consumer_config={}, max_batch=max_batch, max_wait_s=0.0, idle_s=0.05,
+                             consumer_config={"group.id": GROUP}, max_batch=max_batch, max_wait_s=0.0, idle_s=0.05,
                              tick_interval_s=60.0, limits=EosLimits(backoff_s=0.0))
-    return StreamLoop(settings, processor, clients=fake_clients(consumer=consumer, producer=producer_factory).clients)
+    return StreamLoop(settings, processor,
+                      clients=fake_clients(consumer=consumer, producer=producer_factory, admin=admin).clients)
 
 
 def test_a_rebalance_waits_for_the_commit_in_flight_before_the_partitions_go():
@@ -192,7 +194,8 @@ def test_a_stop_request_commits_the_batch_in_flight_and_counts_it():
 
 
 def run_until_stopped(stop: threading.Event, prepare_error: Exception | None = None,
-                      consumer: FakeConsumer | None = None) -> tuple[FakeConsumer, list[FakeProducer], Recorder]:
+                      consumer: FakeConsumer | None = None,
+                      admin: FakeAdmin | None = None) -> tuple[FakeConsumer, list[FakeProducer], Recorder]:
     """A subscribed loop over 40 records, asked to stop (``stop``) once it prepared all of them, or whose
     ``prepare`` raises ``prepare_error`` (a crash out of the loop)."""
     consumer = consumer or FakeConsumer(records(40))
@@ -208,7 +211,7 @@ def run_until_stopped(stop: threading.Event, prepare_error: Exception | None = N
         def fail(_batch: list[Any]) -> Prepared[int]:
             raise prepare_error
         processor.prepare = fail  # type: ignore[method-assign]
-    loop_for(consumer, make, processor).run(stop)
+    loop_for(consumer, make, processor, admin=admin).run(stop)
     return consumer, producers, processor
 
 
@@ -239,10 +242,28 @@ class SharingConsumer(FakeConsumer):
 
 
 def test_a_hand_over_by_the_only_member_keeps_the_static_membership_for_the_successor():
-    """``StopRequest.hand_over`` by a member owning every partition: leaving would empty the group; its loaded
-    successor (same instance id) takes the place without a rebalance."""
-    consumer, _, _ = run_until_stopped(HandOver())
+    """``StopRequest.hand_over`` by a member owning every partition, alone in a stable group as the broker
+    describes it: leaving would empty the group; its loaded successor (same instance id) takes the place
+    without a rebalance."""
+    admin = FakeAdmin(groups={GROUP: (ConsumerGroupState.STABLE, ["fake-member"])})
+    consumer, _, _ = run_until_stopped(HandOver(), admin=admin)
+    assert admin.called("describe_consumer_groups")
     assert consumer.closed and not consumer.called("unsubscribe") and consumer.member_id == "fake-member"
+    assert consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+@pytest.mark.parametrize("described", [
+    (ConsumerGroupState.STABLE, ["fake-member", "joined-member"]),  # joined: cooperative, it waits for our revoke
+    (ConsumerGroupState.COMPLETING_REBALANCING, ["fake-member"]),
+    None,  # the describe fails: unknown, so leave
+])
+def test_a_hand_over_by_a_member_owning_every_partition_leaves_unless_the_broker_says_it_is_alone(described):
+    """Its own assignment said "every partition" while the broker had a second member waiting for some of them
+    (tests/test_handover_e2e.py lost 3 of 6 partitions that way): leave, so the group rebalances."""
+    admin = FakeAdmin(groups={GROUP: described} if described else {},
+                      faults=None if described else {"describe_consumer_groups": RuntimeError("timed out")})
+    consumer, _, _ = run_until_stopped(HandOver(), admin=admin)
+    assert consumer.left == 1 and consumer.member_id is None and consumer.closed
     assert consumer.committed_offsets[(TOPIC, 0)] == 40
 
 

@@ -198,11 +198,13 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_runs_fewer_gene
         text = _scorer_metrics(port)
         weights = {line.split('endpoint="')[1].split('"')[0]: float(line.rpartition(" ")[2])
                    for line in text.splitlines() if line.startswith("sie_llm_endpoint_weight{")}
-        assert weights.get(slow.url, 1.0) < 1.0, (weights, scorer.output()[-3000:])
-        # the director's first decision is about the slowed server (on a loaded machine the fast one may get hot
-        # later too: then it is shifted as well, by the same rule)
+        # the slowed server is shifted and ends with no more weight than the fast one.  Not "first" or "less": on 2
+        # loaded cores the fast one fills its 8 slots too (both servers share the CPU) and is shifted by the same rule
+        # (CI: ``a`` first, once, then ``slow`` three times; another run: each twice)
         decisions = [line for line in scorer.output().splitlines() if "traffic director:" in line]
-        assert decisions and f"shift_away {slow.url}" in decisions[0], decisions[:3]
+        print("director decisions:", *decisions, sep="\n  ")
+        assert any(f"shift_away {slow.url}" in line for line in decisions), decisions[:5]
+        assert weights.get(slow.url, 1.0) <= weights.get(a.url, 1.0), (weights, decisions[:5])
         served = {name: servers[name].metrics()["vllm:request_success_total"] - before[name] for name in ("a", "slow")}
         assert served["slow"] < served["a"], served  # keys moved: the fast server answered most of them
         assert scorer.terminate() == 0, scorer.output()[-2000:]
@@ -214,11 +216,14 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_runs_fewer_gene
 @pytest.mark.timeout(1200)
 def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_restart(
         servers, kafka_settings, tmp_path):
-    """Two real servers at their own concurrency (C = --max-num-seqs = 8 each).  The scorer is SIGKILLed
-    mid-window; then server ``b`` is SIGKILLed (its API server and engine) with generations running: its
-    requests are re-dispatched to ``a`` and nothing is dead-lettered for it; ``b`` is restarted on the same
-    port and serves again (the last 300 requests are produced once it is back).  read_committed: every request
-    answered exactly once."""
+    """Two real servers at their own concurrency (C = --max-num-seqs = 8 each).  Server ``b`` is SIGKILLed (its
+    API server and engine) with generations running: its requests are re-dispatched to ``a`` and nothing is
+    dead-lettered for it; ``b`` is restarted on the same port and serves again; then the scorer is SIGKILLed
+    mid-window and a new one finishes.  read_committed: every request answered exactly once.
+
+    The server is killed before the scorer, not after: right after a scorer's SIGKILL (8 streams cut on each
+    server) ``b`` answered nothing for up to a minute in some runs (a dry run waited 60 s for a generation on it,
+    another saw it busy only once most requests were answered), so a kill timed after it was not "mid-generation"."""
     a, b = servers["a"], servers["b"]
     spec_path = _spec(tmp_path, [{"url": a.url, "concurrency": SLOTS}, {"url": b.url, "concurrency": SLOTS}],
                       director=False)
@@ -227,7 +232,7 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
     spec = load_spec(spec_path)
     topics_for(kafka_settings, spec)
     values, ids = _workload(1000)
-    produce_requests(kafka_settings, spec.topics.requests, values[:700])  # the rest once b is back
+    produce_requests(kafka_settings, spec.topics.requests, values[:400])  # the rest once b is back
     reader = CommittedReader(kafka_settings, spec.topics.results)
     boot = kafka_settings.bootstrap_servers
     stop_sampling = threading.Event()
@@ -236,28 +241,33 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
     sampler.start()
     procs = [ScorerProcess(spec_path, boot, "k", tmp_path)]
     try:
-        wait_until(lambda: reader.count() >= 100, 180, message=lambda: f"100 results (have {len(reader.records)}): "
-                                                                      f"{procs[0].output()[-2000:]}")
-        procs[0].kill()  # SIGKILL with records consumed and uncommitted, 16 generations running
-        procs.append(ScorerProcess(spec_path, boot, "k", tmp_path))
-        wait_until(lambda: reader.count() >= 250, 180, message=lambda: f"250 results (have {len(reader.records)})")
-        # kill it mid-generation: once it runs one (a sample taken at any moment can fall between two of its
-        # short generations, or in a backoff after a reset connection: a dry run saw 0 there)
-        wait_until(lambda: b.metrics().get("vllm:num_requests_running", 0.0) > 0, 60, interval=0.02,
-                   message="a generation running on b")
+        served_before = b.metrics().get("vllm:request_success_total", 0.0)
+
+        def b_busy() -> bool:  # running a generation, or answered one more (the window sends the next at once)
+            m = b.metrics()
+            return m.get("vllm:num_requests_running", 0.0) > 0 or m.get("vllm:request_success_total", 0.0) > served_before
+
+        wait_until(b_busy, 180, interval=0.02,
+                   message=lambda: f"b running or answering (results {reader.count()}; b answered {served_before:g} "
+                                   f"before, its metrics now {b.metrics()}); the scorer: {procs[-1].output()[-3000:]}")
         b.kill()  # its running requests are cut
         killed_at = reader.count()
-        wait_until(lambda: reader.count() >= killed_at + 150, 180,
-                   message=lambda: f"150 more results on a alone (have {len(reader.records)})")
+        assert killed_at < 300, f"{killed_at} of the first 400 answered before b was killed: too late to prove much"
+        wait_until(lambda: reader.count() >= killed_at + 80, 180,
+                   message=lambda: f"80 more results on a alone (have {len(reader.records)})")
+        assert f"endpoint {b.url} failed" in procs[0].output()  # ejected, with the reason
         b.start().wait_ready()  # restarted on the same port: the pool's half-open probe brings it back
-        produce_requests(kafka_settings, spec.topics.requests, values[700:])
+        produce_requests(kafka_settings, spec.topics.requests, values[400:700])
         wait_until(lambda: b.metrics().get("vllm:request_success_total", 0.0) >= 20, 180, interval=0.5,
                    message=lambda: f"b serving the window again: {procs[-1].output()[-2000:]}")
+        wait_until(lambda: reader.count() >= 450, 180, message=lambda: f"450 results (have {len(reader.records)})")
+        procs[0].kill()  # SIGKILL with records consumed and uncommitted, generations running
+        procs.append(ScorerProcess(spec_path, boot, "k", tmp_path))
+        produce_requests(kafka_settings, spec.topics.requests, values[700:])
         records, dead = prove_exactly_once(kafka_settings, spec, ids, timeout=300)
         assert _reasons(dead) == {b"schema_violation"}  # nothing dead-lettered for the dead server
         docs = [orjson.loads(r.value()) for r in records]
         assert {d["usage"]["completion_tokens"] for d in docs} == {MAX_TOKENS}
-        assert f"endpoint {b.url} failed" in procs[-1].output()  # ejected, with the reason
         stop_sampling.set()
         sampler.join(10)
         # the window kept a at its own concurrency: 8 generations running at once, never more

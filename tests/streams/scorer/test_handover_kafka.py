@@ -30,7 +30,7 @@ from tests.scorer_fixtures import (
     prove_exactly_once,
     topics_for,
 )
-from tests.streams.control.test_rollout_kafka import Load
+from tests.streams.control.rollout.test_rollout_kafka import Load
 
 pytestmark = pytest.mark.kafka
 
@@ -92,6 +92,56 @@ def test_a_scorer_stopped_on_purpose_hands_its_partitions_over_far_within_the_se
         if b.thread.is_alive():
             b.close()
         tail.close()
+
+
+def test_a_hand_over_by_a_member_that_owns_every_partition_leaves_once_another_member_joined(kafka_settings):
+    """The race tests/test_handover_e2e.py met: ``a`` owns every partition when ``b`` joins.  Cooperative-sticky
+    tells ``a`` to revoke half and to join again before ``b`` is given them; until ``a`` polls, its own
+    assignment still says "every partition".  A hand-over now must LEAVE: kept static membership would let the
+    successor take ``a``'s place without a rebalance, with only the half ``a`` kept, and the revoked half would
+    be nobody's until the next rebalance.  Alone in the group, the same hand-over keeps the membership."""
+    import threading
+
+    from confluent_kafka import Consumer
+
+    from sie.kernel.clients import KafkaClients, eos_consumer_config
+    from sie.streams.eos.stage import alone_in_group, leaves_group, owns_every_partition
+
+    spec = echo_spec()
+    topics_for(kafka_settings, spec, partitions=PARTITIONS)
+    topic = spec.topics.requests
+    configs = {name: eos_consumer_config(kafka_settings, spec.group_id, f"hand-over-{name}", group_instance_id=name)
+               for name in ("a", "b")}
+    a = Consumer(configs["a"])
+    b = Consumer(configs["b"])
+    stop_b = threading.Event()
+    polling_b = threading.Thread(target=lambda: [b.poll(0.1) for _ in iter(stop_b.is_set, True)], daemon=True)
+    handing_over = StopRequest()
+    handing_over.hand_over()
+    try:
+        a.subscribe([topic])
+        wait_until(lambda: a.poll(0.1) is None and len(a.assignment()) == PARTITIONS, 60, 0,
+                   "a owns every partition")
+
+        def alone() -> bool:
+            return alone_in_group(a, configs["a"], KafkaClients())
+
+        wait_until(alone, 30, 0.1, "the broker to describe a alone in a stable group")
+        assert not leaves_group(handing_over, a, [topic], alone=alone), "alone: the successor takes the place"
+
+        b.subscribe([topic])
+        polling_b.start()  # a is not polled from here on: its revoke waits, as in a stage finishing its batch
+        wait_until(lambda: len(group_assignment(kafka_settings, spec.group_id)) == 2, 60, 0.1,
+                   "b in the group beside a")
+        assert owns_every_partition(a, [topic]), "a's own view still says every partition (the race)"
+        assert not alone()
+        assert leaves_group(handing_over, a, [topic], alone=alone), "another member joined: a must leave"
+    finally:
+        stop_b.set()
+        if polling_b.is_alive():
+            polling_b.join(10)
+        a.close()
+        b.close()
 
 
 class Worker(LoggedProcess):

@@ -5,8 +5,6 @@ costs the scorer no span at all."""
 
 from __future__ import annotations
 
-import threading
-
 import orjson
 import pytest
 from confluent_kafka import Producer
@@ -16,10 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from sie.connectors.producer import RequestProducer
 from sie.kernel.tracing import TRACEPARENT, Tracing, traceparent_of
-from sie.streams.scorer import ScorerConfig, run_scorer
 from sie.streams.scorer.metrics import ScorerMetrics
 from tests.helpers import wait_until
-from tests.scorer_fixtures import POISON_X, echo_spec, load_echo_backend, prove_exactly_once, topics_for
+from tests.scorer_fixtures import POISON_X, ScorerThread, echo_spec, prove_exactly_once, topics_for
 
 pytestmark = pytest.mark.kafka
 
@@ -41,20 +38,15 @@ def test_one_requests_spans_from_producer_to_commit_with_its_trace_id_on_the_res
     plain.produce(spec.topics.requests, orjson.dumps({"id": "untraced", "inputs": {"x": 9.0}}), key=b"ku")
     assert plain.flush(30) == 0
 
-    stop = threading.Event()
-    config = ScorerConfig(settings=kafka_settings, spec=spec, instance="trace-0", max_wait_ms=10)
     metrics = ScorerMetrics.for_spec(spec)
-    thread = threading.Thread(target=run_scorer, args=(config, load_echo_backend, stop),
-                              kwargs={"tracing": tracing, "metrics": metrics}, daemon=True)
-    thread.start()
+    scorer = ScorerThread(kafka_settings, spec, instance="trace-0", scorer_kwargs={"tracing": tracing, "metrics": metrics})
     try:
         results, dead = prove_exactly_once(kafka_settings, spec, {*(f"r{i}" for i in range(5)), "poison", "untraced"})
         # the commit spans end when the commit returned: wait for the scorer to have finished them
         wait_until(lambda: len([s for s in exporter.get_finished_spans() if s.name.startswith("sie.score")]) == 6,
                    30, "six sie.score spans (five results, one dead letter)")
     finally:
-        stop.set()
-        thread.join(30)
+        scorer.close()
 
     spans = exporter.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
