@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -83,7 +83,7 @@ class ControlClient:
     """The four calls the operator makes to a control plane's HTTP API, with its operator token."""
 
     def __init__(self, settings: Settings, url: str, timeout: float = 15.0) -> None:
-        from sie.streams.control.auth import client_token
+        from sie.streams.control.api.auth import client_token
 
         self.url = url.rstrip("/")
         self._token = client_token(settings)
@@ -363,7 +363,8 @@ class Operator:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                listed = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+                listed = cast(dict[str, Any], self.custom.list_namespaced_custom_object(  # a JSON object
+                    GROUP, VERSION, namespace, PLURAL))
                 self._mark((namespace, item["metadata"]["name"]) for item in listed.get("items", []))
                 rv = listed["metadata"]["resourceVersion"]
                 w = watch.Watch()
@@ -467,7 +468,8 @@ class Operator:
         out: dict[tuple[str, str], dict[str, Any]] = {}
         try:
             for ns in self.namespaces:
-                for item in self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL).get("items", []):
+                listed = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL))
+                for item in listed.get("items", []):
                     out[(ns, item["metadata"]["name"])] = item
         except Exception as exc:
             log.warning("cannot list %s (%s: %s)", PLURAL, type(exc).__name__, exc)

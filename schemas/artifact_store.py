@@ -46,6 +46,8 @@ DIGEST_HEADER = "sie.sha256"
 
 #: the smallest chunk an upload writes (``chunk_size_for`` with the smallest ``max_record_bytes``, 64 KiB, is 48 KiB)
 MIN_CHUNK_BYTES = 16 * 1024
+#: replays of the artifact topics: the broker answers a fetch after 50 ms, not librdkafka's 500 ms default
+_SHORT_FETCH_WAIT: dict[str, Any] = {"fetch.wait.max.ms": 50}
 #: no artifact has more chunks than this, whatever its manifest says (8 GiB in 16 KiB chunks)
 MAX_CHUNKS = (8 << 30) // MIN_CHUNK_BYTES
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -155,7 +157,7 @@ class ArtifactStore:
 
         names = self.settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self.settings, self._group, names.artifact_client_id("lookup"), **{"fetch.wait.max.ms": 50}))
+            self.settings, self._group, names.artifact_client_id("lookup"), **_SHORT_FETCH_WAIT))
         found: dict[str, Manifest] = {}
         invalid: dict[str, str] = {}
         try:
@@ -176,12 +178,13 @@ class ArtifactStore:
                         continue
                     key = (msg.key() or b"").decode("utf-8", "replace")
                     digest = key.removeprefix("sha256:")
-                    if msg.value() is None:
+                    value = msg.value()
+                    if value is None:
                         found.pop(digest, None)
                         invalid.pop(digest, None)
                         continue
                     try:
-                        found[digest] = Manifest.from_record(decode(msg.value(), expected=RECORD),
+                        found[digest] = Manifest.from_record(decode(value, expected=RECORD),
                                                              self.settings.max_artifact_bytes, key_digest=digest)
                         invalid.pop(digest, None)
                     except Exception as exc:  # one unreadable record never hides the others
@@ -248,7 +251,7 @@ class ArtifactStore:
         prefix = f"sha256:{m.sha256}/"
         names = self.settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self.settings, self._group, names.artifact_client_id("fetch"), **{"fetch.wait.max.ms": 50}))
+            self.settings, self._group, names.artifact_client_id("fetch"), **_SHORT_FETCH_WAIT))
         received: set[int] = set()
         try:
             consumer.assign([TopicPartition(self.chunk_topic, m.chunk_partition, m.first_offset)])

@@ -20,7 +20,7 @@ import json
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
@@ -216,7 +216,7 @@ class Codec:
             raise AvroCodecError(f"corrupt {name} record ({len(data)} bytes): {type(exc).__name__}: {exc}") from None
         if buf.tell() != len(data):
             raise AvroCodecError(f"corrupt {name} record: {len(data) - buf.tell()} trailing bytes after the body")
-        return record
+        return cast(dict[str, Any], record)  # every SIE schema is a record, which fastavro reads as a dict
 
     def record_name(self, data: bytes) -> str | None:
         """The record a payload claims to be (None if the header is not SIE's or the fingerprint unknown)."""

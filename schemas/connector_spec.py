@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
 
 from sie.kernel.errors import SpecError
 
@@ -60,7 +61,7 @@ class CdcConnectorSpec(BaseModel):
     source_topic: str = Field(min_length=1)
     model: str = Field(min_length=1)
     tables: list[str] = Field(min_length=1)
-    operations: list[Operation] = Field(default_factory=lambda: ["insert", "update"])
+    operations: list[Operation] = Field(default_factory=lambda: list[Operation](["insert", "update"]))
     mapping: dict[str, str] | None = None
     skip_unchanged_updates: bool = True
     decimal_scales: dict[str, int] = Field(default_factory=dict)
@@ -163,7 +164,7 @@ _TYPE_WORDS = {"bool_type": "a boolean (true/false)", "string_type": "a string",
                "list_type": "a list", "dict_type": "a mapping"}
 
 
-def _reason(err: dict[str, Any]) -> str:
+def _reason(err: ErrorDetails) -> str:
     """pydantic's error as the ModelService spec words it (``unknown key; known keys: ...``)."""
     kind = err["type"]
     if kind == "extra_forbidden":

@@ -261,7 +261,7 @@ def check_extra_args(extra: Any, allowed: frozenset[str], table: ArgTable | None
         return [f"{FIELD}: SGLang {table.version} would refuse these arguments: {exc}"]
     set_by_config = {dest: f"spec.backend.config.{key}" for key, dest in CONFIG_SETS.items()
                      if (config or {}).get(key) is not None}
-    written = {}
+    written: dict[str, str] = {}
     for token in extra:
         if table.is_option_token(token):
             written.setdefault(table.dest_of[table.spelled(token)], table.spelled(token))

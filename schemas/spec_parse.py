@@ -271,7 +271,7 @@ def _read_field(issues: _Issues, item: Any, path: str) -> FieldSpec | None:
         return None
     return FieldSpec(
         name=name,
-        type=ftype,  # type: ignore[arg-type]
+        type=ftype,
         required=True if required_v is None else required_v,
         nullable=bool(nullable_v),
         max_length=ml,
@@ -867,7 +867,7 @@ def _finish(issues: _Issues, d: dict[str, Any], paths: dict[str, str], topic_pre
                 f"{paths['resources']}.gpuMemoryMb",
                 f"not given; derived {mb} MB per GPU ({how}); set gpuMemoryMb to override",
             )
-    name = d.get("name") if isinstance(d.get("name"), str) else "invalid"
+    name = given if isinstance(given := d.get("name"), str) else "invalid"
     defaults = ModelTopics.default_for(name, prefix=topic_prefix)
     topics = {
         "requests": defaults.requests,

@@ -25,6 +25,7 @@ from sie.schemas.avro_codec import AvroCodecError, decode, encode
 from sie.schemas.spec_models import ModelService
 
 if TYPE_CHECKING:
+    from sie.kernel.clients import KafkaClients
     from sie.kernel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,13 +102,11 @@ def produce_acknowledged(settings: Settings, messages: list[tuple[str, bytes | N
     if writer is not None:
         producer = writer.producer()
     else:
-        from sie.kernel.clients import KafkaClients
+        from sie.kernel.clients import KafkaClients, idempotent_producer_config
 
-        producer = KafkaClients().producer(settings.kafka_client_config(**{
-            "enable.idempotence": True,  # no duplicates or reordering on retry
-            "acks": "all",
-            "message.timeout.ms": int(timeout * 1000),
-        }))
+        # no duplicates or reordering on retry; a record not acknowledged within the timeout fails
+        producer = KafkaClients().producer(idempotent_producer_config(
+            settings, settings.names.writer_client_id("specs"), **{"message.timeout.ms": int(timeout * 1000)}))
     errors: list[str] = []
     delivered: list[int] = []
     done = threading.Event()
@@ -188,52 +187,32 @@ class SpecSnapshot:
             self.deleted.discard(key)
 
 
-def read_spec_snapshot(settings: Settings, timeout: float = 30.0) -> SpecSnapshot:
-    """Replay the specs topic from the beginning to its current end (every partition reports EOF)."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-
+def read_spec_snapshot(settings: Settings, timeout: float = 30.0, clients: KafkaClients | None = None) -> SpecSnapshot:
+    """Replay the specs topic from the beginning to the end it has now (``sie.kernel.replay``)."""
     from sie.kernel.admin import admin_client, wait_for_cluster
     from sie.kernel.authz import topic_denied
-    from sie.kernel.clients import KafkaClients
+    from sie.kernel.clients import KafkaClients, admin_config, state_reader_config
+    from sie.kernel.replay import read_to_end
 
     topic = specs_topic(settings)
     snapshot = SpecSnapshot()
-    metadata = wait_for_cluster(settings, timeout)  # KafkaUnavailable / NotAuthenticated with the fix
+    metadata = wait_for_cluster(settings, timeout, clients)  # KafkaUnavailable / NotAuthenticated with the fix
     if topic not in metadata.topics:  # missing, or invisible to this principal (ACLs): tell which
         if settings.security_protocol not in (None, "PLAINTEXT"):
-            denied = topic_denied(admin_client(settings), topic, settings.kafka_client_config(), "READ", timeout)
+            denied = topic_denied(admin_client(settings, clients), topic, admin_config(settings), "READ",
+                                  timeout)
             if denied is not None:
                 raise denied
         return snapshot
-    partitions = sorted(metadata.topics[topic].partitions)
-    consumer = KafkaClients().consumer(settings.kafka_client_config(**{
-        "group.id": settings.names.reader_group("specs", uuid.uuid4().hex[:8]),  # never committed or joined
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "fetch.wait.max.ms": 50,  # an empty fetch at the end returns fast: EOF is what we wait for
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "earliest",
-    }))
+    names = settings.names
+    consumer = (clients or KafkaClients()).consumer({
+        **state_reader_config(settings, names.reader_group("specs", uuid.uuid4().hex[:8]),  # never committed or joined
+                              names.reader_client_id("specs")),
+        "fetch.wait.max.ms": 50})  # an empty fetch at the end returns fast
     try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        pending = set(partitions)
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise KafkaUnavailable(f"{topic}: not read to the end within {timeout:.0f}s (partitions {sorted(pending)})")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                    continue
-                if msg.error().fatal():
-                    raise KafkaUnavailable(f"{topic}: {msg.error().str()}")
-                log.warning("reading %s: %s", topic, msg.error().str())
-                continue
-            key = (msg.key() or b"").decode("utf-8", "replace")
-            snapshot.apply(key, msg.value(), f"{topic}[{msg.partition()}]@{msg.offset()}")
+        read_to_end(consumer, topic, lambda msg: snapshot.apply(
+            (msg.key() or b"").decode("utf-8", "replace"), msg.value(), f"{topic}[{msg.partition()}]@{msg.offset()}"),
+            timeout_s=timeout, partitions=sorted(metadata.topics[topic].partitions))
     finally:
         consumer.close()
     for problem in snapshot.problems:

@@ -80,7 +80,7 @@ def _probe_one(nvml: Any, index: int) -> GpuInfo:
     return GpuInfo(index, uuid, product, int(total), int(used), int(free), utilization, temperature)
 
 
-def probe_gpus(nvml: Any | None = None) -> list[GpuInfo]:
+def probe_gpus(nvml: Any = None) -> list[GpuInfo]:
     """Every GPU NVML sees, or ``[]`` on a CPU-only node (no driver, no library, NVML error). Never raises.
 
     ``nvml`` is injectable for tests; by default the ``pynvml`` module from ``nvidia-ml-py``.

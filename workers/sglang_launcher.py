@@ -51,7 +51,7 @@ def compute_mem_fraction(budget_mb: int, free_mb: int, gpu_index: int, model_id:
     return round(min(MAX_FRACTION, max(MIN_FRACTION, budget_mb / free_mb)), 4)
 
 
-def nvml_free_mb(gpu_index: int, nvml: Any | None = None) -> int | None:
+def nvml_free_mb(gpu_index: int, nvml: Any = None) -> int | None:
     """Free MiB on a physical GPU right now, or None if NVML cannot tell (no driver, simulated GPU)."""
     try:
         if nvml is None:
@@ -125,8 +125,8 @@ def build_launch(
         # NVML (below) ignores CUDA_VISIBLE_DEVICES and needs the physical index.
         argv += ["--base-gpu-id", "0"]
         budget = int(cfg.get("gpu_memory_mb") or 0)
-        measured = [free_mb(i) for i in gpu_indices]
-        if all(m is not None for m in measured):
+        measured = [m for i in gpu_indices if (m := free_mb(i)) is not None]
+        if len(measured) == len(gpu_indices):
             # With tensor parallelism SGLang takes the MIN free memory over its ranks as the base of the
             # fraction, so the budget is divided by the tightest GPU's free memory (each rank gets the budget).
             tightest, tight_free = min(zip(gpu_indices, measured), key=lambda pair: int(pair[1]))

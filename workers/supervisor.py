@@ -19,7 +19,7 @@ Draining rollout step) hands over instead, so its partitions pause only for the 
     old READY --target changed--> DRAINING (handing over: still serving, no signal)
     new PENDING --launch with --standby--> STARTING: loads, proves readiness, reports "standby", waits
     old --SIGUSR2 (hand over: commit; leave the group, so the other replicas serve the partitions while the
-         successor starts, unless it owns every partition: then keep its static membership)--> "released"
+         successor starts, unless it is the group's only member: then keep its static membership)--> "released"
     new --SIGUSR1 once every predecessor released--> init_transactions fences the old id; the consumer joins
          (or takes the kept static membership, group.instance.id, without a rebalance) --> READY
 

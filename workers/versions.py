@@ -222,7 +222,8 @@ class VersionHost:
                 event = doc.get("event")
                 if event == "ready":
                     latency = doc.get("latency_ms")
-                    self.readiness_ms = float(latency) if type(latency) in (int, float) else None
+                    numeric = isinstance(latency, int | float) and not isinstance(latency, bool)
+                    self.readiness_ms = float(latency) if numeric and latency is not None else None
                     self.state = "ready"
                 elif event == "error":
                     self.state, self.detail = "failed", str(doc.get("detail") or "load failed")[:2000]

@@ -178,7 +178,7 @@ class PooledLauncher:
                     handle.assign(payload, spec.log_path)
                     self.warm_starts += 1
                     log.info("replica %s: warm start in pool worker %s", spec.name, handle.pid)
-                    return handle  # type: ignore[no-any-return]
+                    return handle
                 except OSError as exc:  # the pool worker died meanwhile: start cold
                     log.warning("replica %s: warm worker %s unusable (%s); starting cold", spec.name, handle.pid, exc)
                     handle.kill()

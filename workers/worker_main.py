@@ -43,7 +43,7 @@ timeout).  The agent's
 replace-in-place (a new version or spec for the same replica id) starts the successor with ``--standby``:
 it loads and proves the model while this replica still serves, reports ``standby`` and waits; the agent
 then sends the serving worker SIGUSR2 (stop for a successor: commit, then leave the group so the other
-replicas serve its partitions while the successor starts, unless it owns every partition: then it keeps
+replicas serve its partitions while the successor starts, unless it is the group's only member: then it keeps
 its static membership, ``sie.streams.eos.stage.leaves_group``) and, once it released, the successor
 SIGUSR1: its ``init_transactions`` fences the predecessor's id and its consumer joins (or takes the kept
 membership, ``group.instance.id``, without a rebalance).  A SIGKILLed or crashed worker never leaves: its

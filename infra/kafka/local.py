@@ -139,15 +139,11 @@ def probe_brokers(bootstrap: str, timeout: float, security: dict[str, Any] | Non
     ``security``: librdkafka properties of a secured cluster (an admin's SASL_SSL settings).
     """
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({
-        **(security or {}),
-        "bootstrap.servers": bootstrap,
-        "reconnect.backoff.max.ms": 500,  # default 10 s would delay noticing a broker that just came up
-        "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
-        "log_level": 0,  # refused connections while a broker boots are expected, not worth printing
-    })
+    from sie.kernel.clients import KafkaClients, broker_probe_config
+
+    # log_level 0: refused connections while a broker boots are expected, not worth printing
+    admin = KafkaClients().admin(broker_probe_config(bootstrap, security, timeout_s=timeout, log_level=0))
     try:
         return set(admin.list_topics(timeout=timeout).brokers)
     except KafkaException:
@@ -356,17 +352,18 @@ class LocalKafka:
     def _create_users(self, timeout: float, users: list[str] | None = None) -> None:
         """SCRAM credentials of every SIE role's user (the admin's came with the storage format); idempotent."""
         from confluent_kafka.admin import (
-            AdminClient,
             ScramCredentialInfo,
             ScramMechanism,
+            UserScramCredentialAlteration,
             UserScramCredentialUpsertion,
         )
 
-        config = {"bootstrap.servers": self.bootstrap_servers, **(self._probe_security() or {}), "log_level": 3}
-        admin = AdminClient(config)
+        from sie.kernel.clients import KafkaClients, broker_probe_config
+
+        admin = KafkaClients().admin(broker_probe_config(self.bootstrap_servers, self._probe_security()))
         info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
         users = users or [u for u in USERS if u != ADMIN]
-        upserts = [UserScramCredentialUpsertion(u, info, self.security.password(u).encode()) for u in users]
+        upserts: list[UserScramCredentialAlteration] = [UserScramCredentialUpsertion(u, info, self.security.password(u).encode()) for u in users]
         for user, future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).items():
             try:
                 future.result(timeout=timeout)
@@ -374,9 +371,9 @@ class LocalKafka:
                 raise SieError(f"creating SCRAM user {user} on {self.bootstrap_servers} failed: {exc}") from None
         deadline = self._clock() + timeout
         while True:  # the brokers learn new credentials from the metadata log: wait until they can log in
-            probe = {**config, "sasl.username": users[-1], "sasl.password": self.security.password(users[-1])}
-            if probe_brokers(self.bootstrap_servers, 2.0,
-                             {k: v for k, v in probe.items() if k != "bootstrap.servers"}) is not None:
+            as_user = {**(self._probe_security() or {}), "sasl.username": users[-1],
+                       "sasl.password": self.security.password(users[-1])}
+            if probe_brokers(self.bootstrap_servers, 2.0, as_user) is not None:
                 break
             if self._clock() >= deadline:
                 raise KafkaUnavailable(f"SCRAM users not usable on {self.bootstrap_servers} after {timeout:.0f}s")
@@ -465,7 +462,8 @@ class LocalKafka:
 
     # ---- steps -----------------------------------------------------------------------------
     def _java_cmd(self, node: NodeLayout, lib: Path, java: str, main: str, heap: str) -> list[str]:
-        return [java, f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+        jit = ["-XX:TieredStopAtLevel=1"] if self.settings.kafka_jit == "quick" else []  # Settings.kafka_jit
+        return [java, f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", *jit, "-Djava.awt.headless=true",
                 f"-Dkafka.logs.dir={node.logs_dir}", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
                 "-cp", f"{lib}/*", main]
 

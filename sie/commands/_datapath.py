@@ -60,8 +60,8 @@ def _count_exact(settings: Settings, spans: dict[tuple[str, int], tuple[int, int
             if msg is None:
                 continue
             key = (msg.topic(), msg.partition())
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            if (err := msg.error()) is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     todo.pop(key, None)
                 continue
             end = todo.get(key, (0, -1))[1]
@@ -83,9 +83,10 @@ def traffic(settings: Settings, topics: list[str], window_s: float = 60.0, exact
 
     from sie.kernel.admin import admin_client
     from sie.kernel.authz import topic_partitions
+    from sie.kernel.clients import admin_config
 
     admin = admin_client(settings)
-    config = settings.kafka_client_config()
+    config = admin_config(settings)
     # by name: a topic this principal may not read is NotAuthorized (naming the ACL), not "missing"
     found = {t: topic_partitions(admin, t, config, "READ", timeout) for t in dict.fromkeys(topics)}
     tps = [TopicPartition(t, p) for t, parts in found.items() for p in parts or ()]
@@ -114,9 +115,10 @@ def group_lag(settings: Settings, group: str, topic: str, timeout: float = 10.0)
 
     from sie.kernel.admin import admin_client
     from sie.kernel.authz import topic_partitions
+    from sie.kernel.clients import admin_config
 
     admin = admin_client(settings)
-    partitions = topic_partitions(admin, topic, settings.kafka_client_config(), "READ", timeout)
+    partitions = topic_partitions(admin, topic, admin_config(settings), "READ", timeout)
     if partitions is None:
         return None
     tps = [TopicPartition(topic, p) for p in partitions]

@@ -86,7 +86,7 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     config = AgentConfig(
         node=node, labels=_parse_labels(labels), tier=tier, simulate_gpus=simulate_gpus, heartbeat_s=heartbeat_s,
         metrics_port=metrics_port, worker_metrics_ports=worker_metrics_ports, policy=policy, warm_pool=warm_pool,
-        **({"work_dir": work_dir} if work_dir is not None else {}),
+        work_dir=work_dir,
     )
     if not wait_for_kafka:
         require_kafka(settings)  # one line within seconds, not a KafkaException traceback (logs start after it)

@@ -210,14 +210,14 @@ def publish(settings: Settings, connector_file: Path, events, keyed: bool, parti
     """
     from sie.connectors.cdc import load_connector_spec
     from sie.kernel.admin import ensure_topics
-    from sie.kernel.clients import KafkaClients
+    from sie.kernel.clients import KafkaClients, idempotent_producer_config
     from sie.kernel.errors import KafkaUnavailable
     from sie.kernel.topics import TopicSpec
 
     connector = load_connector_spec(connector_file)
     require_kafka(settings)
     ensure_topics(settings, [TopicSpec(connector.source_topic, partitions, False, "CDC source (demo)")])
-    producer = KafkaClients().producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
+    producer = KafkaClients().producer(idempotent_producer_config(settings, settings.names.cli_client_id("cdc-publish")))
     failures: list[str] = []
 
     def delivered(err, _msg) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import click
@@ -36,7 +36,8 @@ def _http(settings: Settings, url: str, path: str) -> Any:
 def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     """Replay the given control topics to their end into a ClusterState."""
     from sie.commands._runtime import require_kafka
-    from sie.streams.control.state import ClusterState, StateFeeder
+    from sie.streams.control.reconcile.feeder import StateFeeder
+    from sie.streams.control.reconcile.records import ClusterState
 
     require_kafka(settings)
     state = ClusterState()
@@ -52,7 +53,7 @@ def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     return state
 
 
-def _table(rows: list[tuple[str, ...]]) -> None:
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -212,7 +213,7 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
             spec = {"version": spec_obj.version, "priority_level": spec_obj.priority_level, "service_type": spec_obj.service_type,
                     "backend": spec_obj.backend.type, "resources": spec_obj.resources.model_dump(mode="json"),
                     "min_replicas": spec_obj.sla.min_replicas, "max_replicas": spec_obj.sla.max_replicas}
-        from sie.streams.control.observability import event_rows
+        from sie.streams.control.reconcile.observability import event_rows
 
         events = event_rows((e for e in state.snapshot().events if e.model == name), 15)
         model = model or {"name": name, "phase": "Pending", "reason": "no control plane has reconciled it yet", "replicas": []}

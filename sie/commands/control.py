@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -48,7 +49,7 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     from sie.kernel.startup import Readiness, serve_readiness
     from sie.kernel.startup import wait_for_kafka as wait_for
     from sie.kernel.topics import system_topics
-    from sie.streams.control.controller import ControlConfig
+    from sie.streams.control.reconcile.config import ControlConfig
     from sie.streams.control.service import ControlService
 
     if not wait_for_kafka:
@@ -71,7 +72,7 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     topics = [] if not no_ensure_topics else [t.name for t in system_topics(settings.topic_prefix)]
     if not wait_for(settings, topics, readiness, stopped):
         return
-    overrides = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
+    overrides: dict[str, Any] = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}
     if config_path is not None:
         config = ControlConfig.from_yaml(config_path, **overrides)
     else:

@@ -59,7 +59,7 @@ def resource(settings: Settings, files: tuple[Path, ...], namespace: str | None,
     from sie.commands.spec import _load_by_file
     from sie.k8s.resource import to_resource
 
-    uploader = None
+    uploader: ApiUploader | KafkaUploader | None = None
     if upload:
         if control_url:
             from sie.commands._api import ControlApi

@@ -41,7 +41,7 @@ def reset(settings: Settings, name: str, timeout: float) -> None:
     from sie.commands.cluster import statuses_json
     from sie.kernel.clients import KafkaClients, idempotent_producer_config
     from sie.schemas.avro_codec import encode
-    from sie.streams.control.state import COOLDOWN_RESET_KIND
+    from sie.streams.control.reconcile.records import COOLDOWN_RESET_KIND
 
     require_kafka(settings)
     models, state = statuses_json(settings, None, timeout)

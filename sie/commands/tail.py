@@ -9,7 +9,6 @@ every ``sie.*`` header).  ``--follow`` keeps printing until Ctrl-C (exit 0).
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -66,13 +65,12 @@ def _line(kind: str, msg: Any, output: str) -> str:
 def command(settings: Settings, what: str, model: str | None, spec_file: Path | None, count: int, follow: bool,
             output: str) -> None:
     """Print the latest results or dead letters of a model (read_committed); --follow for new ones."""
-    from confluent_kafka import TopicPartition
-
     from sie.commands._runtime import require_kafka
     from sie.commands.produce import resolve_spec
     from sie.kernel.authz import from_kafka_error, topic_partitions
     from sie.kernel.clients import KafkaClients, state_reader_config
     from sie.kernel.errors import SieError
+    from sie.kernel.replay import read_to_end
 
     require_kafka(settings)
     spec = resolve_spec(settings, model, spec_file)
@@ -87,24 +85,16 @@ def command(settings: Settings, what: str, model: str | None, spec_file: Path | 
         if partitions is None:
             raise SieError(f"topic {topic} does not exist on {settings.bootstrap_servers}: nothing was scored for "
                            f"{spec.name} yet")
-        starts = []
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            starts.append(TopicPartition(topic, p, max(low, high - count)))
-        consumer.assign(starts)
-        backlog, pending = [], {tp.partition for tp in starts}
-        deadline = time.monotonic() + 30
-        while pending and time.monotonic() < deadline:  # the latest N per partition, then the newest N overall
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                denied = from_kafka_error(msg.error(), config, "READ", topic)
-                if denied is not None:  # Describe granted, Read not
-                    raise denied
-                pending.discard(msg.partition())  # _PARTITION_EOF (other errors: that partition is skipped)
-                continue
-            backlog.append(msg)
+        backlog: list[Any] = []
+
+        def refused(msg: Any) -> None:
+            denied = from_kafka_error(msg.error(), config, "READ", topic)
+            if denied is not None:  # Describe granted, Read not
+                raise denied
+
+        # the latest N per partition (to the end each has now, past transaction markers), then the newest N overall
+        read_to_end(consumer, topic, backlog.append, timeout_s=30, partitions=partitions,
+                    start=lambda low, end: end - count, on_error=refused)
         backlog.sort(key=lambda m: (m.timestamp()[1], m.partition(), m.offset()))
         for msg in backlog[-count:] if count else ():
             click.echo(_line(what, msg, output))

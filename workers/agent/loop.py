@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
+from sie.kernel.replay import ReadProgress, watermarks
 from sie.kernel.settings import Settings
 from sie.kernel.startup import Readiness, retry_until_answered, wait_for_kafka
 from sie.schemas.spec_policy import SpecPolicy
@@ -108,7 +109,8 @@ class Agent:
         self._clock = clock or MonotonicClock()
         if inventory_probe is None:
             # simulated GPU UUIDs embed the NODE name: two agents on one machine never share a GPU uuid
-            gpus = (lambda: parse_simulated_gpus(config.simulate_gpus, node=config.node)) if config.simulate_gpus else probe_gpus
+            simulated = config.simulate_gpus
+            gpus = (lambda: parse_simulated_gpus(simulated, node=config.node)) if simulated else probe_gpus
             inventory_probe = lambda: host_inventory(probe=gpus)  # noqa: E731
         self._probe = inventory_probe
         self.inventory = self._probe()
@@ -164,7 +166,7 @@ class Agent:
         self._consumer: Any = None
         self._epoch = -1
         #: partition -> end offset still to reach before acting on assignments (empty: replay done)
-        self._replay_left: dict[int, int] = {}
+        self._replay: ReadProgress = ReadProgress({})
         self._replaying = True
         self._replay_started = 0.0
         self._replay_logged = 0.0
@@ -253,18 +255,11 @@ class Agent:
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         # the replay's end: what the topic holds now (read_committed: the last stable offset); a topic created a
         # moment ago may still refuse the read (NOT_LEADER_FOR_PARTITION): retried, not the end of the agent
-        def ends() -> dict[int, int]:
-            out = {}
-            for p in partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if high > low:
-                    out[p] = high
-            return out
-
-        replay_left = retry_until_answered(ends, f"the end of {topic}", self.readiness, stop)
-        if replay_left is None:
+        marks = retry_until_answered(lambda: watermarks(consumer, [(topic, p) for p in partitions], timeout_s=0),
+                                     f"the end of {topic}", self.readiness, stop)
+        if marks is None:
             return False
-        self._replay_left = replay_left
+        self._replay = ReadProgress.from_beginning(marks)
         self._replaying = True
         self._replay_started = self._replay_logged = self._clock.monotonic()
         return True
@@ -307,16 +302,11 @@ class Agent:
 
         node = self.config.node.encode()
         for msg in self._consumer.consume(num_messages=500, timeout=self.config.loop_interval_s):
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    self._replay_left.pop(msg.partition(), None)
-                else:
+            if not self._replay.see(msg):  # an end-of-partition event (counted) or an error
+                error = msg.error()
+                if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("agent %s: assignments consumer: %s", self.config.node, error)
                 continue
-            left = self._replay_left.get(msg.partition())
-            if left is not None and msg.offset() + 1 >= left:
-                del self._replay_left[msg.partition()]
             if msg.key() != node:
                 continue
             if msg.value() is None:  # tombstone: the control plane forgot this node
@@ -350,20 +340,15 @@ class Agent:
 
     def _replay_done(self) -> bool:
         """Every partition read to the end it had at start (by position, or an end-of-partition event)?"""
-        from confluent_kafka import TopicPartition
-
-        topic = self._topics["assignments"]
-        if self._replay_left:
-            positions = self._consumer.position([TopicPartition(topic, p) for p in sorted(self._replay_left)])
-            for tp in positions:
-                if tp.offset >= self._replay_left[tp.partition]:
-                    del self._replay_left[tp.partition]
-        if self._replay_left:
+        self._replay.check_positions(self._consumer)
+        short = self._replay.short()
+        if short:
             now = self._clock.monotonic()
             if now - self._replay_logged >= 10.0:
                 self._replay_logged = now
-                log.warning("agent %s: still replaying %s (partition: end) after %.0fs; acting on no assignment yet",
-                            self.config.node, dict(self._replay_left), now - self._replay_started)
+                log.warning("agent %s: still replaying %s (partition: read up to/end) after %.0fs; acting on no "
+                            "assignment yet", self.config.node, {p: f"{at}/{end}" for (_t, p), (at, end) in short.items()},
+                            now - self._replay_started)
             return False
         self._replaying = False
         log.info("agent %s: assignments replayed to their end in %.1fs; following them now",
