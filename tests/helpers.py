@@ -71,20 +71,12 @@ def _topic_partitions(consumer: Any, topic: str, deadline: float) -> list[int]:
 
 def end_offsets(consumer: Any, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int]:
     """partition -> its end now, as ``consumer`` reads: the high watermark, or with read_committed the last
-    stable offset (the broker answers with the consumer's isolation level), so the records of a transaction
-    still open lie beyond the end and are not waited for."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    stable offset, so the records of a transaction still open lie beyond the end and are not waited for
+    (``sie.kernel.replay.end_offsets``: what the product's readers use, transient refusals retried)."""
+    from sie.kernel.replay import end_offsets as kernel_end_offsets
 
-    def ends() -> tuple[dict[int, int]] | None:  # a tuple: an empty dict (no partitions) is an answer too
-        try:
-            return ({p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
-                     for p in partitions},)
-        except KafkaException as exc:  # a fresh client whose metadata lags (e.g. just after a broker resumed)
-            if exc.args and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
-                return None
-            raise
-
-    return wait_until(ends, timeout, interval=0.2, message=f"end offsets of {topic}")[0]
+    return {p: end for (_t, p), end in kernel_end_offsets(consumer, [(topic, p) for p in partitions],
+                                                          timeout_s=timeout).items()}
 
 
 def read_up_to(reached: dict[int, int], msg: Any) -> bool:
@@ -141,6 +133,9 @@ def consume_all(
         "enable.auto.commit": False,
         "isolation.level": isolation,
         "enable.partition.eof": True,
+        # the end is known from an empty fetch at it (partition EOF): answered at once, not after 500 ms
+        "fetch.wait.max.ms": 50,
+        "fetch.queue.backoff.ms": 5,
     }))
     records: list[Record] = []
     reached: dict[int, int] = {}
@@ -188,17 +183,31 @@ def _short_read(consumer: Any, topic: str, partitions: list[int], expected: int 
     return f"consume_all({topic}): timed out after {timeout:.1f}s: {what}; {where}; last records read: {last}"
 
 
-def produce_json(
-    settings: Settings,
-    topic: str,
-    records: Iterable[Any],
-    key_fn: Callable[[Any], str | bytes | None] | None = None,
-    headers: dict[str, str] | None = None,
-) -> int:
-    """Produce each record as JSON (acks=all, idempotent) and flush; returns the count delivered."""
+#: one idempotent producer per cluster for the tests' bulk produce (``produce_to``): a new one waits ~0.5 s for its
+#: producer id before its first batch is sent (librdkafka's idempotence timer), so a producer per call cost a test
+#: that produces 60 batches 30 s
+_PRODUCERS: dict[tuple[str, ...], Any] = {}
+_PRODUCERS_LOCK = threading.Lock()
+
+
+def _shared_producer(settings: Settings) -> Any:
     from confluent_kafka import Producer
 
-    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True}))
+    config = settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True, "linger.ms": 20,
+                                             "message.max.bytes": 2_000_000})
+    key = tuple(f"{k}={v}" for k, v in sorted(config.items()) if k != "logger")
+    with _PRODUCERS_LOCK:
+        if key not in _PRODUCERS:
+            _PRODUCERS[key] = Producer(config)
+        return _PRODUCERS[key]
+
+
+def produce_to(settings: Settings, topic: str, messages: Iterable[tuple[Any, Any, Any]]) -> int:
+    """Produce ``(key, value, headers)`` to ``topic`` on this cluster's shared idempotent producer (acks=all) and
+    flush; returns the count.  AssertionError naming the topic if any is undelivered; the failed producer (a fatal
+    idempotence error, say) is dropped, so the next call starts a new one.  Never sent twice: a resend would put a
+    request in twice and an exactly-once proof would blame the product for it."""
+    producer = _shared_producer(settings)
     errors: list[str] = []
     count = 0
 
@@ -206,15 +215,38 @@ def produce_json(
         if err is not None:
             errors.append(str(err))
 
-    for record in records:
-        key = key_fn(record) if key_fn else None
-        producer.produce(topic, json.dumps(record).encode(), key=key, headers=headers, on_delivery=on_delivery)
-        producer.poll(0)
-        count += 1
-    remaining = producer.flush(30)
+    try:
+        for key, value, headers in messages:
+            while True:
+                try:
+                    producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            count += 1
+        remaining = producer.flush(60)
+    except Exception as exc:
+        errors.append(str(exc))
+        remaining = -1
     if remaining or errors:
+        with _PRODUCERS_LOCK:
+            for key_, cached in list(_PRODUCERS.items()):
+                if cached is producer:
+                    del _PRODUCERS[key_]
         raise AssertionError(f"producing to {topic}: {remaining} undelivered, errors {errors[:3]}")
     return count
+
+
+def produce_json(
+    settings: Settings,
+    topic: str,
+    records: Iterable[Any],
+    key_fn: Callable[[Any], str | bytes | None] | None = None,
+    headers: dict[str, str] | None = None,
+) -> int:
+    """Produce each record as JSON (acks=all, idempotent: ``produce_to``) and flush; returns the count delivered."""
+    return produce_to(settings, topic, ((key_fn(record) if key_fn else None, json.dumps(record).encode(), headers)
+                                        for record in records))
 
 
 def create_topic(settings: Settings, name: str, partitions: int = 1, replication: int = 1,

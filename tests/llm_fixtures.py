@@ -98,7 +98,7 @@ from collections import Counter  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from tests.fakes.kafka_clients import NOW_MS, FakeConsumer, FakeMessage, FakeProducer, fake_clients  # noqa: E402
+from tests.fakes.kafka_clients import NOW_MS, FakeAdmin, FakeConsumer, FakeMessage, FakeProducer, fake_clients  # noqa: E402
 
 
 def question(i: int, text: str | None = None) -> bytes:
@@ -109,6 +109,14 @@ def sglang_answer(request: httpx.Request) -> httpx.Response:
     body = orjson.loads(request.read())
     return httpx.Response(200, json={"text": "answer to " + body["text"],
                                      "meta_info": {"prompt_tokens": 3, "completion_tokens": 4}})
+
+
+def alone_in_its_group() -> FakeAdmin:
+    """The broker describes the fake consumer's group as stable with the fake consumer alone in it (a hand-over
+    then keeps the static membership, ``sie.streams.eos.stage.leaves_group``)."""
+    from confluent_kafka import ConsumerGroupState
+
+    return FakeAdmin(groups={"*": (ConsumerGroupState.STABLE, ["fake-member"])})
 
 
 class Harness:
@@ -137,7 +145,8 @@ class Harness:
 
         config = ScorerConfig(settings=Settings(), spec=self.spec, instance="t-0", retry_backoff_s=0.0)
         self.scorer = LLMScorer(config, LLMConfig.from_backend_config(self.spec.backend.config),
-                                clients=fake_clients(consumer=self.consumer, producer=make_producer).clients,
+                                clients=fake_clients(consumer=self.consumer, producer=make_producer,
+                                                     admin=alone_in_its_group()).clients,
                                 http_client=httpx.Client(transport=httpx.MockTransport(handler)),
                                 wall_clock=lambda: NOW_MS / 1000 + 0.5)
         self.summary = None

@@ -165,7 +165,7 @@ def echo_policy():
 
 
 def load_echo_backend(spec):
-    """The backend_factory for ``run_scorer``: the real python backend, loaded (under a policy allowing it)."""
+    """The backend_factory for ``ScorerThread`` (``run_rollout_scorer``): the real python backend, loaded (under a policy allowing it)."""
     from sie.workers.backends import backend_config_from_spec, create_backend
 
     backend = create_backend(backend_config_from_spec(spec, echo_policy()))
@@ -242,7 +242,9 @@ class CommittedReader:
 
         self._consumer = Consumer(settings.kafka_client_config(**{
             "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest", "enable.partition.eof": True}))
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest", "enable.partition.eof": True,
+            # the end is known from an empty fetch at it (partition EOF): answered at once, not after 500 ms
+            "fetch.wait.max.ms": 50, "fetch.queue.backoff.ms": 5}))
         md = self._consumer.list_topics(topic, timeout=10)
         self._topic = topic
         self._partitions = sorted(md.topics[topic].partitions)
@@ -254,7 +256,8 @@ class CommittedReader:
         from tests.helpers import read_up_to
 
         while True:
-            msgs = self._consumer.consume(5000, 0.2)
+            # consume() waits its whole timeout unless 5000 are there: short, the callers loop (wait_until, read_to_end)
+            msgs = self._consumer.consume(5000, 0.05)
             self.records.extend(m for m in msgs if read_up_to(self._reached, m))
             if len(msgs) < 5000:
                 return len(self.records)
@@ -308,19 +311,10 @@ def exactly_once_report(results: list, dead_letters: list, expected_ids: set[str
 
 
 def produce_requests(settings, topic: str, values: list[tuple[bytes | None, bytes | None]]) -> None:
-    """Fast bulk produce of raw (key, value) pairs (acks=all, idempotent)."""
-    from confluent_kafka import Producer
+    """Fast bulk produce of raw (key, value) pairs (acks=all, idempotent: ``tests.helpers.produce_to``)."""
+    from tests.helpers import produce_to
 
-    producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True, "message.max.bytes": 2_000_000,
-                                                        "linger.ms": 20}))
-    for key, value in values:
-        while True:
-            try:
-                producer.produce(topic, value, key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0, "requests not delivered"
+    produce_to(settings, topic, ((key, value, None) for key, value in values))
 
 
 def group_members(settings, group_id: str) -> int:
@@ -343,7 +337,8 @@ import traceback  # noqa: E402
 import orjson  # noqa: E402
 
 from sie.kernel.admin import ensure_model_topics  # noqa: E402
-from sie.streams.scorer import ScorerConfig, run_scorer  # noqa: E402
+from sie.streams.scorer import ScorerConfig  # noqa: E402
+from sie.streams.scorer.rollout import run_rollout_scorer  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
 
 
@@ -353,16 +348,25 @@ def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:
 
 
 class ScorerThread:
-    """run_scorer in a thread of the test process (fast start; same code as the CLI)."""
+    """The scorer ``sie score`` and the node agent's worker run (``run_rollout_scorer``: a ``RolloutScorer``
+    reading its model's weights from the rollouts topic), in a thread of the test process for a fast start.
+
+    The one difference from ``sie score``: the other version of a rollout, if any, loads in this process
+    (``InProcessVersions``, the default) rather than in a process of its own.
+    """
 
     def __init__(self, settings, spec, instance: str = "t0", backend_factory=None,
-                 stop: threading.Event | None = None, **overrides) -> None:
-        """``stop``: the stop event (e.g. a ``StopRequest``, to hand over); ``overrides``: ScorerConfig fields."""
+                 stop: threading.Event | None = None, scorer_kwargs: dict | None = None, **overrides) -> None:
+        """``stop``: the stop event (e.g. a ``StopRequest``, to hand over); ``backend_factory(spec)``: a loaded
+        backend (default: the echo backend); ``scorer_kwargs``: the scorer's (``tracing``, ``metrics`` ...);
+        ``overrides``: ScorerConfig fields."""
+        self.scorer_kwargs = scorer_kwargs or {}
         self.backend_factory = backend_factory or load_echo_backend
         self.stop = stop if stop is not None else threading.Event()
         self.ready = threading.Event()
         self.summary = None
         self.error: BaseException | None = None
+        self.started = time.monotonic()
         self.config = ScorerConfig(settings=settings, spec=spec, instance=instance,
                                    **{"max_wait_ms": 10, "session_timeout_ms": 6000, **overrides})
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -370,8 +374,8 @@ class ScorerThread:
 
     def _run(self) -> None:
         try:
-            self.summary = run_scorer(self.config, self.backend_factory, self.stop,
-                                      on_ready=lambda _s: self.ready.set())
+            self.summary = run_rollout_scorer(self.config, self.backend_factory, self.stop,
+                                              on_ready=lambda _s: self.ready.set(), **self.scorer_kwargs)
         except BaseException as exc:  # surfaced by close()
             self.error = exc
 
@@ -380,11 +384,13 @@ class ScorerThread:
         frame = sys._current_frames().get(self.thread.ident or -1)
         return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
 
-    def close(self):
+    def close(self, raise_error: bool = True):
+        """Stop and join; the scorer's error is raised (``raise_error=False``: kept in ``error``, for tests
+        expecting the scorer to fail)."""
         self.stop.set()
         self.thread.join(30)
         assert not self.thread.is_alive(), f"scorer did not stop within 30s; it is in:\n{self.stack()}"
-        if self.error:
+        if self.error and raise_error:
             raise self.error
         return self.summary
 

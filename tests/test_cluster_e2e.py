@@ -23,7 +23,7 @@ import pytest
 
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import decode
-from sie.streams.control.controller import ControlConfig
+from sie.streams.control.reconcile.config import ControlConfig
 from tests.cluster_harness import (
     Cluster,
     RequestStream,

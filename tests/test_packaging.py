@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.packaging
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
@@ -59,7 +59,7 @@ def test_the_wheel_carries_what_a_run_needs_without_a_checkout(wheel: Path) -> N
                    "sie/examples/fraud-scorer.yaml", "sie/examples/article/model-spec.yaml",
                    "sie/examples/models/fraud/fraud_scorer.pt", "sie/examples/models/fraud/rules.py",
                    "sie/infra/prometheus/sie-rules.yml", "sie/infra/grafana/sie-overview.json",
-                   "sie/streams/control/static/status.html", "sie/streams/control/static/status.js"):
+                   "sie/streams/control/api/static/status.html", "sie/streams/control/api/static/status.js"):
         assert needed in names, f"{needed} missing from the wheel"
 
 

@@ -45,8 +45,10 @@ pytestmark = pytest.mark.kafka
 
 MODEL = "fraud-rules"
 OLD, NEW = "1.0.0", "1.1.0"
-#: a step long enough to be killed in; gates as loose as tests/test_rollout_e2e.py's (this test is about replicas)
-ROLLOUT = {"steps": [50, 100], "intervalSeconds": 4, "surgeTimeoutSeconds": 300,
+#: a step long enough to be killed in; gates as loose as tests/test_rollout_e2e.py's (this test is about replicas);
+#: 8 s steps: a step's verdict deadline (3 intervals) outlasts a takeover on a loaded machine (with 4 s, a standby
+#: that took over in Canary once saw no canary answer within its 12 s and rolled back: a gate verdict, not this test's)
+ROLLOUT = {"steps": [50, 100], "intervalSeconds": 8, "surgeTimeoutSeconds": 300,
            "gates": {"minSamples": 10, "p99MaxMs": 10_000, "p99SlackMs": 1_000}}
 PLACEMENT_KINDS = ("placed", "removed", "moved", "preempted")
 

@@ -18,7 +18,7 @@ where the code under test depends on it, and nowhere else:
   their transaction commits; ``begin_transaction`` with a transaction still open fails as librdkafka does.
   A commit that timed out (a retriable ``_TIMED_OUT`` fault) goes on in the background, as librdkafka's does:
   until ``commit_transaction`` is called again and succeeds, ``abort_transaction`` and ``begin_transaction``
-  fail with ``_CONFLICT`` (measured on a SIGSTOPped broker: tests/streams/control/test_leader_kafka.py).
+  fail with ``_CONFLICT`` (measured on a SIGSTOPped broker: tests/streams/control/reconcile/test_leader_kafka).
 * ``FakeAdmin`` keeps a set of topics (metadata, configs) and the committed offsets of other groups.
 """
 
@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -572,12 +572,15 @@ def _done(value: Any = None, error: BaseException | None = None) -> Future:
 
 
 class FakeAdmin(_Recorder):
-    """Topics ``{name: partitions}`` with their configs, and other groups' committed offsets."""
+    """Topics ``{name: partitions}`` with their configs, other groups' committed offsets, and groups as the
+    broker describes them (``groups``: ``{group: (ConsumerGroupState, [member ids])}``, ``"*"`` for any other)."""
 
     def __init__(self, topics: dict[str, int] | None = None, brokers: int = 1,
                  group_offsets: dict[str, dict[tuple[str, int], int]] | None = None,
-                 faults: dict[str, Any] | None = None) -> None:
+                 faults: dict[str, Any] | None = None,
+                 groups: dict[str, tuple[Any, list[str]]] | None = None) -> None:
         super().__init__(faults)
+        self.groups = dict(groups or {})
         self.topics: dict[str, int] = dict(topics or {})
         self.topic_config: dict[str, dict[str, str]] = {t: {"cleanup.policy": "delete"} for t in self.topics}
         self.brokers = brokers
@@ -615,6 +618,19 @@ class FakeAdmin(_Recorder):
             for entry in r.incremental_configs:
                 self.topic_config.setdefault(r.name, {})[entry.name] = entry.value
         return {r: _done() for r in resources}
+
+    def describe_consumer_groups(self, group_ids: list[str], **_kw: Any) -> dict[str, Future]:
+        self._call("describe_consumer_groups", list(group_ids))
+        from types import SimpleNamespace
+
+        from confluent_kafka import ConsumerGroupState
+
+        out = {}
+        for group in group_ids:
+            state, members = self.groups.get(group, self.groups.get("*", (ConsumerGroupState.DEAD, [])))
+            out[group] = _done(SimpleNamespace(group_id=group, state=state,
+                                               members=[SimpleNamespace(member_id=m) for m in members]))
+        return out
 
     def list_consumer_group_offsets(self, requests: list[Any], **_kw: Any) -> dict[str, Future]:
         self._call("list_consumer_group_offsets", [r.group_id for r in requests])
@@ -662,3 +678,9 @@ def fake_clients(consumer: Any = None, producer: Any = None, admin: Any = None) 
 
     return FakeClients(KafkaClients(consumer=factory("consumer", consumer), producer=factory("producer", producer),
                                     admin=factory("admin", admin)), configs)
+
+
+if TYPE_CHECKING:  # mypy (pyproject [tool.mypy] modules) checks the fake against the interface the stages are typed with
+    from sie.kernel.consumer import KafkaConsumer
+
+    _fake_is_a_consumer: KafkaConsumer = FakeConsumer()

@@ -52,6 +52,16 @@ def test_single_broker_layout_is_combined_standalone(tmp_path: Path) -> None:
     assert props["offsets.topic.replication.factor"] == "1"
 
 
+@pytest.mark.parametrize(("jit", "c1_only"), [("quick", True), ("full", False)])
+def test_a_local_broker_jvm_compiles_with_c1_only_unless_asked_for_full_jit(tmp_path: Path, jit: str,
+                                                                             c1_only: bool) -> None:
+    """Settings.kafka_jit: the test and quick-start brokers skip C2 (less CPU on 2 cores); benchmarks ask for full."""
+    kafka = LocalKafka(Settings(kafka_jit=jit), brokers=1, data_dir=tmp_path)
+    node = ClusterLayout(1, 30000, tmp_path).node(1)
+    cmd = kafka._java_cmd(node, tmp_path, "java", "kafka.Kafka", "512m")
+    assert ("-XX:TieredStopAtLevel=1" in cmd) is c1_only and cmd.index("-Xmx512m") < cmd.index("kafka.Kafka")
+
+
 def test_unsupported_shape_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="brokers: must be 1 or 3"):
         LocalKafka(Settings(), brokers=2, data_dir=tmp_path)

@@ -27,8 +27,8 @@ from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.spec import load_spec
 from sie.schemas.spec_policy import SpecPolicy
-from sie.streams.scorer import ScorerConfig, run_scorer
 from tests.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
+from tests.scorer_fixtures import ScorerThread
 
 pytestmark = [pytest.mark.kafka, pytest.mark.secure_kafka]
 
@@ -77,29 +77,6 @@ def _rules_backend(spec: Any, settings: Settings) -> Any:
     return backend
 
 
-class ScorerThread:
-    def __init__(self, settings: Settings, spec: Any, instance: str = "s0") -> None:
-        self.stop, self.ready = threading.Event(), threading.Event()
-        self.error: BaseException | None = None
-        self.summary: Any = None
-        self.started = time.monotonic()
-        config = ScorerConfig(settings=settings, spec=spec, instance=instance, max_wait_ms=10, session_timeout_ms=6000)
-
-        def run() -> None:
-            try:
-                self.summary = run_scorer(config, lambda s: _rules_backend(s, settings), self.stop,
-                                          on_ready=lambda _s: self.ready.set())
-            except BaseException as exc:
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
-
-
 def _produce(settings: Settings, topic: str, n: int, tag: str) -> list[str]:
     from confluent_kafka import Producer
 
@@ -130,7 +107,7 @@ def test_exactly_once_scorer_end_to_end_under_its_least_privilege_principal(worl
         ("read", "topic"), ("write", "topic"), ("describe_configs", "topic"), ("read", "group"),
         ("write", "transactional_id")}  # nothing on the cluster, no create
 
-    run = ScorerThread(scorer.settings, spec)
+    run = ScorerThread(scorer.settings, spec, instance="s0", backend_factory=lambda s: _rules_backend(s, scorer.settings))
     try:
         wait_until(lambda: run.ready.is_set() or run.error, 60, message="scorer ready")
         assert run.error is None, run.error
@@ -166,11 +143,11 @@ def test_a_principal_lacking_one_acl_stops_with_the_missing_permission(world: di
     scorer = Principal(kafka, world["prefix"], "scorer", models=[ModelScope.of_spec(spec)])
     scorer.grant(admin, without=missing)
     _produce(admin, spec.topics.requests, 5, "denied")
-    run = ScorerThread(scorer.settings, spec)
+    run = ScorerThread(scorer.settings, spec, instance="s0", backend_factory=lambda s: _rules_backend(s, scorer.settings))
     try:
         wait_until(lambda: not run.thread.is_alive(), 60, message="the scorer to stop on its own")
     finally:
-        run.close()
+        run.close(raise_error=False)
     elapsed = time.monotonic() - run.started
     assert isinstance(run.error, NotAuthorized), repr(run.error)
     assert f"User:{scorer.name}" in str(run.error)
@@ -197,7 +174,7 @@ def test_control_plane_and_agent_run_as_their_principals(world: dict[str, Any], 
     """The control plane (API write -> specs -> assignment), an agent, and its worker as the scorer principal."""
     import httpx
 
-    from sie.streams.control.controller import ControlConfig
+    from sie.streams.control.reconcile.config import ControlConfig
     from sie.streams.control.service import ControlService
     from sie.workers.agent import Agent, AgentConfig
 

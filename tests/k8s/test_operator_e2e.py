@@ -136,7 +136,10 @@ def test_kubectl_apply_to_ready_restart_changes_nothing_and_delete_removes_the_m
             assert lease["spec"]["holderIdentity"] == "op-2"
             assert _spec_records(cluster.settings, "fraud-k8s") == [published], "a restart re-published the spec"
             assert _events(kube, ns, "fraud-k8s").count("Applied") == 1
-            assert ready_row() is not None
+            # still (or again) 2/2 Ready under the new operator: a replica's status may blink under a loaded machine,
+            # which is the control plane's report, not the restart's doing (the two asserts above are)
+            wait_for(ready_row, 90, lambda: f"fraud-k8s 2/2 Ready under op-2; CR {_cr(kube, ns, 'fraud-k8s')}\n"
+                                           f"operator:\n{operator.tail()}")
 
             # an invalid change: refused with the field named, in a condition and an Event; the model keeps serving
             kube.kubectl("-n", ns, "patch", "modelservice", "fraud-k8s", "--type=merge",

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from sie.kernel.settings import Settings
-from sie.streams.control.api import create_app, escape_text
-from sie.streams.control.auth import TokenStore
+from sie.streams.control.api.audit import escape_text
+from sie.streams.control.api.auth import TokenStore
+from sie.streams.control.api.routes import create_app
 from sie.streams.control.service import ControlService
 from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 

@@ -28,7 +28,8 @@ from sie.schemas.connector_store import publish_connector
 from sie.schemas.spec import load_spec, parse_spec
 from sie.schemas.spec_policy import SpecPolicy
 from sie.schemas.spec_store import publish_spec
-from sie.streams.control.state import STATE_TOPICS, ClusterState, StateFeeder
+from sie.streams.control.reconcile.feeder import STATE_TOPICS, StateFeeder
+from sie.streams.control.reconcile.records import ClusterState
 from sie.workers.agent import AgentConfig
 from tests.helpers import REPO_ROOT, TopicTail, wait_until
 from tests.llm_fixtures import llm_spec_doc

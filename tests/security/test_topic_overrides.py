@@ -27,7 +27,7 @@ from sie.kernel.settings import Settings
 from sie.schemas.connector_spec import connector_name_problems, parse_connector_spec
 from sie.schemas.spec import parse_spec
 from sie.schemas.spec_policy import SpecPolicy
-from sie.streams.control.state import ClusterState
+from sie.streams.control.reconcile.records import ClusterState
 from tests.helpers import EXAMPLES
 
 P = "sie"

@@ -11,11 +11,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-
-from sie.workers.backends import (  # noqa: E402
+from sie.schemas.spec import load_spec
+from sie.workers.backends import (
     BackendConfig,
     BackendError,
     FieldRef,
@@ -23,7 +22,9 @@ from sie.workers.backends import (  # noqa: E402
     backend_config_from_spec,
     create_backend,
 )
-from tests.helpers import REPO_ROOT  # noqa: E402
+from tests.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 
 ROOT = REPO_ROOT
 FRAUD = ROOT / "examples" / "models" / "fraud"
@@ -142,8 +143,7 @@ def test_empty_batch_returns_empty_list() -> None:
 
 
 def test_demo_spec_loads_through_spec_api() -> None:
-    spec_mod = pytest.importorskip("sie.schemas.spec")
-    spec = spec_mod.load_spec(ROOT / "examples" / "fraud-scorer.yaml")
+    spec = load_spec(ROOT / "examples" / "fraud-scorer.yaml")
     backend = loaded(backend_config_from_spec(spec))
     assert backend.infer([dict(spec.example_input)])[0]["fraud_probability"] > 0.5
 
@@ -306,8 +306,7 @@ def test_python_backend_rules_happy_path() -> None:
 
 
 def test_python_rules_spec_loads_through_spec_api() -> None:
-    spec_mod = pytest.importorskip("sie.schemas.spec")
-    spec = spec_mod.load_spec(ROOT / "examples" / "fraud-rules.yaml")
+    spec = load_spec(ROOT / "examples" / "fraud-rules.yaml")
     backend = loaded(backend_config_from_spec(spec))
     assert backend.infer([dict(spec.example_input)])[0]["risk_score"] > 0.5
 

@@ -30,7 +30,6 @@ def _ids(batch: list[tuple[bytes, bytes]]) -> set[str]:
     return {orjson.loads(v)["id"] for _k, v in batch}
 
 
-@pytest.mark.slow
 def test_twenty_models_in_one_process_survive_two_sigkills(kafka_settings, tmp_path) -> None:
     """20 models in one process under load, the process SIGKILLed twice: every model's read_committed
     output has every request exactly once (results + its own dead letters), nothing lost or doubled."""
