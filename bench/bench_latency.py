@@ -4,7 +4,7 @@ At each controlled rate (default 200/s, 2,000/s and half of the scorer's max thr
 
 * ``sie``      the scorer with pipelined commits (``sie score --pipelined``) and adaptive batches, traced:
                every committed batch's ``BatchTimes`` split each request's latency into
-               queue / prepare / wait / produce / commit / visible (``bench_scoring.latency_split``);
+               queue / prepare / wait / produce / commit / visible (``common.latency_split``);
 * ``serial``   the same scorer with ``pipelined=False`` (one batch at a time: ``sie score``'s default), traced;
 * ``null``     the transactional byte copy with the scorer's client settings and batching: the floor of
                an exactly-once Python pipeline on this machine (no parsing, validation or inference);
@@ -39,22 +39,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_scoring as bs  # noqa: E402
+import common  # noqa: E402  (bench/common.py: the harness bench_scoring.py shares)
 
-RESULTS = bs.RESULTS_DIR
+RESULTS = common.RESULTS_DIR
 CONTESTANTS = {
     # key: (label, role, cfg extras)
     "sie": ("SIE (pipelined, adaptive)", "sie_traced", {"pipelined": True}),
     "serial": ("SIE serial", "sie_traced", {"pipelined": False}),
     "linger": ("SIE (pipelined, 3 ms linger)", "sie_traced", {"pipelined": True, "max_wait_ms": 3}),
     "null": ("null EOS copy (floor)", "null", {}),
-    "quix": ("Quix EOS, commit 5s", "quix", {"commit_interval": bs.QUIX_DEFAULT_COMMIT_S}),
+    "quix": ("Quix EOS, commit 5s", "quix", {"commit_interval": common.QUIX_DEFAULT_COMMIT_S}),
     "quixt": ("Quix EOS, tuned", "quix", {}),
 }
 
 
 def main() -> int:
-    bs.exit_on_sigterm()
+    common.exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each controlled-rate run")
     ap.add_argument("--jit-warmup-max-s", type=float, default=240.0,
@@ -69,22 +69,22 @@ def main() -> int:
                     help="skip the null EOS copy's backlog run next to the scorer's (the throughput ratio)")
     ap.add_argument("--contestants", default="sie,serial,null,quix,quixt", help=f"comma list of {','.join(CONTESTANTS)}")
     ap.add_argument("--quix-python", default=None, help="python of the Quix Streams virtualenv (bench_scoring.py)")
-    ap.add_argument("--quix-commit-interval", default=str(bs.QUIX_TUNED_COMMIT_S),
+    ap.add_argument("--quix-commit-interval", default=str(common.QUIX_TUNED_COMMIT_S),
                     help="commit_interval (s) of the tuned Quix contestant; a comma list runs one per value (a sweep)")
     ap.add_argument("--keep-logs", default=None, help="copy the contestants' logs and traces to this folder")
     ap.add_argument("--no-write", action="store_true", help="don't write bench/results/latency.*")
     args = ap.parse_args()
-    args.latency_warmup_seconds = args.warmup_seconds  # what bench_scoring.Bench.run_latency reads
+    args.latency_warmup_seconds = args.warmup_seconds  # what common.Bench.run_latency reads
     chosen = [c.strip() for c in args.contestants.split(",") if c.strip()]
     unknown = set(chosen) - set(CONTESTANTS)
     if unknown:
         ap.error(f"--contestants: unknown {sorted(unknown)} (choose from {', '.join(CONTESTANTS)})")
 
     started, load_start = time.time(), os.getloadavg()
-    quix_python = bs.find_quix_python(args.quix_python) if {"quix", "quixt"} & set(chosen) else None
-    records = bs.make_requests(max(args.max_requests, 10_000))
-    bench = bs.Bench(args)
-    phases: dict[str, bs.Phase] = {}
+    quix_python = common.find_quix_python(args.quix_python) if {"quix", "quixt"} & set(chosen) else None
+    records = common.make_requests(max(args.max_requests, 10_000))
+    bench = common.Bench(args)
+    phases: dict[str, common.Phase] = {}
     max_rate = args.max_rate
     try:
         bench.start_broker()
@@ -94,9 +94,9 @@ def main() -> int:
             return topics, bench.spec_for(key, topics), f"bench.{bench.run_id}.{key}"
 
         topics, spec, group = setup("warmup")
-        bs.log("warmup: null pipeline on 10,000 requests (not reported)")
-        bench.run_backlog(bs.Phase("warmup", "warmup", 1, 10_000),
-                          [bs.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec), "instance": "w"})],
+        common.log("warmup: null pipeline on 10,000 requests (not reported)")
+        bench.run_backlog(common.Phase("warmup", "warmup", 1, 10_000),
+                          [common.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec), "instance": "w"})],
                           group, topics, records[:10_000], None)
         # and at a controlled rate, until the broker's JIT compiler threads are quiet: a fresh broker compiles
         # its hot paths for a minute or more, and on 2 cores that takes half a core from every contestant
@@ -107,18 +107,18 @@ def main() -> int:
             if item == "half":
                 if max_rate is None:
                     topics, spec, group = setup("max")
-                    bs.log(f"max throughput: SIE scorer (python -m sie score) on {args.max_requests:,} requests")
-                    ph = bench.run_backlog(bs.Phase("max", "SIE scorer backlog", 1, args.max_requests),
-                                           [bs.score_cmd(spec, "bench-max")], group, topics,
+                    common.log(f"max throughput: SIE scorer (python -m sie score) on {args.max_requests:,} requests")
+                    ph = bench.run_backlog(common.Phase("max", "SIE scorer backlog", 1, args.max_requests),
+                                           [common.score_cmd(spec, "bench-max")], group, topics,
                                            records[: args.max_requests], None)
                     phases["max"] = ph
                     max_rate = ph.rate
                     if args.null_backlog:  # the throughput target: the scorer vs the null copy, same run
                         topics, spec, group = setup("max_null")
-                        bs.log(f"max throughput: null EOS copy on {args.max_requests:,} requests")
+                        common.log(f"max throughput: null EOS copy on {args.max_requests:,} requests")
                         phases["max_null"] = bench.run_backlog(
-                            bs.Phase("max_null", "null EOS copy backlog", 1, args.max_requests),
-                            [bs.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec),
+                            common.Phase("max_null", "null EOS copy backlog", 1, args.max_requests),
+                            [common.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec),
                                                   "instance": "bench-max-null"})],
                             group, topics, records[: args.max_requests], None)
                 rates.append(("half", max_rate / 2))
@@ -136,7 +136,7 @@ def main() -> int:
                     key = f"{name}{len(key)}_{rate_key}"
                 python = quix_python if role == "quix" else None
                 if role == "quix" and python is None:
-                    phases[key] = bs.Phase(key, f"{label} @ {rate:,.0f}/s", 1, 0, error=f"not measured: {bs.QUIX_MISSING}")
+                    phases[key] = common.Phase(key, f"{label} @ {rate:,.0f}/s", 1, 0, error=f"not measured: {common.QUIX_MISSING}")
                     continue
                 topics, spec, group = setup(key)
                 cfg: dict[str, Any] = {"bootstrap": bench.bootstrap, "spec_file": str(spec), "instance": f"bench-{key}",
@@ -148,16 +148,16 @@ def main() -> int:
                 if role == "quix":
                     cfg["state_dir"] = str(bench.tmp / f"{key}-state")
                     label = f"Quix EOS, commit {cfg['commit_interval']:g}s"
-                ph = bs.Phase(key, f"{label} @ {rate:,.0f}/s", 1, 0,
+                ph = common.Phase(key, f"{label} @ {rate:,.0f}/s", 1, 0,
                               settings={"rate_key": rate_key, "rate": rate, "contestant": name, **extra})
                 phases[key] = ph
-                bs.log(f"phase {ph.label}: {args.seconds:.0f}s")
+                common.log(f"phase {ph.label}: {args.seconds:.0f}s")
                 try:
-                    bench.run_latency(ph, bs.role_cmd(role, cfg, python), group, topics, records, rate, args.seconds,
+                    bench.run_latency(ph, common.role_cmd(role, cfg, python), group, topics, records, rate, args.seconds,
                                       trace=trace)
                 except Exception as exc:  # noqa: BLE001 - reported in the table, never hidden
                     ph.error = f"failed: {exc}"
-                    bs.log(f"  {ph.label}: {ph.error}")
+                    common.log(f"  {ph.label}: {ph.error}")
     finally:
         bench.close()
 
@@ -168,7 +168,7 @@ def main() -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "latency.txt").write_text(text + "\n")
         (RESULTS / "latency.json").write_text(json.dumps(js, indent=2) + "\n")
-        bs.log(f"wrote {RESULTS / 'latency.txt'} and latency.json")
+        common.log(f"wrote {RESULTS / 'latency.txt'} and latency.json")
     return 0
 
 
@@ -177,39 +177,37 @@ JIT_QUIET_SHARE = 0.05
 WARM_RATE, WARM_ROUND_S = 1000.0, 10.0
 
 
-def warm_broker(bench: bs.Bench, setup: Any, records: list[tuple[bytes, bytes]], max_s: float) -> float:
+def warm_broker(bench: common.Bench, setup: Any, records: list[tuple[bytes, bytes]], max_s: float) -> float:
     """Null-pipeline rounds at ``WARM_RATE`` until the broker's JIT is quiet or ``max_s`` passed; returns the
     compiler threads' share of a core in the last round (reported with the results: > 5 % = still compiling)."""
     deadline = time.monotonic() + max_s
     share, round_no = 1.0, 0
     while True:
         topics, spec, group = setup(f"warmup_rate{round_no}")
-        jit0, t0 = bs.jit_cpu_seconds(bench.broker_pid), time.monotonic()
-        bench.run_latency(bs.Phase(f"warmup_rate{round_no}", "warmup", 1, 0),
-                          bs.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec),
+        jit0, t0 = common.jit_cpu_seconds(bench.broker_pid), time.monotonic()
+        bench.run_latency(common.Phase(f"warmup_rate{round_no}", "warmup", 1, 0),
+                          common.role_cmd("null", {"bootstrap": bench.bootstrap, "spec_file": str(spec),
                                                "instance": f"w{round_no}"}),
                           group, topics, records, WARM_RATE, WARM_ROUND_S)
-        share = (bs.jit_cpu_seconds(bench.broker_pid) - jit0) / (time.monotonic() - t0)
-        bs.log(f"warmup round {round_no}: the broker's JIT compiler threads used {share:.0%} of a core")
+        share = (common.jit_cpu_seconds(bench.broker_pid) - jit0) / (time.monotonic() - t0)
+        common.log(f"warmup round {round_no}: the broker's JIT compiler threads used {share:.0%} of a core")
         round_no += 1
         if share < JIT_QUIET_SHARE:
             return share
         if time.monotonic() >= deadline:
-            bs.log(f"warmup: the broker's JIT still uses {share:.0%} of a core after {max_s:.0f}s; measuring anyway "
+            common.log(f"warmup: the broker's JIT still uses {share:.0%} of a core after {max_s:.0f}s; measuring anyway "
                    "(reported in the header)")
             return share
 
 
-def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float,
+def report(phases: dict[str, common.Phase], args: argparse.Namespace, started: float,
            load_start: tuple[float, float, float], max_rate: float | None) -> tuple[str, dict[str, Any]]:
     load_end = os.getloadavg()
     lines = [
         f"# End-to-end latency with a time split (bench/bench_latency.py, "
-        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, commit {bs_commit()})",
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, commit {common.git_commit()})",
         f"# {os.cpu_count()} cores, python {platform.python_version()}, one private broker on the same machine; "
-        f"{args.seconds:g}s per run, first {args.warmup_seconds:g}s left out; load average at start "
-        f"{load_start[0]:.1f}, at end {load_end[0]:.1f}" + ("  (SHARED, LOADED MACHINE: compare within the run)"
-                                                              if max(load_start[0], load_end[0]) > 1.5 else ""),
+        f"{args.seconds:g}s per run, first {args.warmup_seconds:g}s left out; {common.load_line(load_start, load_end)}",
         f"# broker warmed up until its JIT compiler threads used {getattr(args, 'jit_share', 1.0):.0%} of a core "
         f"(target < {JIT_QUIET_SHARE:.0%}: a fresh broker compiles its hot paths for a minute or more)",
         "# end-to-end = request timestamp -> result visible to a read_committed reader; split (SIE only, from its "
@@ -240,7 +238,7 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
                      f"{L['steady_max_ms']:>9.1f}{ph.results:>9,}{ph.cpu_contestant_pct:>7.0f}{ph.cpu_broker_pct:>9.0f}"
                      f"{_load(ph):>11}  {ph.error}")
         if ph.split:
-            lines.append("    " + bs.split_line(ph.split))
+            lines.append("    " + common.split_line(ph.split))
     lines += ["", "ratios within each rate (p99 of the other / p99 of SIE; > 1 = SIE lower):"]
     for rate_key in dict.fromkeys(ph.settings.get("rate_key") for ph in phases.values() if ph.settings):
         base = phases.get(f"sie_{rate_key}")
@@ -251,25 +249,15 @@ def report(phases: dict[str, bs.Phase], args: argparse.Namespace, started: float
                  for other in [phases.get(f"{name}_{rate_key}")] if other and other.latency]
         if parts:
             lines.append(f"  @ {rate_key}: " + ", ".join(parts))
-    js = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "commit": bs_commit(),
+    js = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "commit": common.git_commit(),
           "load_start": load_start, "load_end": load_end, "max_rate": max_rate,
           "phases": {k: asdict(v) for k, v in phases.items()}}
     return "\n".join(lines), js
 
 
-def _load(ph: bs.Phase) -> str:
+def _load(ph: common.Phase) -> str:
     """The 1-minute load average at the run's start -> end (the machine is shared)."""
     return "->".join(f"{v:.1f}" for v in ph.load_avg)
-
-
-def bs_commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=bs.ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "?"
 
 
 if __name__ == "__main__":

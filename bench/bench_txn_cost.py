@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scoring import cpu_seconds, log  # noqa: E402  (bench/ is not a package)
+from common import cpu_seconds, log  # noqa: E402  (bench/ is not a package)
 
 PHASES = ("begin", "produce", "send_offsets", "commit", "total")
 
@@ -110,7 +110,7 @@ def main() -> int:
             from sie.infra.kafka.local import LocalKafka, free_base_port
             from sie.kernel.settings import Settings
 
-            kafka = LocalKafka(Settings(), brokers=1, base_port=free_base_port(2), data_dir=tmp / "kafka")
+            kafka = LocalKafka(Settings(kafka_jit="full"), brokers=1, base_port=free_base_port(2), data_dir=tmp / "kafka")  # peak throughput: C2 too
             bootstrap = kafka.up(timeout=120)
             pid = int(next(iter(json.loads(kafka.state_file.read_text())["pids"].values())))
             log(f"private broker at {bootstrap} (pid {pid}); warming it up with 1,000 transactions")
