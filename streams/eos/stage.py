@@ -21,7 +21,7 @@ records mean::
         left the group on a stall: subscribe again once the recovery is through (after a backoff if the
                                    last join ended in a stall too)
     eos.settle()                           # the in-flight commit finishes (stop requests included)
-    close_quietly(consumer, producer, leave=stopped_on_request and leaves_group(...))
+    close_quietly(consumer, producer, leave=stopped_on_request and leaves_group(...), subscribed=...)
                                            # a planned stop LEAVES the group (static member or not): the others
                                            # take its partitions at their next heartbeat; an error exit
                                            # keeps a static member's place for its restart (no rebalance), and
@@ -444,7 +444,7 @@ class StreamLoop(Generic[T]):
             # a planned stop leaves the group (partitions move to the others at their next heartbeat); an
             # error keeps a static member's place for its restart (transaction.leave_group); a bounded run
             # has no group membership to leave (assign())
-            close_quietly(consumer, producer,
+            close_quietly(consumer, producer, subscribed=not self._out_of_group,
                           leave=planned and not bounded and leaves_group(
                               stop, consumer, cfg.topics,
                               alone=lambda: alone_in_group(consumer, cfg.consumer_config, self._clients)))

@@ -472,7 +472,7 @@ def _purge(producer: Any) -> None:
 
 
 def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock: Callable[[], float] = time.monotonic,
-                poll_s: float = 0.05) -> bool:
+                poll_s: float = 0.05, *, subscribed: bool = False) -> bool:
     """A planned stop (SIGTERM, a drain, a lane removed): leave the consumer group NOW, so the other members
     take this member's partitions at their next heartbeat instead of after ``session.timeout.ms``.
 
@@ -486,6 +486,15 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
     done librdkafka sends the LeaveGroup and clears the member id (``rd_kafka_cgrp_leave``), which is
     what this waits for: closing before that would suppress the leave again.
 
+    ``subscribed``: the consumer is subscribed now (a stage's planned stop).  With no member id it is then
+    joining, and the JoinGroup's answer is awaited (``poll``) before the unsubscribe: the broker registered the
+    member when the request arrived (a static member at once), but librdkafka leaves on unsubscribe only when it
+    knows its member id (``rd_kafka_cgrp_unsubscribe``: ``RD_KAFKA_CGRP_HAS_JOINED``) and drops an answer that
+    comes after it (``rd_kafka_cgrp_handle_JoinGroup``: no longer in wait-join).  Unsubscribed at once, the
+    member was given partitions by that join and held them until its session timed out: 11.9 s measured
+    (tests/streams/eos/test_leave_kafka.py), a worker the agent stopped while it was still joining.  Without
+    ``subscribed`` (a stall's leave, a consumer already out of its group) nothing is awaited.
+
     A crash (SIGKILL, an error out of the loop) never gets here: the member stays in the group until
     its session times out, and a restarted replica (same ``group.instance.id``) takes its place and its
     partitions without a rebalance.
@@ -495,6 +504,8 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
     """
     deadline = clock() + limit_s
     try:
+        while subscribed and not consumer.memberid() and clock() < deadline:
+            consumer.poll(poll_s)  # the JoinGroup's answer; a record it returns is dropped (never committed)
         # also when it is no member right now: after a lost session librdkafka is joining again, and that join
         # would complete with an assignment (a stalled scorer was handed partitions back that way, issue 27)
         consumer.unsubscribe()
@@ -509,10 +520,11 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
 
 
 def close_quietly(consumer: KafkaConsumer, producer: TransactionalProducer | None,
-                  logger: logging.Logger = log, *, leave: bool = False) -> None:
+                  logger: logging.Logger = log, *, leave: bool = False, subscribed: bool = False) -> None:
     """Close the consumer, then the producer; never raises.  ``leave``: a planned stop, the consumer
     leaves the group first (``leave_group``: its partitions move to the others at once, static member
-    or not); else a static member keeps its place for its restart (a dynamic one leaves on close anyway).
+    or not; ``subscribed``: a join in flight is awaited first); else a static member keeps its place for its
+    restart (a dynamic one leaves on close anyway).
 
     ``Consumer.close()`` has no timeout and can wait indefinitely while the group coordinator is
     unreachable; after ``_CLOSE_LIMIT_S`` it is abandoned (the group then drops this member after
@@ -520,7 +532,7 @@ def close_quietly(consumer: KafkaConsumer, producer: TransactionalProducer | Non
     """
     if consumer is not None and leave:
         try:  # leave_group bounds itself; the watchdog is for a client call that never returns
-            left = call_bounded(lambda: leave_group(consumer), "consumer-leave", _LEAVE_LIMIT_S + _WATCHDOG_GRACE_S)
+            left = call_bounded(lambda: leave_group(consumer, subscribed=subscribed), "consumer-leave", _LEAVE_LIMIT_S + _WATCHDOG_GRACE_S)
         except CallAbandoned as exc:
             left = False
             logger.warning("consumer leave: %s", exc)
