@@ -30,21 +30,23 @@ step "installing the sie package and its dependencies (first run downloads torch
 step "fetching Apache Kafka from Maven Central (once per machine)"
 "$PY" -m sie kafka fetch
 
-# Optional: the observability tests need `prometheus`/`promtool` and `chromium`; without them they skip,
-# saying so. Installed from Debian's packages when this runs as root with apt-get (CI does).
-step "installing Prometheus and Chromium for the observability tests (optional)"
-if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null; then
-  echo "prometheus and chromium already installed"
+# Optional: the observability tests need `prometheus`/`promtool` and `chromium`, the network-partition tests
+# (tests/netns.py, as root) `nft`; without them they skip, saying so. Installed from Debian's packages when this
+# runs as root with apt-get (CI does).
+step "installing Prometheus and Chromium (observability tests) and nftables (partition tests) (optional)"
+if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null \
+   && command -v nft >/dev/null; then
+  echo "prometheus, chromium and nft already installed"
 elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus chromium; }
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus chromium nftables; }
   if apt_install >/tmp/sie-apt.log 2>&1 || { apt-get update -q >>/tmp/sie-apt.log 2>&1 && apt_install >>/tmp/sie-apt.log 2>&1; }; then
-    echo "installed: $(prometheus --version 2>&1 | head -1); $(chromium --version 2>&1 | head -1)"
+    echo "installed: $(prometheus --version 2>&1 | head -1); $(chromium --version 2>/dev/null | head -1); $(nft --version 2>&1)"
   else
-    echo "warning: apt-get could not install prometheus/chromium (see /tmp/sie-apt.log): their tests will skip"
+    echo "warning: apt-get could not install prometheus/chromium/nftables (see /tmp/sie-apt.log): their tests will skip"
   fi
 else
-  echo "note: prometheus/chromium not installed and apt-get is not usable here (not root?): their tests will skip;"
-  echo "      Debian/Ubuntu: sudo apt-get install prometheus chromium"
+  echo "note: prometheus/chromium/nft not installed and apt-get is not usable here (not root?): their tests will skip;"
+  echo "      Debian/Ubuntu: sudo apt-get install prometheus chromium nftables"
 fi
 
 echo

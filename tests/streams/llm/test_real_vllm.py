@@ -240,6 +240,11 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
     sampler = threading.Thread(target=running_sampler, args=(a, stop_sampling, seen_a), daemon=True)
     sampler.start()
     procs = [ScorerProcess(spec_path, boot, "k", tmp_path)]
+    began = time.monotonic()
+
+    def step(what: str) -> None:  # a timeline, printed with the failure if a later step fails
+        print(f"{time.monotonic() - began:6.1f}s {what}: {reader.count()} results", flush=True)
+
     try:
         served_before = b.metrics().get("vllm:request_success_total", 0.0)
 
@@ -252,20 +257,30 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
                                    f"before, its metrics now {b.metrics()}); the scorer: {procs[-1].output()[-3000:]}")
         b.kill()  # its running requests are cut
         killed_at = reader.count()
+        step("b killed")
         assert killed_at < 300, f"{killed_at} of the first 400 answered before b was killed: too late to prove much"
         wait_until(lambda: reader.count() >= killed_at + 80, 180,
                    message=lambda: f"80 more results on a alone (have {len(reader.records)})")
         assert f"endpoint {b.url} failed" in procs[0].output()  # ejected, with the reason
-        b.start().wait_ready()  # restarted on the same port: the pool's half-open probe brings it back
+        step("80 more on a alone")
+        b.start().wait_ready()
+        step("b restarted")  # restarted on the same port: the pool's half-open probe brings it back
         produce_requests(kafka_settings, spec.topics.requests, values[400:700])
         wait_until(lambda: b.metrics().get("vllm:request_success_total", 0.0) >= 20, 180, interval=0.5,
                    message=lambda: f"b serving the window again: {procs[-1].output()[-2000:]}")
+        step("b serves again")
         wait_until(lambda: reader.count() >= 450, 180, message=lambda: f"450 results (have {len(reader.records)})")
-        procs[0].kill()  # SIGKILL with records consumed and uncommitted, generations running
+        procs[0].kill()
+        step("scorer SIGKILLed")  # SIGKILL with records consumed and uncommitted, generations running
         procs.append(ScorerProcess(spec_path, boot, "k", tmp_path))
         produce_requests(kafka_settings, spec.topics.requests, values[700:])
-        records, dead = prove_exactly_once(kafka_settings, spec, ids, timeout=300)
-        assert _reasons(dead) == {b"schema_violation"}  # nothing dead-lettered for the dead server
+        try:
+            records, dead = prove_exactly_once(kafka_settings, spec, ids, timeout=300)
+        except AssertionError as exc:  # with what the new scorer saw of the servers
+            raise AssertionError(f"{exc}\nthe new scorer: {procs[-1].output()[-4000:]}") from exc
+        step("all answered")
+        assert _reasons(dead) == {b"schema_violation"}, [  # nothing dead-lettered for the dead server
+            (dict(m.headers() or []), m.value()[:300]) for m in dead if dict(m.headers() or [])["sie.reason"] != b"schema_violation"][:3]
         docs = [orjson.loads(r.value()) for r in records]
         assert {d["usage"]["completion_tokens"] for d in docs} == {MAX_TOKENS}
         stop_sampling.set()
