@@ -265,15 +265,32 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
         step("80 more on a alone")
         b.start().wait_ready()
         step("b restarted")  # restarted on the same port: the pool's half-open probe brings it back
-        produce_requests(kafka_settings, spec.topics.requests, values[400:700])
-        wait_until(lambda: b.metrics().get("vllm:request_success_total", 0.0) >= 20, 180, interval=0.5,
-                   message=lambda: f"b serving the window again: {procs[-1].output()[-2000:]}")
-        step("b serves again")
+        # load in steps (200, then 50s) while b is not back: the pool sends b one probe once its backoff ended, then its
+        # share; a alone answers ~100 requests/s here, and once drained 300 at once before b had answered 20
+        sent = 400
+
+        def b_serves_again() -> bool:
+            nonlocal sent
+            if b.metrics().get("vllm:request_success_total", 0.0) >= 20:
+                return True
+            if reader.count() >= sent - 10 and sent < 850:  # what was sent is answered (but its poison records)
+                step_size = 200 if sent == 400 else 50
+                produce_requests(kafka_settings, spec.topics.requests, values[sent:sent + step_size])
+                sent += step_size
+            return False
+
+        wait_until(b_serves_again, 180, interval=0.2,
+                   message=lambda: f"b serving the window again ({reader.count()} results of {sent} sent; b's "
+                                   f"metrics {b.metrics()}): {procs[-1].output()[-2000:]}")
+        step(f"b serves again ({sent} sent)")
+        if sent < 700:
+            produce_requests(kafka_settings, spec.topics.requests, values[sent:700])
+            sent = 700
         wait_until(lambda: reader.count() >= 450, 180, message=lambda: f"450 results (have {len(reader.records)})")
         procs[0].kill()
         step("scorer SIGKILLed")  # SIGKILL with records consumed and uncommitted, generations running
         procs.append(ScorerProcess(spec_path, boot, "k", tmp_path))
-        produce_requests(kafka_settings, spec.topics.requests, values[700:])
+        produce_requests(kafka_settings, spec.topics.requests, values[sent:])
         try:
             records, dead = prove_exactly_once(kafka_settings, spec, ids, timeout=300)
         except AssertionError as exc:  # with what the new scorer saw of the servers
@@ -285,8 +302,15 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
         assert {d["usage"]["completion_tokens"] for d in docs} == {MAX_TOKENS}
         stop_sampling.set()
         sampler.join(10)
-        # the window kept a at its own concurrency: 8 generations running at once, never more
-        assert seen_a and max(r for r, _w in seen_a) == SLOTS, seen_a[-20:]
+        # the window never sent a more than its concurrency: nothing ever queued behind a's 8 slots (running +
+        # waiting <= 8), and it sent a several at once (at least half of them running together).  How full it kept
+        # them is a throughput figure, measured by bench/bench_llm.py against direct clients: here each answer is
+        # MAX_TOKENS engine steps (~0.1 s), the same order as the time from one answer to its successor's start, and
+        # samples every 0.2 s saw at most 6-8 running in different runs.
+        running = sorted({r for r, _w in seen_a})
+        print("a's running generations, as sampled:", running, "the most in flight:", max(seen_a, key=sum))
+        assert seen_a and max(r + w for r, w in seen_a) <= SLOTS, (max(seen_a, key=sum), running)
+        assert max(running) >= SLOTS // 2, running
         assert procs[-1].terminate() == 0, procs[-1].output()[-2000:]
     finally:
         stop_sampling.set()
