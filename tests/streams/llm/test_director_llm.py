@@ -1,5 +1,5 @@
 """The traffic director on the LLM window: two endpoints, one slowed (it runs 8 requests at a time, 80 ms
-each: 100/s), a paced load of 240 requests/s split by key.  Within 8 s of the start the director shifts half the
+each: 100/s), a paced load of 240 requests/s split by key.  Within 8 s of the start the director shifts 70 % of the
 slow endpoint's weight away (it is hot: slots > 85 % busy, > 50 requests waiting), the slow endpoint's
 queue drains and its p99 recovers (and the p99 of all answers with it), and every request has exactly one
 committed answer.
@@ -19,10 +19,11 @@ from tests.helpers import wait_until
 from tests.llm_fixtures import Harness, ids, question, sglang_answer
 
 RATE, SECONDS, PARTITIONS = 240, 14.0, 4
-# one shift of half its weight leaves the slowed endpoint a third of 240/s: 80/s, a fifth under its 100/s, so its
-# queue drains after the first decision even on a starved machine (at the default 30 % it would get 99/s, its
-# capacity to the request, and drain only after a second shift: in CI at load ~30 it had not, 14 s in)
-DIRECTOR = {"sustain_s": 1, "hold_s": 2, "restore_after_s": 600, "shift_fraction": 0.5}
+# one shift of 70 % of its weight leaves the slowed endpoint 0.3/1.3 of 240/s: 55/s, under its 100/s by enough that
+# its queue drains after the first decision even on a starved machine, where its 8 sleeping threads wake late (at
+# the default 30 % it would get 99/s and drain only after a second shift: in CI at load ~30 it had not, 14 s in; at
+# 50 % it got 80/s, and a dry run beside four busy workers ended with its p99 at 754 ms from 1,029)
+DIRECTOR = {"sustain_s": 1, "hold_s": 2, "restore_after_s": 600, "shift_fraction": 0.7}
 
 
 def p99(values):
