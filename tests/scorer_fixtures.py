@@ -317,16 +317,22 @@ def produce_requests(settings, topic: str, values: list[tuple[bytes | None, byte
     produce_to(settings, topic, ((key, value, None) for key, value in values))
 
 
-def group_members(settings, group_id: str) -> int:
-    """Members of a consumer group now (0 if it can't be described yet)."""
+def group_assignment(settings, group_id: str) -> dict[str, list[int]]:
+    """group.instance.id (else member id) -> the partitions it owns now ({} while the group is unreadable)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(settings.kafka_client_config())
     try:
         desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result(timeout=10)
-        return len(desc.members)
     except Exception:
-        return 0
+        return {}
+    return {(m.group_instance_id or m.member_id): sorted(tp.partition for tp in m.assignment.topic_partitions)
+            for m in desc.members}
+
+
+def group_members(settings, group_id: str) -> int:
+    """Members of a consumer group now (0 if it can't be described yet)."""
+    return len(group_assignment(settings, group_id))
 
 
 # --- in-process scorer and the exactly-once proof (the scorer Kafka tests) ------------------------------

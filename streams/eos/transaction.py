@@ -506,8 +506,9 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
     try:
         while subscribed and not consumer.memberid() and clock() < deadline:
             consumer.poll(poll_s)  # the JoinGroup's answer; a record it returns is dropped (never committed)
-        # also when it is no member right now: after a lost session librdkafka is joining again, and that join
-        # would complete with an assignment (a stalled scorer was handed partitions back that way, issue 27)
+        # unsubscribed also when still no member (a stall's leave, or the bound above ran out): after a lost
+        # session librdkafka is joining again, and that join would complete with an assignment (a stalled
+        # scorer was handed partitions back that way, issue 27)
         consumer.unsubscribe()
         while consumer.memberid():
             if clock() >= deadline:

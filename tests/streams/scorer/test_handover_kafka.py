@@ -27,6 +27,7 @@ from tests.scorer_fixtures import (
     LoggedProcess,
     ScorerThread,
     echo_spec,
+    group_assignment,
     prove_exactly_once,
     topics_for,
 )
@@ -36,19 +37,6 @@ pytestmark = pytest.mark.kafka
 
 SESSION_MS = 10_000  # ScorerConfig's default: what a static member's partitions waited after a planned stop
 PARTITIONS = 6
-
-
-def group_assignment(settings, group_id: str) -> dict[str, list[int]]:
-    """group.instance.id (else member id) -> the partitions it owns now ({} while the group is unreadable)."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient(settings.kafka_client_config())
-    try:
-        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result(timeout=10)
-    except Exception:
-        return {}
-    return {(m.group_instance_id or m.member_id): sorted(tp.partition for tp in m.assignment.topic_partitions)
-            for m in desc.members}
 
 
 def test_a_scorer_stopped_on_purpose_hands_its_partitions_over_far_within_the_session_timeout(kafka_settings):
