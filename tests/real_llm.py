@@ -181,6 +181,21 @@ class VLLMServer:
             except ProcessLookupError:
                 pass
 
+    def pause(self) -> None:
+        """SIGSTOP the whole server (API server and engine core): a stall. The kernel still accepts its
+        connections and holds what is sent, nothing is answered until ``resume``: what a hung GPU, a long pause or
+        a starved host looks like from a client, on any machine (unlike a lower CPU priority, whose effect depends
+        on how busy the machine is)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
     def renice(self, niceness: int) -> None:
         """Give the whole server (API server, engine) this CPU priority: 19 makes it a slow server on a busy
         machine, 0 restores it."""

