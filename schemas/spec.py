@@ -93,6 +93,10 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):  # `? - a` / `? {a: 1}`: a list or mapping as a key
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a plain name, not a list or a mapping (a `?` before a list item?)",
+                key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
         line = key_node.start_mark.line + 1
         if key in seen:

@@ -235,6 +235,15 @@ def test_duplicate_yaml_key_is_an_error(tmp_path):
         load_spec(path)
 
 
+@pytest.mark.parametrize("key", ["? - name: score\n  : 1\n", "? {a: 1}\n  : 1\n"])
+def test_a_list_or_mapping_as_a_yaml_key_is_an_error_naming_the_line(tmp_path, key):
+    """Found by the fuzz test: ``? - name: score`` (a ``?`` before a list item) made the duplicate-key check
+    raise TypeError (unhashable list), not a spec error."""
+    path = _write(tmp_path, "name: a\nversion: '1'\nbackend: sglang\nslas:\n  " + key)
+    with pytest.raises(SpecError, match=r"line 5.*a key must be a plain name"):
+        load_spec(path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(SpecError, match="cannot read"):
         load_spec(tmp_path / "nope.yaml")
