@@ -185,10 +185,10 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_stalls(servers,
     topics_for(kafka_settings, spec)
     scorer = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "d", tmp_path, "--metrics-port", str(port))
     before = {name: servers[name].metrics().get("vllm:request_success_total", 0.0) for name in ("a", "b")}
-    n = 240
+    n = 150
     values = [(f"k{i}".encode(), orjson.dumps({"id": f"r{i}", "inputs": {"question": f"q {i}"}})) for i in range(n)]
 
-    def produce_paced() -> None:  # 3 records every 0.5 s for 40 s: pacing the load, not waiting for anything
+    def produce_paced() -> None:  # 3 records every 0.5 s for 25 s: pacing the load, not waiting for anything
         for i in range(0, n, 3):
             produce_requests(kafka_settings, spec.topics.requests, values[i:i + 3])
             time.sleep(0.5)
