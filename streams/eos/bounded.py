@@ -56,11 +56,12 @@ class _Job:
             self.done.set()
 
     def outcome(self, what: str, started: float, limit_s: float, stop: threading.Event | None,
-                clock: Callable[[], float]) -> Any:
+                clock: Callable[[], float], deadline_of: Callable[[], float] | None = None) -> Any:
         """The call's value (or its exception, re-raised here); ``CallAbandoned`` once ``limit_s`` passed since
-        ``started`` or on ``stop``."""
-        deadline = started + limit_s
+        ``started`` (or, with ``deadline_of``, once the clock passed the deadline it gives now: a call made of
+        steps moves it at each step) or on ``stop``."""
         while not self.done.is_set():
+            deadline = started + limit_s if deadline_of is None else deadline_of()
             left = deadline - clock()
             if left <= 0:
                 raise CallAbandoned(what, clock() - started, stopped=False)
@@ -87,13 +88,14 @@ class Pending:
     ``limit_s`` counts from the start, not from ``result``: a caller may do other work first (pipelined
     commits prepare the next batch meanwhile)."""
 
-    __slots__ = ("_job", "_what", "_started", "_limit_s", "_clock", "_worker", "_jobs")
+    __slots__ = ("_job", "_what", "_started", "_limit_s", "_clock", "_worker", "_jobs", "_deadline_of")
 
     def __init__(self, job: _Job, what: str, limit_s: float, clock: Callable[[], float], worker: BoundedWorker,
-                 jobs: queue.SimpleQueue[_Job | None]) -> None:
+                 jobs: queue.SimpleQueue[_Job | None], deadline_of: Callable[[], float] | None = None) -> None:
         self._job, self._what, self._limit_s, self._clock = job, what, limit_s, clock
         self._started = clock()
         self._worker, self._jobs = worker, jobs
+        self._deadline_of = deadline_of
 
     def done(self) -> bool:
         return self._job.done.is_set()
@@ -105,7 +107,7 @@ class Pending:
     def result(self, stop: threading.Event | None = None) -> Any:
         """The call's value (or its exception); ``CallAbandoned`` after ``limit_s`` or on ``stop``."""
         try:
-            return self._job.outcome(self._what, self._started, self._limit_s, stop, self._clock)
+            return self._job.outcome(self._what, self._started, self._limit_s, stop, self._clock, self._deadline_of)
         except CallAbandoned:
             self._worker._forget(self._jobs)
             raise
@@ -127,15 +129,17 @@ class BoundedWorker:
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[[], Any], what: str, limit_s: float,
-               clock: Callable[[], float] = time.monotonic) -> Pending:
-        """Start ``fn`` on the worker's thread; its outcome comes from the returned ``Pending``."""
+               clock: Callable[[], float] = time.monotonic,
+               deadline_of: Callable[[], float] | None = None) -> Pending:
+        """Start ``fn`` on the worker's thread; its outcome comes from the returned ``Pending`` (given up after
+        ``limit_s``, or at the deadline ``deadline_of()`` gives at each look when set)."""
         job = _Job(fn)
         with self._lock:
             jobs = self._jobs
             if jobs is None:
                 jobs = self._jobs = queue.SimpleQueue()
                 threading.Thread(target=_serve, args=(jobs,), name=f"bounded-{self._name}", daemon=True).start()
-            pending = Pending(job, what, limit_s, clock, self, jobs)
+            pending = Pending(job, what, limit_s, clock, self, jobs, deadline_of)
             jobs.put(job)
         return pending
 

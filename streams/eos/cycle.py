@@ -364,7 +364,7 @@ class ExactlyOnce:
     def _wait(self, pending: PendingCall) -> None:
         """``pending.result()``; meanwhile, past ``stall_s`` without a commit, ``on_stalled`` (module docstring):
         a commit that hangs on an unreachable coordinator is given up by the watchdog only after
-        ``hang_limit_s`` per call (50 s for offsets + commit), the partitions should move on before that."""
+        ``hang_limit_s`` (25 s) from the start of the call that hangs, the partitions should move on before that."""
         stall_s = self._limits.stall_s
         if self._on_stalled is not None and stall_s is not None:
             while not pending.wait(_STALL_TICK_S):
