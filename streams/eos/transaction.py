@@ -262,8 +262,8 @@ class TransactionalProducer:
         The steps of one commit go together: one handoff to that thread per commit, not one per call (each
         handoff waits for the GIL while the loop thread prepares the next batch); each step gets
         ``hang_limit_s`` from its own start (a hung ``send_offsets_to_transaction`` is given up after 25 s, not
-        after the 50 s of both steps: in the fault campaign's broker freeze that was the difference between
-        scoring again 36 s and 62 s after the freeze)."""
+        after the 50 s of both steps: in a run of the fault campaign's broker freeze, that 50 s wait stalled
+        scoring 62 s, past the campaign's 60 s bound)."""
         current = [steps[0][1]]
         deadline = [time.monotonic() + self._hang_limit_s]
 

@@ -141,7 +141,7 @@ def test_a_commit_whose_send_offsets_hangs_is_abandoned_naming_that_call(release
     with pytest.raises(ProducerHung, match="send_offsets_to_transaction: no answer"):
         tp.commit([TopicPartition("t", 0, 5)], object())
     # each step gets one call's limit from its own start: the hung first step is given up after one limit, not
-    # after both steps' (a broker freeze in the fault campaign: scoring again 36 s after it instead of 62 s);
+    # after both steps' (a broker freeze in the fault campaign: a 50 s wait stalled scoring 62 s, past its bound);
     # commit_transaction never ran
     took = time.monotonic() - started
     assert limit_s <= took < within(limit_s) and fake.committed == 1, took
