@@ -275,9 +275,8 @@ class TransactionalProducer:
             if then is not None:
                 then()
 
-        limit_s = self._hang_limit_s * len(steps)
-        return PendingCall(self._watchdog.submit(run, "txn", limit_s, deadline_of=lambda: deadline[0]), current,
-                           self._hang_limit_s)
+        return PendingCall(self._watchdog.submit(run, "txn", self._hang_limit_s, deadline_of=lambda: deadline[0]),
+                           current, self._hang_limit_s)
 
     def _guarded(self, *steps: tuple[Callable[[], Any], str]) -> None:
         """``_start_guarded`` and wait: not stop-aware on purpose (a stop request lets the current batch

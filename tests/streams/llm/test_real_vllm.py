@@ -164,16 +164,16 @@ def test_quotas_on_real_vllm_delay_or_reject_the_greedy_caller_with_real_token_c
 
 @pytest.mark.timeout(600)
 def test_the_director_shifts_weight_away_from_a_real_server_that_stalls(servers, kafka_settings, tmp_path):
-    """Two servers, 8 slots each, a paced load keyed evenly (6 requests/s of MAX_TOKENS tokens: a quarter of
-    what one server answers on 2 loaded cores).  Server ``b`` stalls (``pause``: SIGSTOP of its API server and
+    """Two servers, 8 slots each, a paced load keyed evenly (6 requests/s of MAX_TOKENS tokens: a fifth or
+    less of what one server answers on 2 loaded cores, 29-53/s in bench/results/llm_vllm.txt).  Server ``b`` stalls (``pause``: SIGSTOP of its API server and
     engine; its connections stay open, so it is not ejected): its preferred keys fill its 8 slots and stay there
     (hot: utilisation 100 %, 8 in flight) while ``a`` takes the overflow with room to spare, so the director
     lowers ``b``'s weight.  ``b`` resumes once the decision is logged; every request is answered exactly once.
 
     Why a stall and not a slower server: with a server running 1 generation at a time at nice 19, a loaded 2-core
     CI machine showed the slowed server with nothing in flight (0 %/0: most likely starved until its requests
-    timed out and ejected) and the fast server, given the whole load, as the hot one.  A stopped process is hot on any machine, and the stall is bounded by
-    the decision (a few seconds), far inside the read timeout."""
+    timed out and ejected) and the fast server, given the whole load, as the hot one.  A stopped process is hot
+    on any machine, and the stall is bounded by the decision (a few seconds), far inside the read timeout."""
     a, b = servers["a"], servers["b"]
     director = {"sustain_s": 1, "hold_s": 2, "hot_queue": 4, "cool_queue": 2, "restore_after_s": 600}
     port = free_port()
