@@ -32,6 +32,7 @@ from sie.streams.eos.errors import (
     ConsumerFatal,
     EosError,
     Fenced,
+    OutcomeUnknown,
     ProducerFatal,
     ProducerHung,
     RecordRejected,
@@ -46,7 +47,7 @@ from sie.streams.eos.windowed import WindowedProcessor
 
 __all__ = [
     "BatchOutcome", "BatchProcessor", "BatchStatus", "BatchTimes", "Checkpoint", "ConsumerFatal", "EosError", "EosLimits", "EosObserver",
-    "ExactlyOnce", "Fenced", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RangeRun", "RecordRejected",
+    "ExactlyOnce", "Fenced", "OutcomeUnknown", "Output", "Prepared", "ProducerFatal", "ProducerHung", "RangeRun", "RecordRejected",
     "RetryLater", "StageSettings", "StopRequest", "StreamLoop", "Throttle", "TransactionalProducer", "TxnAbortable",
     "WindowedProcessor", "close_quietly", "PIPELINED_DEFAULT", "leaves_group", "rewind", "safe_headers", "start_producer",
 ]

@@ -41,10 +41,16 @@ The rules that keep it exactly once:
 Failure -> what happens (the batch is never half-visible), the same in both modes:
 
 * ``TxnAbortable``  -> ``abort_transaction()``, rewind to the committed offsets, the batch is read again;
-* ``ProducerFatal`` -> re-create the producer (``init_transactions`` fences/aborts the old one), rewind;
-  ``fatal_limit`` in a row -> ``Fenced`` (almost always two live processes sharing one
-  ``transactional.id``).  ``ProducerHung`` (a call that never answered: broker down) is re-created the
-  same way but is not counted: re-creation retries until the broker is back, or ``stop`` is set;
+  an abort that fails in any way is an ``OutcomeUnknown`` (below);
+* ``OutcomeUnknown`` (send_offsets, commit or abort timed out, refused, hung past the watchdog:
+  ``ProducerHung``, or an unclassified error) -> THE ONE RULE: no abort, no re-send; the producer is
+  closed and a new one with the same ``transactional.id`` runs ``init_transactions`` (it fences the old
+  epoch, and the coordinator completes or aborts the pending transaction before it answers), then the
+  consumer's positions are set from the committed offsets read back from the broker (``rewind``:
+  require_stable, a partition answered with an error is asked again); not counted as fencing;
+  re-creation retries until the broker is back, or ``stop`` is set;
+* ``ProducerFatal`` -> re-create the producer and rewind the same way; ``fatal_limit`` in a row ->
+  ``Fenced`` (almost always two live processes sharing one ``transactional.id``);
 * ``RetryLater`` (e.g. the scorer's ``BackendUnavailable``) while preparing -> rewind, back off (doubling,
   capped), and the same records come again: an outage never becomes dead letters;
 * ``RecordRejected`` (one output too large for ``message.max.bytes``, an unknown partition) -> the stage's
@@ -86,8 +92,8 @@ from sie.streams.eos.deadletter import DEAD_LETTER, fit, minimal
 from sie.streams.eos.errors import (
     EosError,
     Fenced,
+    OutcomeUnknown,
     ProducerFatal,
-    ProducerHung,
     RecordRejected,
     RetryLater,
     TxnAbortable,
@@ -418,11 +424,17 @@ class ExactlyOnce:
             self._on_stalled(f"nothing committed for {stalled_s:.0f}s, the last batch failed: {exc}")
         if isinstance(exc, TxnAbortable):
             log.warning("transaction aborted: %s", exc)
-            self._abort(first)
-            return BatchStatus.ABORTED
-        # a hang means "broker down", not "fenced"; nor does a fatal error of a transaction open longer than its
-        # timeout: its coordinator aborted it and bumped the producer's epoch (the stage was partitioned or slow)
-        if not isinstance(exc, ProducerHung) and not self._timed_out(txn):
+            return self._abort(first)
+        if isinstance(exc, OutcomeUnknown):
+            # the one rule: never abort and re-send what may have committed; a new producer's init_transactions
+            # settles the transaction, then the positions come from the broker's committed offsets
+            log.warning("transaction outcome unknown (%s): re-creating the producer, then resuming from the "
+                        "committed offsets", exc)
+            self._restart(first)
+            return BatchStatus.PRODUCER_RESTARTED
+        # nor does a fatal error of a transaction open longer than its timeout count as "fenced": its coordinator
+        # aborted it and bumped the producer's epoch (the stage was partitioned or slow)
+        if not self._timed_out(txn):
             self._fatal_streak += 1
         if self._fatal_streak >= self._limits.fatal_limit:
             raise Fenced(
@@ -437,21 +449,22 @@ class ExactlyOnce:
         """Whether ``txn`` was open longer than ``transaction.timeout.ms`` (so its coordinator may have aborted it)."""
         return txn.opened_at is not None and self._clock() - txn.opened_at >= self.producer.transaction_timeout_s
 
-    def _abort(self, first: dict[tuple[str, int], int]) -> None:
+    def _abort(self, first: dict[tuple[str, int], int]) -> BatchStatus:
         self.aborts += 1
         self._observer.aborted()
         started = self._clock()
         try:
             self.producer.abort()
-        except ProducerFatal as exc:
-            log.error("abort failed (%s); re-creating the producer", exc)
+        except ProducerFatal as exc:  # OutcomeUnknown: refused (maybe committing), timed out, hung
+            log.error("abort failed (%s); its outcome is unknown: re-creating the producer", exc)
             self._restart(first)
-            return
+            return BatchStatus.PRODUCER_RESTARTED
         aborted = self._clock()
         self._rewind(first)
         # what a failed batch cost its partitions beyond the failure itself (the partition campaign reads it)
         log.info("aborted in %.2fs, %d partition(s) rewound to their committed offsets in %.2fs",
                  aborted - started, len(first), self._clock() - aborted)
+        return BatchStatus.ABORTED
 
     def _restart(self, first: dict[tuple[str, int], int]) -> None:
         self.producer_restarts += 1

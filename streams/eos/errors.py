@@ -34,13 +34,17 @@ class ProducerFatal(EosError):
     """The transactional producer must be closed and re-created."""
 
 
-class ProducerHung(ProducerFatal):
-    """A transaction call gave no answer in time (coordinator down, librdkafka #5456).
+class OutcomeUnknown(ProducerFatal):
+    """Whether the open transaction committed is unknown (module docstring: the one rule).
 
-    Handled like any fatal error (the producer is abandoned and re-created), but it is a
-    symptom of an unreachable broker, not of fencing: it does not count towards the
-    "another live process uses our transactional.id" limit.
+    Handled like a fatal error (the producer is closed and re-created, the positions are read back from the
+    broker), but it is a symptom of an unreachable or slow broker, not of fencing: it does not count towards
+    the "another live process uses our transactional.id" limit.
     """
+
+
+class ProducerHung(OutcomeUnknown):
+    """A transaction call gave no answer in time (coordinator down, librdkafka #5456): an unknown outcome."""
 
 
 class RetryLater(EosError):

@@ -32,12 +32,15 @@ committed offsets in short, stop-aware tries; ``close_quietly`` bounds
 ``Consumer.close()``, which takes no timeout.
 
 Errors (``call``): ``retriable()`` -> the same call again, a bounded number of
-times; ``txn_requires_abort()`` -> ``TxnAbortable``; ``fatal()`` ->
-``ProducerFatal``; an authorization failure (a missing ACL) -> ``NotAuthorized``
-(``sie.kernel.authz``), which stops the stage: no retry can add the ACL.  After an abort or a producer re-creation the consumer is
-rewound to the *committed* offsets (``rewind``), read back from Kafka, because
-after an unknown commit outcome (timeout, fencing) only Kafka knows whether the
-batch made it.
+times (librdkafka resumes the same operation); ``txn_requires_abort()`` -> ``TxnAbortable``
+(the transaction cannot commit: abort it); ``fatal()`` -> ``ProducerFatal``; an
+authorization failure (a missing ACL) -> ``NotAuthorized`` (``sie.kernel.authz``), which
+stops the stage: no retry can add the ACL.  Anything else from ``send_offsets_to_transaction``,
+``commit_transaction`` or ``abort_transaction`` (retries used up, refused, unclassified) and
+any failure of an abort is ``OutcomeUnknown``: the transaction may have committed, so it is
+never aborted and re-sent; the producer is re-created (``init_transactions`` settles it) and
+the consumer is rewound to the *committed* offsets (``rewind``), read back from Kafka.  After
+an abort, too, only Kafka's committed offsets say where to resume.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from sie.kernel.authz import from_kafka_error
 from sie.kernel.consumer import KafkaConsumer
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import BoundedWorker, CallAbandoned, Pending, call_bounded
-from sie.streams.eos.errors import ProducerFatal, ProducerHung, RecordRejected, TxnAbortable
+from sie.streams.eos.errors import OutcomeUnknown, ProducerFatal, ProducerHung, RecordRejected, TxnAbortable
 
 log = logging.getLogger("sie.eos")
 
@@ -79,25 +82,33 @@ _OPERATION = {"send_offsets_to_transaction": "READ", "commit_transaction": "WRIT
               "abort_transaction": "WRITE"}
 
 
+#: the calls after which a transaction may have committed without SIE knowing it: an error of theirs that
+#: librdkafka does not classify as abortable or fatal (retries used up, refused, unclassified) is an
+#: ``OutcomeUnknown`` (the one rule, ``sie.streams.eos.cycle``), never an abort
+UNKNOWN_OUTCOME_CALLS = frozenset({"send_offsets_to_transaction", "commit_transaction", "abort_transaction"})
+
+
 def call(fn: Callable[[], Any], what: str, attempts: int, backoff_s: float,
          sleep: Callable[[float], Any] = time.sleep) -> Any:
-    """Run one Kafka call with the documented error policy (see module docstring)."""
+    """Run one Kafka call with the documented error policy (see module docstring and the table in
+    docs/reliability.md).  The happy path is the bare call: classification runs only on an error."""
     for attempt in range(1, attempts + 1):
         try:
             return fn()
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if err is None:
-                raise TxnAbortable(f"{what}: {exc}") from exc
-            if err.fatal():
+            if err is not None and err.fatal():
                 raise ProducerFatal(f"{what}: {err.str()} (fatal)") from exc
-            if err.txn_requires_abort():
+            if err is not None and err.txn_requires_abort():
                 raise TxnAbortable(f"{what}: {err.str()}") from exc
-            if err.retriable() and attempt < attempts:
+            if err is not None and err.retriable() and attempt < attempts:
                 log.warning("%s: %s (retriable, attempt %d/%d)", what, err.str(), attempt, attempts)
                 sleep(backoff_s * attempt)
                 continue
-            raise TxnAbortable(f"{what}: {err.str()} (after {attempt} attempt(s))") from exc
+            problem = f"{what}: {err.str() if err is not None else exc} (after {attempt} attempt(s))"
+            if what in UNKNOWN_OUTCOME_CALLS:
+                raise OutcomeUnknown(f"{problem}; whether the transaction committed is unknown") from exc
+            raise TxnAbortable(problem) from exc
     raise AssertionError("unreachable")
 
 
@@ -337,12 +348,16 @@ class TransactionalProducer:
         self.start_commit(offsets, group_metadata).result()
 
     def abort(self) -> None:
-        """Abort the open transaction; any failure here means the producer must be re-created."""
+        """Abort the open transaction.  Any failure here (refused, timed out, hung, fatal) is an
+        ``OutcomeUnknown``: the producer must be re-created, and a refusal may mean the coordinator is
+        committing it (INVALID_TXN_STATE after a commit whose answer was lost)."""
         try:
             producer = self._producer
             self._guarded((lambda: producer.abort_transaction(_TXN_CALL_TIMEOUT_S), "abort_transaction"))
-        except TxnAbortable as exc:
-            raise ProducerFatal(str(exc)) from exc
+        except OutcomeUnknown:
+            raise
+        except (TxnAbortable, ProducerFatal) as exc:
+            raise OutcomeUnknown(f"{exc}; whether the transaction committed is unknown") from exc
 
     def poll(self) -> None:
         self._producer.poll(0)
@@ -432,9 +447,13 @@ def rewind(consumer: KafkaConsumer, first_offsets: dict[tuple[str, int], int], s
            backoff_s: float = 0.1) -> bool:
     """Seek the batch's partitions back to the group's committed offsets.
 
-    The committed offset (not our own bookkeeping) is the truth after an abort or
-    an unknown commit outcome.  A partition never committed falls back to the
-    batch's first offset (nothing of it was committed).  Partitions no longer
+    The committed offset read back from the broker (not our own bookkeeping) is the truth after an abort
+    or an unknown commit outcome.  The consumer is read_committed (``sie.kernel.clients``), so librdkafka
+    asks with ``require_stable``: an offset still pending in an open transaction is not answered until that
+    transaction ends.  A partition the broker answers for with an error (coordinator moving, an offset still
+    unstable) is asked again, never guessed: falling back to the batch's first offset there would score again
+    a batch whose transaction committed.  Only a partition the broker says was never committed (no offset,
+    no error) falls back to the batch's first offset (nothing of it was committed).  Partitions no longer
     assigned are skipped: their new owner reads from the committed offset.
     Retries (short, bounded tries, backoff capped at 5 s) while the coordinator is unreachable;
     returns False only if asked to stop.
@@ -448,7 +467,10 @@ def rewind(consumer: KafkaConsumer, first_offsets: dict[tuple[str, int], int], s
         try:
             committed = call_bounded(lambda: consumer.committed(tps, timeout=_COMMITTED_TRY_S), "committed",
                                      _COMMITTED_TRY_S + _WATCHDOG_GRACE_S, stop)
-            break
+            failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in committed if tp.error is not None]
+            if not failed:
+                break
+            log.warning("committed(): %s; asking again before rewinding", ", ".join(failed))
         except CallAbandoned as exc:
             if exc.stopped:
                 return False
