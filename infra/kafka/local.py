@@ -208,6 +208,9 @@ class LocalKafka:
     <its namespace>``).  Its ports are then not checked here (they are free in its own namespace; a
     broker that cannot bind exits and ``up`` quotes its log), and ``up``/``start_broker`` probe the
     brokers from the calling thread's network, so call them from where the hosts are reachable.
+
+    ``properties(node, props)``: the node's ``server.properties`` as they will be written (tests: a second
+    listener that advertises a fault-injecting proxy, tests/kafka_proxy.py).
     """
 
     def __init__(
@@ -220,6 +223,7 @@ class LocalKafka:
         secure: bool = False,
         hosts: Sequence[str] = (),
         launcher: Callable[[NodeLayout], Sequence[str]] | None = None,
+        properties: Callable[[NodeLayout, dict[str, str]], dict[str, str]] | None = None,
         detach: bool = True,
         echo: Echo = _quiet,
         clock: Clock = time.monotonic,
@@ -229,6 +233,7 @@ class LocalKafka:
         self.data_dir = Path(data_dir or settings.kafka_data_dir).resolve()
         self._requested = ClusterLayout(brokers, base_port, self.data_dir, tuple(hosts))
         self._launcher = launcher
+        self._properties = properties
         self._secure_requested = secure
         self.security = SecurityFiles(self.data_dir / "secrets")
         self._detach = detach
@@ -474,6 +479,8 @@ class LocalKafka:
         for node in nodes:
             node.logs_dir.mkdir(parents=True, exist_ok=True)
             props = layout.server_properties(node)
+            if self._properties is not None:
+                props = self._properties(node, props)
             if state.secure:
                 props.update(secure_server_properties(self.security, node.broker_port, node.controller_port, node.host))
             _write_private_text(node.properties_file, render_properties(props))  # holds the admin's password
