@@ -6,7 +6,8 @@ levelled like every other SIE log) and not as hundreds of ``%3|...|FAIL|`` lines
 
 WHY a de-duplicating filter: librdkafka repeats the same connect failure every reconnect backoff for
 every client; one line per distinct message per minute says everything (the count of the ones held back
-is added to the next line that passes).  confluent-kafka hands each line to the logger as
+is added to the next line that passes); debug lines (SIE_KAFKA_DEBUG) pass unfiltered: they were asked for.
+confluent-kafka hands each line to the logger as
 ``log(level, "%s [%s] %s", facility, client name, message)`` from the client's ``poll()``.
 """
 
@@ -38,6 +39,8 @@ class RepeatFilter(logging.Filter):
         self.suppressed = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:  # SIE_KAFKA_DEBUG's lines: asked for, every one of them kept
+            return True
         args = record.args if isinstance(record.args, tuple) else ()
         text = str(args[-1]) if args else record.getMessage()
         facility = str(args[0]) if len(args) >= 3 else ""
@@ -58,9 +61,13 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def kafka_logger() -> logging.Logger:
-    """The ``sie.kafka`` logger, with its repeat filter installed once."""
+def kafka_logger(debug: bool = False) -> logging.Logger:
+    """The ``sie.kafka`` logger, with its repeat filter installed once.  ``debug`` (SIE_KAFKA_DEBUG set): the
+    logger lets librdkafka's debug lines (syslog level 7, logged at DEBUG) through whatever level the command's
+    logging set for it, so they reach the process's log."""
     logger = logging.getLogger(LOGGER_NAME)
     if not any(isinstance(f, RepeatFilter) for f in logger.filters):
         logger.addFilter(RepeatFilter())
+    if debug and logger.level != logging.DEBUG:
+        logger.setLevel(logging.DEBUG)
     return logger

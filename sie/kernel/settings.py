@@ -26,6 +26,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sie.kernel.names import Names
 
+#: librdkafka's debug contexts (CONFIGURATION.md, ``debug``): what SIE_KAFKA_DEBUG may name
+KAFKA_DEBUG_CONTEXTS = frozenset({
+    "generic", "broker", "topic", "metadata", "feature", "queue", "msg", "protocol", "cgrp", "security", "fetch",
+    "interceptor", "plugin", "consumer", "admin", "eos", "mock", "assignor", "conf", "telemetry", "all"})
+
 #: the demo's model package (examples/models/fraud): the only code a spec may name out of the box
 DEFAULT_ALLOWED_MODULES = ("models.fraud",)
 #: paths of the control API that may be served without a token when an operator asks for it
@@ -119,6 +124,12 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="librdkafka properties whose values are secrets, as JSON "
                     "(SIE_KAFKA_SECRETS='{\"sasl.oauthbearer.client.secret\":\"...\"}'); never shown.",
+    )
+    kafka_debug: str | None = Field(
+        None,
+        description="librdkafka debug contexts for every Kafka client of this process, comma-separated "
+                    "(SIE_KAFKA_DEBUG=eos,protocol): their lines go to the process's log (logger sie.kafka, "
+                    "DEBUG), unfiltered.  For reading an incident, not for steady operation (volume).",
     )
     # An agent's workers may run as another Kafka principal than the agent itself (least privilege:
     # the agent needs no access to model topics, the scorer none to the assignments topic).
@@ -379,6 +390,19 @@ class Settings(BaseSettings):
                 raise ValueError(f"SIE_API_PUBLIC_PATHS: {path!r} cannot be public; choose from {', '.join(PUBLIC_PATH_CHOICES)}")
         return value
 
+    @field_validator("kafka_debug")
+    @classmethod
+    def _check_kafka_debug(cls, value: str | None) -> str | None:
+        """An allow-list of librdkafka's debug contexts: a typo would otherwise fail every client at creation."""
+        if value is None or not value.strip():
+            return None
+        contexts = [c.strip() for c in value.split(",") if c.strip()]
+        unknown = sorted(set(contexts) - KAFKA_DEBUG_CONTEXTS)
+        if unknown:
+            raise ValueError(f"SIE_KAFKA_DEBUG: unknown librdkafka debug context(s) {unknown}; choose from "
+                             f"{', '.join(sorted(KAFKA_DEBUG_CONTEXTS))} (e.g. eos,protocol)")
+        return ",".join(contexts)
+
     @field_validator("kafka_extra", mode="before")
     @classmethod
     def _parse_extra(cls, value: Any) -> Any:
@@ -390,11 +414,15 @@ class Settings(BaseSettings):
         """librdkafka configuration shared by every producer, consumer and admin client.
 
         ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
-        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw.
+        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw;
+        ``kafka_debug`` (SIE_KAFKA_DEBUG) adds librdkafka's ``debug`` contexts, logged at DEBUG.
         """
         from sie.kernel.kafka_log import kafka_logger
 
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger()}
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers,
+                                  "logger": kafka_logger(debug=self.kafka_debug is not None)}
+        if self.kafka_debug is not None:  # SIE_KAFKA_DEBUG: librdkafka's debug lines in this process's log
+            config["debug"] = self.kafka_debug
         passthrough = {
             "security.protocol": self.security_protocol,
             "sasl.mechanism": self.sasl_mechanism,

@@ -32,3 +32,52 @@ def test_every_client_config_routes_logs_to_sie_kafka():
     logger = Settings().kafka_client_config()["logger"]
     assert logger is kafka_logger() and logger.name == "sie.kafka"
     assert sum(isinstance(x, RepeatFilter) for x in logger.filters) == 1  # installed once
+
+
+def test_sie_kafka_debug_puts_librdkafka_debug_lines_in_the_process_log(monkeypatch, caplog):
+    """SIE_KAFKA_DEBUG=eos,protocol: every client asks librdkafka for those contexts, and its debug lines (level
+    7, logged at DEBUG) pass the repeat filter and the logger's level: an incident can be read afterwards."""
+
+
+    logger = logging.getLogger("sie.kafka")
+    saved = logger.level
+    logger.setLevel(logging.WARNING)  # what `sie score --log-level info` sets
+    try:
+        _debug_lines_logged(monkeypatch, caplog, logger)
+    finally:
+        logger.setLevel(saved)
+
+
+def _debug_lines_logged(monkeypatch, caplog, logger) -> None:
+    from confluent_kafka import Producer
+
+    from sie.kernel.settings import Settings
+
+    monkeypatch.setenv("SIE_KAFKA_DEBUG", "eos, protocol")
+    settings = Settings(bootstrap_servers="127.0.0.1:1")  # nothing listens: librdkafka logs its tries
+    config = settings.kafka_client_config(**{"transactional.id": "debug-test", "socket.timeout.ms": 1000})
+    assert config["debug"] == "eos,protocol" and logger.level == logging.DEBUG
+    f = RepeatFilter()
+    same = [_record(f"Sent InitProducerIdRequest (v4, {i} bytes)", logging.DEBUG) for i in range(5)]
+    assert all(f.filter(r) for r in same)  # debug lines are never held back as "similar"
+    with caplog.at_level(logging.DEBUG, logger="sie.kafka"):
+        producer = Producer(config)
+        try:
+            producer.init_transactions(0.5)
+        except Exception:  # noqa: BLE001 - nobody answers: the lines logged on the way are what is checked
+            pass
+        producer.poll(0)
+    assert any(r.levelno == logging.DEBUG and r.name == "sie.kafka" for r in caplog.records), "no debug line logged"
+
+
+def test_sie_kafka_debug_names_the_contexts_it_accepts(monkeypatch):
+    import pytest
+    from pydantic import ValidationError
+
+    from sie.kernel.settings import Settings
+
+    monkeypatch.setenv("SIE_KAFKA_DEBUG", "eos,protocl")
+    with pytest.raises(ValidationError, match="protocl"):
+        Settings()
+    monkeypatch.delenv("SIE_KAFKA_DEBUG")
+    assert "debug" not in Settings().kafka_client_config()
