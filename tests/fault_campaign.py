@@ -62,6 +62,12 @@ BROKER_BOUND_S = 60.0
 #: the scorer's consumer-group session timeout (tests.scorer_fixtures.ScorerProcess passes it)
 SCORER_SESSION_S = 6.0
 PARTITIONS = 4
+#: where every scorer trial keeps its logs (``ScorerRig.keep_logs``): one folder per trial, with the scorer's log
+#: (librdkafka's ``SIE_FAULT_KAFKA_DEBUG`` contexts in it) and each broker's server.log; SIE_FAULT_LOGS moves it
+FAULT_LOGS = Path(os.environ.get("SIE_FAULT_LOGS") or Path(__file__).resolve().parent.parent / ".cache" / "fault-runs")
+#: the librdkafka debug contexts of the campaign's ``sie score`` (SIE_KAFKA_DEBUG): the transaction state machine,
+#: so that an unexpected outcome can be read from the kept log; SIE_FAULT_KAFKA_DEBUG="" turns it off
+SCORER_KAFKA_DEBUG = os.environ.get("SIE_FAULT_KAFKA_DEBUG", "eos")
 #: the instruments' (load producer, result tail) request timeouts: librdkafka's defaults (30 s produce, 60 s
 #: socket) would make the test's own clients wait out a frozen broker and the stall measured be theirs
 INSTRUMENT_TIMEOUTS = {"request.timeout.ms": 3000, "socket.timeout.ms": 3000}
@@ -343,14 +349,17 @@ class ScorerRig:
         self.transactional_id = self.settings.names.scorer_transactional_id(self.spec.name, self.instance)
         self.group_id = self.spec.group_id
         self.root = Path(root)
+        debug = {"SIE_KAFKA_DEBUG": SCORER_KAFKA_DEBUG} if SCORER_KAFKA_DEBUG else {}
         self.scorer = ScorerProcess(self.spec_path, self.settings.bootstrap_servers, self.instance, self.root,
-                                    env=scorer_env)
+                                    env={**debug, **(scorer_env or {})})
         wait_until(self.scorer.ready, 90, interval=0.2, message=lambda: f"scorer ready:\n{self.scorer.output()[-2000:]}")
         self.load = Load(self.settings, t.requests, lambda n: {"x": float(n)}, "f", rate_per_s).start()
         self.observer = Observer(self.settings, self.topics, self.load, PARTITIONS)
         self.observer.diagnose = self.diagnose
         self.observer.steady(90)
         self._log_seen = len(self.scorer.output())
+        #: the folder the last trial's logs were kept in (``keep_logs``)
+        self.last_logs: Path | None = None
 
     def diagnose(self) -> str:
         try:
@@ -395,8 +404,38 @@ class ScorerRig:
 
     # -- faults -------------------------------------------------------------------------------------
 
+    def keep_logs(self, fault: str, outcome: str) -> Path:
+        """Copy the scorer's log and every broker's server.log into a folder of this trial's own under
+        ``FAULT_LOGS`` (named by time, fault and outcome); returns it.  Every trial keeps them, passed or not:
+        a rare outcome (issue 35's duplicate, 1 run in 55) must be readable afterwards."""
+        import re
+        import shutil
+
+        key = re.sub(r"[^a-z0-9]+", "-", fault.lower()).strip("-")[:40]
+        folder = FAULT_LOGS / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{key}-{outcome}"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.scorer.log_path, folder / "scorer.log")
+        for node in self.kafka.layout.nodes:
+            if node.server_log.exists():
+                shutil.copy2(node.server_log, folder / f"broker-{node.node_id}-server.log")
+        return folder
+
+    @contextmanager
+    def _trial(self, fault: str) -> Iterator[None]:
+        """Logs kept whatever the trial's end (``keep_logs``); a failure names the folder."""
+        try:
+            yield
+        except AssertionError as exc:
+            folder = self.keep_logs(fault, "failed")
+            raise AssertionError(f"{exc}\n(logs kept in {folder})") from exc
+        self.last_logs = self.keep_logs(fault, "ok")
+
     def kill_and_restart(self, fault: str, target: tuple[int, str]) -> FaultResult:
         """SIGKILL the broker; scoring must go on on the other two; restart it; scoring must go on again."""
+        with self._trial(fault):
+            return self._kill_and_restart(fault, target)
+
+    def _kill_and_restart(self, fault: str, target: tuple[int, str]) -> FaultResult:
         broker, desc = target
         obs = self.observer
         obs.steady()
@@ -415,6 +454,10 @@ class ScorerRig:
                          ) -> FaultResult:
         """SIGSTOP the broker for at least ``hold_s`` (past the scorer's session timeout) and until scoring
         went on without it; SIGCONT; scoring must go on with it back."""
+        with self._trial(fault):
+            return self._pause_and_resume(fault, target, hold_s)
+
+    def _pause_and_resume(self, fault: str, target: tuple[int, str], hold_s: float) -> FaultResult:
         broker, desc = target
         obs = self.observer
         obs.steady()
