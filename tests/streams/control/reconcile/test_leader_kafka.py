@@ -98,14 +98,15 @@ def publish_until_ok(elector: LeaderElector, record: OutRecord, timeout: float) 
     return time.monotonic() - start
 
 
-@pytest.mark.parametrize("attempts", [8, 1], ids=["timeout-retried", "timeout-aborted"])
+@pytest.mark.parametrize("attempts", [8, 1], ids=["timeout-retried", "timeout-given-up"])
 def test_a_commit_that_times_out_on_a_frozen_broker_does_not_wedge_the_leader(broker, attempts, caplog):
     """``attempts=8``: the commit times out (librdkafka's 10 s: "Failed to flush all outstanding messages within
     the API timeout", retriable), is called again and completes once the broker answers.  ``attempts=1``: the
-    timed-out commit is given up; librdkafka then REFUSES the abort ("Conflicting commit_transaction API call is
-    already in progress", _CONFLICT), so the exactly-once layer drops the producer (``ProducerFatal`` ->
-    ``Fenced``), the instance steps down and is re-elected with a fresh producer whose ``init_transactions``
-    settles the old transaction.  Either way the next publish goes through and nothing is committed twice."""
+    timed-out commit is given up; its outcome is unknown, so the exactly-once layer never aborts it (librdkafka
+    would refuse: "Conflicting commit_transaction API call is already in progress", _CONFLICT): it drops the
+    producer (``OutcomeUnknown`` -> ``Fenced``), the instance steps down and is re-elected with a fresh producer
+    whose ``init_transactions`` settles the old transaction.  Either way the next publish goes through and
+    nothing is committed twice."""
     kafka, settings = broker
     elector = LeaderElector(settings, "ctl-a", session_timeout_ms=SESSION_MS,
                             limits=EosLimits(attempts=attempts, backoff_s=0.1, hang_limit_s=60.0)).start()
