@@ -60,7 +60,7 @@ SMOKE = (
 #: dry run once its tests landed on two workers at the same time).
 GROUP_FILES = (
     ("heavy-brokers", ("tests/test_fault_campaign.py", "tests/kernel/test_topics.py", "tests/infra/test_kafka_secure.py",
-                       *_NETNS_TESTS)),
+                       "tests/streams/eos/test_unknown_outcome_cluster3.py", *_NETNS_TESTS)),
     ("k8s", ("tests/k8s/",)),
     ("real_llm", _REAL_LLM_TESTS),
     ("packaging", ("tests/test_packaging.py",)),

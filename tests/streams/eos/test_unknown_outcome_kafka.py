@@ -60,7 +60,8 @@ class Stage:
         self.consumer = Consumer(eos_consumer_config(settings, self.group, "unknown-outcome",
                                                      session_timeout_ms=SESSION_MS, max_batch=20))
         self.consumer.subscribe([requests])
-        config = transactional_producer_config(settings, unique_group("unknown-txn"), max_batch=20,
+        self.transactional_id = unique_group("unknown-txn")
+        config = transactional_producer_config(settings, self.transactional_id, max_batch=20,
                                                transaction_timeout_ms=60_000)
 
         def factory(conf: dict[str, Any]) -> Any:
@@ -149,10 +150,11 @@ def members(cluster: ProxiedCluster, group: str) -> int | None:
         return None
 
 
-def topics(cluster: ProxiedCluster) -> tuple[str, str]:
+def topics(cluster: ProxiedCluster, replication: int = 1) -> tuple[str, str]:
     settings = cluster.direct_settings()
-    return (create_topic(settings, unique_topic("requests"), partitions=2),
-            create_topic(settings, unique_topic("results"), partitions=2))
+    config = {"min.insync.replicas": "2"} if replication == 3 else None
+    return (create_topic(settings, unique_topic("requests"), partitions=2, replication=replication, config=config),
+            create_topic(settings, unique_topic("results"), partitions=2, replication=replication, config=config))
 
 
 def run_with_lost_answers(cluster: ProxiedCluster, api_key: int) -> Stage:
