@@ -237,3 +237,30 @@ def test_a_freeze_of_the_broker_that_outlasts_the_session_is_answered_exactly_on
         proxy.thaw()
         stage.close()
     load.prove(results)
+
+
+def test_an_abort_whose_answer_was_lost_after_a_failed_transaction_is_answered_exactly_once(cluster):
+    """The campaign's sequence (issue 35) as far as a proxy can make it: the offsets' answer is lost (librdkafka
+    fails the transaction: abortable), then the abort's EndTxn answer is lost too, so the abort times out: its
+    outcome is unknown.  The one rule: a new producer (its init_transactions finishes the abort), positions from
+    the committed offsets; the batch is answered once."""
+    requests, results = topics(cluster)
+    load = Requests(cluster, requests)
+    stage = Stage(cluster, requests, results)
+    proxy = cluster.all()[0]
+    try:
+        load.send(40)
+        load.wait_answered(results, 60, "before the fault")
+        proxy.drop(TXN_OFFSET_COMMIT, count=1)
+        proxy.drop(END_TXN)
+        stage.on_new_producer = lambda: proxy.undrop(END_TXN)
+        load.send(10)  # the batch that meets the fault
+        wait_until(lambda: stage.producers >= 2, 120, message="the producer re-created after the abort's answer was lost")
+        load.send(40)
+        load.wait_answered(results, 90, "after the fault")
+    finally:
+        proxy.undrop(END_TXN)
+        stage.close()
+    load.prove(results)
+    assert proxy.dropped[TXN_OFFSET_COMMIT] == 1 and proxy.dropped[END_TXN] >= 1
+    assert stage.eos.aborts >= 1 and stage.outcomes[BatchStatus.PRODUCER_RESTARTED] >= 1
