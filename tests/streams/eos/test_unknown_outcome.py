@@ -264,3 +264,18 @@ def test_a_partition_never_committed_falls_back_to_the_batch_s_first_offset():
     consumer.assign([TopicPartition(TOPIC, 0, 3)])
     assert rewind(consumer, {(TOPIC, 0): 3}, threading.Event(), backoff_s=0.0)
     assert consumer.called("seek")[-1].args == (TOPIC, 0, 3)
+
+
+def test_pipelined_an_unknown_outcome_discards_the_batch_prepared_meanwhile_and_reads_both_from_the_broker():
+    """Pipelined commits: commit N's answer is lost (it committed) while batch N+1 was prepared; N+1 is discarded,
+    the producer re-created, and both batches' partition resumes from the offset the broker has: N is not
+    scored again, N+1 is scored once."""
+    consumer = started()
+    eos, producers = cycle(consumer, AnswerLost)
+    assert eos.start_batch(consumer.consume(5, 0.2), echo) == []  # commit N in flight
+    outcomes = eos.start_batch(consumer.consume(5, 0.2), echo)
+    assert [o.status for o in outcomes] == [BatchStatus.PRODUCER_RESTARTED, BatchStatus.DISCARDED]
+    assert producers[0].aborts == 0 and consumer.called("seek")[-1].args == (TOPIC, 0, 5)
+    outcomes = eos.start_batch(consumer.consume(5, 0.2), echo) + eos.settle()
+    assert [o.status for o in outcomes] == [BatchStatus.COMMITTED]
+    assert_exactly_once(producers, 10)
