@@ -69,7 +69,7 @@ _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_RE.match(job_id):
+    if not _JOB_RE.fullmatch(job_id):
         raise ConfigError(f"--job-id: must match {_JOB_RE.pattern} (got {job_id!r})")
     return job_id
 

@@ -208,7 +208,7 @@ def parse_quantity(value: Any) -> float:
         except OverflowError:  # an integer beyond 1.8e308
             q = math.inf
     else:
-        match = _QUANTITY_RE.match(str(value).strip())
+        match = _QUANTITY_RE.fullmatch(str(value).strip())
         if not match:
             raise ValueError("not a Kubernetes quantity (e.g. 32Gi, 512Mi, 500m, 2)")
         q = float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
@@ -236,7 +236,7 @@ def _read_field(issues: _Issues, item: Any, path: str) -> FieldSpec | None:
     if name is _MISSING:
         issues.error(name_path, "required")
         ok = False
-    elif not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", name):
+    elif not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
         issues.error(name_path, "must be a field name (letters, digits, _ . -)", name)
         ok = False
     ftype = None
@@ -357,7 +357,7 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
         else:
             out["module_kwargs"] = dict(module_kwargs)
     if device is not _MISSING:
-        if not isinstance(device, str) or not DEVICE_RE.match(device):
+        if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
             issues.error(dev_path, "must be auto, cpu, cuda or cuda:N", device)
         else:
             out["device"] = device
@@ -381,7 +381,7 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
     elif btype == "python":
         if call is _MISSING or call is None:
             issues.error(call_path, "required for the python backend ('package.module:function')")
-        elif not isinstance(call, str) or not CALLABLE_RE.match(call):
+        elif not isinstance(call, str) or not CALLABLE_RE.fullmatch(call):
             issues.error(call_path, "must be 'package.module:function'", call)
         else:
             out["callable"] = call
@@ -411,7 +411,7 @@ def _read_ref(issues: _Issues, path: str, value: Any, default_name: str, sha256:
     if digest is _MISSING or digest is None:
         issues.error(sha_path, "required: the sha256 (64 hex digits) every node checks the downloaded bytes against")
         return None
-    if not isinstance(digest, str) or not _SHA256.match(digest.lower()):
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest.lower()):
         issues.error(sha_path, "must be 64 hex digits (sha256sum FILE)", digest)
         return None
     fields: dict[str, Any] = {"sha256": digest.lower(), "name": default_name}
@@ -469,7 +469,7 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
         if not path.is_file():
             issues.error(art_path, f"file not found: {path} (paths are relative to the spec file)", artifact)
         elif sha256 is not _MISSING:
-            if not isinstance(sha256, str) or not _SHA256.match(sha256.lower()):
+            if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256.lower()):
                 issues.error(sha_path, "must be 64 hex digits (sha256sum FILE)", sha256)
             else:
                 from sie.schemas.artifact_cache import file_sha256
@@ -486,7 +486,7 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
         fmt = None
     out["format"] = fmt
     if module_class is not _MISSING and module_class is not None:
-        if not isinstance(module_class, str) or not CALLABLE_RE.match(module_class):
+        if not isinstance(module_class, str) or not CALLABLE_RE.fullmatch(module_class):
             issues.error(mc_path, "must be 'package.module:Class'", module_class)
         else:
             out["module_class"] = module_class
@@ -598,7 +598,7 @@ def _read_kafka_input(issues: _Issues, sec: _Section) -> dict[str, Any]:
         issues.warn(p, f"{bs} is kept for reference; SIE consumes from the cluster in its own settings (SIE_BOOTSTRAP_SERVERS)")
     p, v = sec.take("topic")
     topic = _str(issues, p, v)
-    if topic is not None and not TOPIC_RE.match(topic):
+    if topic is not None and not TOPIC_RE.fullmatch(topic):
         issues.error(p, "not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters)", topic)
         topic = None
     out["topic"] = topic
@@ -635,7 +635,7 @@ def _read_topics(issues: _Issues, sec: _Section) -> dict[str, str]:
         topic = _str(issues, p, v)
         if topic is None:
             continue
-        if not TOPIC_RE.match(topic):
+        if not TOPIC_RE.fullmatch(topic):
             issues.error(p, "not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters)", topic)
             continue
         out[key] = topic
@@ -684,7 +684,7 @@ def _common_sections(issues: _Issues, sec: _Section, d: dict[str, Any], paths: d
     p, v = sec.take("serviceType", "service_type")
     st = _str(issues, p, v)
     if st is not None:
-        if not re.match(r"^[a-z][a-z0-9_-]*$", st):
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", st):
             issues.error(p, "must be lowercase letters, digits, _ or - (a metrics label)", st)
         else:
             d["service_type"] = st
@@ -834,7 +834,7 @@ def _check_identity(issues: _Issues, d: dict[str, Any], paths: dict[str, str]) -
     name, version = d.get("name", _MISSING), d.get("version", _MISSING)
     if name is _MISSING or name is None:
         issues.error(paths["name"], "required (the model name)")
-    elif not isinstance(name, str) or not NAME_RE.match(name):
+    elif not isinstance(name, str) or not NAME_RE.fullmatch(name):
         issues.error(paths["name"], "must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 characters (it names Kafka topics)", name)
     if version is _MISSING or version is None:
         issues.error(paths["version"], "required (e.g. 1.2.0)")
@@ -842,7 +842,7 @@ def _check_identity(issues: _Issues, d: dict[str, Any], paths: dict[str, str]) -
         issues.error(paths["version"], "must be a string; quote it (YAML read a number)", version)
     elif isinstance(version, int):
         d["version"] = str(version)
-    elif not isinstance(version, str) or not VERSION_RE.match(version):
+    elif not isinstance(version, str) or not VERSION_RE.fullmatch(version):
         issues.error(paths["version"], "must be [A-Za-z0-9._+-], at most 64 characters", version)
 
 

@@ -44,7 +44,7 @@ INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 def check_instance(instance: str, what: str = "instance") -> str:
     """``instance`` if it can be part of a transactional id, else a ``ConfigError`` naming the fix."""
-    if not INSTANCE_RE.match(instance):
+    if not INSTANCE_RE.fullmatch(instance):
         raise ConfigError(f"{what}: must match {INSTANCE_RE.pattern} (got {instance!r}); pass --instance NAME")
     return instance
 
@@ -60,7 +60,7 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 def check_model_name(name: object, what: str = "model name") -> str:
     """``name`` if it can name a model's topics, else a ``ConfigError`` naming the rule."""
-    if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
+    if not isinstance(name, str) or not MODEL_NAME_RE.fullmatch(name):
         raise ConfigError(f"{what}: must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 "
                           f"characters (got {_shown(name)})")
     return name
@@ -68,7 +68,7 @@ def check_model_name(name: object, what: str = "model name") -> str:
 
 def check_replica_id(replica_id: object, what: str = "replica_id") -> str:
     """``replica_id`` if it can name a folder under the agent's work directory, else a ``ConfigError``."""
-    if not isinstance(replica_id, str) or not REPLICA_ID_RE.match(replica_id):
+    if not isinstance(replica_id, str) or not REPLICA_ID_RE.fullmatch(replica_id):
         raise ConfigError(f"{what}: must match {REPLICA_ID_RE.pattern} (a folder name: no '/', no leading '.'; "
                           f"got {_shown(replica_id)})")
     return replica_id
@@ -124,7 +124,7 @@ class Names:
     def data_topic_problem(self, model: str, topic: str) -> str | None:
         """Why ``topic`` may not be a data-path topic of ``model`` (a spec's override, a connector's request topic),
         or None.  Under ``<p>.`` only the model's own names; outside it any valid topic (the team's own)."""
-        if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+        if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
             return f"not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters; got {_shown(topic)})"
         if topic in self.own_data_topics(model):
             return None

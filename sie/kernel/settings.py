@@ -335,7 +335,7 @@ class Settings(BaseSettings):
         import re
 
         for prefix in value:
-            if not re.match(_MODULE_RE_TEXT, prefix):
+            if not re.fullmatch(_MODULE_RE_TEXT, prefix):
                 raise ValueError(f"SIE_ALLOWED_MODULES: {prefix!r} is not a dotted module name (e.g. acme.models)")
             top = prefix.split(".")[0]
             if top in sys.stdlib_module_names or top in sys.builtin_module_names:
@@ -352,7 +352,7 @@ class Settings(BaseSettings):
         import re
 
         for source in value:
-            match = re.match(r"^([a-z][a-z0-9+.-]*)://([^/]+)", source)
+            match = re.match(r"([a-z][a-z0-9+.-]*)://([^/\s]+)", source)
             if match is None or match.group(1) == "file":
                 raise ValueError(f"SIE_ARTIFACT_SOURCES: {source!r} must be a URI prefix with a host or bucket, "
                                  "e.g. s3://models/ or https://models.example.com/ (file:// paths go under "
@@ -366,7 +366,7 @@ class Settings(BaseSettings):
         import re
 
         for prefix in value:
-            if not re.match(r"^https?://[^/@\s]+(/\S*)?$", prefix) and not re.match(r"^[A-Za-z0-9.-]+$|^\[[0-9A-Fa-f:.]+\]$", prefix):
+            if not re.fullmatch(r"https?://[^/@\s]+(/\S*)?", prefix) and not re.fullmatch(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]", prefix):
                 raise ValueError(f"SIE_SGLANG_ENDPOINTS: {prefix!r} must be an http(s) URL prefix with a host and no "
                                  "credentials (http://10.0.0.5:30000/, https://llm.example.com/v1/) or a host name")
         return value
