@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sie.kernel.errors import ConfigError, SpecError
-from sie.kernel.names import ModelTopics, Names
+from sie.kernel.names import ModelTopics, Names, path_problem
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
@@ -383,6 +383,8 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
             issues.error(call_path, "required for the python backend ('package.module:function')")
         elif not isinstance(call, str) or not CALLABLE_RE.fullmatch(call):
             issues.error(call_path, "must be 'package.module:function'", call)
+        elif (problem := _module_path_problem(call)) is not None:
+            issues.error(call_path, problem, call)
         else:
             out["callable"] = call
     else:
@@ -391,6 +393,14 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
             issues.warn(mp_path, "not given; the node agent resolves the model by name from its local model directory")
         out["model_path"] = mp
     return out
+
+
+def _module_path_problem(reference: str) -> str | None:
+    """Why the module of ``package.module:name`` cannot be a file (``sie apply`` looks for ``package/module.py``
+    next to the spec), or None: the module's path is checked like any path from data."""
+    module = reference.partition(":")[0]
+    problem = path_problem(module.replace(".", "/") + ".py")
+    return None if problem is None else f"module {problem}"
 
 
 def _read_ref(issues: _Issues, path: str, value: Any, default_name: str, sha256: Any = _MISSING) -> ArtifactRef | None:
@@ -457,6 +467,10 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
         if not isinstance(artifact, str) or not artifact.strip():
             issues.error(art_path, "must be a file path", artifact)
             return
+        problem = path_problem(artifact)
+        if problem is not None:
+            issues.error(art_path, problem, artifact)
+            return
         path = Path(artifact).expanduser()
         if not path.is_absolute():
             if base_dir is None:
@@ -466,6 +480,10 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
                                        "URI with sha256", artifact)
                 return
             path = (base_dir / path).resolve()
+        problem = path_problem(str(path))
+        if problem is not None:  # the spec file's own folder plus the name: still within the limits?
+            issues.error(art_path, f"{path} {problem}", artifact)
+            return
         if not path.is_file():
             issues.error(art_path, f"file not found: {path} (paths are relative to the spec file)", artifact)
         elif sha256 is not _MISSING:
@@ -488,6 +506,8 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
     if module_class is not _MISSING and module_class is not None:
         if not isinstance(module_class, str) or not CALLABLE_RE.fullmatch(module_class):
             issues.error(mc_path, "must be 'package.module:Class'", module_class)
+        elif (problem := _module_path_problem(module_class)) is not None:
+            issues.error(mc_path, problem, module_class)
         else:
             out["module_class"] = module_class
     if fmt == "safetensors" and "module_class" not in out and (module_class is _MISSING or module_class is None):

@@ -33,6 +33,7 @@ Names that come FROM DATA (a spec, an assignment, a connector) are checked here,
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -72,6 +73,32 @@ def check_replica_id(replica_id: object, what: str = "replica_id") -> str:
         raise ConfigError(f"{what}: must match {REPLICA_ID_RE.pattern} (a folder name: no '/', no leading '.'; "
                           f"got {_shown(replica_id)})")
     return replica_id
+
+
+#: what every Linux file system SIE runs on allows: a path component of at most NAME_MAX bytes, a whole path of
+#: at most PATH_MAX; a longer name from data is refused by name here, never an ``OSError: [Errno 36]`` later
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def path_problem(path: object) -> str | None:
+    """Why ``path`` (a file path or name FROM DATA: a spec's artifact, a module's package folder) may not be handed
+    to the file system, or None.  Checked before ``is_file()``/``stat()``, which raise on a too-long name."""
+    if not isinstance(path, str):
+        return f"must be a path (got {_shown(path)})"
+    if "\0" in path:
+        return "must not contain a NUL character"
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeError:
+        return f"is not a file name this system can encode (got {_shown(path)})"
+    if len(encoded) > PATH_MAX:
+        return f"is {len(encoded)} bytes long; a path may have at most {PATH_MAX}"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (f"has a file or folder name of {len(longest)} bytes ({_shown(longest.decode(errors='replace'))}); "
+                f"a file system allows at most {NAME_MAX}")
+    return None
 
 
 def _shown(value: object) -> str:
