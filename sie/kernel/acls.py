@@ -200,6 +200,7 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
                   "with --model)", PREFIXED)
     rules = sorted(set(r.rules))
     _check_system_grants(names, role, rules)
+    _check_model_grants(names, role, rules, models)
     return rules
 
 
@@ -239,6 +240,22 @@ def _check_system_grants(names: Names, role: str, rules: Sequence[AclRule]) -> N
                 (role, suffixes[rule.name], rule.operation) not in _DATA_ROLE_SYSTEM_GRANTS:
             raise ConfigError(f"refusing to plan ACLs: role {role} would get {rule.operation.upper()} on the system "
                               f"topic {rule.name}")
+
+
+def _check_model_grants(names: Names, role: str, rules: Sequence[AclRule], models: Sequence[ModelScope]) -> None:
+    """The last word for a plan scoped to models: a topic under ``<p>.model.`` is granted only if it is one of
+    those models' own (``Names.model_of_topic``), never another model's that happens to share a prefix."""
+    if role in ("agent", "control") or not models:
+        return
+    planned = {m.model for m in models}
+    for rule in rules:
+        if rule.resource != "topic" or not rule.name.startswith(names.model_topic_prefix):
+            continue
+        owner = names.model_of_topic(rule.name) if rule.pattern == LITERAL else None
+        if owner not in planned:
+            raise ConfigError(f"refusing to plan ACLs: role {role} for {', '.join(sorted(planned))} would get "
+                              f"{rule.operation.upper()} on {rule.name}, "
+                              + (f"model {owner}'s topic" if owner else "a pattern over other models' topics"))
 
 
 def render(rules: Sequence[AclRule]) -> str:

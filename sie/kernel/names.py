@@ -4,10 +4,12 @@ Every name starts with the cluster's prefix (``SIE_TOPIC_PREFIX``, default ``sie
 ACL per resource type covers a whole SIE cluster and two clusters on one Kafka never collide::
 
     <p>.specs, <p>.nodes, ...                   system topics (sie.kernel.topics lists them)
-    <p>.model.<model>.requests|results|dlq|backfill    a model's data-path topics (a spec may override)
+    <p>.model.<model>.requests|results|dlq|backfill|backfill-dlq|deferred
+                                                a model's data-path topics (a spec may override): always ONE
+                                                word after the model, so no two models' topics collide
     <p>.scorer.<model>                          a model's scorer group;  <p>.scorer.<model>.<instance> its txn id
     <p>.cdc.<connector>[.<instance>]            CDC stage group / txn id;  <p>.cdc.<connector>.dlq its DLQ
-    <p>.backfill.<job>                          backfill group and txn id; <output topic>.dlq its DLQ
+    <p>.backfill.<job>                          backfill group and txn id; <output topic>-dlq its DLQ
     <p>.backfill.<job>.<role>                   a backfill job's client ids (consumer, probe, plan reader/writer)
     <p>.control                                 control-plane election group and the leader's shared txn id
     <p>.control.state                           control-plane state reader (assign(), never joined)
@@ -191,7 +193,20 @@ class Names:
 
     @staticmethod
     def backfill_dead_letter_topic(output_topic: str) -> str:
-        return f"{output_topic}.dlq"
+        """``<output topic>-dlq``: one word after the model (``<p>.model.m.backfill-dlq``).  It was
+        ``<output topic>.dlq`` before, which for model ``m`` was ``<p>.model.m.backfill.dlq``: model
+        ``m.backfill``'s own dead-letter topic (docs/connectors.md, "Backfill dead letters" says how a cluster
+        from before is handled)."""
+        return f"{output_topic}-dlq"
+
+    def model_of_topic(self, topic: str) -> str | None:
+        """The model whose topic ``topic`` is under ``<p>.model.`` (``<p>.model.<model>.<one word>``), or None for
+        a topic outside it.  Every name a model owns there has exactly one word after the model, so this is the
+        only model that may be granted it."""
+        if not topic.startswith(self.model_topic_prefix):
+            return None
+        model, _, word = topic[len(self.model_topic_prefix):].rpartition(".")
+        return model if model and word else None
 
     # --- scorer -------------------------------------------------------------------------------------
     def scorer_group(self, model: str) -> str:

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from sie.kernel.acls import ModelScope, apply, plan
 from sie.kernel.admin import admin_client, ensure_model_topics, ensure_topics
 from sie.kernel.authz import NotAuthenticated, NotAuthorized
+from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.spec import load_spec
@@ -64,7 +65,7 @@ def world(secure_kafka: Any) -> dict[str, Any]:
     ensure_topics(admin, system_topics(prefix))
     spec = load_spec(RULES, topic_prefix=prefix)
     t = spec.topics
-    ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill, f"{t.backfill}.dlq"], 2)
+    ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill, Names.backfill_dead_letter_topic(t.backfill)], 2)
     return {"kafka": secure_kafka, "prefix": prefix, "admin": admin, "spec": spec}
 
 
