@@ -395,6 +395,10 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
     return out
 
 
+#: the annotation that marks a spec as applied by the Kubernetes operator for one ModelService (``ModelService.owner``)
+OWNER_ANNOTATION = "sie.lmsys.org/owner"
+
+
 def _module_path_problem(reference: str) -> str | None:
     """Why the module of ``package.module:name`` cannot be a file (``sie apply`` looks for ``package/module.py``
     next to the spec), or None: the module's path is checked like any path from data."""
@@ -819,7 +823,13 @@ def _read_k8s(issues: _Issues, doc: dict, base_dir: Path | None) -> tuple[dict[s
         issues.warn(p, f"namespace {ns!r} ignored; SIE model names are cluster-wide")
     p, v = meta.take("labels")
     labels = _str_map(issues, p, v)
-    p, _ = meta.take("annotations")
+    p, annotations = meta.take("annotations")
+    if isinstance(annotations, dict) and OWNER_ANNOTATION in annotations:
+        owner = annotations[OWNER_ANNOTATION]
+        if not isinstance(owner, str) or not 0 < len(owner) <= 400 or not owner.isprintable():
+            issues.error(f"{p}.{OWNER_ANNOTATION}", "must be printable text of at most 400 characters", owner)
+        else:
+            d["owner"] = owner
     meta.finish()
     model = spec.section("model")
     p_name, name = model.take("name")
