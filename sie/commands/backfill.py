@@ -52,6 +52,10 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     """
     from sie.commands.produce import resolve_spec
     from sie.connectors.backfill import BackfillConfig, BackfillJob, check_job_id
+    from sie.kernel.authz import needs_role
+
+    needs_role("sie backfill", "backfill", (f"--model {model}" if model else "--spec FILE")
+               + (f" --job {job_id}" if job_id else ""))
     from sie.connectors.backfill_plan import parse_bound
     from sie.kernel.errors import ConfigError
     from sie.schemas.spec_policy import SpecPolicy
