@@ -104,7 +104,8 @@ def run(settings: Settings, control_url: str, namespaces: tuple[str, ...], lease
 
     configure_logging("info")
     watched = [n for item in namespaces for n in item.split()] or [lease_namespace or _pod_namespace()]
-    operator = Operator(kube_client(kubeconfig), ControlClient(settings, control_url), settings,
+    control = ControlClient(settings, control_url)  # refuses a URL its token must not go to, before Kubernetes
+    operator = Operator(kube_client(kubeconfig), control, settings,
                         namespaces=watched, identity=identity or f"{socket.gethostname()}-{os.getpid()}",
                         lease_namespace=lease_namespace or watched[0], lease_name=lease_name, resync_s=resync_s)
 

@@ -30,8 +30,34 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.api.existingSecret | default (printf "%s-api" (include "sie.fullname" .)) }}
 {{- end -}}
 
+{{/* Where the control API's certificate comes from: secret (api.tlsSecret), certManager, generate or disabled */}}
+{{- define "sie.apiTlsMode" -}}
+{{- if .Values.api.tlsSecret -}}
+secret
+{{- else if eq .Values.api.tls.mode "auto" -}}
+{{- if .Capabilities.APIVersions.Has "cert-manager.io/v1" }}certManager{{ else }}generate{{ end -}}
+{{- else -}}
+{{ .Values.api.tls.mode }}
+{{- end -}}
+{{- end -}}
+
+{{/* The kubernetes.io/tls Secret of the control API (tls.crt, tls.key, ca.crt); empty when TLS is disabled */}}
+{{- define "sie.apiTlsSecret" -}}
+{{- $mode := include "sie.apiTlsMode" . -}}
+{{- if eq $mode "secret" -}}
+{{ .Values.api.tlsSecret }}
+{{- else if ne $mode "disabled" -}}
+{{ include "sie.fullname" . }}-api-tls
+{{- end -}}
+{{- end -}}
+
+{{/* The control API's in-cluster names: the certificate's SANs and the operator's URL */}}
+{{- define "sie.controlHost" -}}
+{{ include "sie.fullname" . }}-control.{{ .Release.Namespace }}.svc
+{{- end -}}
+
 {{- define "sie.controlUrl" -}}
-{{ if .Values.api.tlsSecret }}https{{ else }}http{{ end }}://{{ include "sie.fullname" . }}-control.{{ .Release.Namespace }}.svc:{{ .Values.control.port }}
+{{ if include "sie.apiTlsSecret" . }}https{{ else }}http{{ end }}://{{ include "sie.controlHost" . }}:{{ .Values.control.port }}
 {{- end -}}
 
 {{- define "sie.kafkaUser" -}}
