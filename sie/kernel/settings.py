@@ -494,6 +494,23 @@ def worker_environment(parent: Mapping[str, str], extra: Iterable[str] = ()) -> 
             if k in named or ((k in WORKER_ENV_NAMES or k.startswith(WORKER_ENV_PREFIXES)) and not looks_like_credential(k))}
 
 
+#: the settings a companion version process (``sie.workers.version_host``) needs: it loads and serves one version
+#: over pipes (the node's spec policy, the model roots and caches, its compute knobs) and never talks to Kafka or
+#: the control API, so no connection setting or credential is on this allow-list
+COMPANION_SETTINGS = ("allowed_modules", "model_roots", "artifact_sources", "sglang_endpoints", "sglang_server_entries",
+                      "sglang_trust_remote_code", "sglang_extra_args", "cache_dir", "topic_prefix", "worker_env")
+
+
+def companion_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """What a worker's companion version process gets of the worker's environment ``parent``: the worker
+    allow-list (``worker_environment`` with ``SIE_WORKER_ENV``'s names) and, of SIE's settings, only those on
+    ``COMPANION_SETTINGS``: never the worker's Kafka credentials (it inherited the worker's whole environment)."""
+    named = [str(n) for n in _split_list(parent.get("SIE_WORKER_ENV", ""))]
+    allowed = {f"SIE_{name.upper()}" for name in COMPANION_SETTINGS if name in Settings.model_fields}
+    base = {k: v for k, v in worker_environment(parent, named).items() if not k.startswith("SIE_")}
+    return {**base, **{k: v for k, v in parent.items() if k in allowed}}
+
+
 def child_environment(parent: Mapping[str, str]) -> dict[str, str]:
     """What a worker's own helper process (the SGLang server) gets of the worker's environment ``parent``: the same
     allow-list and the variables ``SIE_WORKER_ENV`` names (e.g. ``HF_TOKEN`` for a gated model's download), never
