@@ -1,4 +1,5 @@
-"""The HTTP server behind every health/readiness port (agent, control plane, operator): bounded.
+"""The HTTP server behind every health/readiness and metrics port (agent, workers, CDC stage, control plane,
+operator): bounded.
 
 ``http.server.ThreadingHTTPServer`` starts a thread per connection and waits for its request forever, so 100
 idle connections held 100 threads (issue 37, item 6).  ``ProbeServer`` bounds both::
@@ -80,6 +81,19 @@ class ProbeServer(ThreadingHTTPServer):
     def open_connections(self) -> int:
         with self._lock:
             return len(self._open)
+
+
+def start_metrics_server(port: int, addr: str = "127.0.0.1", registry: Any = None) -> tuple[ProbeServer, threading.Thread]:
+    """``prometheus_client.start_http_server``'s drop-in on a ``ProbeServer``: the same ``/metrics`` handler
+    (content negotiation, gzip, ``name[]`` filters), with the idle timeout and the connection cap."""
+    from prometheus_client import REGISTRY
+    from prometheus_client.exposition import MetricsHandler
+
+    handler = type("SieMetricsHandler", (ProbeHandler, MetricsHandler.factory(registry or REGISTRY)), {})
+    server = ProbeServer((addr, port), handler)
+    thread = threading.Thread(target=server.serve_forever, name="sie-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def serve_probes(handler: type[BaseHTTPRequestHandler], host: str, port: int, name: str) -> ProbeServer:

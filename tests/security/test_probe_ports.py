@@ -31,9 +31,16 @@ def _operator_port() -> int:
     return _serve_health(SimpleNamespace(lease=None, passes=0, last_loop=time.monotonic()), "127.0.0.1", 0)
 
 
+def _metrics_port() -> int:
+    from sie.workers.metrics import AgentMetrics
+
+    return AgentMetrics("n1").serve(0, "127.0.0.1")
+
+
 PORTS: dict[str, tuple[Callable[[], int], str]] = {
     "agent/control readiness": (_readiness_port, "/livez"),
     "operator health": (_operator_port, "/healthz"),
+    "agent metrics": (_metrics_port, "/metrics"),  # the workers', scorer's and CDC stage's use the same server
 }
 
 
