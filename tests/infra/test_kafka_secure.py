@@ -465,6 +465,7 @@ def test_each_principal_writes_exactly_its_capability_cells_and_a_crafted_spec_g
 ROLE_COMMANDS = {  # sie.kernel.acls.COMMAND_ROLES: the command each data-path role runs, with --model
     "producer": [["produce", "--model", "{model}", "--file", "{requests}"]],
     "consumer": [["tail", "results", "--model", "{model}"], ["tail", "dlq", "--model", "{model}"]],
+    "backfill": [["backfill", "--model", "{model}", "--from", "earliest", "--to", "now"]],
 }
 
 
@@ -495,7 +496,7 @@ def test_each_cli_command_works_as_its_role_and_is_refused_as_another_naming_the
                 assert result.exit_code == 1, (argv, result.output)
                 assert f"not authorized: User:{principal.name}" in result.output, result.output
                 assert (f"runs as role {other_role}: an administrator grants it with `sie acls apply --role "
-                        f"{other_role} --principal {principal.name} --model {spec.name}`") in result.output, \
+                        f"{other_role} --principal {principal.name} --model {spec.name}") in result.output, \
                     result.output
     if role == "producer":  # what it sent arrived
         assert len(consume_all(admin, spec.topics.requests, expected=3, timeout=30)) == 3
