@@ -80,10 +80,45 @@ def render_template() -> str:
     return "\n".join(out) + "\n"
 
 
+def role_scope(role: str, prefix: str, model: str) -> dict[str, Any]:
+    """The scope an example of ``role`` is planned with: one model (a connector ``orders`` from ``shop.orders``)."""
+    from sie.kernel.acls import ModelScope
+
+    if role in ("agent", "control"):
+        return {}
+    scope: dict[str, Any] = {"models": [ModelScope.default(Names(prefix), model)]}
+    if role == "cdc":
+        scope.update(connector="orders", source_topics=["shop.orders"])
+    return scope
+
+
+def examples(prefix: str, model: str) -> str:
+    """A Strimzi KafkaUser per SIE role (``sie-<role>``), for a cluster this chart does not manage: each with
+    exactly ``sie acls plan --role ROLE [--model MODEL]`` for ``prefix``."""
+    from sie.kernel.acls import ROLES
+
+    docs = []
+    for role in ROLES:
+        scope = role_scope(role, prefix, model)
+        docs.append({"apiVersion": "kafka.strimzi.io/v1beta2", "kind": "KafkaUser",
+                     "metadata": {"name": f"sie-{role}", "labels": {"strimzi.io/cluster": "my-cluster"}},
+                     "spec": {"authentication": {"type": "scram-sha-512"},
+                              "authorization": {"type": "simple",
+                                                "acls": strimzi_acls(plan(Names(prefix), role, "x", **scope))}}})
+    return yaml.safe_dump_all(docs, sort_keys=False, width=200)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sie.k8s.kafkausers", description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {TEMPLATE_PATH}")
+    parser.add_argument("--examples", action="store_true",
+                        help="print a KafkaUser per role (for a Kafka this chart does not manage) instead")
+    parser.add_argument("--prefix", default="sie", help="the cluster's topic prefix (--examples)")
+    parser.add_argument("--model", default="fraud-scorer", help="the model of the data-path roles (--examples)")
     args = parser.parse_args(argv)
+    if args.examples:
+        print(examples(args.prefix, args.model), end="")
+        return 0
     text = render_template()
     if args.write:
         TEMPLATE_PATH.write_text(text, encoding="utf-8")

@@ -92,3 +92,16 @@ def test_own_secrets_per_component_without_strimzi(kube: KubeApiServer):
     assert not [d for d in docs if d["kind"] == "KafkaUser"]
     assert (_kafka_secrets(pods["sie-control"]), _kafka_secrets(pods["sie-agent"]),
             _kafka_secrets(pods["sie-topics"])) == ({"ctl"}, {"agt", "wrk"}, {"adm"})
+
+
+def test_the_kafkauser_examples_per_role_are_the_plan():
+    from sie.k8s.kafkausers import examples, role_scope, strimzi_acls
+    from sie.kernel.acls import ROLES, plan
+    from sie.kernel.names import Names
+
+    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(examples("green", "churn"))}
+    assert set(docs) == {f"sie-{role}" for role in ROLES}
+    for role in ROLES:
+        scope = role_scope(role, "green", "churn")
+        assert docs[f"sie-{role}"]["spec"]["authorization"]["acls"] == \
+            strimzi_acls(plan(Names("green"), role, "x", **scope)), role
