@@ -6,7 +6,7 @@ Semantics (``docs/connectors.md``):
   stored in the plans topic (``sie.connectors.backfill_plan``); a resumed job replays the same range even
   if ``--to now`` was given and the topic has grown since.
 * **Separate.** Results go to the backfill topic (``spec.topics.backfill`` by default), never the live
-  results topic; dead letters to ``<backfill topic>.dlq``.  The job's consumer group is
+  results topic; dead letters to ``<backfill topic>-dlq``.  The job's consumer group is
   ``sie.backfill.<job-id>`` and uses ``assign()`` on the planned partitions: the live scorer group's
   offsets are never read for progress and never written.
 * **Idempotent.** A result's key is ``<request id>:<version>``.  Request ids are stable across re-reads
@@ -69,7 +69,7 @@ _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_RE.match(job_id):
+    if not _JOB_RE.fullmatch(job_id):
         raise ConfigError(f"--job-id: must match {_JOB_RE.pattern} (got {job_id!r})")
     return job_id
 
@@ -85,7 +85,7 @@ class BackfillConfig:
     end: Bound | None = None
     source_topic: str | None = None  # default: spec.topics.requests
     output_topic: str | None = None  # default: spec.topics.backfill
-    dead_letter_topic: str | None = None  # default: <output topic>.dlq
+    dead_letter_topic: str | None = None  # default: <output topic>-dlq (Names.backfill_dead_letter_topic)
     rate: float | None = None  # records/s; None = unlimited
     max_live_lag: int | None = 1000  # pause while the live group lags more than this; None/0 = never
     lag_interval_s: float = 2.0

@@ -64,7 +64,7 @@ def parse_bound(text: str, what: str) -> Bound:
         if what != "--to":
             raise ConfigError(f"{what}: 'now' is only valid for --to (use 'earliest' for the start)")
         return Bound(BoundKind.NOW, raw)
-    if _PER_PARTITION.match(raw):
+    if _PER_PARTITION.fullmatch(raw):
         pairs = [part.split(":") for part in raw.split(",")]
         offsets = {int(p): int(o) for p, o in pairs}
         if len(offsets) != len(pairs):

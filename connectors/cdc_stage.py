@@ -124,7 +124,7 @@ class CdcMetrics:
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Start the /metrics HTTP server on ``addr`` (``SIE_METRICS_BIND``); ``port`` 0 = any free one.
         Returns the bound port (also ``self.port``)."""
-        from prometheus_client import start_http_server
+        from sie.kernel.probe_http import start_metrics_server as start_http_server  # bounded (idle timeout, cap)
 
         self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self.port = int(self._server.server_port)

@@ -128,6 +128,7 @@ SECTIONS: dict[str, Section] = {
             "group_id": "derived: spec.kafka_input.group_id, else <prefix>.scorer.<name>",
             "source": "where the spec was read from (set by the reader)",
             "warnings": "what the parser could not honour (the Warnings condition)",
+            "owner": "metadata.annotations[sie.lmsys.org/owner], set by the operator (never from the CR spec)",
         },
         override={
             "service_type": {"type": "string", "pattern": r"^[a-z][a-z0-9_-]*$"},

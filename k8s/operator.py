@@ -6,9 +6,12 @@
         if leading: for each key: reconcile(CR)
 
     reconcile(CR):                                    # level-triggered: it compares, it never remembers
-        deleted (deletionTimestamp)? -> DELETE the model from SIE (404 = gone), drop our finalizer, done
+        deleted (deletionTimestamp)? -> DELETE the model from SIE only if it carries our mark (404 = gone), drop
+                                        our finalizer, done
         no finalizer yet?            -> add it (so a delete waits for the model to leave SIE)
         another CR has the name?     -> Conflict (the older one owns the model; names are cluster-wide in SIE)
+        the applied model carries another owner mark (or none: sie apply)? -> Refused NotOwner; never POSTed,
+                                        never deleted (the mark is ModelService.owner in SIE's spec record)
         parse the CR as a document with THE parser (sie.schemas.spec_parse, what sie validate/apply run)
             refused -> phase Refused, condition Accepted=False + an Event naming the field; done
         ask the control plane: GET /v1/models/{name} -> the applied spec's digest, phase, ready/desired
@@ -42,6 +45,8 @@ Failures:
 | API server unreachable / watch broken | the watch restarts with backoff and relists; the resync lists every CR anyway |
 | Lease lost | stops acting within renew_deadline_s (before another replica can take it) |
 | two CRs, one model name (two namespaces) | the older owns it; the other is Refused with reason Conflict |
+| a CR named like a model it did not apply (``sie apply``, a CR of an unwatched namespace or another release) | Refused with reason NotOwner; deleting the CR deletes nothing (the operator deletes only a model carrying its mark, and the API checks the mark again) |
+| a model applied by this operator before ownership marks | adopted (marked) only by the CR whose status proves it applied that very spec (Accepted=True, the applied digest) |
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import yaml
 from sie.k8s.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
+from sie.schemas.spec_parse import OWNER_ANNOTATION
 
 log = logging.getLogger("sie.k8s.operator")
 
@@ -80,13 +86,17 @@ class ControlRefused(SieError):
 
 
 class ControlClient:
-    """The four calls the operator makes to a control plane's HTTP API, with its operator token."""
+    """The four calls the operator makes to a control plane's HTTP API, with its operator token.
+
+    The token goes where the CLI's would (``token_for_url``): to a loopback URL or over https (plain http to
+    another host only with ``SIE_API_TOKEN_OVER_HTTP=true``); otherwise ``SieError`` before anything is sent.
+    Redirects are never followed."""
 
     def __init__(self, settings: Settings, url: str, timeout: float = 15.0) -> None:
-        from sie.streams.control.api.auth import client_token
+        from sie.streams.control.api.auth import token_for_url
 
         self.url = url.rstrip("/")
-        self._token = client_token(settings)
+        self._token = token_for_url(settings, self.url)
         self._verify: Any = str(settings.api_ca) if settings.api_ca else True
         self._timeout = timeout
 
@@ -99,7 +109,7 @@ class ControlClient:
         if body is not None:
             headers["Content-Type"] = "application/yaml"
         try:
-            with httpx.Client(verify=self._verify, timeout=self._timeout) as client:
+            with httpx.Client(verify=self._verify, timeout=self._timeout, follow_redirects=False) as client:
                 response = client.request(method, self.url + path, content=body, headers=headers)
         except httpx.HTTPError as exc:
             raise ControlUnavailable(f"control plane {self.url}: {method} {path}: {type(exc).__name__}") from None
@@ -121,17 +131,22 @@ class ControlClient:
         status, body = self._call("GET", f"/v1/rollouts/{name}")
         return body if status == 200 else None
 
-    def apply(self, document: dict[str, Any]) -> dict[str, Any]:
-        status, body = self._call("POST", "/v1/models", yaml.safe_dump(document, sort_keys=False))
+    def apply(self, document: dict[str, Any], adopt: bool = False) -> dict[str, Any]:
+        """POST the document; ``adopt``: mark an unmarked model (one this operator applied before marks)."""
+        status, body = self._call("POST", "/v1/models" + ("?adopt=1" if adopt else ""),
+                                  yaml.safe_dump(document, sort_keys=False))
         if status >= 400:
             errors = body.get("errors") or [] if isinstance(body, dict) else []
             fields = [(str(e.get("field")), str(e.get("reason"))) for e in errors if isinstance(e, dict)]
             raise ControlRefused(status, str(body.get("error") if isinstance(body, dict) else body), fields)
         return body
 
-    def delete(self, name: str) -> bool:
-        """True when the model was deleted now, False when it was not applied (404)."""
-        status, body = self._call("DELETE", f"/v1/models/{name}")
+    def delete(self, name: str, owner: str | None = None) -> bool:
+        """True when the model was deleted now, False when it was not applied (404); ``owner``: only if the
+        applied spec carries this mark (409 otherwise: ``ControlRefused``)."""
+        from urllib.parse import quote
+
+        status, body = self._call("DELETE", f"/v1/models/{name}" + (f"?owner={quote(owner)}" if owner else ""))
         if status == 404:
             return False
         if status >= 400:
@@ -165,15 +180,34 @@ def _last_event(view: dict[str, Any]) -> str | None:
     return f"{row.get('kind')}{' ' + where if where else ''}: {row.get('detail') or ''}".strip()[:1000]
 
 
+def owner_mark(cr: dict[str, Any]) -> str:
+    """The ownership mark this CR's model carries in SIE's spec record (``ModelService.owner``): namespace, name
+    and uid, so a CR of the same name elsewhere, or re-created, is another owner."""
+    meta = cr.get("metadata") or {}
+    return f"ModelService {meta.get('namespace')}/{meta.get('name')} {meta.get('uid')}"
+
+
 def cr_document(cr: dict[str, Any]) -> dict[str, Any]:
-    """The ModelService document SIE parses: the CR's spec under its name and labels (namespace, uid and
-    annotations are Kubernetes' own, not the model's)."""
+    """The ModelService document SIE parses: the CR's spec under its name and labels, and the operator's ownership
+    mark as the only annotation (the CR's own annotations, namespace and uid are Kubernetes', not the model's: a
+    CR cannot bring its own mark)."""
     meta = cr.get("metadata") or {}
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if "/" not in k}  # app.kubernetes.io/... stay out
-    doc_meta: dict[str, Any] = {"name": meta.get("name")}
+    doc_meta: dict[str, Any] = {"name": meta.get("name"), "annotations": {OWNER_ANNOTATION: owner_mark(cr)}}
     if labels:
         doc_meta["labels"] = labels
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": doc_meta, "spec": cr.get("spec") or {}}
+
+
+def applied_before_marks(status: dict[str, Any], applied: dict[str, Any]) -> bool:
+    """Did this CR apply the (unmarked) model in ``applied`` before ownership marks existed?  Only the operator
+    writes a CR's status (its RBAC: ``modelservices/status``), so ``Accepted=True/Applied`` with the applied
+    spec's digest proves it; a new CR named like a model ``sie apply`` applied has no such status."""
+    if applied.get("owner") is not None or not status.get("specDigest"):
+        return False
+    accepted = [c for c in status.get("conditions") or [] if c.get("type") == "Accepted"]
+    return bool(accepted) and accepted[0].get("status") == "True" and accepted[0].get("reason") == "Applied" \
+        and status.get("specDigest") == applied.get("digest")
 
 
 class Reconciler:
@@ -206,13 +240,20 @@ class Reconciler:
         try:
             view = self.control.model(name)
             applied = (view or {}).get("spec") or {}
+            adopt = bool(applied) and applied_before_marks(old, applied)
+            if applied and applied.get("owner") != owner_mark(cr) and not adopt:
+                msg = (f"model {name!r} is managed by {applied.get('owner') or 'sie apply or the API (no owner mark)'}, "
+                       "not by this ModelService: the operator neither changes nor deletes it; delete it there "
+                       f"first (sie delete model {name}) or give this ModelService another name")
+                return self._outcome(old, {"phase": "Refused", "reason": msg}, generation,
+                                     accepted=(False, "NotOwner", msg))
             rollout = None
             if view is not None and applied.get("version") != spec.version:
                 rollout = self.control.rollout(name)
             published = None
             if applied.get("digest") != digest and not self._rollout_holds(rollout, spec.version, old, generation):
                 try:
-                    self.control.apply(cr_document(cr))
+                    self.control.apply(cr_document(cr), adopt=adopt)
                 except ControlRefused as exc:
                     detail = "; ".join(f"{f}: {r}" for f, r in exc.fields) or str(exc)
                     reason = {409: "Conflict", 422: "Refused"}.get(exc.status, "Refused")
@@ -526,14 +567,27 @@ class Operator:
             return True
         owner = owners.get(name)
         if owner is None or owner == f"{ns}/{name}":  # a Conflict loser never owned the model: leave it alone
+            control = self.reconciler.control
             try:
-                deleted = self.reconciler.control.delete(name)
+                view = control.model(name)
+                applied = (view or {}).get("spec") or {}
+                mark = owner_mark(cr)
+                if applied.get("owner") == mark or applied_before_marks(cr.get("status") or {}, applied):
+                    deleted = control.delete(name, owner=applied.get("owner"))
+                else:  # never applied by this CR (refused, or another owner's): nothing of it to delete
+                    deleted = False
+                    if applied:
+                        self._event(cr, "Normal", "NotOwner", f"model {name} is managed by "
+                                    f"{applied.get('owner') or 'sie apply or the API'}; left in SIE")
             except ControlUnavailable as exc:
                 self._event(cr, "Warning", "ControlPlaneUnavailable", f"cannot delete the model yet: {exc}")
                 return False
             except ControlRefused as exc:
-                self._event(cr, "Warning", "DeleteRefused", str(exc))
-                return False
+                if exc.status != 409:
+                    self._event(cr, "Warning", "DeleteRefused", str(exc))
+                    return False
+                deleted = False  # the mark changed under us: no longer ours to delete
+                self._event(cr, "Normal", "NotOwner", str(exc))
             if deleted:
                 self._event(cr, "Normal", "Deleted", f"model {name} deleted from SIE (its replicas drain)")
         self._patch_meta(cr, [f for f in finalizers if f != FINALIZER])

@@ -115,6 +115,6 @@ def to_resource(spec: Any, namespace: str | None = None, topic_prefix: str = "si
         metadata["namespace"] = namespace
     if spec.labels:
         # Kubernetes label syntax: as metadata.labels (the parser merges them); anything else in spec.labels
-        valid = all(_LABEL.match(k) and len(k) <= 63 and _LABEL_VALUE.match(v) for k, v in spec.labels.items())
+        valid = all(_LABEL.fullmatch(k) and len(k) <= 63 and _LABEL_VALUE.fullmatch(v) for k, v in spec.labels.items())
         (metadata if valid else body)["labels"] = dict(spec.labels)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": body}

@@ -73,7 +73,7 @@ class CdcConnectorSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):
             raise ValueError("must be 1-200 characters of letters, digits, '.', '_' or '-'")
         return v
 

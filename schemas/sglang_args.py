@@ -178,7 +178,7 @@ class ArgTable:
     def is_option_token(self, token: str) -> bool:
         """Whether argparse takes ``token`` for an option (not a value): it starts with a prefix character, is
         longer than one character and is not a negative number (SGLang has no option that looks like one)."""
-        return len(token) > 1 and token[0] in self.prefix_chars and not _NEGATIVE_NUMBER.match(token)
+        return len(token) > 1 and token[0] in self.prefix_chars and not _NEGATIVE_NUMBER.fullmatch(token)
 
     def spelled(self, token: str) -> str:
         """The option string ``token`` names exactly (``--x`` or ``--x=value``), else ``ArgsRefused`` saying what

@@ -201,6 +201,11 @@ class ModelService(_Frozen):
     #: the ``rollout`` block as written (validated at parse time: ``sie.schemas.rollout_policy``); None = defaults
     rollout: dict[str, Any] | None = None
     description: str | None = None
+    #: who manages this model when not a person: ``ModelService <namespace>/<name> <uid>`` when the Kubernetes
+    #: operator applied it (annotation ``sie.lmsys.org/owner``); None for ``sie apply`` and the API.  The operator
+    #: overwrites or deletes only a model carrying its own mark (``sie.k8s.operator``); the API refuses a marked
+    #: apply over another owner's model.  Left out of the document when None (specs from before are unchanged).
+    owner: str | None = Field(None, max_length=400)
     source: str | None = None
     warnings: tuple[str, ...] = ()
 
@@ -210,7 +215,10 @@ class ModelService(_Frozen):
 
     def to_document(self) -> dict[str, Any]:
         """JSON-able normalised form (what ``sie apply`` publishes on the specs topic)."""
-        return self.model_dump(mode="json")
+        doc = self.model_dump(mode="json")
+        if doc.get("owner") is None:
+            doc.pop("owner", None)
+        return doc
 
     def digest(self) -> str:
         """sha256 of the normalised spec, without where it was read from and its warnings: equal digests, equal

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sie.kernel.errors import ConfigError, SpecError
-from sie.kernel.names import ModelTopics, Names
+from sie.kernel.names import ModelTopics, Names, path_problem
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
@@ -208,7 +208,7 @@ def parse_quantity(value: Any) -> float:
         except OverflowError:  # an integer beyond 1.8e308
             q = math.inf
     else:
-        match = _QUANTITY_RE.match(str(value).strip())
+        match = _QUANTITY_RE.fullmatch(str(value).strip())
         if not match:
             raise ValueError("not a Kubernetes quantity (e.g. 32Gi, 512Mi, 500m, 2)")
         q = float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
@@ -236,7 +236,7 @@ def _read_field(issues: _Issues, item: Any, path: str) -> FieldSpec | None:
     if name is _MISSING:
         issues.error(name_path, "required")
         ok = False
-    elif not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", name):
+    elif not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
         issues.error(name_path, "must be a field name (letters, digits, _ . -)", name)
         ok = False
     ftype = None
@@ -357,7 +357,7 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
         else:
             out["module_kwargs"] = dict(module_kwargs)
     if device is not _MISSING:
-        if not isinstance(device, str) or not DEVICE_RE.match(device):
+        if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
             issues.error(dev_path, "must be auto, cpu, cuda or cuda:N", device)
         else:
             out["device"] = device
@@ -381,8 +381,10 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
     elif btype == "python":
         if call is _MISSING or call is None:
             issues.error(call_path, "required for the python backend ('package.module:function')")
-        elif not isinstance(call, str) or not CALLABLE_RE.match(call):
+        elif not isinstance(call, str) or not CALLABLE_RE.fullmatch(call):
             issues.error(call_path, "must be 'package.module:function'", call)
+        elif (problem := _module_path_problem(call)) is not None:
+            issues.error(call_path, problem, call)
         else:
             out["callable"] = call
     else:
@@ -391,6 +393,18 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
             issues.warn(mp_path, "not given; the node agent resolves the model by name from its local model directory")
         out["model_path"] = mp
     return out
+
+
+#: the annotation that marks a spec as applied by the Kubernetes operator for one ModelService (``ModelService.owner``)
+OWNER_ANNOTATION = "sie.lmsys.org/owner"
+
+
+def _module_path_problem(reference: str) -> str | None:
+    """Why the module of ``package.module:name`` cannot be a file (``sie apply`` looks for ``package/module.py``
+    next to the spec), or None: the module's path is checked like any path from data."""
+    module = reference.partition(":")[0]
+    problem = path_problem(module.replace(".", "/") + ".py")
+    return None if problem is None else f"module {problem}"
 
 
 def _read_ref(issues: _Issues, path: str, value: Any, default_name: str, sha256: Any = _MISSING) -> ArtifactRef | None:
@@ -411,7 +425,7 @@ def _read_ref(issues: _Issues, path: str, value: Any, default_name: str, sha256:
     if digest is _MISSING or digest is None:
         issues.error(sha_path, "required: the sha256 (64 hex digits) every node checks the downloaded bytes against")
         return None
-    if not isinstance(digest, str) or not _SHA256.match(digest.lower()):
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest.lower()):
         issues.error(sha_path, "must be 64 hex digits (sha256sum FILE)", digest)
         return None
     fields: dict[str, Any] = {"sha256": digest.lower(), "name": default_name}
@@ -457,6 +471,10 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
         if not isinstance(artifact, str) or not artifact.strip():
             issues.error(art_path, "must be a file path", artifact)
             return
+        problem = path_problem(artifact)
+        if problem is not None:
+            issues.error(art_path, problem, artifact)
+            return
         path = Path(artifact).expanduser()
         if not path.is_absolute():
             if base_dir is None:
@@ -466,10 +484,14 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
                                        "URI with sha256", artifact)
                 return
             path = (base_dir / path).resolve()
+        problem = path_problem(str(path))
+        if problem is not None:  # the spec file's own folder plus the name: still within the limits?
+            issues.error(art_path, f"{path} {problem}", artifact)
+            return
         if not path.is_file():
             issues.error(art_path, f"file not found: {path} (paths are relative to the spec file)", artifact)
         elif sha256 is not _MISSING:
-            if not isinstance(sha256, str) or not _SHA256.match(sha256.lower()):
+            if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256.lower()):
                 issues.error(sha_path, "must be 64 hex digits (sha256sum FILE)", sha256)
             else:
                 from sie.schemas.artifact_cache import file_sha256
@@ -486,8 +508,10 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
         fmt = None
     out["format"] = fmt
     if module_class is not _MISSING and module_class is not None:
-        if not isinstance(module_class, str) or not CALLABLE_RE.match(module_class):
+        if not isinstance(module_class, str) or not CALLABLE_RE.fullmatch(module_class):
             issues.error(mc_path, "must be 'package.module:Class'", module_class)
+        elif (problem := _module_path_problem(module_class)) is not None:
+            issues.error(mc_path, problem, module_class)
         else:
             out["module_class"] = module_class
     if fmt == "safetensors" and "module_class" not in out and (module_class is _MISSING or module_class is None):
@@ -598,7 +622,7 @@ def _read_kafka_input(issues: _Issues, sec: _Section) -> dict[str, Any]:
         issues.warn(p, f"{bs} is kept for reference; SIE consumes from the cluster in its own settings (SIE_BOOTSTRAP_SERVERS)")
     p, v = sec.take("topic")
     topic = _str(issues, p, v)
-    if topic is not None and not TOPIC_RE.match(topic):
+    if topic is not None and not TOPIC_RE.fullmatch(topic):
         issues.error(p, "not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters)", topic)
         topic = None
     out["topic"] = topic
@@ -635,7 +659,7 @@ def _read_topics(issues: _Issues, sec: _Section) -> dict[str, str]:
         topic = _str(issues, p, v)
         if topic is None:
             continue
-        if not TOPIC_RE.match(topic):
+        if not TOPIC_RE.fullmatch(topic):
             issues.error(p, "not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters)", topic)
             continue
         out[key] = topic
@@ -684,7 +708,7 @@ def _common_sections(issues: _Issues, sec: _Section, d: dict[str, Any], paths: d
     p, v = sec.take("serviceType", "service_type")
     st = _str(issues, p, v)
     if st is not None:
-        if not re.match(r"^[a-z][a-z0-9_-]*$", st):
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", st):
             issues.error(p, "must be lowercase letters, digits, _ or - (a metrics label)", st)
         else:
             d["service_type"] = st
@@ -799,7 +823,13 @@ def _read_k8s(issues: _Issues, doc: dict, base_dir: Path | None) -> tuple[dict[s
         issues.warn(p, f"namespace {ns!r} ignored; SIE model names are cluster-wide")
     p, v = meta.take("labels")
     labels = _str_map(issues, p, v)
-    p, _ = meta.take("annotations")
+    p, annotations = meta.take("annotations")
+    if isinstance(annotations, dict) and OWNER_ANNOTATION in annotations:
+        owner = annotations[OWNER_ANNOTATION]
+        if not isinstance(owner, str) or not 0 < len(owner) <= 400 or not owner.isprintable():
+            issues.error(f"{p}.{OWNER_ANNOTATION}", "must be printable text of at most 400 characters", owner)
+        else:
+            d["owner"] = owner
     meta.finish()
     model = spec.section("model")
     p_name, name = model.take("name")
@@ -834,7 +864,7 @@ def _check_identity(issues: _Issues, d: dict[str, Any], paths: dict[str, str]) -
     name, version = d.get("name", _MISSING), d.get("version", _MISSING)
     if name is _MISSING or name is None:
         issues.error(paths["name"], "required (the model name)")
-    elif not isinstance(name, str) or not NAME_RE.match(name):
+    elif not isinstance(name, str) or not NAME_RE.fullmatch(name):
         issues.error(paths["name"], "must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 characters (it names Kafka topics)", name)
     if version is _MISSING or version is None:
         issues.error(paths["version"], "required (e.g. 1.2.0)")
@@ -842,7 +872,7 @@ def _check_identity(issues: _Issues, d: dict[str, Any], paths: dict[str, str]) -
         issues.error(paths["version"], "must be a string; quote it (YAML read a number)", version)
     elif isinstance(version, int):
         d["version"] = str(version)
-    elif not isinstance(version, str) or not VERSION_RE.match(version):
+    elif not isinstance(version, str) or not VERSION_RE.fullmatch(version):
         issues.error(paths["version"], "must be [A-Za-z0-9._+-], at most 64 characters", version)
 
 

@@ -196,7 +196,7 @@ class SpecPolicy:
 
     def check_reference(self, ref: Any, path: str) -> list[str]:
         """``package.module:attr`` inside the allow-list, with no ``__dunder`` step."""
-        if not isinstance(ref, str) or not REFERENCE_RE.match(ref):
+        if not isinstance(ref, str) or not REFERENCE_RE.fullmatch(ref):
             return [f"{path}: must be 'package.module:name' (got {_short(ref)})"]
         module, _, attr = ref.partition(":")
         if any(part.startswith("__") for part in attr.split(".")):

@@ -122,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     Under ``standalone_mode=False`` click hands back the code of ``ctx.exit(code)`` as the return value of
     ``cli.main``; it is this process's exit status (``sie backfill`` interrupted: 3).
     """
+    import contextvars
+
     try:
-        code = cli.main(args=argv, prog_name="sie", standalone_mode=False)
+        # in a context of its own: what a command sets for its errors (authz.needs_role) ends with it
+        code = contextvars.copy_context().run(cli.main, args=argv, prog_name="sie", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130

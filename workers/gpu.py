@@ -141,7 +141,7 @@ def parse_simulated_gpus(text: str, node: str | None = None) -> list[GpuInfo]:
         raise ConfigError(f"simulated GPUs: empty specification {text!r}; write e.g. {_SIM_EXAMPLE!r}")
     gpus: list[GpuInfo] = []
     for item in items:
-        match = _SIM_ITEM.match(item)
+        match = _SIM_ITEM.fullmatch(item)
         if match is None:
             raise ConfigError(
                 f"simulated GPUs: cannot parse {item!r}; write <count>x<product>[-<memory>GB], e.g. {_SIM_EXAMPLE!r}"

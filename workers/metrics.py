@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sie.kernel.probe_http import start_metrics_server as start_http_server  # bounded (idle timeout, cap)
 from sie.schemas.replica_state import AGENT_STATES, ReplicaState
 
 #: one-hot series per replica: the states an agent can be in (never UNKNOWN / UNSCHEDULABLE), in wire order

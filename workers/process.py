@@ -265,7 +265,7 @@ class SubprocessLauncher:
         try:
             popen = subprocess.Popen(
                 argv,
-                env=dict(spec.env) if spec.env else None,
+                env=dict(spec.env),  # built from an allow-list by the caller; never the agent's whole environment
                 cwd=spec.cwd,
                 stdin=subprocess.PIPE if self.keep_stdin else subprocess.DEVNULL,
                 stdout=log_file if log_file is not None else subprocess.DEVNULL,
@@ -287,12 +287,15 @@ class SubprocessLauncher:
 
 
 def spawn_child(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start a helper process that dies with its parent (used by a worker for its SGLang server)."""
+    """Start a helper process that dies with its parent (used by a worker for its SGLang server).  ``env`` None:
+    the allow-list of ``child_environment`` (never the worker's whole environment, its credentials among it)."""
+    from sie.kernel.settings import child_environment
+
     log_file = open(log_path, "ab") if log_path is not None else None
     try:
         return subprocess.Popen(
             list(argv),
-            env=dict(env) if env is not None else None,
+            env=dict(env) if env is not None else child_environment(os.environ),
             stdin=subprocess.DEVNULL,
             stdout=log_file if log_file is not None else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,

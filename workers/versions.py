@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sie.kernel.settings import companion_environment
 from sie.streams.scorer.errors import VersionLost
 from sie.workers.backends import InferenceError
 from sie.workers.process import LaunchDeferred, LaunchRefused, describe_exit, pdeathsig_preexec
@@ -168,7 +169,8 @@ class VersionHost:
         self.log_path = log_path
         self.call_timeout_s = call_timeout_s
         self._python = python
-        self._env = dict(env) if env is not None else None
+        # an allow-list of the worker's environment, never all of it (its Kafka credentials stay in the worker)
+        self._env = dict(env) if env is not None else companion_environment(os.environ)
         self._gpu = (",".join(str(i) for i in gpu_indices), gpu_memory_mb)
         self._threads = threads
         self.state = "loading"

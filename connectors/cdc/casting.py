@@ -135,7 +135,7 @@ _SQLTYPE_CASTERS: dict[int, Caster | None] = {
 def canal_caster_for(mysql_type: str | None, sql_type: int | None, tinyint1_as_bool: bool) -> Caster | None:
     """Caster for one canal column (None = keep the string)."""
     if mysql_type:
-        m = _BASE_RE.match(mysql_type.lower())
+        m = _BASE_RE.fullmatch(mysql_type.lower())
         if m:
             base, width = m.group(1), m.group(2)
             if base in ("tinyint", "bit") and width == "1":
@@ -526,7 +526,7 @@ def _text_to_number(v: str, where: str, kind: str) -> float:
     ms = _temporal_to_epoch_ms(v)
     if ms is not None:
         return ms
-    if _B64_RE.match(v) and len(v) >= 4:
+    if _B64_RE.fullmatch(v) and len(v) >= 4:
         raise CdcDecodeError(
             CdcErrorReason.CAST_ERROR,
             f"{where}: {preview(v)} looks like a Debezium base64 'precise' decimal and its scale is unknown; "

@@ -47,7 +47,7 @@ def _plan(settings: Settings, role: str, principal: str, models: tuple[str, ...]
 
 @click.group("acls")
 def command() -> None:
-    """Least-privilege Kafka ACLs per SIE role (scorer, agent, control, cdc, backfill, producer)."""
+    """Least-privilege Kafka ACLs per SIE role (scorer, agent, control, cdc, backfill, producer, consumer)."""
 
 
 @command.command("plan")

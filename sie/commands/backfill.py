@@ -27,7 +27,7 @@ from sie.kernel.settings import Settings
 @click.option("--source-topic", help="Topic to replay (default: the model's request topic).")
 @click.option("--version", help="Model version to score with; must be the version of the spec used.")
 @click.option("--output-topic", help="Where results go (default: the model's backfill topic, spec.topics.backfill).")
-@click.option("--dead-letter-topic", help="Where unscorable records go (default: <output topic>.dlq).")
+@click.option("--dead-letter-topic", help="Where unscorable records go (default: <output topic>-dlq).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="At most N records per second.")
 @click.option("--max-live-lag", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Pause while the live scorer group lags more than N records on the topic (0 = never pause).")
@@ -52,6 +52,10 @@ def command(ctx: click.Context, model: str | None, spec_file: Path | None, range
     """
     from sie.commands.produce import resolve_spec
     from sie.connectors.backfill import BackfillConfig, BackfillJob, check_job_id
+    from sie.kernel.authz import needs_role
+
+    needs_role("sie backfill", "backfill", (f"--model {model}" if model else "--spec FILE")
+               + (f" --job {job_id}" if job_id else ""))
     from sie.connectors.backfill_plan import parse_bound
     from sie.kernel.errors import ConfigError
     from sie.schemas.spec_policy import SpecPolicy

@@ -120,6 +120,9 @@ def run(settings: Settings, connector_file: Path, model_spec: Path | None, insta
     """
     from sie.connectors.cdc import load_connector_spec
     from sie.connectors.cdc_stage import CdcStageConfig, run_cdc_stage
+    from sie.kernel.authz import needs_role
+
+    needs_role("sie cdc run", "cdc", "--connector NAME --source-topic TOPIC --model MODEL")
     from sie.kernel.admin import ensure_model_topics, ensure_topics
     from sie.kernel.topics import TopicSpec
     from sie.streams.scorer import default_instance

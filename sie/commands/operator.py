@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -105,7 +104,8 @@ def run(settings: Settings, control_url: str, namespaces: tuple[str, ...], lease
 
     configure_logging("info")
     watched = [n for item in namespaces for n in item.split()] or [lease_namespace or _pod_namespace()]
-    operator = Operator(kube_client(kubeconfig), ControlClient(settings, control_url), settings,
+    control = ControlClient(settings, control_url)  # refuses a URL its token must not go to, before Kubernetes
+    operator = Operator(kube_client(kubeconfig), control, settings,
                         namespaces=watched, identity=identity or f"{socket.gethostname()}-{os.getpid()}",
                         lease_namespace=lease_namespace or watched[0], lease_name=lease_name, resync_s=resync_s)
 
@@ -128,18 +128,18 @@ def _pod_namespace() -> str:
         return "default"
 
 
-def _serve_health(operator: object, host: str, port: int) -> None:
+def _serve_health(operator: object, host: str, port: int) -> int:
     """/healthz: the main loop ran within 60 s; /readyz: the same (a follower is ready: it waits for the
     Lease); /metrics: leadership and passes."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from sie.kernel.probe_http import ProbeHandler, serve_probes
 
     registry = CollectorRegistry()
     leader = Gauge("sie_operator_leader", "1 while this replica holds the Lease", registry=registry)
     passes = Gauge("sie_operator_passes", "reconcile passes run by this replica", registry=registry)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(ProbeHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             lease = getattr(operator, "lease", None)
             leading = bool(lease is not None and lease.leading)
@@ -162,8 +162,4 @@ def _serve_health(operator: object, host: str, port: int) -> None:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *_args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="sie-operator-health", daemon=True).start()
+    return int(serve_probes(Handler, host, port, name="sie-operator-health").server_address[1])

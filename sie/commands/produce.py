@@ -58,11 +58,13 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
     """
     from sie.commands._runtime import EXIT_INTERRUPTED, EXIT_PARTIAL, require_kafka
     from sie.connectors.producer import ProduceError, ProduceSummary, produce_jsonl
+    from sie.kernel.authz import needs_role
     from sie.kernel.tracing import tracing_from_settings
     from sie.schemas.validation import compile_validator
 
     if allow_missing_key and not key_field:
         raise click.UsageError("--allow-missing-key needs --key-field")
+    needs_role("sie produce", "producer", f"--model {model}" if model else "--spec FILE")
     if spec_file is None:
         require_kafka(settings)  # the spec comes from the cluster
     spec = resolve_spec(settings, model, spec_file)
@@ -95,6 +97,10 @@ def command(settings: Settings, model: str | None, spec_file: Path | None, input
     click.echo(f"{spec.name} -> {target}")
     for line in summary.lines():
         click.echo(line)
+    if summary.delivery_failures.get("TOPIC_AUTHORIZATION_FAILED"):  # a missing ACL, not an outage: say the grant
+        from sie.kernel.authz import NotAuthorized
+
+        raise NotAuthorized(settings.sasl_username, "WRITE", "topic", target, "TOPIC_AUTHORIZATION_FAILED")
     if summary.interrupted:
         click.get_current_context().exit(EXIT_INTERRUPTED)
     if not summary.complete:

@@ -67,11 +67,12 @@ def command(settings: Settings, what: str, model: str | None, spec_file: Path | 
     """Print the latest results or dead letters of a model (read_committed); --follow for new ones."""
     from sie.commands._runtime import require_kafka
     from sie.commands.produce import resolve_spec
-    from sie.kernel.authz import from_kafka_error, topic_partitions
+    from sie.kernel.authz import from_kafka_error, needs_role, topic_partitions
     from sie.kernel.clients import KafkaClients, state_reader_config
     from sie.kernel.errors import SieError
     from sie.kernel.replay import read_to_end
 
+    needs_role("sie tail", "consumer", f"--model {model}" if model else "--spec FILE")
     require_kafka(settings)
     spec = resolve_spec(settings, model, spec_file)
     topic = spec.topics.results if what == "results" else spec.topics.dead_letters

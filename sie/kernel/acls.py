@@ -19,12 +19,20 @@ control    read every control topic, write ``assignments``/``events``/``control-
            groups (the autoscaler reads each model's committed offsets; a spec with its own topics or
            group needs those too).
 cdc        read the connector's source topics and its group, write the target request topics and the
-           connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``.
+           connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``; read ``specs`` (the model's
+           spec unless ``--model-spec`` gives it).
 backfill   read the model's request topic, write the backfill results and their dead letters, read and
            write ``backfill-plans``, its group and transactional id, describe the scorer's group (it
-           paces itself by the live scorer's lag).
-producer   write request topics (``sie produce``, applications).
+           paces itself by the live scorer's lag); read ``specs`` (``--model``: the applied spec).
+producer   write request topics (``sie produce``, applications); read ``specs`` (``sie produce --model`` finds
+           the model's request topic and input schema there; ``--spec FILE`` needs no read).
+consumer   read a model's results and dead letters (``sie tail results|dlq``, applications reading answers);
+           read ``specs`` (``--model`` finds the topics there).
 =========  ===============================================================================================
+
+Which CLI command runs as which role (``COMMAND_ROLES``; tests/infra/test_kafka_secure.py runs each command as
+each of these roles on the secured broker): a refused command names the role it needs and the ``sie acls apply``
+line that grants it (``sie.kernel.authz.needs_role``).
 
 Nothing creates topics: an administrator does (``sie topics ensure``, or a scorer's topics when its
 model is applied) with a super-user principal.  Without ``--model``/``--node``/``--connector``/``--job``
@@ -44,7 +52,9 @@ from typing import Any
 from sie.kernel.errors import ConfigError, SieError
 from sie.kernel.names import SYSTEM_TOPICS, Names
 
-ROLES = ("scorer", "agent", "control", "cdc", "backfill", "producer")
+ROLES = ("scorer", "agent", "control", "cdc", "backfill", "producer", "consumer")
+#: the CLI commands a data-path principal runs, and the role whose plan covers what each reads and writes
+COMMAND_ROLES = {"sie produce": "producer", "sie tail": "consumer", "sie backfill": "backfill", "sie cdc run": "cdc"}
 LITERAL, PREFIXED = "literal", "prefixed"
 RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
@@ -176,10 +186,12 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         r.add("group", names.cdc_group(connector), ["read"], f"{connector}: the stage's consumer group")
         r.add("transactional_id", names.cdc_transactional_id_prefix(connector), ["write"],
               f"{connector}: one transactional id per stage instance", PREFIXED)
+        r.add("topic", system("specs"), ["read"], "sie cdc run without --model-spec: the model's spec")
     elif role == "backfill":
         if not models:
             raise ConfigError("role backfill: pass the --model NAME (or -f SPEC) it re-scores")
         r.add("topic", system("backfill-plans"), ["read", "write", "describe_configs"], "job plans")
+        r.add("topic", system("specs"), ["read"], "sie backfill --model: the applied spec it re-scores with")
         for m in models:
             r.add("topic", m.requests, ["read"], f"{m.model}: the range to re-score")
             for topic in (m.backfill, names.backfill_dead_letter_topic(m.backfill)):
@@ -198,14 +210,27 @@ def plan(names: Names, role: str, principal: str, *, models: Sequence[ModelScope
         else:
             r.add("topic", names.model_topic_prefix, ["write"], "requests to every model (also results: narrow it "
                   "with --model)", PREFIXED)
+        r.add("topic", system("specs"), ["read"], "sie produce --model: the model's request topic and input schema")
+    elif role == "consumer":
+        if models:
+            for m in models:
+                for topic in (m.results, m.dead_letters):
+                    r.add("topic", topic, ["read"], f"{m.model}: results and dead letters (sie tail)")
+        else:
+            r.add("topic", names.model_topic_prefix, ["read"], "every model's topics (narrow it with --model)",
+                  PREFIXED)
+        r.add("topic", system("specs"), ["read"], "sie tail --model: the model's topics")
     rules = sorted(set(r.rules))
     _check_system_grants(names, role, rules)
+    _check_model_grants(names, role, rules, models)
     return rules
 
 
 #: the only system topics a data-path role is granted anything on, and what
 _DATA_ROLE_SYSTEM_GRANTS = {("scorer", "rollouts", "read"), ("backfill", "backfill-plans", "read"),
-                            ("backfill", "backfill-plans", "write"), ("backfill", "backfill-plans", "describe_configs")}
+                            ("backfill", "backfill-plans", "write"), ("backfill", "backfill-plans", "describe_configs"),
+                            ("producer", "specs", "read"), ("consumer", "specs", "read"), ("cdc", "specs", "read"),
+                            ("backfill", "specs", "read")}
 
 
 def _check_scopes(names: Names, models: Sequence[ModelScope], source_topics: Sequence[str]) -> None:
@@ -239,6 +264,22 @@ def _check_system_grants(names: Names, role: str, rules: Sequence[AclRule]) -> N
                 (role, suffixes[rule.name], rule.operation) not in _DATA_ROLE_SYSTEM_GRANTS:
             raise ConfigError(f"refusing to plan ACLs: role {role} would get {rule.operation.upper()} on the system "
                               f"topic {rule.name}")
+
+
+def _check_model_grants(names: Names, role: str, rules: Sequence[AclRule], models: Sequence[ModelScope]) -> None:
+    """The last word for a plan scoped to models: a topic under ``<p>.model.`` is granted only if it is one of
+    those models' own (``Names.model_of_topic``), never another model's that happens to share a prefix."""
+    if role in ("agent", "control") or not models:
+        return
+    planned = {m.model for m in models}
+    for rule in rules:
+        if rule.resource != "topic" or not rule.name.startswith(names.model_topic_prefix):
+            continue
+        owner = names.model_of_topic(rule.name) if rule.pattern == LITERAL else None
+        if owner not in planned:
+            raise ConfigError(f"refusing to plan ACLs: role {role} for {', '.join(sorted(planned))} would get "
+                              f"{rule.operation.upper()} on {rule.name}, "
+                              + (f"model {owner}'s topic" if owner else "a pattern over other models' topics"))
 
 
 def render(rules: Sequence[AclRule]) -> str:

@@ -10,9 +10,32 @@ abortable transaction error that carries one (a record refused by the broker mak
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from sie.kernel.errors import SieError
+
+#: (command, role, scope flags) of the CLI command running now (``needs_role``): a refusal names that role's grant
+_COMMAND: ContextVar[tuple[str, str, str] | None] = ContextVar("sie_command_role", default=None)
+
+
+def needs_role(command: str, role: str, scope: str = "") -> None:
+    """Say which role's ACLs the running CLI command needs (``sie.kernel.acls.COMMAND_ROLES``): a
+    ``NotAuthorized`` raised while it runs names ``sie acls apply --role ROLE ... SCOPE`` instead of a generic
+    pointer.  ``scope``: the flags that narrow the plan (``--model churn``)."""
+    _COMMAND.set((command, role, scope))
+
+
+def _fix(principal: str | None) -> str:
+    who = principal or "NAME"
+    running = _COMMAND.get()
+    if running is not None:
+        command, role, scope = running
+        return (f"`{command}` runs as role {role}: an administrator grants it with `sie acls apply --role {role} "
+                f"--principal {who}{' ' + scope if scope else ''}` (see it first with `sie acls plan`; "
+                "docs/security.md, \"The roles and their ACLs\")")
+    return (f"grant the ACL of the component's role (`sie acls plan --role ROLE --principal {who}` shows what each "
+            "SIE role needs: scorer, agent, control, cdc, backfill, producer, consumer; docs/security.md)")
 
 #: librdkafka error name -> (resource, the operation SIE's roles need on it)
 _CODES = {
@@ -42,10 +65,7 @@ class NotAuthorized(SieError):
             what = f"{resource} " + " or ".join(repr(c) for c in candidates)
         else:
             what = resource
-        super().__init__(
-            f"not authorized: {who} may not {operation} {what} ({detail}); grant the ACL "
-            f"(`sie acls plan --role ROLE --principal {principal or 'NAME'}` shows what each SIE role needs, "
-            "docs/security.md)")
+        super().__init__(f"not authorized: {who} may not {operation} {what} ({detail}); {_fix(principal)}")
 
 
 class NotAuthenticated(SieError):

@@ -4,10 +4,12 @@ Every name starts with the cluster's prefix (``SIE_TOPIC_PREFIX``, default ``sie
 ACL per resource type covers a whole SIE cluster and two clusters on one Kafka never collide::
 
     <p>.specs, <p>.nodes, ...                   system topics (sie.kernel.topics lists them)
-    <p>.model.<model>.requests|results|dlq|backfill    a model's data-path topics (a spec may override)
+    <p>.model.<model>.requests|results|dlq|backfill|backfill-dlq|deferred
+                                                a model's data-path topics (a spec may override): always ONE
+                                                word after the model, so no two models' topics collide
     <p>.scorer.<model>                          a model's scorer group;  <p>.scorer.<model>.<instance> its txn id
     <p>.cdc.<connector>[.<instance>]            CDC stage group / txn id;  <p>.cdc.<connector>.dlq its DLQ
-    <p>.backfill.<job>                          backfill group and txn id; <output topic>.dlq its DLQ
+    <p>.backfill.<job>                          backfill group and txn id; <output topic>-dlq its DLQ
     <p>.backfill.<job>.<role>                   a backfill job's client ids (consumer, probe, plan reader/writer)
     <p>.control                                 control-plane election group and the leader's shared txn id
     <p>.control.state                           control-plane state reader (assign(), never joined)
@@ -33,6 +35,7 @@ Names that come FROM DATA (a spec, an assignment, a connector) are checked here,
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -44,7 +47,7 @@ INSTANCE_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 def check_instance(instance: str, what: str = "instance") -> str:
     """``instance`` if it can be part of a transactional id, else a ``ConfigError`` naming the fix."""
-    if not INSTANCE_RE.match(instance):
+    if not INSTANCE_RE.fullmatch(instance):
         raise ConfigError(f"{what}: must match {INSTANCE_RE.pattern} (got {instance!r}); pass --instance NAME")
     return instance
 
@@ -60,7 +63,7 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 def check_model_name(name: object, what: str = "model name") -> str:
     """``name`` if it can name a model's topics, else a ``ConfigError`` naming the rule."""
-    if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
+    if not isinstance(name, str) or not MODEL_NAME_RE.fullmatch(name):
         raise ConfigError(f"{what}: must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 "
                           f"characters (got {_shown(name)})")
     return name
@@ -68,10 +71,36 @@ def check_model_name(name: object, what: str = "model name") -> str:
 
 def check_replica_id(replica_id: object, what: str = "replica_id") -> str:
     """``replica_id`` if it can name a folder under the agent's work directory, else a ``ConfigError``."""
-    if not isinstance(replica_id, str) or not REPLICA_ID_RE.match(replica_id):
+    if not isinstance(replica_id, str) or not REPLICA_ID_RE.fullmatch(replica_id):
         raise ConfigError(f"{what}: must match {REPLICA_ID_RE.pattern} (a folder name: no '/', no leading '.'; "
                           f"got {_shown(replica_id)})")
     return replica_id
+
+
+#: what every Linux file system SIE runs on allows: a path component of at most NAME_MAX bytes, a whole path of
+#: at most PATH_MAX; a longer name from data is refused by name here, never an ``OSError: [Errno 36]`` later
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def path_problem(path: object) -> str | None:
+    """Why ``path`` (a file path or name FROM DATA: a spec's artifact, a module's package folder) may not be handed
+    to the file system, or None.  Checked before ``is_file()``/``stat()``, which raise on a too-long name."""
+    if not isinstance(path, str):
+        return f"must be a path (got {_shown(path)})"
+    if "\0" in path:
+        return "must not contain a NUL character"
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeError:
+        return f"is not a file name this system can encode (got {_shown(path)})"
+    if len(encoded) > PATH_MAX:
+        return f"is {len(encoded)} bytes long; a path may have at most {PATH_MAX}"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (f"has a file or folder name of {len(longest)} bytes ({_shown(longest.decode(errors='replace'))}); "
+                f"a file system allows at most {NAME_MAX}")
+    return None
 
 
 def _shown(value: object) -> str:
@@ -124,7 +153,7 @@ class Names:
     def data_topic_problem(self, model: str, topic: str) -> str | None:
         """Why ``topic`` may not be a data-path topic of ``model`` (a spec's override, a connector's request topic),
         or None.  Under ``<p>.`` only the model's own names; outside it any valid topic (the team's own)."""
-        if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+        if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
             return f"not a valid Kafka topic name ([A-Za-z0-9._-], at most 249 characters; got {_shown(topic)})"
         if topic in self.own_data_topics(model):
             return None
@@ -164,7 +193,20 @@ class Names:
 
     @staticmethod
     def backfill_dead_letter_topic(output_topic: str) -> str:
-        return f"{output_topic}.dlq"
+        """``<output topic>-dlq``: one word after the model (``<p>.model.m.backfill-dlq``).  It was
+        ``<output topic>.dlq`` before, which for model ``m`` was ``<p>.model.m.backfill.dlq``: model
+        ``m.backfill``'s own dead-letter topic (docs/connectors.md, "Backfill dead letters" says how a cluster
+        from before is handled)."""
+        return f"{output_topic}-dlq"
+
+    def model_of_topic(self, topic: str) -> str | None:
+        """The model whose topic ``topic`` is under ``<p>.model.`` (``<p>.model.<model>.<one word>``), or None for
+        a topic outside it.  Every name a model owns there has exactly one word after the model, so this is the
+        only model that may be granted it."""
+        if not topic.startswith(self.model_topic_prefix):
+            return None
+        model, _, word = topic[len(self.model_topic_prefix):].rpartition(".")
+        return model if model and word else None
 
     # --- scorer -------------------------------------------------------------------------------------
     def scorer_group(self, model: str) -> str:

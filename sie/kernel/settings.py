@@ -346,7 +346,7 @@ class Settings(BaseSettings):
         import re
 
         for prefix in value:
-            if not re.match(_MODULE_RE_TEXT, prefix):
+            if not re.fullmatch(_MODULE_RE_TEXT, prefix):
                 raise ValueError(f"SIE_ALLOWED_MODULES: {prefix!r} is not a dotted module name (e.g. acme.models)")
             top = prefix.split(".")[0]
             if top in sys.stdlib_module_names or top in sys.builtin_module_names:
@@ -363,7 +363,7 @@ class Settings(BaseSettings):
         import re
 
         for source in value:
-            match = re.match(r"^([a-z][a-z0-9+.-]*)://([^/]+)", source)
+            match = re.match(r"([a-z][a-z0-9+.-]*)://([^/\s]+)", source)
             if match is None or match.group(1) == "file":
                 raise ValueError(f"SIE_ARTIFACT_SOURCES: {source!r} must be a URI prefix with a host or bucket, "
                                  "e.g. s3://models/ or https://models.example.com/ (file:// paths go under "
@@ -377,7 +377,7 @@ class Settings(BaseSettings):
         import re
 
         for prefix in value:
-            if not re.match(r"^https?://[^/@\s]+(/\S*)?$", prefix) and not re.match(r"^[A-Za-z0-9.-]+$|^\[[0-9A-Fa-f:.]+\]$", prefix):
+            if not re.fullmatch(r"https?://[^/@\s]+(/\S*)?", prefix) and not re.fullmatch(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]", prefix):
                 raise ValueError(f"SIE_SGLANG_ENDPOINTS: {prefix!r} must be an http(s) URL prefix with a host and no "
                                  "credentials (http://10.0.0.5:30000/, https://llm.example.com/v1/) or a host name")
         return value
@@ -520,6 +520,23 @@ def worker_environment(parent: Mapping[str, str], extra: Iterable[str] = ()) -> 
     named = set(extra)
     return {k: v for k, v in parent.items()
             if k in named or ((k in WORKER_ENV_NAMES or k.startswith(WORKER_ENV_PREFIXES)) and not looks_like_credential(k))}
+
+
+#: the settings a companion version process (``sie.workers.version_host``) needs: it loads and serves one version
+#: over pipes (the node's spec policy, the model roots and caches, its compute knobs) and never talks to Kafka or
+#: the control API, so no connection setting or credential is on this allow-list
+COMPANION_SETTINGS = ("allowed_modules", "model_roots", "artifact_sources", "sglang_endpoints", "sglang_server_entries",
+                      "sglang_trust_remote_code", "sglang_extra_args", "cache_dir", "topic_prefix", "worker_env")
+
+
+def companion_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """What a worker's companion version process gets of the worker's environment ``parent``: the worker
+    allow-list (``worker_environment`` with ``SIE_WORKER_ENV``'s names) and, of SIE's settings, only those on
+    ``COMPANION_SETTINGS``: never the worker's Kafka credentials (it inherited the worker's whole environment)."""
+    named = [str(n) for n in _split_list(parent.get("SIE_WORKER_ENV", ""))]
+    allowed = {f"SIE_{name.upper()}" for name in COMPANION_SETTINGS if name in Settings.model_fields}
+    base = {k: v for k, v in worker_environment(parent, named).items() if not k.startswith("SIE_")}
+    return {**base, **{k: v for k, v in parent.items() if k in allowed}}
 
 
 def child_environment(parent: Mapping[str, str]) -> dict[str, str]:

@@ -156,12 +156,13 @@ def retry_until_answered(call: Callable[[], T], what: str, readiness: Readiness,
 def serve_readiness(readiness: Readiness, host: str, port: int,
                     check: Callable[[], tuple[bool, str]] | None = None) -> int:
     """``/readyz`` (200 ready / 503 ``waiting for: ...``) and ``/livez`` on a daemon thread; the bound port.
+    Bounded (``sie.kernel.probe_http``): idle connections time out, at most a few are served at once.
 
     ``check``: once ``readiness`` is ready, the component's own live verdict (the control plane: its state
     has caught up with the topics)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from sie.kernel.probe_http import ProbeHandler, serve_probes
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(ProbeHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             ready, reason = readiness.snapshot()
             if ready and check is not None:
@@ -182,9 +183,5 @@ def serve_readiness(readiness: Readiness, host: str, port: int,
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
-            return
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name=f"sie-{readiness.component}-readiness", daemon=True).start()
+    server = serve_probes(Handler, host, port, name=f"sie-{readiness.component}-readiness")
     return int(server.server_address[1])

@@ -22,6 +22,7 @@ from sie.connectors.backfill_plan import BackfillPlan, BoundKind, PartitionRange
 from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.kernel.admin import ensure_model_topics
 from sie.kernel.errors import ConfigError
+from sie.kernel.names import Names
 from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
 from tests.scorer_fixtures import ALLOWED_MODULES, CommittedReader, echo_spec, load_echo_backend, write_echo_spec
 
@@ -178,7 +179,7 @@ def test_time_range_scores_exactly_the_records_in_range_once_and_reruns_are_idem
         doc = orjson.loads(r.value)
         assert doc["outputs"] == {"y": 2 * float(doc["id"][1:])} and doc["version"] == "1.0.0"
         assert doc["timings"]["queue_ms"] == 0.0 and r.headers["sie.backfill.job"]
-    dead = consume_all(kafka_settings, spec.topics.backfill + ".dlq", expected=2, timeout=20)
+    dead = consume_all(kafka_settings, Names.backfill_dead_letter_topic(spec.topics.backfill), expected=2, timeout=20)
     assert sorted(d.headers["sie.reason"] for d in dead) == [b"invalid_json", b"schema_violation"]
     assert sorted(d.value for d in dead) == sorted(poison.values())  # original bytes
     assert consume_all(kafka_settings, spec.topics.results) == []  # live results untouched (read to the end)

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from sie.kernel.names import Names
 from tests.connectors.test_backfill import make_spec, produce_timed, run_job
 from tests.connectors.test_cdc_stage import StageThread, Topics, canal_row_event, connector, produce
 from tests.helpers import consume_all, wait_until
@@ -43,5 +44,5 @@ def test_backfill_dead_letters_a_999900_byte_request_and_scores_the_100_around_i
     assert report.complete and report.scored == 100 and report.dead_letters == {"invalid_json": 1}
     assert report.aborts == 0
     results = consume_all(kafka_settings, spec.topics.backfill, expected=100, timeout=30)
-    (letter,) = consume_all(kafka_settings, f"{spec.topics.backfill}.dlq", expected=1, timeout=30)
+    (letter,) = consume_all(kafka_settings, Names.backfill_dead_letter_topic(spec.topics.backfill), expected=1, timeout=30)
     assert len(results) == 100 and letter.value == BIG

@@ -10,6 +10,7 @@ logs, errors, ``--help`` or ``sie kafka status``.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -23,6 +24,7 @@ from click.testing import CliRunner
 from sie.kernel.acls import ModelScope, apply, plan
 from sie.kernel.admin import admin_client, ensure_model_topics, ensure_topics
 from sie.kernel.authz import NotAuthenticated, NotAuthorized
+from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.spec import load_spec
@@ -64,7 +66,7 @@ def world(secure_kafka: Any) -> dict[str, Any]:
     ensure_topics(admin, system_topics(prefix))
     spec = load_spec(RULES, topic_prefix=prefix)
     t = spec.topics
-    ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill, f"{t.backfill}.dlq"], 2)
+    ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill, Names.backfill_dead_letter_topic(t.backfill)], 2)
     return {"kafka": secure_kafka, "prefix": prefix, "admin": admin, "spec": spec}
 
 
@@ -121,11 +123,13 @@ def test_exactly_once_scorer_end_to_end_under_its_least_privilege_principal(worl
     assert consume_all(admin, spec.topics.dead_letters, timeout=10) == []
     assert run.summary.results == 60 and run.summary.aborts == 0
 
-    # the producer principal may write requests and nothing else: reading the results is refused, by name
-    with pytest.raises(NotAuthorized, match=r"may not READ topic 'sec\w+\.specs'"):
-        from sie.schemas.spec_store import read_spec_snapshot
+    # the producer principal may write requests (and read specs to find them), nothing else: reading the results
+    # is refused, by name
+    from sie.kernel.authz import topic_denied
 
-        read_spec_snapshot(producer.settings.with_overrides(topic_prefix=world["prefix"]), timeout=10)
+    denied = topic_denied(admin_client(producer.settings), spec.topics.results,
+                          producer.settings.kafka_client_config(), "READ")
+    assert denied is not None and re.search(r"may not READ topic 'sec\w+\.model\.fraud-rules\.results'", str(denied))
     out, err = capfd.readouterr()
     text = out + err + caplog.text + repr(scorer.settings) + repr(producer.settings)
     for secret in _secrets(kafka, scorer, producer):
@@ -456,3 +460,43 @@ def test_each_principal_writes_exactly_its_capability_cells_and_a_crafted_spec_g
     assert wrote["scorer"] == set()
     compacted = [t.name for t in system_topics(prefix) if t.compacted]
     assert {topic_configs(admin, name)["cleanup.policy"] for name in compacted} == {"compact"}
+
+
+ROLE_COMMANDS = {  # sie.kernel.acls.COMMAND_ROLES: the command each data-path role runs, with --model
+    "producer": [["produce", "--model", "{model}", "--file", "{requests}"]],
+    "consumer": [["tail", "results", "--model", "{model}"], ["tail", "dlq", "--model", "{model}"]],
+    "backfill": [["backfill", "--model", "{model}", "--from", "earliest", "--to", "now"]],
+}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_COMMANDS))
+def test_each_cli_command_works_as_its_role_and_is_refused_as_another_naming_the_grant(
+        world: dict[str, Any], role: str, tmp_path: Path) -> None:
+    """Issue 38.6: after `sie acls apply --role producer --model churn`, `sie produce --model churn` failed with
+    `may not READ topic 'sie.specs'` and a hint that led nowhere.  Each role's plan now covers what its commands
+    read and write, and a command run under another role's principal names the role and grant it needs."""
+    from sie.kernel.acls import COMMAND_ROLES
+    from sie.schemas.spec_store import publish_spec
+
+    kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]
+    publish_spec(admin, spec)
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("\n".join(json.dumps({"id": f"r{i}", "inputs": EXAMPLE_INPUT}) for i in range(3)) + "\n")
+    principal = Principal(kafka, prefix, role, models=[ModelScope.default(admin.names, spec.name)])
+    principal.grant(admin)
+    for other_role, commands in ROLE_COMMANDS.items():
+        for args in commands:
+            argv = [a.format(model=spec.name, requests=requests) for a in args]
+            result = _cli_as(kafka, principal, prefix, argv)
+            command_role = COMMAND_ROLES[f"sie {argv[0]}"]
+            assert command_role == other_role
+            if other_role == role:
+                assert result.exit_code == 0, (argv, result.output)
+            else:
+                assert result.exit_code == 1, (argv, result.output)
+                assert f"not authorized: User:{principal.name}" in result.output, result.output
+                assert (f"runs as role {other_role}: an administrator grants it with `sie acls apply --role "
+                        f"{other_role} --principal {principal.name} --model {spec.name}") in result.output, \
+                    result.output
+    if role == "producer":  # what it sent arrived
+        assert len(consume_all(admin, spec.topics.requests, expected=3, timeout=30)) == 3

@@ -167,3 +167,42 @@ def test_kubectl_apply_to_ready_restart_changes_nothing_and_delete_removes_the_m
             assert gone is None or "spec" not in gone, gone  # no applied spec left
         finally:
             operator.stop()
+
+
+def test_a_resource_named_like_a_model_sie_apply_applied_never_takes_it_over_nor_deletes_it(
+        crd_installed: KubeApiServer, kafka_settings: Settings, tmp_path: Path):
+    """Issue 37, item 4: a ModelService named like a model `sie apply` applied became its owner, and deleting it
+    deleted that model.  The operator now owns only models carrying its mark in SIE's spec record."""
+    kube = crd_installed
+    ns = f"sie-own-{uuid.uuid4().hex[:6]}"
+    kubeconfig = _install_operator_rbac(kube, ns)
+    with Cluster(kafka_settings, tmp_path / "cluster") as cluster:
+        cluster.start_control("c1")
+        port = cluster.wait_leader().port
+        url = f"http://127.0.0.1:{port}"
+        spec_file = cluster.write_spec("fraud-scorer", name="fraud-own", replicas=1)
+        applied = cluster.sie("apply", "-f", str(spec_file), "--control-url", url)
+        assert applied.returncode == 0, applied.stderr
+        (published,) = _spec_records(cluster.settings, "fraud-own")
+        made = cluster.sie("operator", "resource", "-f", str(spec_file), "-n", ns, "--control-url", url)
+        assert made.returncode == 0, made.stderr
+        operator = OperatorProc(cluster, kube, kubeconfig, ns, port, "op-own")
+        try:
+            kube.kubectl("apply", "-f", "-", input=made.stdout)
+
+            def not_owner() -> dict[str, Any] | None:
+                assert operator.proc.poll() is None, f"the operator exited:\n{operator.tail()}"
+                got = _cr(kube, ns, "fraud-own") or {}
+                accepted = {c["type"]: c for c in got.get("status", {}).get("conditions", [])}.get("Accepted", {})
+                return accepted if accepted.get("reason") == "NotOwner" else None
+
+            accepted = wait_for(not_owner, 90, lambda: f"NotOwner; CR {_cr(kube, ns, 'fraud-own')}\n{operator.tail()}")
+            assert "sie apply" in accepted["message"]
+            assert _spec_records(cluster.settings, "fraud-own") == [published], "the operator overwrote the model"
+            kube.kubectl("-n", ns, "delete", "modelservice", "fraud-own", "--wait=true", "--timeout=90s")
+            assert _cr(kube, ns, "fraud-own") is None
+            assert _spec_records(cluster.settings, "fraud-own") == [published], "deleting the CR deleted the model"
+            still = try_get(port, "/v1/models/fraud-own")
+            assert still is not None and still["spec"]["owner"] is None, still
+        finally:
+            operator.stop()

@@ -31,16 +31,22 @@ class FakeControl:
         if spec is None:
             return None
         return {**self.view, "name": name, "version": spec.version,
-                "spec": {"version": spec.version, "digest": spec.digest()}}
+                "spec": {"version": spec.version, "digest": spec.digest(), "owner": spec.owner}}
 
     def rollout(self, name: str) -> dict[str, Any] | None:
         return self.rollouts.get(name)
 
-    def apply(self, document: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, document: dict[str, Any], adopt: bool = False) -> dict[str, Any]:
+        from sie.streams.control.api.routes import _ownership_problem
+
         if self.refuse is not None:
             raise self.refuse
-        self.posts.append(document)
         spec = parse_spec(document)
+        problem = _ownership_problem(self.applied.get(spec.name), spec.owner, adopt)  # the API's own check
+        if problem:
+            raise ControlRefused(409, problem, [])
+        self.posts.append(document)
+        self.adopted = adopt
         self.applied[spec.name] = spec
         return {"name": spec.name, "version": spec.version}
 

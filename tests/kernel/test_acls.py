@@ -16,7 +16,7 @@ def _scope(names: Names, role: str) -> dict:
     return {
         "scorer": {"models": m}, "agent": {"nodes": ["n1"]}, "control": {}, "producer": {"models": m},
         "cdc": {"connector": "orders", "source_topics": ["canal.shop.orders"], "models": m},
-        "backfill": {"models": m, "job": "j1"},
+        "backfill": {"models": m, "job": "j1"}, "consumer": {"models": m},
     }[role]
 
 

@@ -76,3 +76,27 @@ def test_audit_details_are_escaped_whatever_they_quote():
     assert escape_text("alice (operator) apply m\n2026 INFO forged\x1b[2J\x00: ok") == \
         "alice (operator) apply m\\n2026 INFO forged\\x1b[2J\\x00: ok"
     assert escape_text("modèle ✓ café") == "modèle ✓ café"  # printable text stays as it is
+
+
+def _role_rows() -> dict[str, str]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text(encoding="utf-8")
+    section = text[text.index("### Tokens and roles"):text.index("### Audit")]
+    return {row.split("|")[1].strip().strip("`"): row for row in section.splitlines() if row.startswith("| `")}
+
+
+def test_the_role_table_lists_every_route_and_a_viewer_may_not_write_any(client: tuple[TestClient, FakeAudit]):
+    """docs/security.md's role table is complete (the rollout routes were missing): every route of the API is in
+    the viewer row (reads) or the operator row (writes), and a viewer token gets 403 on every write."""
+    http, _ = client
+    doc = http.get("/openapi.json", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}).json()
+    rows = _role_rows()
+    routes = [(method.upper(), path) for path, ops in doc["paths"].items() for method in ops
+              if not path.startswith("/status")]
+    assert ("POST", "/v1/rollouts/{name}/{action}") in routes
+    for method, path in routes + [("GET", "/openapi.json")]:
+        row = rows["viewer" if method == "GET" else "operator"]
+        assert f"{path}`" in row, f"{method} {path} is not in the {('viewer' if method == 'GET' else 'operator')} row"
+        if method != "GET":
+            concrete = path.replace("{name}", "m").replace("{action}", "pause").replace("{ref}", "sha256:" + "0" * 64)
+            answer = http.request(method, concrete, headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
+            assert answer.status_code == 403, (method, concrete, answer.status_code)

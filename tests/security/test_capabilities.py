@@ -37,7 +37,7 @@ from tests.security.http_stub import StubServer
 from tests.workers.test_agent_kafka import publish_assignment, run_agent
 
 DOC = REPO_ROOT / "docs" / "security.md"
-KAFKA_ROLES = ("scorer", "agent", "control", "connector", "backfill", "producer")
+KAFKA_ROLES = ("scorer", "agent", "control", "connector", "backfill", "producer", "consumer")
 
 
 def capability_table() -> dict[str, dict[str, str]]:
@@ -48,7 +48,7 @@ def capability_table() -> dict[str, dict[str, str]]:
     table = {}
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        table[cells[0].strip("`")] = dict(zip(KAFKA_ROLES, cells[1:7]))
+        table[cells[0].strip("`")] = dict(zip(KAFKA_ROLES, cells[1:1 + len(KAFKA_ROLES)]))
     return table
 
 

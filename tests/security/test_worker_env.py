@@ -7,6 +7,7 @@ server a worker starts gets no SIE setting and no credential at all.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,51 @@ def test_the_sglang_server_gets_no_sie_setting_and_no_credential(tmp_path: Path,
     assert env is not None and env["PATH"] == "/usr/bin"
     assert not [k for k in env if k.startswith("SIE_")]
     assert not [k for k, v in env.items() if any(s in v for s in (*SECRETS, "scorer-pw"))]
+
+
+def test_a_companion_version_process_gets_the_allow_list_and_no_kafka_credential(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    """Issue 37, item 1: a worker's companion process (the other version of a rollout, ``VersionHost``) inherited
+    the worker's whole environment: its Kafka password among it, readable by the other version's model code."""
+    from sie.workers.versions import VersionHost
+
+    worker = {**AGENT_ENV, "SIE_SASL_USERNAME": "scorer", "SIE_SASL_PASSWORD": "scorer-pw",
+              "SIE_SASL_PASSWORD_FILE": "/etc/sie/kafka-user/password", "SIE_SSL_KEY_PASSWORD": "key-pw",
+              "SIE_KAFKA_SECRETS": '{"sasl.oauthbearer.client.secret": "oauth-secret"}',
+              "SIE_BOOTSTRAP_SERVERS": "k:9092", "SIE_ALLOWED_MODULES": "acme.models", "SIE_TOPIC_PREFIX": "blue",
+              "SIE_MODEL_ROOTS": "/models"}
+    for key, value in worker.items():
+        monkeypatch.setenv(key, value)
+    host = VersionHost("1.1.0", tmp_path / "version-1.1.0.json", "m-0 version 1.1.0", log_path=tmp_path / "v.log",
+                       call_timeout_s=1.0)
+    env = host._env
+    assert env is not None
+    assert not [k for k, v in env.items() if any(s in v for s in (*SECRETS, "scorer-pw", "key-pw", "oauth-secret"))]
+    assert not {"SIE_SASL_USERNAME", "SIE_SASL_PASSWORD_FILE", "SIE_BOOTSTRAP_SERVERS", "SIE_API_TOKEN"} & set(env)
+    assert {k: env[k] for k in ("PATH", "SIE_ALLOWED_MODULES", "SIE_TOPIC_PREFIX", "SIE_MODEL_ROOTS")} == \
+        {k: worker[k] for k in ("PATH", "SIE_ALLOWED_MODULES", "SIE_TOPIC_PREFIX", "SIE_MODEL_ROOTS")}
+
+
+def test_the_launchers_never_hand_a_child_the_whole_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An empty LaunchSpec.env used to mean "inherit everything" (``env or None``), and ``spawn_child`` without
+    ``env`` inherited the worker's whole environment: both now pass only what the allow-list built."""
+    import sys
+
+    from sie.workers.process import LaunchSpec, SubprocessLauncher, spawn_child
+
+    monkeypatch.setenv("SIE_SASL_PASSWORD", "scorer-pw")
+    monkeypatch.setenv("GITHUB_TOKEN", "gh-secret")
+    dump = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+    handle = SubprocessLauncher().start(LaunchSpec(name="w", argv=(sys.executable, "-c", dump, str(tmp_path / "a")),
+                                                   env={"ONLY": "this"}, status_pipe=False))
+    handle._popen.wait(60)
+    seen = json.loads((tmp_path / "a").read_text())
+    assert "scorer-pw" not in seen.values() and "GITHUB_TOKEN" not in seen and seen.get("ONLY") == "this"
+    empty = SubprocessLauncher().start(LaunchSpec(name="e", argv=(sys.executable, "-c", dump, str(tmp_path / "e")),
+                                                  status_pipe=False))
+    empty._popen.wait(60)
+    assert "GITHUB_TOKEN" not in json.loads((tmp_path / "e").read_text())  # an empty env is empty, not "inherit"
+    child = spawn_child([sys.executable, "-c", dump, str(tmp_path / "b")])
+    child.wait(60)
+    seen = json.loads((tmp_path / "b").read_text())
+    assert "SIE_SASL_PASSWORD" not in seen and "GITHUB_TOKEN" not in seen and seen.get("PATH") == os.environ["PATH"]

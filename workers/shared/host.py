@@ -30,11 +30,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from sie.kernel.errors import ConfigError
+from sie.kernel.probe_http import start_metrics_server as start_http_server  # bounded (idle timeout, cap)
 from sie.kernel.settings import Settings
 from sie.schemas.replica_state import ReplicaState
 from sie.schemas.spec_models import SHARED_PROCESS_BACKENDS

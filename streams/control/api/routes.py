@@ -116,6 +116,7 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
             "p99_latency_ms": spec.sla.p99_latency_ms,
             "topics": spec.topics.model_dump(mode="json"),
             "digest": spec.digest(),
+            "owner": spec.owner,
         }
     if numbers is None:
         numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
@@ -272,8 +273,9 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     async def _apply(request: Request, principal: Principal) -> JSONResponse:
         raw = await request.body()
         client = _client(request)
+        adopt = request.query_params.get("adopt") in ("1", "true")
         try:
-            status, body = await run_in_threadpool(_post_model, service, raw)
+            status, body = await run_in_threadpool(_post_model, service, raw, adopt)
         except ApiError as exc:
             audit.record(principal, "apply", None, f"refused {exc.status}: {exc.error}", client)
             raise
@@ -292,7 +294,7 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     @app.delete("/v1/models/{name}", status_code=202, summary="Delete an applied model")
     async def delete_model(name: str, request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
         try:
-            body = await run_in_threadpool(_delete_model, service, name)
+            body = await run_in_threadpool(_delete_model, service, name, request.query_params.get("owner"))
         except ApiError as exc:
             audit.record(principal, "delete", name, f"refused {exc.status}: {exc.error}", _client(request))
             raise
@@ -529,7 +531,19 @@ def _rollout_action(service: Any, name: str, action: str, who: str) -> dict[str,
         raise ApiError(status, str(exc)) from None
 
 
-def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
+def _ownership_problem(current: Any, owner: str | None, adopt: bool = False) -> str | None:
+    """Why a write marked ``owner`` may not replace or delete ``current`` (the applied spec), or None.  A write
+    without a mark (``sie apply``, a person through the API) may; a marked one (the Kubernetes operator) only
+    over its own mark, over no applied model, or adopting an unmarked model (``adopt``: a model the operator
+    applied before marks existed, which it proves from the ModelService's status)."""
+    if current is None or owner is None or current.owner == owner or (adopt and current.owner is None):
+        return None
+    by = current.owner or "sie apply or the API (no owner mark)"
+    return (f"model {current.name!r} is managed by {by}, not by {owner}: delete it there first (or "
+            f"sie delete model {current.name}), or give this one another name")
+
+
+def _post_model(service: Any, raw: bytes, adopt: bool = False) -> tuple[int, dict[str, Any]]:
     from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
     from sie.streams.control.placement.engine import validate_tier_request
 
@@ -557,6 +571,9 @@ def _post_model(service: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
     if conflict:
         raise ApiError(409, conflict, [{"field": "spec.scheduling", "reason": conflict}])
     current = snap.specs.get(spec.name)
+    owned = _ownership_problem(current, spec.owner, adopt)
+    if owned:
+        raise ApiError(409, owned, [{"field": "metadata.annotations.sie.lmsys.org/owner", "reason": owned}])
     if current is not None and current.version != spec.version:
         from sie.schemas.compat import check_spec_compatibility
 
@@ -598,11 +615,14 @@ def _start_rollout(service: Any, current: Any, spec: Any) -> tuple[int, dict[str
                  "status": f"/v1/rollouts/{spec.name}", "warnings": list(spec.warnings)}
 
 
-def _delete_model(service: Any, name: str) -> dict[str, Any]:
+def _delete_model(service: Any, name: str, owner: str | None = None) -> dict[str, Any]:
+    """``owner``: delete only if the applied spec carries this mark (the operator's ``?owner=``), else 409."""
     from sie.schemas.spec_store import delete_spec
 
     spec = service.state.snapshot().specs.get(name)
     if spec is None:
         raise ApiError(404, f"model {name!r} is not applied")
+    if owner is not None and spec.owner != owner:
+        raise ApiError(409, _ownership_problem(spec, owner) or f"model {name!r} is not managed by {owner}")
     delete_spec(service.settings, spec, timeout=PUBLISH_TIMEOUT_S, writer=service.spec_writer)
     return {"name": name, "deleted": True}

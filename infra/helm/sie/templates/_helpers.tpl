@@ -30,52 +30,116 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.api.existingSecret | default (printf "%s-api" (include "sie.fullname" .)) }}
 {{- end -}}
 
-{{- define "sie.controlUrl" -}}
-{{ if .Values.api.tlsSecret }}https{{ else }}http{{ end }}://{{ include "sie.fullname" . }}-control.{{ .Release.Namespace }}.svc:{{ .Values.control.port }}
+{{/* Where the control API's certificate comes from: secret (api.tlsSecret), certManager, generate or disabled */}}
+{{- define "sie.apiTlsMode" -}}
+{{- if .Values.api.tlsSecret -}}
+secret
+{{- else if eq .Values.api.tls.mode "auto" -}}
+{{- if .Capabilities.APIVersions.Has "cert-manager.io/v1" }}certManager{{ else }}generate{{ end -}}
+{{- else -}}
+{{ .Values.api.tls.mode }}
+{{- end -}}
 {{- end -}}
 
+{{/* The kubernetes.io/tls Secret of the control API (tls.crt, tls.key, ca.crt); empty when TLS is disabled */}}
+{{- define "sie.apiTlsSecret" -}}
+{{- $mode := include "sie.apiTlsMode" . -}}
+{{- if eq $mode "secret" -}}
+{{ .Values.api.tlsSecret }}
+{{- else if ne $mode "disabled" -}}
+{{ include "sie.fullname" . }}-api-tls
+{{- end -}}
+{{- end -}}
+
+{{/* The control API's in-cluster names: the certificate's SANs and the operator's URL */}}
+{{- define "sie.controlHost" -}}
+{{ include "sie.fullname" . }}-control.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{- define "sie.controlUrl" -}}
+{{ if include "sie.apiTlsSecret" . }}https{{ else }}http{{ end }}://{{ include "sie.controlHost" . }}:{{ .Values.control.port }}
+{{- end -}}
+
+{{/*
+The Kafka principal of one component: include "sie.kafkaUserSecret" (list . "control"|"agent"|"workers"|"topics").
+Its own Secret (kafka.users.<component>), else the KafkaUser the chart renders for it (kafka.strimzi.users; not
+for the topics Job, an administrator), else the one shared kafka.sasl.userSecret. docs/security.md, "On Kubernetes".
+*/}}
+{{- define "sie.kafkaUserSecret" -}}
+{{- $ := index . 0 -}}{{- $c := index . 1 -}}
+{{- $own := index $.Values.kafka.users $c -}}
+{{- if $own -}}
+{{ $own }}
+{{- else if and $.Values.kafka.strimzi.users (ne $c "topics") -}}
+{{ include "sie.fullname" $ }}-{{ $c }}
+{{- else -}}
+{{ $.Values.kafka.sasl.userSecret }}
+{{- end -}}
+{{- end -}}
+
+{{/* The SASL user name of a component: Strimzi names a KafkaUser's Secret after the user */}}
 {{- define "sie.kafkaUser" -}}
-{{ .Values.kafka.sasl.username | default .Values.kafka.sasl.userSecret }}
+{{- $ := index . 0 -}}{{- $secret := include "sie.kafkaUserSecret" . -}}
+{{- if eq $secret $.Values.kafka.sasl.userSecret -}}
+{{ $.Values.kafka.sasl.username | default $secret }}
+{{- else -}}
+{{ $secret }}
+{{- end -}}
 {{- end -}}
 
 {{- define "sie.sasl" -}}
-{{ and .Values.kafka.sasl.userSecret (hasPrefix "SASL" .Values.kafka.securityProtocol) }}
+{{- $ := index . 0 -}}
+{{ and (include "sie.kafkaUserSecret" .) (hasPrefix "SASL" $.Values.kafka.securityProtocol) }}
 {{- end -}}
 
-{{/* The Kafka connection every component shares: SIE_* settings (sie/kernel/settings.py) */}}
+{{/* The agent hands its workers a principal of their own (role scorer) when theirs differs from the agent's */}}
+{{- define "sie.workersOwnUser" -}}
+{{- $ := index . 0 -}}
+{{ and (eq (include "sie.sasl" (list $ "agent")) "true") (ne (include "sie.kafkaUserSecret" (list $ "workers")) (include "sie.kafkaUserSecret" (list $ "agent"))) }}
+{{- end -}}
+
+{{/* The Kafka connection of one component: include "sie.kafkaEnv" (list . "control"); SIE_* settings (sie/kernel/settings.py) */}}
 {{- define "sie.kafkaEnv" -}}
+{{- $ := index . 0 -}}{{- $c := index . 1 -}}
 - name: SIE_BOOTSTRAP_SERVERS
-  value: {{ .Values.kafka.bootstrapServers | quote }}
+  value: {{ $.Values.kafka.bootstrapServers | quote }}
 - name: SIE_TOPIC_PREFIX
-  value: {{ .Values.topicPrefix | quote }}
+  value: {{ $.Values.topicPrefix | quote }}
 - name: SIE_CACHE_DIR
   value: /var/cache/sie
-{{- if ne .Values.kafka.securityProtocol "PLAINTEXT" }}
+{{- if ne $.Values.kafka.securityProtocol "PLAINTEXT" }}
 - name: SIE_SECURITY_PROTOCOL
-  value: {{ .Values.kafka.securityProtocol | quote }}
+  value: {{ $.Values.kafka.securityProtocol | quote }}
 {{- end }}
 {{- if eq (include "sie.sasl" .) "true" }}
 - name: SIE_SASL_MECHANISM
-  value: {{ .Values.kafka.sasl.mechanism | quote }}
+  value: {{ $.Values.kafka.sasl.mechanism | quote }}
 - name: SIE_SASL_USERNAME
   value: {{ include "sie.kafkaUser" . | quote }}
 - name: SIE_SASL_PASSWORD_FILE
-  value: /etc/sie/kafka-user/{{ .Values.kafka.sasl.passwordKey }}
+  value: /etc/sie/kafka-user/{{ $.Values.kafka.sasl.passwordKey }}
 {{- end }}
-{{- if .Values.kafka.tls.caSecret }}
+{{- if and (eq $c "agent") (eq (include "sie.workersOwnUser" .) "true") }}
+- name: SIE_WORKER_SASL_USERNAME
+  value: {{ include "sie.kafkaUser" (list $ "workers") | quote }}
+- name: SIE_WORKER_SASL_PASSWORD_FILE
+  value: /etc/sie/kafka-workers/{{ $.Values.kafka.sasl.passwordKey }}
+{{- end }}
+{{- if $.Values.kafka.tls.caSecret }}
 - name: SIE_SSL_CA_LOCATION
-  value: /etc/sie/kafka-ca/{{ .Values.kafka.tls.caKey }}
+  value: /etc/sie/kafka-ca/{{ $.Values.kafka.tls.caKey }}
 {{- end }}
-{{- if .Values.kafka.replicationFactor }}
+{{- if $.Values.kafka.replicationFactor }}
 - name: SIE_REPLICATION_FACTOR
-  value: {{ .Values.kafka.replicationFactor | quote }}
+  value: {{ $.Values.kafka.replicationFactor | quote }}
 {{- end }}
-{{- with .Values.extraEnv }}
+{{- with $.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
 {{- define "sie.kafkaMounts" -}}
+{{- $ := index . 0 -}}{{- $c := index . 1 -}}
 - name: cache
   mountPath: /var/cache/sie
 - name: tmp
@@ -85,7 +149,12 @@ app.kubernetes.io/component: {{ index . 1 }}
   mountPath: /etc/sie/kafka-user
   readOnly: true
 {{- end }}
-{{- if .Values.kafka.tls.caSecret }}
+{{- if and (eq $c "agent") (eq (include "sie.workersOwnUser" .) "true") }}
+- name: kafka-workers
+  mountPath: /etc/sie/kafka-workers
+  readOnly: true
+{{- end }}
+{{- if $.Values.kafka.tls.caSecret }}
 - name: kafka-ca
   mountPath: /etc/sie/kafka-ca
   readOnly: true
@@ -93,6 +162,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{- define "sie.kafkaVolumes" -}}
+{{- $ := index . 0 -}}{{- $c := index . 1 -}}
 - name: cache
   emptyDir: {}
 - name: tmp
@@ -100,20 +170,29 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if eq (include "sie.sasl" .) "true" }}
 - name: kafka-user
   secret:
-    secretName: {{ .Values.kafka.sasl.userSecret }}
+    secretName: {{ include "sie.kafkaUserSecret" . }}
     defaultMode: 0440
     items:
-      - key: {{ .Values.kafka.sasl.passwordKey }}
-        path: {{ .Values.kafka.sasl.passwordKey }}
+      - key: {{ $.Values.kafka.sasl.passwordKey }}
+        path: {{ $.Values.kafka.sasl.passwordKey }}
 {{- end }}
-{{- if .Values.kafka.tls.caSecret }}
+{{- if and (eq $c "agent") (eq (include "sie.workersOwnUser" .) "true") }}
+- name: kafka-workers
+  secret:
+    secretName: {{ include "sie.kafkaUserSecret" (list $ "workers") }}
+    defaultMode: 0440
+    items:
+      - key: {{ $.Values.kafka.sasl.passwordKey }}
+        path: {{ $.Values.kafka.sasl.passwordKey }}
+{{- end }}
+{{- if $.Values.kafka.tls.caSecret }}
 - name: kafka-ca
   secret:
-    secretName: {{ .Values.kafka.tls.caSecret }}
+    secretName: {{ $.Values.kafka.tls.caSecret }}
     defaultMode: 0444
     items:
-      - key: {{ .Values.kafka.tls.caKey }}
-        path: {{ .Values.kafka.tls.caKey }}
+      - key: {{ $.Values.kafka.tls.caKey }}
+        path: {{ $.Values.kafka.tls.caKey }}
 {{- end }}
 {{- end -}}
 
