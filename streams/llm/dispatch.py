@@ -21,7 +21,8 @@ Outcomes of one request (``Job``):
   while the pool served other requests meanwhile is dead-lettered with the server's message;
 * 408/429 (the server is busy): a short pause, the same request again; the endpoint stays in service.
 
-Streaming (``protocol.stream``): the answer is read as server-sent events (``StreamReader``); the
+Streaming (``protocol.stream``): the answer is read as server-sent events (``sse_lines``: lines end only
+at CR, LF or CRLF, not at U+0085/U+2028/U+2029 inside generated text; ``StreamReader``); the
 moment of the first event carrying text is ``job.first_token`` (time to first token = that less
 ``job.sent``, the start of the attempt that answered).  A stream cut before its ``[DONE]`` is no usable
 answer (like a reset connection): the endpoint is ejected and the request sent again.
@@ -43,7 +44,7 @@ from typing import Any
 import httpx
 
 from sie.streams.llm.pool import EndpointPool
-from sie.streams.llm.protocols import BadOutput, Generation, Protocol, StreamReader
+from sie.streams.llm.protocols import BadOutput, Generation, Protocol, StreamReader, sse_lines
 
 log = logging.getLogger("sie.llm")
 
@@ -247,7 +248,7 @@ class Dispatcher:
                 return response, None
             reader = StreamReader(self.protocol)
             try:
-                for line in response.iter_lines():
+                for line in sse_lines(response.iter_bytes()):  # never iter_lines(): sse_lines says why
                     if reader.feed(line) and job.first_token is None:
                         job.first_token = self._clock()
                     if reader.done:
