@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sie.kernel.errors import ConfigError
+from sie.schemas.backend_config import url_problem
 from sie.streams.llm.pool import Endpoint
 from sie.streams.llm.protocols import PROTOCOLS
 
@@ -100,8 +101,9 @@ class LLMConfig:
         for i, item in enumerate(raw):
             spec = item if isinstance(item, Mapping) else {"url": item}
             url = spec.get("url")
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"spec.backend.config.endpoints[{i}].url: an http(s) URL is needed (got {url!r})")
+            problem = url_problem(url)  # the parser checked the spec's; a launched server's URL is ours
+            if problem or not isinstance(url, str):
+                raise ConfigError(f"spec.backend.config.endpoints[{i}].url: {problem}")
             concurrency = int(_num(spec, "concurrency", per, 1))
             reserved = int(_num(spec, "reserve_p0", reserve, 0))
             if reserved >= concurrency:
