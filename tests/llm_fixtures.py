@@ -123,11 +123,12 @@ class Harness:
     """An LLMScorer on a thread over ``values`` spread round-robin on ``partitions`` partitions."""
 
     def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, consumer_class=FakeConsumer,
-                 endpoints=None, stop: threading.Event | None = None, **cfg) -> None:
+                 endpoints=None, stop: threading.Event | None = None, headers=None, **cfg) -> None:
         self.spec = llm_spec(endpoints or [{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20,
                              **cfg)
         topic = self.spec.topics.requests
-        self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS)
+        self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS,
+                                    headers[i] if headers else None)
                         for i, v in enumerate(values)]
         self.n = len(values)
         self.stop = stop if stop is not None else threading.Event()

@@ -394,7 +394,11 @@ class LLMScorer:
             return
         caller = "-"
         if self.quotas is not None:
-            caller = entry.info["caller"] = self.quotas.caller(parsed.extra)
+            who = self.quotas.caller(parsed.extra, safe_headers(msg))  # a name alone is not proof (quota.py)
+            if who is None:  # unknown_callers: reject
+                self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", self.quotas.unknown_why(parsed.extra))
+                return
+            caller = entry.info["caller"] = who
             if self.fair is None:  # reject: over quota now -> a dead letter in its place in the window
                 if self.quotas.wait_s(caller) > 0:
                     self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", self.quotas.why(caller))
