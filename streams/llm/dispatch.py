@@ -76,6 +76,9 @@ class Job:
     first_token: float | None = None  # streamed: when its first text arrived
     #: the clock's time after which the request is not sent (again): sla.max_queue_time_ms from its timestamp
     deadline: float | None = None
+    #: requests in flight at its endpoint when its last attempt was sent, itself included: the server's
+    #: continuous batch it joined (the result's ``timings.batch_size``)
+    batch: int = 1
     expired: bool = False  # the deadline passed before a server answered it: the stage answers "expired"
 
 
@@ -200,6 +203,7 @@ class Dispatcher:
                 return job.expired and not self._gone(job)  # expired: done (answered "expired"); gone: dropped
             job.attempts += 1
             job.endpoint = endpoint.url
+            job.batch = max(1, endpoint.in_flight)  # read without the pool's lock: a figure, not a decision
             sent = self._clock()
             job.sent, job.first_token = sent, None
             try:

@@ -351,7 +351,7 @@ class LLMScorer:
             self.director_decisions.append(d)
             self.llm_metrics.director.labels(self.metrics.model_id, d.name, d.action).inc()
             self.llm_metrics.weight.labels(self.metrics.model_id, d.name).set(endpoint.base_weight * d.weight_after)
-            log.warning("traffic director: %s %s: %s", d.action, d.name, d.reason)
+            log.warning("traffic director %s: %s", d.action, d.reason)  # the reason names the endpoint
 
     def _full_and_ready(self) -> bool:
         """A full window (consumption paused) whose finished prefix is a quarter of it or more commits at
@@ -570,7 +570,9 @@ class LLMScorer:
                         except ValueError as exc:
                             raise _Violation(str(exc)) from None
                     inference_ms = (job.finished - job.started) * 1000.0
-                    value = self._result(req, outputs, inference_ms, gen.prompt_tokens, gen.completion_tokens)
+                    first_ms = (job.first_token - job.sent) * 1000.0 if job.first_token is not None else None
+                    value = self._result(req, outputs, inference_ms, gen.prompt_tokens, gen.completion_tokens,
+                                         first_ms, job.batch)
                 except BadOutput as exc:
                     detail = str(exc)
                 except _Violation as exc:
@@ -586,10 +588,16 @@ class LLMScorer:
             self._finish_dead(job.tp, job.offset, job.epoch, msg, reason, detail or "no answer")
 
     def _result(self, req: Request, outputs: dict[str, Any], inference_ms: float, prompt_tokens: int | None,
-                completion_tokens: int | None) -> bytes:
+                completion_tokens: int | None, first_token_ms: float | None = None, batch: int = 1) -> bytes:
+        """The result record.  ``timings``: ``inference_ms`` from the first send to the answer (retries
+        included), ``first_token_ms`` (streamed: from the answering attempt's send to its first text),
+        ``batch_size`` the requests in flight at the endpoint when it was sent, itself included (the
+        continuous batch it joined: the window has no batches of its own)."""
         now_ms = self._wall() * 1000.0
         queue_ms = max(0.0, now_ms - req.timestamp_ms - inference_ms) if req.timestamp_ms is not None else 0.0
-        doc = orjson.loads(self._codec.result(req, self._version, outputs, queue_ms, inference_ms, 1))
+        doc = orjson.loads(self._codec.result(req, self._version, outputs, queue_ms, inference_ms, batch))
+        if first_token_ms is not None:
+            doc["timings"]["first_token_ms"] = round(max(first_token_ms, 0.0), 3)
         doc["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
         return orjson.dumps(doc)
 
