@@ -62,3 +62,26 @@ def test_a_wrong_served_name_or_a_dead_endpoint_is_named_not_held(server, tmp_pa
     assert main(["predict", "-f", str(_spec(tmp_path, dead)), "--input", json.dumps({"question": "x"})]) == 4
     err = capsys.readouterr().err
     assert f"dead letter unreachable: no endpoint answered: {dead}: ConnectError" in err
+
+
+def test_a_spec_whose_replica_launches_its_server_is_loaded_by_validate_and_predict(tmp_path, monkeypatch, capsys):
+    """No endpoints, a ``server_entry`` the node allows (here the fake server; vLLM's entry on a real node): the
+    server is launched as the agent's worker launches it, proven by a real generation, then asked."""
+    import shlex
+    import sys
+
+    from tests.llm_fixtures import FAKE_SERVER
+
+    entry = [sys.executable, str(FAKE_SERVER), "--slots", "2", "--mean-s", "0.02", "--p99-s", "0.05"]
+    monkeypatch.setenv("SIE_SGLANG_SERVER_ENTRIES", shlex.join(entry))
+    doc = llm_spec_doc([], name="launched", protocol="openai-completions")
+    del doc["spec"]["backend"]["config"]["endpoints"]
+    doc["spec"]["backend"]["config"]["server_entry"] = entry
+    path = tmp_path / "launched.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    assert main(["validate", "--load", "-f", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "load: ok" in out and '"answer": "echo: ' in out
+    assert main(["predict", "-f", str(path), "--input", json.dumps({"question": "hello there"})]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "ok" and result["outputs"]["answer"].startswith("echo: ")
