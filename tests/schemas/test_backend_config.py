@@ -123,3 +123,11 @@ def test_docs_list_every_key_with_the_schema_s_default():
                 assert table[name] == _render(field.get_default(call_default_factory=True)), (model.__name__, name)
     backends = (REPO / "docs" / "backends.md").read_text(encoding="utf-8")
     assert list(TorchConfig.model_fields) == ["threads"] and "`backend.config.threads`" in backends
+
+
+def test_the_yaml_examples_in_docs_llm_pass_the_schema():
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "docs" / "llm.md").read_text(encoding="utf-8"), re.S)
+    assert blocks
+    for block in blocks:
+        doc = yaml.safe_load(block)
+        assert check_backend_config("sglang", doc["backend"]["config"] if "backend" in doc else doc) == [], block
