@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -67,15 +68,19 @@ def test_an_llm_outage_shows_as_degraded_within_seconds_and_every_held_request_i
         wait_for(lambda: reader.count() >= 5, 60, lambda: f"first results ({len(reader.records)}): {c.logs()}")
 
         flag.write_text("down")  # the server refuses every generation (503), as one that is stopping does
+        down_at = time.monotonic()
         model = wait_for(lambda: (m := c.model(MODEL)) and m["phase"] == "Degraded" and m, 30,
                          lambda: f"{MODEL} Degraded: {c.model(MODEL)}", interval=0.5)
+        print(f"Degraded {time.monotonic() - down_at:.1f}s after the server went down")  # -s shows it
         assert model["reason"].startswith(f"1 of 1 replica(s) in a backend outage; {MODEL}-0: backend outage since "), model
         assert "no LLM endpoint answers: http://127.0.0.1:" in model["reason"]
         assert "HTTP 503 on /v1/completions: fake outage: the engine is down" in model["reason"], model
 
         flag.unlink()  # it answers again: the held requests are sent, the model is Ready again
+        up_at = time.monotonic()
         wait_for(lambda: (m := c.model(MODEL)) and m["phase"] == "Ready", 60,
                  lambda: f"{MODEL} Ready again: {c.model(MODEL)}", interval=0.5)
+        print(f"Ready {time.monotonic() - up_at:.1f}s after the server answered again")
         sent = stream.stop()
         stream = None
         results, dead = prove_exactly_once(c.settings, spec, {f"{tag}-{n}" for n in range(sent)}, timeout=120)
