@@ -58,11 +58,12 @@ def safe_uri(uri: str) -> str:
     ``https://user:token@host/``, are secrets)."""
     try:
         parts = urlsplit(uri)
-    except ValueError:
+        port = parts.port
+    except ValueError:  # unparseable, or a port out of range: show no part of it
         return "<unparseable uri>"
     host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
+    if port:
+        host += f":{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 

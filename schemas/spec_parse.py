@@ -519,17 +519,19 @@ def _read_torch(issues: _Issues, out: dict, base_dir: Path | None, art: tuple, s
 
 
 def _check_backend_config(issues: _Issues, path: str, btype: str, config: dict) -> None:
-    if btype != "sglang":
-        return
-    for key in ("tp_size", "max_seq_len", "dp_size"):
-        if key in config:
-            _int(issues, f"{path}.{key}", config[key], minimum=1)
-    if "enable_flashinfer" in config:
-        _bool(issues, f"{path}.enable_flashinfer", config["enable_flashinfer"])
-    if "mem_fraction_static" in config:
+    """Every key of ``config`` known to ``btype``'s backend, of its type (``sie.schemas.backend_config``)."""
+    from sie.schemas.backend_config import IGNORED, check_backend_config
+
+    for where, reason in check_backend_config(btype, config):
+        issues.error(f"{path}.{where}" if where else path, reason)
+    for key, why in IGNORED.items():
+        if btype == "sglang" and config.get(key) is not None:
+            issues.warn(f"{path}.{key}", why)
+    if btype == "sglang" and "mem_fraction_static" in config:
         issues.warn(
             f"{path}.mem_fraction_static",
-            "ignored; the agent computes it from resources.gpuMemoryMb and the GPU's free memory at launch",
+            "ignored on a GPU NVML can measure; the agent computes it from resources.gpuMemoryMb and the GPU's free "
+            "memory at launch",
         )
 
 

@@ -36,7 +36,8 @@ from sie.infra.kafka.local import LocalKafka, free_base_port
 from sie.kernel.settings import Settings
 
 #: test files that run a real vLLM server (tests/real_llm.py), installed by scripts/real_llm/setup.sh
-_REAL_LLM_TESTS = ("tests/streams/llm/test_real_vllm.py", "tests/workers/test_agent_real_vllm.py")
+_REAL_LLM_TESTS = ("tests/streams/llm/test_real_vllm.py", "tests/streams/llm/test_real_vllm_edges.py",
+                   "tests/workers/test_agent_real_vllm.py")
 #: the network-namespace partition tests (root; brokers of their own in namespaces)
 _NETNS_TESTS = ("tests/test_netns.py", "tests/test_partition_campaign.py")
 _KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka", "secure_kafka"}

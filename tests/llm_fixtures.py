@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE_SERVER = REPO / "tests" / "fakes" / "fake_llm_server.py"
 
 
-def llm_spec_doc(endpoints: list[Any], name: str | None = None, protocol: str = "sglang",
+def llm_spec_doc(endpoints: list[Any], name: str | None = None, protocol: str = "sglang", sla: dict | None = None,
                  **config: Any) -> dict[str, Any]:
     """A ModelService served through the window: one string input, a text answer plus token counts."""
     name = name or f"llm-{uuid.uuid4().hex[:10]}"
@@ -35,16 +35,17 @@ def llm_spec_doc(endpoints: list[Any], name: str | None = None, protocol: str = 
             "inputSchema": {"type": "json", "fields": [{"name": "question", "type": "string"}]},
             "outputSchema": {"type": "json", "fields": [{"name": "answer", "type": "string"},
                                                         {"name": "completion_tokens", "type": "int"}]},
-            "sla": {"p99_latency_ms": 10_000},
+            "sla": {"p99_latency_ms": 10_000, **(sla or {})},
             "exampleInput": {"question": "hi"},
         },
     }
 
 
-def llm_spec(endpoints: list[Any], name: str | None = None, protocol: str = "sglang", **config: Any):
+def llm_spec(endpoints: list[Any], name: str | None = None, protocol: str = "sglang", sla: dict | None = None,
+             **config: Any):
     from sie.schemas.spec import parse_spec
 
-    return parse_spec(llm_spec_doc(endpoints, name, protocol, **config))
+    return parse_spec(llm_spec_doc(endpoints, name, protocol, sla, **config))
 
 
 def write_llm_spec(directory: Path, endpoints: list[Any], **kw: Any) -> Path:
@@ -123,11 +124,13 @@ class Harness:
     """An LLMScorer on a thread over ``values`` spread round-robin on ``partitions`` partitions."""
 
     def __init__(self, values, handler, partitions=1, faults=None, concurrency=4, consumer_class=FakeConsumer,
-                 endpoints=None, stop: threading.Event | None = None, **cfg) -> None:
-        self.spec = llm_spec(endpoints or [{"url": "http://fake", "concurrency": concurrency}], commit_interval_ms=20,
-                             **cfg)
+                 endpoints=None, stop: threading.Event | None = None, headers=None, sla=None, ts_ms=NOW_MS,
+                 wall_clock=None, **cfg) -> None:
+        self.spec = llm_spec(endpoints or [{"url": "http://fake", "concurrency": concurrency}], sla=sla,
+                             commit_interval_ms=20, **cfg)
         topic = self.spec.topics.requests
-        self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, NOW_MS)
+        self.records = [FakeMessage(topic, i % partitions, i // partitions, f"k{i}".encode(), v, ts_ms,
+                                    headers[i] if headers else None)
                         for i, v in enumerate(values)]
         self.n = len(values)
         self.stop = stop if stop is not None else threading.Event()
@@ -148,7 +151,7 @@ class Harness:
                                 clients=fake_clients(consumer=self.consumer, producer=make_producer,
                                                      admin=alone_in_its_group()).clients,
                                 http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-                                wall_clock=lambda: NOW_MS / 1000 + 0.5)
+                                wall_clock=wall_clock or (lambda: NOW_MS / 1000 + 0.5))
         self.summary = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

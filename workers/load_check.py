@@ -28,9 +28,22 @@ from typing import Any
 
 import orjson
 
-#: backends that cannot be loaded on a CPU for a check (a server and a GPU): reported as skipped
+#: backends that cannot be loaded on a CPU for a check (a server and a GPU): reported as skipped.  An sglang
+#: spec is checked all the same when it names running servers (one real request through the configured
+#: protocol: ``sie.streams.llm.probe``) or a ``server_entry`` (the node's own launcher, e.g. vLLM on CPU)
 NOT_LOADABLE = {"sglang": "an sglang model needs its server and a GPU: not loaded here (the agent's readiness "
-                          "inference checks it)"}
+                          "inference checks it); name running servers (endpoints/server_url) or a server_entry "
+                          "to have one real request checked"}
+
+
+def _loadable_sglang(spec: Any) -> str | None:
+    """How an sglang spec can be checked here: ``window`` (running servers), ``launch`` (a server_entry), or None."""
+    from sie.streams.llm.config import uses_window
+
+    if uses_window(spec):
+        return "window"
+    cfg = getattr(spec.backend, "config", None) or {}
+    return "launch" if cfg.get("server_entry") else None
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,8 @@ def load_check(spec: Any, policy: Any) -> LoadReport:
 
     started = time.monotonic()
     model_id = spec.model_id
-    if spec.backend.type in NOT_LOADABLE:
+    how = _loadable_sglang(spec) if spec.backend.type == "sglang" else None
+    if spec.backend.type in NOT_LOADABLE and how is None:
         return LoadReport(model_id, skipped=NOT_LOADABLE[spec.backend.type])
     problems: list[str] = []
     example = spec.example_input
@@ -83,6 +97,8 @@ def load_check(spec: Any, policy: Any) -> LoadReport:
             example = compile_validator(spec.input_schema)(dict(example))
         except ValueError as exc:
             problems.append(f"spec.exampleInput: {exc}")
+    if how == "window":
+        return _window_check(spec, example, problems, notes, started)
     backend = _cpu_backend(spec, policy)
     outputs: dict[str, Any] | None = None
     try:
@@ -120,6 +136,64 @@ def load_check(spec: Any, policy: Any) -> LoadReport:
         if close is not None:
             close()
     return LoadReport(model_id, tuple(problems), outputs, None, time.monotonic() - started, tuple(notes))
+
+
+def _window_check(spec: Any, example: Any, problems: list[str], notes: list[str], started: float) -> LoadReport:
+    """An LLM spec served by running servers: the example (or a neutral row) as one real request through the
+    window's own path and configured protocol (``sie.streams.llm.probe``)."""
+    from sie.streams.llm.probe import probe
+    from sie.workers.backends import backend_config_from_spec
+
+    model_id = spec.model_id
+    if problems:
+        return LoadReport(model_id, tuple(problems), None, None, time.monotonic() - started, tuple(notes))
+    row = dict(example) if example is not None else backend_config_from_spec(spec).warmup_input()
+    got = probe(spec, row)
+    if got.reason == "unreachable":
+        problems.append(f"spec.backend.config.endpoints: {got.detail}")
+    elif got.reason == "output_violation":
+        problems.append(f"spec.outputSchema: exampleInput -> {got.detail}; at run time each such result is a dead "
+                        f"letter output_violation")
+    elif got.reason is not None:
+        problems.append(f"spec.exampleInput: the server's answer would be a dead letter {got.reason}: {got.detail}")
+    else:
+        gen = got.generation
+        notes.append(f"one request answered by {got.endpoint} in {got.seconds * 1000:.0f} ms"
+                     + (f" ({gen.prompt_tokens} prompt + {gen.completion_tokens} completion tokens)" if gen else ""))
+    return LoadReport(model_id, tuple(problems), got.outputs, None, time.monotonic() - started, tuple(notes))
+
+
+def predict_window(spec: Any, value: bytes, settings: Any) -> Prediction:
+    """``predict`` for an LLM spec served by running servers: the request through the window's path
+    (``sie.streams.llm.probe``), the result built as the window builds it (``usage``, ``timings``)."""
+    from sie.schemas.validation import compile_validator
+    from sie.streams.llm.probe import probe
+    from sie.streams.scorer.codec import Codec, Poison
+
+    codec = Codec(spec.name, compile_validator(spec.input_schema), settings.max_request_bytes, 64)
+    parsed = codec.parse("predict", 0, 0, None, _as_request(value), None)
+    if isinstance(parsed, Poison):
+        return Prediction(None, parsed.reason.value, parsed.detail)
+    got = probe(spec, parsed.inputs)
+    inference_ms = got.seconds * 1000.0
+    if got.reason is not None or got.outputs is None:
+        return Prediction(None, got.reason, got.detail, inference_ms)
+    doc = orjson.loads(codec.result(parsed, spec.version, got.outputs, 0.0, inference_ms, got.batch))
+    if got.first_token_ms is not None:
+        doc["timings"]["first_token_ms"] = round(got.first_token_ms, 3)
+    gen = got.generation
+    doc["usage"] = {"prompt_tokens": gen.prompt_tokens if gen else None,
+                    "completion_tokens": gen.completion_tokens if gen else None}
+    return Prediction(orjson.dumps(doc), inference_ms=inference_ms)
+
+
+def _as_request(value: bytes) -> bytes:
+    """Bare inputs (``{"question": ...}``, as ``sie produce`` accepts) as a request ``{"inputs": ...}``."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
+    return orjson.dumps({"inputs": doc}) if isinstance(doc, dict) and "inputs" not in doc else value
 
 
 def _code_modules(spec: Any) -> list[tuple[str, str]]:
@@ -168,6 +242,13 @@ def load_for_predict(spec: Any, policy: Any, device: str | None = None) -> Any:
     config = backend_config_from_spec(spec, policy)
     if device:
         config = dataclasses.replace(config, device=device)
+    if spec.backend.type == "sglang" and not config.config.get("log_path"):
+        # a server it launches logs to a file, so a server that exits says why ("last log lines: ..."), not only
+        # "exited with code 1"
+        import tempfile
+
+        log_path = tempfile.NamedTemporaryFile(prefix=f"sie-predict-{spec.name}-", suffix=".log", delete=False).name
+        config = dataclasses.replace(config, config={**config.config, "log_path": log_path})
     backend = create_backend(config)
     backend.load()
     return backend
@@ -179,13 +260,7 @@ def predict(spec: Any, backend: Any, value: bytes, settings: Any) -> Prediction:
     from sie.streams.scorer.codec import Codec, Poison
 
     codec = Codec(spec.name, compile_validator(spec.input_schema), settings.max_request_bytes, 64)
-    try:
-        doc = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        doc = None
-    if isinstance(doc, dict) and "inputs" not in doc:  # bare inputs, like `sie produce` accepts
-        value = orjson.dumps({"inputs": doc})
-    parsed = codec.parse("predict", 0, 0, None, value, None)
+    parsed = codec.parse("predict", 0, 0, None, _as_request(value), None)
     if isinstance(parsed, Poison):
         return Prediction(None, parsed.reason.value, parsed.detail)
     started = time.monotonic()

@@ -6,6 +6,8 @@ backoff, drain and crash causes are tested without a single real process or slee
 
 Every child is started with ``PR_SET_PDEATHSIG(SIGKILL)``: when the agent dies
 (even by SIGKILL), the kernel kills its workers, which is how "node lost" looks.
+Each worker leads a process group of its own; once it is killed or its exit is
+seen, what is left of the group (its server's own children) is SIGKILLed too.
 Caveat from prctl(2): the signal fires when the *thread* that forked the child
 exits, so children must be spawned from a long-lived thread (the agent's main
 loop does this).
@@ -165,6 +167,7 @@ class SubprocessHandle:
     def __init__(self, popen: subprocess.Popen[bytes], status_fd: int | None, log_path: Path | None) -> None:
         self._popen = popen
         self.pid = popen.pid
+        self._group_killed = False
         self._log_path = log_path
         self._events: deque[dict[str, Any]] = deque()
         self._lock = threading.Lock()
@@ -192,6 +195,7 @@ class SubprocessHandle:
         returncode = self._popen.poll()
         if returncode is None:
             return None
+        self._kill_group()
         if self._reader is not None:
             self._reader.join(timeout=1.0)  # EOF follows exit; keep the last lines (e.g. the error event)
         return describe_exit(returncode)
@@ -233,6 +237,20 @@ class SubprocessHandle:
 
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        """SIGKILL what is left of the worker's process group (it leads one: ``start_new_session``).  The
+        worker's own children die with it (PDEATHSIG), but not theirs: a SIGKILLed worker left vLLM's
+        engine and ``resource_tracker`` processes (its server's children) orphaned.  Sent when the worker is
+        killed and once its exit is seen: while any member lives the kernel does not reuse the group's id."""
+        if self._group_killed:
+            return
+        self._group_killed = True
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # nothing left in the group (or not ours)
+            pass
 
     def log_tail(self, lines: int = 5) -> str:
         if self._log_path is None or not self._log_path.exists():

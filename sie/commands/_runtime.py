@@ -33,6 +33,15 @@ def configure_logging(level: str) -> None:
     own lines (``sie.kafka``) from ``warning`` up (its info lines are noise to an operator)."""
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     logging.getLogger("sie.kafka").setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+    quiet_http_logs(level)
+
+
+def quiet_http_logs(level: str) -> None:
+    """httpx writes an INFO line per request (``HTTP Request: POST ... "HTTP/1.1 200 OK"``): one per LLM
+    generation.  Its lines (and httpcore's) from ``warning`` up unless ``level`` is ``debug``."""
+    floor = logging.DEBUG if level.lower() == "debug" else logging.WARNING
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(floor)
 
 
 def quiet_kafka_logs(verbose: bool) -> None:

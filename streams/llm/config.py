@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sie.kernel.errors import ConfigError
+from sie.schemas.backend_config import url_problem
 from sie.streams.llm.pool import Endpoint
 from sie.streams.llm.protocols import PROTOCOLS
 
@@ -100,8 +101,9 @@ class LLMConfig:
         for i, item in enumerate(raw):
             spec = item if isinstance(item, Mapping) else {"url": item}
             url = spec.get("url")
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"spec.backend.config.endpoints[{i}].url: an http(s) URL is needed (got {url!r})")
+            problem = url_problem(url)  # the parser checked the spec's; a launched server's URL is ours
+            if problem or not isinstance(url, str):
+                raise ConfigError(f"spec.backend.config.endpoints[{i}].url: {problem}")
             concurrency = int(_num(spec, "concurrency", per, 1))
             reserved = int(_num(spec, "reserve_p0", reserve, 0))
             if reserved >= concurrency:
@@ -120,23 +122,36 @@ class LLMConfig:
                    backoff_max_s=_num(cfg, "endpoint_backoff_max_s", 30.0, 0.001),
                    poison_after=int(_num(cfg, "poison_after", 3, 1)),
                    stream=_flag(cfg, "stream"),
-                   director=_director(cfg.get("director"), len(endpoints)),
+                   director=_director(cfg.get("director"), [e[1] for e in endpoints]),
                    director_interval_s=_num(cfg, "director_interval_ms", 1000, 10) / 1000.0)
 
 
-def _director(doc: Any, endpoints: int) -> Any:
+def _director(doc: Any, slots: list[int]) -> Any:
     """The director's policy: ``false`` -> off; absent -> the default rule when there is more than one endpoint
-    (with one, there is nowhere to shift to); a mapping -> its numbers."""
+    (with one, there is nowhere to shift to); a mapping -> its numbers.
+
+    The queue thresholds not given are derived from the endpoints' slots: an endpoint's "queue" is its
+    requests in flight, which never exceed its slots, so the rollout director's defaults (hot above 50, cool
+    below 10) could never fire at 8 slots.  ``hot_queue`` = ``hot_utilisation_pct`` % of the smallest
+    endpoint's slots and ``cool_queue`` = ``cool_utilisation_pct`` % of the largest's (at most ``hot_queue``):
+    with equal endpoints both say what the utilisation says, so utilisation decides."""
     from sie.streams.control.reconcile.director import DirectorPolicy
 
-    if doc is False or (doc is None and endpoints < 2):
+    if doc is False or (doc is None and len(slots) < 2):
         return None
     if doc is None or doc is True:
-        return DirectorPolicy()
+        doc = {}
     if not isinstance(doc, Mapping):
         raise ConfigError(f"spec.backend.config.director: a mapping of numbers, true or false (got {doc!r})")
+    from sie.streams.control.reconcile.autoscaler import policy_numbers
+
     try:
-        return DirectorPolicy.from_document(doc)
+        numbers = policy_numbers(DirectorPolicy, doc, "director")  # unknown keys, non-numbers: errors
+        hot_pct = numbers.get("hot_utilisation_pct", DirectorPolicy.hot_utilisation_pct)
+        cool_pct = numbers.get("cool_utilisation_pct", DirectorPolicy.cool_utilisation_pct)
+        numbers.setdefault("hot_queue", hot_pct / 100.0 * min(slots))
+        numbers.setdefault("cool_queue", min(cool_pct / 100.0 * max(slots), numbers["hot_queue"]))
+        return DirectorPolicy(**numbers)
     except ConfigError as exc:
         raise ConfigError(f"spec.backend.config.{exc}") from None
 

@@ -21,10 +21,15 @@ Outcomes of one request (``Job``):
   while the pool served other requests meanwhile is dead-lettered with the server's message;
 * 408/429 (the server is busy): a short pause, the same request again; the endpoint stays in service.
 
-Streaming (``protocol.stream``): the answer is read as server-sent events (``StreamReader``); the
+Streaming (``protocol.stream``): the answer is read as server-sent events (``sse_lines``: lines end only
+at CR, LF or CRLF, not at U+0085/U+2028/U+2029 inside generated text; ``StreamReader``); the
 moment of the first event carrying text is ``job.first_token`` (time to first token = that less
 ``job.sent``, the start of the attempt that answered).  A stream cut before its ``[DONE]`` is no usable
 answer (like a reset connection): the endpoint is ejected and the request sent again.
+
+A job with a ``deadline`` (the spec's ``sla.max_queue_time_ms`` counted from the request's timestamp) that
+passes while the job waits for a slot (every endpoint out of service, or all full) is not sent (again):
+``job.expired``, the stage answers it as expired.  A generation already running is never cut short by it.
 
 A job whose record left the window meanwhile (``is_current`` False: revoked, reset) is dropped
 before it is sent and between retries.  Workers are supervised: ``check()`` raises if one died.
@@ -43,7 +48,7 @@ from typing import Any
 import httpx
 
 from sie.streams.llm.pool import EndpointPool
-from sie.streams.llm.protocols import BadOutput, Generation, Protocol, StreamReader
+from sie.streams.llm.protocols import BadOutput, Generation, Protocol, StreamReader, sse_lines
 
 log = logging.getLogger("sie.llm")
 
@@ -69,6 +74,12 @@ class Job:
     finished: float = 0.0
     sent: float = 0.0  # when the last attempt was sent
     first_token: float | None = None  # streamed: when its first text arrived
+    #: the clock's time after which the request is not sent (again): sla.max_queue_time_ms from its timestamp
+    deadline: float | None = None
+    #: requests in flight at its endpoint when its last attempt was sent, itself included: the server's
+    #: continuous batch it joined (the result's ``timings.batch_size``)
+    batch: int = 1
+    expired: bool = False  # the deadline passed before a server answered it: the stage answers "expired"
 
 
 def _said(response: httpx.Response) -> str:
@@ -173,17 +184,26 @@ class Dispatcher:
     def _gone(self, job: Job) -> bool:
         return self._closed.is_set() or self._stop.is_set() or not self._is_current(job)
 
+    def _expired(self, job: Job) -> bool:
+        """Its ``deadline`` passed while it waited for a slot (every endpoint out, or full): never sent again."""
+        if job.deadline is not None and self._clock() >= job.deadline:
+            job.expired = True
+        return job.expired
+
     def _run(self, job: Job) -> bool:
         """Send until the job has an answer or an error (True), or it is no longer wanted (False)."""
         job.started = self._clock()
         pool, path = self.pool, self.protocol.path
         first_5xx_served = 0
         while True:
-            endpoint = pool.acquire(job.key, self._stop, lambda: self._gone(job), self.priority)
+            if self._expired(job):
+                return True
+            endpoint = pool.acquire(job.key, self._stop, lambda: self._gone(job) or self._expired(job), self.priority)
             if endpoint is None:
-                return False
+                return job.expired and not self._gone(job)  # expired: done (answered "expired"); gone: dropped
             job.attempts += 1
             job.endpoint = endpoint.url
+            job.batch = max(1, endpoint.in_flight)  # read without the pool's lock: a figure, not a decision
             sent = self._clock()
             job.sent, job.first_token = sent, None
             try:
@@ -247,7 +267,7 @@ class Dispatcher:
                 return response, None
             reader = StreamReader(self.protocol)
             try:
-                for line in response.iter_lines():
+                for line in sse_lines(response.iter_bytes()):  # never iter_lines(): sse_lines says why
                     if reader.feed(line) and job.first_token is None:
                         job.first_token = self._clock()
                     if reader.done:

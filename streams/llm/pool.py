@@ -146,8 +146,9 @@ class EndpointPool:
             endpoint.served += 1
             if latency_s is not None:
                 endpoint.recent.append((self._clock(), latency_s))
-            if endpoint.failures:
-                log.info("endpoint %s answers again: back in service", endpoint.url)
+            if endpoint.failures:  # a warning, like its ejection: an operator reading warnings sees both ends
+                log.warning("endpoint %s answers again: back in service after %d failure(s)", endpoint.url,
+                            endpoint.failures)
             endpoint.failures = 0
             self._cond.notify_all()
 
@@ -182,6 +183,12 @@ class EndpointPool:
                 p99 = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000.0 if times else None
                 out.append(Signal(e.url, 100.0 * e.in_flight / e.concurrency, float(e.in_flight), p99))
         return out
+
+    def failing(self) -> list[Endpoint]:
+        """The endpoints whose last request failed (out of service, or half-open and not yet answering again).
+        All of them: the model is in an outage (its requests wait; the stage reports it)."""
+        with self._cond:
+            return [e for e in self.endpoints if e.failures]
 
     def in_service(self) -> int:
         now = self._clock()

@@ -36,13 +36,14 @@ Nothing here does I/O: ``sie.streams.llm.dispatch`` sends what ``Protocol.reques
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 META_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency")
 _JSON_TYPES = {"float": "number", "int": "integer", "bool": "boolean", "string": "string"}
 PROTOCOLS = ("sglang", "openai-completions", "openai-chat")
+_SSE_BLANKS = " \t\r\n"
 
 
 class BadOutput(Exception):
@@ -211,6 +212,42 @@ class Protocol:
         return Generation(text, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), meta)
 
 
+def sse_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The lines of a server-sent-events body as it arrives in ``chunks``: split ONLY at CR, LF or CRLF
+    (the event-stream grammar), never at the other characters ``str.splitlines()`` and httpx's
+    ``iter_lines`` split at (U+0085, U+2028, U+2029, U+000B, U+000C, U+001C..U+001E).  Generated text may
+    carry those raw inside a JSON string (vLLM sends U+0085 unescaped: valid JSON), and cutting there made a
+    valid event look like two broken ones.  Split on bytes, then decode each line: CR and LF never occur
+    inside a UTF-8 multi-byte sequence, so a chunk boundary inside a character is harmless; a CR at the end
+    of one chunk and an LF at the start of the next are one line end."""
+    buf = b""
+    skip_lf = False  # the previous chunk ended in CR: an LF opening this one belongs to it (CRLF)
+    for chunk in chunks:
+        if not chunk:
+            continue
+        if skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        skip_lf = False
+        buf += chunk
+        start = 0
+        while True:
+            cr, lf = buf.find(b"\r", start), buf.find(b"\n", start)
+            if cr < 0 and lf < 0:
+                break
+            end = lf if cr < 0 or 0 <= lf < cr else cr
+            yield buf[start:end].decode("utf-8", errors="replace")
+            if buf[end:end + 1] == b"\r":
+                if end + 1 == len(buf):
+                    skip_lf, start = True, end + 1
+                    break
+                start = end + 2 if buf[end + 1:end + 2] == b"\n" else end + 1
+            else:
+                start = end + 1
+        buf = buf[start:]
+    if buf:
+        yield buf.decode("utf-8", errors="replace")
+
+
 class StreamReader:
     """One streamed answer, fed its lines in order (module docstring): ``feed`` says whether the line
     carried generated text (the first such line is the first token); ``result`` once ``done``."""
@@ -224,10 +261,12 @@ class StreamReader:
         self._finish: Any = None
 
     def feed(self, line: str) -> bool:
-        line = line.strip()
+        # one line of the stream (``sse_lines``); only ASCII blanks are trimmed: str.strip() would also eat
+        # U+0085/U+2028/U+2029, which are the generated text's own characters when they end a JSON string
+        line = line.strip(_SSE_BLANKS)
         if not line.startswith("data:"):
             return False  # blank separators, comments, "event:" lines
-        data = line[5:].strip()
+        data = line[5:].strip(_SSE_BLANKS)
         if data == "[DONE]":
             self.done = True
             return False

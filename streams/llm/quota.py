@@ -1,10 +1,11 @@
 """Per-caller quotas of the LLM window: requests/s and tokens/s, policy ``reject`` or ``delay``.
 
     quotas:
-      caller: metadata.caller     # dotted path into the request document (outside "inputs"); absent: "-"
-      requests_per_s: 5           # every caller's default (omit: unlimited)
+      caller: metadata.caller     # dotted path into the request document (outside "inputs")
+      requests_per_s: 5           # the default limits (omit: unlimited): the shared bucket's
       tokens_per_s: 2000          # prompt + completion tokens (omit: unlimited)
-      callers: {vip: {requests_per_s: 50, tokens_per_s: 20000}}
+      callers: {vip: {requests_per_s: 50, tokens_per_s: 20000, token_sha256: <hex>}}
+      unknown_callers: shared     # or reject
       policy: delay               # or reject
       max_delay_s: 10             # delay: the longest a request waits for its caller's quota
       max_delayed: <max_pending / 2>   # delay: requests held at once, all callers together
@@ -12,6 +13,16 @@
       defer_over: <max_pending / 8>    # ... when it is over quota and holds more than this many
       defer_after_s: 1            # ... or its oldest held request waited this long
       deferred_window: <max_pending / 4>   # deferred records in the window at most
+
+**Who the caller is** (``caller``): the producer writes the request, so a name in it proves nothing.  A
+name listed in ``callers`` gets that caller's own buckets; with ``token_sha256`` only when the record's
+header ``sie.caller.token`` holds the token whose sha256 that is (a producer that may write the request
+topic but not read it cannot learn another caller's token; ``sie.*`` headers are never copied into dead
+letters or results).  Any other request (no name, an unlisted name, a listed name without its token) is
+one caller, ``SHARED``, at the default limits (``unknown_callers: shared``) or a ``quota_exceeded`` dead
+letter (``reject``).  So a fresh name per request cannot evade the limit (it is the shared bucket's), a
+producer cannot spend a token-protected caller's budget, and the state is bounded by the configuration
+(a bucket and a mean per listed caller, plus the shared ones), not by the names producers invent.
 
 A token bucket per caller and kind, holding up to one second of its rate.  A request may be sent when
 its caller's request bucket holds a whole request and its token bucket is not in debt (``wait_s`` says
@@ -38,14 +49,20 @@ outcome may be the other one than the lost attempt's (exactly-once holds: one ou
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sie.kernel.errors import ConfigError
 
 POLICIES = ("reject", "delay")
+#: the caller every request belongs to that no listed caller's name (and token) claims
+SHARED = "*"
+#: the record header that proves a caller whose ``token_sha256`` is set
+TOKEN_HEADER = "sie.caller.token"
 
 
 class Bucket:
@@ -103,9 +120,18 @@ class Quotas:
         callers = cfg.get("callers") or {}
         if not isinstance(callers, Mapping):
             raise ConfigError(f"{where}.callers: a mapping caller -> limits (got {type(callers).__name__})")
+        if SHARED in callers:
+            raise ConfigError(f"{where}.callers: {SHARED!r} is the shared bucket of unlisted callers, not a name")
         self._limits = {str(name): Limits(_rate(v or {}, "requests_per_s", f"{where}.callers.{name}"),
                                           _rate(v or {}, "tokens_per_s", f"{where}.callers.{name}"))
                         for name, v in callers.items()}
+        #: listed callers that must prove themselves: the sha256 of their token
+        self._tokens = {str(name): str(v["token_sha256"]).lower() for name, v in callers.items()
+                        if isinstance(v, Mapping) and v.get("token_sha256")}
+        unknown = cfg.get("unknown_callers", "shared")
+        if unknown not in ("shared", "reject"):
+            raise ConfigError(f"{where}.unknown_callers: must be shared or reject (got {unknown!r})")
+        self.reject_unknown = unknown == "reject"
         self.max_delay_s = _rate(cfg, "max_delay_s", where) or 10.0
         max_delayed = _rate(cfg, "max_delayed", where)
         self.max_delayed = int(max_delayed) if max_delayed is not None else None  # None: the stage decides
@@ -123,14 +149,37 @@ class Quotas:
         self._mean: dict[str, float] = {}  # the caller's running mean of tokens per request (the estimate)
         self._first_estimate = first_estimate
 
-    def caller(self, extra: Mapping[str, Any] | None) -> str:
-        """The caller named at the configured path of the request (its keys besides inputs/id), else "-"."""
+    def named(self, extra: Mapping[str, Any] | None) -> str | None:
+        """The name at the configured path of the request (its keys besides inputs/id), else None."""
         node: Any = extra or {}
         for part in self._path:
             if not isinstance(node, Mapping) or part not in node:
-                return "-"
+                return None
             node = node[part]
-        return node if isinstance(node, str) and node else "-"
+        return node if isinstance(node, str) and node else None
+
+    def caller(self, extra: Mapping[str, Any] | None, headers: Iterable[tuple[str, Any]] | None = None) -> str | None:
+        """Whose quota the request spends (module docstring): a listed caller it names (proved by its token
+        where one is set), else ``SHARED``; None when ``unknown_callers: reject`` refuses it."""
+        name = self.named(extra)
+        if name is not None and name in self._limits:
+            want = self._tokens.get(name)
+            if want is None or _token_matches(headers, want):
+                return name
+        return None if self.reject_unknown else SHARED
+
+    def unknown_why(self, extra: Mapping[str, Any] | None) -> str:
+        """Why ``caller`` refused a request (``unknown_callers: reject``)."""
+        name = self.named(extra)
+        if name is None:
+            return f"no caller at {'.'.join(self._path)} (quotas.unknown_callers: reject)"
+        if name in self._limits:
+            return f"caller {name[:80]!r}: no valid {TOKEN_HEADER} header (quotas.callers.{name[:80]}.token_sha256)"
+        return f"caller {name[:80]!r} is not listed in quotas.callers (quotas.unknown_callers: reject)"
+
+    def state_size(self) -> int:
+        """Per-caller entries held (buckets and estimates): bounded by the configuration, not by the names."""
+        return len(self._buckets) + len(self._mean)
 
     @property
     def share(self) -> float:
@@ -178,10 +227,11 @@ class Quotas:
     def why(self, caller: str) -> str:
         """Which limit ``caller`` is over (for a ``quota_exceeded`` dead letter)."""
         limits = self._limits.get(caller, self._default)
+        who = "unlisted callers (shared)" if caller == SHARED else f"caller {caller[:80]!r}"
         tokens = self._bucket(caller, "tokens")
         if tokens is not None and tokens.level < 0:
-            return f"caller {caller[:80]!r}: over tokens_per_s {limits.tokens_per_s:g}"
-        return f"caller {caller[:80]!r}: over requests_per_s {limits.requests_per_s:g}"
+            return f"{who}: over tokens_per_s {limits.tokens_per_s:g}"
+        return f"{who}: over requests_per_s {limits.requests_per_s:g}"
 
     def take(self, caller: str) -> float:
         """Count one request of ``caller`` being sent now; returns the tokens estimated for it (pass them
@@ -217,3 +267,11 @@ class Quotas:
         if bucket is not None:
             bucket.refill(self._clock())
             bucket.level -= tokens - estimated
+
+
+def _token_matches(headers: Iterable[tuple[str, Any]] | None, want_sha256: str) -> bool:
+    """Whether the record carries ``TOKEN_HEADER`` whose sha256 is ``want_sha256`` (constant-time compare)."""
+    for key, value in headers or ():
+        if key == TOKEN_HEADER and isinstance(value, bytes):
+            return hmac.compare_digest(hashlib.sha256(value).hexdigest(), want_sha256)
+    return False

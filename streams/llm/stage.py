@@ -50,14 +50,13 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 
 from sie.kernel.clients import KafkaClients
 from sie.schemas.spec_models import PRIORITY_LEVELS
 from sie.streams.eos import ExactlyOnce, StageSettings, StreamLoop
 from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import RetryLater
-from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared, safe_headers
 from sie.streams.llm.config import LLMConfig, with_launched_server
 from sie.streams.llm.defer import AtOrigin, DeferPolicy, Origin
@@ -172,6 +171,8 @@ class LLMScorer:
         self._txn_started = 0.0
         self._next_commit = self._next_lag = self._next_direct = 0.0
         self._counts = dict(batches=0, records_in=0, results=0, expired=0, dead_letters=0)
+        #: (wall seconds it began, why) while no endpoint answers: the model is in an outage (``_watch_endpoints``)
+        self._outage: tuple[float, str] | None = None
         #: seconds of each committed transaction (run_batch: produce + offsets + commit), for the bench
         self.txn_times: list[float] = []
 
@@ -256,6 +257,7 @@ class LLMScorer:
             if self.dispatcher is not None:
                 self.llm_metrics.in_flight.set(self.dispatcher.busy)
             self.llm_metrics.endpoints_up.set(self.pool.in_service())
+            self._watch_endpoints()
             if self.fair is not None:
                 self.llm_metrics.quota_held.set(self.fair.size)
         entries = self._entries = self.window.take_ready()
@@ -285,10 +287,53 @@ class LLMScorer:
             self._resume(self._consumer)
         return firsts
 
+    def _watch_endpoints(self) -> None:
+        """Every endpoint failing (its last request got no usable answer): the model is in a backend outage,
+        shown where the batch scorer's is (``sie_backend_outage``, the alert ``SieBackendOutage``, the worker's
+        progress -> the model Degraded in ``sie describe``), until one answers again."""
+        failing = self.pool.failing()
+        name = self.config.spec.name
+        if len(failing) == len(self.pool.endpoints):
+            detail = "no LLM endpoint answers: " + "; ".join(f"{e.url}: {e.last_error}" for e in failing)
+            if self._outage is None:
+                self._outage = (self._wall(), detail)
+                self.metrics.backend_outages.inc()
+                wait = (f"expired after sla.max_queue_time_ms {self._max_queue_ms:g}" if self._max_queue_ms is not None
+                        else "held until an endpoint answers (no sla.max_queue_time_ms)")
+                log.warning("llm scorer %s: backend outage: %s; its requests are %s", name, detail[:500], wait)
+            self._outage = (self._outage[0], detail)
+            self.metrics.set_outage(*self._outage)
+        elif self._outage is not None:
+            log.warning("llm scorer %s: backend outage over after %.1fs: %d of %d endpoint(s) answer again", name,
+                        self._wall() - self._outage[0], len(self.pool.endpoints) - len(failing),
+                        len(self.pool.endpoints))
+            self._outage = None
+            self.metrics.set_outage(None)
+
+    def _lag(self, consumer: Any) -> dict[int, int]:
+        """Per partition of the request topic: records not yet answered = high watermark - position (not yet
+        read) + the window's records of it (read, not committed: in flight, held for an endpoint or a quota,
+        finished behind an unfinished one).  The batch scorer's lag counts only the first kind, which would
+        read 0 while the window holds every request through an outage."""
+        topic = self.config.spec.topics.requests
+        lags: dict[int, int] = {}
+        try:
+            assigned = [tp for tp in consumer.assignment() if tp.topic == topic]
+            if not assigned:
+                return lags
+            pending = self.window.pending(topic)
+            for tp in consumer.position(assigned):
+                _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and high >= 0:
+                    lags[tp.partition] = max(0, high - tp.offset) + pending.get(tp.partition, 0)
+        except KafkaException as exc:
+            log.debug("lag update skipped: %s", exc)
+        return lags
+
     def tick(self, consumer: Any) -> None:
         now = self._clock()
         if now >= self._next_lag:
-            self.metrics.set_lag(consumer_lag(consumer))
+            self.metrics.set_lag(self._lag(consumer))
             self._next_lag = now + self.config.lag_interval_s
         if self.llm.director is not None and now >= self._next_direct:
             self.direct(now)
@@ -306,7 +351,7 @@ class LLMScorer:
             self.director_decisions.append(d)
             self.llm_metrics.director.labels(self.metrics.model_id, d.name, d.action).inc()
             self.llm_metrics.weight.labels(self.metrics.model_id, d.name).set(endpoint.base_weight * d.weight_after)
-            log.warning("traffic director: %s %s: %s", d.action, d.name, d.reason)
+            log.warning("traffic director %s: %s", d.action, d.reason)  # the reason names the endpoint
 
     def _full_and_ready(self) -> bool:
         """A full window (consumption paused) whose finished prefix is a quarter of it or more commits at
@@ -384,17 +429,15 @@ class LLMScorer:
         queue_ms = now_ms - ts_ms if ts_ms is not None and ts_ms < now_ms else 0.0
         max_q = self._max_queue_ms
         if max_q is not None and queue_ms > max_q:
-            if self.config.expired_to == "result":
-                value = self._codec.expired(parsed, self._version, queue_ms, max_q)
-                self.window.finish(tp, offset, entry.epoch, [Output(self._results_topic, value, parsed.key, -1, None,
-                                                                    msg, "expired")], {"kind": "expired"})
-            else:
-                self._finish_dead(tp, offset, entry.epoch, msg, DeadLetterReason.EXPIRED,
-                                  f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}")
+            self._finish_expired(tp, offset, entry.epoch, msg, parsed, queue_ms, max_q)
             return
         caller = "-"
         if self.quotas is not None:
-            caller = entry.info["caller"] = self.quotas.caller(parsed.extra)
+            who = self.quotas.caller(parsed.extra, safe_headers(msg))  # a name alone is not proof (quota.py)
+            if who is None:  # unknown_callers: reject
+                self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", self.quotas.unknown_why(parsed.extra))
+                return
+            caller = entry.info["caller"] = who
             if self.fair is None:  # reject: over quota now -> a dead letter in its place in the window
                 if self.quotas.wait_s(caller) > 0:
                     self._finish_dead(tp, offset, entry.epoch, msg, "quota_exceeded", self.quotas.why(caller))
@@ -408,6 +451,8 @@ class LLMScorer:
         entry.info["req"] = parsed
         rid = f"{topic}:{partition}:{offset}:{uuid.uuid4().hex[:8]}"  # unique among in-flight requests
         job = Job(tp, offset, entry.epoch, msg.key(), self.protocol.request(prompt, rid))
+        if max_q is not None:  # not sent (again) once it has queued longer than the SLA (dispatch.py)
+            job.deadline = self._clock() + max(0.0, max_q - queue_ms) / 1000.0
         if self.fair is not None:  # delay: held until its caller's quota and its turn allow (fair.py)
             if origin is not None:
                 wait = max(0.0, origin.not_before_ms / 1000.0 - self._wall())
@@ -417,6 +462,17 @@ class LLMScorer:
             return
         assert self.dispatcher is not None
         self.dispatcher.submit(job)
+
+    def _finish_expired(self, tp: TP, offset: int, epoch: int, msg: Any, req: Request, queue_ms: float,
+                        max_q: float) -> None:
+        """Queued longer than ``sla.max_queue_time_ms``: an ``expired`` result (or dead letter, ``expired_to``)."""
+        if self.config.expired_to == "result":
+            value = self._codec.expired(req, self._version, queue_ms, max_q)
+            self.window.finish(tp, offset, epoch, [Output(self._results_topic, value, req.key, -1, None, msg,
+                                                          "expired")], {"kind": "expired"})
+        else:
+            self._finish_dead(tp, offset, epoch, msg, DeadLetterReason.EXPIRED,
+                              f"timestamp: queued {queue_ms:.0f} ms > sla.max_queue_time_ms {max_q:g}")
 
     def _current(self, job: Job) -> bool:
         return self.window.epoch(job.tp) == job.epoch
@@ -497,6 +553,12 @@ class LLMScorer:
                 used = None if gen is None else (gen.prompt_tokens or 0) + (gen.completion_tokens or 0)
                 self.quotas.charge(str(entry.info.get("caller", "-")), used, float(entry.info.get("estimate", 0.0)))
             msg, req = entry.info.get("src", entry.msg), entry.info.get("req")
+            if job.expired and isinstance(req, Request) and self._max_queue_ms is not None:
+                # it waited for a slot past the SLA (every endpoint out of service): answered, never sent again
+                now_ms = self._wall() * 1000.0
+                queue_ms = now_ms - req.timestamp_ms if req.timestamp_ms is not None else 0.0
+                self._finish_expired(job.tp, job.offset, job.epoch, msg, req, max(queue_ms, 0.0), self._max_queue_ms)
+                continue
             detail, reason = job.error, DeadLetterReason.INFERENCE_ERROR
             if detail is None and job.generation is not None and isinstance(req, Request):
                 gen = job.generation
@@ -508,7 +570,9 @@ class LLMScorer:
                         except ValueError as exc:
                             raise _Violation(str(exc)) from None
                     inference_ms = (job.finished - job.started) * 1000.0
-                    value = self._result(req, outputs, inference_ms, gen.prompt_tokens, gen.completion_tokens)
+                    first_ms = (job.first_token - job.sent) * 1000.0 if job.first_token is not None else None
+                    value = self._result(req, outputs, inference_ms, gen.prompt_tokens, gen.completion_tokens,
+                                         first_ms, job.batch)
                 except BadOutput as exc:
                     detail = str(exc)
                 except _Violation as exc:
@@ -524,10 +588,16 @@ class LLMScorer:
             self._finish_dead(job.tp, job.offset, job.epoch, msg, reason, detail or "no answer")
 
     def _result(self, req: Request, outputs: dict[str, Any], inference_ms: float, prompt_tokens: int | None,
-                completion_tokens: int | None) -> bytes:
+                completion_tokens: int | None, first_token_ms: float | None = None, batch: int = 1) -> bytes:
+        """The result record.  ``timings``: ``inference_ms`` from the first send to the answer (retries
+        included), ``first_token_ms`` (streamed: from the answering attempt's send to its first text),
+        ``batch_size`` the requests in flight at the endpoint when it was sent, itself included (the
+        continuous batch it joined: the window has no batches of its own)."""
         now_ms = self._wall() * 1000.0
         queue_ms = max(0.0, now_ms - req.timestamp_ms - inference_ms) if req.timestamp_ms is not None else 0.0
-        doc = orjson.loads(self._codec.result(req, self._version, outputs, queue_ms, inference_ms, 1))
+        doc = orjson.loads(self._codec.result(req, self._version, outputs, queue_ms, inference_ms, batch))
+        if first_token_ms is not None:
+            doc["timings"]["first_token_ms"] = round(max(first_token_ms, 0.0), 3)
         doc["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
         return orjson.dumps(doc)
 
@@ -600,6 +670,8 @@ class LLMScorer:
             self.llm_metrics.quota_deferred.inc(stats["deferred"])
         self.metrics.batch_committed(stats, batch_size, self.eos.last_commit_s if self.eos else None,
                                      self._wall() * 1000.0)
+        if self._outage is not None:  # results finished before the outage do not end it: an endpoint answering does
+            self.metrics.set_outage(*self._outage)
         self.llm_metrics.add_tokens(stats["prompt_tokens"], stats["completion_tokens"])
 
     # --- rebalances (StreamLoop: on the loop's thread; a revoke committed the finished prefix first) ----------------

@@ -75,6 +75,10 @@ class Window:
         """Records of ``topic`` in the window (finished or not)."""
         return sum(len(entries) for tp, entries in self._parts.items() if tp[0] == topic)
 
+    def pending(self, topic: str) -> dict[int, int]:
+        """Records of ``topic`` in the window (read, not committed) per partition."""
+        return {tp[1]: len(entries) for tp, entries in self._parts.items() if tp[0] == topic and entries}
+
     def ready(self) -> int:
         """How many records ``take_ready`` would return now."""
         n = 0

@@ -234,6 +234,17 @@ class ScorerMetrics:
         self._outage = (since, " ".join(str(detail).split())[:500])
         self._in_outage.set(1)
 
+    def set_outage(self, since: float | None, detail: str = "") -> None:
+        """For a stage that sees its backend's state itself (the LLM window: no endpoint in service): the outage
+        that began at ``since`` (wall seconds) goes on with ``detail``, or ends (None).  Counts nothing: the
+        caller counts each outage once (``backend_outages``)."""
+        if since is None:
+            self._outage = None
+            self._in_outage.set(0)
+        else:
+            self._outage = (since, " ".join(str(detail).split())[:500])
+            self._in_outage.set(1)
+
     def outage(self) -> dict[str, Any] | None:
         """``{"since_ms", "detail"}`` while the backend is in an outage (what the agent forwards), else None."""
         if self._outage is None:

@@ -2,7 +2,7 @@
 ``/v1/completions`` and ``/v1/chat/completions``, a lognormal generation time and a concurrency limit.
 
     python tests/fakes/fake_llm_server.py --port 30000 [--slots 64] [--mean-s 1.0] [--p99-s 5.0]
-        [--seed 1] [--fail-after N]
+        [--seed 1] [--fail-after N] [--down-while FILE]
 
 * ``--slots``: how many generations run at once (SGLang's running batch); further requests wait in a
   FIFO queue, as they do in SGLang's scheduler.  Connections are HTTP/1.1 keep-alive.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import threading
@@ -136,6 +137,10 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
+            down = state.args.down_while
+            if down and os.path.exists(down):  # an outage the test switches: every generation refused, as a
+                self._send(503, {"error": {"message": "fake outage: the engine is down"}})  # stopping server does
+                return
             if self.path == "/generate":
                 prompt = body.get("text")
                 raw = (body.get("sampling_params") or {}).get("json_schema")
@@ -227,6 +232,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ttft-frac", type=float, default=0.2,
                         help="streamed: the first token after this fraction of the generation time")
     parser.add_argument("--fail-after", type=int, default=None, help="answer 500 after N generations")
+    parser.add_argument("--down-while", default=None, help="answer every generation 503 while this file exists")
     parser.add_argument("--model-path", default="fake")
     parser.add_argument("--served-model-name", default=None,
                         help="the OpenAI endpoints answer 404 to any other 'model' (as vLLM does)")

@@ -176,7 +176,8 @@ def test_an_sglang_spec_cannot_choose_the_program_its_node_runs() -> None:
     assert problems(default) == []  # no server_entry: `python -m sglang.launch_server`
     (refused,) = problems(default, server_entry=["/bin/sh", "-c", "touch /tmp/owned"])
     assert refused.startswith("spec.backend.config.server_entry: ") and "SIE_SGLANG_SERVER_ENTRIES" in refused
-    assert problems(default, server_entry="/bin/sh")[0].endswith("must be a non-empty list of strings (got '/bin/sh')")
+    with pytest.raises(InvalidSpec, match=r"spec.backend.config.server_entry: Input should be a valid list"):
+        problems(default, server_entry="/bin/sh")  # the backend config's schema refuses it before the policy
     allowing = SpecPolicy.from_settings(Settings(sglang_server_entries=["/opt/sglang/bin/python  -m 'sglang.launch_server'"]))
     assert problems(allowing, server_entry=["/opt/sglang/bin/python", "-m", "sglang.launch_server"]) == []
     assert problems(allowing, server_entry=["/opt/sglang/bin/python", "-c", "print(1)"]) != []

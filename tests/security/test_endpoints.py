@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sie.kernel.settings import Settings
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import InvalidSpec, parse_spec
 from sie.schemas.spec_policy import SpecPolicy
 from sie.streams.llm.dispatch import Dispatcher
 from sie.workers.backends.base import BackendError
@@ -30,14 +30,28 @@ def _problems(policy: SpecPolicy, endpoints: list[Any] | None = None, **config: 
                                                "endpoints (none); list the server in SIE_SGLANG_ENDPOINTS"),
     ({"server_url": "https://collector.example.com/v1"}, "server_url: https://collector.example.com/v1 is not under"),
     ({"endpoints": [{"url": "http://169.254.169.254/latest", "concurrency": 2}]}, "endpoints[0]: http://169.254.169.254"),
-    ({"server_url": "file:///etc/passwd"}, "server_url: must be an http(s) URL of a server (got 'file:///etc/passwd')"),
-    ({"endpoints": ["gopher://127.0.0.1:70"]}, "must be an http(s) URL of a server"),
 ])
 def test_a_spec_cannot_send_its_requests_to_a_server_the_node_did_not_list(named: dict[str, Any], reason: str):
     config = {k: v for k, v in named.items() if k != "endpoints"}
     problems = _problems(SpecPolicy(), named.get("endpoints"), **config)
     assert any(reason in p for p in problems), problems
     assert all(p.startswith("spec.backend.config.") for p in problems)
+
+
+@pytest.mark.parametrize(("named", "reason"), [
+    ({"server_url": "file:///etc/passwd"}, "server_url: must be an http(s) URL of a server (got 'file:///etc/passwd')"),
+    ({"endpoints": ["gopher://127.0.0.1:70"]}, "endpoints[0]: must be an http(s) URL of a server"),
+    ({"endpoints": ["http://127.0.0.1:80011"]}, "endpoints[0]: port out of range 1-65535"),
+    ({"endpoints": [{"url": "http://h:0/"}]}, "endpoints[0].url: port out of range 1-65535"),
+    ({"server_url": "http://user:pw@:8000"}, "server_url: must name a host"),
+])
+def test_a_url_that_is_not_a_server_is_a_spec_error_where_parsed(named: dict[str, Any], reason: str):
+    """Refused by the parser (``sie validate``), naming the field, never a traceback (issue 41 item 3)."""
+    config = {k: v for k, v in named.items() if k != "endpoints"}
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(llm_spec_doc(named.get("endpoints") or [], **config))
+    assert any(p.startswith("spec.backend.config.") and reason in p for p in err.value.problems), err.value.problems
+    assert "pw" not in str(err.value)
 
 
 def test_listed_servers_pass_by_prefix_or_host_and_credentials_never_do():

@@ -13,7 +13,7 @@ import pytest
 from sie.kernel.errors import ConfigError
 from sie.streams.llm.dispatch import Job
 from sie.streams.llm.fair import FairQueue
-from sie.streams.llm.quota import Quotas
+from sie.streams.llm.quota import SHARED, Quotas
 from tests.helpers import wait_until
 from tests.llm_fixtures import Harness, ids, sglang_answer
 
@@ -50,9 +50,10 @@ def test_tokens_are_charged_after_the_generation_and_debt_refuses_until_refilled
 
 
 def test_the_caller_is_read_from_the_configured_path():
-    q = Quotas({"caller": "metadata.tenant", "requests_per_s": 1})
-    assert q.caller({"metadata": {"tenant": "acme"}}) == "acme"
-    assert q.caller({"metadata": {"tenant": 5}}) == "-" and q.caller(None) == "-"
+    q = Quotas({"caller": "metadata.tenant", "requests_per_s": 1, "callers": {"acme": {}}})
+    assert q.named({"metadata": {"tenant": "acme"}}) == "acme" and q.caller({"metadata": {"tenant": "acme"}}) == "acme"
+    assert q.named({"metadata": {"tenant": 5}}) is None and q.caller(None) == SHARED
+    assert q.caller({"metadata": {"tenant": "other"}}) == SHARED  # unlisted: the shared bucket
 
 
 @pytest.mark.parametrize("cfg, match", [

@@ -194,7 +194,7 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_stalls(servers,
             time.sleep(0.5)
 
     def decisions() -> list[str]:
-        return [line for line in scorer.output().splitlines() if "traffic director:" in line]
+        return [line for line in scorer.output().splitlines() if "traffic director " in line]
 
     producer = threading.Thread(target=produce_paced, daemon=True)
     try:
@@ -202,7 +202,7 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_stalls(servers,
                    message=lambda: f"the scorer in the group: {scorer.output()[-1500:]}")
         b.pause()
         producer.start()
-        wait_until(lambda: any(f"shift_away {b.url}" in line for line in decisions()), 60, interval=0.2,
+        wait_until(lambda: any(f"shift_away: {b.url}" in line for line in decisions()), 60, interval=0.2,
                    message=lambda: f"the director to shift weight away from the stalled {b.url}: decisions "
                                    f"{decisions()[:5]}; endpoint lines "
                                    f"{[x for x in scorer.output().splitlines() if 'endpoint' in x][:10]}")
@@ -213,7 +213,7 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_stalls(servers,
         assert not dead
         print("director decisions:", *decisions(), sep="\n  ")
         # the stalled server was the hot one; the other, given the overflow, had room: never shifted
-        assert not any(f"shift_away {a.url}" in line for line in decisions()), decisions()[:5]
+        assert not any(f"shift_away: {a.url}" in line for line in decisions()), decisions()[:5]
         text = _scorer_metrics(port)
         weights = {line.split('endpoint="')[1].split('"')[0]: float(line.rpartition(" ")[2])
                    for line in text.splitlines() if line.startswith("sie_llm_endpoint_weight{")}

@@ -148,6 +148,9 @@ def test_the_scorer_exports_time_to_first_token_of_streamed_requests_and_commits
         assert ids(results) == {f"q{i}": 1 for i in range(6)}
         doc = orjson.loads(results[0][1])
         assert doc["outputs"]["answer"] == "answer to it" and doc["usage"]["completion_tokens"] == 3
+        for _t, value, _k, _h in results:  # the first token's time in the result too (issue 41), not only a metric
+            timings = orjson.loads(value)["timings"]
+            assert 0 <= timings["first_token_ms"] <= timings["inference_ms"]
         labels = {"model_id": h.spec.name}
         assert h.scorer.metrics.value("sie_llm_ttft_seconds_count", labels) == 6
         assert h.scorer.metrics.value("sie_tokens_total", {**labels, "kind": "completion"}) == 18

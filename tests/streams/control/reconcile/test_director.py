@@ -271,7 +271,8 @@ def test_the_llm_config_turns_the_director_on_for_two_endpoints_and_names_a_bad_
 
     one = LLMConfig.from_backend_config({"endpoints": ["http://a"]})
     two = LLMConfig.from_backend_config({"endpoints": ["http://a", "http://b"]})
-    assert one.director is None and two.director == DirectorPolicy()
+    # the queue thresholds from the endpoints' slots (16 each by default): 85 % and 60 % of them (docs/llm.md)
+    assert one.director is None and two.director == DirectorPolicy(hot_queue=13.6, cool_queue=9.6)
     assert LLMConfig.from_backend_config({"endpoints": ["http://a", "http://b"], "director": False}).director is None
     with pytest.raises(ConfigError, match=r"spec.backend.config.director.bogus: unknown"):
         LLMConfig.from_backend_config({"endpoints": ["http://a", "http://b"], "director": {"bogus": 1}})
