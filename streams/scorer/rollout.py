@@ -241,6 +241,22 @@ class RolloutScorer(Scorer):
                 out.headers = [*(out.headers or ()), stamp]
         return prepared
 
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Before any record of newly assigned partitions is scored: read the rollouts topic to its end now.
+        Their previous owner committed its last batch before they moved, under an epoch it had read; reading
+        to the end takes that epoch or a newer one, so a key the canary answered there is never answered
+        under an older, lower weight here (weights only rise within a rollout)."""
+        super().partitions_assigned(consumer, partitions)
+        refresh = getattr(self._weights, "refresh", None)
+        wait = getattr(self._weights, "wait_caught_up", None)
+        if refresh is None or wait is None:
+            return
+        refresh()
+        if not wait(CATCH_UP_LIMIT_S):
+            log.warning("model %s: rollouts topic not read to its end within %.0fs after an assignment",
+                        self.config.spec.name, CATCH_UP_LIMIT_S)
+        self._applied = None  # rebuilt at the next batch boundary from what was read
+
     def tick(self, consumer: Any) -> None:
         """Between batches, also when no request arrives: a companion the rollout asks for is loaded (and a
         ready one routed to) without waiting for traffic."""
@@ -340,21 +356,14 @@ class KafkaWeightSource:
         md = self._consumer.list_topics(self._topic, timeout=10)
         parts = sorted(md.topics[self._topic].partitions) if self._topic in md.topics else [0]
         self._consumer.assign([TopicPartition(self._topic, p, -2) for p in parts])
-        #: partition -> the end offset it had when this reader started: ``caught_up`` once read to there
+        self._parts = parts
+        self._lock = threading.Lock()
+        #: partition -> the end offset it had when this reader last looked: ``caught_up`` once read to there
         self._ends: dict[int, int] = {}
-        for p in parts:
-            try:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=10,
-                                                                 cached=False)
-            except Exception as exc:  # noqa: BLE001 - unknown end: the deadline below decides
-                log.warning("rollouts topic: end of partition %d unknown (%s)", p, exc)
-                low, high = 0, 1
-            if high > low:
-                self._ends[p] = high
-        self._started = time.monotonic()
+        self._started = 0.0
+        self.refresh()
         self._model = model
         self._codec = Codec()
-        self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
 
     def latest(self) -> dict[str, Any] | None:
@@ -366,6 +375,34 @@ class KafkaWeightSource:
         with self._lock:
             self._drain()
             return self._records.get(model)
+
+    def refresh(self) -> None:
+        """Take the topic's end offsets now: ``caught_up`` is False until they are read (at start, and when
+        the scorer is assigned partitions: their previous owner may have answered under a newer epoch)."""
+        from confluent_kafka import TopicPartition
+
+        ends: dict[int, int] = {}
+        for p in self._parts:
+            try:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=10,
+                                                                 cached=False)
+            except Exception as exc:  # noqa: BLE001 - unknown end: the deadline in caught_up decides
+                log.warning("rollouts topic: end of partition %d unknown (%s)", p, exc)
+                low, high = 0, 1
+            if high > low:
+                ends[p] = high
+        with self._lock:
+            self._ends, self._started = ends, time.monotonic()
+
+    def wait_caught_up(self, limit_s: float) -> bool:
+        """``caught_up``, waiting up to ``limit_s`` for the records to arrive."""
+        deadline = time.monotonic() + limit_s
+        while not self.caught_up():
+            if time.monotonic() >= deadline:
+                return False
+            with self._lock:
+                self._drain(wait_s=0.05)
+        return True
 
     def caught_up(self) -> bool:
         """Whether what the topic held at start has been read (a transaction still open then is read once it
@@ -394,9 +431,10 @@ class KafkaWeightSource:
         """One model's ``WeightSource`` over this shared reader (closing the view leaves the reader open)."""
         return _ModelView(self, model)
 
-    def _drain(self) -> None:
+    def _drain(self, wait_s: float = 0.0) -> None:
         while True:
-            msgs = self._consumer.consume(500, 0)
+            msgs = self._consumer.consume(500, wait_s)
+            wait_s = 0.0
             for m in msgs:
                 key, value = m.key(), m.value()
                 if m.error() or key is None:
@@ -433,6 +471,12 @@ class _ModelView:
 
     def caught_up(self) -> bool:
         return self._source.caught_up()
+
+    def refresh(self) -> None:
+        self._source.refresh()
+
+    def wait_caught_up(self, limit_s: float) -> bool:
+        return self._source.wait_caught_up(limit_s)
 
     def close(self) -> None:
         """The shared reader stays open: its owner (the process) closes it."""

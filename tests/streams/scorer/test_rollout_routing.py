@@ -298,3 +298,61 @@ def test_in_process_versions_never_raise_a_load_failure_into_the_batch():
     versions = InProcessVersions(factory)
     assert versions.backend("1.1.0", {**echo_spec().to_document(), "version": "1.1.0"}) is None
     assert versions.report() == {"1.1.0": {"state": "failed", "detail": "RuntimeError: no such callable"}}
+
+
+@pytest.mark.parametrize(("own", "other", "phase", "weight", "serves_before_companion"), [
+    ("1.0.0", "1.1.0", "Pending", 0, True),          # a stable replica restarted: weight 0 names stable alone
+    ("1.0.0", "1.1.0", "Surging", 0, True),
+    ("1.0.0", "1.1.0", "Canary", 1000, False),       # ... a canary step names both
+    ("1.0.0", "1.1.0", "Paused", 1000, False),
+    ("1.0.0", "1.1.0", "Promoting", BUCKETS, False),  # ... 100 % names the canary alone
+    ("1.0.0", "1.1.0", "Draining", BUCKETS, False),
+    ("1.0.0", "1.1.0", "RollingBack", 0, True),
+    ("1.1.0", "1.0.0", "Surging", 0, False),          # the surge replica: its own version is the canary
+    ("1.1.0", "1.0.0", "Canary", 5000, False),
+    ("1.1.0", "1.0.0", "Draining", BUCKETS, True),    # ... at 100 % its own version is all it needs
+    ("1.1.0", "1.0.0", "RollingBack", 0, False),      # ... rolled back: stable's share needs its companion
+    ("1.1.0", "1.0.0", "Complete", BUCKETS, True),
+])
+def test_a_restarted_replica_serves_in_every_phase_only_once_every_version_its_table_names_is_ready(
+        own, other, phase, weight, serves_before_companion):
+    scorer, source, versions, spec, canary_doc = with_companions(Backend(other, 3.0), own=own, other=other)
+    source.record = record(spec, canary_doc, phase, weight, 3)
+    assert scorer.serving() is serves_before_companion, scorer.unready
+    versions.ready = True
+    assert scorer.serving()
+    table = weighted_table(("1.0.0", None), ("1.1.0", None), 0 if phase == "RollingBack" else weight)
+    for rid, (version, epoch) in answered(scorer.prepare(batch(spec, 100))).items():
+        assert epoch == b"3" and version == table.route(f"k{rid[1:]}".encode(), "").version
+
+
+class CatchingUp(Source):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def refresh(self) -> None:
+        self.calls.append("refresh")
+
+    def wait_caught_up(self, limit_s: float) -> bool:
+        self.calls.append("wait")
+        return True
+
+
+def test_newly_assigned_partitions_are_scored_only_after_the_rollouts_topic_is_read_to_its_end():
+    """Their previous owner may have answered a key with the canary under a newer epoch than this replica
+    has read: reading to the end first means no key is answered under an older, lower weight here."""
+    spec = echo_spec()
+    source = CatchingUp()
+    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=spec, instance="t-3"),
+                           RoutingTable.single("1.0.0", Backend("1.0.0", 2.0)), weights=source,
+                           versions=InProcessVersions(lambda s: Backend(s.version, 3.0)))
+
+    from confluent_kafka import KafkaException
+
+    class Consumer:
+        def list_topics(self, *_a, **_k):
+            raise KafkaException("no metadata in this test")
+
+    scorer.partitions_assigned(Consumer(), [])
+    assert source.calls == ["refresh", "wait"]
