@@ -382,16 +382,16 @@ class KafkaWeightSource:
         from confluent_kafka import TopicPartition
 
         ends: dict[int, int] = {}
-        for p in self._parts:
-            try:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=10,
-                                                                 cached=False)
-            except Exception as exc:  # noqa: BLE001 - unknown end: the deadline in caught_up decides
-                log.warning("rollouts topic: end of partition %d unknown (%s)", p, exc)
-                low, high = 0, 1
-            if high > low:
-                ends[p] = high
-        with self._lock:
+        with self._lock:  # one consumer, shared by the lanes of a multi-model process: one call at a time
+            for p in self._parts:
+                try:
+                    low, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=10,
+                                                                     cached=False)
+                except Exception as exc:  # noqa: BLE001 - unknown end: the deadline in caught_up decides
+                    log.warning("rollouts topic: end of partition %d unknown (%s)", p, exc)
+                    low, high = 0, 1
+                if high > low:
+                    ends[p] = high
             self._ends, self._started = ends, time.monotonic()
 
     def wait_caught_up(self, limit_s: float) -> bool:
