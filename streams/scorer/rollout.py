@@ -32,6 +32,18 @@ A replica holds partitions only while it can serve every version its table names
                            the consumer group (``sie.streams.eos.stage``: ``serving`` False): the replicas that
                            serve every version take its partitions; join again once all are ready
     a companion lost mid-call: the same (``VersionLost`` -> ``VersionsNotReady``)
+    partitions assigned:   read the rollouts topic to its end before scoring any of their records (their
+                           previous owner's epoch, or a newer one: never an older, lower weight)
+
+Failures and what happens next:
+
+| what happens                                         | this replica                     | its partitions           |
+|------------------------------------------------------|----------------------------------|--------------------------|
+| a companion its table names is still loading/waiting | does not join (or leaves)        | the others serve them    |
+| a companion is lost mid-call (died, no answer)       | refuses the batch, leaves        | the others; back when ready |
+| a companion FAILED (cannot load, lost 3 times)       | stays out while the table names it | the others; the leader rolls back |
+| no replica can serve every version                   | all out                          | wait; rollback after a step |
+| the rollouts topic cannot be read to its end         | decides after CATCH_UP_LIMIT_S   | as it decides            |
 
 No version ever answers another's share: a surge replica (own version = the canary) whose stable companion is
 loading answers nothing at weight 0, and a restarted stable replica whose canary companion is loading never
@@ -111,6 +123,8 @@ class WeightSource(Protocol):
 
     # Optional: ``caught_up() -> bool``: whether the source has read what its topic held when it started (a
     # replica decides whether it can serve only on a view that is not known to be stale); absent: True.
+    # ``refresh()`` + ``wait_caught_up(limit_s) -> bool``: take the topic's end now and read to it (a replica
+    # assigned partitions); absent: nothing is awaited.
 
 
 class VersionProvider(Protocol):
