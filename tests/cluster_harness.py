@@ -433,10 +433,13 @@ class RequestStream:
     traced back to the request partition it came from (stall per partition).
     """
 
-    def __init__(self, settings: Settings, topic: str, example: dict[str, Any], tag: str, rate_per_s: float = 20.0) -> None:
+    def __init__(self, settings: Settings, topic: str, example: dict[str, Any], tag: str, rate_per_s: float = 20.0,
+                 keys: int | None = None) -> None:
+        """``keys``: the record key repeats over this many keys (``<tag>-k<n % keys>``, so a key's answers over
+        time can be compared); default: the request id is the key."""
         from confluent_kafka import Producer
 
-        self.topic, self.example, self.tag, self.rate = topic, example, tag, rate_per_s
+        self.topic, self.example, self.tag, self.rate, self.keys = topic, example, tag, rate_per_s, keys
         self._producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
                                                                   "linger.ms": 5}))
         self.partition_of: dict[str, int] = {}
@@ -446,8 +449,8 @@ class RequestStream:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def _delivered(self, err: Any, msg: Any) -> None:
-        rid = msg.key().decode()
+    def _delivered(self, err: Any, msg: Any, rid: str | None = None) -> None:
+        rid = rid or msg.key().decode()
         with self._lock:
             if err is not None:
                 self.errors.append(f"{rid}: {err}")
@@ -466,8 +469,9 @@ class RequestStream:
         rid = f"{self.tag}-{self._n}"
         self._n += 1
         inputs = {**self.example, "amount": float(10 + self._n % 5000)}
-        self._producer.produce(self.topic, json.dumps({"id": rid, "inputs": inputs}).encode(), key=rid.encode(),
-                               on_delivery=self._delivered)
+        key = f"{self.tag}-k{(self._n - 1) % self.keys}" if self.keys else rid
+        self._producer.produce(self.topic, json.dumps({"id": rid, "inputs": inputs}).encode(), key=key.encode(),
+                               on_delivery=lambda err, msg, rid=rid: self._delivered(err, msg, rid))
         self._producer.poll(0)
         return rid
 

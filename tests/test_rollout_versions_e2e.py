@@ -114,7 +114,9 @@ def test_python_versions_are_answered_by_their_own_code_a_hanging_canary_rolls_b
         assert final["phase"] == "RolledBack", final["events"]
         why = next(e["reason"] for e in final["events"] if e["to"] == "RollingBack")
         print(f"hanging canary: {why}")
-        assert "1.2.0" in why and ("lost" in why or "answered no request" in why), why
+        # its companions are lost at each call (the replicas holding them hand their partitions over, no version
+        # answers for another): three losses fail it, or, first, the step's deadline with no canary answer
+        assert ("1.2.0" in why and ("lost" in why or "answered no request" in why)) or "canary answered 0 <" in why, why
         c.wait_ready("churn-py", 2, timeout=120)
         assert _workers(c, "churn-py", 2) == stable, "the stable replicas were never restarted"
 

@@ -62,8 +62,11 @@ def _spec(name: str, version: str, backend: dict[str, Any], outputs: list[dict[s
 
 
 def python_project(root: Path, version: str, *, broken: bool = False, hang: bool = False,
-                   rollout: dict[str, Any] | None = None, name: str = "churn-py", replicas: int = 1) -> Path:
-    """``root/<version>/``: ``churnpkg`` (this version's code) and ``churn-py.yaml``; returns the spec file."""
+                   rollout: dict[str, Any] | None = None, name: str = "churn-py", replicas: int = 1,
+                   load_s: float = 0.0) -> Path:
+    """``root/<version>/``: ``churnpkg`` (this version's code) and ``churn-py.yaml``; returns the spec file.
+    ``load_s``: the model takes this long to load (its module sleeps when imported), as a worker and as a
+    companion process."""
     folder = root / version
     pkg = folder / "churnpkg"
     pkg.mkdir(parents=True, exist_ok=True)
@@ -71,8 +74,9 @@ def python_project(root: Path, version: str, *, broken: bool = False, hang: bool
     (pkg / "helpers.py").write_text(f"def weight():\n    return {version_code(version)!r}\n", encoding="utf-8")
     hang_code = ("    import time\n    if any(r['tickets'] != 1.0 for r in rows):\n        time.sleep(600)\n"
                  if hang else "")
+    slow = f"import time\ntime.sleep({load_s!r})  # a model that takes long to load\n" if load_s else ""
     (pkg / "rules.py").write_text(
-        "from churnpkg import BUILT\n\n\n"
+        f"{slow}from churnpkg import BUILT\n\n\n"
         "def score(rows):\n"
         f"{hang_code}"
         "    from churnpkg.helpers import weight  # imported lazily, inside the call\n"

@@ -18,7 +18,7 @@ boundary (``RolloutScorer.apply_latest`` asks ``backend(version, spec)``, which 
               it checks the policy again, loads the backend and proves it with the readiness inference
     ready     its backend answers the batches routed to it, over two pipes (``VersionHost.infer``)
     failed    it could not be prepared or loaded (the reason: the agent's refusal, the load error with the
-              tail of its log), or it was lost too often; its share is answered by the replica's own version
+              tail of its log), or it was lost too often; the replica holds no partitions while it routes to it
 
 Failures and what happens next:
 
@@ -32,7 +32,8 @@ Failures and what happens next:
 | lost ``MAX_LOSSES`` times within ``LOSS_WINDOW_S``  | failed             | same                                    |
 
 The leader sees these states in heartbeats (``ReplicaReport.versions``): a canary that is not ready on every
-replica does not get traffic, and one that failed or was lost rolls the rollout back (docs/rollouts.md).
+replica does not get traffic (and a replica whose table names a version not ready on it serves nothing:
+``sie.streams.scorer.rollout``), and one that failed or was lost rolls the rollout back (docs/rollouts.md).
 """
 
 from __future__ import annotations

@@ -225,6 +225,42 @@ def companion_versions(settings: Any, directory: Path, label: str, gpu_indices: 
                            gpu_indices=gpu_indices, gpu_memory_mb=gpu_memory_mb, threads=threads)
 
 
+#: the longest a planned stop (SIGTERM, SIGUSR2) waits for the consumer group to settle before it leaves
+SETTLE_LIMIT_S = 3.0
+
+
+def wait_group_settled(settings: Any, group: str, topic: str, stop: threading.Event,
+                       limit_s: float = SETTLE_LIMIT_S, clients: Any = None) -> bool:
+    """Wait (serving meanwhile) until ``group`` is stable with every partition of ``topic`` owned, at most
+    ``limit_s``.  Why: a member that leaves while the group is still settling a join (cooperative-sticky
+    revokes in one rebalance and assigns in the next) starts another rebalance on top of it, and the
+    partitions revoked by the first wait for both: 2.1-2.4 s per partition when the surge replica stopped
+    0.8-0.9 s after the last successor joined (docs/rollouts.md, "Measured").  Unknown (no broker answer):
+    False at the limit, and the stop goes on."""
+    from confluent_kafka import ConsumerGroupState
+
+    from sie.kernel.clients import KafkaClients
+
+    deadline = time.monotonic() + limit_s
+    try:
+        admin = (clients or KafkaClients()).admin(settings.kafka_client_config())
+    except Exception as exc:  # noqa: BLE001 - no admin client: stop at once
+        log.info("group %s: not described (%s); stopping now", group, exc)
+        return False
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            described = admin.describe_consumer_groups([group], request_timeout=1.0)[group].result(timeout=2.0)
+            partitions = admin.list_topics(topic, timeout=2.0).topics[topic].partitions
+            owned = {tp.partition for m in described.members for tp in m.assignment.topic_partitions
+                     if tp.topic == topic}
+            if described.state == ConsumerGroupState.STABLE and owned >= set(partitions):
+                return True
+        except Exception as exc:  # noqa: BLE001 - unknown now: ask again until the limit
+            log.debug("group %s: not described (%s)", group, exc)
+        stop.wait(0.1)
+    return False
+
+
 def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     """Load, prove readiness, score until SIGTERM. Returns the exit code."""
     from sie.kernel.admin import ensure_model_topics
@@ -237,14 +273,28 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
 
     stop_event = StopRequest()
     serve = threading.Event()  # --standby: set by SIGUSR1 (go), and by any stop (nothing to wait for then)
+    #: the scorer's group and topic once it serves (a planned stop then waits for the group to settle first)
+    serving_group: list[tuple[str, str]] = []
 
-    def _on_term(signum: int, _frame: Any) -> None:
-        status.emit("draining", signal=signal.Signals(signum).name)
+    def _stop(signum: int) -> None:
         if signum == signal.SIGUSR2:
             stop_event.hand_over()  # a successor takes this replica's place (StopRequest.hand_over)
         else:
             stop_event.set()
         serve.set()
+
+    def _on_term(signum: int, _frame: Any) -> None:
+        status.emit("draining", signal=signal.Signals(signum).name)
+        if signum == signal.SIGINT or not serving_group:
+            _stop(signum)
+            return
+        group, topic = serving_group[0]
+
+        def settle_then_stop() -> None:
+            wait_group_settled(settings, group, topic, stop_event)
+            _stop(signum)
+
+        threading.Thread(target=settle_then_stop, name="settle-then-stop", daemon=True).start()
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
         signal.signal(signum, _on_term)
@@ -318,6 +368,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         def on_ready(scorer: Any) -> None:
             # READY = the readiness inference passed AND the scorer is subscribed (Kafka reachable).
             scorers.append(scorer)
+            serving_group.append((spec.group_id, spec.topics.requests))
             status.emit("ready", latency_ms=round(result.latency_ms, 3), outputs=result.outputs,
                         metrics_port=scorer.metrics.port)
             progress.start()

@@ -281,8 +281,9 @@ class Settings(BaseSettings):
     companion_call_timeout_s: float = Field(
         10.0, gt=0, description="During a rollout each replica serves the other version from a process of its own; "
                                 "a call to it that does not answer within this long counts as a hang: the process is "
-                                "killed, its rows are answered by the replica's own version (sie.routing.fallback) and "
-                                "the version is reported lost (the leader rolls a lost canary back).")
+                                "killed, the batch is refused (no other version answers its rows), the replica hands its "
+                                "partitions to the replicas that serve every version until it is ready again, and the "
+                                "version is reported lost (the leader rolls a lost canary back).")
     companion_load_timeout_s: float = Field(
         300.0, gt=0, description="How long the other version of a rollout may take to load and pass its readiness "
                                  "inference in its process before it is reported failed.")

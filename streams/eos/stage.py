@@ -47,6 +47,13 @@ leave, the commit in flight then, retried: it joins at once).  Why wait: a joini
 partitions, its own or the others' (measured: a scorer that joined again at once took a healthy scorer's
 partition and stalled it too).  A member that owns every partition does not leave: nobody would take them.
 Measured in the partition campaign (docs/reliability.md "Partitions", case 4).
+
+Holding partitions only while able to serve them (``BatchProcessor.serving``, optional; the rollout scorer's:
+every version its routing table names is loaded and proven, docs/rollouts.md): a stage that cannot serve does
+not subscribe at start, and one that stops being able to (asked between batches; a batch it cannot serve is
+refused by ``prepare`` with a ``RetryLater``, so nothing of it is produced) settles its in-flight commit and
+leaves the group, so the other members serve its partitions; it subscribes again as soon as it can serve.
+Unlike a stall, nothing waits: being unable to serve is the processor's own, known state, not a broker's.
 """
 
 from __future__ import annotations
@@ -217,6 +224,9 @@ class BatchProcessor(Protocol):
     def partitions_dropped(self, partitions: list[Any], lost: bool) -> None:
         """Partitions revoked (or lost) in a rebalance; their collected records were already dropped."""
 
+    # Optional: ``serving() -> bool``, asked between batches (and at start, before subscribing): whether the
+    # processor can serve partitions now.  False: the stage holds none (module docstring); absent: always True.
+
 
 @dataclass(frozen=True)
 class StageSettings:
@@ -275,6 +285,10 @@ class StreamLoop(Generic[T]):
         self.stalls_in_a_row = 0
         #: how many times this stage left its group on a stall
         self.stall_leaves = 0
+        #: out of the group (or never joined) because the processor cannot serve (``serving``; module docstring)
+        self._gated_out = False
+        #: how many times this stage left its group (or kept out of it at start) because it could not serve
+        self.gate_leaves = 0
 
     # --- rebalance callbacks (run inside consume(), on the loop's thread) ----------------------------------
     def _on_assign(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
@@ -360,13 +374,38 @@ class StreamLoop(Generic[T]):
             log.warning("%s: left the group on %d stall(s) in a row %.0fs ago; joining it again in %.0fs",
                         self.settings.name, self.stalls_in_a_row, self._clock() - self._left_at,
                         max(0.0, self._rejoin_at - self._clock()))
-        if self._clock() < self._rejoin_at:
-            return
+        if self._clock() < self._rejoin_at or self._gated_out:
+            return  # gated out: it joins once it can serve (``_gate``), and only after this backoff
         self._subscribe(consumer)
         self._out_of_group, self._rejoin_at = False, None
         if self.eos is not None:
             self.eos.restarted()  # stall_s from now
         log.info("%s: joined the consumer group again after a stall", self.settings.name)
+
+    # --- holding partitions only while able to serve them (module docstring) -------------------------------
+    def _serving(self) -> bool:
+        check = getattr(self._processor, "serving", None)
+        return True if check is None else bool(check())
+
+    def _gate(self, consumer: KafkaConsumer, eos: ExactlyOnce) -> None:
+        """Between batches: leave the group when the processor can no longer serve, join when it can again."""
+        serving = self._serving()
+        if self._gated_out:
+            if serving:
+                self._gated_out = False
+                if not self._out_of_group:  # a stall's backoff still running: ``_rejoin`` joins after it
+                    self._subscribe(consumer)
+                    eos.restarted()
+                log.info("%s: can serve: joining the consumer group", self.settings.name)
+            return
+        if serving or self._out_of_group:
+            return
+        self._report(eos.settle())  # the batch in flight commits first: a planned hand-over
+        log.warning("%s: cannot serve its partitions now: leaving the consumer group (the other members serve "
+                    "them) until it can", self.settings.name)
+        leave_group(consumer, subscribed=True)
+        self._gated_out = True
+        self.gate_leaves += 1
 
     def _subscribe(self, consumer: KafkaConsumer) -> None:
         consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -398,8 +437,12 @@ class StreamLoop(Generic[T]):
                 if self._read_ranges(consumer):  # read now that earlier holders of the id are fenced
                     assert self.range_run is not None
                     consumer.assign(self.range_run.assignment())
-            else:
+            elif self._serving():
                 self._subscribe(consumer)
+            else:
+                self._gated_out = True
+                self.gate_leaves += 1
+                log.warning("%s: cannot serve yet: joins the consumer group once it can", self.settings.name)
             if on_ready:
                 on_ready()
             freeze_startup_heap()
@@ -427,11 +470,13 @@ class StreamLoop(Generic[T]):
                     eos.idle()
                     if self._out_of_group:
                         self._rejoin(consumer)
+                    self._gate(consumer, eos)
                     continue
                 self._report(eos.start_batch(batch, prepare, rejected, pipelined=pipelined,
                                              collected_at=collected_at))
                 if self._out_of_group:
                     self._rejoin(consumer)
+                self._gate(consumer, eos)
             self._report(eos.settle())  # stop requested: the batch in flight is committed first
             planned = True
         finally:
@@ -444,7 +489,7 @@ class StreamLoop(Generic[T]):
             # a planned stop leaves the group (partitions move to the others at their next heartbeat); an
             # error keeps a static member's place for its restart (transaction.leave_group); a bounded run
             # has no group membership to leave (assign())
-            close_quietly(consumer, producer, subscribed=not self._out_of_group,
+            close_quietly(consumer, producer, subscribed=not (self._out_of_group or self._gated_out),
                           leave=planned and not bounded and leaves_group(
                               stop, consumer, cfg.topics,
                               alone=lambda: alone_in_group(consumer, cfg.consumer_config, self._clients)))

@@ -7,8 +7,12 @@
   retried after a backoff, never dead-lettered.
 * ``VersionLost``: a version served from a process of its own during a rollout (a *companion* version,
   ``sie.workers.versions``) died or stopped answering mid-call.  Neither poison nor an outage of the
-  replica: its rows are answered by the replica's own version in the same batch (labelled as such, with
-  the ``sie.routing.fallback`` header), and the version is reported unavailable to the control plane.
+  replica: no other version answers its rows (a key's version is its bucket's, never another's); the
+  batch is refused with ``VersionsNotReady`` and the replica hands its partitions to the others until the
+  version is ready again, and the version is reported unavailable to the control plane.
+* ``VersionsNotReady``: a version the replica's routing table names cannot answer here now (loading,
+  lost, failed).  A ``RetryLater``: nothing of the batch is produced; the replica leaves its consumer group
+  until every version is ready (``sie.streams.eos.stage``, ``serving``).
 """
 
 from __future__ import annotations
@@ -41,9 +45,14 @@ class BackendUnavailable(RetryLater, ScorerError):
 
 class VersionLost(ScorerError):
     """A companion version's process died or hung mid-call (module docstring); never bisected, never retried
-    against the same process: the scorer answers its rows with its own version."""
+    against the same process, never answered by another version."""
 
     def __init__(self, version: str, detail: str) -> None:
         super().__init__(f"version {version}: {detail}")
         self.version = version
         self.detail = detail
+
+
+class VersionsNotReady(RetryLater, ScorerError):
+    """A version this replica's routing table names cannot answer here now: the batch is refused (nothing of it
+    produced) and the replica holds no partitions until the version is ready (module docstring)."""

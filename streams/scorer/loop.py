@@ -36,16 +36,13 @@ from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared
 from sie.streams.scorer.codec import Codec, Poison, Request, default_id
 from sie.streams.scorer.config import ScorerConfig
-from sie.streams.scorer.errors import BackendUnavailable, DeadLetterReason, VersionLost
+from sie.streams.scorer.errors import DeadLetterReason, VersionLost, VersionsNotReady
 from sie.streams.scorer.inference import Inference, InferenceFailed, canary_row
 from sie.streams.scorer.metrics import ScorerMetrics
 from sie.streams.scorer.routing import RouteEntry, RoutingTable
 from sie.streams.scorer.tracing import ScorerTrace
 
 log = logging.getLogger("sie.scorer")
-
-#: on an answer given by another version than its key routes to (``RouteEntry.fallback``): which and why
-FALLBACK_HEADER = "sie.routing.fallback"
 
 
 @dataclass(frozen=True)
@@ -81,6 +78,8 @@ class _MetricsObserver:
         self._m.producer_restarts.inc()
 
     def retry_later(self, exc: RetryLater) -> None:
+        if isinstance(exc, VersionsNotReady):  # not an outage: the replica hands its partitions over (rollout.py)
+            return
         self._m.backend_outage(str(exc), self._wall())
 
 
@@ -184,8 +183,6 @@ class Scorer:
         check_outputs = self._check_outputs
         outputs: list[Output | None] = [None] * len(batch)
         groups: dict[str, tuple[RouteEntry, list[int], list[Request], list[float]]] = {}
-        #: row index -> why another version answers it (the ``sie.routing.fallback`` header of its output)
-        notes: dict[int, str] = {}
         dead: dict[str, int] = {}
         expired = 0
         oldest_ms = 0.0
@@ -199,14 +196,10 @@ class Scorer:
             parsed = codec.parse(topic, partition, offset, key, msg.value(), ts_ms)
             if type(parsed) is Poison:
                 entry = table.route(key, default_id(topic, partition, offset))
-                if entry.fallback:
-                    notes[i] = entry.fallback
                 outputs[i] = self._dead_letter(msg, parsed.reason, parsed.detail, entry.version)
                 dead[parsed.reason.value] = dead.get(parsed.reason.value, 0) + 1
                 continue
             entry = table.route(key, parsed.id)
-            if entry.fallback:
-                notes[i] = entry.fallback
             queue_ms = now_ms - ts_ms if ts_ms is not None and ts_ms < now_ms else 0.0
             if queue_ms > oldest_ms:
                 oldest_ms = queue_ms
@@ -231,23 +224,16 @@ class Scorer:
 
         ok = 0
         timing: dict[str, tuple[float, float, int]] = {}  # version -> (start after t0 ms, duration ms, rows)
-        work = list(groups.items())
-        while work:
-            version, (entry, indices, requests, queue_times) = work.pop(0)
+        for version, (entry, indices, requests, queue_times) in groups.items():
             rows = [r.inputs for r in requests]
             started = self._clock()
             try:
                 scored = self._inference_for(entry.backend).run(rows)  # BackendUnavailable: nothing produced yet
             except VersionLost as lost:
-                # a companion version's process died or hung: its rows are answered by the version that
-                # replaces it (the replica's own), in this same batch, each saying so
-                instead = self.version_lost(lost)
-                if instead is None:
-                    raise BackendUnavailable(str(lost)) from lost
-                for i in indices:
-                    notes[i] = instead.fallback
-                work.append((instead.version, (instead, indices, requests, queue_times)))
-                continue
+                # a companion version's process died or hung: no other version answers its rows (a key's version
+                # is its bucket's); the batch is refused, nothing of it produced
+                self.version_lost(lost)
+                raise VersionsNotReady(str(lost)) from lost
             inference_ms = (self._clock() - started) * 1000.0
             self.metrics.inference(version).observe(inference_ms / 1000.0)
             n = len(rows)
@@ -274,20 +260,15 @@ class Scorer:
                         continue
                 outputs[i] = self._dead_letter(batch[i], reason, detail, version)
                 dead[reason.value] = dead.get(reason.value, 0) + 1
-        for i, note in notes.items():
-            out = outputs[i]
-            if out is not None:
-                out.headers = [*(out.headers or ()), (FALLBACK_HEADER, note.encode())]
         stats = {"ok": ok, "expired": expired, "dead": dead, "oldest_ms": oldest_ms, "queued": queued, "at_ms": now_ms}
         if self._trace.enabled:
             versions = {i: v for v, group in groups.items() for i in group[1]}
             stats["spans"] = self._trace.prepared(batch, outputs, versions, timing, now_ms)
         return Prepared([o for o in outputs if o is not None], stats)
 
-    def version_lost(self, lost: VersionLost) -> RouteEntry | None:
-        """The entry that answers the rows of a version whose process was lost mid-call (its ``fallback`` says
-        why); None: nothing can (the batch is retried later).  A single-version scorer has no other version."""
-        return None
+    def version_lost(self, lost: VersionLost) -> None:
+        """A version's process was lost mid-call (the batch is refused and retried later): a single-version
+        scorer has no companion version; the rollout scorer marks it lost."""
 
     def rejected(self, output: Output, detail: str, stats: dict[str, Any]) -> Output:
         """A result the producer refused (too large with the request's metadata copied in): its request is

@@ -20,8 +20,34 @@ refuses a new version whose schemas break the old one's before any rollout start
 Where the other version runs (``VersionProvider``): not in this interpreter.  A worker serves its own version
 in-process and the other one from a process of its own (``sie.workers.versions``), so two versions never
 share imported code (a python model's package imported twice would otherwise be one module: results labelled
-with the wrong version), and a version that cannot load, crashes or hangs is contained: its share is answered
-by the replica's own version, each such answer saying so (``sie.routing.fallback``), until it is ready again.
+with the wrong version), and a version that cannot load, crashes or hangs is contained.
+
+A replica holds partitions only while it can serve every version its table names (``serving``)::
+
+    at start:              read the rollouts topic to its end (``WeightSource.caught_up``), then build the table
+    every batch boundary:  table = weights of the newest record; versions with a share > 0 must all have a
+                           ready backend here (the own version always has; a companion once loaded and proven)
+      all ready            serve the batch under that table (one epoch per transaction)
+      one is not           refuse the batch (``VersionsNotReady``, a RetryLater: nothing produced) and leave
+                           the consumer group (``sie.streams.eos.stage``: ``serving`` False): the replicas that
+                           serve every version take its partitions; join again once all are ready
+    a companion lost mid-call: the same (``VersionLost`` -> ``VersionsNotReady``)
+    partitions assigned:   read the rollouts topic to its end before scoring any of their records (their
+                           previous owner's epoch, or a newer one: never an older, lower weight)
+
+Failures and what happens next:
+
+| what happens                                         | this replica                     | its partitions           |
+|------------------------------------------------------|----------------------------------|--------------------------|
+| a companion its table names is still loading/waiting | does not join (or leaves)        | the others serve them    |
+| a companion is lost mid-call (died, no answer)       | refuses the batch, leaves        | the others; back when ready |
+| a companion FAILED (cannot load, lost 3 times)       | stays out while the table names it | the others; the leader rolls back |
+| no replica can serve every version                   | all out                          | wait; rollback after a step |
+| the rollouts topic cannot be read to its end         | decides after CATCH_UP_LIMIT_S   | as it decides            |
+
+No version ever answers another's share: a surge replica (own version = the canary) whose stable companion is
+loading answers nothing at weight 0, and a restarted stable replica whose canary companion is loading never
+answers the canary's bucket with the stable version, so a key the canary answered stays on it until a rollback.
 """
 
 from __future__ import annotations
@@ -29,12 +55,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sie.streams.eos.records import Prepared
-from sie.streams.scorer.errors import VersionLost
+from sie.streams.scorer.errors import VersionLost, VersionsNotReady
 from sie.streams.scorer.loop import Scorer
 from sie.streams.scorer.routing import BUCKETS, RouteEntry, RoutingTable
 
@@ -44,6 +71,8 @@ EPOCH_HEADER = "sie.routing.epoch"
 #: rollout phases after which the canary version is no longer served in-process
 _ROLLED_BACK = frozenset({"RolledBack", "Failed"})
 _TERMINAL = frozenset({"Complete", *_ROLLED_BACK})
+#: how long a starting replica waits to read the rollouts topic to its end before it decides with what it read
+CATCH_UP_LIMIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +120,11 @@ class WeightSource(Protocol):
     def latest(self) -> dict[str, Any] | None: ...
 
     def close(self) -> None: ...
+
+    # Optional: ``caught_up() -> bool``: whether the source has read what its topic held when it started (a
+    # replica decides whether it can serve only on a view that is not known to be stale); absent: True.
+    # ``refresh()`` + ``wait_caught_up(limit_s) -> bool``: take the topic's end now and read to it (a replica
+    # assigned partitions); absent: nothing is awaited.
 
 
 class VersionProvider(Protocol):
@@ -168,10 +202,9 @@ class RolloutScorer(Scorer):
 
     Its own version (the replica's, loaded and proven before it was READY) answers in-process; the other
     version comes from ``versions`` (a ``VersionProvider``).  At each batch boundary (``apply_latest``, before
-    the batch's transaction opens) the scorer builds the table the newest weight set names; a share whose
-    version cannot answer here now (still loading, failed, lost) is answered by the replica's own version,
-    labelled with the version that answered and the ``sie.routing.fallback`` header: a canary that cannot load,
-    crashes or hangs never stops the stable version, and the gates never count its absence as its answers.
+    the batch's transaction opens) the scorer builds the table the newest weight set names.  When a version with
+    a share cannot answer here now (still loading, failed, lost), the replica serves nothing: ``serving`` is
+    False, the batch is refused and the stage leaves its group until the version is ready (module docstring).
     The control plane learns each version's state from ``versions.report()`` (worker -> agent -> heartbeat)
     and judges the rollout by it.
     """
@@ -187,15 +220,56 @@ class RolloutScorer(Scorer):
         self._ws: WeightSet | None = None
         self._unreadable: dict[str, Any] | None = None
         self.epoch = 0
+        #: the weights source has read its topic to the end it had at start (``WeightSource.caught_up``)
+        self._caught_up = False
+        #: every version the current table names can answer here now; else why not (``serving``)
+        self._unready = ""
+
+    def serving(self) -> bool:
+        """Whether this replica may hold partitions now: it read the rollouts topic to the end, and every
+        version its table names is ready here (``sie.streams.eos.stage`` asks between batches)."""
+        if not self._caught_up:
+            check = getattr(self._weights, "caught_up", None)
+            if check is not None and not check():
+                return False
+            self._caught_up = True
+            self._applied = None
+        if self._unready or self._applied is None:
+            self.apply_latest()  # out of the group, nothing else refreshes it: look again now
+        return not self._unready
+
+    @property
+    def unready(self) -> str:
+        """Why this replica cannot serve now ("" when it can)."""
+        return self._unready
 
     def prepare(self, batch: list) -> Prepared[dict[str, Any]]:
         self.apply_latest()  # the batch boundary: nothing of this batch is produced yet
+        if self._unready:
+            raise VersionsNotReady(f"model {self.config.spec.name}: {self._unready}; this replica hands its "
+                                   f"partitions to the replicas that serve every version")
         prepared = super().prepare(batch)
         if self._ws is not None:
             stamp = (EPOCH_HEADER, str(self.epoch).encode())
             for out in prepared.outputs:
                 out.headers = [*(out.headers or ()), stamp]
         return prepared
+
+    def partitions_assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Before any record of newly assigned partitions is scored: read the rollouts topic to its end now.
+        Their previous owner committed its last batch before they moved, under an epoch it had read; reading
+        to the end takes that epoch or a newer one, so a key the canary answered there is never answered
+        under an older, lower weight here (weights only rise within a rollout)."""
+        super().partitions_assigned(consumer, partitions)
+        refresh = getattr(self._weights, "refresh", None)
+        wait = getattr(self._weights, "wait_caught_up", None)
+        if refresh is None or wait is None:
+            return
+        refresh()
+        if not wait(CATCH_UP_LIMIT_S):
+            log.warning("model %s: rollouts topic not read to its end within %.0fs after an assignment",
+                        self.config.spec.name, CATCH_UP_LIMIT_S)
+        self._applied = None  # rebuilt at the next batch boundary from what was read
 
     def tick(self, consumer: Any) -> None:
         """Between batches, also when no request arrives: a companion the rollout asks for is loaded (and a
@@ -204,7 +278,8 @@ class RolloutScorer(Scorer):
         self.apply_latest()
 
     def apply_latest(self) -> None:
-        """Swap in the table the newest weight set names, with what can answer here now (one swap)."""
+        """Swap in the table the newest weight set names, if every version it names can answer here now
+        (else ``unready`` says which cannot, and the table is left as it was: no batch is served meanwhile)."""
         record = self._weights.latest()
         if record is None or record.get("model") != self.config.spec.name:
             return
@@ -226,6 +301,7 @@ class RolloutScorer(Scorer):
                 self.versions.retain(set())
                 self.set_routing(RoutingTable.single(own, self._own.backend))
                 self._applied, self._ws, self.epoch = None, None, 0
+            self._unready = ""
             return
         stable_share = BUCKETS if not ws.serves_canary else BUCKETS - ws.canary_bp
         wanted = {ws.stable_version: (stable_share, ws.stable_spec)}
@@ -241,45 +317,34 @@ class RolloutScorer(Scorer):
                tuple(sorted((v, b is not None) for v, b in backends.items())))
         if key == self._applied:
             return
-        self.set_routing(self._table(ws, wanted, backends))
-        log.info("model %s: rollout %s -> %s at %.2f%% (epoch %d, %s)%s", ws.model, ws.stable_version,
-                 ws.canary_version, ws.canary_bp / 100, ws.epoch, ws.phase,
-                 "".join(f"; {e.fallback}" for e in self.routing.entries if e.fallback))
-        self._applied, self._ws, self.epoch = key, ws, ws.epoch
+        self._applied = key
+        missing = [v for v, (share, _spec) in wanted.items() if share > 0 and backends.get(v) is None]
+        if missing:
+            report = self.versions.report()
+            why = "; ".join(f"{v} not ready here ({report.get(v, {}).get('detail') or report.get(v, {}).get('state') or 'not loaded'})"
+                            for v in missing)
+            if why != self._unready:
+                log.warning("model %s: rollout %s -> %s at %.2f%% (epoch %d, %s): %s; holds no partitions until "
+                            "it is", ws.model, ws.stable_version, ws.canary_version, ws.canary_bp / 100, ws.epoch,
+                            ws.phase, why)
+            self._unready = why
+            return
+        self._unready = ""
+        self.set_routing(weighted_table((ws.stable_version, backends.get(ws.stable_version)),
+                                        (ws.canary_version, backends.get(ws.canary_version)),
+                                        ws.canary_bp if ws.serves_canary else 0))
+        log.info("model %s: rollout %s -> %s at %.2f%% (epoch %d, %s)", ws.model, ws.stable_version,
+                 ws.canary_version, ws.canary_bp / 100, ws.epoch, ws.phase)
+        self._ws, self.epoch = ws, ws.epoch
 
-    def _table(self, ws: WeightSet, wanted: dict[str, tuple[int, Any]], backends: dict[str, Any]) -> RoutingTable:
-        """Stable first, always (monotone stickiness); a share whose version has no backend here goes to this
-        replica's own version, marked as a fallback."""
-        entries = []
-        for version in (ws.stable_version, ws.canary_version):
-            share = wanted.get(version, (0, None))[0]
-            if share <= 0:
-                continue
-            backend = backends.get(version)
-            if backend is not None:
-                entries.append(RouteEntry(version, share, backend))
-            else:
-                why = self.versions.report().get(version, {})
-                detail = why.get("detail") or why.get("state") or "not loaded here"
-                entries.append(RouteEntry(self._own.version, share, self._own.backend,
-                                          fallback=f"{version} unavailable on this replica ({detail})"))
-        merged: dict[tuple[str, str], RouteEntry] = {}
-        for e in entries:  # two shares answered by the same version for the same reason: one entry
-            prev = merged.get((e.version, e.fallback))
-            merged[(e.version, e.fallback)] = e if prev is None else RouteEntry(e.version, prev.weight + e.weight,
-                                                                                e.backend, e.fallback)
-        return RoutingTable(tuple(merged.values()))
-
-    def version_lost(self, lost: VersionLost) -> RouteEntry | None:
-        """A companion died or hung mid-call: the provider marks it lost, the next tables route its share to the
-        own version until it is ready again, and this batch's rows of it are answered by the own version."""
-        log.error("model %s: %s; its share is answered by %s", self.config.spec.name, lost, self._own.version)
+    def version_lost(self, lost: VersionLost) -> None:
+        """A companion died or hung mid-call: the provider marks it lost; this batch is refused (``Scorer``), and
+        the next boundary finds it not ready: the replica leaves its group until it is ready again."""
+        log.error("model %s: %s; the batch is refused and the replica hands its partitions over",
+                  self.config.spec.name, lost)
         self.versions.lost(lost.version, lost.detail)
         self._applied = None  # rebuild the table at the next batch boundary
-        if lost.version == self._own.version:
-            return None
-        return RouteEntry(self._own.version, BUCKETS, self._own.backend,
-                          fallback=f"{lost.version} lost on this replica ({lost.detail})")
+        self._unready = f"{lost.version} lost here ({lost.detail})"
 
 
 class KafkaWeightSource:
@@ -305,9 +370,14 @@ class KafkaWeightSource:
         md = self._consumer.list_topics(self._topic, timeout=10)
         parts = sorted(md.topics[self._topic].partitions) if self._topic in md.topics else [0]
         self._consumer.assign([TopicPartition(self._topic, p, -2) for p in parts])
+        self._parts = parts
+        self._lock = threading.Lock()
+        #: partition -> the end offset it had when this reader last looked: ``caught_up`` once read to there
+        self._ends: dict[int, int] = {}
+        self._started = 0.0
+        self.refresh()
         self._model = model
         self._codec = Codec()
-        self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
 
     def latest(self) -> dict[str, Any] | None:
@@ -320,13 +390,65 @@ class KafkaWeightSource:
             self._drain()
             return self._records.get(model)
 
+    def refresh(self) -> None:
+        """Take the topic's end offsets now: ``caught_up`` is False until they are read (at start, and when
+        the scorer is assigned partitions: their previous owner may have answered under a newer epoch)."""
+        from confluent_kafka import TopicPartition
+
+        ends: dict[int, int] = {}
+        with self._lock:  # one consumer, shared by the lanes of a multi-model process: one call at a time
+            for p in self._parts:
+                try:
+                    low, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=10,
+                                                                     cached=False)
+                except Exception as exc:  # noqa: BLE001 - unknown end: the deadline in caught_up decides
+                    log.warning("rollouts topic: end of partition %d unknown (%s)", p, exc)
+                    low, high = 0, 1
+                if high > low:
+                    ends[p] = high
+            self._ends, self._started = ends, time.monotonic()
+
+    def wait_caught_up(self, limit_s: float) -> bool:
+        """``caught_up``, waiting up to ``limit_s`` for the records to arrive."""
+        deadline = time.monotonic() + limit_s
+        while not self.caught_up():
+            if time.monotonic() >= deadline:
+                return False
+            with self._lock:
+                self._drain(wait_s=0.05)
+        return True
+
+    def caught_up(self) -> bool:
+        """Whether what the topic held at start has been read (a transaction still open then is read once it
+        commits).  A reader that cannot get there within ``CATCH_UP_LIMIT_S`` says so and goes on with what
+        it has (a scorer that never served would be worse: the rollout record it misses is its model's own)."""
+        if not self._ends:
+            return True
+        from confluent_kafka import TopicPartition
+
+        with self._lock:
+            self._drain()
+            try:
+                positions = self._consumer.position([TopicPartition(self._topic, p) for p in self._ends])
+            except Exception:  # noqa: BLE001 - unknown: not yet
+                positions = []
+            for tp in positions:
+                if tp.offset >= self._ends.get(tp.partition, 0):
+                    self._ends.pop(tp.partition, None)
+            if self._ends and time.monotonic() - self._started > CATCH_UP_LIMIT_S:
+                log.warning("rollouts topic: not read to its end within %.0fs (partitions %s): going on with what "
+                            "was read", CATCH_UP_LIMIT_S, sorted(self._ends))
+                self._ends.clear()
+            return not self._ends
+
     def view(self, model: str) -> _ModelView:
         """One model's ``WeightSource`` over this shared reader (closing the view leaves the reader open)."""
         return _ModelView(self, model)
 
-    def _drain(self) -> None:
+    def _drain(self, wait_s: float = 0.0) -> None:
         while True:
-            msgs = self._consumer.consume(500, 0)
+            msgs = self._consumer.consume(500, wait_s)
+            wait_s = 0.0
             for m in msgs:
                 key, value = m.key(), m.value()
                 if m.error() or key is None:
@@ -360,6 +482,15 @@ class _ModelView:
 
     def latest(self) -> dict[str, Any] | None:
         return self._source.latest_for(self._model)
+
+    def caught_up(self) -> bool:
+        return self._source.caught_up()
+
+    def refresh(self) -> None:
+        self._source.refresh()
+
+    def wait_caught_up(self, limit_s: float) -> bool:
+        return self._source.wait_caught_up(limit_s)
 
     def close(self) -> None:
         """The shared reader stays open: its owner (the process) closes it."""

@@ -24,17 +24,13 @@ BUCKETS = 10_000
 
 @dataclass(frozen=True)
 class RouteEntry:
-    """One version, its share of traffic in basis points (1/10,000) and the backend that scores it.
-
-    ``fallback`` non-empty: this share belongs to another version that cannot answer on this replica now
-    (a companion version still loading, or lost: ``sie.streams.scorer.rollout``); ``version`` answers it
-    instead, and each answer says so (the ``sie.routing.fallback`` header carries ``fallback``).  The result's
-    version label is always the version that answered."""
+    """One version, its share of traffic in basis points (1/10,000) and the backend that scores it.  Only that
+    version answers its share: a replica whose table names a version it cannot serve now holds no partitions
+    (``sie.streams.scorer.rollout``)."""
 
     version: str
     weight: int
     backend: Any = field(compare=False)
-    fallback: str = ""
 
 
 @dataclass(frozen=True)
@@ -47,9 +43,9 @@ class RoutingTable:
     def __post_init__(self) -> None:
         if not self.entries:
             raise ConfigError("routing.entries: need at least one version")
-        versions = [(e.version, e.fallback) for e in self.entries]
+        versions = [e.version for e in self.entries]
         if len(set(versions)) != len(versions):
-            raise ConfigError(f"routing.entries: versions must be unique (got {[v for v, _ in versions]})")
+            raise ConfigError(f"routing.entries: versions must be unique (got {versions})")
         if any(e.weight < 0 for e in self.entries):
             raise ConfigError(f"routing.entries: weights must be >= 0 (got {[e.weight for e in self.entries]})")
         total = sum(e.weight for e in self.entries)

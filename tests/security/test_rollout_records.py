@@ -1,6 +1,6 @@
 """A record on ``<p>.rollouts`` (control's Write) names the specs a scorer serves during a rollout.  A canary spec
-the node's policy refuses (a system topic as its results, code outside the allow-list) never loads: its share is
-answered by the replica's own version, each answer saying why; a record that cannot be read is refused once with
+the node's policy refuses (a system topic as its results, code outside the allow-list) never loads: no replica
+serves its share with another version (each refuses its batches, saying why, and holds no partitions); a record that cannot be read is refused once with
 its reason and never stalls the scorer (before: every batch raised on it again).
 """
 
@@ -14,7 +14,8 @@ import pytest
 
 from sie.kernel.settings import Settings
 from sie.schemas.spec_policy import SpecPolicy
-from sie.streams.scorer.loop import FALLBACK_HEADER, ScorerConfig
+from sie.streams.scorer.errors import VersionsNotReady
+from sie.streams.scorer.loop import ScorerConfig
 from sie.streams.scorer.rollout import InProcessVersions, RolloutScorer
 from sie.streams.scorer.routing import RoutingTable
 from tests.streams.scorer.test_rollout_routing import Backend, Source, batch, echo_spec, record
@@ -41,14 +42,13 @@ def _scorer() -> tuple[RolloutScorer, Source, list[str], Any]:
                  "backfill": "x.bf"}}, "spec.topics.results: sie.specs is SIE's system topic"),
     ({"backend": {"type": "python", "callable": "subprocess:Popen"}}, "module 'subprocess' is not in this node's"),
 ])
-def test_a_rollout_to_a_refused_spec_never_loads_and_the_own_version_answers_saying_why(canary, reason):
+def test_a_rollout_to_a_refused_spec_never_loads_and_no_version_answers_its_share(canary, reason):
     scorer, source, loaded, spec = _scorer()
     doc = {**spec.to_document(), "version": "1.1.0", **canary}
     source.record = record(spec, doc, "Canary", 5000, 1)
-    prepared = scorer.prepare(batch(spec, 40))
-    assert {json.loads(o.value)["version"] for o in prepared.outputs} == {"1.0.0"} and loaded == []
-    fallbacks = {dict(o.headers or ()).get(FALLBACK_HEADER, b"").decode() for o in prepared.outputs}
-    assert any("1.1.0 unavailable on this replica" in f and reason in f for f in fallbacks), fallbacks
+    with pytest.raises(VersionsNotReady, match="1.1.0 not ready here") as refused:
+        scorer.prepare(batch(spec, 40))
+    assert reason in str(refused.value) and loaded == [] and not scorer.serving()
 
 
 def test_an_unreadable_rollout_record_is_refused_once_not_raised_on_every_batch(caplog: pytest.LogCaptureFixture):

@@ -93,6 +93,9 @@ class CapacityPlan:
     #: a replica's other version FAILED (could not be prepared or loaded, or was lost too often): the rollout
     #: cannot go on with it; the replica and why
     companion_failed: str = ""
+    #: READY replicas that serve both versions now (their companion is ready): only these hold partitions in a
+    #: canary step (``sie.streams.scorer.rollout``); none for a whole step rolls the rollout back
+    serving_both_replicas: int = 0
 
     @property
     def serving_both(self) -> bool:
@@ -122,23 +125,26 @@ class _Companions(TypedDict):
     companions_ready: bool
     companions_waiting: str
     companion_failed: str
+    serving_both_replicas: int
 
 
 def _companions(i: CapacityInputs) -> _Companions:
     """Whether every READY replica also serves the other version (its companion), and which one failed."""
-    waiting, failed = [], []
+    waiting, failed, both = [], [], 0
     for idx in sorted(i.ready):
         own = i.assigned.get(idx)
         if own is None:
             continue
         other = i.canary_version if own == i.stable_version else i.stable_version
         state, why = i.companions.get(idx, ("waiting", "not reported yet"))
-        if state == "failed":
+        if state == "ready":
+            both += 1
+        elif state == "failed":
             failed.append(f"version {other} FAILED on replica {idx}: {why}")
         elif state != "ready":
             waiting.append(f"replica {idx} {state} {other}" + (f" ({why})" if why else ""))
     return {"companions_ready": not waiting and not failed, "companions_waiting": "; ".join(waiting[:3]),
-            "companion_failed": "; ".join(failed[:3])}
+            "companion_failed": "; ".join(failed[:3]), "serving_both_replicas": both}
 
 
 def _plan(i: CapacityInputs) -> CapacityPlan:

@@ -205,9 +205,12 @@ class RolloutDriver:
             stable = self._windows.window(r.model, r.stable_version, since)
             # the stable's p99 from at least the last REFERENCE_S (gates.py: a step alone is too short for a p99)
             reference = self._windows.window(r.model, r.stable_version, min(since, now - int(REFERENCE_S * 1000)))
+            unserved = ""
+            if plan is not None and plan.mode != "unmanaged" and plan.serving_both_replicas == 0:
+                unserved = f"no READY replica serves both versions ({plan.companions_waiting or plan.waiting})"
             return r.tick(now, self._windows.window(r.model, r.canary_version, since),
                           replace(stable, reference=reference.answers),
-                          failure=plan.companion_failed if plan is not None else "")
+                          failure=plan.companion_failed if plan is not None else "", unserved=unserved)
         if r.phase is Phase.PROMOTING:
             return r.promoted(now)  # this tick's records carry the new version's spec onto the specs topic
         if r.phase is Phase.DRAINING:

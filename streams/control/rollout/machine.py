@@ -174,13 +174,16 @@ class Rollout:
         return self._move(Phase.FAILED, now_ms, f"new version not ready: {detail}", weight_bp=0)
 
     def tick(self, now_ms: int, canary: VersionWindow | None = None, stable: VersionWindow | None = None,
-             waiting: str = "", failure: str = "") -> Rollout:
+             waiting: str = "", failure: str = "", unserved: str = "") -> Rollout:
         """Time passes: judge the current canary step (roll back on a failing gate, advance when its interval
         has elapsed and the gates pass); fail a surge that takes too long (``waiting``: what it waited for,
         named in the failure).  ``failure``: a version cannot be served on some replica (it could not be
         prepared or loaded there, or its process was lost too often): a surge fails, a canary step rolls back
         at once.  A canary that answered nothing for a whole interval while stable answered ``minSamples``
-        rolls back too (its share is answered by stable meanwhile).  Other phases: unchanged (Paused holds)."""
+        rolls back too (no other version answers its share: the replicas that cannot serve it hold no partitions),
+        and so does one that answered nothing for a whole interval while no replica can serve it (``unserved``:
+        why; every replica then holds no partitions and stable answers nothing either).  Other phases: unchanged
+        (Paused holds)."""
         elapsed_s = (now_ms - self.phase_since_ms) / 1000.0
         if self.phase is Phase.SURGING and failure:
             return self.surge_failed(now_ms, failure)
@@ -200,6 +203,10 @@ class Rollout:
                               f"{self.stable_version} "
                               f"answered {stable.requests}: its share never reached it (see the replicas' "
                               f"versions in sie describe model)", weight_bp=0)
+        if canary.requests == 0 and unserved and elapsed_s >= self.policy.interval_s:
+            return self._move(Phase.ROLLING_BACK, now_ms,
+                              f"no replica could serve canary {self.canary_version} for {elapsed_s:.0f}s at {at}: "
+                              f"{unserved}", weight_bp=0)
         result = judge(self.policy.gates, canary, stable, steps=len(self.policy.steps))
         if result.verdict is Verdict.FAIL:
             return self._move(Phase.ROLLING_BACK, now_ms, f"gate failed at {self.weight_bp / 100:g}%: {result.line()}",

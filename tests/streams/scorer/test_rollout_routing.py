@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sie.kernel.settings import Settings
 from sie.streams.scorer import BUCKETS, RoutingTable, ScorerConfig
-from sie.streams.scorer.errors import VersionLost
-from sie.streams.scorer.loop import FALLBACK_HEADER
+from sie.streams.scorer.errors import VersionLost, VersionsNotReady
 from sie.streams.scorer.rollout import (
     EPOCH_HEADER,
     InProcessVersions,
@@ -62,6 +62,7 @@ def test_requests_without_a_key_route_by_id():
 class Source:
     def __init__(self) -> None:
         self.record: dict | None = None
+        self.behind = False
 
     def latest(self):
         return self.record
@@ -181,18 +182,21 @@ def test_a_finished_rollout_between_other_versions_is_ignored():
     assert loaded == [] and all(not o.headers for o in prepared.outputs)
 
 
-# --- a companion that is not there, or is lost mid-batch: its share is answered by the own version -----------
+# --- a version the table names that is not ready here: the replica serves nothing (it holds no partitions) ---
 
 class Companions:
     """A ``VersionProvider`` whose companion is ready only when the test says so."""
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend, version: str = "1.1.0") -> None:
         self.companion = backend
+        self.version = version
         self.ready = False
+        self.asked: list[str] = []
         self.losses: list[tuple[str, str]] = []
         self.retained: set[str] = set()
 
     def backend(self, version, spec_doc):
+        self.asked.append(version)
         return self.companion if self.ready else None
 
     def lost(self, version, detail):
@@ -203,7 +207,7 @@ class Companions:
         self.retained = set(versions)
 
     def report(self):
-        return {"1.1.0": {"state": "ready" if self.ready else "loading", "detail": ""}}
+        return {self.version: {"state": "ready" if self.ready else "loading", "detail": ""}}
 
     def close(self):
         pass
@@ -214,57 +218,77 @@ class Dies:
         raise VersionLost("1.1.0", "its process exited (killed by SIGKILL)")
 
 
-def with_companions(companion):
+def with_companions(companion, own: str = "1.0.0", other: str = "1.1.0"):
     spec = echo_spec()
     canary_doc = {**spec.to_document(), "version": "1.1.0"}
-    source, versions = Source(), Companions(companion)
-    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=spec, instance="t-2"),
-                           RoutingTable.single("1.0.0", Backend("1.0.0", 2.0)), weights=source, versions=versions)
+    own_spec = spec.model_copy(update={"version": own})
+    source, versions = Source(), Companions(companion, other)
+    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=own_spec, instance="t-2"),
+                           RoutingTable.single(own, Backend(own, 2.0)), weights=source, versions=versions)
     return scorer, source, versions, spec, canary_doc
 
 
-def fallback_notes(prepared) -> dict[str, tuple[str, str | None]]:
-    out = {}
-    for o in prepared.outputs:
-        doc, headers = orjson.loads(o.value), dict(o.headers or [])
-        note = headers.get(FALLBACK_HEADER)
-        out[doc["id"]] = (doc["version"], note.decode() if note else None)
-    return out
-
-
-def test_a_canary_not_loaded_here_is_answered_by_the_own_version_and_each_answer_says_so():
+def test_a_canary_not_loaded_here_makes_the_replica_refuse_its_batches_until_it_is():
+    """A restarted stable replica whose canary companion still loads must not answer the canary's bucket with
+    the stable version (a key the canary answered would go back): it serves nothing until the canary is ready."""
     scorer, source, versions, spec, canary_doc = with_companions(Backend("1.1.0", 3.0))
     source.record = record(spec, canary_doc, "Canary", 5000, 2)
-    got = fallback_notes(scorer.prepare(batch(spec, 200)))
+    assert not scorer.serving() and "1.1.0 not ready here (loading)" in scorer.unready
+    with pytest.raises(VersionsNotReady, match="1.1.0 not ready here"):
+        scorer.prepare(batch(spec, 200))
+    assert versions.retained == {"1.1.0"}
+    versions.ready = True  # loaded and proven: the replica may hold partitions again
+    assert scorer.serving()
+    got = answered(scorer.prepare(batch(spec, 200)))
     table = weighted_table(("1.0.0", None), ("1.1.0", None), 5000)
     for i in range(200):
-        version, note = got[f"r{i}"]
-        assert version == "1.0.0", "the label is the version that answered"
-        if table.route(f"k{i}".encode(), "").version == "1.1.0":
-            assert note is not None and note.startswith("1.1.0 unavailable on this replica (loading)")
-        else:
-            assert note is None
-    assert versions.retained == {"1.1.0"}
-    versions.ready = True  # loaded and proven: the next batch routes the canary's share to it
-    after = fallback_notes(scorer.prepare(batch(spec, 200)))
-    assert {v for v, _ in after.values()} == {"1.0.0", "1.1.0"}
-    assert all(note is None for _, note in after.values())
+        assert got[f"r{i}"] == (table.route(f"k{i}".encode(), "").version, b"2")
 
 
-def test_a_companion_lost_mid_batch_is_answered_by_the_own_version_in_the_same_batch():
+def test_a_surge_replica_never_answers_the_stable_share_with_its_own_new_version():
+    """Surging (weight 0): the surge replica runs the canary as its own version; until its stable companion is
+    ready it serves nothing (before: it answered stable's share with the canary, labelled a fallback)."""
+    scorer, source, versions, spec, canary_doc = with_companions(Backend("1.0.0", 2.0), own="1.1.0", other="1.0.0")
+    source.record = record(spec, canary_doc, "Surging", 0, 1)
+    assert not scorer.serving()
+    with pytest.raises(VersionsNotReady, match="1.0.0 not ready here"):
+        scorer.prepare(batch(spec, 50))
+    versions.ready = True
+    assert scorer.serving()
+    assert {v for v, _e in answered(scorer.prepare(batch(spec, 50))).values()} == {"1.0.0"}
+
+
+def test_a_stable_replica_serves_in_surging_while_its_canary_companion_loads():
+    """Weight 0: the table names only the stable version, so a stable replica keeps its partitions while the
+    canary loads next to it (else every replica would leave when a rollout starts)."""
+    scorer, source, versions, spec, canary_doc = with_companions(Backend("1.1.0", 3.0))
+    source.record = record(spec, canary_doc, "Surging", 0, 1)
+    assert scorer.serving() and versions.asked == ["1.1.0"]  # asked for: it loads at weight 0
+    assert {v for v, _e in answered(scorer.prepare(batch(spec, 50))).values()} == {"1.0.0"}
+
+
+def test_a_companion_lost_mid_batch_refuses_the_batch_and_the_replica_until_it_is_back():
     scorer, source, versions, spec, canary_doc = with_companions(Dies())
     versions.ready = True
     source.record = record(spec, canary_doc, "Canary", 5000, 2)
-    prepared = scorer.prepare(batch(spec, 100))
-    got = fallback_notes(prepared)
-    assert len(got) == 100 and {v for v, _ in got.values()} == {"1.0.0"}
-    lost = [note for _, note in got.values() if note]
-    assert lost and all(n.startswith("1.1.0 lost on this replica (its process exited") for n in lost)
+    assert scorer.serving()
+    with pytest.raises(VersionsNotReady, match="its process exited"):
+        scorer.prepare(batch(spec, 100))  # nothing of the batch is produced: its rows come again elsewhere
     assert versions.losses == [("1.1.0", "its process exited (killed by SIGKILL)")]
-    # the next batch no longer calls the lost companion: its share is a fallback until it is ready again
-    again = fallback_notes(scorer.prepare(batch(spec, 100)))
-    assert {v for v, _ in again.values()} == {"1.0.0"} and len(versions.losses) == 1
-    assert any(note and note.startswith("1.1.0 unavailable on this replica") for _, note in again.values())
+    assert not scorer.serving()
+    versions.companion, versions.ready = Backend("1.1.0", 3.0), True  # restarted, loaded and proven again
+    assert scorer.serving()
+    assert {v for v, _e in answered(scorer.prepare(batch(spec, 100))).values()} == {"1.0.0", "1.1.0"}
+
+
+def test_a_replica_decides_only_once_it_read_the_rollouts_topic_to_its_end():
+    scorer, source, versions, spec, canary_doc = with_companions(Backend("1.1.0", 3.0))
+    source.behind = True
+    source.caught_up = lambda: not source.behind  # type: ignore[attr-defined]
+    assert not scorer.serving()  # a view it knows is stale: it does not join yet
+    source.record = record(spec, canary_doc, "Canary", 5000, 2)
+    source.behind = False
+    assert not scorer.serving() and "1.1.0 not ready here" in scorer.unready
 
 
 def test_in_process_versions_never_raise_a_load_failure_into_the_batch():
@@ -274,3 +298,61 @@ def test_in_process_versions_never_raise_a_load_failure_into_the_batch():
     versions = InProcessVersions(factory)
     assert versions.backend("1.1.0", {**echo_spec().to_document(), "version": "1.1.0"}) is None
     assert versions.report() == {"1.1.0": {"state": "failed", "detail": "RuntimeError: no such callable"}}
+
+
+@pytest.mark.parametrize(("own", "other", "phase", "weight", "serves_before_companion"), [
+    ("1.0.0", "1.1.0", "Pending", 0, True),          # a stable replica restarted: weight 0 names stable alone
+    ("1.0.0", "1.1.0", "Surging", 0, True),
+    ("1.0.0", "1.1.0", "Canary", 1000, False),       # ... a canary step names both
+    ("1.0.0", "1.1.0", "Paused", 1000, False),
+    ("1.0.0", "1.1.0", "Promoting", BUCKETS, False),  # ... 100 % names the canary alone
+    ("1.0.0", "1.1.0", "Draining", BUCKETS, False),
+    ("1.0.0", "1.1.0", "RollingBack", 0, True),
+    ("1.1.0", "1.0.0", "Surging", 0, False),          # the surge replica: its own version is the canary
+    ("1.1.0", "1.0.0", "Canary", 5000, False),
+    ("1.1.0", "1.0.0", "Draining", BUCKETS, True),    # ... at 100 % its own version is all it needs
+    ("1.1.0", "1.0.0", "RollingBack", 0, False),      # ... rolled back: stable's share needs its companion
+    ("1.1.0", "1.0.0", "Complete", BUCKETS, True),
+])
+def test_a_restarted_replica_serves_in_every_phase_only_once_every_version_its_table_names_is_ready(
+        own, other, phase, weight, serves_before_companion):
+    scorer, source, versions, spec, canary_doc = with_companions(Backend(other, 3.0), own=own, other=other)
+    source.record = record(spec, canary_doc, phase, weight, 3)
+    assert scorer.serving() is serves_before_companion, scorer.unready
+    versions.ready = True
+    assert scorer.serving()
+    table = weighted_table(("1.0.0", None), ("1.1.0", None), 0 if phase == "RollingBack" else weight)
+    for rid, (version, epoch) in answered(scorer.prepare(batch(spec, 100))).items():
+        assert epoch == b"3" and version == table.route(f"k{rid[1:]}".encode(), "").version
+
+
+class CatchingUp(Source):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def refresh(self) -> None:
+        self.calls.append("refresh")
+
+    def wait_caught_up(self, limit_s: float) -> bool:
+        self.calls.append("wait")
+        return True
+
+
+def test_newly_assigned_partitions_are_scored_only_after_the_rollouts_topic_is_read_to_its_end():
+    """Their previous owner may have answered a key with the canary under a newer epoch than this replica
+    has read: reading to the end first means no key is answered under an older, lower weight here."""
+    spec = echo_spec()
+    source = CatchingUp()
+    scorer = RolloutScorer(ScorerConfig(settings=Settings(), spec=spec, instance="t-3"),
+                           RoutingTable.single("1.0.0", Backend("1.0.0", 2.0)), weights=source,
+                           versions=InProcessVersions(lambda s: Backend(s.version, 3.0)))
+
+    from confluent_kafka import KafkaException
+
+    class Consumer:
+        def list_topics(self, *_a, **_k):
+            raise KafkaException("no metadata in this test")
+
+    scorer.partitions_assigned(Consumer(), [])
+    assert source.calls == ["refresh", "wait"]

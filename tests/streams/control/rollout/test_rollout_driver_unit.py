@@ -151,7 +151,8 @@ def planned(**companions_state):
     from sie.streams.control.placement.rollout_capacity import CapacityInputs, plan_capacity
 
     assigned = {0: "1.0.0", 1: "1.1.0"}
-    companions = {0: companions_state.get("stable_replica", ("ready", "")), 1: ("ready", "")}
+    companions = {0: companions_state.get("stable_replica", ("ready", "")),
+                  1: companions_state.get("surge_replica", ("ready", ""))}
     return plan_capacity(CapacityInputs(companions_state.get("phase", "Surging"), "1.0.0", "1.1.0", 1, 1, assigned,
                                         frozenset(assigned), True, companions=companions))
 
@@ -189,7 +190,7 @@ def test_a_canary_that_answers_nothing_for_a_whole_step_rolls_back():
     from sie.streams.control.rollout.machine import VersionWindow
 
     clock, windows = Clock(), Windows()
-    windows.by_version["1.1.0"] = VersionWindow()  # its share went to stable everywhere (fallbacks)
+    windows.by_version["1.1.0"] = VersionWindow()  # its share never reached it
     driver = RolloutDriver(windows, clock=clock)
     driver.commit(driver.begin(*specs({"intervalSeconds": 4}))[0])
     drive(driver, clock, 3)
@@ -199,3 +200,42 @@ def test_a_canary_that_answers_nothing_for_a_whole_step_rolls_back():
     assert r.phase is Phase.ROLLED_BACK
     assert "canary 1.1.0 answered no request in 4s at 10% while 1.0.0 answered 1000" in \
         next(e.reason for e in r.events if e.target is Phase.ROLLING_BACK)
+
+
+def test_a_canary_no_replica_can_serve_for_a_whole_step_rolls_back_naming_why():
+    """Every replica's companion is lost and restarting: none holds partitions, so stable answers nothing either
+    (no fallback); after a whole interval without a canary answer the rollout rolls back, saying why."""
+    from sie.streams.control.rollout.machine import VersionWindow
+
+    clock, windows, plans = Clock(), Windows(), {}
+    windows.by_version = {"1.1.0": VersionWindow(), "1.0.0": VersionWindow()}  # nothing answered at all
+    driver = RolloutDriver(windows, clock=clock, capacity=lambda model: plans.get(model))
+    driver.commit(driver.begin(*specs({"steps": [10, 50, 100], "intervalSeconds": 4}))[0])
+    plans["m"] = planned()
+    drive(driver, clock, 2)
+    assert driver.get("m").rollout.phase is Phase.CANARY
+    lost = ("waiting", "lost (its process exited); restarting")
+    plans["m"] = planned(phase="Canary", stable_replica=lost, surge_replica=lost)
+    since = driver.get("m").rollout.phase_since_ms
+    while clock.t * 1000 - since < 3500:
+        drive(driver, clock, 0.5)
+        assert driver.get("m").rollout.phase is Phase.CANARY  # not a whole interval yet
+    drive(driver, clock, 1)
+    r = driver.get("m").rollout
+    assert r.phase is Phase.ROLLED_BACK and r.weight_bp == 0, r.events
+    why = next(e.reason for e in r.events if e.target is Phase.ROLLING_BACK)
+    assert why.startswith("no replica could serve canary 1.1.0 for ") and "replica 0 waiting 1.1.0 (lost" in why, why
+
+
+def test_a_step_where_one_replica_still_serves_both_is_not_rolled_back_for_want_of_replicas():
+    from sie.streams.control.rollout.machine import VersionWindow
+
+    clock, windows, plans = Clock(), Windows(), {}
+    windows.by_version = {"1.1.0": VersionWindow(), "1.0.0": VersionWindow()}
+    driver = RolloutDriver(windows, clock=clock, capacity=lambda model: plans.get(model))
+    driver.commit(driver.begin(*specs({"steps": [10, 50, 100], "intervalSeconds": 4}))[0])
+    plans["m"] = planned()
+    drive(driver, clock, 2)
+    plans["m"] = planned(phase="Canary", stable_replica=("waiting", "lost (its process exited); restarting"))
+    drive(driver, clock, 6)
+    assert driver.get("m").rollout.phase is Phase.CANARY  # the surge replica serves both: no verdict yet

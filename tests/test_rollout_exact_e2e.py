@@ -1,0 +1,194 @@
+"""Every key answered by exactly the version its epoch's weight gives it, through slow loads and worker kills
+(issue 34): `sie control` + two `sie agent` processes, each version's code uploaded by `sie apply` from a folder
+of its own (``tests/user_models.py``: outputs that name the code that answered), a keyed request stream
+(keys repeat, so a key's answers over time can be compared).
+
+Both versions take ``LOAD_S`` (>= 10 s) to load, as a worker and as a companion process.  So in ``Surging`` the
+surge replica (its own version is the canary) waits that long for its stable companion, a stable worker
+SIGKILLed mid-canary comes back, loads its own version, then waits that long for its canary companion, and a
+stable replica whose canary companion is SIGKILLed mid-canary serves nothing until it is loaded again.
+Before, both answered meanwhile with the version they had (``sie.routing.fallback``): the canary answered at
+weight 0, and keys the canary had answered went back to stable.
+
+The proof over every committed result (read_committed): every request exactly once; each result's ``version``
+is the code that produced it, and is what its key's bucket gives at the weight of the epoch stamped on it
+(``sie.routing.epoch``); no result carries a fallback; a key once answered by the canary is never answered by
+the stable version again (no rollback in these runs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sie.schemas.spec import load_spec
+from sie.streams.scorer.rollout import EPOCH_HEADER, weighted_table
+from tests.cluster_harness import Cluster, RequestStream, try_get, wait_for
+from tests.scorer_fixtures import prove_exactly_once
+from tests.user_models import ALLOWED_MODULES, python_project
+
+pytestmark = pytest.mark.kafka
+
+LOAD_S = 10.0
+INPUTS = {"tenure": 120.0, "spend": 40.0, "tickets": 1.0}
+GATES = {"minSamples": 10, "p99MaxMs": 60_000, "p99SlackMs": 30_000, "p99MaxRatio": 100}
+
+
+def _cluster(kafka_settings: Any, tmp_path: Path) -> Cluster:
+    c = Cluster(kafka_settings, tmp_path / "cluster", extra_env={
+        "SIE_ALLOWED_MODULES": ALLOWED_MODULES, "SIE_COMPANION_CALL_TIMEOUT_S": "5"})
+    c.start_control("cp-1")
+    for i in range(2):  # separate caches: each agent fetches what `sie apply` uploaded
+        c.start_agent(f"node-{'ab'[i]}", gpus=None, env={"SIE_CACHE_DIR": str(tmp_path / f"cache-{i}")})
+    c.wait_leader(60)
+    return c
+
+
+def _apply(c: Cluster, spec_file: Path) -> None:
+    done = c.sie("apply", "--control-url", f"http://127.0.0.1:{c.api()}", "-f", str(spec_file), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _rollout(c: Cluster, model: str) -> dict[str, Any] | None:
+    return try_get(c.api(), f"/v1/rollouts/{model}")
+
+
+def _epoch_weights(c: Cluster) -> dict[int, int]:
+    """epoch -> canary weight (bp) of every rollout record the leader committed (the rollouts topic's history)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sie.schemas.avro_codec import Codec
+
+    topic = c.settings.names.system_topic("rollouts")
+    consumer = Consumer(c.settings.kafka_client_config(**{
+        "group.id": f"epochs-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True}))
+    codec, weights = Codec(), {0: 0}
+    try:
+        parts = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, -2) for p in parts])
+        at_end: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(at_end) < len(parts) and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:  # _PARTITION_EOF
+                    at_end.add(m.partition())
+                continue
+            if m.value() is not None:
+                r = codec.decode(m.value(), expected="Rollout")
+                weights[int(r["epoch"])] = int(r["weight_bp"])
+        assert len(at_end) == len(parts), "the rollouts topic was not read to its end"
+    finally:
+        consumer.close()
+    return weights
+
+
+def _companion_pid(replica: str, version: str) -> int | None:
+    """The pid of replica ``replica``'s companion process for ``version`` (``sie.workers.version_host``)."""
+    label = f"replica {replica} version {version}"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sie.workers.version_host" in argv and label.encode() in argv:
+            return int(entry.name)
+    return None
+
+
+def _check_every_answer(results: list[Any], weights: dict[int, int], stable: str, canary: str) -> dict[str, int]:
+    """Each result: its code, its epoch's weight at its key's bucket, no fallback; no key back to stable."""
+    by_epoch: dict[tuple[int, str], int] = {}
+    seen: dict[bytes, list[tuple[int, str]]] = {}
+    off: list[str] = []  # every answer off its rule, counted before anything is asserted
+    for m in results:
+        headers = dict(m.headers() or [])
+        doc = orjson.loads(m.value())
+        epoch = int(headers[EPOCH_HEADER]) if EPOCH_HEADER in headers else -1  # -1: before the rollout's record
+        table = weighted_table((stable, None), (canary, None), weights.get(epoch, 0))
+        want = table.route(m.key(), str(doc["id"])).version
+        if doc["outputs"]["built"] != doc["version"]:
+            off.append(f"{doc['id']} labelled {doc['version']}, answered by {doc['outputs']['built']}")
+        if doc["version"] != want or "sie.routing.fallback" in headers:
+            off.append(f"{doc['id']} (key {m.key()!r}) answered by {doc['version']} at epoch {epoch} (canary "
+                       f"{weights.get(epoch, 0) / 100:g}%): its bucket says {want}; "
+                       f"fallback {headers.get('sie.routing.fallback')!r}")
+        by_epoch[(epoch, doc["version"])] = by_epoch.get((epoch, doc["version"]), 0) + 1
+        seen.setdefault(m.key(), []).append((int(str(doc["id"]).rsplit("-", 1)[1]), doc["version"]))
+    back = []
+    for key, answers in seen.items():
+        versions = [v for _n, v in sorted(answers)]
+        if canary in versions and stable in versions[versions.index(canary):]:
+            back.append(key)
+    assert not off and not back, (f"{len(off)} answers off their epoch's weight (first: {off[:3]}); {len(back)} "
+                                  f"keys went back from {canary} to {stable}: {back[:5]}")
+    return {f"epoch {e} ({weights.get(e, 0) / 100:g}%) {v}": n for (e, v), n in sorted(by_epoch.items())}
+
+
+def test_slow_companions_a_companion_and_a_stable_worker_killed_mid_canary_answer_nothing_off_their_weight(
+        kafka_settings, tmp_path):
+    src = tmp_path / "src"
+    c = _cluster(kafka_settings, tmp_path)
+    stream = None
+    try:
+        v1 = python_project(src, "1.0.0", replicas=2, load_s=LOAD_S)
+        _apply(c, v1)
+        c.wait_ready("churn-py", 2, timeout=240)
+        topics = c.spec_topics("churn-py")
+        stream = RequestStream(c.settings, topics["requests"], INPUTS, f"x{uuid.uuid4().hex[:6]}", rate_per_s=25,
+                               keys=200).start()
+        rollout = {"steps": [50, 100], "intervalSeconds": 45, "surgeTimeoutSeconds": 300, "gates": GATES}
+        _apply(c, python_project(src, "1.1.0", replicas=2, load_s=LOAD_S, rollout=rollout))
+
+        # Surging lasts at least the surge replica's own load plus its stable companion's (each LOAD_S)
+        surging = wait_for(lambda: (r := _rollout(c, "churn-py")) and r["phase"] == "Canary" and r, 360,
+                           lambda: f"Canary: {_rollout(c, 'churn-py')}\n{c.logs()}")
+        print(f"Surging -> Canary: {[e['reason'] for e in surging['events'] if e['from'] == 'Surging']}")
+
+        # mid-canary: SIGKILL the canary companion of stable replica 1: it leaves its group until the companion
+        # is restarted and loaded again (LOAD_S), the replicas serving both versions take its partitions
+        companion = _companion_pid("churn-py-1", "1.1.0")
+        assert companion is not None, "churn-py-1 serves 1.1.0 from a companion process"
+        os.kill(companion, signal.SIGKILL)
+        # and SIGKILL stable worker 0; its agent restarts it, and the restart must not take partitions before its
+        # canary companion is ready (LOAD_S after its own load)
+        workers = {rid: pid for rid, (_n, pid) in c.all_workers().items() if rid.startswith("churn-py-")}
+        assert "churn-py-0" in workers, workers
+        os.kill(workers["churn-py-0"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: (p := c.all_workers().get("churn-py-0")) and p[1] != workers["churn-py-0"], 60,
+                 lambda: f"churn-py-0 restarted: {c.all_workers()}")
+        print(f"churn-py-0 restarted {time.monotonic() - killed_at:.1f}s after its SIGKILL")
+        wait_for(lambda: (p := _companion_pid("churn-py-1", "1.1.0")) and p != companion, 120,
+                 lambda: f"churn-py-1's companion restarted\n{c.logs()}")
+
+        final = wait_for(lambda: (r := _rollout(c, "churn-py")) and r["phase"] in ("Complete", "RolledBack", "Failed")
+                         and r, 360, lambda: f"the rollout ends ({_rollout(c, 'churn-py')})\n{c.logs()}")
+        assert final["phase"] == "Complete", final["events"]
+        tag = stream.tag
+        sent = stream.stop()
+        stream = None
+        spec = load_spec(v1, topic_prefix=c.prefix)
+        results, dead = prove_exactly_once(c.settings, spec, {f"{tag}-{n}" for n in range(sent)}, timeout=120)
+        assert not dead, [d.headers() for d in dead[:3]]
+        weights = _epoch_weights(c)
+        counts = _check_every_answer(results, weights, "1.0.0", "1.1.0")
+        print(f"{len(results)} answers: {counts}")
+        assert counts.get("epoch 0 (0%) 1.0.0", 0) > 0, f"answers during Surging (epoch 0, weight 0): {counts}"
+        assert any(k.endswith(" 1.1.0") for k in counts), counts
+    finally:
+        if stream is not None:
+            stream.stop()
+        c.close()
