@@ -72,7 +72,8 @@ def _ago(ms: int | None) -> str:
 def nodes_json(settings: Settings, control_url: str | None, timeout: float) -> list[dict[str, Any]]:
     if control_url:
         return _http(settings, control_url, "/v1/nodes")["nodes"]
-    state = _read_state(settings, ("nodes", "heartbeats"), timeout)
+    # events too: a `node_forgotten` event drops the heartbeats its node sent before (sie node forget)
+    state = _read_state(settings, ("nodes", "heartbeats", "events"), timeout)
     return [v.to_json() for v in state.snapshot().node_views(time.time(), NODE_TIMEOUT_S)]
 
 

@@ -7,6 +7,9 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
                                (field paths, spec policy); 409 a P1/P2 model asking for tier-0
                                nodes or a schema-breaking version
   DELETE /v1/models/{name}     delete (202), 404 unknown                                       operator
+  POST   /v1/models/{name}/scale  JSON {"replicas": N} or {"min_replicas", "max_replicas"}: the     operator
+                               applied spec re-published with that count (202, recorded like an
+                               apply); 404 unknown, 422 invalid, 409 during a rollout
   GET    /v1/artifacts/sha256:<hex>   an uploaded artifact's manifest; 404 when absent         viewer
   PUT    /v1/artifacts/sha256:<hex>?name=FILE   upload (streamed, chunked onto the artifacts      operator
                                topics, checked against the digest: 422 when the bytes differ); 200 if
@@ -17,6 +20,8 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
   POST   /v1/connectors/{name}/pause|resume   stop / restart its replica (offsets kept)        operator
   DELETE /v1/connectors/{name} delete (202), 404 unknown                                       operator
   GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
+  POST   /v1/nodes/{name}/forget  forget an offline node (202: the leader tombstones it on its     operator
+                               next pass); 404 unknown, 409 online
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
   GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
   GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
@@ -297,6 +302,28 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
             audit.record(principal, "delete", name, f"refused {exc.status}: {exc.error}", _client(request))
             raise
         audit.record(principal, "delete", name, "accepted", _client(request))
+        return JSONResponse(body, status_code=202)
+
+    @app.post("/v1/models/{name}/scale", status_code=202, summary="Set a model's replica count (or its bounds)")
+    async def scale_model(name: str, request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        raw = await request.body()
+        try:
+            body = await run_in_threadpool(_scale_model, service, name, raw)
+        except ApiError as exc:
+            audit.record(principal, "scale", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, "scale", name, f"accepted: {body['change']}", _client(request))
+        return JSONResponse(body, status_code=202)
+
+    @app.post("/v1/nodes/{name}/forget", status_code=202, summary="Forget an offline node (inventory, status, alerts)")
+    async def forget_node(name: str, request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        who = f"{principal.name} via the API"
+        try:
+            body = await run_in_threadpool(_forget_node, service, name, who)
+        except ApiError as exc:
+            audit.record(principal, "forget node", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, "forget node", name, "accepted", _client(request))
         return JSONResponse(body, status_code=202)
 
     @app.get("/v1/rollouts", summary="Every model's rollout: phase, step, canary weight, epoch, timeline")
@@ -596,6 +623,60 @@ def _start_rollout(service: Any, current: Any, spec: Any) -> tuple[int, dict[str
         raise ApiError(409, str(exc), [{"field": "spec.version", "reason": exc.kind}]) from None
     return 202, {"name": spec.name, "version": spec.version, "accepted": True, "rollout": entry.rollout.label,
                  "status": f"/v1/rollouts/{spec.name}", "warnings": list(spec.warnings)}
+
+
+def _scale_model(service: Any, name: str, raw: bytes) -> dict[str, Any]:
+    """``POST /v1/models/{name}/scale``: the applied spec with the asked-for count, published like an apply
+    (``sie.schemas.spec_scale``)."""
+    import json
+
+    from pydantic import ValidationError
+
+    from sie.schemas.spec_scale import ScaleError, ScaleRequest, describe_change, scaled
+    from sie.schemas.spec_store import publish_spec
+
+    try:
+        ask = ScaleRequest.model_validate(json.loads(raw or b"null"))
+    except (ValueError, ValidationError) as exc:
+        errors = ([{"field": ".".join(map(str, e.get("loc", ()))), "reason": str(e["msg"])} for e in exc.errors()]
+                  if isinstance(exc, ValidationError) else [{"field": "body", "reason": "not JSON"}])
+        raise ApiError(422, 'send JSON {"replicas": N} or {"min_replicas": A, "max_replicas": B}', errors) from None
+    spec = service.state.snapshot().specs.get(name)
+    if spec is None:
+        raise ApiError(404, f"model {name!r} is not applied")
+    if service.rollouts.active(name):
+        raise ApiError(409, f"{name}: a rollout is in progress; scale it once it is promoted or aborted "
+                            f"(sie rollout status {name})", [{"field": "name", "reason": "rollout in progress"}])
+    try:
+        new = scaled(spec, ask)
+    except ScaleError as exc:
+        raise ApiError(422, str(exc), [{"field": "body", "reason": str(exc)}]) from None
+    publish_spec(service.settings, new, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False, writer=service.spec_writer)
+    return {"name": name, "version": new.version, "accepted": True, "change": describe_change(spec, new),
+            "min_replicas": new.sla.min_replicas, "max_replicas": new.sla.max_replicas,
+            "status": f"/v1/models/{name}"}
+
+
+def _forget_node(service: Any, name: str, who: str) -> dict[str, Any]:
+    """``POST /v1/nodes/{name}/forget``: a ``node_forget_requested`` event; the leader forgets the node on its next
+    pass if it is still offline (``Controller._forget_nodes``)."""
+    from sie.schemas.avro_codec import encode
+    from sie.schemas.spec_store import produce_acknowledged
+    from sie.streams.control.reconcile.records import NODE_FORGET_KIND
+
+    snap = service.state.snapshot()
+    views = {v.name: v for v in snap.node_views(service.clock(), service.config.node_timeout_s)}
+    view = views.get(name)
+    if view is None:
+        raise ApiError(404, f"node {name!r} is not registered (nodes: {', '.join(sorted(views)) or 'none'})")
+    if view.online:
+        raise ApiError(409, f"node {name!r} is online (a heartbeat within {service.config.node_timeout_s:g}s): stop "
+                            "its agent first; only an offline node can be forgotten")
+    record = {"ts_ms": int(service.clock() * 1000), "kind": NODE_FORGET_KIND, "model": None, "replica_id": None,
+              "node": name, "detail": f"forget node {name} requested by {who}"}
+    produce_acknowledged(service.settings, [(name, encode("ControlEvent", record))], PUBLISH_TIMEOUT_S,
+                         topic=service.settings.names.system_topic("events"), writer=service.spec_writer)
+    return {"name": name, "accepted": True, "status": "/v1/nodes"}
 
 
 def _delete_model(service: Any, name: str) -> dict[str, Any]:

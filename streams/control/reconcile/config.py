@@ -33,6 +33,9 @@ class ControlConfig:
     holds their replicas where they are instead of removing them (``liveness.MassOfflineGuard``); 1.0 holds
     only when every node goes silent.  Default 0.5: losing half the cluster at once is rarer than losing
     sight of it.
+    ``node_forget_after_s``: a node offline this long is forgotten (``sie node forget`` by the leader itself: its
+    registration and assignment tombstoned, gone from ``sie get nodes``, the status and ``SieNodeOffline``);
+    0 = never.  Default one day.
     """
 
     node_timeout_s: float = 6.0
@@ -46,6 +49,7 @@ class ControlConfig:
     backlog_window_s: float = 10.0
     #: the traffic director's rule over each model's replicas (``director.DirectorPolicy``; None: off)
     director: DirectorPolicy | None = DirectorPolicy()
+    node_forget_after_s: float = 86400.0
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -54,6 +58,8 @@ class ControlConfig:
             raise ConfigError(f"control.mass_offline_fraction: must be > 0 and <= 1 (got {self.mass_offline_fraction})")
         if self.node_timeout_s <= 0:
             raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
+        if self.node_forget_after_s < 0:
+            raise ConfigError(f"control.node_forget_after_s: must be >= 0, 0 = never (got {self.node_forget_after_s})")
         for key in ("backlog_interval_s", "backlog_window_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"control.{key}: must be > 0 (got {getattr(self, key)})")
@@ -79,7 +85,7 @@ class ControlConfig:
             values["strategy"] = strategy
         control = doc.get("control") or {}
         for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction",
-                    "backlog_interval_s", "backlog_window_s"):
+                    "backlog_interval_s", "backlog_window_s", "node_forget_after_s"):
             if key in control:
                 try:
                     values[key] = float(control[key])

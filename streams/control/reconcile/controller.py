@@ -6,7 +6,9 @@ restarted control plane reaches the same decision.  Order of one pass:
 
 1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down, which a
    re-applied spec (a new version included), a deleted model or ``sie replica reset`` ends early;
-2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
+2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events; an offline node an
+   operator asked to forget (``sie node forget``), or offline for ``node_forget_after_s``, is forgotten: its
+   registration and (empty) assignment tombstoned with a ``node_forgotten`` event (``_forget_nodes``);
 3. autoscaling: the replica count of each model (``autoscaler.decide``: backlog, throughput, p99, bounds,
    cool-down; leader only, state published with the model's status); without a backlog signal source
    every model gets ``sla.min_replicas`` as before; then the traffic director (leader only): a hot
@@ -96,7 +98,13 @@ from sie.streams.control.reconcile.ports import (
     StateView,
     TakeoverView,
 )
-from sie.streams.control.reconcile.records import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
+from sie.streams.control.reconcile.records import (
+    NODE_FORGOTTEN_KIND,
+    AssignedReplica,
+    AssignmentInfo,
+    ClusterState,
+    StateSnapshot,
+)
 from sie.streams.control.reconcile.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
 
@@ -266,6 +274,10 @@ class Controller:
         #: replica id -> why it was evicted, while it has no node again
         self._evicted: dict[str, str] = {}
         self._node_online: dict[str, bool] = {}
+        #: node -> when this process first saw it offline (a node without a heartbeat in the replayed window)
+        self._offline_since: dict[str, float] = {}
+        #: node -> when this process published its forgetting (not again until read back, or 10 s later)
+        self._forgetting: dict[str, float] = {}
         self._gpu_healthy: dict[tuple[str, int], bool] = {}
         self._led_last_pass = False
         #: the leader epoch of this instance's current term (None: not leading)
@@ -327,6 +339,9 @@ class Controller:
 
         step("failures", lambda: self._record_failures(snap, now, out))
         inventory = step("nodes", lambda: self._inventory(snap, now, out))
+        if inventory is not None:
+            nodes = inventory
+            step("forget", lambda: self._forget_nodes(snap, nodes, now, out))
         counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out))
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
             counts = {name: d.desired for name, d in self.decisions.items()}
@@ -504,6 +519,47 @@ class Controller:
                     out.append(self._event(now, kind, None, None, node.name, f"gpu {node.name}/{g.index} ({g.product}) {'healthy again' if g.healthy else 'reported unhealthy'}"))
                 self._gpu_healthy[key] = g.healthy
         return inventory
+
+    def _forget_nodes(self, snap: StateSnapshot, inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
+        """Forget offline nodes an operator asked to forget (after the node was last alive), or offline for
+        ``node_forget_after_s``: tombstones of the registration and the assignment with a ``node_forgotten`` event,
+        in this pass's transaction.  A node whose published assignment still holds replicas waits for the pass that
+        moves them; a node held online by the mass-offline guard is online here."""
+        after = self.config.node_forget_after_s
+        published = self._published_view(snap)
+        for node in inventory.nodes:
+            name = node.name
+            if node.online:
+                self._offline_since.pop(name, None)
+                continue
+            hb = snap.heartbeats.get(name)
+            last_alive = hb.alive_at if hb is not None else None
+            offline_for = now - (last_alive if last_alive is not None else self._offline_since.setdefault(name, now))
+            asked = snap.forget_requests.get(name)
+            if asked is not None and asked > (last_alive or 0.0):
+                why = "an operator asked (sie node forget)"
+            elif after > 0 and offline_for >= after:
+                why = f"offline for {offline_for:.0f}s (control.node_forget_after_s: {after:g})"
+            else:
+                continue
+            if now - self._forgetting.get(name, float("-inf")) < 10.0:
+                continue  # published, not read back yet
+            assigned = published.get(name)
+            if assigned is not None and assigned.replicas:
+                continue  # its replicas are moved first (this pass's placement), then it is forgotten
+            out.append(OutRecord("nodes", name, "NodeRegistration", None))
+            if assigned is not None:
+                out.append(OutRecord("assignments", name, "Assignment", None))
+            out.append(self._event(now, NODE_FORGOTTEN_KIND, None, None, name,
+                                   f"node {name} forgotten: {why}; gone from inventory, status and alerts (an agent "
+                                   f"started on it again registers anew)"))
+            self._forgetting[name] = now
+        for name in list(self._forgetting):
+            if name not in snap.nodes and name not in snap.heartbeats:
+                del self._forgetting[name]  # read back: the state dropped it
+                self._published.pop(name, None)
+                self._node_online.pop(name, None)
+                self._offline_since.pop(name, None)
 
     def _guarded(self, inventory: ClusterInventory, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
         """The mass-offline guard's verdict applied: held nodes count as online this pass."""
