@@ -1,0 +1,95 @@
+"""Day-two operations end to end (issue 38, items 2 and 3): `sie scale` and `sie node forget` on a real control plane
+and two real agents, through the CLI: a scale through the API (audited) and over Kafka, each starting or draining
+only the replicas it adds or removes; a forget refused while the node is online, then, once its agent is killed,
+the node gone from `GET /v1/nodes`, from `sie get nodes` read from Kafka (its old heartbeats replayed), and from
+``sie_control_nodes{state="offline"}`` (what ``SieNodeOffline`` alerts on)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sie.kernel.settings import Settings
+from tests.cluster_harness import Cluster, http, try_get, wait_for
+
+pytestmark = pytest.mark.kafka
+
+MODEL = "fraud-rules"
+
+
+@pytest.fixture()
+def cluster(kafka_settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(kafka_settings, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _ok(c: Cluster, *args: str) -> str:
+    done = c.sie(*args)
+    assert done.returncode == 0, f"sie {' '.join(args)}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _online(c: Cluster) -> list[str]:
+    return sorted(n["name"] for n in (try_get(c.api(), "/v1/nodes") or {}).get("nodes", []) if n["status"] == "online")
+
+
+def test_scale_through_the_api_and_kafka_then_forget_a_dead_node(cluster: Cluster) -> None:
+    c = cluster
+    c.start_control("cp-1")
+    for node in ("node-a", "node-b"):
+        c.start_agent(node)
+    c.wait_leader(60)
+    wait_for(lambda: _online(c) == ["node-a", "node-b"], 30, lambda: "both agents online; " + c.logs("agent"))
+    url = f"http://127.0.0.1:{c.api()}"
+    _ok(c, "apply", "-f", str(c.write_spec(MODEL, replicas=1, resources={"cpu": 0.25})))
+    first = c.wait_ready(MODEL, 1, timeout=90)
+    (kept,) = first["replicas"]
+    kept_pid = kept["pid"] if "pid" in kept else None
+
+    # 2: through the API, recorded like an apply (an audit event naming the change)
+    out = _ok(c, "scale", MODEL, "--replicas", "2", "--control-url", url)
+    assert out.strip() == f"scaled: {MODEL} 1.0.0 replicas 1 -> 2 via {url}", out
+    two = c.wait_ready(MODEL, 2, timeout=90)
+    assert sorted(r["node"] for r in two["replicas"]) == ["node-a", "node-b"]  # spread by anti-affinity
+    same = next(r for r in two["replicas"] if r["replica_id"] == kept["replica_id"])
+    assert same["node"] == kept["node"] and (kept_pid is None or same.get("pid") == kept_pid)  # not restarted
+    status, events = http(c.api(), "GET", "/v1/events?limit=500")
+    assert status == 200
+    audits = [e["detail"] for e in events["events"] if e["kind"] == "audit" and e.get("model") == MODEL]
+    assert any("scale" in d and "replicas 1 -> 2" in d for d in audits), audits
+    # the applied spec says so (what `sie get models` and a later apply compare with)
+    status, model = http(c.api(), "GET", f"/v1/models/{MODEL}")
+    assert (model["spec"]["min_replicas"], model["spec"]["max_replicas"]) == (2, 2)
+    # refused with the numbers: min above the applied max
+    refused = c.sie("scale", MODEL, "--min", "3", "--control-url", url)
+    assert refused.returncode != 0 and "cannot scale to min 3, max 2" in refused.stderr, refused.stderr
+
+    # 2: over Kafka (no --control-url): bounds, the autoscaler's min/max
+    out = _ok(c, "scale", MODEL, "--min", "1", "--max", "1")
+    assert out.strip() == f"scaled: {MODEL} 1.0.0 replicas 2 -> 1", out
+    wait_for(lambda: (m := c.ready_model(MODEL, 1)) and len(m["replicas"]) == 1 and m, 60,
+             lambda: f"{MODEL} back to 1 replica: {c.model(MODEL)}")
+
+    # 3: a forget of an online node is refused; once its agent is dead the node is forgotten everywhere
+    refused = c.sie("node", "forget", "node-b", "--control-url", url)
+    assert refused.returncode != 0 and "is online" in refused.stderr, refused.stderr
+    c.agent("node-b").kill(signal.SIGKILL)
+    wait_for(lambda: _online(c) == ["node-a"], 30, "node-b offline")
+    out = _ok(c, "node", "forget", "node-b", "--control-url", url)
+    assert out.strip() == f"forgotten: node-b via {url}"
+    assert [n["name"] for n in http(c.api(), "GET", "/v1/nodes")[1]["nodes"]] == ["node-a"]
+    listed = _ok(c, "get", "nodes", "-o", "json")  # from Kafka: the registration tombstoned, old heartbeats dropped
+    assert '"node-b"' not in listed and '"node-a"' in listed, listed
+    metrics = http(c.api(), "GET", "/metrics")[1]
+    wait_for(lambda: 'sie_control_nodes{state="offline"} 0.0' in http(c.api(), "GET", "/metrics")[1], 10,
+             lambda: f"no offline node counted: {metrics}")
+    status, events = http(c.api(), "GET", "/v1/events?limit=500")
+    assert any(e["kind"] == "node_forgotten" and e["node"] == "node-b" and "an operator asked" in e["detail"]
+               for e in events["events"])
+    c.wait_ready(MODEL, 1, timeout=30)  # the model never noticed
