@@ -1,19 +1,25 @@
-"""Day-two operations end to end (issue 38, items 2 and 3): `sie scale` and `sie node forget` on a real control plane
-and two real agents, through the CLI: a scale through the API (audited) and over Kafka, each starting or draining
-only the replicas it adds or removes; a forget refused while the node is online, then, once its agent is killed,
-the node gone from `GET /v1/nodes`, from `sie get nodes` read from Kafka (its old heartbeats replayed), and from
-``sie_control_nodes{state="offline"}`` (what ``SieNodeOffline`` alerts on)."""
+"""Day-two operations end to end (issue 38, items 2, 3 and 4) on a real control plane and real agents, through the CLI:
+`sie scale` through the API (audited) and over Kafka, each starting or draining only the replicas it adds or
+removes; `sie node forget` refused while the node is online, then, once its agent is killed, the node gone from
+`GET /v1/nodes`, from `sie get nodes` read from Kafka (its old heartbeats replayed), and from
+``sie_control_nodes{state="offline"}`` (what ``SieNodeOffline`` alerts on); `sie logs --control-url` (with
+``--previous`` and ``--follow``) from a CLI that cannot see the agent's files (a mount namespace hides them)."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import Cluster, http, try_get, wait_for
+from tests.cluster_harness import REPO, Cluster, http, try_get, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -93,3 +99,72 @@ def test_scale_through_the_api_and_kafka_then_forget_a_dead_node(cluster: Cluste
     assert any(e["kind"] == "node_forgotten" and e["node"] == "node-b" and "an operator asked" in e["detail"]
                for e in events["events"])
     c.wait_ready(MODEL, 1, timeout=30)  # the model never noticed
+
+
+def _hidden_cli(c: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`sie ...` as on another machine: in a mount namespace of its own where the agents' work directory is an
+    empty tmpfs, so the CLI cannot read the agent's files (it proves it first)."""
+    agents = c.root / "agents"
+    script = (f"mount -t tmpfs none {shlex.quote(str(agents))} && test -z \"$(ls -A {shlex.quote(str(agents))})\" && "
+              f"exec {shlex.quote(sys.executable)} -m sie " + " ".join(shlex.quote(a) for a in args))
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=REPO, env=c.env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_replica_logs_through_the_api_without_the_agents_files(cluster: Cluster) -> None:
+    c = cluster
+    c.start_control("cp-1")
+    c.start_agent("node-a", extra=["--metrics-port", "0"])
+    c.wait_leader(60)
+    wait_for(lambda: _online(c) == ["node-a"], 30, lambda: "the agent online; " + c.logs("agent"))
+    url = f"http://127.0.0.1:{c.api()}"
+    _ok(c, "apply", "-f", str(c.write_spec(MODEL, replicas=1, resources={"cpu": 0.25})))
+    c.wait_ready(MODEL, 1, timeout=90)
+    replica = f"{MODEL}-0"
+    log_file = c.root / "agents" / "node-a" / replica / "worker.log"
+    written = log_file.read_text().splitlines()
+    assert written, "the worker wrote nothing to its log"
+
+    shown = _hidden_cli(c, "logs", replica, "--control-url", url, "-n", "5")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == written[-5:]
+    # without the API, this "other machine" has no log to show
+    local = _hidden_cli(c, "logs", replica, "--work-dir", str(c.root / "agents"))
+    assert local.returncode != 0 and "no worker log of replica" in local.stderr
+
+    # --previous: the worker killed, the agent restarts it; the old process's log is kept
+    pid = c.all_workers()[replica][1]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: (m := c.ready_model(MODEL, 1)) and m["replicas"][0].get("restarts", 0) >= 1 and m, 60,
+             lambda: f"{replica} restarted: {c.model(MODEL)}")
+    previous = _hidden_cli(c, "logs", replica, "--control-url", url, "--previous", "-n", "3")
+    assert previous.returncode == 0, previous.stderr
+    kept = (c.root / "agents" / "node-a" / replica / "worker.previous.log").read_text().splitlines()
+    assert kept[:len(written)] == written  # the first process's log, kept at the restart
+    assert previous.stdout.splitlines() == kept[-3:]
+    current = _hidden_cli(c, "logs", replica, "--control-url", url, "-n", "1000")
+    assert current.returncode == 0 and current.stdout.splitlines() == log_file.read_text().splitlines()[-1000:]
+
+    # --follow: what the worker appends arrives until the follower is stopped
+    follower = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                 f"mount -t tmpfs none {shlex.quote(str(c.root / 'agents'))} && exec "
+                                 f"{shlex.quote(sys.executable)} -m sie logs {replica} --control-url {url} -f -n 0"],
+                                cwd=REPO, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        marker = f"follow-marker-{os.getpid()}"
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(follower.stdout.readline, "")), daemon=True)
+        reader.start()
+
+        def arrived() -> bool:
+            with log_file.open("a") as fh:  # the worker's log file, appended as the worker appends to it
+                fh.write(f"{marker}\n")
+            return any(marker in line for line in seen)
+
+        wait_for(arrived, 30, lambda: f"the follower to print {marker}; got {seen[-5:]}", interval=0.5)
+    finally:
+        follower.terminate()
+        follower.wait(20)
+    # no token: the API refuses (the agent would too)
+    status, _ = http(c.api(), "GET", f"/v1/replicas/{replica}/log", token=None)
+    assert status == 401

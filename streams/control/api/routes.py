@@ -22,6 +22,8 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
   GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
   POST   /v1/nodes/{name}/forget  forget an offline node (202: the leader tombstones it on its     operator
                                next pass); 404 unknown, 409 online
+  GET    /v1/replicas/{id}/log  the replica's worker log, proxied from its node's agent (?lines=N,     viewer
+                               follow, previous; the caller's token is forwarded: the agent checks it)
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
   GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
   GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
@@ -138,7 +140,7 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     """The FastAPI application of one control-plane instance."""
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -229,6 +231,14 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     def replicas(_: Principal = Depends(viewer)) -> Any:
         items = [r.to_record() for s in service.controller.statuses.values() for r in s.replicas]
         return JSONResponse({"replicas": sorted(items, key=lambda r: r["replica_id"])})
+
+    @app.get("/v1/replicas/{replica_id}/log", summary="A replica's worker log, from its node's agent (like kubectl logs)",
+             response_class=StreamingResponse)
+    async def replica_log(replica_id: str, request: Request, lines: int = 100, follow: bool = False,
+                          previous: bool = False, _: Principal = Depends(viewer)) -> Any:
+        return await _proxy_log(service, replica_id, request.headers.get("authorization") or "",
+                                {"lines": str(lines), "follow": "1" if follow else "0",
+                                 "previous": "1" if previous else "0"}, follow)
 
     @app.get("/v1/models", summary="Desired vs actual per applied model", response_class=JSONResponse)
     def models(_: Principal = Depends(viewer)) -> Any:
@@ -353,6 +363,56 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     app.add_middleware(RequestGuard, max_body=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S,
                        large_bodies=(ARTIFACT_PATH, service.settings.max_artifact_bytes))
     return app
+
+
+def _log_source(service: Any, replica_id: str) -> tuple[str, str]:
+    """(node, agent address) of the replica whose log is asked for; ``ApiError`` saying why there is none."""
+    node = next((r.node for s in service.controller.statuses.values() for r in s.replicas if r.replica_id == replica_id),
+                "")
+    if node == "":
+        raise ApiError(404, f"replica {replica_id!r} is not a replica the control plane knows (sie get replicas)")
+    if node is None:
+        raise ApiError(404, f"replica {replica_id} is on no node now (see its reason: sie get replicas)")
+    hb = service.state.snapshot().heartbeats.get(node)
+    address = hb.metrics_address if hb is not None else None
+    if not address:
+        raise ApiError(503, f"node {node}'s agent serves no HTTP port for logs: start it with --metrics-port "
+                            "(the chart does), or read the log on that machine (sie logs REPLICA there)")
+    return node, address
+
+
+async def _proxy_log(service: Any, replica_id: str, authorization: str, params: dict[str, str], follow: bool) -> Any:
+    """Stream the agent's answer through (``sie.workers.agent.http``); the caller's token goes with it."""
+    from urllib.parse import quote
+
+    import httpx
+    from fastapi.responses import StreamingResponse
+
+    node, address = _log_source(service, replica_id)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None if follow else 30.0), follow_redirects=False)
+    request = client.build_request("GET", f"http://{address}/v1/replicas/{quote(replica_id, safe='')}/log",
+                                   params=params, headers={"Authorization": authorization})
+    try:
+        upstream = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        await client.aclose()
+        raise ApiError(502, f"the agent of node {node} ({address}) did not answer ({type(exc).__name__}); is it "
+                            "running and reachable from the control plane?") from None
+    if upstream.status_code != 200:
+        text = (await upstream.aread()).decode("utf-8", "replace").strip()[:300]
+        await upstream.aclose()
+        await client.aclose()
+        raise ApiError(upstream.status_code if upstream.status_code in (400, 401, 404) else 502, f"node {node}: {text}")
+
+    async def relay() -> Any:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        finally:
+            await upstream.aclose()
+            await client.aclose()
+
+    return StreamingResponse(relay(), media_type="text/plain; charset=utf-8", headers={"X-Sie-Node": node})
 
 
 def _read_document(raw: bytes, what: str) -> Any:
