@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import REPO, Cluster, http, try_get, wait_for
+from tests.cluster_harness import REPO, Cluster, RequestStream, ResultTail, example_input, http, try_get, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -168,3 +169,53 @@ def test_replica_logs_through_the_api_without_the_agents_files(cluster: Cluster)
     # no token: the API refuses (the agent would too)
     status, _ = http(c.api(), "GET", f"/v1/replicas/{replica}/log", token=None)
     assert status == 401
+
+
+def test_spread_is_restored_when_a_killed_agent_comes_back(cluster: Cluster) -> None:
+    """Item 1's done-when: an agent SIGKILLed, its replica moved onto the other node (anti-affinity relaxed); the
+    agent started again: within 60 s the model's replicas are on two nodes again (a planned handover: the surge
+    replica READY before the crowded node's replica moves), and every request, before, during and after, has
+    exactly one result."""
+    c = cluster
+    c.start_control("cp-1")
+    for node in ("node-a", "node-b"):
+        c.start_agent(node)
+    c.wait_leader(60)
+    wait_for(lambda: _online(c) == ["node-a", "node-b"], 30, lambda: "both agents online; " + c.logs("agent"))
+    spec = c.write_spec(MODEL, replicas=2, resources={"cpu": 0.25})
+    _ok(c, "apply", "-f", str(spec))
+    c.wait_ready(MODEL, 2, timeout=90)
+    assert sorted(c.placement(MODEL).values()) == ["node-a", "node-b"]
+    topics = c.spec_topics(MODEL)
+    tail = ResultTail(c.settings, topics)
+    stream = RequestStream(c.settings, topics["requests"], example_input(spec), "r", rate_per_s=15).start()
+    try:
+        wait_for(lambda: tail.count() >= 20, 30, "results flowing before the kill")
+        c.agent("node-b").kill(signal.SIGKILL)
+        c.agent("node-b").popen.wait(10)
+        wait_for(lambda: set(c.placement(MODEL).values()) == {"node-a"} and c.ready_model(MODEL, 2), 60,
+                 lambda: f"both replicas READY on node-a: {c.model(MODEL)}")
+        c.start_agent("node-b")
+        back = time.monotonic()
+        wait_for(lambda: _online(c) == ["node-a", "node-b"], 30, "node-b online again")
+        spread = wait_for(lambda: (m := c.ready_model(MODEL, 2)) and len(m["replicas"]) == 2
+                          and sorted(r["node"] for r in m["replicas"]) == ["node-a", "node-b"] and m, 60,
+                          lambda: f"replicas on two nodes again: {c.model(MODEL)}\n{c.logs('control')}")
+        took = time.monotonic() - back
+        counted = tail.count()
+        wait_for(lambda: tail.count() >= counted + 20, 30, "results flowing after the move")
+    finally:
+        sent = stream.stop()
+    try:
+        ids = [f"r-{i}" for i in range(sent)]
+        wait_for(lambda: tail.count(ids) == len(ids), 60, lambda: f"every request answered ({tail.count(ids)}/{len(ids)})")
+        tail.read_to_end()
+        lost, dups, stray = tail.audit(ids)
+        assert not lost and not dups and not stray, f"lost {lost[:5]}, duplicated {list(dups.items())[:5]}"
+    finally:
+        tail.close()
+    print(f"spread restored {took:.1f}s after the agent was started again")
+    assert took <= 60, took
+    steps = [e["detail"] for e in spread["events"] if e["kind"] == "rebalance"]
+    assert any("READY before anything drains" in s for s in steps) and any("spread restored" in s for s in steps), \
+        (steps, [e for e in spread["events"]][-10:])

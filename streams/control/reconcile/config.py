@@ -13,6 +13,7 @@ from typing import Any
 
 from sie.streams.control.reconcile.autoscaler import AutoscalePolicy, policy_numbers
 from sie.streams.control.reconcile.director import DirectorPolicy
+from sie.streams.control.reconcile.rebalance import RebalancePolicy
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class ControlConfig:
     #: the traffic director's rule over each model's replicas (``director.DirectorPolicy``; None: off)
     director: DirectorPolicy | None = DirectorPolicy()
     node_forget_after_s: float = 86400.0
+    #: moving replicas back toward the spread (``rebalance.RebalancePolicy``; ``enabled: false`` packs every model)
+    rebalance: RebalancePolicy = RebalancePolicy()
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -99,8 +102,45 @@ class ControlConfig:
             if not isinstance(control["preemption"], bool):
                 raise ConfigError(f"{path}: control.preemption: must be true or false (got {control['preemption']!r})")
             values["preemption"] = control["preemption"]
+        if "rebalance" in control:
+            values["rebalance"] = _rebalance_policy(control["rebalance"], f"{path}: control.rebalance")
         autoscale = control.get("autoscale") or {}
         if autoscale:
             values["autoscale"] = AutoscalePolicy(**policy_numbers(AutoscalePolicy, autoscale, f"{path}: control.autoscale"))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _rebalance_policy(doc: Any, where: str) -> RebalancePolicy:
+    """``control.rebalance``: ``false`` (no moves), or ``{enabled, min_interval_s, step_timeout_s, backoff_s,
+    pack_tiers}``."""
+    from sie.kernel.errors import ConfigError
+
+    if doc is False:
+        return RebalancePolicy(enabled=False)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: false, or a mapping of enabled, min_interval_s, step_timeout_s, backoff_s, "
+                          f"pack_tiers (got {doc!r})")
+    known = {"enabled", "min_interval_s", "step_timeout_s", "backoff_s", "pack_tiers"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    values: dict[str, Any] = {}
+    if "enabled" in doc:
+        if not isinstance(doc["enabled"], bool):
+            raise ConfigError(f"{where}.enabled: must be true or false (got {doc['enabled']!r})")
+        values["enabled"] = doc["enabled"]
+    for key in ("min_interval_s", "step_timeout_s", "backoff_s"):
+        if key in doc:
+            try:
+                values[key] = float(doc[key])
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.{key}: must be a number (got {doc[key]!r})") from None
+            if values[key] < 0:
+                raise ConfigError(f"{where}.{key}: must be >= 0 (got {doc[key]!r})")
+    if "pack_tiers" in doc:
+        tiers = doc["pack_tiers"]
+        if not isinstance(tiers, list) or not all(isinstance(t, str) for t in tiers):
+            raise ConfigError(f"{where}.pack_tiers: a list of tier names (got {tiers!r})")
+        values["pack_tiers"] = tuple(tiers)
+    return RebalancePolicy(**values)

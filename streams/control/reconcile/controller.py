@@ -14,6 +14,8 @@ restarted control plane reaches the same decision.  Order of one pass:
    every model gets ``sla.min_replicas`` as before; then the traffic director (leader only): a hot
    in-process replica may add a floor of one more replica, preferring the cooler node it names
    (``director`` module docstring: the count is ``max(autoscaler's, floor)``);
+   then, leader only, the move back toward the spread (``rebalance``: a count floor, an exclusion and preferred
+   nodes while one replica of one model moves with a planned handover);
 4. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
    assignment of every node, so healthy replicas keep their node and GPU (no restart after a
    control-plane restart or failover); with ``preemption`` a P0/P1 replica that finds no room evicts
@@ -76,7 +78,7 @@ from typing import Any
 from sie.kernel.names import Names
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.placement.demand import ReplicaDemand, demands_from_spec
-from sie.streams.control.placement.engine import PlacementPlan, place
+from sie.streams.control.placement.engine import PlacementPlan, node_eligible, place
 from sie.streams.control.placement.host_memory import HostOverheads
 from sie.streams.control.placement.inventory import ClusterInventory
 from sie.streams.control.placement.rollout_capacity import PLANNED_PHASES, CapacityInputs, CapacityPlan, plan_capacity
@@ -98,6 +100,7 @@ from sie.streams.control.reconcile.ports import (
     StateView,
     TakeoverView,
 )
+from sie.streams.control.reconcile.rebalance import RebalanceOutcome, Rebalancer
 from sie.streams.control.reconcile.records import (
     NODE_FORGOTTEN_KIND,
     AssignedReplica,
@@ -274,6 +277,9 @@ class Controller:
         #: replica id -> why it was evicted, while it has no node again
         self._evicted: dict[str, str] = {}
         self._node_online: dict[str, bool] = {}
+        #: the leader's move back toward the spread (``rebalance``), and what it adds to this pass's placement
+        self.rebalancer = Rebalancer(config.rebalance)
+        self._rebalance = RebalanceOutcome()
         #: node -> when this process first saw it offline (a node without a heartbeat in the replayed window)
         self._offline_since: dict[str, float] = {}
         #: node -> when this process published its forgetting (not again until read back, or 10 s later)
@@ -355,6 +361,15 @@ class Controller:
             base = counts
             step("director", lambda: self._direct(snap, now, out, base))
         counts = self._with_director_floors(snap, counts)
+        self._rebalance = RebalanceOutcome()
+        if leader and inventory is not None:
+            floored, nodes = counts, inventory
+            self._rebalance = step("rebalance", lambda: self._rebalance_step(snap, now, out, floored, nodes)) \
+                or RebalanceOutcome()
+        else:
+            self.rebalancer.move = None  # a standby moves nothing; a new leader starts afresh (rebalance docstring)
+        if self._rebalance.floors:
+            counts = {**counts, **{m: max(int(counts.get(m, 0)), f) for m, f in self._rebalance.floors.items()}}
         if inventory is not None:
             published = self._published_view(snap)
             plan = step("placement", lambda: self._place(snap, inventory, published, counts))
@@ -682,6 +697,22 @@ class Controller:
                                        f"release_replica: the added replica could not be placed ({mine[0].reason}); "
                                        f"floor {extra.floor} lifted"))
 
+    def _rebalance_step(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int],
+                        inventory: ClusterInventory) -> RebalanceOutcome:
+        """The move back toward the spread (``rebalance`` module): floors, exclusions and preferred nodes for this
+        pass's placement, and a ``rebalance`` event per step."""
+        busy = {name for name in snap.specs if self.rollouts.in_progress(name) is not None} | set(self.director_extra)
+        online = [n.name for n in inventory.nodes if n.online]
+        def eligible(model: str, node: str) -> bool:
+            state, demands = inventory.get(node), self._model_demands(model, snap.specs[model], counts.get(model))
+            return state is not None and bool(demands) and node_eligible(demands[0], state)
+
+        outcome = self.rebalancer.step(now, snap.specs, counts, self.statuses, online, busy, eligible)
+        for model, rid, detail in outcome.events:
+            log.info("rebalance %s: %s", model, detail)
+            out.append(self._event(now, "rebalance", model, rid, None, detail))
+        return outcome
+
     def _with_director_floors(self, snap: StateSnapshot, counts: Mapping[str, int]) -> dict[str, int]:
         """Each model's count with the director's floor under it (``director`` docstring: max of the two)."""
         out = dict(counts)
@@ -733,6 +764,8 @@ class Controller:
         out: dict[str, set[str]] = {}
         for rid, node in self.exclusions:
             out.setdefault(rid, set()).add(node)
+        for rid, nodes in self._rebalance.excluded.items():  # a replica being moved off a crowded node
+            out.setdefault(rid, set()).update(nodes)
         return {rid: frozenset(nodes) for rid, nodes in out.items()}
 
     def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
@@ -744,6 +777,8 @@ class Controller:
         demands = self._rollout_demands(snap, self._demands(snap, counts), inventory, current, counts or {})
         preferred = {d.replica_id: self.director_extra[d.model].node for d in demands
                      if d.model in self.director_extra and d.index == self.director_extra[d.model].floor - 1}
+        for rid, node in self._rebalance.preferred.items():
+            preferred.setdefault(rid, node)
         excluded = self._excluded()
         inputs = (demands, _placement_view(inventory), current, excluded, preferred)
         last = self._last_placement
