@@ -25,9 +25,9 @@ planned part is that the replica leaving is replaced by one already READY.
 =================================================  ===========================================================
 what goes wrong                                    what happens
 =================================================  ===========================================================
-the surge replica lands on a node that already     the move is abandoned (floor dropped: it drains), the model
-holds one (the target does not fit it)             rests ``backoff_s``, doubling while it keeps failing (at most
-                                                   an hour); event ``rebalance`` says so.  Targets are only
+the surge replica is unschedulable, or lands on a  the move is abandoned (floor dropped: it drains), the model
+node that already holds one (the target does not  rests ``backoff_s``, doubling while it keeps failing (at most
+fit it)                                            an hour); event ``rebalance`` says so.  Targets are only
                                                    nodes its selector and tier allow
 a step does not finish within ``step_timeout_s``   abandoned the same way (the victim stays where it got to)
 the model changes meanwhile (spec, count,          abandoned at once: its plan is the rollout's or the
@@ -172,7 +172,10 @@ class Rebalancer:
             return
         if move.phase == "surge":
             surge = views.get(move.surge)
-            if surge is None or surge.node is None:
+            if surge is None:
+                return  # not in a status yet (the floor was set by the last pass)
+            if surge.node is None:  # unschedulable: no node has room for one more (its reason says why)
+                self._abandon(now, f"no node has room for {move.surge} ({surge.reason or 'unschedulable'})", out)
                 return
             if surge.node != move.target and any(r.node == surge.node for rid, r in views.items() if rid != move.surge):
                 self._abandon(now, f"{move.surge} could only be placed on {surge.node}, which holds {move.model} "

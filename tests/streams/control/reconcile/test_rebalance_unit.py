@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.reconcile.controller import Controller
 from sie.streams.control.reconcile.ports import StaticLeadership
@@ -26,14 +28,14 @@ from tests.streams.control.reconcile.test_control_unit import (
 )
 
 
-def _world(**spec_extra: Any) -> tuple[FakeClock, ClusterState, FakePublisher, Controller]:
+def _world(gpu_mb: int = 1024, **spec_extra: Any) -> tuple[FakeClock, ClusterState, FakePublisher, Controller]:
     clock, state, pub = FakeClock(), ClusterState(), FakePublisher()
     ctl = Controller(state, pub, StaticLeadership(True, 3),
                      ControlConfig(node_timeout_s=TIMEOUT, rebalance=RebalancePolicy(min_interval_s=0)))
     for node in ("node-a", "node-b"):
         register(state, node, [gpu(0), gpu(1)])
         heartbeat(state, node, clock(), [gpu(0), gpu(1)])
-    state.apply_spec("alpha", spec_record("alpha", 1024, replicas=2, **spec_extra))
+    state.apply_spec("alpha", spec_record("alpha", gpu_mb, replicas=2, **spec_extra))
     return clock, state, pub, ctl
 
 
@@ -95,8 +97,9 @@ def test_a_model_labelled_pack_is_not_moved():
     assert assigned(pub)["node-a"] == {"alpha-0", "alpha-1"} and not _events(pub, "rebalance")
 
 
-def test_a_surge_that_cannot_reach_an_empty_node_is_abandoned_and_the_model_rests():
-    clock, state, pub, ctl = _world()
+@pytest.mark.parametrize("gpu_mb", [1024, 12000], ids=["surge-on-the-crowded-node", "surge-unschedulable"])
+def test_a_surge_that_cannot_reach_an_empty_node_is_abandoned_and_the_model_rests(gpu_mb):
+    clock, state, pub, ctl = _world(gpu_mb)
     _crowd(clock, state, ctl)
     # node-b comes back without room for alpha (its GPUs report 512 MiB): the surge can only go to node-a
     register(state, "node-b", [gpu(0, total=512), gpu(1, total=512)])
@@ -108,5 +111,6 @@ def test_a_surge_that_cannot_reach_an_empty_node_is_abandoned_and_the_model_rest
             heartbeat(state, node, clock(), gpus, [report(r, "READY") for r in sorted(ids)])
         ctl.reconcile(clock())
     steps = _events(pub, "rebalance")
-    assert any("abandoned" in s and "not tried again for 300s" in s for s in steps), steps
+    why = "no node has room for alpha-2" if gpu_mb == 12000 else "alpha-2 could only be placed on node-a"
+    assert any("abandoned" in s and why in s and "not tried again for 300s" in s for s in steps), steps
     assert assigned(pub)["node-a"] == {"alpha-0", "alpha-1"} and ctl.rebalancer.move is None
