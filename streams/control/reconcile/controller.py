@@ -63,6 +63,8 @@ rollouts (phase, both specs)   the rollouts topic read to its end after the elec
 statuses last published        model-status (``_seed_term``: nothing re-published without a change, an
                                unschedulable replica not announced again)
 rollout_capacity reports       not seeded: a model in a rollout gets its plan's event once more (events only)
+a rebalance move in flight     the published assignments: a replica at index count is its surge replica
+                               (``Rebalancer.adopt``), so the move goes on instead of its surge being dropped
 =============================  ===============================================================================
 """
 
@@ -280,6 +282,7 @@ class Controller:
         #: the leader's move back toward the spread (``rebalance``), and what it adds to this pass's placement
         self.rebalancer = Rebalancer(config.rebalance)
         self._rebalance = RebalanceOutcome()
+        self._adopt_move = False
         #: node -> when this process first saw it offline (a node without a heartbeat in the replayed window)
         self._offline_since: dict[str, float] = {}
         #: node -> when this process published its forgetting (not again until read back, or 10 s later)
@@ -328,6 +331,7 @@ class Controller:
         if leader and not self._term_seeded:
             self._seed_term(now)
             self._term_seeded = True
+            self._adopt_move = True  # a move its predecessor published goes on (``Rebalancer.adopt``)
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -364,10 +368,13 @@ class Controller:
         self._rebalance = RebalanceOutcome()
         if leader and inventory is not None:
             floored, nodes = counts, inventory
+            if self._adopt_move:
+                self._adopt_move = False
+                self.rebalancer.adopt(now, snap.specs, floored, self._placed_by_model(snap))
             self._rebalance = step("rebalance", lambda: self._rebalance_step(snap, now, out, floored, nodes)) \
                 or RebalanceOutcome()
         else:
-            self.rebalancer.move = None  # a standby moves nothing; a new leader starts afresh (rebalance docstring)
+            self.rebalancer.move = None  # a standby moves nothing; a new leader adopts a move in flight (_seed_term)
         if self._rebalance.floors:
             counts = {**counts, **{m: max(int(counts.get(m, 0)), f) for m, f in self._rebalance.floors.items()}}
         if inventory is not None:
@@ -696,6 +703,14 @@ class Controller:
                 out.append(self._event(now, "director", model, extra.replica, extra.node,
                                        f"release_replica: the added replica could not be placed ({mine[0].reason}); "
                                        f"floor {extra.floor} lifted"))
+
+    def _placed_by_model(self, snap: StateSnapshot) -> dict[str, dict[str, str]]:
+        """model -> {replica id: node} of the last published assignments."""
+        out: dict[str, dict[str, str]] = {}
+        for node, info in self._published_view(snap).items():
+            for a in info.replicas:
+                out.setdefault(a.model, {})[a.replica_id] = node
+        return out
 
     def _rebalance_step(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int],
                         inventory: ClusterInventory) -> RebalanceOutcome:

@@ -32,8 +32,9 @@ fit it)                                            an hour); event ``rebalance``
 a step does not finish within ``step_timeout_s``   abandoned the same way (the victim stays where it got to)
 the model changes meanwhile (spec, count,          abandoned at once: its plan is the rollout's or the
 rollout, director, deleted)                        autoscaler's again
-the leader changes                                 the move is not continued: a new leader's placement drops
-                                                   the surge replica (no floor) and keeps the rest
+the leader changes                                 a new leader adopts the move from the published assignments
+                                                   (a replica at index count is a surge: ``adopt``), so its
+                                                   first pass changes nothing its predecessor published
 =================================================  ===========================================================
 """
 
@@ -99,7 +100,7 @@ def spreads(spec: Any, policy: RebalancePolicy) -> bool:
 
 class Rebalancer:
     """The leader's memory of the move in progress and when the last one started (not published: a new leader
-    starts afresh, safely, module docstring)."""
+    re-derives the move from the published assignments, ``adopt``)."""
 
     def __init__(self, policy: RebalancePolicy) -> None:
         self.policy = policy
@@ -130,6 +131,32 @@ class Rebalancer:
                 out.excluded[move.victim] = frozenset({move.crowded})
                 out.preferred[move.victim] = move.target
         return out
+
+    def adopt(self, now: float, specs: Mapping[str, Any], counts: Mapping[str, int],
+              placed: Mapping[str, Mapping[str, str]]) -> str | None:
+        """A new leader continues the move its predecessor published instead of dropping its surge replica (a
+        takeover changes no assignment): ``placed`` is model -> {replica id: node} of the published assignments.
+        A replica at index ``count`` is a surge; with a node still crowded the move is in its surge step, else in
+        its move step (settled as soon as the replicas are READY).  Returns the model adopted, if any."""
+        self.move = None
+        for name in sorted(specs):
+            count = int(counts.get(name, 0))
+            surge = f"{name}-{count}"
+            where = placed.get(name, {})
+            if count < 2 or surge not in where:
+                continue
+            mine = {rid: node for rid, node in where.items() if (i := _index(rid, name)) is not None and i < count}
+            per_node = Counter(mine.values())
+            crowded = next((n for n, k in per_node.most_common() if k >= 2), None)
+            if crowded is not None:
+                victim = max((rid for rid, n in mine.items() if n == crowded), key=lambda r: _index(r, name) or 0)
+                self.move = Move(name, count, crowded, where[surge], victim, surge, "surge", now)
+            else:
+                victim = next((rid for rid, n in sorted(mine.items()) if n == where[surge]), sorted(mine)[0])
+                self.move = Move(name, count, "", where[surge], victim, surge, "move", now)
+            self._last_start = now
+            return name
+        return None
 
     # -- steps ---------------------------------------------------------------------------------------------------
 

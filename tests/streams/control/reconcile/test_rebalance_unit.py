@@ -114,3 +114,32 @@ def test_a_surge_that_cannot_reach_an_empty_node_is_abandoned_and_the_model_rest
     why = "no node has room for alpha-2" if gpu_mb == 12000 else "alpha-2 could only be placed on node-a"
     assert any("abandoned" in s and why in s and "not tried again for 300s" in s for s in steps), steps
     assert assigned(pub)["node-a"] == {"alpha-0", "alpha-1"} and ctl.rebalancer.move is None
+
+
+def test_a_new_leader_adopts_a_move_in_flight_and_changes_nothing_published():
+    clock, state, pub, ctl = _world()
+    _crowd(clock, state, ctl)
+    for _ in range(12):  # node-b back: run until the surge is on node-b (the move's first step)
+        _pass(clock, state, ctl)
+        if "alpha-2" in assigned(pub).get("node-b", set()):
+            break
+    assert ctl.rebalancer.move is not None
+    # the leader dies; a new one (a fresh process) reads the same published state and takes over
+    for r in (r for b in pub.batches for r in b):
+        if r.topic == "assignments":
+            state.apply_assignment(r.key, r.value)
+        elif r.topic == "model-status":
+            state.apply_model_status(r.key, r.value)
+    pub2 = FakePublisher()
+    successor = Controller(state, pub2, StaticLeadership(True, 4),
+                           ControlConfig(node_timeout_s=TIMEOUT, rebalance=RebalancePolicy(min_interval_s=0)))
+    before = {n: set(ids) for n, ids in assigned(pub).items()}
+    _pass(clock, state, successor)
+    assert pub2.all("assignments") == []  # the takeover changed nothing its predecessor published
+    assert successor.rebalancer.move is not None and successor.rebalancer.move.surge == "alpha-2"
+    for _ in range(12):  # and finishes it
+        _pass(clock, state, successor)
+        if successor.rebalancer.move is None and len(assigned(pub2).get("node-b", ())) == 1:
+            break
+    final = {**before, **assigned(pub2)}
+    assert len(final["node-a"]) == 1 and len(final["node-b"]) == 1
