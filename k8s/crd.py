@@ -472,7 +472,10 @@ def crd() -> dict[str, Any]:
     printer = [
         {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Version", "type": "string", "jsonPath": ".spec.model.version"},
+        # the version the cluster serves, and the one asked for: they differ during a rollout and after a refused
+        # update (an invalid or schema-breaking spec keeps the served version)
+        {"name": "Version", "type": "string", "jsonPath": ".status.version"},
+        {"name": "Requested", "type": "string", "jsonPath": ".spec.model.version"},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

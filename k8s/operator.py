@@ -345,12 +345,19 @@ class Reconciler:
             elif kind == "Warnings" and cond["status"] == "True":
                 events.append(("Warning", "SpecWarnings", cond["message"]))
             elif kind == "Ready" and before is not None and cond["status"] != "Unknown":
-                events.append(("Normal" if cond["status"] == "True" else "Warning", f"Phase{phase}",
+                # a model on its way (Pending, Progressing: starting, scaling, rolling out) is normal progress;
+                # Warning is for what needs a look (Degraded, Unschedulable, Invalid)
+                normal = cond["status"] == "True" or phase in NORMAL_PHASES
+                events.append(("Normal" if normal else "Warning", f"Phase{phase}",
                                f"{status.get('ready', '')} ready; {cond['message']}".strip()))
             elif kind == "Synced" and cond["status"] == "False":
                 events.append(("Warning", cond["reason"], cond["message"]))
         status["conditions"] = list(conditions.values())
         return Outcome(status=status, events=events)
+
+
+#: phases a model passes through when all goes well: their Events are Normal
+NORMAL_PHASES = frozenset({"Ready", "Pending", "Progressing"})
 
 
 def _now() -> str:

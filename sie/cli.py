@@ -49,6 +49,8 @@ COMMANDS: dict[str, str] = {
     "acls": "sie.commands.acls",
     "describe": "sie.commands.cluster",
     "replica": "sie.commands.replica",
+    "scale": "sie.commands.scale",
+    "node": "sie.commands.node",
     "tail": "sie.commands.tail",
     "logs": "sie.commands.logs",
     "dlq": "sie.commands.dlq",

@@ -132,8 +132,12 @@ def http_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
 class Demo:
     """The demo's steps, in order; each prints what it does and what it saw."""
 
-    def __init__(self, settings: Settings, echo: Echo, requests: int = 10_000, http_port: int = 8470) -> None:
+    def __init__(self, settings: Settings, echo: Echo, requests: int = 10_000, http_port: int = 8470,
+                 keep_models: bool = False) -> None:
         self.settings = settings
+        #: the specs the demo applied (deleted at its end unless ``keep_models``: the user's cluster is theirs)
+        self.applied: dict[str, Any] = {}
+        self.keep_models = keep_models
         self.echo = echo
         self.requests = requests
         self.http = f"http://127.0.0.1:{http_port}"
@@ -163,9 +167,37 @@ class Demo:
             self.backfill()
             self.operator_view()
         finally:
+            self.remove_models()
             self.step("stopping the control plane and agents (SIGTERM: drain, commit, leave the group)")
             self.procs.stop_all(self.echo)
             self.echo(f"Kafka keeps running on {self.settings.bootstrap_servers}: `sie kafka down` stops it.")
+
+    def apply(self, spec: Any) -> None:
+        from sie.schemas.spec_store import publish_spec
+
+        publish_spec(self.settings, spec)
+        self.applied[spec.name] = spec
+
+    def remove_models(self) -> None:
+        """Delete the models the demo applied: a demo run against the user's own cluster (SIE_BOOTSTRAP_SERVERS)
+        must not leave three models there (``--keep-models`` keeps them, to look at afterwards)."""
+        if not self.applied:
+            return
+        names = ", ".join(sorted(self.applied))
+        if self.keep_models:
+            self.echo(f"\n(--keep-models: {names} stay applied; `sie delete model NAME` removes each)")
+            return
+        from sie.schemas.spec_store import delete_spec
+
+        self.step(f"removing the demo's models ({names}): `sie demo --keep-models` keeps them")
+        for name, spec in sorted(self.applied.items()):
+            try:
+                delete_spec(self.settings, spec)
+            except Exception as exc:  # the demo's own failure (if any) is what the user must see first
+                self.echo(f"  {name}: not deleted ({str(exc).splitlines()[0]}); `sie delete model {name}`")
+            else:
+                self.echo(f"  deleted {name}")
+        self.applied.clear()
 
     # -- 1 -----------------------------------------------------------------------------------------
     def kafka(self) -> None:
@@ -188,7 +220,6 @@ class Demo:
     # -- 2 -----------------------------------------------------------------------------------------
     def article_specs(self) -> None:
         from sie.schemas.spec import load_spec
-        from sie.schemas.spec_store import publish_spec
 
         self.step("the SIE article's two specs, validated and applied as written")
         for path in ARTICLE_SPECS:
@@ -197,14 +228,13 @@ class Demo:
                       f"{spec.resources.gpu_memory_mb} MiB GPU memory x {max(spec.resources.gpus, 1)} GPU)")
             for warning in spec.warnings:
                 self.echo(f"    warning: {warning}")
-            publish_spec(self.settings, spec)
+            self.apply(spec)
             self.echo(f"    applied to {self.settings.topic_prefix}.specs (key {spec.name})")
         self.echo("  (both documents name qwen2-7b-scoring: the Kubernetes-style one, applied last, is current)")
 
     # -- 3 -----------------------------------------------------------------------------------------
     def cluster(self) -> None:
         from sie.schemas.spec import load_spec
-        from sie.schemas.spec_store import publish_spec
 
         self.step("control plane and two node agents (simulated GPUs: no GPU on this machine)")
         env = self.env()
@@ -223,7 +253,7 @@ class Demo:
         self.echo(f"  control plane leading at {self.http}; nodes gpu-01 (tier-0) and gpu-02 online")
         for path in DEMO_SPECS:
             spec = load_spec(path, topic_prefix=self.settings.topic_prefix)
-            publish_spec(self.settings, spec)
+            self.apply(spec)
             self.echo(f"  applied {spec.name} {spec.version}: {spec.backend.type}, {spec.priority_level}, "
                       f"{spec.sla.min_replicas} replica(s)")
         started = time.monotonic()

@@ -172,7 +172,7 @@ def test_prometheus_finds_every_series_rule_and_panel_and_the_readme_line(live: 
         prometheus.query(q.expr)
 
     # the unified histograms carry the article's labels (and the version), one series per model
-    for name in ("sie_request_latency_seconds_count", "inference_latency_seconds_count"):
+    for name in ("sie_request_latency_seconds_count", "sie_inference_latency_seconds_count"):
         series = prometheus.query(name)
         assert {s["metric"]["model_id"] for s in series} == {TIGHT, ROOMY}, series
         for s in series:

@@ -51,6 +51,10 @@ def _cluster(kafka_settings: Any, tmp_path: Path, agents: int = 2, **env: str) -
     for i in range(agents):  # separate caches: each agent fetches what `sie apply` uploaded
         c.start_agent(f"node-{'ab'[i]}", gpus=None, env={"SIE_CACHE_DIR": str(tmp_path / f"cache-{i}")})
     c.wait_leader(60)
+    # every agent registered before a spec is applied: replicas placed on the first node alone would be moved back
+    # toward the spread meanwhile (docs/control-plane.md, "Spread restored"), a move these tests do not measure
+    wait_for(lambda: len([n for n in (try_get(c.api(), "/v1/nodes") or {}).get("nodes", [])
+                          if n["status"] == "online"]) == agents, 60, lambda: "agents online; " + c.logs("agent"))
     return c
 
 

@@ -72,7 +72,8 @@ def _ago(ms: int | None) -> str:
 def nodes_json(settings: Settings, control_url: str | None, timeout: float) -> list[dict[str, Any]]:
     if control_url:
         return _http(settings, control_url, "/v1/nodes")["nodes"]
-    state = _read_state(settings, ("nodes", "heartbeats"), timeout)
+    # events too: a `node_forgotten` event drops the heartbeats its node sent before (sie node forget)
+    state = _read_state(settings, ("nodes", "heartbeats", "events"), timeout)
     return [v.to_json() for v in state.snapshot().node_views(time.time(), NODE_TIMEOUT_S)]
 
 
@@ -178,6 +179,23 @@ def _describe_data_path(settings: Settings, spec: Any) -> None:
                    "see Phase and the replicas' reasons (a backend outage is named there)")
 
 
+def leader_hint(settings: Settings, timeout: float) -> str | None:
+    """None while a control plane is a member of the control group (one of them leads); else why the status read
+    from Kafka is only the last one a leader published (nothing reconciles it now)."""
+    from sie.kernel.admin import admin_client
+
+    group = settings.names.control_group
+    try:
+        admin = admin_client(settings)
+        description = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout)
+    except Exception as exc:  # no Describe right on the group, a broker that does not answer: say so, do not guess
+        return f"unknown whether a control plane runs (group {group}: {str(exc).splitlines()[0][:160]})"
+    if description.members:
+        return None
+    return (f"no control plane is running (group {group} has no members): the phase is the last one published; "
+            "nothing reconciles or moves replicas until `sie control` runs")
+
+
 @click.group("describe")
 def describe() -> None:
     """Explain one object in detail."""
@@ -217,13 +235,17 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
 
         events = event_rows((e for e in state.snapshot().events if e.model == name), 15)
         model = model or {"name": name, "phase": "Pending", "reason": "no control plane has reconciled it yet", "replicas": []}
+    hint = None if control_url else leader_hint(settings, min(timeout, 10.0))
     click.echo(f"Name:        {name}")
     if spec:
         res = spec["resources"]
         click.echo(f"Version:     {spec['version']}   Priority: {spec['priority_level']}   Type: {spec['service_type']}   Backend: {spec['backend']}")
         click.echo(f"Resources:   gpuMemoryMb={res['gpu_memory_mb']} gpus={res['gpus']} cpu={res['cpu']:g} memoryMb={res['memory_mb']}")
         click.echo(f"Replicas:    min {spec['min_replicas']}, max {spec['max_replicas']}")
-    click.echo(f"Phase:       {model.get('phase')}" + (f" ({model['reason']})" if model.get("reason") else ""))
+    click.echo(f"Phase:       {model.get('phase')}" + (f" ({model['reason']})" if model.get("reason") else "")
+               + (" (last published)" if hint else ""))
+    if hint:
+        click.echo(f"Control:     {hint}")
     click.echo(f"Ready:       {model.get('ready_replicas', 0)}/{model.get('desired_replicas', 0)}")
     for line in _autoscale_lines(model.get("autoscale")):
         click.echo(line)

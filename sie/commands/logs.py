@@ -1,4 +1,11 @@
-"""`sie logs REPLICA`: the worker log of a replica run by an agent on THIS machine.
+"""`sie logs REPLICA`: a replica's worker log, from anywhere through the control API, or on the agent's machine.
+
+With ``--control-url`` (``SIE_CONTROL_URL``) the control plane proxies it from the agent of the replica's node
+(``GET /v1/replicas/{id}/log``; the agent serves it on its ``--metrics-port`` behind an API token,
+``sie.workers.agent.http``), like ``kubectl logs``: no shell on that node, no access to its files.  ``--previous``:
+the log of the process before the replica's last (re)start.
+
+Without it, the log is read on THIS machine:
 
 The agent writes each replica's worker output to ``<work dir>/<node>/<replica>/worker.log`` (``sie agent
 --work-dir``, default ``<SIE_CACHE_DIR>/agent``), next to the spec file it ran with.  This prints its last
@@ -21,9 +28,41 @@ from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
 
 
-def find_worker_logs(work_dir: Path, replica: str, node: str | None) -> list[Path]:
+def find_worker_logs(work_dir: Path, replica: str, node: str | None, name: str = "worker.log") -> list[Path]:
     nodes = [work_dir / node] if node else sorted(p for p in work_dir.glob("*") if p.is_dir())
-    return [n / replica / "worker.log" for n in nodes if (n / replica / "worker.log").is_file()]
+    return [n / replica / name for n in nodes if (n / replica / name).is_file()]
+
+
+def _through_api(settings: Settings, url: str, replica: str, count: int, follow: bool, previous: bool) -> None:
+    """Stream ``GET /v1/replicas/{id}/log`` to stdout (the same token rules as every API call, ``ControlApi``)."""
+    from urllib.parse import quote
+
+    import httpx
+
+    from sie.commands._api import ControlApi
+
+    api = ControlApi(settings, url)  # SieError before anything is sent where the token must not go
+    verify = str(settings.api_ca) if settings.api_ca else True
+    params = {"lines": str(count), "follow": str(follow).lower(), "previous": str(previous).lower()}
+    path = f"/v1/replicas/{quote(replica, safe='')}/log"
+    try:
+        with httpx.Client(verify=verify, timeout=httpx.Timeout(20.0, read=None if follow else 60.0),
+                          follow_redirects=False) as client, \
+                client.stream("GET", api.url + path, params=params, headers=api._headers()) as response:
+            if response.status_code != 200:
+                response.read()
+                try:
+                    reason = response.json().get("error")
+                except ValueError:
+                    reason = response.text[:200]
+                raise SieError(f"control plane {api.url}: GET {path} -> {response.status_code}: {reason}")
+            for text in response.iter_text():
+                click.echo(text, nl=False)
+    except httpx.HTTPError as exc:
+        raise SieError(f"control plane {api.url} did not answer GET {path} ({type(exc).__name__}: {exc}); check "
+                       "--control-url / SIE_CONTROL_URL") from None
+    except KeyboardInterrupt:
+        return
 
 
 @click.command("logs")
@@ -34,12 +73,22 @@ def find_worker_logs(work_dir: Path, replica: str, node: str | None) -> list[Pat
               help="The agent's --work-dir [default: <SIE_CACHE_DIR>/agent].")
 @click.option("-n", "--lines", "count", type=click.IntRange(min=0), default=100, show_default=True)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing what the worker appends until Ctrl-C.")
+@click.option("-p", "--previous", is_flag=True, help="The log of the process before the replica's last (re)start.")
+@click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
+              help="Read it through this control plane's API, from the agent of the replica's node (token: "
+                   "SIE_API_TOKEN).")
 @click.pass_obj
 def command(settings: Settings, replica: str, node: str | None, work_dir: Path | None, count: int,
-            follow: bool) -> None:
-    """Print the worker log of REPLICA (e.g. fraud-scorer-0) from an agent on this machine."""
+            follow: bool, previous: bool, control_url: str | None) -> None:
+    """Print the worker log of REPLICA (e.g. fraud-scorer-0): through the control API (--control-url) from its
+    node's agent, or from an agent on this machine."""
+    if control_url:
+        if node or work_dir:
+            raise click.UsageError("--node and --work-dir read this machine's files; the API finds the node itself")
+        _through_api(settings, control_url, replica, count, follow, previous)
+        return
     root = work_dir or settings.cache_dir / "agent"
-    found = find_worker_logs(root, replica, node)
+    found = find_worker_logs(root, replica, node, "worker.previous.log" if previous else "worker.log")
     if not found:
         here = sorted({p.parent.name for p in root.glob("*/*/worker.log")}) if root.is_dir() else []
         raise SieError(f"no worker log of replica {replica!r} under {root}" + (f" (node {node})" if node else "")

@@ -71,14 +71,16 @@ def validate(settings: Settings, files: tuple[Path, ...], load: bool) -> None:
 
     failures: list[str] = []
     for path, spec in ((path, spec) for path, specs in _load_by_file(settings, files) for spec in specs):
-        _print_ok(spec)
         if not load:
+            _print_ok(spec)
             continue
         from sie.workers.load_check import load_check
 
         # the policy the document was just checked under (the node's settings + the spec's folder), which
         # is the one a worker of this node loads it under (SIE_ALLOWED_MODULES, SIE_MODEL_ROOTS)
         report = load_check(spec, SpecPolicy.from_settings(settings, extra_roots=[path.resolve().parent]))
+        # a spec is "ok" only once everything asked of it passed: `ok:` then `error:` for one spec read as both
+        _print_ok(spec, "ok" if report.skipped or report.ok else "failed")
         for note in report.notes:
             click.echo(f"  note: {note}")
         if report.skipped:
@@ -87,6 +89,7 @@ def validate(settings: Settings, files: tuple[Path, ...], load: bool) -> None:
             shown = json.dumps(report.outputs, default=str)
             click.echo(f"  load: ok on cpu in {report.seconds:.2f}s; exampleInput -> {shown[:300]}")
         else:
+            click.echo(f"  load: {len(report.problems)} problem(s), below")
             failures += [f"{spec.model_id}: {problem}" for problem in report.problems]
     if failures:
         raise SpecError("\n".join(failures))

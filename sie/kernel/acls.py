@@ -63,7 +63,7 @@ CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats"
                  "model-status", "connectors", "artifacts", "artifact-chunks", "rollouts")
 #: the control topics the control plane writes (the leader transactionally; the API specs, connectors,
 #: uploaded artifacts and audit events)
-CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs", "connectors", "artifacts",
+CONTROL_WRITES = ("assignments", "events", "control-leader", "model-status", "specs", "connectors", "artifacts", "nodes",
                   "artifact-chunks", "rollouts")
 
 

@@ -49,6 +49,14 @@ def _checked(backend: Any, rows: list[dict]) -> list[Any]:
     return out
 
 
+def failure_text(exc: BaseException) -> str:
+    """``<Type>: <message>`` of a failed call, the type named once: an error relayed from another process (a
+    rollout's companion version, ``sie.workers.versions``) arrives as an ``InferenceError`` whose message already
+    reads ``InferenceError: ...``; prefixing it again made dead letters read ``InferenceError: InferenceError: ...``."""
+    name, text = type(exc).__name__, str(exc)
+    return text if text.startswith(f"{name}: ") else f"{name}: {text}"
+
+
 def infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
     """One output per row; rows that fail are isolated by bisection and returned as ``InferenceFailed``."""
     try:
@@ -57,7 +65,7 @@ def infer_isolating(backend: Any, rows: list[dict]) -> list[Any]:
         raise
     except Exception as exc:  # InferenceError, or anything a model raises: isolate before judging
         if len(rows) == 1:
-            return [InferenceFailed(f"{type(exc).__name__}: {exc}")]
+            return [InferenceFailed(failure_text(exc))]
         mid = len(rows) // 2
         return infer_isolating(backend, rows[:mid]) + infer_isolating(backend, rows[mid:])
 
@@ -94,7 +102,7 @@ class Inference:
                 raise
             except Exception as exc:
                 raise BackendUnavailable(
-                    f"backend fails on a known-good row too ({type(exc).__name__}: {exc}): outage, not poison") from exc
+                    f"backend fails on a known-good row too ({failure_text(exc)}): outage, not poison") from exc
             for i in failed:  # the backend answers now: the verdict on each failed row is final
                 outputs[i] = infer_isolating(backend, [rows[i]])[0]
         return outputs

@@ -5,7 +5,7 @@ series carries ``model_id`` (a dashboard or rule can ``sum by (model_id)`` acros
 latency histograms carry the SIE article's unified labels (``model_id``, ``service_type``,
 ``priority_level``) plus ``version`` (a rollout compares versions).  Two latency histograms:
 
-- ``inference_latency_seconds``: one batched ``backend.infer()`` call (what the model costs);
+- ``sie_inference_latency_seconds``: one batched ``backend.infer()`` call (what the model costs);
 - ``sie_request_latency_seconds``: per request, its Kafka timestamp to the commit of its result (what
   the caller waits; ``spec.sla.p99_latency_ms``, exported as ``sie_model_p99_budget_seconds``, is the
   budget of this one).
@@ -136,7 +136,7 @@ class ScorerMetrics:
         r = self.registry
         unified = ["model_id", "service_type", "priority_level", "version"]
         self._inference = Histogram(
-            "inference_latency_seconds", "Time of one batched backend.infer() call.",
+            "sie_inference_latency_seconds", "Time of one batched backend.infer() call.",
             unified, buckets=_LATENCY_BUCKETS, registry=r)
         self.request_latency = BatchHistogram(
             "sie_request_latency_seconds",

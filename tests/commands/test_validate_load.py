@@ -67,7 +67,10 @@ def test_a_python_file_renamed_fake_pt_is_refused_with_the_reason(tmp_path, caps
     assert main(["validate", "-f", str(spec)]) == 0  # the document alone is fine...
     capsys.readouterr()
     assert main(["validate", "--load", "-f", str(spec)]) == 1  # ...loading it is not
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
+    # one verdict per spec: not `ok:` on stdout and then `error:` on stderr for the same spec (issue 38)
+    assert "ok: churn" not in captured.out and captured.out.startswith("failed: churn 1.0.0 (torch)\n")
     assert err.startswith("error: churn:1.0.0: load: spec.backend.artifact ")
     assert "fake.pt: declared torchscript but the file is not a zip archive; SIE never unpickles" in err
 

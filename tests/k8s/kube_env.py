@@ -173,3 +173,39 @@ class KubeApiServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.k8s.kube_env DIR``: the tests' API server for a person to try the chart and the operator on
+    (docs/kubernetes.md, "Try it on a local API server"): started under DIR, its admin kubeconfig written to
+    ``DIR/admin.kubeconfig``, stopped by Ctrl-C or SIGTERM."""
+    import sys
+    import threading
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m tests.k8s.kube_env DIR", file=sys.stderr)
+        return 2
+    bin_dir, why = tools_dir()
+    if bin_dir is None:
+        print(why, file=sys.stderr)
+        return 1
+    root = Path(args[0]).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    server = KubeApiServer(bin_dir, root).start()
+    print(f"kube-apiserver {K8S_VERSION} on {server.url}\nexport KUBECONFIG={server.kubeconfig}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            if server.proc is None or server.proc.poll() is not None:
+                print(f"kube-apiserver exited: {server.log_tail()}", file=sys.stderr)
+                return 1
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -101,6 +101,10 @@ def test_kubectl_apply_to_ready_restart_changes_nothing_and_delete_removes_the_m
         cluster.start_agent("node-a")
         cluster.start_agent("node-b")
         port = cluster.wait_leader().port
+        # both agents registered before the model is placed: on one node alone its replicas would be moved back
+        # toward the spread (docs/control-plane.md, "Spread restored") while the test reads the model's state
+        wait_for(lambda: len([n for n in (try_get(port, "/v1/nodes") or {}).get("nodes", [])
+                              if n["status"] == "online"]) == 2, 60, lambda: "both agents online; " + cluster.logs())
         spec_file = cluster.write_spec("fraud-scorer", name="fraud-k8s", replicas=2)
         # what a user does: upload the artifact through the API and get the resource to kubectl apply
         made = cluster.sie("operator", "resource", "-f", str(spec_file), "-n", ns,

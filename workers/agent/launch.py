@@ -28,6 +28,7 @@ from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_replica_id
 from sie.kernel.settings import Settings, worker_environment
 from sie.schemas.connector_spec import is_connector_doc
+from sie.workers.agent.http import rotate_log
 from sie.workers.prepare import prepare_spec
 from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
@@ -143,6 +144,7 @@ class WorkerCommandBuilder:
             spec_doc = prepare_spec(spec_doc, self.spec_policy, self.artifacts)
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
+        rotate_log(directory)  # the process before keeps its log as worker.previous.log (`sie logs --previous`)
         spec_file = directory / f"spec-{desired.target_hash}.json"
         spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
         env = dict(self.base_env)

@@ -159,6 +159,8 @@ class Agent:
         self.companions = Companions(self.commands, clock=self._clock.monotonic)
         self.metrics = AgentMetrics(config.node)
         self.metrics_port: int | None = None
+        #: the HTTP port of /metrics and the replicas' logs (``sie.workers.agent.http``), when --metrics-port is set
+        self.http: Any = None
         self._topics = {
             name: settings.names.system_topic(name) for name in ("nodes", "heartbeats", "assignments", "replica-status")
         }
@@ -194,8 +196,14 @@ class Agent:
             if not self._open(stop):
                 return
             if self.config.metrics_port is not None:
-                self.metrics_port = self.metrics.serve(self.config.metrics_port, self.settings.metrics_bind)
-                log.info("agent %s: /metrics on port %s", self.config.node, self.metrics_port)
+                from sie.streams.control.api.auth import TokenStore
+                from sie.workers.agent.http import AgentHttp
+
+                # /metrics, and the replicas' logs behind an API token (what `sie logs --control-url` reads)
+                self.http = AgentHttp(self.config.node, self.config.node_work_dir(self.settings), self.metrics.render,
+                                      TokenStore(self.settings))
+                self.metrics_port = self.http.start(self.config.metrics_port, self.settings.metrics_bind)
+                log.info("agent %s: /metrics and replica logs on port %s", self.config.node, self.metrics_port)
             self._register()
             self.ready.set()
             self.readiness.set_ready(f"node {self.config.node} registered, following its assignments")

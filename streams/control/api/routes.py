@@ -7,6 +7,9 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
                                (field paths, spec policy); 409 a P1/P2 model asking for tier-0
                                nodes or a schema-breaking version
   DELETE /v1/models/{name}     delete (202), 404 unknown                                       operator
+  POST   /v1/models/{name}/scale  JSON {"replicas": N} or {"min_replicas", "max_replicas"}: the     operator
+                               applied spec re-published with that count (202, recorded like an
+                               apply); 404 unknown, 422 invalid, 409 during a rollout
   GET    /v1/artifacts/sha256:<hex>   an uploaded artifact's manifest; 404 when absent         viewer
   PUT    /v1/artifacts/sha256:<hex>?name=FILE   upload (streamed, chunked onto the artifacts      operator
                                topics, checked against the digest: 422 when the bytes differ); 200 if
@@ -17,6 +20,10 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
   POST   /v1/connectors/{name}/pause|resume   stop / restart its replica (offsets kept)        operator
   DELETE /v1/connectors/{name} delete (202), 404 unknown                                       operator
   GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
+  POST   /v1/nodes/{name}/forget  forget an offline node (202: the leader tombstones it on its     operator
+                               next pass); 404 unknown, 409 online
+  GET    /v1/replicas/{id}/log  the replica's worker log, proxied from its node's agent (?lines=N,     viewer
+                               follow, previous; the caller's token is forwarded: the agent checks it)
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
   GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
   GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
@@ -134,7 +141,7 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     """The FastAPI application of one control-plane instance."""
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -226,6 +233,14 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         items = [r.to_record() for s in service.controller.statuses.values() for r in s.replicas]
         return JSONResponse({"replicas": sorted(items, key=lambda r: r["replica_id"])})
 
+    @app.get("/v1/replicas/{replica_id}/log", summary="A replica's worker log, from its node's agent (like kubectl logs)",
+             response_class=StreamingResponse)
+    async def replica_log(replica_id: str, request: Request, lines: int = 100, follow: bool = False,
+                          previous: bool = False, _: Principal = Depends(viewer)) -> Any:
+        return await _proxy_log(service, replica_id, request.headers.get("authorization") or "",
+                                {"lines": str(lines), "follow": "1" if follow else "0",
+                                 "previous": "1" if previous else "0"}, follow)
+
     @app.get("/v1/models", summary="Desired vs actual per applied model", response_class=JSONResponse)
     def models(_: Principal = Depends(viewer)) -> Any:
         from sie.streams.control.reconcile.observability import model_numbers
@@ -301,6 +316,28 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         audit.record(principal, "delete", name, "accepted", _client(request))
         return JSONResponse(body, status_code=202)
 
+    @app.post("/v1/models/{name}/scale", status_code=202, summary="Set a model's replica count (or its bounds)")
+    async def scale_model(name: str, request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        raw = await request.body()
+        try:
+            body = await run_in_threadpool(_scale_model, service, name, raw)
+        except ApiError as exc:
+            audit.record(principal, "scale", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, "scale", name, f"accepted: {body['change']}", _client(request))
+        return JSONResponse(body, status_code=202)
+
+    @app.post("/v1/nodes/{name}/forget", status_code=202, summary="Forget an offline node (inventory, status, alerts)")
+    async def forget_node(name: str, request: Request, principal: Principal = Depends(operator)) -> JSONResponse:
+        who = f"{principal.name} via the API"
+        try:
+            body = await run_in_threadpool(_forget_node, service, name, who)
+        except ApiError as exc:
+            audit.record(principal, "forget node", name, f"refused {exc.status}: {exc.error}", _client(request))
+            raise
+        audit.record(principal, "forget node", name, "accepted", _client(request))
+        return JSONResponse(body, status_code=202)
+
     @app.get("/v1/rollouts", summary="Every model's rollout: phase, step, canary weight, epoch, timeline")
     def rollouts(_: Principal = Depends(viewer)) -> dict[str, Any]:
         return {"rollouts": service.rollouts.list()}
@@ -328,6 +365,56 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     app.add_middleware(RequestGuard, max_body=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S,
                        large_bodies=(ARTIFACT_PATH, service.settings.max_artifact_bytes))
     return app
+
+
+def _log_source(service: Any, replica_id: str) -> tuple[str, str]:
+    """(node, agent address) of the replica whose log is asked for; ``ApiError`` saying why there is none."""
+    node = next((r.node for s in service.controller.statuses.values() for r in s.replicas if r.replica_id == replica_id),
+                "")
+    if node == "":
+        raise ApiError(404, f"replica {replica_id!r} is not a replica the control plane knows (sie get replicas)")
+    if node is None:
+        raise ApiError(404, f"replica {replica_id} is on no node now (see its reason: sie get replicas)")
+    hb = service.state.snapshot().heartbeats.get(node)
+    address = hb.metrics_address if hb is not None else None
+    if not address:
+        raise ApiError(503, f"node {node}'s agent serves no HTTP port for logs: start it with --metrics-port "
+                            "(the chart does), or read the log on that machine (sie logs REPLICA there)")
+    return node, address
+
+
+async def _proxy_log(service: Any, replica_id: str, authorization: str, params: dict[str, str], follow: bool) -> Any:
+    """Stream the agent's answer through (``sie.workers.agent.http``); the caller's token goes with it."""
+    from urllib.parse import quote
+
+    import httpx
+    from fastapi.responses import StreamingResponse
+
+    node, address = _log_source(service, replica_id)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None if follow else 30.0), follow_redirects=False)
+    request = client.build_request("GET", f"http://{address}/v1/replicas/{quote(replica_id, safe='')}/log",
+                                   params=params, headers={"Authorization": authorization})
+    try:
+        upstream = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        await client.aclose()
+        raise ApiError(502, f"the agent of node {node} ({address}) did not answer ({type(exc).__name__}); is it "
+                            "running and reachable from the control plane?") from None
+    if upstream.status_code != 200:
+        text = (await upstream.aread()).decode("utf-8", "replace").strip()[:300]
+        await upstream.aclose()
+        await client.aclose()
+        raise ApiError(upstream.status_code if upstream.status_code in (400, 401, 404) else 502, f"node {node}: {text}")
+
+    async def relay() -> Any:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        finally:
+            await upstream.aclose()
+            await client.aclose()
+
+    return StreamingResponse(relay(), media_type="text/plain; charset=utf-8", headers={"X-Sie-Node": node})
 
 
 def _read_document(raw: bytes, what: str) -> Any:
@@ -613,6 +700,60 @@ def _start_rollout(service: Any, current: Any, spec: Any) -> tuple[int, dict[str
         raise ApiError(409, str(exc), [{"field": "spec.version", "reason": exc.kind}]) from None
     return 202, {"name": spec.name, "version": spec.version, "accepted": True, "rollout": entry.rollout.label,
                  "status": f"/v1/rollouts/{spec.name}", "warnings": list(spec.warnings)}
+
+
+def _scale_model(service: Any, name: str, raw: bytes) -> dict[str, Any]:
+    """``POST /v1/models/{name}/scale``: the applied spec with the asked-for count, published like an apply
+    (``sie.schemas.spec_scale``)."""
+    import json
+
+    from pydantic import ValidationError
+
+    from sie.schemas.spec_scale import ScaleError, ScaleRequest, describe_change, scaled
+    from sie.schemas.spec_store import publish_spec
+
+    try:
+        ask = ScaleRequest.model_validate(json.loads(raw or b"null"))
+    except (ValueError, ValidationError) as exc:
+        errors = ([{"field": ".".join(map(str, e.get("loc", ()))), "reason": str(e["msg"])} for e in exc.errors()]
+                  if isinstance(exc, ValidationError) else [{"field": "body", "reason": "not JSON"}])
+        raise ApiError(422, 'send JSON {"replicas": N} or {"min_replicas": A, "max_replicas": B}', errors) from None
+    spec = service.state.snapshot().specs.get(name)
+    if spec is None:
+        raise ApiError(404, f"model {name!r} is not applied")
+    if service.rollouts.active(name):
+        raise ApiError(409, f"{name}: a rollout is in progress; scale it once it is promoted or aborted "
+                            f"(sie rollout status {name})", [{"field": "name", "reason": "rollout in progress"}])
+    try:
+        new = scaled(spec, ask)
+    except ScaleError as exc:
+        raise ApiError(422, str(exc), [{"field": "body", "reason": str(exc)}]) from None
+    publish_spec(service.settings, new, timeout=PUBLISH_TIMEOUT_S, ensure_topic=False, writer=service.spec_writer)
+    return {"name": name, "version": new.version, "accepted": True, "change": describe_change(spec, new),
+            "min_replicas": new.sla.min_replicas, "max_replicas": new.sla.max_replicas,
+            "status": f"/v1/models/{name}"}
+
+
+def _forget_node(service: Any, name: str, who: str) -> dict[str, Any]:
+    """``POST /v1/nodes/{name}/forget``: a ``node_forget_requested`` event; the leader forgets the node on its next
+    pass if it is still offline (``Controller._forget_nodes``)."""
+    from sie.schemas.avro_codec import encode
+    from sie.schemas.spec_store import produce_acknowledged
+    from sie.streams.control.reconcile.records import NODE_FORGET_KIND
+
+    snap = service.state.snapshot()
+    views = {v.name: v for v in snap.node_views(service.clock(), service.config.node_timeout_s)}
+    view = views.get(name)
+    if view is None:
+        raise ApiError(404, f"node {name!r} is not registered (nodes: {', '.join(sorted(views)) or 'none'})")
+    if view.online:
+        raise ApiError(409, f"node {name!r} is online (a heartbeat within {service.config.node_timeout_s:g}s): stop "
+                            "its agent first; only an offline node can be forgotten")
+    record = {"ts_ms": int(service.clock() * 1000), "kind": NODE_FORGET_KIND, "model": None, "replica_id": None,
+              "node": name, "detail": f"forget node {name} requested by {who}"}
+    produce_acknowledged(service.settings, [(name, encode("ControlEvent", record))], PUBLISH_TIMEOUT_S,
+                         topic=service.settings.names.system_topic("events"), writer=service.spec_writer)
+    return {"name": name, "accepted": True, "status": "/v1/nodes"}
 
 
 def _delete_model(service: Any, name: str, owner: str | None = None) -> dict[str, Any]:

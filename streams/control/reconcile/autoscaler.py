@@ -246,6 +246,11 @@ def budget_of(inputs: ModelInputs, policy: AutoscalePolicy) -> float:
     return policy.drain_budget_s
 
 
+#: what a hold for a rollout says; its text (the rollout's step) is part of the published decision
+#: (``status._decision_identity``): otherwise the status kept the phase of the step the hold began in
+ROLLOUT_HOLD = "rollout in progress"
+
+
 def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDecision | None, now: float,
            policy: AutoscalePolicy = AutoscalePolicy()) -> ScaleDecision:
     """The replica count of ``inputs.name`` now (module docstring: the rules, in order)."""
@@ -269,7 +274,7 @@ def decide(inputs: ModelInputs, signals: ModelSignals | None, previous: ScaleDec
     if lo == hi:
         return replace(base, desired=lo, action="fixed", reason=f"min_replicas = max_replicas = {lo}{floor_note}")
     if inputs.rollout:
-        return hold(f"holding at {current}: rollout in progress ({inputs.rollout})")
+        return hold(f"holding at {current}: {ROLLOUT_HOLD} ({inputs.rollout})")
     if signals is None:
         return hold(f"holding at {current}: no backlog signal yet")
     if signals.lag is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from sie.streams.control.reconcile.autoscaler import AutoscalePolicy, policy_numbers
 from sie.streams.control.reconcile.director import DirectorPolicy
+from sie.streams.control.reconcile.rebalance import RebalancePolicy
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class ControlConfig:
     holds their replicas where they are instead of removing them (``liveness.MassOfflineGuard``); 1.0 holds
     only when every node goes silent.  Default 0.5: losing half the cluster at once is rarer than losing
     sight of it.
+    ``node_forget_after_s``: a node offline this long is forgotten (``sie node forget`` by the leader itself: its
+    registration and assignment tombstoned, gone from ``sie get nodes``, the status and ``SieNodeOffline``);
+    0 = never.  Default one day.
     """
 
     node_timeout_s: float = 6.0
@@ -46,6 +50,9 @@ class ControlConfig:
     backlog_window_s: float = 10.0
     #: the traffic director's rule over each model's replicas (``director.DirectorPolicy``; None: off)
     director: DirectorPolicy | None = DirectorPolicy()
+    node_forget_after_s: float = 86400.0
+    #: moving replicas back toward the spread (``rebalance.RebalancePolicy``; ``enabled: false`` packs every model)
+    rebalance: RebalancePolicy = RebalancePolicy()
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -54,6 +61,8 @@ class ControlConfig:
             raise ConfigError(f"control.mass_offline_fraction: must be > 0 and <= 1 (got {self.mass_offline_fraction})")
         if self.node_timeout_s <= 0:
             raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
+        if self.node_forget_after_s < 0:
+            raise ConfigError(f"control.node_forget_after_s: must be >= 0, 0 = never (got {self.node_forget_after_s})")
         for key in ("backlog_interval_s", "backlog_window_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"control.{key}: must be > 0 (got {getattr(self, key)})")
@@ -79,7 +88,7 @@ class ControlConfig:
             values["strategy"] = strategy
         control = doc.get("control") or {}
         for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction",
-                    "backlog_interval_s", "backlog_window_s"):
+                    "backlog_interval_s", "backlog_window_s", "node_forget_after_s"):
             if key in control:
                 try:
                     values[key] = float(control[key])
@@ -93,8 +102,45 @@ class ControlConfig:
             if not isinstance(control["preemption"], bool):
                 raise ConfigError(f"{path}: control.preemption: must be true or false (got {control['preemption']!r})")
             values["preemption"] = control["preemption"]
+        if "rebalance" in control:
+            values["rebalance"] = _rebalance_policy(control["rebalance"], f"{path}: control.rebalance")
         autoscale = control.get("autoscale") or {}
         if autoscale:
             values["autoscale"] = AutoscalePolicy(**policy_numbers(AutoscalePolicy, autoscale, f"{path}: control.autoscale"))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _rebalance_policy(doc: Any, where: str) -> RebalancePolicy:
+    """``control.rebalance``: ``false`` (no moves), or ``{enabled, min_interval_s, step_timeout_s, backoff_s,
+    pack_tiers}``."""
+    from sie.kernel.errors import ConfigError
+
+    if doc is False:
+        return RebalancePolicy(enabled=False)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: false, or a mapping of enabled, min_interval_s, step_timeout_s, backoff_s, "
+                          f"pack_tiers (got {doc!r})")
+    known = {"enabled", "min_interval_s", "step_timeout_s", "backoff_s", "pack_tiers"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    values: dict[str, Any] = {}
+    if "enabled" in doc:
+        if not isinstance(doc["enabled"], bool):
+            raise ConfigError(f"{where}.enabled: must be true or false (got {doc['enabled']!r})")
+        values["enabled"] = doc["enabled"]
+    for key in ("min_interval_s", "step_timeout_s", "backoff_s"):
+        if key in doc:
+            try:
+                values[key] = float(doc[key])
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.{key}: must be a number (got {doc[key]!r})") from None
+            if values[key] < 0:
+                raise ConfigError(f"{where}.{key}: must be >= 0 (got {doc[key]!r})")
+    if "pack_tiers" in doc:
+        tiers = doc["pack_tiers"]
+        if not isinstance(tiers, list) or not all(isinstance(t, str) for t in tiers):
+            raise ConfigError(f"{where}.pack_tiers: a list of tier names (got {tiers!r})")
+        values["pack_tiers"] = tuple(tiers)
+    return RebalancePolicy(**values)

@@ -6,12 +6,16 @@ restarted control plane reaches the same decision.  Order of one pass:
 
 1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down, which a
    re-applied spec (a new version included), a deleted model or ``sie replica reset`` ends early;
-2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events;
+2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events; an offline node an
+   operator asked to forget (``sie node forget``), or offline for ``node_forget_after_s``, is forgotten: its
+   registration and (empty) assignment tombstoned with a ``node_forgotten`` event (``_forget_nodes``);
 3. autoscaling: the replica count of each model (``autoscaler.decide``: backlog, throughput, p99, bounds,
    cool-down; leader only, state published with the model's status); without a backlog signal source
    every model gets ``sla.min_replicas`` as before; then the traffic director (leader only): a hot
    in-process replica may add a floor of one more replica, preferring the cooler node it names
    (``director`` module docstring: the count is ``max(autoscaler's, floor)``);
+   then, leader only, the move back toward the spread (``rebalance``: a count floor, an exclusion and preferred
+   nodes while one replica of one model moves with a planned handover);
 4. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
    assignment of every node, so healthy replicas keep their node and GPU (no restart after a
    control-plane restart or failover); with ``preemption`` a P0/P1 replica that finds no room evicts
@@ -59,6 +63,8 @@ rollouts (phase, both specs)   the rollouts topic read to its end after the elec
 statuses last published        model-status (``_seed_term``: nothing re-published without a change, an
                                unschedulable replica not announced again)
 rollout_capacity reports       not seeded: a model in a rollout gets its plan's event once more (events only)
+a rebalance move in flight     the published assignments: a replica at index count is its surge replica
+                               (``Rebalancer.adopt``), so the move goes on instead of its surge being dropped
 =============================  ===============================================================================
 """
 
@@ -74,7 +80,7 @@ from typing import Any
 from sie.kernel.names import Names
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.placement.demand import ReplicaDemand, demands_from_spec
-from sie.streams.control.placement.engine import PlacementPlan, place
+from sie.streams.control.placement.engine import PlacementPlan, node_eligible, place
 from sie.streams.control.placement.host_memory import HostOverheads
 from sie.streams.control.placement.inventory import ClusterInventory
 from sie.streams.control.placement.rollout_capacity import PLANNED_PHASES, CapacityInputs, CapacityPlan, plan_capacity
@@ -96,7 +102,14 @@ from sie.streams.control.reconcile.ports import (
     StateView,
     TakeoverView,
 )
-from sie.streams.control.reconcile.records import AssignedReplica, AssignmentInfo, ClusterState, StateSnapshot
+from sie.streams.control.reconcile.rebalance import RebalanceOutcome, Rebalancer
+from sie.streams.control.reconcile.records import (
+    NODE_FORGOTTEN_KIND,
+    AssignedReplica,
+    AssignmentInfo,
+    ClusterState,
+    StateSnapshot,
+)
 from sie.streams.control.reconcile.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
 
@@ -266,6 +279,14 @@ class Controller:
         #: replica id -> why it was evicted, while it has no node again
         self._evicted: dict[str, str] = {}
         self._node_online: dict[str, bool] = {}
+        #: the leader's move back toward the spread (``rebalance``), and what it adds to this pass's placement
+        self.rebalancer = Rebalancer(config.rebalance)
+        self._rebalance = RebalanceOutcome()
+        self._adopt_move = False
+        #: node -> when this process first saw it offline (a node without a heartbeat in the replayed window)
+        self._offline_since: dict[str, float] = {}
+        #: node -> when this process published its forgetting (not again until read back, or 10 s later)
+        self._forgetting: dict[str, float] = {}
         self._gpu_healthy: dict[tuple[str, int], bool] = {}
         self._led_last_pass = False
         #: the leader epoch of this instance's current term (None: not leading)
@@ -310,6 +331,7 @@ class Controller:
         if leader and not self._term_seeded:
             self._seed_term(now)
             self._term_seeded = True
+            self._adopt_move = True  # a move its predecessor published goes on (``Rebalancer.adopt``)
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -327,6 +349,9 @@ class Controller:
 
         step("failures", lambda: self._record_failures(snap, now, out))
         inventory = step("nodes", lambda: self._inventory(snap, now, out))
+        if inventory is not None:
+            nodes = inventory
+            step("forget", lambda: self._forget_nodes(snap, nodes, now, out))
         counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out))
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
             counts = {name: d.desired for name, d in self.decisions.items()}
@@ -340,6 +365,18 @@ class Controller:
             base = counts
             step("director", lambda: self._direct(snap, now, out, base))
         counts = self._with_director_floors(snap, counts)
+        self._rebalance = RebalanceOutcome()
+        if leader and inventory is not None:
+            floored, nodes = counts, inventory
+            if self._adopt_move:
+                self._adopt_move = False
+                self.rebalancer.adopt(now, snap.specs, floored, self._placed_by_model(snap))
+            self._rebalance = step("rebalance", lambda: self._rebalance_step(snap, now, out, floored, nodes)) \
+                or RebalanceOutcome()
+        else:
+            self.rebalancer.move = None  # a standby moves nothing; a new leader adopts a move in flight (_seed_term)
+        if self._rebalance.floors:
+            counts = {**counts, **{m: max(int(counts.get(m, 0)), f) for m, f in self._rebalance.floors.items()}}
         if inventory is not None:
             published = self._published_view(snap)
             plan = step("placement", lambda: self._place(snap, inventory, published, counts))
@@ -505,6 +542,47 @@ class Controller:
                 self._gpu_healthy[key] = g.healthy
         return inventory
 
+    def _forget_nodes(self, snap: StateSnapshot, inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
+        """Forget offline nodes an operator asked to forget (after the node was last alive), or offline for
+        ``node_forget_after_s``: tombstones of the registration and the assignment with a ``node_forgotten`` event,
+        in this pass's transaction.  A node whose published assignment still holds replicas waits for the pass that
+        moves them; a node held online by the mass-offline guard is online here."""
+        after = self.config.node_forget_after_s
+        published = self._published_view(snap)
+        for node in inventory.nodes:
+            name = node.name
+            if node.online:
+                self._offline_since.pop(name, None)
+                continue
+            hb = snap.heartbeats.get(name)
+            last_alive = hb.alive_at if hb is not None else None
+            offline_for = now - (last_alive if last_alive is not None else self._offline_since.setdefault(name, now))
+            asked = snap.forget_requests.get(name)
+            if asked is not None and asked > (last_alive or 0.0):
+                why = "an operator asked (sie node forget)"
+            elif after > 0 and offline_for >= after:
+                why = f"offline for {offline_for:.0f}s (control.node_forget_after_s: {after:g})"
+            else:
+                continue
+            if now - self._forgetting.get(name, float("-inf")) < 10.0:
+                continue  # published, not read back yet
+            assigned = published.get(name)
+            if assigned is not None and assigned.replicas:
+                continue  # its replicas are moved first (this pass's placement), then it is forgotten
+            out.append(OutRecord("nodes", name, "NodeRegistration", None))
+            if assigned is not None:
+                out.append(OutRecord("assignments", name, "Assignment", None))
+            out.append(self._event(now, NODE_FORGOTTEN_KIND, None, None, name,
+                                   f"node {name} forgotten: {why}; gone from inventory, status and alerts (an agent "
+                                   f"started on it again registers anew)"))
+            self._forgetting[name] = now
+        for name in list(self._forgetting):
+            if name not in snap.nodes and name not in snap.heartbeats:
+                del self._forgetting[name]  # read back: the state dropped it
+                self._published.pop(name, None)
+                self._node_online.pop(name, None)
+                self._offline_since.pop(name, None)
+
     def _guarded(self, inventory: ClusterInventory, snap: StateSnapshot, now: float, out: list[OutRecord]) -> ClusterInventory:
         """The mass-offline guard's verdict applied: held nodes count as online this pass."""
         from dataclasses import replace as dc_replace
@@ -626,6 +704,30 @@ class Controller:
                                        f"release_replica: the added replica could not be placed ({mine[0].reason}); "
                                        f"floor {extra.floor} lifted"))
 
+    def _placed_by_model(self, snap: StateSnapshot) -> dict[str, dict[str, str]]:
+        """model -> {replica id: node} of the last published assignments."""
+        out: dict[str, dict[str, str]] = {}
+        for node, info in self._published_view(snap).items():
+            for a in info.replicas:
+                out.setdefault(a.model, {})[a.replica_id] = node
+        return out
+
+    def _rebalance_step(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int],
+                        inventory: ClusterInventory) -> RebalanceOutcome:
+        """The move back toward the spread (``rebalance`` module): floors, exclusions and preferred nodes for this
+        pass's placement, and a ``rebalance`` event per step."""
+        busy = {name for name in snap.specs if self.rollouts.in_progress(name) is not None} | set(self.director_extra)
+        online = [n.name for n in inventory.nodes if n.online]
+        def eligible(model: str, node: str) -> bool:
+            state, demands = inventory.get(node), self._model_demands(model, snap.specs[model], counts.get(model))
+            return state is not None and bool(demands) and node_eligible(demands[0], state)
+
+        outcome = self.rebalancer.step(now, snap.specs, counts, self.statuses, online, busy, eligible)
+        for model, rid, detail in outcome.events:
+            log.info("rebalance %s: %s", model, detail)
+            out.append(self._event(now, "rebalance", model, rid, None, detail))
+        return outcome
+
     def _with_director_floors(self, snap: StateSnapshot, counts: Mapping[str, int]) -> dict[str, int]:
         """Each model's count with the director's floor under it (``director`` docstring: max of the two)."""
         out = dict(counts)
@@ -677,6 +779,8 @@ class Controller:
         out: dict[str, set[str]] = {}
         for rid, node in self.exclusions:
             out.setdefault(rid, set()).add(node)
+        for rid, nodes in self._rebalance.excluded.items():  # a replica being moved off a crowded node
+            out.setdefault(rid, set()).update(nodes)
         return {rid: frozenset(nodes) for rid, nodes in out.items()}
 
     def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
@@ -688,6 +792,8 @@ class Controller:
         demands = self._rollout_demands(snap, self._demands(snap, counts), inventory, current, counts or {})
         preferred = {d.replica_id: self.director_extra[d.model].node for d in demands
                      if d.model in self.director_extra and d.index == self.director_extra[d.model].floor - 1}
+        for rid, node in self._rebalance.preferred.items():
+            preferred.setdefault(rid, node)
         excluded = self._excluded()
         inputs = (demands, _placement_view(inventory), current, excluded, preferred)
         last = self._last_placement

@@ -38,6 +38,11 @@ Clock = Callable[[], float]
 
 #: ``ControlEvent.kind`` of an operator's request to end a replica's cool-down (``sie replica reset``)
 COOLDOWN_RESET_KIND = "cooldown_reset_requested"
+#: ``ControlEvent.kind`` of an operator's request to forget an offline node (``sie node forget``); the leader acts on it
+NODE_FORGET_KIND = "node_forget_requested"
+#: ``ControlEvent.kind`` the leader publishes with the node's tombstones: every reader drops the node then, and
+#: ignores its heartbeats sent before (a replay of the last 10 minutes does not bring it back)
+NODE_FORGOTTEN_KIND = "node_forgotten"
 
 #: reported states of a replica that is placed and on its way to serving, or serving
 ACTIVE_STATES: frozenset[ReplicaState] = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY})
@@ -308,6 +313,10 @@ class ClusterState:
     spec_applied_at: dict[str, float] = field(default_factory=dict)
     #: replica id -> the latest `sie replica reset` of it (ends cool-downs that began before it)
     cooldown_resets: dict[str, float] = field(default_factory=dict)
+    #: node -> the latest `sie node forget` of it (the leader forgets it if it is still offline)
+    forget_requests: dict[str, float] = field(default_factory=dict)
+    #: node -> when it was forgotten: heartbeats it sent before are history and do not bring it back
+    forgotten: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -394,6 +403,8 @@ class ClusterState:
         node = str(record["node"])
         sent_at = float(record.get("ts_ms") or 0) / 1000.0
         at = seen_at if seen_at is not None else (replayed_at if replayed_at is not None else sent_at)
+        if node in self.forgotten and at <= self.forgotten[node]:
+            return  # from before the node was forgotten (a replay); a live one after it brings the node back
         reports = tuple(
             ReplicaReport(
                 replica_id=str(r["replica_id"]),
@@ -499,6 +510,24 @@ class ClusterState:
             if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
                 rid = str(event.replica_id)
                 self.cooldown_resets[rid] = max(event.at, self.cooldown_resets.get(rid, 0.0))
+            elif event.kind == NODE_FORGET_KIND and event.node:
+                node = str(event.node)
+                self.forget_requests[node] = max(event.at, self.forget_requests.get(node, 0.0))
+            elif event.kind == NODE_FORGOTTEN_KIND and event.node:
+                self._forget(str(event.node), event.at)
+
+    def _forget(self, node: str, at: float) -> None:
+        """Drop what was known of ``node`` up to ``at`` (its registration and assignment are tombstoned in the same
+        transaction as the event; the heartbeats are not on a compacted topic, so they are filtered here)."""
+        self.forgotten[node] = max(at, self.forgotten.get(node, 0.0))
+        hb = self.heartbeats.get(node)
+        if hb is not None and (hb.alive_at or 0.0) <= at:
+            del self.heartbeats[node]
+        info = self.nodes.get(node)
+        if info is not None and info.started_at <= at:
+            del self.nodes[node]
+        self.forget_requests.pop(node, None)
+        self.replica_status = {rid: r for rid, r in self.replica_status.items() if r.node != node or r.at > at}
 
     def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
@@ -531,6 +560,7 @@ class ClusterState:
                 connector_errors=dict(self.connector_errors),
                 spec_applied_at=dict(self.spec_applied_at),
                 cooldown_resets=dict(self.cooldown_resets),
+                forget_requests=dict(self.forget_requests),
             )
 
 
@@ -584,6 +614,7 @@ class StateSnapshot:
     connector_errors: Mapping[str, str] = field(default_factory=dict)
     spec_applied_at: Mapping[str, float] = field(default_factory=dict)
     cooldown_resets: Mapping[str, float] = field(default_factory=dict)
+    forget_requests: Mapping[str, float] = field(default_factory=dict)
 
     def node_online(self, name: str, now: float, timeout_s: float) -> bool:
         """A heartbeat of the node was seen (live, or replayed at its broker time) within ``timeout_s``."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from sie.schemas.replica_state import ReplicaState, parse_state
 from sie.streams.control.placement.engine import Placement, PlacementPlan
+from sie.streams.control.reconcile.autoscaler import ROLLOUT_HOLD
 from sie.streams.control.reconcile.records import StateSnapshot
 
 #: how a READY replica's reason starts while its backend is in an outage (it runs, but scores nothing: its
@@ -162,7 +163,11 @@ _DECISION_FIELDS = ("desired", "action", "last_scale_at_ms", "blocked_until_ms",
 
 
 def _decision_identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(record.get(k) for k in _DECISION_FIELDS)
+    """The decision's fields, and a rollout hold's reason: it changes with the rollout's steps only (not every pass,
+    as the numbers in other reasons do), and a status not re-published for it said ``rollout to 1.1.0: Surging``
+    while the rollout was at Canary 50 % (issue 38)."""
+    reason = str(record.get("reason") or "")
+    return (*(record.get(k) for k in _DECISION_FIELDS), reason if ROLLOUT_HOLD in reason else None)
 
 
 def _replica_view(

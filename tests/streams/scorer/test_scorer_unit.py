@@ -241,7 +241,7 @@ def test_each_request_gets_one_result_and_offsets_are_last_plus_one(pipelined):
     unified = {**mid, "service_type": "scoring", "priority_level": "P1", "version": spec.version}
     assert scorer.metrics.value("sie_records_out_total", {**mid, "status": "ok"}) == 250
     assert scorer.metrics.value("sie_txn_commit_seconds_count", mid) == 3
-    assert scorer.metrics.value("inference_latency_seconds_count", unified) == 3
+    assert scorer.metrics.value("sie_inference_latency_seconds_count", unified) == 3
     # one per-request observation per result, each at least its queue time
     assert scorer.metrics.value("sie_request_latency_seconds_count", unified) == 250
 

@@ -46,7 +46,8 @@ ROUTES = [("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/v1/nodes"), ("GET"
           ("DELETE", "/v1/models/some-model"),
           ("GET", "/v1/connectors"), ("GET", "/v1/connectors/some-model"), ("POST", "/v1/connectors"),
           ("POST", "/v1/connectors/some-model/pause"), ("POST", "/v1/connectors/some-model/resume"),
-          ("DELETE", "/v1/connectors/some-model"), ("GET", ARTIFACT), ("PUT", ARTIFACT)]
+          ("DELETE", "/v1/connectors/some-model"), ("GET", ARTIFACT), ("PUT", ARTIFACT),
+          ("POST", "/v1/models/some-model/scale"), ("POST", "/v1/nodes/some-model/forget")]
 WRITES = [r for r in ROUTES if r[0] != "GET"]
 READS = [r for r in ROUTES if r[0] == "GET" and r[1] != ARTIFACT]  # an artifact lookup reads Kafka
 
