@@ -19,6 +19,7 @@ their owner nor in their group, so ``open()`` fails with EACCES.
 | failure | what happens |
 |---|---|
 | the agent lacks CAP_SETUID/CAP_SETGID/CAP_CHOWN | ``sie agent`` stops at start naming the capabilities (``check_can_switch``) |
+| the artifact cache folder belongs to another uid or is writable by others | ``sie agent`` stops at start (``own_folder``): a worker could have planted files under final names |
 | the worker's password file cannot be read by the agent | the launch fails (a crash with the reason, retried with backoff) |
 | no worker user configured (laptops, non-root agents) | workers run as the agent's uid, as before: no file separation (docs/security.md) |
 """
@@ -88,6 +89,18 @@ class WorkerUser:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+
+def own_folder(folder: Path) -> None:
+    """Make ``folder`` the agent's own before any worker runs, or refuse: the artifact cache trusts a file under its
+    final name as verified, so a cache folder a worker made first (in a pod's world-writable ``emptyDir``) could
+    hold its files under another model's names."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o755)
+    info = folder.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise ConfigError(f"{folder} belongs to uid {info.st_uid} or is writable by others (mode "
+                          f"{info.st_mode & 0o777:o}): with SIE_WORKER_UID the agent keeps its artifact cache to "
+                          "itself; remove the folder and start the agent again")
 
 
 def effective_caps(status: str | None = None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -28,7 +29,7 @@ from sie.kernel.settings import Settings
 from sie.workers.agent.launch import WorkerCommandBuilder
 from sie.workers.process import SubprocessLauncher
 from sie.workers.replica import DesiredReplica
-from sie.workers.worker_user import WorkerUser, check_can_switch
+from sie.workers.worker_user import WorkerUser, check_can_switch, own_folder
 
 WORKER = WorkerUser(uid=23456, gid=23457)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root (CI runs as root)")
@@ -105,6 +106,13 @@ def test_a_worker_runs_as_its_uid_and_reads_only_its_own_credential(node_dir: Pa
     assert "own-credential=workers-password" in log, log
     assert 'spec={"probe":1}' in log and "log-append=OK" in log and "folder-write=OK" in log, log
 
+    # the parent-death signal survives the uid switch (prctl(2) clears it on a uid change: set after it)
+    pdeathsig = ("import ctypes, ctypes.util; libc = ctypes.CDLL(ctypes.util.find_library('c')); "
+                 "v = ctypes.c_int(); libc.prctl(2, ctypes.byref(v)); print('pdeathsig', v.value)")
+    handle = SubprocessLauncher(user=WORKER).start(replace(launch, argv=("/usr/bin/python3", "-I", "-c", pdeathsig)))
+    _wait_exit(handle)
+    assert f"pdeathsig {int(signal.SIGKILL)}" in (work / "m-0" / "worker.log").read_text(encoding="utf-8")
+
     # a rotated workers' secret reaches the next launch
     os.chmod(workers_pw, 0o600)
     workers_pw.write_text("rotated", encoding="utf-8")
@@ -149,3 +157,14 @@ def test_the_worker_user_comes_from_the_settings_and_never_reaches_the_workers(t
     assert not {"SIE_WORKER_UID", "SIE_WORKER_GID"} & set(settings.worker_environment({}))
     with pytest.raises(ValueError):
         Settings(cache_dir=tmp_path, worker_uid=0)  # a worker as root would be no separation at all
+
+
+@needs_root
+def test_the_artifact_cache_must_be_the_agents_before_a_worker_runs(node_dir: Path):
+    """A worker could make the cache folder first in a world-writable emptyDir and plant files under final names."""
+    own_folder(node_dir / "cache" / "artifacts")  # made by the agent: fine
+    planted = node_dir / "planted" / "artifacts"
+    planted.mkdir(parents=True)
+    os.chown(planted, WORKER.uid, WORKER.gid)
+    with pytest.raises(ConfigError, match="belongs to uid 23456 .*remove the folder"):
+        own_folder(planted)

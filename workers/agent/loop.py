@@ -52,7 +52,7 @@ from sie.workers.agent.shared import SharedLauncher, SharedProcesses, live_proce
 from sie.workers.metrics import AgentMetrics
 from sie.workers.process import ProcessLauncher, SubprocessLauncher
 from sie.workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
-from sie.workers.worker_user import WorkerUser, check_can_switch
+from sie.workers.worker_user import WorkerUser, check_can_switch, own_folder
 
 log = logging.getLogger("sie.agent")
 
@@ -123,6 +123,7 @@ class Agent:
         self.worker_user = WorkerUser.from_settings(settings)
         if self.worker_user is not None and launcher is None:
             check_can_switch(self.worker_user)
+            own_folder(settings.artifact_cache_dir)
         self.commands = WorkerCommandBuilder(
             config.node_work_dir(settings),
             progress_interval_s=config.worker_progress_interval_s,
