@@ -168,3 +168,25 @@ def test_the_artifact_cache_must_be_the_agents_before_a_worker_runs(node_dir: Pa
     os.chown(planted, WORKER.uid, WORKER.gid)
     with pytest.raises(ConfigError, match="belongs to uid 23456 .*remove the folder"):
         own_folder(planted)
+
+
+@needs_root
+def test_an_agent_with_a_worker_uid_starts_every_kind_of_worker_as_that_user(node_dir: Path):
+    """The agent's wiring: cold launches, the warm pool and the credential copy all use SIE_WORKER_UID; the artifact
+    cache folder is made the agent's at start."""
+    from sie.workers.agent import Agent, AgentConfig
+
+    workers_pw = _secret(node_dir / "secrets" / "workers-password", "workers-password")
+    settings = Settings(cache_dir=node_dir / "cache", worker_uid=WORKER.uid, worker_gid=WORKER.gid,
+                        sasl_username="agent", sasl_password="agent-password", worker_sasl_username="scorer",
+                        worker_sasl_password_file=workers_pw)
+    agent = Agent(AgentConfig(node="n1", simulate_gpus="1xA100-80GB", warm_pool=1), settings)
+    assert agent.worker_user == WORKER
+    assert agent.pool is not None and agent.pool._launcher.user == WORKER  # type: ignore[attr-defined]
+    cold = agent.supervisor._launcher.cold  # type: ignore[attr-defined]
+    assert cold.user == WORKER
+    credential = agent.commands.credential_file
+    assert (credential.stat().st_uid, stat.S_IMODE(credential.stat().st_mode)) == (WORKER.uid, 0o400)
+    assert agent.pool.env["SIE_SASL_PASSWORD_FILE"] == str(credential)
+    assert "agent-password" not in agent.pool.env.values()
+    assert settings.artifact_cache_dir.stat().st_uid == os.geteuid()
