@@ -80,6 +80,11 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     from sie.workers.supervisor import SupervisorPolicy
 
     settings = settings.with_overrides(worker_uid=worker_uid, worker_gid=worker_gid)
+    from sie.workers.worker_user import WorkerUser, check_can_switch
+
+    user = WorkerUser.from_settings(settings)
+    if user is not None:
+        check_can_switch(user)  # ConfigError now (one line naming the capabilities), not after Kafka answers
     if simulate_gpus:
         parse_simulated_gpus(simulate_gpus, node=node)  # ConfigError now, not in the loop
     from sie.workers.agent.launch import MetricsPorts

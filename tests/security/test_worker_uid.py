@@ -16,6 +16,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -190,3 +192,18 @@ def test_an_agent_with_a_worker_uid_starts_every_kind_of_worker_as_that_user(nod
     assert agent.pool.env["SIE_SASL_PASSWORD_FILE"] == str(credential)
     assert "agent-password" not in agent.pool.env.values()
     assert settings.artifact_cache_dir.stat().st_uid == os.geteuid()
+
+
+@needs_root
+def test_sie_agent_with_a_worker_uid_but_without_the_capabilities_stops_with_one_line(tmp_path: Path):
+    """``sie agent --worker-uid`` as root whose bounding set lacks SETUID/SETGID/CHOWN (a pod without the chart's
+    capabilities): one line naming them, before anything talks to Kafka."""
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None, "setpriv (util-linux) is part of the test image"
+    result = subprocess.run(
+        [setpriv, "--bounding-set=-setuid,-setgid,-chown", sys.executable, "-m", "sie", "agent", "--node", "n1",
+         "--worker-uid", "23456", "--simulate-gpus", "1xA100-80GB"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "SIE_CACHE_DIR": str(tmp_path), "SIE_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert result.returncode == 1, result.stderr
+    assert "lacks CAP_CHOWN, CAP_SETGID, CAP_SETUID" in result.stderr and "Traceback" not in result.stderr
