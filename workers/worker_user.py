@@ -62,6 +62,7 @@ class WorkerUser:
         """A folder the worker reads and writes (its replica's): the agent keeps owning it, the worker's group
         gets rwx, nobody else anything."""
         folder.mkdir(parents=True, exist_ok=True)
+        adopt(folder, self.uid)
         os.chown(folder, -1, self.gid)
         os.chmod(folder, 0o770)
 
@@ -89,6 +90,17 @@ class WorkerUser:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+
+def adopt(folder: Path, worker_uid: int) -> None:
+    """Make ``folder`` and what it holds the agent's where an agent run as another user made them (a hostPath work
+    directory kept across the upgrade from a non-root agent): root without CAP_DAC_OVERRIDE could not write
+    them.  The worker's own files stay the worker's; links are never followed."""
+    me = os.geteuid()
+    for path in (folder, *folder.iterdir()):
+        info = path.lstat()
+        if info.st_uid not in (me, worker_uid) and not path.is_symlink():
+            os.chown(path, me, -1, follow_symlinks=False)
 
 
 def own_folder(folder: Path) -> None:

@@ -207,3 +207,28 @@ def test_sie_agent_with_a_worker_uid_but_without_the_capabilities_stops_with_one
         env={**os.environ, "SIE_CACHE_DIR": str(tmp_path), "SIE_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     assert result.returncode == 1, result.stderr
     assert "lacks CAP_CHOWN, CAP_SETGID, CAP_SETUID" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_root
+def test_a_work_directory_kept_from_a_non_root_agent_becomes_the_agents(node_dir: Path):
+    """A hostPath work directory kept across the upgrade from an agent run as 10001: the agent (root without
+    CAP_DAC_OVERRIDE on Kubernetes) takes its folders and files back; the worker's own files stay the worker's."""
+    legacy = 10001
+    work = node_dir / "agent" / "node-1"
+    replica = work / "m-0"
+    replica.mkdir(parents=True)
+    (replica / "worker.log").write_text("old output\n", encoding="utf-8")
+    (replica / "spec-1.json").write_text("{}", encoding="utf-8")
+    (replica / "scratch").write_text("the worker's", encoding="utf-8")
+    for path in (work, replica, replica / "worker.log", replica / "spec-1.json"):
+        os.chown(path, legacy, legacy)
+    os.chown(replica / "scratch", WORKER.uid, WORKER.gid)
+    workers_pw = _secret(node_dir / "secrets" / "workers-password", "workers-password")
+    settings = Settings(cache_dir=node_dir / "cache", worker_sasl_username="scorer",
+                        worker_sasl_password_file=workers_pw)
+    builder = WorkerCommandBuilder(work, base_env={}, settings=settings, worker_user=WORKER)
+    builder(DesiredReplica("m-0", "m", "1", json.dumps({})))
+    owners = {p.name: p.stat().st_uid for p in (work, replica, *replica.iterdir())}
+    assert {n: owners[n] for n in ("node-1", "m-0", "worker.log", "spec-1.json", "scratch")} == \
+        {"node-1": 0, "m-0": 0, "worker.log": 0, "spec-1.json": 0, "scratch": WORKER.uid}
+    assert (replica / "worker.log").read_text(encoding="utf-8") == "old output\n"

@@ -31,7 +31,7 @@ from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.prepare import prepare_spec
 from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
-from sie.workers.worker_user import CREDENTIAL_FILE, WorkerUser
+from sie.workers.worker_user import CREDENTIAL_FILE, WorkerUser, adopt
 
 #: the entry points of the two kinds of replica process
 WORKER_MODULE = "sie.workers.worker_main"
@@ -145,6 +145,7 @@ class WorkerCommandBuilder:
         text = self._credential_source.read_text(encoding="utf-8")
         if text != self._credential_text or not self.credential_file.exists():
             self.work_dir.mkdir(parents=True, exist_ok=True)
+            adopt(self.work_dir, self.worker_user.uid)
             self.worker_user.write_secret(self.credential_file, text)
             self._credential_text = text
 
