@@ -232,3 +232,10 @@ def test_a_work_directory_kept_from_a_non_root_agent_becomes_the_agents(node_dir
     assert {n: owners[n] for n in ("node-1", "m-0", "worker.log", "spec-1.json", "scratch")} == \
         {"node-1": 0, "m-0": 0, "worker.log": 0, "spec-1.json": 0, "scratch": WORKER.uid}
     assert (replica / "worker.log").read_text(encoding="utf-8") == "old output\n"
+
+
+def test_a_workers_password_file_the_agent_cannot_read_is_one_line_at_start(tmp_path: Path):
+    settings = Settings(cache_dir=tmp_path, worker_sasl_username="scorer",
+                        worker_sasl_password_file=tmp_path / "missing")
+    with pytest.raises(ConfigError, match="workers' password file .*missing: cannot copy it for SIE_WORKER_UID"):
+        WorkerCommandBuilder(tmp_path / "work", base_env={}, settings=settings, worker_user=WORKER)

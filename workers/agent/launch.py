@@ -118,7 +118,12 @@ class WorkerCommandBuilder:
         if worker_user is not None and "SIE_SASL_PASSWORD_FILE" in self.base_env:
             self._credential_source = Path(self.base_env["SIE_SASL_PASSWORD_FILE"])
             self.base_env["SIE_SASL_PASSWORD_FILE"] = str(self.credential_file)
-            self.refresh_credential()
+            try:
+                self.refresh_credential()
+            except OSError as exc:  # at the agent's start: one line naming the file, not a traceback
+                raise ConfigError(f"the workers' password file {self._credential_source}: cannot copy it for "
+                                  f"SIE_WORKER_UID ({exc.strerror or exc}); check the path and that the agent "
+                                  "may read it") from None
         #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
         self.spec_policy = spec_policy
         #: ``sie.workers.agent.artifacts.ArtifactFetcher``: makes artifacts named by content local
