@@ -52,6 +52,41 @@ def _uid_of(pid: int) -> int:
     raise AssertionError(f"no Uid line for pid {pid}")
 
 
+def _start_agent(node_dir: Path, work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    """``sie agent --worker-uid`` in a private mount namespace where the Python installation is reachable."""
+    mounts = node_dir / "pyenv"
+    mounts.mkdir()
+    agent_cmd = [sys.executable, "-m", "sie", "agent", "--node", "n1", "--simulate-gpus", "1xA100-80GB",
+                 "--work-dir", str(work), "--worker-uid", str(WORKER_UID), "--heartbeat-s", "0.5"]
+    script = (f"mount --bind {PYENV} {mounts} && mount -t tmpfs -o mode=0755 tmpfs /root && "
+              f"mkdir -p {PYENV} && mount --bind {mounts} {PYENV} && exec \"$@\"")
+    log = node_dir / "agent.log"
+    with open(log, "wb") as out:
+        agent = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                                  *agent_cmd], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                    "HOME": str(node_dir), **env},
+                                 cwd=str(node_dir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return agent, log
+
+
+def _stop(agent: subprocess.Popen[bytes]) -> None:
+    if agent.poll() is None:
+        os.killpg(agent.pid, signal.SIGTERM)
+        try:
+            agent.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(10)
+
+
+def _worker_pid(heartbeats: TopicTail) -> int | None:
+    for beat in reversed(heartbeats.find(node="n1")):
+        for rep in beat["replicas"]:
+            if rep["replica_id"] == "fraud-rules-0" and rep["state"] == "READY" and rep["pid"]:
+                return int(rep["pid"])
+    return None
+
+
 def test_sie_agent_runs_a_real_worker_as_its_uid_scoring_with_its_own_credential_copy(
         kafka_settings: Settings, node_dir: Path) -> None:
     assert shutil.which("unshare") and PYENV.is_dir(), "util-linux unshare and the Python installation"
@@ -71,38 +106,20 @@ def test_sie_agent_runs_a_real_worker_as_its_uid_scoring_with_its_own_credential
     for name, text in (("agent", "agent-password"), ("workers", "workers-password")):
         (secrets / name).write_text(text)
         os.chmod(secrets / name, 0o400)
-    mounts = node_dir / "pyenv"
-    mounts.mkdir()
     work = node_dir / "work"
-    agent_cmd = [sys.executable, "-m", "sie", "agent", "--node", "n1", "--simulate-gpus", "1xA100-80GB",
-                 "--work-dir", str(work), "--worker-uid", str(WORKER_UID), "--heartbeat-s", "0.5"]
-    script = (f"mount --bind {PYENV} {mounts} && mount -t tmpfs -o mode=0755 tmpfs /root && "
-              f"mkdir -p {PYENV} && mount --bind {mounts} {PYENV} && exec \"$@\"")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(node_dir),
-           "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": prefix,
+    env = {"SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": prefix,
            "SIE_CACHE_DIR": str(node_dir / "cache"), "SIE_SASL_USERNAME": "agent",
            "SIE_SASL_PASSWORD_FILE": str(secrets / "agent"), "SIE_WORKER_SASL_USERNAME": "scorer",
            "SIE_WORKER_SASL_PASSWORD_FILE": str(secrets / "workers")}
     status = TopicTail(settings, f"{prefix}.replica-status")
     heartbeats = TopicTail(settings, f"{prefix}.heartbeats")
-    log = node_dir / "agent.log"
-    with open(log, "wb") as out:
-        agent = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                                  *agent_cmd], env=env, cwd=str(node_dir), stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+    agent, log = _start_agent(node_dir, work, env)
     try:
         publish_assignment(settings, "n1", 1, [replica_assignment(doc)])
         wait_until(lambda: status.find(replica_id="fraud-rules-0", state="READY"), timeout=120,
                    message=lambda: f"READY; statuses {status.values()}; agent log {log.read_text()[-2000:]}")
 
-        def worker_pid() -> int | None:
-            for beat in reversed(heartbeats.find(node="n1")):
-                for rep in beat["replicas"]:
-                    if rep["replica_id"] == "fraud-rules-0" and rep["state"] == "READY" and rep["pid"]:
-                        return int(rep["pid"])
-            return None
-
-        pid = wait_until(worker_pid, timeout=20, message="a heartbeat with the READY worker's pid")
+        pid = wait_until(lambda: _worker_pid(heartbeats), timeout=20, message="a heartbeat with the READY worker's pid")
         assert _uid_of(pid) == WORKER_UID
         credential = work / "n1" / "worker-kafka-password"
         info = credential.stat()
@@ -118,12 +135,7 @@ def test_sie_agent_runs_a_real_worker_as_its_uid_scoring_with_its_own_credential
         assert sorted(r.json()["id"] for r in results) == sorted(f"r-{i}" for i in range(10))
         assert (work / "n1" / "fraud-rules-0" / "worker.log").stat().st_size > 0
     finally:
-        if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGTERM)
-            try:
-                agent.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(agent.pid, signal.SIGKILL)
-                agent.wait(10)
+        _stop(agent)
         status.close()
         heartbeats.close()
+
