@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from sie.kernel.errors import SieError
 from sie.workers.replica import ExitInfo
+from sie.workers.worker_user import WorkerUser
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class LaunchDeferred(SieError):
 
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,18 @@ def _load_prctl() -> Any:
 _PRCTL = _load_prctl()
 
 
-def pdeathsig_preexec(parent_pid: int) -> Any:
-    """A preexec_fn that makes the child die with SIGKILL when its parent (thread) dies.
+def pdeathsig_preexec(parent_pid: int, no_new_privs: bool = False) -> Any:
+    """A preexec_fn that makes the child die with SIGKILL when its parent (thread) dies (and, ``no_new_privs``,
+    can never gain privileges through a set-user-ID or file-capability program: a worker).
 
+    Popen runs it after switching to ``user``/``group`` (a uid change clears the parent-death signal, prctl(2)).
     The getppid check closes the race where the parent died between fork() and prctl().
     """
 
     def _preexec() -> None:
         if _PRCTL is not None:
+            if no_new_privs:
+                _PRCTL(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
             _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent_pid:
             os._exit(1)
@@ -264,11 +270,13 @@ class SubprocessHandle:
 
 
 class SubprocessLauncher:
-    """Starts real processes with PDEATHSIG, a status pipe and a log file (``keep_stdin``: a pipe to the
-    child's stdin stays open, for the warm pool's workers that wait for an assignment there)."""
+    """Starts real processes with PDEATHSIG, no_new_privs, a status pipe and a log file (``keep_stdin``: a pipe to
+    the child's stdin stays open, for the warm pool's workers that wait for an assignment there).  ``user``: the
+    child runs as that uid/gid, its folder and log prepared for it (``sie.workers.worker_user``)."""
 
-    def __init__(self, keep_stdin: bool = False) -> None:
+    def __init__(self, keep_stdin: bool = False, user: WorkerUser | None = None) -> None:
         self.keep_stdin = keep_stdin
+        self.user = user
 
     def start(self, spec: LaunchSpec) -> SubprocessHandle:
         argv = list(spec.argv)
@@ -279,7 +287,12 @@ class SubprocessLauncher:
         log_file = None
         if spec.log_path is not None:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self.user is not None:
+                self.user.prepare_folder(spec.log_path.parent)
+                self.user.prepare_log(spec.log_path)
             log_file = open(spec.log_path, "ab")
+        if self.user is not None and spec.cwd is not None:
+            self.user.prepare_folder(Path(spec.cwd))
         try:
             popen = subprocess.Popen(
                 argv,
@@ -289,8 +302,9 @@ class SubprocessLauncher:
                 stdout=log_file if log_file is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,) if write_fd is not None else (),
-                preexec_fn=pdeathsig_preexec(os.getpid()),
+                preexec_fn=pdeathsig_preexec(os.getpid(), no_new_privs=True),
                 start_new_session=True,  # a Ctrl-C on the agent's terminal reaches the agent only; it drains workers
+                **(self.user.popen_kwargs() if self.user is not None else {}),
             )
         except OSError:
             if read_fd is not None:

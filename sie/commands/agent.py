@@ -59,12 +59,17 @@ def _parse_labels(text: str | None) -> dict[str, str]:
               help="SIGTERM -> SIGKILL escalation when a worker is drained.")
 @click.option("--warm-pool", type=click.IntRange(min=0), default=0, show_default=True,
               help="Workers kept started with the runtime imported; a replica start takes one (docs/elasticity.md).")
+@click.option("--worker-uid", type=click.IntRange(min=1),
+              help="Run the workers as this unprivileged uid (SIE_WORKER_UID): model code cannot read the agent's "
+                   "files, its Kafka password among them (needs CAP_SETUID, CAP_SETGID, CAP_CHOWN; docs/security.md).")
+@click.option("--worker-gid", type=click.IntRange(min=1), help="The workers' gid with --worker-uid [default: the uid].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_obj
 def command(settings: Settings, node: str, labels: str | None, tier: str | None, simulate_gpus: str | None,
             metrics_port: int | None, wait_for_kafka: bool, health_port: int | None, worker_metrics_ports: str, heartbeat_s: float, work_dir: Path | None, max_crashes: int,
             crash_window_s: float, backoff_max_s: float, startup_timeout_s: float, liveness_timeout_s: float,
-            drain_grace_s: float, warm_pool: int, log_level: str) -> None:
+            drain_grace_s: float, warm_pool: int, worker_uid: int | None, worker_gid: int | None,
+            log_level: str) -> None:
     """Run the node agent for NODE until SIGTERM/SIGINT (which drains its workers).
 
     Killing the agent with SIGKILL kills its workers too (PR_SET_PDEATHSIG): that
@@ -74,6 +79,12 @@ def command(settings: Settings, node: str, labels: str | None, tier: str | None,
     from sie.workers.gpu import parse_simulated_gpus
     from sie.workers.supervisor import SupervisorPolicy
 
+    settings = settings.with_overrides(worker_uid=worker_uid, worker_gid=worker_gid)
+    from sie.workers.worker_user import WorkerUser, check_can_switch
+
+    user = WorkerUser.from_settings(settings)
+    if user is not None:
+        check_can_switch(user)  # ConfigError now (one line naming the capabilities), not after Kafka answers
     if simulate_gpus:
         parse_simulated_gpus(simulate_gpus, node=node)  # ConfigError now, not in the loop
     from sie.workers.agent.launch import MetricsPorts

@@ -54,7 +54,7 @@ _CREDENTIAL = ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")
 #: principal, which ``worker_settings`` has already applied
 NOT_FOR_WORKERS = ("api_token", "api_tokens", "api_token_file", "api_tokens_file", "api_tls_cert", "api_tls_key",
                    "api_ca", "api_public_paths", "api_token_over_http", "worker_sasl_username", "worker_sasl_password",
-                   "worker_sasl_password_file")
+                   "worker_sasl_password_file", "worker_uid", "worker_gid")
 
 
 def looks_like_credential(name: str) -> bool:
@@ -136,6 +136,15 @@ class Settings(BaseSettings):
     worker_sasl_username: str | None = Field(None, description="sasl.username of the workers an agent starts.")
     worker_sasl_password: SecretStr | None = Field(None, description="sasl.password of the agent's workers.")
     worker_sasl_password_file: Path | None = Field(None, description="File with the workers' sasl.password.")
+    # The uid an agent runs its workers under (sie.workers.worker_user): model code then cannot read the agent's
+    # own files (its Kafka password above all), only the copy of its own credential the agent hands it.
+    worker_uid: int | None = Field(
+        None, ge=1, description="Run an agent's workers as this unprivileged uid (SIE_WORKER_UID; the agent needs "
+                                "CAP_SETUID, CAP_SETGID and CAP_CHOWN: on Kubernetes the chart's agent.workerUid). "
+                                "Unset (default): workers run as the agent's own user.")
+    worker_gid: int | None = Field(
+        None, ge=1, description="The workers' gid with SIE_WORKER_UID (default: the same number); they get no "
+                                "supplementary group.")
 
     worker_env: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -10,6 +10,7 @@ logs, errors, ``--help`` or ``sie kafka status``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -31,6 +32,7 @@ from sie.schemas.spec import load_spec
 from sie.schemas.spec_policy import SpecPolicy
 from tests.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
 from tests.scorer_fixtures import ScorerThread
+from tests.security.test_worker_uid_e2e import node_dir  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.secure_kafka]
 
@@ -500,3 +502,69 @@ def test_each_cli_command_works_as_its_role_and_is_refused_as_another_naming_the
                     result.output
     if role == "producer":  # what it sent arrived
         assert len(consume_all(admin, spec.topics.requests, expected=3, timeout=30)) == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root (CI runs as root)")
+def test_on_a_secured_broker_the_worker_authenticates_with_its_copy_and_cannot_read_the_agents_password(
+        secure_kafka: Any, node_dir: Path) -> None:  # noqa: F811
+    """SASL_SSL with one SCRAM user per role: the agent as the agent principal (its password file 0400, root's),
+    its worker as the scorer principal from the copy only the worker uid reads; the model scores requests."""
+    import shutil
+    import subprocess
+
+    from tests.helpers import REPO_ROOT, TopicTail, produce_json
+    from tests.security.test_worker_uid_e2e import WORKER_UID, _start_agent, _stop, _uid_of, _worker_pid
+    from tests.workers.test_agent_kafka import publish_assignment, replica_assignment
+
+    prefix = f"sec{uuid.uuid4().hex[:8]}"
+    admin = secure_kafka.settings_for_clients().with_overrides(topic_prefix=prefix)
+    ensure_topics(admin, system_topics(prefix))
+    spec = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml", topic_prefix=prefix)
+    t = spec.topics
+    ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill,
+                                Names.backfill_dead_letter_topic(t.backfill)], 2)
+    secrets = node_dir / "secrets"
+    secrets.mkdir(mode=0o755)
+    names: dict[str, str] = {}
+    for role, scope in (("agent", {"nodes": ["n1"]}), ("scorer", {"models": [ModelScope.of_spec(spec)]})):
+        name = f"{role}-{uuid.uuid4().hex[:8]}"
+        shutil.copy(secure_kafka.create_user(name), secrets / role)
+        os.chmod(secrets / role, 0o400)
+        apply(admin_client(admin), plan(admin.names, role, name, **scope))
+        names[role] = name
+    ca = node_dir / "ca.crt"  # the broker's CA is public; its data directory is not the workers'
+    shutil.copy(admin.ssl_ca_location, ca)
+    os.chmod(ca, 0o444)
+    agent_settings = secure_kafka.settings_for_clients(names["agent"])
+    env = {"SIE_BOOTSTRAP_SERVERS": agent_settings.bootstrap_servers, "SIE_TOPIC_PREFIX": prefix,
+           "SIE_SECURITY_PROTOCOL": str(agent_settings.security_protocol),
+           "SIE_SASL_MECHANISM": str(agent_settings.sasl_mechanism), "SIE_SSL_CA_LOCATION": str(ca),
+           "SIE_CACHE_DIR": str(node_dir / "cache"), "SIE_SASL_USERNAME": names["agent"],
+           "SIE_SASL_PASSWORD_FILE": str(secrets / "agent"), "SIE_WORKER_SASL_USERNAME": names["scorer"],
+           "SIE_WORKER_SASL_PASSWORD_FILE": str(secrets / "scorer"),
+           **{k: v for k, v in agent_settings.to_env().items() if k == "SIE_KAFKA_EXTRA"}}
+    doc = spec.to_document()
+    status = TopicTail(admin, f"{prefix}.replica-status")
+    heartbeats = TopicTail(admin, f"{prefix}.heartbeats")
+    work = node_dir / "work"
+    agent, log = _start_agent(node_dir, work, env)
+    try:
+        publish_assignment(admin, "n1", 1, [replica_assignment(doc)])
+        wait_until(lambda: status.find(replica_id="fraud-rules-0", state="READY"), timeout=120,
+                   message=lambda: f"READY; statuses {status.values()}; agent log {log.read_text()[-2000:]}")
+        pid = wait_until(lambda: _worker_pid(heartbeats), timeout=20, message="a heartbeat with the READY worker's pid")
+        assert _uid_of(pid) == WORKER_UID
+        produce_json(admin, t.requests, [{"id": f"s-{i}", "inputs": {**doc["example_input"], "amount": 10.0 + i}}
+                                         for i in range(10)])
+        results = consume_all(admin, t.results, expected=10, timeout=60)
+        assert sorted(r.json()["id"] for r in results) == sorted(f"s-{i}" for i in range(10))
+        # what the worker's uid may open: its copy, not the agent's password (the same check model code would make)
+        probe = subprocess.run(["setpriv", f"--reuid={WORKER_UID}", f"--regid={WORKER_UID}", "--clear-groups",
+                                "cat", str(secrets / "agent")], capture_output=True, text=True, timeout=30)
+        assert probe.returncode != 0 and "Permission denied" in probe.stderr
+        worker_log = (work / "n1" / "fraud-rules-0" / "worker.log").read_text()
+        assert (secrets / "agent").read_text().strip() not in worker_log
+    finally:
+        _stop(agent)
+        status.close()
+        heartbeats.close()

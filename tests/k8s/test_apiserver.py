@@ -82,6 +82,11 @@ def test_every_pod_is_locked_down_and_only_the_operator_gets_a_token(kube: KubeA
             sc = c["securityContext"]
             assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["capabilities"]["drop"]) == \
                 (True, False, ["ALL"]), where
+            # the one exception: the agent is root with only what starting its workers as agent.workerUid needs
+            # (tests/k8s/test_chart_principals.py); every other container runs as the pod's non-root user
+            is_agent = where == "DaemonSet/sie-agent" and c["name"] == "agent"
+            assert sc["capabilities"].get("add", []) == (["CHOWN", "SETGID", "SETUID"] if is_agent else []), where
+            assert sc.get("runAsUser", pod["securityContext"]["runAsUser"]) == (0 if is_agent else 10001), where
     rules = [r for d in docs if d["kind"] == "Role" for r in d["rules"]]
     resources = {res for r in rules for res in r["resources"]}
     assert resources == {"modelservices", "modelservices/status", "modelservices/finalizers", "events", "leases"}

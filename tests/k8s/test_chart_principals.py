@@ -105,3 +105,50 @@ def test_the_kafkauser_examples_per_role_are_the_plan():
         scope = role_scope(role, "green", "churn")
         assert docs[f"sie-{role}"]["spec"]["authorization"]["acls"] == \
             strimzi_acls(plan(Names("green"), role, "x", **scope)), role
+
+
+def _agent_container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["containers"] if c["name"] == "agent")
+
+
+def _secret_modes(pod: dict[str, Any]) -> dict[str, int]:
+    """The modes of the Kafka credentials (the CA bundle is public: 0444)."""
+    return {v["name"]: v["secret"]["defaultMode"] for v in pod.get("volumes", []) if v["name"].startswith("kafka-")
+            and v["name"] != "kafka-ca"}
+
+
+def test_workers_run_as_their_own_uid_and_the_agent_gets_only_the_capabilities_to_start_them(kube: KubeApiServer):
+    """Issue 37, "no worker can read a credential other than its own": the agent runs its workers as
+    agent.workerUid (no group of the pod), its own secrets are 0400 files of its own uid, and only the agent
+    container holds CAP_SETUID/SETGID/CHOWN (Kubernetes grants added capabilities to uid 0 only)."""
+    pods = _pods(_render(kube, "kafka.strimzi.users=true"))
+    agent = pods["sie-agent"]
+    container = _agent_container(agent)
+    context = container["securityContext"]
+    assert (context["runAsUser"], context["runAsNonRoot"], context["allowPrivilegeEscalation"],
+            context["readOnlyRootFilesystem"], context["privileged"]) == (0, False, False, True, False)
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "SETGID", "SETUID"]}
+    assert "fsGroup" not in agent["securityContext"], "a pod group would make the agent's secrets group-readable"
+    env = _env(agent)
+    assert (env["SIE_WORKER_UID"], env["SIE_WORKER_GID"]) == ("10002", "10002")
+    assert int(env["SIE_WORKER_UID"]) not in (0, agent["securityContext"]["runAsUser"])
+    assert _secret_modes(agent) == {"kafka-user": 0o400, "kafka-workers": 0o400}
+    # the workers' Secret is mounted into the agent only, which copies it for the worker uid (SIE_WORKER_SASL_*)
+    assert env["SIE_WORKER_SASL_PASSWORD_FILE"] == "/etc/sie/kafka-workers/password"
+    for name, pod in pods.items():
+        assert "sie-workers" not in _kafka_secrets(pod) or name == "sie-agent", name
+        for c in pod["containers"]:
+            if c is not container:
+                assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name
+                assert c["securityContext"].get("runAsUser", pod["securityContext"]["runAsUser"]) != 0, name
+
+
+def test_without_a_worker_uid_the_agent_runs_as_before(kube: KubeApiServer):
+    """agent.workerUid=null: non-root, no capability, group-readable secrets; workers share the agent's uid
+    (docs/security.md says what this mode does not protect)."""
+    agent = _pods(_render(kube, "kafka.strimzi.users=true", "agent.workerUid=null"))["sie-agent"]
+    context = _agent_container(agent)["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"]} and "runAsUser" not in context
+    assert agent["securityContext"]["runAsNonRoot"] is True and agent["securityContext"]["fsGroup"] == 10001
+    assert "SIE_WORKER_UID" not in _env(agent)
+    assert _secret_modes(agent) == {"kafka-user": 0o440, "kafka-workers": 0o440}

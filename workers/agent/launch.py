@@ -32,6 +32,7 @@ from sie.workers.agent.http import rotate_log
 from sie.workers.prepare import prepare_spec
 from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
+from sie.workers.worker_user import CREDENTIAL_FILE, WorkerUser, adopt
 
 #: the entry points of the two kinds of replica process
 WORKER_MODULE = "sie.workers.worker_main"
@@ -101,6 +102,7 @@ class WorkerCommandBuilder:
         metrics_ports: MetricsPorts | None = None,
         live_replicas: Callable[[], Iterable[str]] = tuple,
         shared_processes: int = 0,
+        worker_user: WorkerUser | None = None,
     ) -> None:
         self.work_dir = work_dir
         # The agent's own settings win over whatever its environment said: workers must talk to the
@@ -109,6 +111,20 @@ class WorkerCommandBuilder:
         # environment only an allow-list reaches them (never SIE_API_TOKEN): Settings.worker_environment.
         parent = os.environ if base_env is None else base_env
         self.base_env = settings.worker_environment(parent) if settings else worker_environment(parent)
+        #: workers run as this user (``sie.workers.worker_user``): they cannot read the agent's password file, so
+        #: theirs is copied to a file only their uid may read, refreshed at every launch (a rotated secret)
+        self.worker_user = worker_user
+        self._credential_source: Path | None = None
+        self._credential_text: str | None = None
+        if worker_user is not None and "SIE_SASL_PASSWORD_FILE" in self.base_env:
+            self._credential_source = Path(self.base_env["SIE_SASL_PASSWORD_FILE"])
+            self.base_env["SIE_SASL_PASSWORD_FILE"] = str(self.credential_file)
+            try:
+                self.refresh_credential()
+            except OSError as exc:  # at the agent's start: one line naming the file, not a traceback
+                raise ConfigError(f"the workers' password file {self._credential_source}: cannot copy it for "
+                                  f"SIE_WORKER_UID ({exc.strerror or exc}); check the path and that the agent "
+                                  "may read it") from None
         #: ``sie.schemas.spec_policy.SpecPolicy``: a spec that breaks it is refused before any process starts
         self.spec_policy = spec_policy
         #: ``sie.workers.agent.artifacts.ArtifactFetcher``: makes artifacts named by content local
@@ -121,6 +137,23 @@ class WorkerCommandBuilder:
         self._live_replicas = live_replicas
         #: models one shared multi-model process hosts (``SIE_SHARED_PROCESSES``); 0: none is shared
         self.shared_processes = shared_processes
+
+    @property
+    def credential_file(self) -> Path:
+        """The workers' copy of their Kafka password (with a worker user): owner the worker uid, mode 0400."""
+        return self.work_dir / CREDENTIAL_FILE
+
+    def refresh_credential(self) -> None:
+        """Copy the workers' password file for the worker user when it changed (OSError: the agent cannot read
+        it; the launch fails with that reason)."""
+        if self._credential_source is None or self.worker_user is None:
+            return
+        text = self._credential_source.read_text(encoding="utf-8")
+        if text != self._credential_text or not self.credential_file.exists():
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            adopt(self.work_dir, self.worker_user.uid)
+            self.worker_user.write_secret(self.credential_file, text)
+            self._credential_text = text
 
     def replica_dir(self, replica_id: str) -> Path:
         """The replica's folder: an assignment's ``replica_id`` checked by the naming module and the path proved to
@@ -145,6 +178,10 @@ class WorkerCommandBuilder:
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         rotate_log(directory)  # the process before keeps its log as worker.previous.log (`sie logs --previous`)
+        self.refresh_credential()
+        if self.worker_user is not None:  # also for a warm-pool worker, which opens the log itself
+            self.worker_user.prepare_folder(directory)
+            self.worker_user.prepare_log(directory / "worker.log")
         spec_file = directory / f"spec-{desired.target_hash}.json"
         spec_file.write_text(json.dumps(spec_doc, indent=1), encoding="utf-8")
         env = dict(self.base_env)

@@ -52,6 +52,7 @@ from sie.workers.agent.shared import SharedLauncher, SharedProcesses, live_proce
 from sie.workers.metrics import AgentMetrics
 from sie.workers.process import ProcessLauncher, SubprocessLauncher
 from sie.workers.supervisor import Clock, MonotonicClock, ReplicaSnapshot, Supervisor, SupervisorPolicy
+from sie.workers.worker_user import WorkerUser, check_can_switch, own_folder
 
 log = logging.getLogger("sie.agent")
 
@@ -118,6 +119,11 @@ class Agent:
         #: artifacts named by content, fetched (from the artifacts topic or a URI) and verified in the background
         self.artifacts = ArtifactFetcher(settings, policy, group_id=settings.names.agent_group(config.node),
                                          clients=self._clients)
+        #: the uid workers run as (SIE_WORKER_UID): refused at start when this agent cannot switch to it
+        self.worker_user = WorkerUser.from_settings(settings)
+        if self.worker_user is not None and launcher is None:
+            check_can_switch(self.worker_user)
+            own_folder(settings.artifact_cache_dir)
         self.commands = WorkerCommandBuilder(
             config.node_work_dir(settings),
             progress_interval_s=config.worker_progress_interval_s,
@@ -128,17 +134,21 @@ class Agent:
             metrics_ports=MetricsPorts(config.worker_metrics_ports),
             live_replicas=self._live_ids,
             shared_processes=settings.shared_processes,
+            worker_user=self.worker_user,
         )
         #: where Prometheus reaches this node's /metrics endpoints (the control plane's service discovery)
         self.advertise_host = settings.metrics_host
         from sie.workers.warm_pool import PooledLauncher, WarmPool
 
         self.pool: WarmPool | None = None
-        launcher = launcher or SubprocessLauncher()
+        real_launcher = launcher is None
+        launcher = launcher or SubprocessLauncher(user=self.worker_user)
         if config.warm_pool > 0:
             env = {**self.commands.base_env, "PYTHONUNBUFFERED": "1"}
             self.pool = WarmPool(config.warm_pool, env, config.node_work_dir(settings) / "warm-pool",
                                  python=self.commands.python, clock=self._clock,
+                                 launcher=SubprocessLauncher(keep_stdin=True, user=self.worker_user)
+                                 if real_launcher else None,
                                  refill_delay_s=config.warm_pool_refill_s)
             launcher = PooledLauncher(self.pool, launcher)
         #: shared multi-model worker processes (``SIE_SHARED_PROCESSES`` > 0): small models' replicas go there
@@ -150,6 +160,7 @@ class Agent:
                 {**self.commands.base_env, "PYTHONUNBUFFERED": "1",
                  **({"CUDA_VISIBLE_DEVICES": ""} if config.simulate_gpus else {})},
                 metrics_port=lambda pid: ports.port_for(pid, self._live_ids()),
+                launcher=SubprocessLauncher(user=self.worker_user) if real_launcher else None,
                 clock=self._clock.monotonic)
             launcher = SharedLauncher(self.shared, launcher)
         # real GPUs: a replica waits for GPU memory still held by a draining one (simulated GPUs hold nothing)

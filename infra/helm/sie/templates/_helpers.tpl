@@ -163,6 +163,8 @@ for the topics Job, an administrator), else the one shared kafka.sasl.userSecret
 
 {{- define "sie.kafkaVolumes" -}}
 {{- $ := index . 0 -}}{{- $c := index . 1 -}}
+{{- /* an agent whose workers run as agent.workerUid (root, owning its secrets) reads them 0400; else its group does */ -}}
+{{- $mode := ternary "0400" "0440" (and (eq $c "agent") (not (empty $.Values.agent.workerUid))) -}}
 - name: cache
   emptyDir: {}
 - name: tmp
@@ -171,7 +173,7 @@ for the topics Job, an administrator), else the one shared kafka.sasl.userSecret
 - name: kafka-user
   secret:
     secretName: {{ include "sie.kafkaUserSecret" . }}
-    defaultMode: 0440
+    defaultMode: {{ $mode }}
     items:
       - key: {{ $.Values.kafka.sasl.passwordKey }}
         path: {{ $.Values.kafka.sasl.passwordKey }}
@@ -180,7 +182,7 @@ for the topics Job, an administrator), else the one shared kafka.sasl.userSecret
 - name: kafka-workers
   secret:
     secretName: {{ include "sie.kafkaUserSecret" (list $ "workers") }}
-    defaultMode: 0440
+    defaultMode: {{ $mode }}
     items:
       - key: {{ $.Values.kafka.sasl.passwordKey }}
         path: {{ $.Values.kafka.sasl.passwordKey }}
