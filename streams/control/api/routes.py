@@ -22,7 +22,7 @@ Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
   GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
   POST   /v1/nodes/{name}/forget  forget an offline node (202: the leader tombstones it on its     operator
                                next pass); 404 unknown, 409 online
-  GET    /v1/replicas/{id}/log  the replica's worker log, proxied from its node's agent (?lines=N,     viewer
+  GET    /v1/replicas/{replica_id}/log  the replica's worker log, proxied from its node's agent (?lines=N,     viewer
                                follow, previous; the caller's token is forwarded: the agent checks it)
   GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
   GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
