@@ -138,26 +138,32 @@ down() {
 
 # ------------------------------------------------------------------------------------------------------ up
 pki() {  # a CA, the apiserver's serving cert, its client cert for the kubelet, the service-account key
-  local p="$state/pki"
-  [[ -f "$p/done" ]] && return 0
+  # X.509 as strict verifiers want it (Python 3.13's ssl: key usage on the CA, key identifiers on leaves)
+  local p="$state/pki" version=v2
+  [[ "$(cat "$p/done" 2>/dev/null)" == "$version" ]] && return 0
   rm -rf "$p" && mkdir -p "$p"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sie-k8s-node-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
     -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
   cat >"$p/apiserver.ext" <<EOF
 subjectAltName=IP:$node_ip,IP:$svc_ip,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
+subjectKeyIdentifier=hash
+authorityKeyIdentifier=keyid,issuer
 EOF
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$p/apiserver.key" -out "$p/apiserver.csr" 2>/dev/null
   openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
     -extfile "$p/apiserver.ext" -out "$p/apiserver.crt" 2>/dev/null
-  printf 'extendedKeyUsage=clientAuth\n' >"$p/client.ext"
+  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n' >"$p/client.ext"
   openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
     -keyout "$p/kubelet-client.key" -out "$p/kubelet-client.csr" 2>/dev/null
   openssl x509 -req -in "$p/kubelet-client.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
     -extfile "$p/client.ext" -out "$p/kubelet-client.crt" 2>/dev/null
   openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
   openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
-  touch "$p/done"
+  echo "$version" >"$p/done"
 }
 
 kubeconfig() {  # kubeconfig FILE USER TOKEN
@@ -238,7 +244,7 @@ EOF
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
     --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$state/pki/sa.pub" \
     --service-account-signing-key-file="$state/pki/sa.key" --service-cluster-ip-range="$svc_cidr" \
-    --allow-privileged=false --profiling=false
+    --kubelet-preferred-address-types=InternalIP --allow-privileged=false --profiling=false
   export KUBECONFIG="$run/admin.kubeconfig"
   wait_for "kube-apiserver /readyz" 180 "$bin/kubectl" get --raw /readyz
   log "apiserver ready after $((SECONDS - t0)) s"

@@ -56,7 +56,7 @@ for tool in mmdebstrap umoci skopeo; do
 done
 version="$("$python" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$repo/pyproject.toml")"
 tag="${tag:-$version}"
-work="$out/work"
+work="${SIE_IMAGE_WORK:-$out/work}"   # the caches (several output dirs may share one)
 mkdir -p "$work/wheels-$flavour"
 t0=$(date +%s)
 
@@ -67,7 +67,11 @@ git -C "$repo" ls-files -z | (cd "$repo" && tar --null -T - -cf -) | (rm -rf "$w
 "$python" -m pip wheel -q --no-deps --no-build-isolation -w "$work/sie-wheel" "$work/src"
 wheel="$(ls "$work/sie-wheel"/sie-"$version"-*.whl)"
 pip_target=(--only-binary=:all: "${platforms[@]}" --python-version "$pyver" --implementation cp)
-"$python" -m pip download -q --require-hashes --no-deps "${pip_target[@]}" -d "$work/wheels-$flavour" -r "$lock"
+# offline when every locked wheel is already here (a rebuild); else from PyPI. Either way hash-checked.
+if ! "$python" -m pip download -q --require-hashes --no-deps --no-index --find-links "$work/wheels-$flavour" \
+     "${pip_target[@]}" -d "$work/wheels-$flavour" -r "$lock" >/dev/null 2>&1; then
+  "$python" -m pip download -q --require-hashes --no-deps "${pip_target[@]}" -d "$work/wheels-$flavour" -r "$lock"
+fi
 
 echo "== stage 2: runtime rootfs (Debian $suite, minbase + $debs)" >&2
 rootfs_key="$(echo "$suite $debs v2" | sha256sum | cut -c1-16)"
