@@ -58,6 +58,9 @@ version="$("$python" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1]
 tag="${tag:-$version}"
 work="${SIE_IMAGE_WORK:-$out/work}"   # the caches (several output dirs may share one)
 mkdir -p "$work/wheels-$flavour"
+# one build at a time per cache dir (two share its src/, site/ and bundle/ scratch dirs)
+exec 9>"$work/.lock"
+flock 9
 t0=$(date +%s)
 
 echo "== stage 1: wheels (binary only, hash-checked against $(basename "$lock"))" >&2
