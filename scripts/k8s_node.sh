@@ -36,8 +36,9 @@ dns_ip="$node_ip"                 # scripts/k8s_dns.py (outside the Service rang
 api_port="${SIE_K8S_API_PORT:-16443}"
 cgroup_root=sie-k8s                # the kubelet's pods: /sie-k8s/... in every cgroup v1 hierarchy
 nft_table=kube-proxy               # kube-proxy's nftables tables (ip and ip6 families)
+# what the kubelet sets, and net.ipv4.ip_forward (the bridge plugin's isGateway turns it on): put back by `down`
 sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys
-         kernel.keys.root_maxbytes)
+         kernel.keys.root_maxbytes net.ipv4.ip_forward)
 run="$state/run"                   # per run: pids, logs, kubelet root, containerd state
 cmd="${1:-}"
 
@@ -230,7 +231,7 @@ EOF
   ip link add "$bridge" type bridge
   ip addr add "$node_ip/${pod_cidr#*/}" dev "$bridge"
   ip link set "$bridge" up
-  # the kubelet sets these on start; the values before are put back by `down`
+  # the kubelet and the bridge plugin set these; the values before are put back by `down`
   : >"$state/sysctl.saved"
   for k in "${sysctls[@]}"; do echo "$k=$(sysctl -n "$k")" >>"$state/sysctl.saved"; done
 
