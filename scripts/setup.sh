@@ -49,5 +49,24 @@ else
   echo "      Debian/Ubuntu: sudo apt-get install prometheus chromium nftables"
 fi
 
+# Optional: the one-node cluster of the in-cluster tests (scripts/k8s_node.sh, tests/k8s/test_pods.py) runs
+# Debian's containerd, runc and CNI plugins, and builds SIE's image with mmdebstrap, umoci and skopeo.
+step "installing containerd, runc, CNI plugins, mmdebstrap, umoci, skopeo (in-cluster tests) (optional)"
+node_pkgs="containerd runc containernetworking-plugins mmdebstrap umoci skopeo"
+if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] \
+   && command -v mmdebstrap >/dev/null && command -v umoci >/dev/null && command -v skopeo >/dev/null; then
+  echo "containerd, runc, CNI plugins, mmdebstrap, umoci and skopeo already installed"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  # shellcheck disable=SC2086
+  node_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $node_pkgs; }
+  if node_install >>/tmp/sie-apt.log 2>&1 || { apt-get update -q >>/tmp/sie-apt.log 2>&1 && node_install >>/tmp/sie-apt.log 2>&1; }; then
+    echo "installed: $(containerd --version 2>&1 | head -1); $(runc --version 2>&1 | head -1)"
+  else
+    echo "warning: apt-get could not install $node_pkgs (see /tmp/sie-apt.log): the in-cluster tests will skip"
+  fi
+else
+  echo "note: $node_pkgs not installed and apt-get is not usable here: the in-cluster tests will skip"
+fi
+
 echo
 echo "setup done."

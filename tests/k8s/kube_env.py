@@ -41,7 +41,7 @@ def tools_dir() -> tuple[Path | None, str]:
     wait_s = float(os.environ.get("SIE_K8S_TOOLS_WAIT_S") or 0)
     if wait_s > 0 and shutil.which("go") is not None:
         try:
-            built = subprocess.run([str(TOOLS)], capture_output=True, text=True, timeout=wait_s)
+            built = subprocess.run([str(TOOLS), "--no-node"], capture_output=True, text=True, timeout=wait_s)
         except subprocess.TimeoutExpired:
             return None, f"kube-apiserver/kubectl/helm still not built after {wait_s:g}s (SIE_K8S_TOOLS_WAIT_S)"
         if built.returncode == 0:
