@@ -231,7 +231,9 @@ def test_a_work_directory_kept_from_a_non_root_agent_becomes_the_agents(node_dir
     owners = {p.name: p.stat().st_uid for p in (work, replica, *replica.iterdir())}
     assert {n: owners[n] for n in ("node-1", "m-0", "worker.log", "spec-1.json", "scratch")} == \
         {"node-1": 0, "m-0": 0, "worker.log": 0, "spec-1.json": 0, "scratch": WORKER.uid}
-    assert (replica / "worker.log").read_text(encoding="utf-8") == "old output\n"
+    # the launch keeps the process before's log as worker.previous.log (`sie logs --previous`), taken back too
+    assert owners["worker.previous.log"] == 0
+    assert (replica / "worker.previous.log").read_text(encoding="utf-8") == "old output\n"
 
 
 def test_a_workers_password_file_the_agent_cannot_read_is_one_line_at_start(tmp_path: Path):
