@@ -211,12 +211,13 @@ class Campaign:
 
 def _run_lines(n: int, r: dict[str, Any]) -> list[str]:
     rep: AnswerReport | None = r.get("report")
+    rep_epochs = sorted((rep.by_epoch if rep is not None else {}).items(), key=lambda kv: int(kv[0].split()[1]))
     lines = [f"run {n}: {r['kind']} {r['model']}: {r.get('phase', '?')} in {r.get('rollout_s', 0):.1f}s "
              f"(Surging {r.get('surging_s', 0):.1f}s; run {r['wall_s']:.0f}s), {r.get('requests', 0)} requests at "
              f"{r.get('rate', 0):.0f}/s, lost {r.get('lost', '?')}, duplicated {r.get('duplicated', '?')}"]
     if rep is not None:
         lines.append(f"  {rep.summary()}; canary dead letters {r.get('canary_dead_letters', 0)}")
-        lines.append("  by epoch: " + ", ".join(f"{k}: {v}" for k, v in rep.by_epoch.items()))
+        lines.append("  by epoch: " + ", ".join(f"{k}: {v}" for k, v in rep_epochs))
     for key in ("worker_kill", "leader_kill"):
         if key in r:
             lines.append(f"  {r[key]}")
@@ -237,6 +238,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds a rollout may take to end")
     parser.add_argument("--budget-s", type=float, default=None, help="start no run that would end past this")
     parser.add_argument("--no-write", action="store_true", help="print only (do not replace the results file)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file (default %(default)s)")
     args = parser.parse_args(argv)
     command = "python bench/bench_rollout.py campaign " + shlex.join(argv)
     began, load_start = time.monotonic(), os.getloadavg()
@@ -278,7 +280,7 @@ def main(argv: list[str]) -> int:
     text = _report(command, runs, load_start, os.getloadavg(), args)
     print(text)
     if not args.no_write:
-        RESULTS.write_text(text, encoding="utf-8")
+        args.out.write_text(text, encoding="utf-8")
     return 0 if runs and all(not r["findings"] for r in runs) else 1
 
 
