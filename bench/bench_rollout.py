@@ -38,6 +38,12 @@ gates (no ``rollout.gates`` block; ``p99MaxMs`` is the spec's SLA, ``--sla-ms``)
 (``paced_errors``).  Reported: how many completed / rolled back, the time from the canary's first step to
 the failing gate, the step lengths, which gate decided, what the old single-ratio gate would have said on
 the same windows, the load average during the run, and the exactly-once proof per model.
+
+``campaign`` (issue 34's proof: good rollouts with a worker SIGKILL at 10 % and a leader SIGKILL at 50 %, bad
+canaries that must roll back; every committed answer checked against its epoch's weight; sie control + 2 agents,
+bench/rollout_campaign.py), results in bench/results/rollout_campaign.txt::
+
+    python bench/bench_rollout.py campaign [--good 5] [--bad 5] [--rate 100] [--interval 10] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -150,6 +156,10 @@ def timeline(run_: dict[str, Any]) -> list[str]:
 def main() -> int:
     if sys.argv[1:2] == ["gates"]:
         return gates_main(sys.argv[2:])
+    if sys.argv[1:2] == ["campaign"]:
+        from bench.rollout_campaign import main as campaign_main
+
+        return campaign_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--interval", type=float, default=5.0, help="intervalSeconds of each canary step")
     parser.add_argument("--rate", type=float, default=300.0, help="requests per second")

@@ -434,12 +434,14 @@ class RequestStream:
     """
 
     def __init__(self, settings: Settings, topic: str, example: dict[str, Any], tag: str, rate_per_s: float = 20.0,
-                 keys: int | None = None) -> None:
+                 keys: int | None = None, vary: Callable[[int], dict[str, Any]] | None = None) -> None:
         """``keys``: the record key repeats over this many keys (``<tag>-k<n % keys>``, so a key's answers over
-        time can be compared); default: the request id is the key."""
+        time can be compared); default: the request id is the key.  ``vary``: request n's inputs are the example
+        updated with ``vary(n)`` (e.g. a field that makes 1 row in 20 one a bad version cannot score)."""
         from confluent_kafka import Producer
 
         self.topic, self.example, self.tag, self.rate, self.keys = topic, example, tag, rate_per_s, keys
+        self.vary = vary
         self._producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
                                                                   "linger.ms": 5}))
         self.partition_of: dict[str, int] = {}
@@ -469,6 +471,8 @@ class RequestStream:
         rid = f"{self.tag}-{self._n}"
         self._n += 1
         inputs = {**self.example, "amount": float(10 + self._n % 5000)}
+        if self.vary is not None:
+            inputs.update(self.vary(self._n))
         key = f"{self.tag}-k{(self._n - 1) % self.keys}" if self.keys else rid
         self._producer.produce(self.topic, json.dumps({"id": rid, "inputs": inputs}).encode(), key=key.encode(),
                                on_delivery=lambda err, msg, rid=rid: self._delivered(err, msg, rid))

@@ -13,7 +13,8 @@ weight 0, and keys the canary had answered went back to stable.
 The proof over every committed result (read_committed): every request exactly once; each result's ``version``
 is the code that produced it, and is what its key's bucket gives at the weight of the epoch stamped on it
 (``sie.routing.epoch``); no result carries a fallback; a key once answered by the canary is never answered by
-the stable version again (no rollback in these runs).
+the stable version again (no rollback in these runs): ``tests/rollout_checks.check_answers``, the rules
+``bench/rollout_campaign.py`` checks over many rollouts.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from sie.schemas.spec import load_spec
-from sie.streams.scorer.rollout import EPOCH_HEADER, weighted_table
 from tests.cluster_harness import Cluster, RequestStream, try_get, wait_for
+from tests.rollout_checks import check_answers, rollout_epochs
 from tests.scorer_fixtures import prove_exactly_once
 from tests.user_models import ALLOWED_MODULES, python_project
 
@@ -60,39 +60,6 @@ def _rollout(c: Cluster, model: str) -> dict[str, Any] | None:
     return try_get(c.api(), f"/v1/rollouts/{model}")
 
 
-def _epoch_weights(c: Cluster) -> dict[int, int]:
-    """epoch -> canary weight (bp) of every rollout record the leader committed (the rollouts topic's history)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sie.schemas.avro_codec import Codec
-
-    topic = c.settings.names.system_topic("rollouts")
-    consumer = Consumer(c.settings.kafka_client_config(**{
-        "group.id": f"epochs-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True}))
-    codec, weights = Codec(), {0: 0}
-    try:
-        parts = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, -2) for p in parts])
-        at_end: set[int] = set()
-        deadline = time.monotonic() + 30
-        while len(at_end) < len(parts) and time.monotonic() < deadline:
-            m = consumer.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == -191:  # _PARTITION_EOF
-                    at_end.add(m.partition())
-                continue
-            if m.value() is not None:
-                r = codec.decode(m.value(), expected="Rollout")
-                weights[int(r["epoch"])] = int(r["weight_bp"])
-        assert len(at_end) == len(parts), "the rollouts topic was not read to its end"
-    finally:
-        consumer.close()
-    return weights
-
-
 def _companion_pid(replica: str, version: str) -> int | None:
     """The pid of replica ``replica``'s companion process for ``version`` (``sie.workers.version_host``)."""
     label = f"replica {replica} version {version}"
@@ -106,35 +73,6 @@ def _companion_pid(replica: str, version: str) -> int | None:
         if b"sie.workers.version_host" in argv and label.encode() in argv:
             return int(entry.name)
     return None
-
-
-def _check_every_answer(results: list[Any], weights: dict[int, int], stable: str, canary: str) -> dict[str, int]:
-    """Each result: its code, its epoch's weight at its key's bucket, no fallback; no key back to stable."""
-    by_epoch: dict[tuple[int, str], int] = {}
-    seen: dict[bytes, list[tuple[int, str]]] = {}
-    off: list[str] = []  # every answer off its rule, counted before anything is asserted
-    for m in results:
-        headers = dict(m.headers() or [])
-        doc = orjson.loads(m.value())
-        epoch = int(headers[EPOCH_HEADER]) if EPOCH_HEADER in headers else -1  # -1: before the rollout's record
-        table = weighted_table((stable, None), (canary, None), weights.get(epoch, 0))
-        want = table.route(m.key(), str(doc["id"])).version
-        if doc["outputs"]["built"] != doc["version"]:
-            off.append(f"{doc['id']} labelled {doc['version']}, answered by {doc['outputs']['built']}")
-        if doc["version"] != want or "sie.routing.fallback" in headers:
-            off.append(f"{doc['id']} (key {m.key()!r}) answered by {doc['version']} at epoch {epoch} (canary "
-                       f"{weights.get(epoch, 0) / 100:g}%): its bucket says {want}; "
-                       f"fallback {headers.get('sie.routing.fallback')!r}")
-        by_epoch[(epoch, doc["version"])] = by_epoch.get((epoch, doc["version"]), 0) + 1
-        seen.setdefault(m.key(), []).append((int(str(doc["id"]).rsplit("-", 1)[1]), doc["version"]))
-    back = []
-    for key, answers in seen.items():
-        versions = [v for _n, v in sorted(answers)]
-        if canary in versions and stable in versions[versions.index(canary):]:
-            back.append(key)
-    assert not off and not back, (f"{len(off)} answers off their epoch's weight (first: {off[:3]}); {len(back)} "
-                                  f"keys went back from {canary} to {stable}: {back[:5]}")
-    return {f"epoch {e} ({weights.get(e, 0) / 100:g}%) {v}": n for (e, v), n in sorted(by_epoch.items())}
 
 
 def test_slow_companions_a_companion_and_a_stable_worker_killed_mid_canary_answer_nothing_off_their_weight(
@@ -183,10 +121,12 @@ def test_slow_companions_a_companion_and_a_stable_worker_killed_mid_canary_answe
         spec = load_spec(v1, topic_prefix=c.prefix)
         results, dead = prove_exactly_once(c.settings, spec, {f"{tag}-{n}" for n in range(sent)}, timeout=120)
         assert not dead, [d.headers() for d in dead[:3]]
-        weights = _epoch_weights(c)
-        counts = _check_every_answer(results, weights, "1.0.0", "1.1.0")
-        print(f"{len(results)} answers: {counts}")
-        assert counts.get("epoch 0 (0%) 1.0.0", 0) > 0, f"answers during Surging (epoch 0, weight 0): {counts}"
+        report = check_answers(results, dead, rollout_epochs(c.settings, "churn-py"), "1.0.0", "1.1.0")
+        assert report.clean, f"{report.summary()}; first findings: {report.findings()}"
+        counts = report.by_epoch
+        print(f"{report.summary()}: {counts}")
+        assert any(k.startswith("epoch 0 (0%") and k.endswith(" 1.0.0") for k in counts), \
+            f"answers during Surging (epoch 0, weight 0): {counts}"
         assert any(k.endswith(" 1.1.0") for k in counts), counts
     finally:
         if stream is not None:

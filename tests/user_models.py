@@ -63,10 +63,11 @@ def _spec(name: str, version: str, backend: dict[str, Any], outputs: list[dict[s
 
 def python_project(root: Path, version: str, *, broken: bool = False, hang: bool = False,
                    rollout: dict[str, Any] | None = None, name: str = "churn-py", replicas: int = 1,
-                   load_s: float = 0.0) -> Path:
+                   load_s: float = 0.0, fails_one_in: int = 0) -> Path:
     """``root/<version>/``: ``churnpkg`` (this version's code) and ``churn-py.yaml``; returns the spec file.
     ``load_s``: the model takes this long to load (its module sleeps when imported), as a worker and as a
-    companion process."""
+    companion process.  ``fails_one_in``: a bad version that cannot score 1 row in N (``int(tenure) % N == 3``;
+    not its readiness example, tenure 12, so it loads and passes readiness like a good one)."""
     folder = root / version
     pkg = folder / "churnpkg"
     pkg.mkdir(parents=True, exist_ok=True)
@@ -74,11 +75,13 @@ def python_project(root: Path, version: str, *, broken: bool = False, hang: bool
     (pkg / "helpers.py").write_text(f"def weight():\n    return {version_code(version)!r}\n", encoding="utf-8")
     hang_code = ("    import time\n    if any(r['tickets'] != 1.0 for r in rows):\n        time.sleep(600)\n"
                  if hang else "")
+    fail_code = (f"    if any(int(r['tenure']) % {fails_one_in} == 3 for r in rows):\n"
+                 "        raise ValueError('this version cannot score this row')\n" if fails_one_in else "")
     slow = f"import time\ntime.sleep({load_s!r})  # a model that takes long to load\n" if load_s else ""
     (pkg / "rules.py").write_text(
         f"{slow}from churnpkg import BUILT\n\n\n"
         "def score(rows):\n"
-        f"{hang_code}"
+        f"{hang_code}{fail_code}"
         "    from churnpkg.helpers import weight  # imported lazily, inside the call\n"
         "    return [{'churn': min(1.0, r['tenure'] / 1000.0), 'built': BUILT, 'weight': weight()} for r in rows]\n",
         encoding="utf-8")
