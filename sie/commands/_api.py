@@ -42,14 +42,21 @@ class ControlApi:
             headers["Content-Type"] = content_type
         return headers
 
+    def client_options(self) -> tuple[Any, dict[str, Any]]:
+        """``verify`` for an ``httpx.Client`` and the ``extensions`` of each request: the CA (SIE_API_CA) and the
+        name the certificate is checked against when the URL names another address (SIE_API_TLS_SERVER_NAME)."""
+        verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
+        name = self._settings.api_tls_server_name
+        return verify, ({"sni_hostname": name} if name and self.url.startswith("https://") else {})
+
     def request(self, method: str, path: str, body: str | None = None) -> Any:
         """The JSON answer of a 2xx; ``ApiRefused`` for an error status, ``SieError`` when nobody answers."""
         import httpx
 
-        verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
+        verify, extensions = self.client_options()
         try:
             with httpx.Client(verify=verify, timeout=self._timeout, follow_redirects=False) as client:
-                response = client.request(method, self.url + path, content=body,
+                response = client.request(method, self.url + path, content=body, extensions=extensions,
                                           headers=self._headers("application/yaml" if body is not None else None))
         except httpx.HTTPError as exc:
             raise SieError(f"control plane {self.url} did not answer {method} {path} ({type(exc).__name__}: {exc}); "
@@ -87,11 +94,11 @@ class ControlApi:
         """PUT raw bytes (``bytes`` or an iterator of them, streamed); the JSON answer of a 2xx."""
         import httpx
 
-        verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
+        verify, extensions = self.client_options()
         try:
             with httpx.Client(verify=verify, timeout=httpx.Timeout(timeout, connect=self._timeout),
                               follow_redirects=False) as client:
-                response = client.put(self.url + path, content=data, params=params,
+                response = client.put(self.url + path, content=data, params=params, extensions=extensions,
                                       headers=self._headers("application/octet-stream"))
         except httpx.HTTPError as exc:
             raise SieError(f"control plane {self.url} did not take the upload PUT {path} ({type(exc).__name__}: "

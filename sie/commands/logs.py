@@ -42,13 +42,14 @@ def _through_api(settings: Settings, url: str, replica: str, count: int, follow:
     from sie.commands._api import ControlApi
 
     api = ControlApi(settings, url)  # SieError before anything is sent where the token must not go
-    verify = str(settings.api_ca) if settings.api_ca else True
+    verify, extensions = api.client_options()
     params = {"lines": str(count), "follow": str(follow).lower(), "previous": str(previous).lower()}
     path = f"/v1/replicas/{quote(replica, safe='')}/log"
     try:
         with httpx.Client(verify=verify, timeout=httpx.Timeout(20.0, read=None if follow else 60.0),
                           follow_redirects=False) as client, \
-                client.stream("GET", api.url + path, params=params, headers=api._headers()) as response:
+                client.stream("GET", api.url + path, params=params, headers=api._headers(),
+                              extensions=extensions) as response:
             if response.status_code != 200:
                 response.read()
                 try:

@@ -53,7 +53,7 @@ _CREDENTIAL = ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")
 #: settings an agent never hands its workers: the control API's (its token above all) and the workers' own
 #: principal, which ``worker_settings`` has already applied
 NOT_FOR_WORKERS = ("api_token", "api_tokens", "api_token_file", "api_tokens_file", "api_tls_cert", "api_tls_key",
-                   "api_ca", "api_public_paths", "api_token_over_http", "worker_sasl_username", "worker_sasl_password",
+                   "api_ca", "api_tls_server_name", "api_public_paths", "api_token_over_http", "worker_sasl_username", "worker_sasl_password",
                    "worker_sasl_password_file", "worker_uid", "worker_gid")
 
 
@@ -214,6 +214,10 @@ class Settings(BaseSettings):
     api_tls_cert: Path | None = Field(None, description="PEM certificate of the control API (HTTPS when set).")
     api_tls_key: Path | None = Field(None, description="PEM private key of the control API.")
     api_ca: Path | None = Field(None, description="CA bundle the CLI verifies an HTTPS control API against.")
+    api_tls_server_name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$",
+        description="The name an HTTPS control API's certificate is checked against when --control-url names "
+                    "another address, e.g. a pod IP (SIE_API_TLS_SERVER_NAME; kubectl's tls-server-name).")
     api_public_paths: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="API paths served without a token: any of /healthz, /metrics (default: none)."
     )

@@ -152,13 +152,38 @@ def _restarts(pods: list[dict[str, Any]]) -> dict[str, int]:
             for p in pods}
 
 
-def _role(pod: dict[str, Any]) -> str | None:
-    import urllib.request
+#: the name in the chart's API certificate (its Service); the tests reach a pod by its IP and check this name
+API_SERVER_NAME = "sie-control"
+
+
+def _api_ca(node: Node) -> Path:
+    """The CA of the chart's generated API certificate (Secret ``sie-api-tls``, key ``ca.crt``), as a file."""
+    import base64
+
+    path = node.root / "api-ca.pem"
+    if not path.exists():
+        secret = json.loads(node.kubectl("-n", NS, "get", "secret", "sie-api-tls", "-o", "json").stdout)
+        path.write_bytes(base64.b64decode(secret["data"]["ca.crt"]))
+    return path
+
+
+def _api_get(node: Node, pod: dict[str, Any], path: str, token: str | None = None) -> Any:
+    """GET a control pod's HTTPS API by its IP, the certificate checked against the CA and the Service's name."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(f"https://{pod['status']['podIP']}:8470{path}", headers=headers, timeout=10,
+                         verify=str(_api_ca(node)), extensions={"sni_hostname": API_SERVER_NAME})
+    response.raise_for_status()
+    return response.json()
+
+
+def _role(node: Node, pod: dict[str, Any]) -> str | None:
+    import httpx
 
     try:
-        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8470/healthz", timeout=5) as resp:
-            return json.load(resp).get("role")
-    except (OSError, KeyError, ValueError):
+        return _api_get(node, pod, "/healthz").get("role")
+    except (httpx.HTTPError, KeyError, ValueError):
         return None
 
 
@@ -191,23 +216,24 @@ def test_helm_install_brings_every_component_up(release: Node):
 
     wait_until(all_ready, 600, 2, lambda: f"control 2/2, agent 1/1, operator 2/2 Ready\n{node.diagnostics()}")
     TIMINGS["install -> all Ready"] = TIMINGS["helm install (incl. the topics Job)"] + time.monotonic() - t0
-    roles = wait_until(lambda: (r := sorted(str(_role(p)) for p in _pods(node, "control"))) == ["leader", "standby"]
-                       and r, 120, 1, lambda: f"one leader, one standby: {[_role(p) for p in _pods(node, 'control')]}")
+    roles = wait_until(lambda: (r := sorted(str(_role(node, p)) for p in _pods(node, "control"))) == ["leader", "standby"]
+                       and r, 120, 1, lambda: f"one leader, one standby: {[_role(node, p) for p in _pods(node, 'control')]}")
     assert roles == ["leader", "standby"]
 
 
 def _api_env(node: Node) -> dict[str, str]:
-    """The CLI's environment for the chart's control API: the operator token from the chart's Secret, allowed
-    over http to a pod address (the node's own bridge; nothing leaves the machine)."""
+    """The CLI's environment for the chart's control API (HTTPS by default): the operator token from the chart's
+    Secret, the API's CA, and the certificate's name, since the CLI reaches a pod by its IP on the node's bridge."""
     import base64
 
     secret = json.loads(node.kubectl("-n", NS, "get", "secret", "sie-api", "-o", "json").stdout)
     token = base64.b64decode(secret["data"]["operator-token"]).decode()
-    return {**os.environ, "SIE_API_TOKEN": token, "SIE_API_TOKEN_OVER_HTTP": "1"}
+    return {**os.environ, "SIE_API_TOKEN": token, "SIE_API_CA": str(_api_ca(node)),
+            "SIE_API_TLS_SERVER_NAME": API_SERVER_NAME}
 
 
 def _leader(node: Node) -> dict[str, Any] | None:
-    return next((p for p in _pods(node, "control") if _ready(p) and _role(p) == "leader"), None)
+    return next((p for p in _pods(node, "control") if _ready(p) and _role(node, p) == "leader"), None)
 
 
 def _model_row(node: Node) -> list[str]:
@@ -260,7 +286,7 @@ def test_kubectl_apply_a_modelservice_scores_1000_requests_exactly_once(release:
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
     # what a user does: upload the artifact through the API, kubectl apply the resource it prints
     made = subprocess.run([sys.executable, "-m", "sie", "operator", "resource", "-f", str(spec), "-n", NS,
-                           "--control-url", f"http://{leader['status']['podIP']}:8470"],
+                           "--control-url", f"https://{leader['status']['podIP']}:8470"],
                           env=_api_env(node), capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     t0 = time.monotonic()
@@ -278,14 +304,9 @@ def test_kubectl_apply_a_modelservice_scores_1000_requests_exactly_once(release:
 
 def _replica_ids(node: Node) -> list[str]:
     """The model's replicas as the leader's API reports them (id, node, worker process, restarts, state)."""
-    import urllib.request
-
     leader = _leader(node)
     assert leader is not None, "no leading control pod"
-    req = urllib.request.Request(f"http://{leader['status']['podIP']}:8470/v1/models/{MODEL}",
-                                 headers={"Authorization": f"Bearer {_api_env(node)['SIE_API_TOKEN']}"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        model = json.load(resp)
+    model = _api_get(node, leader, f"/v1/models/{MODEL}", _api_env(node)["SIE_API_TOKEN"])
     # the worker process and its restart count: a replica restarted or moved changes one of them
     return sorted(f"{r['replica_id']}@{r['node']}/{r['process']}/{r['restarts']}/{r['state']}" for r in model["replicas"])
 

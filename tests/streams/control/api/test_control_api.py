@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 with warnings.catch_warnings():  # starlette asks for its httpx2 fork; httpx is what SIE's CLI uses
     warnings.simplefilter("ignore")
@@ -300,6 +301,30 @@ def test_tls_serves_https_verified_against_the_ca(settings: Settings, tmp_path: 
         assert ok.status_code == 200 and ok.json() == {"nodes": []}
         with pytest.raises(httpx.ConnectError):  # not trusted without the CA
             httpx.get(url, headers=_auth(VIEWER_TOKEN))
+    finally:
+        server.stop()
+
+
+def test_the_cli_checks_the_certificate_against_the_tls_server_name(settings: Settings, tmp_path: Path) -> None:
+    """A certificate for a Service name (``sie-control``), reached at an address it does not name (a pod IP, here
+    127.0.0.1): refused unless SIE_API_TLS_SERVER_NAME names it (kubectl's tls-server-name); the CA still decides."""
+    from sie.commands._api import ControlApi
+    from sie.kernel.errors import SieError
+
+    key, cert = tmp_path / "api.key", tmp_path / "api.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=sie-control", "-addext", "subjectAltName=DNS:sie-control"],
+                   check=True, capture_output=True)
+    server = _serve(settings, tls_cert=cert, tls_key=key)
+    try:
+        url = f"https://127.0.0.1:{server.port}"
+        cli = settings.with_overrides(api_ca=cert, api_token=SecretStr(VIEWER_TOKEN))
+        with pytest.raises(SieError, match="did not answer GET /v1/nodes"):  # the name does not match the address
+            ControlApi(cli, url).get("/v1/nodes")
+        named = cli.with_overrides(api_tls_server_name="sie-control")
+        assert ControlApi(named, url).get("/v1/nodes") == {"nodes": []}
+        with pytest.raises(SieError, match="did not answer GET /v1/nodes"):  # the name is checked, not skipped
+            ControlApi(cli.with_overrides(api_tls_server_name="other"), url).get("/v1/nodes")
     finally:
         server.stop()
 
