@@ -172,8 +172,9 @@ def _api_get(node: Node, pod: dict[str, Any], path: str, token: str | None = Non
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    response = httpx.get(f"https://{pod['status']['podIP']}:8470{path}", headers=headers, timeout=10,
-                         verify=str(_api_ca(node)), extensions={"sni_hostname": API_SERVER_NAME})
+    with httpx.Client(verify=str(_api_ca(node)), timeout=10) as client:
+        response = client.get(f"https://{pod['status']['podIP']}:8470{path}", headers=headers,
+                              extensions={"sni_hostname": API_SERVER_NAME})
     response.raise_for_status()
     return response.json()
 
