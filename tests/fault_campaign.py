@@ -152,12 +152,26 @@ class Load:
     """Requests at a steady rate from a thread; remembers each id's partition (delivery report) and send time."""
 
     def __init__(self, settings: Settings, topic: str, inputs_of: Callable[[int], dict[str, Any]], tag: str,
-                 rate_per_s: float) -> None:
+                 rate_per_s: float, debug_log: Path | None = None) -> None:
+        """``debug_log``: a file for the producer's librdkafka ``eos`` debug lines (its PID, epoch bumps and
+        partition drains: a request it writes twice, librdkafka #4953, is read from there)."""
         from confluent_kafka import Producer
 
         self.topic, self.tag, self.rate, self._inputs_of = topic, tag, rate_per_s, inputs_of
+        self.debug_log = debug_log
+        extra: dict[str, Any] = {}
+        if debug_log is not None:
+            import logging
+
+            logger = logging.getLogger(f"tests.fault_campaign.load.{tag}.{uuid.uuid4().hex[:6]}")
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False
+            handler = logging.FileHandler(debug_log)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)
+            extra = {"debug": "eos", "logger": logger}
         self._producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
-                                                                  "linger.ms": 5, **INSTRUMENT_TIMEOUTS}))
+                                                                  "linger.ms": 5, **INSTRUMENT_TIMEOUTS, **extra}))
         self.partition_of: dict[str, int] = {}
         self.sent_at: dict[str, float] = {}
         self.errors: list[str] = []
@@ -450,7 +464,8 @@ class ScorerRig:
         self.scorer = ScorerProcess(self.spec_path, self.settings.bootstrap_servers, self.instance, self.root,
                                     env={**debug, **(scorer_env or {})})
         wait_until(self.scorer.ready, 90, interval=0.2, message=lambda: f"scorer ready:\n{self.scorer.output()[-2000:]}")
-        self.load = Load(self.settings, t.requests, lambda n: {"x": float(n)}, "f", rate_per_s).start()
+        self.load = Load(self.settings, t.requests, lambda n: {"x": float(n)}, "f", rate_per_s,
+                         debug_log=self.root / "load-producer.log").start()
         self.observer = Observer(self.settings, self.topics, self.load, PARTITIONS)
         self.observer.diagnose = self.diagnose
         self.observer.steady(90)
@@ -512,6 +527,8 @@ class ScorerRig:
         folder = FAULT_LOGS / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{key}-{outcome}"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.scorer.log_path, folder / "scorer.log")
+        if self.load.debug_log is not None and self.load.debug_log.exists():  # the request producer's eos lines
+            shutil.copy2(self.load.debug_log, folder / "load-producer.log")
         for node in self.kafka.layout.nodes:
             if node.server_log.exists():
                 shutil.copy2(node.server_log, folder / f"broker-{node.node_id}-server.log")
