@@ -18,7 +18,9 @@ What every trial measures, from the arrival times of committed outputs (read_com
 partition: the **stall** (the longest gap between two consecutive outputs of one partition around the
 fault; normal gaps are ~1/(rate/partitions)) and the **recovery** (fault -> every partition has answered
 a request that was produced after the fault).  After each trial every request delivered so far must have
-exactly one committed output (result or dead letter): **lost** and **doubled** count the violations.
+exactly one committed output (result or dead letter) per record of it in the request topic (``account``: the
+load's idempotent producer can write a request twice, librdkafka #4953): **lost** and **doubled** count the
+violations.
 Every wait has a deadline; a wait that reaches it fails the trial (AssertionError naming what it waited
 for), it is never taken as an answer.
 """

@@ -8,7 +8,7 @@ with ``SIE_FAULT_CAMPAIGN=full`` (marker ``fault_campaign``); bench/bench_faults
 writes the table (bench/results/faults.txt).
 
 Each trial: nothing lost, nothing doubled (every request delivered so far has exactly one committed result
-or dead letter, read_committed), the scorer process never exited, every request partition stalled less
+or dead letter per record of it in the request topic, read_committed), the scorer process never exited, every request partition stalled less
 than the fault's bound (``BROKER_BOUND_S`` for a broker fault, ``STALL_BOUND_S`` for the others); the
 fixture's teardown proves the whole run once more with a fresh reader.
 """
