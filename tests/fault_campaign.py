@@ -18,7 +18,9 @@ What every trial measures, from the arrival times of committed outputs (read_com
 partition: the **stall** (the longest gap between two consecutive outputs of one partition around the
 fault; normal gaps are ~1/(rate/partitions)) and the **recovery** (fault -> every partition has answered
 a request that was produced after the fault).  After each trial every request delivered so far must have
-exactly one committed output (result or dead letter): **lost** and **doubled** count the violations.
+exactly one committed output (result or dead letter) per record of it in the request topic (``account``: the
+load's idempotent producer can write a request twice, librdkafka #4953): **lost** and **doubled** count the
+violations.
 Every wait has a deadline; a wait that reaches it fails the trial (AssertionError naming what it waited
 for), it is never taken as an answer.
 """
@@ -33,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,12 +154,26 @@ class Load:
     """Requests at a steady rate from a thread; remembers each id's partition (delivery report) and send time."""
 
     def __init__(self, settings: Settings, topic: str, inputs_of: Callable[[int], dict[str, Any]], tag: str,
-                 rate_per_s: float) -> None:
+                 rate_per_s: float, debug_log: Path | None = None) -> None:
+        """``debug_log``: a file for the producer's librdkafka ``eos`` debug lines (its PID, epoch bumps and
+        partition drains: a request it writes twice, librdkafka #4953, is read from there)."""
         from confluent_kafka import Producer
 
         self.topic, self.tag, self.rate, self._inputs_of = topic, tag, rate_per_s, inputs_of
+        self.debug_log = debug_log
+        extra: dict[str, Any] = {}
+        if debug_log is not None:
+            import logging
+
+            logger = logging.getLogger(f"tests.fault_campaign.load.{tag}.{uuid.uuid4().hex[:6]}")
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False
+            handler = logging.FileHandler(debug_log)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)
+            extra = {"debug": "eos", "logger": logger}
         self._producer = Producer(settings.kafka_client_config(**{"acks": "all", "enable.idempotence": True,
-                                                                  "linger.ms": 5, **INSTRUMENT_TIMEOUTS}))
+                                                                  "linger.ms": 5, **INSTRUMENT_TIMEOUTS, **extra}))
         self.partition_of: dict[str, int] = {}
         self.sent_at: dict[str, float] = {}
         self.errors: list[str] = []
@@ -211,6 +227,62 @@ class Load:
 # ------------------------------------------------------------------------------------------ measuring
 
 
+def account(ids: Iterable[str], outputs: Mapping[str, int], records: Mapping[str, list[tuple[int, int]]]
+            ) -> tuple[list[str], dict[str, int]]:
+    """The exactly-once account per request RECORD: (ids with fewer outputs than records, id -> outputs beyond its
+    records).  A request the load's producer wrote twice (``Observer.request_records``) is two requests to the
+    stage and must have two outputs; every other request exactly one (an id not found among the records: one)."""
+    lost, doubled = [], {}
+    for rid in ids:
+        want, got = max(1, len(records.get(rid, ()))), outputs.get(rid, 0)
+        if got < want:
+            lost.append(rid)
+        elif got > want:
+            doubled[rid] = got - want
+    return sorted(lost), doubled
+
+
+def _at(positions: Iterable[tuple[int, int]]) -> str:
+    return ",".join(f"p{p}@{o}" for p, o in positions) or "none found"
+
+
+def _outputs_of(settings: Settings, topics: dict[str, str], rids: set[str]) -> dict[str, list[str]]:
+    """Request id -> its committed outputs, each as 'topic-kind p@offset (source pS@O, produced HH:MM:SS.mmm)'."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(settings.kafka_client_config(**{
+        "group.id": f"explain-{uuid.uuid4().hex[:10]}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True}))
+    out: dict[str, list[str]] = {}
+    try:
+        for kind in ("results", "dead_letters"):
+            topic = topics[kind]
+            parts = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+            consumer.assign([TopicPartition(topic, p, -2) for p in parts])
+            eof: set[int] = set()
+            deadline = time.monotonic() + 30
+            while len(eof) < len(parts) and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=0.5):
+                    if msg.error() is not None:
+                        eof.add(msg.partition())
+                        continue
+                    try:
+                        doc = json.loads(msg.value() or b"{}")
+                    except ValueError:
+                        continue
+                    rid = str(doc.get("id"))
+                    if rid in rids:
+                        src = doc.get("source") or {}
+                        stamp = time.strftime("%H:%M:%S", time.gmtime(msg.timestamp()[1] / 1000))
+                        out.setdefault(rid, []).append(
+                            f"{kind} p{msg.partition()}@{msg.offset()} (source p{src.get('partition')}@"
+                            f"{src.get('offset')}, produced {stamp}.{msg.timestamp()[1] % 1000:03d} UTC)")
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return out
+
+
 class Observer:
     """The load plus a read_committed tail of its outputs; turns arrivals into stall / recovery / proof."""
 
@@ -220,6 +292,8 @@ class Observer:
         self.diagnose: Callable[[], str] = lambda: ""
         self.stall_began: dict[int, float] = {}
         self.tail = ResultTail(settings, topics, **INSTRUMENT_TIMEOUTS)
+        #: what the last ``settle``/``prove`` found beyond the counts (``explain``): '' when nothing
+        self.account_note = ""
 
     def _arrivals(self) -> list[tuple[float, str]]:
         with self.tail._lock:  # noqa: SLF001 - read-only snapshot
@@ -282,24 +356,62 @@ class Observer:
         recovery = max(first_new.values(), default=end) - t0
         return stalls, recovery
 
+    def request_records(self, timeout: float = 60.0) -> dict[str, list[tuple[int, int]]]:
+        """Request id -> its records ``(partition, offset)`` in the request topic.  More than one: the load's
+        producer wrote that request twice (an idempotent librdkafka producer can, when an OUT_OF_ORDER_SEQUENCE on
+        one partition bumps its epoch while a batch of another partition is possibly persisted: librdkafka #4953),
+        and each of its records must be answered once."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for rec in consume_all(self.settings, self.topics["requests"], timeout=timeout):
+            if rec.key is not None:
+                out.setdefault(rec.key.decode(), []).append((rec.partition, rec.offset))
+        return out
+
+    def _outputs(self) -> dict[str, int]:
+        with self.tail._lock:  # noqa: SLF001 - read-only snapshot
+            return {rid: len(v) for rid, v in self.tail.arrivals.items()}
+
     def settle(self, timeout: float = 90.0) -> tuple[int, int, int]:
-        """(delivered, lost, doubled) over every request delivered so far, once each has an output (deadline:
-        AssertionError listing the missing ids).  Reads the tail on to the end first, so a duplicate
-        committed after the awaited count is counted too."""
+        """(delivered, lost, doubled) over every request delivered so far, once each of its records has an output
+        (deadline: AssertionError listing the missing ids).  Reads the tail on to the end first, so a duplicate
+        committed after the awaited count is counted too.  Counted per request RECORD (``account``); what the
+        load wrote twice and what was doubled are described in ``self.account_note``."""
         ids = list(self.load.delivered())
         wait_until(lambda: self.tail.count(ids) == len(ids), timeout, interval=0.2,
                    message=lambda: f"an output for each of {len(ids)} requests (missing: "
                                    f"{self.tail.audit(ids)[0][:10]}){self.diagnose()}")
+        records = self.request_records()
+        wait_until(lambda: not account(ids, self._outputs(), records)[0], timeout, interval=0.2,
+                   message=lambda: f"an output for each record of a request the load wrote twice "
+                                   f"{account(ids, self._outputs(), records)[0][:10]}{self.diagnose()}")
         self.tail.read_to_end()
-        lost, dups, _ = self.tail.audit(ids)
+        lost, doubled = account(ids, self._outputs(), records)
         with self.load._lock:  # noqa: SLF001 - ids produced; a delivery report may still be on its way
             stray = [rid for rid in self.tail.audit([])[2] if rid not in self.load.sent_at]
         assert not stray, f"outputs for requests never sent: {stray[:10]}"
-        return len(ids), len(lost), sum(n - 1 for rid, n in dups.items())
+        self.account_note = self.explain(doubled, records)
+        return len(ids), len(lost), sum(doubled.values())
+
+    def explain(self, doubled: dict[str, int], records: dict[str, list[tuple[int, int]]]) -> str:
+        """What the load wrote twice (not a fault of the stage), and, per doubled request, its request records and
+        every output: topic, partition@offset, the request record it answers (``source``) and when it was produced
+        (CreateTime, to find the transaction and producer in the kept scorer log).  '' when there is neither."""
+        twice = {rid: recs for rid, recs in records.items() if len(recs) > 1}
+        parts = []
+        if twice:
+            parts.append(f"the load wrote {len(twice)} request(s) twice, each record answered once (librdkafka "
+                         f"#4953): " + ", ".join(f"{rid} {_at(recs)}" for rid, recs in sorted(twice.items())[:5]))
+        if doubled:
+            outs = _outputs_of(self.settings, self.topics, set(doubled))
+            parts.append("DOUBLED: " + "; ".join(
+                f"{rid}: request {_at(records.get(rid, []))}, outputs " + ", ".join(outs.get(rid, []))
+                for rid in sorted(doubled)[:5]))
+        return " / ".join(parts)
 
     def prove(self, timeout: float = 60.0) -> tuple[int, int, int]:
         """The independent read_committed proof after the load stopped: a fresh reader from the beginning of
-        the result and dead-letter topics; (requests, lost, doubled)."""
+        the result and dead-letter topics; (requests, lost, doubled), per request record (``account``);
+        ``self.account_note`` describes what the load wrote twice and any doubled request."""
         from tests.scorer_fixtures import request_id_of_dead_letter
 
         n = self.load.stop()
@@ -310,10 +422,11 @@ class Observer:
         dlq = consume_all(self.settings, self.topics["dead_letters"], timeout=timeout)
         seen = Counter(json.loads(r.value)["id"] for r in results if r.value)
         seen.update(request_id_of_dead_letter(r.value, {k: v or b"" for k, v in r.headers.items()}) for r in dlq)
-        lost = len(ids - set(seen))
-        doubled = sum(c - 1 for c in seen.values() if c > 1)
         assert not set(seen) - ids, f"outputs for requests never sent: {sorted(set(seen) - ids)[:10]}"
-        return n, lost, doubled
+        records = self.request_records(timeout)
+        lost, doubled = account(ids, seen, records)
+        self.account_note = self.explain(doubled, records)
+        return n, len(lost), sum(doubled.values())
 
     def close(self) -> None:
         self.tail.close()
@@ -353,7 +466,8 @@ class ScorerRig:
         self.scorer = ScorerProcess(self.spec_path, self.settings.bootstrap_servers, self.instance, self.root,
                                     env={**debug, **(scorer_env or {})})
         wait_until(self.scorer.ready, 90, interval=0.2, message=lambda: f"scorer ready:\n{self.scorer.output()[-2000:]}")
-        self.load = Load(self.settings, t.requests, lambda n: {"x": float(n)}, "f", rate_per_s).start()
+        self.load = Load(self.settings, t.requests, lambda n: {"x": float(n)}, "f", rate_per_s,
+                         debug_log=self.root / "load-producer.log").start()
         self.observer = Observer(self.settings, self.topics, self.load, PARTITIONS)
         self.observer.diagnose = self.diagnose
         self.observer.steady(90)
@@ -415,6 +529,8 @@ class ScorerRig:
         folder = FAULT_LOGS / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{key}-{outcome}"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.scorer.log_path, folder / "scorer.log")
+        if self.load.debug_log is not None and self.load.debug_log.exists():  # the request producer's eos lines
+            shutil.copy2(self.load.debug_log, folder / "load-producer.log")
         for node in self.kafka.layout.nodes:
             if node.server_log.exists():
                 shutil.copy2(node.server_log, folder / f"broker-{node.node_id}-server.log")
@@ -478,8 +594,9 @@ class ScorerRig:
         delivered, lost, doubled = self.observer.settle()
         self.alive()
         said = self.scorer_said()
+        account = self.observer.account_note
         return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled, bound,
-                           note + (f"; scorer: {said}" if said else ""))
+                           note + (f"; {account}" if account else "") + (f"; scorer: {said}" if said else ""))
 
     def scorer_said(self) -> str:
         """What the scorer's exactly-once layer reported since the last call (the trial's recovery path), short."""
@@ -666,7 +783,9 @@ class ControlRig:
     def _result(self, fault: str, desc: str, t0: float, end: float, note: str) -> FaultResult:
         stall, recovery = self.observer.measure(t0, end)
         delivered, lost, doubled = self.observer.settle()
-        return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled, STALL_BOUND_S, note)
+        account = self.observer.account_note
+        return FaultResult(fault, desc, stall, recovery, delivered, lost, doubled, STALL_BOUND_S,
+                           note + (f"; {account}" if account else ""))
 
     def close(self) -> tuple[int, int, int]:
         try:

@@ -8,7 +8,7 @@ with ``SIE_FAULT_CAMPAIGN=full`` (marker ``fault_campaign``); bench/bench_faults
 writes the table (bench/results/faults.txt).
 
 Each trial: nothing lost, nothing doubled (every request delivered so far has exactly one committed result
-or dead letter, read_committed), the scorer process never exited, every request partition stalled less
+or dead letter per record of it in the request topic, read_committed), the scorer process never exited, every request partition stalled less
 than the fault's bound (``BROKER_BOUND_S`` for a broker fault, ``STALL_BOUND_S`` for the others); the
 fixture's teardown proves the whole run once more with a fresh reader.
 """
@@ -25,6 +25,7 @@ from tests.fault_campaign import (
     ControlRig,
     FaultResult,
     ScorerRig,
+    account,
     coordinator_partition,
     java_string_hash,
 )
@@ -48,7 +49,8 @@ def scorer(kafka_cluster3: LocalKafka, tmp_path_factory: pytest.TempPathFactory)
     finally:
         if ok:
             requests, lost, doubled = rig.close()
-            assert (lost, doubled) == (0, 0), f"{requests} requests: {lost} lost, {doubled} doubled"
+            assert (lost, doubled) == (0, 0), (f"{requests} requests: {lost} lost, {doubled} doubled; "
+                                               f"{rig.observer.account_note}")
         else:
             rig.observer.close()
             rig.scorer.ensure_dead()
@@ -61,7 +63,8 @@ def control(kafka_cluster3: LocalKafka, tmp_path_factory: pytest.TempPathFactory
         yield rig
     finally:
         requests, lost, doubled = rig.close()
-        assert (lost, doubled) == (0, 0), f"{requests} requests: {lost} lost, {doubled} doubled"
+        assert (lost, doubled) == (0, 0), (f"{requests} requests: {lost} lost, {doubled} doubled; "
+                                           f"{rig.observer.account_note}")
 
 
 def test_coordinator_partitions_follow_javas_string_hash() -> None:
@@ -73,6 +76,17 @@ def test_coordinator_partitions_follow_javas_string_hash() -> None:
     assert coordinator_partition("polygenelubricants", 10) == 0
     assert java_string_hash("Aa") == java_string_hash("BB") == 2112
     assert java_string_hash("é") == 233  # a UTF-16 code unit, not the UTF-8 bytes
+
+
+def test_the_account_is_per_request_record() -> None:
+    """A request the load's producer wrote twice (librdkafka #4953: an epoch bump re-sends a possibly persisted
+    batch) is two records, each owed one output; a third output, or a second for a request written once, is a
+    duplicate of the stage; an id missing from the request topic's read still owes one."""
+    records = {"r-1": [(0, 5)], "r-2": [(1, 7), (1, 9)], "r-3": [(2, 3)]}
+    ids = ["r-1", "r-2", "r-3", "r-4"]
+    assert account(ids, {"r-1": 1, "r-2": 2, "r-3": 1, "r-4": 1}, records) == ([], {})
+    assert account(ids, {"r-1": 2, "r-2": 3, "r-3": 1, "r-4": 1}, records) == ([], {"r-1": 1, "r-2": 1})
+    assert account(ids, {"r-1": 1, "r-2": 1, "r-4": 2}, records) == (["r-2", "r-3"], {"r-4": 1})
 
 
 def test_a_kill_of_the_request_partition_leader(scorer: ScorerRig) -> None:
