@@ -45,7 +45,9 @@ class ControlApi:
     def client_options(self) -> tuple[Any, dict[str, Any]]:
         """``verify`` for an ``httpx.Client`` and the ``extensions`` of each request: the CA (SIE_API_CA) and the
         name the certificate is checked against when the URL names another address (SIE_API_TLS_SERVER_NAME)."""
-        verify: Any = str(self._settings.api_ca) if self._settings.api_ca else True
+        import ssl
+
+        verify: Any = ssl.create_default_context(cafile=str(self._settings.api_ca)) if self._settings.api_ca else True
         name = self._settings.api_tls_server_name
         return verify, ({"sni_hostname": name} if name and self.url.startswith("https://") else {})
 

@@ -169,10 +169,12 @@ def _api_ca(node: Node) -> Path:
 
 def _api_get(node: Node, pod: dict[str, Any], path: str, token: str | None = None) -> Any:
     """GET a control pod's HTTPS API by its IP, the certificate checked against the CA and the Service's name."""
+    import ssl
+
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(verify=str(_api_ca(node)), timeout=10) as client:
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(_api_ca(node))), timeout=10) as client:
         response = client.get(f"https://{pod['status']['podIP']}:8470{path}", headers=headers,
                               extensions={"sni_hostname": API_SERVER_NAME})
     response.raise_for_status()
