@@ -477,7 +477,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from sie.commands._runtime import quiet_http_logs
+    from sie.kernel.logs import quiet_http_logs
 
     quiet_http_logs("info")  # no httpx line per LLM generation
     stream = os.fdopen(args.status_fd, "w", buffering=1, encoding="utf-8") if args.status_fd is not None else None

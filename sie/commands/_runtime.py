@@ -18,6 +18,8 @@ import threading
 
 import click
 
+from sie.kernel.logs import quiet_http_logs
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: exit codes, the same for every command (sie/cli.py lists them)
@@ -34,14 +36,6 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     logging.getLogger("sie.kafka").setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
     quiet_http_logs(level)
-
-
-def quiet_http_logs(level: str) -> None:
-    """httpx writes an INFO line per request (``HTTP Request: POST ... "HTTP/1.1 200 OK"``): one per LLM
-    generation.  Its lines (and httpcore's) from ``warning`` up unless ``level`` is ``debug``."""
-    floor = logging.DEBUG if level.lower() == "debug" else logging.WARNING
-    for name in ("httpx", "httpcore"):
-        logging.getLogger(name).setLevel(floor)
 
 
 def quiet_kafka_logs(verbose: bool) -> None:
