@@ -17,6 +17,7 @@ import pytest
 from sie.commands.operator import _serve_health
 from sie.kernel import probe_http
 from sie.kernel.startup import Readiness, serve_readiness
+from tests.helpers import wait_until
 
 IDLE = 100
 
@@ -45,11 +46,7 @@ PORTS: dict[str, tuple[Callable[[], int], str]] = {
 
 
 def _wait(condition: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline_s}s: {what}")
-        time.sleep(0.05)
+    wait_until(condition, deadline_s, 0.05, what)
 
 
 def _handler_threads() -> int:

@@ -19,7 +19,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from sie.workers.agent.launch import WorkerCommandBuilder
 from sie.workers.process import SubprocessLauncher
 from sie.workers.replica import DesiredReplica
 from sie.workers.worker_user import WorkerUser, check_can_switch, own_folder
+from tests.helpers import wait_until
 
 WORKER = WorkerUser(uid=23456, gid=23457)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root (CI runs as root)")
@@ -70,10 +70,7 @@ def _secret(path: Path, text: str) -> Path:
 
 
 def _wait_exit(handle: object, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while handle.poll() is None:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "the probe did not exit"
-        time.sleep(0.02)
+    wait_until(lambda: handle.poll() is not None, deadline_s, 0.02, "the probe to exit")  # type: ignore[attr-defined]
 
 
 @needs_root
