@@ -29,6 +29,11 @@ pytestmark = pytest.mark.kafka
 
 MODEL = "fraud-rules"
 GAP_BOUND_S = 3.0
+#: a version change's in-place replacement: its successor now joins the group only once every version its table
+#: names is ready (issue 34), so the hand-over is a leave-then-join; 1.2-1.8 s in bench/bench_rollout.py --handover
+#: and 3.3 s once in a loaded CI run. Still far below the 10 s a session timeout would cost; the <= 1 s target is
+#: issue 34's open item (docs/rollouts.md)
+VERSION_CHANGE_GAP_BOUND_S = 5.0
 SETTLE_S = 2.0  # measured after the final shape is reached: a straggling partition still shows
 
 
@@ -105,7 +110,7 @@ def test_replicas_removed_or_replaced_on_purpose_hand_their_partitions_over_with
         c.post_model({**doc, "spec": {**doc["spec"], "model": {"name": MODEL, "version": "1.1.0"}}})
         per = settle_and_gaps(start, "1.1.0", 2)
         print(f"version change: longest gap per partition {max(per.values()):.2f}s {per}")
-        assert max(per.values()) <= GAP_BOUND_S, (per, assignment_now(c.settings, group_id), c.logs())
+        assert max(per.values()) <= VERSION_CHANGE_GAP_BOUND_S, (per, assignment_now(c.settings, group_id), c.logs())
         standby = {r["replica_id"] for r in status.values()
                    if r["ts_ms"] / 1000 >= t_change and r["state"] == "STARTING" and "(standby:" in (r["reason"] or "")}
         assert standby == {f"{MODEL}-0", f"{MODEL}-1"}, [r for r in status.values() if r["ts_ms"] / 1000 >= t_change]
