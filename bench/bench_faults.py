@@ -61,14 +61,35 @@ def _failed(fault: str, exc: BaseException) -> FaultResult:
     return FaultResult(fault, "-", float("nan"), float("nan"), 0, -1, -1, float("nan"), f"FAILED: {why}")
 
 
+def summary(rows: list[FaultResult]) -> list[str]:
+    """Per fault: trials, how many failed, lost and doubled in all, and the stall and recovery distributions."""
+    import statistics
+
+    def spread(values: list[float]) -> str:
+        if not values:
+            return "-"
+        q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+        return (f"min {min(values):.1f} / median {statistics.median(values):.1f} / p90 {q[8]:.1f} / "
+                f"max {max(values):.1f} s")
+
+    out = []
+    for fault in dict.fromkeys(r.fault for r in rows):
+        mine = [r for r in rows if r.fault == fault]
+        ok = [r for r in mine if r.lost >= 0]
+        out.append(f"{fault}: {len(mine)} trials, {len(mine) - len(ok)} failed, "
+                   f"{sum(r.lost for r in ok)} lost, {sum(r.doubled for r in ok)} doubled; "
+                   f"stall {spread([r.stall_s for r in ok])}; recovery {spread([r.recovery_s for r in ok])}")
+    return out + [""] if out else []
+
+
 def run_scorer_faults(kafka: LocalKafka, root: Path, which: list[str], repeats: int, rate: float,
                       scorer_env: dict[str, str] | None = None) -> tuple[list, str]:
     rig = ScorerRig(kafka, root / "scorer", rate, scorer_env)
     rows = []
     try:
-        for key in which:
-            name, target, kind = SCORER_FAULTS[key]
-            for _ in range(repeats):
+        for _ in range(repeats):  # the faults in turn, ``repeats`` rounds: a long loop mixes them evenly
+            for key in which:
+                name, target, kind = SCORER_FAULTS[key]
                 try:
                     t = getattr(rig, target)()
                     row = rig.kill_and_restart(name, t) if kind == "kill" else rig.pause_and_resume(name, t)
@@ -250,6 +271,7 @@ def main() -> int:
         TABLE_HEADER,
         *(r.row() for r in rows),
         "",
+        *summary(rows),
         *proofs,
     ]
     text = "\n".join(lines) + "\n"

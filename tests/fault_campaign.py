@@ -435,6 +435,17 @@ class Observer:
 # --------------------------------------------------------------------------------------- scorer rig
 
 
+def copy_from(source: Path, target: Path, offset: int) -> int:
+    """Copy ``source`` from byte ``offset`` on into ``target`` (all of it if it shrank: rotated); returns its size."""
+    size = source.stat().st_size
+    start = offset if offset <= size else 0
+    with source.open("rb") as src, target.open("wb") as dst:
+        src.seek(start)
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    return size
+
+
 class ScorerRig:
     """A real ``sie score`` process (echo model) under load on the 3-broker cluster ``kafka``."""
 
@@ -474,6 +485,8 @@ class ScorerRig:
         self._log_seen = len(self.scorer.output())
         #: the folder the last trial's logs were kept in (``keep_logs``)
         self.last_logs: Path | None = None
+        #: how far each log was copied by the previous trials (``keep_logs``)
+        self._copied: dict[Path, int] = {}
 
     def diagnose(self) -> str:
         try:
@@ -519,21 +532,23 @@ class ScorerRig:
     # -- faults -------------------------------------------------------------------------------------
 
     def keep_logs(self, fault: str, outcome: str) -> Path:
-        """Copy the scorer's log and every broker's server.log into a folder of this trial's own under
-        ``FAULT_LOGS`` (named by time, fault and outcome); returns it.  Every trial keeps them, passed or not:
-        a rare outcome (issue 35's duplicate, 1 run in 55) must be readable afterwards."""
+        """Copy what the scorer's log and every broker's server.log gained since the rig's previous trial into a
+        folder of this trial's own under ``FAULT_LOGS`` (named by time, fault and outcome); returns it.  Every
+        trial keeps them, passed or not: a rare outcome (issue 35's duplicate, 1 run in 55) must be readable
+        afterwards.  Slices, not whole files: a rig looped 200 times (bench/bench_faults.py --repeats) would
+        otherwise copy its growing logs 200 times over."""
         import re
-        import shutil
 
         key = re.sub(r"[^a-z0-9]+", "-", fault.lower()).strip("-")[:40]
         folder = FAULT_LOGS / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{key}-{outcome}"
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(self.scorer.log_path, folder / "scorer.log")
-        if self.load.debug_log is not None and self.load.debug_log.exists():  # the request producer's eos lines
-            shutil.copy2(self.load.debug_log, folder / "load-producer.log")
-        for node in self.kafka.layout.nodes:
-            if node.server_log.exists():
-                shutil.copy2(node.server_log, folder / f"broker-{node.node_id}-server.log")
+        sources = [(Path(self.scorer.log_path), "scorer.log")]
+        if self.load.debug_log is not None:  # the request producer's eos lines
+            sources.append((Path(self.load.debug_log), "load-producer.log"))
+        sources += [(node.server_log, f"broker-{node.node_id}-server.log") for node in self.kafka.layout.nodes]
+        for source, name in sources:
+            if source.exists():
+                self._copied[source] = copy_from(source, folder / name, self._copied.get(source, 0))
         return folder
 
     @contextmanager

@@ -26,9 +26,9 @@ at their own wall-clock seconds and grew by one per election, and nobody elects 
 second for long.  Picked over an incarnation id in the records (agents compare (incarnation, epoch)) because
 it needs no schema change and no agent upgrade: deployed agents keep their plain ``epoch >= newest`` rule.
 What it assumes: the new leader's clock is not behind the old one's by more than the time between the two
-elections (NTP keeps it far closer); "highest + 1" still guarantees a strict increase while the topic lives.  "Read to the end" means up to the partition's high watermark taken after
-``init_transactions`` (``sie.kernel.replay.read_to_end`` as a read barrier: the position passes it, not an
-end-of-partition event, which librdkafka sends once and a failed attempt would have consumed).
+elections (NTP keeps it far closer); "highest + 1" still guarantees a strict increase while the topic lives.  "Read to the end" means up to the partition's end taken after
+``init_transactions``, by a reader of its own that reads from the beginning (``_read_to_end`` says why not
+the group member).
 
 Every write goes through the exactly-once layer's ``TransactionalProducer`` (watchdog on each call,
 retriable -> retry, abortable -> abort, fatal -> ``Fenced``, on which this instance steps down).  A commit
@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sie.kernel.clients import KafkaClients, group_member_config, transactional_producer_config
+from sie.kernel.clients import KafkaClients, group_member_config, state_reader_config, transactional_producer_config
 from sie.kernel.supervised import SupervisedThread, ThreadStatus
 from sie.streams.control.reconcile.ports import OutRecord
 from sie.streams.eos import EosLimits, Fenced, ProducerFatal, TransactionalProducer
@@ -221,7 +221,7 @@ class LeaderElector:
                 # a step-down during the poll (set by the controller's thread) rejoins the group first
                 if self._holds_p0 and not self._leader and not self._resubscribe:
                     try:
-                        self._elect(consumer)
+                        self._elect()
                         self.election_failing_since = None
                     except Exception as exc:  # retried on the next loop while we still hold p0
                         self.last_error = f"election failed: {exc}"
@@ -257,18 +257,29 @@ class LeaderElector:
         except Exception as exc:
             self.last_error = f"unreadable LeaderEpoch at offset {msg.offset()}: {exc}"
 
-    def _read_to_end(self, consumer: Any) -> bool:
-        """Consume ``control-leader`` up to the end it has now (a read barrier: ``sie.kernel.replay``); False
-        if p0 or the stop was lost first."""
+    def _read_to_end(self) -> bool:
+        """Read ``control-leader`` from its beginning to the end it has now, with a reader of its own that
+        ``assign()``s (``sie.kernel.replay.read_to_end``); False if p0 or the stop was lost first.
+
+        Not through the group member: a member re-assigned p0 after a step-down starts with no position
+        (librdkafka has none before it returns a record) and signals end-of-partition once, so a barrier on it
+        depends on what its own poll loop happened to take first; one CI run kept an election failing for
+        90 s on "at 0 of 2" after a broker freeze.  A fresh reader has none of that state; the topic is one
+        compacted partition, a few records."""
         from sie.kernel.replay import read_to_end
 
         def error(msg: Any) -> None:
             self.last_error = str(msg.error())
 
-        return read_to_end(consumer, self._topic, self._see, timeout_s=_READ_TO_END_S, partitions=[0], assign=False,
-                           keep_going=lambda: self._holds_p0 and not self._stop.is_set(), on_error=error)
+        reader = self._clients.consumer(state_reader_config(
+            self._settings, self._names.control_state_group, self._names.control_client_id(self.instance_id, "leader")))
+        try:
+            return read_to_end(reader, self._topic, self._see, timeout_s=_READ_TO_END_S, partitions=[0],
+                               keep_going=lambda: self._holds_p0 and not self._stop.is_set(), on_error=error)
+        finally:
+            reader.close()
 
-    def _elect(self, consumer: Any) -> None:
+    def _elect(self) -> None:
         """init_transactions (fences any zombie) -> read control-leader to its end -> epoch = max + 1."""
         config = {**transactional_producer_config(self._settings, self._names.control_transactional_id,
                                                   transaction_timeout_ms=_TXN_TIMEOUT_MS),
@@ -280,7 +291,7 @@ class LeaderElector:
         if not producer.start(patience_s=30.0):  # stopping
             return
         try:
-            if not self._read_to_end(consumer):
+            if not self._read_to_end():
                 producer.discard()
                 return
             now = self._clock()

@@ -1,7 +1,7 @@
 """Control-plane leadership (``LeaderElector``) against fake Kafka clients (no broker).
 
 Election: hold partition 0 of control-leader, fence earlier writers (init_transactions), read the topic to
-its high watermark, publish LeaderEpoch(max seen + 1) and a ControlEvent in one transaction.  Stepping
+its high watermark with a reader of its own, publish LeaderEpoch(max seen + 1) and a ControlEvent in one transaction.  Stepping
 down: a fenced producer or partition 0 taken away.  Transactions: a commit that times out is called again;
 one that keeps timing out cannot be aborted (librdkafka), so its producer is dropped and a new term leads:
 never left open.  Failover between real processes on a real broker: test_control_kafka.py.
@@ -47,9 +47,10 @@ def abortable() -> Exception:
 @dataclass
 class Election:
     elector: LeaderElector
-    consumer: FakeConsumer
+    consumer: FakeConsumer  # the group member
     clients: FakeClients
     producers: list[FakeProducer]
+    readers: list[FakeConsumer]  # each election attempt's reader of control-leader
     changes: list[tuple[bool, int]] = field(default_factory=list)
 
     def decoded(self, producer: FakeProducer) -> list[list[tuple[str, dict[str, Any]]]]:
@@ -68,10 +69,22 @@ def election() -> Iterator[Any]:
 
     def start(faults: dict[str, Any] | None = None, history: tuple[int, ...] = (3, 7), now: float = NOW_S) -> Election:
         # earlier terms on the topic, each followed by its transaction's commit marker
-        consumer = FakeConsumer([FakeMessage(CONTROL_LEADER, 0, 2 * i, b"cluster", claim(epoch))
+        def topic() -> FakeConsumer:
+            fake = FakeConsumer([FakeMessage(CONTROL_LEADER, 0, 2 * i, b"cluster", claim(epoch))
                                  for i, epoch in enumerate(history)], partitions={CONTROL_LEADER: 1})
-        for i in range(len(history)):
-            consumer.add_marker(CONTROL_LEADER, 0, 2 * i + 1)
+            for i in range(len(history)):
+                fake.add_marker(CONTROL_LEADER, 0, 2 * i + 1)
+            return fake
+
+        consumer = topic()
+        readers: list[FakeConsumer] = []
+
+        def make_consumer(config: dict[str, Any]) -> FakeConsumer:
+            if config["group.id"] == NAMES.control_group:
+                return consumer
+            readers.append(topic())
+            return readers[-1]
+
         producers: list[FakeProducer] = []
         script = dict(faults or {})  # one script for every producer the elector makes
 
@@ -79,9 +92,9 @@ def election() -> Iterator[Any]:
             producers.append(FakeProducer(script))
             return producers[-1]
 
-        clients = fake_clients(consumer=consumer, producer=make_producer)
+        clients = fake_clients(consumer=make_consumer, producer=make_producer)
         e = Election(LeaderElector(SETTINGS, "ctl-a", clock=lambda: now, clients=clients.clients, limits=LIMITS),
-                     consumer, clients, producers)
+                     consumer, clients, producers, readers)
         e.elector._on_change = lambda leader, epoch: e.changes.append((leader, epoch))
         made.append(e)
         e.elector.start()
@@ -106,25 +119,27 @@ def test_leads_with_the_next_epoch_after_fencing_and_reading_the_topic_to_its_en
     ]]  # both records in ONE transaction: an epoch is never claimed without its event, nor the reverse
     # the end of the topic is taken after init_transactions: a zombie's open claim is resolved by then
     fenced_at = producer.called("init_transactions")[0].seq
-    assert [c.seq > fenced_at for c in e.consumer.called("get_watermark_offsets")] == [True]
+    (reader,) = e.readers
+    assert [c.seq > fenced_at for c in reader.called("get_watermark_offsets")] == [True]
+    assert reader.closed and not e.consumer.called("get_watermark_offsets")  # never the group member's position
     assert e.elector.producer is not None and not producer.in_transaction
 
-    (member,) = e.clients.of("consumer")
-    assert member["group.id"] == NAMES.control_group
+    member, read = e.clients.of("consumer")
+    assert member["group.id"] == NAMES.control_group and read["group.id"] != NAMES.control_group
     assert member["partition.assignment.strategy"] == "cooperative-sticky"  # a standby joining costs no blip
     (writer,) = e.clients.of("producer")
     assert writer["transactional.id"] == NAMES.control_transactional_id  # shared: the next leader fences us
 
 
-def test_a_failed_election_is_retried_and_the_retry_reads_to_the_high_watermark_not_to_an_eof_event(election):
+def test_a_failed_election_is_retried_and_the_retry_reads_the_topic_afresh(election):
     e = election({"commit_transaction": [abortable()]})
     wait_until(lambda: e.elector.is_leader, timeout=10, message="leadership at the second attempt")
     first, second = e.producers
     assert first.aborts == 1 and first.transactions == [] and first.purged  # nothing of the failed claim is visible
     assert e.decoded(second)[0][0][1]["epoch"] == 8  # the failed claim was never committed: still max + 1
     assert "election failed" in (e.elector.last_error or "")
-    # librdkafka sends end-of-partition once; the first attempt consumed it, the retry still finished
-    assert e.consumer.eof_events == 1
+    # each attempt reads with a reader of its own from the beginning: no state of the failed one carries over
+    assert len(e.readers) == 2 and all(r.closed for r in e.readers)
 
 
 def test_a_fenced_producer_makes_the_leader_step_down_then_it_rejoins_and_leads_a_new_term(election):
