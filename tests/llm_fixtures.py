@@ -112,12 +112,12 @@ def sglang_answer(request: httpx.Request) -> httpx.Response:
                                      "meta_info": {"prompt_tokens": 3, "completion_tokens": 4}})
 
 
-def alone_in_its_group() -> FakeAdmin:
-    """The broker describes the fake consumer's group as stable with the fake consumer alone in it (a hand-over
-    then keeps the static membership, ``sie.streams.eos.stage.leaves_group``)."""
+def settled_group(topics: dict[str, int]) -> FakeAdmin:
+    """The broker describes the fake consumer's group as stable with the fake consumer alone in it, owning every
+    partition of ``topics`` (a hand-over then keeps the static membership, ``sie.streams.eos.stage.leaves_group``)."""
     from confluent_kafka import ConsumerGroupState
 
-    return FakeAdmin(groups={"*": (ConsumerGroupState.STABLE, ["fake-member"])})
+    return FakeAdmin(topics=topics, groups={"*": (ConsumerGroupState.STABLE, ["fake-member"])})
 
 
 class Harness:
@@ -149,7 +149,7 @@ class Harness:
         config = ScorerConfig(settings=Settings(), spec=self.spec, instance="t-0", retry_backoff_s=0.0)
         self.scorer = LLMScorer(config, LLMConfig.from_backend_config(self.spec.backend.config),
                                 clients=fake_clients(consumer=self.consumer, producer=make_producer,
-                                                     admin=alone_in_its_group()).clients,
+                                                     admin=settled_group({topic: partitions})).clients,
                                 http_client=httpx.Client(transport=httpx.MockTransport(handler)),
                                 wall_clock=wall_clock or (lambda: NOW_MS / 1000 + 0.5))
         self.summary = None

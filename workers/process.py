@@ -100,7 +100,7 @@ class ProcessHandle(Protocol):
 
     def hand_over(self) -> None:
         """Stop for a loaded successor (SIGUSR2): drain like ``terminate``; the worker keeps its static group
-        membership for the successor only if it is the group's only member (``sie.streams.eos.stage.leaves_group``)."""
+        membership for the successor while the group is settled (``sie.streams.eos.stage.leaves_group``)."""
 
     def serve(self) -> None:
         """Start serving (SIGUSR1): a ``--standby`` worker whose predecessor released the replica."""

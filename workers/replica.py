@@ -116,6 +116,8 @@ class ActualReplica:
     #: the backend's outage the current process reports (``{"since_ms", "detail"}``: its batches are retried
     #: because the backend fails on a known-good row); None while it scores
     outage: dict | None = None
+    #: why the current process holds no partitions now (a version it routes to is not ready), None while it may
+    holding: str | None = None
     #: seconds from launch to READY of the current worker, and whether a warm-pool worker took the launch
     start_s: float | None = None
     warm: bool = False

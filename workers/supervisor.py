@@ -18,10 +18,10 @@ Draining rollout step) hands over instead, so its partitions pause only for the 
 
     old READY --target changed--> DRAINING (handing over: still serving, no signal)
     new PENDING --launch with --standby--> STARTING: loads, proves readiness, reports "standby", waits
-    old --SIGUSR2 (hand over: commit; leave the group, so the other replicas serve the partitions while the
-         successor starts, unless it is the group's only member: then keep its static membership)--> "released"
-    new --SIGUSR1 once every predecessor released--> init_transactions fences the old id; the consumer joins
-         (or takes the kept static membership, group.instance.id, without a rebalance) --> READY
+    old --SIGUSR2 (hand over: commit; keep the static membership while the group is settled, else leave it)
+         --> "released"
+    new --SIGUSR1 once every predecessor released--> init_transactions fences the old id; the consumer takes
+         the kept static membership (group.instance.id) and its partitions without a rebalance (or joins) --> READY
 
 It falls back to stop-then-start (SIGTERM, the old leaves; the new starts once it exited) when the new
 launch cannot wait loaded (a shared process's lane, a connector), when the GPU cannot hold both, and when
@@ -117,6 +117,8 @@ class ReplicaSnapshot:
     inference_rps: float | None = None
     #: the backend's outage the worker reports (``{"since_ms", "detail"}``), None while it scores
     outage: dict | None = None
+    #: why the worker holds no partitions now (``ActualReplica.holding``), None while it may
+    holding: str | None = None
     #: launch -> READY of the current worker (None until READY); ``warm``: a warm-pool worker took the launch
     start_s: float | None = None
     warm: bool = False
@@ -410,7 +412,7 @@ class Supervisor:
         replica.exit = None
         replica.worker_error = None
         replica.metrics_port = replica.lag = replica.p99_ms = replica.inference_rps = replica.start_s = None
-        replica.outage = None
+        replica.outage = replica.holding = None
         replica.warm = bool(getattr(replica.handle, "warm", False))
         replica.standby, replica.standby_ready, replica.serving, replica.released = predecessor is not None, False, False, False
         self._transition(replica, ReplicaState.STARTING, f"{'restarting' if is_restart else 'launched'}: pid {replica.pid}"
@@ -468,6 +470,7 @@ class Supervisor:
             p99_ms=replica.p99_ms if replica.state.has_process else None,
             inference_rps=replica.inference_rps if replica.state.has_process else None,
             outage=replica.outage if replica.state.has_process else None,
+            holding=replica.holding if replica.state.has_process else None,
             start_s=replica.start_s,
             warm=replica.warm,
             versions=dict(replica.versions) if replica.state.has_process else {},
@@ -491,6 +494,9 @@ def _take_reported(replica: ActualReplica, event: dict) -> None:
         replica.inference_rps = float(rate) if type(rate) in (int, float) and 0 < rate < 1e12 else None
     if "outage" in event:
         replica.outage = _outage(event["outage"])
+    if "holding" in event:
+        holding = event["holding"]
+        replica.holding = " ".join(holding.split())[:500] or None if isinstance(holding, str) else None
     if "versions" in event:
         replica.versions = _versions_reported(event["versions"])
 

@@ -22,13 +22,15 @@ the replica's log file):
     {"event": "ready", "latency_ms": 1.2, "outputs": {...}, "metrics_port": P}
                                                             readiness inference passed; /metrics on P
     {"event": "progress", "records": N, "rate": R, "lag": L, "p99_ms": X, "versions": {...},
-     "outage": {"since_ms", "detail"} | null}
+     "outage": {"since_ms", "detail"} | null, "holding": "holding no partitions: ..." | null}
                                                             every --progress-interval s (liveness), with
                                                             records per second of inference time over the
                                                             last minute (null if none), the scorer's consumer
                                                             lag, its recent per-request p99 and, during a
                                                             rollout, the other version's state
-                                                            ({"1.1.0": {"state": "ready", "detail": ""}})
+                                                            ({"1.1.0": {"state": "ready", "detail": ""}}) and,
+                                                            while a version it routes to is not ready, why
+                                                            it holds no partitions
     {"event": "draining"}                                   SIGTERM (or SIGUSR2: a hand-over) received
     {"event": "standby"}                                    --standby: loaded and proven; waits for SIGUSR1
     {"event": "released"}                                   the scorer's consumer and producer are closed:
@@ -42,11 +44,10 @@ its partitions at their next heartbeat (static membership would otherwise hold t
 timeout).  The agent's
 replace-in-place (a new version or spec for the same replica id) starts the successor with ``--standby``:
 it loads and proves the model while this replica still serves, reports ``standby`` and waits; the agent
-then sends the serving worker SIGUSR2 (stop for a successor: commit, then leave the group so the other
-replicas serve its partitions while the successor starts, unless it is the group's only member: then it keeps
-its static membership, ``sie.streams.eos.stage.leaves_group``) and, once it released, the successor
-SIGUSR1: its ``init_transactions`` fences the predecessor's id and its consumer joins (or takes the kept
-membership, ``group.instance.id``, without a rebalance).  A SIGKILLed or crashed worker never leaves: its
+then sends the serving worker SIGUSR2 (stop for a successor: commit, then keep its static membership while
+the group is settled, or leave it during a rebalance, ``sie.streams.eos.stage.leaves_group``) and, once it
+released, the successor SIGUSR1: its ``init_transactions`` fences the predecessor's id and its consumer takes
+the kept membership (``group.instance.id``) and its partitions without a rebalance (or joins).  A SIGKILLed or crashed worker never leaves: its
 restart takes its place the same way.
 
 Settings (Kafka connection, topic prefix) come from SIE_* environment variables,
@@ -237,9 +238,8 @@ def wait_group_settled(settings: Any, group: str, topic: str, stop: threading.Ev
     partitions revoked by the first wait for both: 2.1-2.4 s per partition when the surge replica stopped
     0.8-0.9 s after the last successor joined (docs/rollouts.md, "Measured").  Unknown (no broker answer):
     False at the limit, and the stop goes on."""
-    from confluent_kafka import ConsumerGroupState
-
     from sie.kernel.clients import KafkaClients
+    from sie.streams.eos.stage import settled_description
 
     deadline = time.monotonic() + limit_s
     try:
@@ -250,10 +250,8 @@ def wait_group_settled(settings: Any, group: str, topic: str, stop: threading.Ev
     while time.monotonic() < deadline and not stop.is_set():
         try:
             described = admin.describe_consumer_groups([group], request_timeout=1.0)[group].result(timeout=2.0)
-            partitions = admin.list_topics(topic, timeout=2.0).topics[topic].partitions
-            owned = {tp.partition for m in described.members for tp in m.assignment.topic_partitions
-                     if tp.topic == topic}
-            if described.state == ConsumerGroupState.STABLE and owned >= set(partitions):
+            partitions = list(admin.list_topics(topic, timeout=2.0).topics[topic].partitions)
+            if settled_description(described, None, {topic: partitions}):
                 return True
         except Exception as exc:  # noqa: BLE001 - unknown now: ask again until the limit
             log.debug("group %s: not described (%s)", group, exc)
@@ -358,6 +356,9 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
                 numbers |= {"records": scorers[0].summary().records_in, "rate": None}
             if versions is not None:
                 numbers["versions"] = versions.report()
+                # the readiness gate (sie.streams.eos.stage): a version its table routes to is not ready here
+                unready = getattr(scorers[0], "unready", "")
+                numbers["holding"] = f"holding no partitions: {unready}" if unready else None
             return numbers
 
         progress = threading.Thread(

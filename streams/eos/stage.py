@@ -25,8 +25,8 @@ records mean::
                                            # a planned stop LEAVES the group (static member or not): the others
                                            # take its partitions at their next heartbeat; an error exit
                                            # keeps a static member's place for its restart (no rebalance), and
-                                           # so does a hand-over (StopRequest.hand_over) by the group's only
-                                           # member: its loaded successor takes the place at once
+                                           # so does a hand-over (StopRequest.hand_over) while the group is
+                                           # settled: its loaded successor takes the place at once
 
 Serial by default (``cycle.PIPELINED_DEFAULT``, the measurement there): each batch is committed before the
 next is collected (``run_batch``).  Pipelined (``StageSettings.pipelined``): ``start_batch`` returns as soon as
@@ -137,36 +137,31 @@ class StopRequest(threading.Event):
         self.set()
 
 
-def leaves_group(stop: threading.Event, consumer: KafkaConsumer, topics: Sequence[str], *,
-                 alone: Callable[[], bool]) -> bool:
+def leaves_group(stop: threading.Event, *, settled: Callable[[], bool]) -> bool:
     """Whether a stage stopped on request by ``stop`` leaves its consumer group.
 
-    A plain stop always leaves.  A hand-over leaves too when another member can take the partitions: they
-    serve them while the successor starts (``init_transactions``, its join), then one more rebalance hands
-    it its share.  Measured (two static scorers, 6 partitions, 300 requests/s, one replaced by a successor
-    started as it stopped): the replaced one's partitions were silent 0.30 s when it left, 0.61 s when it
-    kept its membership for the successor (bench/results/rollout_handover.txt has the cluster figures).
-    The group's only member keeps its static membership instead: leaving would empty the group, nobody would
-    serve meanwhile, and a broker's ``group.initial.rebalance.delay.ms`` (3 s by default; 0 on SIE's own broker)
-    would hold the successor's join into the empty group; the successor takes the place without a rebalance.
-    "Only" is asked of the broker (``alone``: ``alone_in_group``), not read from the assignment: a member that
-    owns every partition may be in the middle of handing some to a member that just joined (cooperative: it is
-    told to revoke them and must join again before the newcomer is given them).  A successor that took its
-    place without a rebalance then inherited only what it kept, and the revoked partitions were nobody's until
+    A plain stop always leaves: the other members take its partitions at their next heartbeat.  A hand-over
+    (a loaded successor with the same ``group.instance.id`` waits to start) keeps the static membership
+    whenever the group is settled (``settled``: ``group_settled``, asked of the broker): the successor then
+    takes this member's place and its partitions without any rebalance.  Leaving instead costs two: the others
+    take the partitions, then the successor's join moves a share back, and a cooperative join (revoke in one
+    round, assign in the next, each waiting for the members' heartbeats) held the partitions it moved for
+    1.09-1.29 s (bench/results/rollout_handover.txt, before this rule), against the issue's 1 s.
+    Not settled (a rebalance in progress, or a partition nobody owns), it leaves: a member mid-way through a
+    cooperative rebalance may still list partitions it was told to give a member that just joined, and a
+    successor taking its place would inherit only what the broker left it, leaving the rest to nobody until
     the group's next rebalance (seen in tests/test_handover_e2e.py: 3 of 6 partitions silent until the end).
     A member that joins after the broker's answer finds a rebalance waiting for this one, and the successor's
     join (the same ``group.instance.id``) takes its place in that rebalance."""
     if not getattr(stop, "handing_over", False):
         return True
-    return not (owns_every_partition(consumer, topics) and alone())
+    return not settled()
 
 
-def alone_in_group(consumer: KafkaConsumer, consumer_config: dict[str, Any], clients: KafkaClients,
-                   timeout_s: float = 3.0) -> bool:
-    """Whether the broker describes ``consumer``'s group as stable with this member alone (False when unknown:
-    the caller then leaves, which is safe)."""
-    from confluent_kafka import ConsumerGroupState
-
+def group_settled(consumer: KafkaConsumer, consumer_config: dict[str, Any], clients: KafkaClients,
+                  topics: Sequence[str], timeout_s: float = 3.0) -> bool:
+    """Whether the broker describes ``consumer``'s group as stable, with this member in it and every partition of
+    ``topics`` owned by a member (False when unknown: the caller then leaves, which is safe)."""
     group, me = consumer_config.get("group.id"), consumer.memberid()
     if not group or not me:
         return False
@@ -174,10 +169,24 @@ def alone_in_group(consumer: KafkaConsumer, consumer_config: dict[str, Any], cli
         admin = clients.admin(connection_config(consumer_config))
         described = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(
             timeout=timeout_s + 1)
+        partitions = {t: list(admin.list_topics(t, timeout=timeout_s).topics[t].partitions) for t in topics}
     except Exception as exc:  # unknown: leave (the others, if any, take over; safe either way)
         log.info("group %s not described (%s): leaving it", group, exc)
         return False
-    return described.state == ConsumerGroupState.STABLE and [m.member_id for m in described.members] == [me]
+    return settled_description(described, me, partitions)
+
+
+def settled_description(described: Any, member: str | None, partitions: dict[str, list[int]]) -> bool:
+    """A group description (``describe_consumer_groups``) as ``group_settled`` judges it: stable, ``member`` (if
+    named) in it, every listed partition owned by a member."""
+    from confluent_kafka import ConsumerGroupState
+
+    if described.state != ConsumerGroupState.STABLE:
+        return False
+    if member is not None and member not in [m.member_id for m in described.members]:
+        return False
+    owned = {(tp.topic, tp.partition) for m in described.members for tp in m.assignment.topic_partitions}
+    return all(parts and all((t, p) in owned for p in parts) for t, parts in partitions.items())
 
 
 def owns_every_partition(consumer: KafkaConsumer, topics: Sequence[str], timeout_s: float = 5.0) -> bool:
@@ -491,8 +500,8 @@ class StreamLoop(Generic[T]):
             # has no group membership to leave (assign())
             close_quietly(consumer, producer, subscribed=not (self._out_of_group or self._gated_out),
                           leave=planned and not bounded and leaves_group(
-                              stop, consumer, cfg.topics,
-                              alone=lambda: alone_in_group(consumer, cfg.consumer_config, self._clients)))
+                              stop, settled=lambda: group_settled(consumer, cfg.consumer_config, self._clients,
+                                                                  cfg.topics)))
 
     # --- windowed stages (sie.streams.eos.windowed) ---------------------------------------------------------
     def _run_windowed(self, stop: threading.Event, consumer: Any, batcher: Batcher, eos: ExactlyOnce,

@@ -573,12 +573,13 @@ def _done(value: Any = None, error: BaseException | None = None) -> Future:
 
 class FakeAdmin(_Recorder):
     """Topics ``{name: partitions}`` with their configs, other groups' committed offsets, and groups as the
-    broker describes them (``groups``: ``{group: (ConsumerGroupState, [member ids])}``, ``"*"`` for any other)."""
+    broker describes them (``groups``: ``{group: (ConsumerGroupState, [member ids][, {member id: [(topic,
+    partition)]}])}``, ``"*"`` for any other; without the assignments the first member owns every partition)."""
 
     def __init__(self, topics: dict[str, int] | None = None, brokers: int = 1,
                  group_offsets: dict[str, dict[tuple[str, int], int]] | None = None,
                  faults: dict[str, Any] | None = None,
-                 groups: dict[str, tuple[Any, list[str]]] | None = None) -> None:
+                 groups: dict[str, tuple[Any, ...]] | None = None) -> None:
         super().__init__(faults)
         self.groups = dict(groups or {})
         self.topics: dict[str, int] = dict(topics or {})
@@ -623,13 +624,19 @@ class FakeAdmin(_Recorder):
         self._call("describe_consumer_groups", list(group_ids))
         from types import SimpleNamespace
 
-        from confluent_kafka import ConsumerGroupState
+        from confluent_kafka import ConsumerGroupState, TopicPartition
 
         out = {}
         for group in group_ids:
-            state, members = self.groups.get(group, self.groups.get("*", (ConsumerGroupState.DEAD, [])))
-            out[group] = _done(SimpleNamespace(group_id=group, state=state,
-                                               members=[SimpleNamespace(member_id=m) for m in members]))
+            described = self.groups.get(group, self.groups.get("*", (ConsumerGroupState.DEAD, [])))
+            state, members = described[0], described[1]
+            # the members' assignments: as given, else the first member owns every partition (a settled group)
+            every = [(t, p) for t, n in self.topics.items() for p in range(n)]
+            owned = described[2] if len(described) > 2 else {m: every if i == 0 else [] for i, m in enumerate(members)}
+            out[group] = _done(SimpleNamespace(group_id=group, state=state, members=[
+                SimpleNamespace(member_id=m, assignment=SimpleNamespace(
+                    topic_partitions=[TopicPartition(t, p) for t, p in owned.get(m, [])]))
+                for m in members]))
         return out
 
     def list_consumer_group_offsets(self, requests: list[Any], **_kw: Any) -> dict[str, Future]:

@@ -127,3 +127,25 @@ def test_a_backend_outage_the_worker_reports_reaches_the_heartbeat_and_ends_when
     launcher.last.exit(1)
     sup.update()  # CRASHED: no process, no outage to report
     assert sup.snapshots()[0].outage is None
+
+
+def test_a_worker_holding_no_partitions_says_why_in_its_replicas_reason_until_it_serves_again():
+    """The readiness gate (issue 34): a worker whose routing table names a version not ready here holds no
+    partitions; its progress line says why, and the heartbeat's reason carries it (``sie get replicas``)."""
+    clock, launcher = FakeClock(), FakeLauncher()
+    sup = Supervisor(launcher, lambda d: LaunchSpec(name=d.replica_id, argv=("w",)), clock)
+    sup.set_desired([replica()])
+    sup.update()
+    launcher.last.emit(event="ready", metrics_port=40123)
+    why = "holding no partitions: 3.2.0 not ready here (loading)"
+    launcher.last.emit(event="progress", records=5, holding=why)
+    sup.update()
+    reported = decode(encode("Heartbeat", messages.heartbeat("node-a", 1, 5, [], sup.snapshots())))["replicas"][0]
+    assert reported["state"] == "READY" and reported["reason"].endswith(f"; {why}"), reported["reason"]
+    launcher.last.emit(event="progress", records=9, holding=None)  # every version ready: it serves again
+    sup.update()
+    reported = messages.heartbeat("node-a", 2, 6, [], sup.snapshots())["replicas"][0]
+    assert "holding" not in (reported["reason"] or "")
+    launcher.last.emit(event="progress", records=9, holding={"not": "text"})  # ignored, not trusted
+    sup.update()
+    assert sup.snapshots()[0].holding is None

@@ -62,7 +62,8 @@ def replica_report(snapshot: ReplicaSnapshot, host: str | None = None, process: 
         "state": snapshot.state.value,
         "pid": snapshot.pid,
         "restarts": snapshot.restarts,
-        "reason": snapshot.reason or None,
+        # the readiness gate's "holding no partitions: ..." joins the reason (sie get replicas, the status page)
+        "reason": "; ".join(r for r in (snapshot.reason, snapshot.holding) if r) or None,
         "metrics_address": address(host, snapshot.metrics_port),
         "lag": snapshot.lag,
         "p99_ms": snapshot.p99_ms,

@@ -82,18 +82,19 @@ def test_a_scorer_stopped_on_purpose_hands_its_partitions_over_far_within_the_se
         tail.close()
 
 
-def test_a_hand_over_by_a_member_that_owns_every_partition_leaves_once_another_member_joined(kafka_settings):
+def test_a_hand_over_keeps_the_membership_only_while_the_group_is_settled(kafka_settings):
     """The race tests/test_handover_e2e.py met: ``a`` owns every partition when ``b`` joins.  Cooperative-sticky
     tells ``a`` to revoke half and to join again before ``b`` is given them; until ``a`` polls, its own
-    assignment still says "every partition".  A hand-over now must LEAVE: kept static membership would let the
+    assignment still says "every partition".  A hand-over then must LEAVE: kept static membership would let the
     successor take ``a``'s place without a rebalance, with only the half ``a`` kept, and the revoked half would
-    be nobody's until the next rebalance.  Alone in the group, the same hand-over keeps the membership."""
+    be nobody's until the next rebalance.  Settled (alone, or beside ``b`` once the rebalance finished), the
+    same hand-over keeps the membership: the successor takes ``a``'s place and partitions, no rebalance."""
     import threading
 
     from confluent_kafka import Consumer
 
     from sie.kernel.clients import KafkaClients, eos_consumer_config
-    from sie.streams.eos.stage import alone_in_group, leaves_group, owns_every_partition
+    from sie.streams.eos.stage import group_settled, leaves_group, owns_every_partition
 
     spec = echo_spec()
     topics_for(kafka_settings, spec, partitions=PARTITIONS)
@@ -111,19 +112,25 @@ def test_a_hand_over_by_a_member_that_owns_every_partition_leaves_once_another_m
         wait_until(lambda: a.poll(0.1) is None and len(a.assignment()) == PARTITIONS, 60, 0,
                    "a owns every partition")
 
-        def alone() -> bool:
-            return alone_in_group(a, configs["a"], KafkaClients())
+        def settled() -> bool:
+            return group_settled(a, configs["a"], KafkaClients(), [topic])
 
-        wait_until(alone, 30, 0.1, "the broker to describe a alone in a stable group")
-        assert not leaves_group(handing_over, a, [topic], alone=alone), "alone: the successor takes the place"
+        wait_until(settled, 30, 0.1, "the broker to describe a's group as settled")
+        assert not leaves_group(handing_over, settled=settled), "alone and settled: the successor takes the place"
+        assert leaves_group(threading.Event(), settled=settled), "a plain stop always leaves"
 
         b.subscribe([topic])
         polling_b.start()  # a is not polled from here on: its revoke waits, as in a stage finishing its batch
         wait_until(lambda: len(group_assignment(kafka_settings, spec.group_id)) == 2, 60, 0.1,
                    "b in the group beside a")
         assert owns_every_partition(a, [topic]), "a's own view still says every partition (the race)"
-        assert not alone()
-        assert leaves_group(handing_over, a, [topic], alone=alone), "another member joined: a must leave"
+        assert not settled()
+        assert leaves_group(handing_over, settled=settled), "a rebalance in progress: a must leave"
+
+        # a polls again: it gives up its half, the second round gives it to b, the group settles
+        wait_until(lambda: a.poll(0.1) is None and settled(), 60, 0, "the group settled with a and b")
+        assert 0 < len(a.assignment()) < PARTITIONS
+        assert not leaves_group(handing_over, settled=settled), "settled beside b: the successor takes a's place"
     finally:
         stop_b.set()
         if polling_b.is_alive():
