@@ -11,7 +11,9 @@ here unless SIE_BOOTSTRAP_SERVERS names one).  Each rollout gets a model of its 
     apply v1.1.0 with a rollout block (steps 10/50/100, --interval s each)
       good: different code; at the 10 % step SIGKILL stable worker <model>-0 (its agent restarts it), at the
             50 % step SIGKILL the leading `sie control` (the standby takes over; a new standby is started);
-            it must Complete
+            with --phase-kills (default) also SIGKILL worker <model>-1 once in Surging and once in Draining
+            (the stable worker beside the surge replica; a replica mid-way through its replacement); it must
+            Complete
       bad:  different code that cannot score 1 row in 20 (dead letters); no kills; it must roll back
     stop the load (a few seconds after the rollout ended), read every result and dead letter (read_committed)
     exactly once: every request one output (lost / duplicated)
@@ -137,7 +139,8 @@ class Campaign:
         return out
 
     def _drive(self, model: str, kind: str, out: dict[str, Any], applied: float) -> dict[str, Any]:
-        """Wait for the rollout's end; a good one gets the worker SIGKILL at 10 % and the leader SIGKILL at 50 %."""
+        """Wait for the rollout's end; a good one gets the worker SIGKILL at 10 % and the leader SIGKILL at 50 %
+        (and, with --phase-kills, a worker SIGKILL in Surging and one in Draining)."""
         c, killed_worker, killed_leader = self.c, False, False
         deadline = time.monotonic() + self.args.timeout
         while time.monotonic() < deadline:
@@ -148,7 +151,11 @@ class Campaign:
                 if r["phase"] in TERMINAL:
                     return r
                 weight = float(r.get("weight_percent") or 0)
-                if kind == "good" and not killed_worker and r["phase"] == "Canary" and weight >= 10:
+                phase_kill = f"{r['phase'].lower()}_kill"
+                if (kind == "good" and self.args.phase_kills and r["phase"] in ("Surging", "Draining")
+                        and phase_kill not in out):
+                    out[phase_kill] = f"in {r['phase']}: " + self._kill_worker(f"{model}-1")
+                elif kind == "good" and not killed_worker and r["phase"] == "Canary" and weight >= 10:
                     killed_worker = True
                     out["worker_kill"] = self._kill_worker(f"{model}-0")
                 elif kind == "good" and not killed_leader and r["phase"] == "Canary" and weight >= 50:
@@ -218,7 +225,7 @@ def _run_lines(n: int, r: dict[str, Any]) -> list[str]:
     if rep is not None:
         lines.append(f"  {rep.summary()}; canary dead letters {r.get('canary_dead_letters', 0)}")
         lines.append("  by epoch: " + ", ".join(f"{k}: {v}" for k, v in rep_epochs))
-    for key in ("worker_kill", "leader_kill"):
+    for key in ("surging_kill", "worker_kill", "leader_kill", "draining_kill"):
         if key in r:
             lines.append(f"  {r[key]}")
     lines += [f"  event: {e}" for e in r.get("events", [])]
@@ -230,6 +237,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench_rollout.py campaign", description=__doc__.splitlines()[0])
     parser.add_argument("--good", type=int, default=5, help="good rollouts (worker SIGKILL at 10 %%, leader at 50 %%)")
     parser.add_argument("--bad", type=int, default=5, help="bad-canary rollouts (1 row in 20 fails; must roll back)")
+    parser.add_argument("--phase-kills", action=argparse.BooleanOptionalAction, default=True,
+                        help="good rollouts: also SIGKILL worker <model>-1 in Surging and in Draining")
     parser.add_argument("--rate", type=float, default=100.0, help="keyed requests per second during each rollout")
     parser.add_argument("--keys", type=int, default=500, help="distinct request keys")
     parser.add_argument("--interval", type=float, default=10.0, help="intervalSeconds of each canary step")
@@ -301,8 +310,9 @@ def _report(command: str, runs: list[dict[str, Any]], load_start: tuple[float, f
              f"2 replicas, each version {args.load_s:g}s to load), steps 10/50/100 at {args.interval:g}s, "
              f"{args.rate:g} keyed requests/s over {args.keys} keys",
              "",
-             f"ran: {len(good)} good of {args.good} asked (worker SIGKILL at 10 %, leader SIGKILL at 50 %), "
-             f"{len(bad)} bad of {args.bad} asked (1 row in 20 fails)",
+             f"ran: {len(good)} good of {args.good} asked (worker SIGKILL at 10 %, leader SIGKILL at 50 %"
+             + (", a worker SIGKILL in Surging and in Draining" if args.phase_kills else "")
+             + f"), {len(bad)} bad of {args.bad} asked (1 row in 20 fails)",
              f"good Complete: {sum(1 for r in good if r.get('phase') == 'Complete')}/{len(good)}; "
              f"bad RolledBack: {sum(1 for r in bad if r.get('phase') == 'RolledBack')}/{len(bad)}",
              f"requests {total('requests')}, lost {total('lost')}, duplicated {total('duplicated')}",
