@@ -6,7 +6,8 @@ of its own (``tests/user_models.py``: outputs that name the code that answered),
 Both versions take ``LOAD_S`` (>= 10 s) to load, as a worker and as a companion process.  So in ``Surging`` the
 surge replica (its own version is the canary) waits that long for its stable companion, a stable worker
 SIGKILLed mid-canary comes back, loads its own version, then waits that long for its canary companion, and a
-stable replica whose canary companion is SIGKILLed mid-canary serves nothing until it is loaded again.
+stable replica whose canary companion is SIGKILLed mid-canary serves nothing until it is loaded again.  A stable
+worker is also SIGKILLed in Surging and a worker mid-way through Draining (each phase of a rollout has a kill).
 Before, both answered meanwhile with the version they had (``sie.routing.fallback``): the canary answered at
 weight 0, and keys the canary had answered went back to stable.
 
@@ -75,7 +76,19 @@ def _companion_pid(replica: str, version: str) -> int | None:
     return None
 
 
-def test_slow_companions_a_companion_and_a_stable_worker_killed_mid_canary_answer_nothing_off_their_weight(
+def _kill_worker(c: Cluster, replica: str) -> None:
+    """SIGKILL ``replica``'s worker; its agent restarts it (same replica id)."""
+    workers = {rid: pid for rid, (_n, pid) in c.all_workers().items()}
+    assert replica in workers, workers
+    os.kill(workers[replica], signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: (p := c.all_workers().get(replica)) and p[1] != workers[replica], 60,
+             lambda: f"{replica} restarted: {c.all_workers()}")
+    print(f"{replica} restarted {time.monotonic() - killed_at:.1f}s after its SIGKILL "
+          f"({(_rollout(c, replica.rsplit('-', 1)[0]) or {}).get('phase')})")
+
+
+def test_slow_companions_and_worker_kills_in_every_phase_answer_nothing_off_their_weight(
         kafka_settings, tmp_path):
     src = tmp_path / "src"
     c = _cluster(kafka_settings, tmp_path)
@@ -90,7 +103,11 @@ def test_slow_companions_a_companion_and_a_stable_worker_killed_mid_canary_answe
         rollout = {"steps": [50, 100], "intervalSeconds": 45, "surgeTimeoutSeconds": 300, "gates": GATES}
         _apply(c, python_project(src, "1.1.0", replicas=2, load_s=LOAD_S, rollout=rollout))
 
-        # Surging lasts at least the surge replica's own load plus its stable companion's (each LOAD_S)
+        # Surging lasts at least the surge replica's own load plus its stable companion's (each LOAD_S): SIGKILL
+        # stable worker 1 in it; its restart serves stable's share only once its own version is loaded again
+        wait_for(lambda: (r := _rollout(c, "churn-py")) and r["phase"] == "Surging", 120,
+                 lambda: f"Surging: {_rollout(c, 'churn-py')}")
+        _kill_worker(c, "churn-py-1")
         surging = wait_for(lambda: (r := _rollout(c, "churn-py")) and r["phase"] == "Canary" and r, 360,
                            lambda: f"Canary: {_rollout(c, 'churn-py')}\n{c.logs()}")
         print(f"Surging -> Canary: {[e['reason'] for e in surging['events'] if e['from'] == 'Surging']}")
@@ -102,15 +119,15 @@ def test_slow_companions_a_companion_and_a_stable_worker_killed_mid_canary_answe
         os.kill(companion, signal.SIGKILL)
         # and SIGKILL stable worker 0; its agent restarts it, and the restart must not take partitions before its
         # canary companion is ready (LOAD_S after its own load)
-        workers = {rid: pid for rid, (_n, pid) in c.all_workers().items() if rid.startswith("churn-py-")}
-        assert "churn-py-0" in workers, workers
-        os.kill(workers["churn-py-0"], signal.SIGKILL)
-        killed_at = time.monotonic()
-        wait_for(lambda: (p := c.all_workers().get("churn-py-0")) and p[1] != workers["churn-py-0"], 60,
-                 lambda: f"churn-py-0 restarted: {c.all_workers()}")
-        print(f"churn-py-0 restarted {time.monotonic() - killed_at:.1f}s after its SIGKILL")
+        _kill_worker(c, "churn-py-0")
         wait_for(lambda: (p := _companion_pid("churn-py-1", "1.1.0")) and p != companion, 120,
                  lambda: f"churn-py-1's companion restarted\n{c.logs()}")
+
+        # Draining: each replica is replaced by a 1.1.0 worker (LOAD_S each); SIGKILL a worker mid-way
+        wait_for(lambda: (r := _rollout(c, "churn-py")) and r["phase"] in ("Draining", "Complete") and r, 360,
+                 lambda: f"Draining: {_rollout(c, 'churn-py')}\n{c.logs()}")
+        if (_rollout(c, "churn-py") or {}).get("phase") == "Draining":
+            _kill_worker(c, "churn-py-1")
 
         final = wait_for(lambda: (r := _rollout(c, "churn-py")) and r["phase"] in ("Complete", "RolledBack", "Failed")
                          and r, 360, lambda: f"the rollout ends ({_rollout(c, 'churn-py')})\n{c.logs()}")
