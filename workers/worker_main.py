@@ -267,7 +267,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     from sie.streams.eos import StopRequest
     from sie.streams.llm.config import serves_through_window
     from sie.streams.scorer import ScorerConfig
-    from sie.streams.scorer.rollout import run_rollout_scorer
+    from sie.streams.scorer.rollout import KafkaWeightSource, run_rollout_scorer
 
     stop_event = StopRequest()
     serve = threading.Event()  # --standby: set by SIGUSR1 (go), and by any stop (nothing to wait for then)
@@ -315,16 +315,22 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         topics = spec.topics
         from sie.streams.llm.config import deferred_topic
 
-        launched = getattr(backend, "launched_url", None) is not None
+        launched_url = getattr(backend, "launched_url", None)
+        window = serves_through_window(spec, launched_server=launched_url is not None)
         ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters,
-                                       deferred_topic(spec, settings.names, launched_server=launched)],
+                                       deferred_topic(spec, settings.names, launched_server=launched_url is not None)],
                             settings.request_partitions)
+        # the rollouts topic is read from here on, standby included: a successor then joins its group as soon as
+        # it is told to serve, not after a fresh reader caught up (0.36 s of a hand-over's gap, measured)
+        weights = None if window else KafkaWeightSource(settings, spec.name)
         if args.standby:  # the predecessor still serves: wait for it to release the replica's id (SIGUSR1)
             status.emit("standby")
             waited = time.monotonic()
             while not serve.wait(1.0):
                 pass
             if stop_event.is_set():
+                if weights is not None:
+                    weights.close()
                 status.emit("stopped", records=0)
                 return 0
             log.info("%s: standby for %.2fs; serving now", label, time.monotonic() - waited)
@@ -337,9 +343,6 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
             stop_event.set()
 
         scorers: list[Any] = []
-
-        launched_url = getattr(backend, "launched_url", None)
-        window = serves_through_window(spec, launched_server=launched_url is not None)
 
         indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]
         versions = None if window else companion_versions(settings, args.spec_file.parent, label, indices,
@@ -387,7 +390,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
                 records = summary.records_in
             else:
                 summary = run_rollout_scorer(config, lambda _spec: counter, stop_event, on_ready=on_ready,
-                                             versions=versions)
+                                             weights=weights, versions=versions)
                 records = counter.records
         finally:
             progress_stop.set()
