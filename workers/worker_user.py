@@ -79,14 +79,15 @@ class WorkerUser:
     def write_secret(self, path: Path, text: str) -> None:
         """``text`` into ``path``, owned by the worker's uid, mode 0400: readable by the workers and nobody else
         (the agent, root without CAP_DAC_OVERRIDE on Kubernetes, never reads it back).  Atomic: a worker never
-        reads half a password."""
+        reads half a password.  The mode is set while the agent still owns the file: after the chown only the
+        worker (or CAP_FOWNER, which the chart's agent lacks) could change it."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         try:
             os.write(fd, text.encode("utf-8"))
-            os.fchown(fd, self.uid, self.gid)
             os.fchmod(fd, 0o400)
+            os.fchown(fd, self.uid, self.gid)
         finally:
             os.close(fd)
         os.replace(tmp, path)

@@ -30,7 +30,15 @@ from typing import Any
 
 from sie.infra.kafka.fetch import LOG4J_CONFIG, Echo, ensure_jars, require_tool
 from sie.infra.kafka.layout import HOST, ClusterLayout, NodeLayout, render_properties
-from sie.infra.kafka.security import ADMIN, MECHANISM, SCRAM_ITERATIONS, USERS, SecurityFiles, secure_server_properties
+from sie.infra.kafka.security import (
+    ADMIN,
+    LOOPBACK,
+    MECHANISM,
+    SCRAM_ITERATIONS,
+    USERS,
+    SecurityFiles,
+    secure_server_properties,
+)
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 
@@ -318,17 +326,22 @@ class LocalKafka:
         else:
             state = ClusterState(layout.brokers, layout.base_port, new_cluster_id(), self.settings.kafka_version,
                                  secure=self._secure_requested, hosts=layout.hosts)
+        if state.secure and layout.brokers > 1 and any(n.host != LOOPBACK for n in layout.nodes):
+            raise ConfigError("a secured cluster keeps its controller listener (PLAINTEXT, a super user) on "
+                              "loopback: 3 brokers on other addresses cannot form a quorum there; secure one "
+                              "broker, or run the 3 on 127.0.0.1")
         to_start = [n for n in layout.nodes if not self._alive(n, state)]
         for node in to_start if self._launcher is None else ():  # a launched node's ports are its own
-            for port in (node.broker_port, node.controller_port):
-                if port_in_use(port, node.host):
+            for port, host in ((node.broker_port, node.host),
+                               (node.controller_port, LOOPBACK if state.secure else node.host)):
+                if port_in_use(port, host):
                     raise ConfigError(
                         f"{node.host}:{port} is already in use: run `sie kafka down` or pass --base-port"
                     )
         lib = ensure_jars(self.settings, echo=self._echo)
         java = require_tool("java")
         if state.secure:
-            self.security.ensure()
+            self.security.ensure(layout.hosts)  # the broker's certificate names the addresses it listens on
         state.save(self.state_file)
         self._format(layout, to_start, state, lib, java)
         started = time.monotonic()
@@ -483,6 +496,8 @@ class LocalKafka:
                 props = self._properties(node, props)
             if state.secure:
                 props.update(secure_server_properties(self.security, node.broker_port, node.controller_port, node.host))
+                if layout.brokers == 1:  # its controller listener is on loopback (secure_server_properties)
+                    props["controller.quorum.bootstrap.servers"] = f"{LOOPBACK}:{node.controller_port}"
             _write_private_text(node.properties_file, render_properties(props))  # holds the admin's password
             if not (node.data_dir / "meta.properties").is_file():
                 cmd = self._java_cmd(node, lib, java, "kafka.tools.StorageTool", "256m") + [

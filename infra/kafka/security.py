@@ -1,9 +1,12 @@
 """Secrets of a secured local cluster (``sie kafka up --secure``): a CA, the broker certificate, SCRAM users.
 
 Everything is made on this machine, nothing downloaded: ``openssl`` (present wherever the JDK is, and
-on every Debian/Ubuntu) makes a CA and a broker certificate whose subjectAltName is ``IP:127.0.0.1``
-and ``DNS:localhost``, so clients keep librdkafka's hostname verification on.  The broker reads PEM
-directly (``ssl.keystore.type=PEM``: key + certificate in one file, no keystore password).
+on every Debian/Ubuntu) makes a CA and a broker certificate whose subjectAltName is ``IP:127.0.0.1``,
+``DNS:localhost`` and the address of every node that listens elsewhere (``LocalKafka(hosts=...)``: the
+one-node Kubernetes cluster's pods reach the broker on the node's address), so clients keep librdkafka's
+hostname verification on; a cluster started on other addresses re-issues the broker certificate from the
+same CA.  The broker reads PEM directly (``ssl.keystore.type=PEM``: key + certificate in one file, no
+keystore password).
 
 Files live in ``<data_dir>/secrets`` (mode 0700; every file 0600 except the CA certificate, which
 clients need and is not a secret):
@@ -11,6 +14,7 @@ clients need and is not a secret):
     ca.pem                  the CA certificate clients trust (SIE_SSL_CA_LOCATION)
     ca.key                  the CA's key (only to sign the broker certificate; kept for re-issuing)
     broker.pem              broker key (PKCS#8) + certificate
+    broker.san              the subjectAltName broker.pem was issued for (a change re-issues it)
     users/<name>.password   one SCRAM-SHA-512 password per user (SIE_SASL_PASSWORD_FILE)
 
 Users: ``admin`` (the brokers' own inter-broker principal and a super user; created at format time)
@@ -22,9 +26,11 @@ prints the paths.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +40,8 @@ from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
 
 ADMIN = "admin"
+#: where a secured node's controller listener (PLAINTEXT, ANONYMOUS a super user) listens, whatever its host
+LOOPBACK = "127.0.0.1"
 MECHANISM = "SCRAM-SHA-512"
 SCRAM_ITERATIONS = 8192
 
@@ -44,6 +52,20 @@ def role_user(role: str) -> str:
 
 
 USERS = (ADMIN, *(role_user(r) for r in ROLES))
+
+
+def subject_alt_name(hosts: Sequence[str] = ()) -> str:
+    """The broker certificate's subjectAltName: loopback, ``localhost`` and each other address a node listens on
+    (an address, never a name: the nodes of ``LocalKafka(hosts=...)`` are addresses)."""
+    extra = []
+    for host in dict.fromkeys(hosts):
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise SieError(f"hosts: an IP address per node (got {host!r})") from None
+        if str(address) != "127.0.0.1":
+            extra.append(f"IP:{address}")
+    return ",".join(["IP:127.0.0.1", "DNS:localhost", *extra])
 
 
 def _private_dir(path: Path) -> Path:
@@ -82,12 +104,21 @@ class SecurityFiles:
     def password(self, user: str) -> str:
         return self.password_file(user).read_text(encoding="utf-8").strip()
 
-    def ensure(self) -> SecurityFiles:
-        """Make the CA, the broker certificate and every user's password, where missing (idempotent)."""
+    @property
+    def broker_san(self) -> Path:
+        return self.root / "broker.san"
+
+    def ensure(self, hosts: Sequence[str] = ()) -> SecurityFiles:
+        """Make the CA, the broker certificate (valid for loopback and ``hosts``) and every user's password,
+        where missing (idempotent); a broker certificate issued for other addresses is issued again."""
         _private_dir(self.root)
         _private_dir(self.root / "users")
-        if not (self.ca_cert.is_file() and self.broker_pem.is_file()):
-            self._make_certificates()
+        san = subject_alt_name(hosts)
+        if not (self.ca_cert.is_file() and self.ca_key.is_file()):
+            self._make_certificates(san)
+        elif not (self.broker_pem.is_file() and self.broker_san.is_file()
+                  and self.broker_san.read_text(encoding="utf-8").strip() == san):
+            self._make_certificates(san, new_ca=False)
         for user in USERS:
             if not self.password_file(user).is_file():
                 _write_private(self.password_file(user), secrets.token_urlsafe(24) + "\n")
@@ -102,7 +133,8 @@ class SecurityFiles:
             _write_private(self.password_file(user), secrets.token_urlsafe(24) + "\n")
         return self.password_file(user)
 
-    def _make_certificates(self) -> None:
+    def _make_certificates(self, san: str, new_ca: bool = True) -> None:
+        """The CA (``new_ca``) and a broker certificate for ``san`` signed by it."""
         openssl = require_tool("openssl")
         work = self.root
 
@@ -114,13 +146,13 @@ class SecurityFiles:
 
         old = os.umask(0o077)  # keys are created 0600
         try:
-            run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "3650",
-                "-subj", "/CN=SIE local Kafka CA", "-addext", "basicConstraints=critical,CA:TRUE",
-                "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+            if new_ca:
+                run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days",
+                    "3650", "-subj", "/CN=SIE local Kafka CA", "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-addext", "keyUsage=critical,keyCertSign,cRLSign")
             run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key", "-out", "broker.csr",
                 "-subj", "/CN=localhost")
-            (work / "broker.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                             "extendedKeyUsage=serverAuth,clientAuth\n")
+            (work / "broker.ext").write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
             run("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                 "-out", "broker.crt", "-days", "825", "-extfile", "broker.ext")
             key = (work / "broker.key").read_text()
@@ -128,6 +160,7 @@ class SecurityFiles:
                 run("pkcs8", "-topk8", "-nocrypt", "-in", "broker.key", "-out", "broker.key")
                 key = (work / "broker.key").read_text()
             _write_private(self.broker_pem, key + (work / "broker.crt").read_text())
+            _write_private(self.broker_san, san + "\n")
         finally:
             os.umask(old)
             for leftover in ("broker.key", "broker.csr", "broker.crt", "broker.ext", "ca.srl"):
@@ -151,18 +184,20 @@ class SecurityFiles:
 def secure_server_properties(files: SecurityFiles, broker_port: int, controller_port: int, host: str) -> dict[str, str]:
     """What a secured node adds to (and overrides in) ``ClusterLayout.server_properties``.
 
-    Clients and brokers: SASL_SSL with SCRAM-SHA-512 on the broker port.  The controller listener stays
-    PLAINTEXT on loopback (SCRAM on a KRaft controller listener is unreliable, KAFKA-15513); its
-    principal ANONYMOUS is a super user so the quorum works, which is why that port must never be
-    reachable from another machine.  ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``:
-    a principal without an ACL can do nothing.
+    Clients and brokers: SASL_SSL with SCRAM-SHA-512 on the broker port (on ``host``).  The controller
+    listener stays PLAINTEXT on loopback whatever ``host`` is (SCRAM on a KRaft controller listener is
+    unreliable, KAFKA-15513); its principal ANONYMOUS is a super user so the quorum works, which is why that
+    port must never be reachable from another machine, nor from the pods of the one-node Kubernetes cluster,
+    which reach the node's address (KIP-919: a controller listener takes CreateTopics, CreateAcls, ...).
+    ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: a principal without an ACL can do
+    nothing.
     """
     admin_password = files.password(ADMIN)
     jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" '
             f'password="{admin_password}";')
     return {
-        "listeners": f"SASL_SSL://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
-        "advertised.listeners": f"SASL_SSL://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
+        "listeners": f"SASL_SSL://{host}:{broker_port},CONTROLLER://{LOOPBACK}:{controller_port}",
+        "advertised.listeners": f"SASL_SSL://{host}:{broker_port},CONTROLLER://{LOOPBACK}:{controller_port}",
         "inter.broker.listener.name": "SASL_SSL",
         "sasl.enabled.mechanisms": MECHANISM,
         "sasl.mechanism.inter.broker.protocol": MECHANISM,

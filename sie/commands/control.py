@@ -22,6 +22,16 @@ from sie.commands._runtime import configure_logging, require_kafka, stop_on_sign
 from sie.kernel.settings import Settings
 
 
+def awaited_topics(settings: Settings) -> list[str]:
+    """The system topics ``sie control --no-ensure-topics`` waits for: the ones it reads (``CONTROL_READS``), which
+    are exactly what its principal may describe on a cluster with ACLs.  Not every system topic: ``backfill-plans``
+    belongs to backfill jobs, and a control principal holding ``sie acls plan --role control`` never sees it, so
+    the chart's control pod waited for it forever on a secured broker."""
+    from sie.kernel.acls import CONTROL_READS
+
+    return [settings.names.system_topic(s) for s in CONTROL_READS]
+
+
 @click.command("control")
 @click.option("--http-port", type=int, default=8470, show_default=True, help="HTTP API port (0 = any free port).")
 @click.option("--http-host", default="127.0.0.1", show_default=True,
@@ -69,7 +79,7 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
     # started before Kafka or its topics (every pod of a release starts at once): wait with bounded backoff,
     # saying what for (log, /readyz), instead of exiting
     stopped = stop_on_signals("stopping")
-    topics = [] if not no_ensure_topics else [t.name for t in system_topics(settings.topic_prefix)]
+    topics = [] if not no_ensure_topics else awaited_topics(settings)
     if not wait_for(settings, topics, readiness, stopped):
         return
     overrides: dict[str, Any] = {"node_timeout_s": node_timeout, "failure_cooldown_s": failure_cooldown}

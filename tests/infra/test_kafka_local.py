@@ -137,3 +137,35 @@ def test_stopped_broker_comes_back(private_kafka: LocalKafka) -> None:
     wait_until(lambda: not port_in_use(private_kafka.layout.base_port), timeout=10, message="port released")
     private_kafka.start_broker(1)
     assert private_kafka.status()["nodes"][0]["answers"]
+
+
+def _san(pem: Path) -> list[str]:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem.read_bytes().split(b"-----END PRIVATE KEY-----")[-1].lstrip())
+    ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return sorted([f"IP:{a}" for a in ext.get_values_for_type(x509.IPAddress)]
+                  + [f"DNS:{n}" for n in ext.get_values_for_type(x509.DNSName)])
+
+
+def test_a_secured_broker_on_another_address_is_named_in_its_certificate_and_keeps_its_controller_on_loopback(
+        tmp_path: Path) -> None:
+    """The one-node Kubernetes cluster's pods reach a secured broker on the node's address (tests/k8s/
+    test_pods_secured.py): its certificate must name that address (librdkafka verifies it), and the controller
+    listener, PLAINTEXT with ANONYMOUS a super user, must not be on it (a pod could create topics and ACLs)."""
+    from sie.infra.kafka.security import SecurityFiles, secure_server_properties
+
+    files = SecurityFiles(tmp_path / "secrets").ensure(["10.217.0.1"])
+    assert _san(files.broker_pem) == ["DNS:localhost", "IP:10.217.0.1", "IP:127.0.0.1"]
+    ca = files.ca_cert.read_bytes()
+    props = secure_server_properties(files, 30000, 30001, "10.217.0.1")
+    assert props["listeners"] == "SASL_SSL://10.217.0.1:30000,CONTROLLER://127.0.0.1:30001"
+    assert props["advertised.listeners"] == props["listeners"]
+    # on loopback again: the broker certificate is issued anew by the same CA (clients keep trusting it)
+    files.ensure()
+    assert _san(files.broker_pem) == ["DNS:localhost", "IP:127.0.0.1"] and files.ca_cert.read_bytes() == ca
+    # three brokers on their own addresses cannot vote over loopback: refused before anything starts
+    with pytest.raises(ConfigError, match="controller listener .* on loopback"):
+        LocalKafka(Settings(), brokers=3, base_port=30000, data_dir=tmp_path / "three", secure=True,
+                   hosts=["10.203.0.10", "10.203.0.11", "10.203.0.12"]).up(timeout=5)
+    assert not (tmp_path / "three" / "cluster.json").exists()

@@ -28,6 +28,10 @@ BUILD = REPO / "infra" / "image" / "build.sh"
 #: tests/infra/test_image.py may be running in (~/.cache/sie/image); the build caches are shared
 IMAGE_DIR = Path(os.environ.get("SIE_K8S_IMAGE_DIR", Path.home() / ".cache" / "sie" / "image-k8s"))
 IMAGE_WORK = Path(os.environ.get("SIE_IMAGE_DIR", Path.home() / ".cache" / "sie" / "image")) / "work"
+#: the tag the in-cluster tests build and run (the chart's appVersion)
+IMAGE_TAG = "0.1.0"
+#: what the in-cluster tests measured (seconds), printed when a module's node goes down (tests/k8s/conftest.py)
+TIMINGS: dict[str, float] = {}
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "nft", "ip", "openssl", "mmdebstrap", "umoci",
               "skopeo")
 

@@ -20,35 +20,18 @@ import yaml
 
 from sie.kernel.settings import Settings
 from tests.helpers import wait_until
-from tests.k8s.node_env import Node, build_image, node_down, node_prerequisites, node_up
+from tests.k8s.node_env import IMAGE_TAG, TIMINGS, Node
 
 # the first test waits for the node binaries (CI builds them in the background) and builds the image
 pytestmark = [pytest.mark.k8s_node, pytest.mark.kafka,
               pytest.mark.timeout(float(os.environ.get("SIE_K8S_TOOLS_WAIT_S") or 0) + 1800)]
 
-TAG = "0.1.0"
+TAG = IMAGE_TAG
 IMAGE = f"sie:{TAG}"
 #: what each pod of SIE's chart runs with (values.yaml podSecurityContext/securityContext)
 RESTRICTED = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
                         "capabilities": {"drop": ["ALL"]}}
-TIMINGS: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    why = node_prerequisites()
-    if why:
-        pytest.skip(why)
-    archive, TIMINGS["image build"] = build_image(TAG)
-    root = tmp_path_factory.mktemp("node")
-    node, TIMINGS["cluster up"] = node_up(root)
-    try:
-        TIMINGS["image import"] = node.import_image(archive)
-        yield node
-    finally:
-        node_down()
-        print("timings (s):", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
 
 
 @pytest.fixture(scope="module")
@@ -274,20 +257,24 @@ def _exactly_once(tail: Any, ids: list[str], timeout: float) -> None:
     assert all(kind == "result" for i in ids for _, kind in tail.arrivals[i]), "a request was dead-lettered"
 
 
-def test_kubectl_apply_a_modelservice_scores_1000_requests_exactly_once(release: Node, node_kafka: Settings,
-                                                                         tmp_path: Path):
-    import subprocess
-    import sys
-
-    node = release
-    leader = wait_until(lambda: _leader(node), 120, 1, "a leading control pod")
+def _model_spec(folder: Path) -> Path:
+    """The fraud-scorer example as model ``MODEL`` (one replica), its artifact a path on this machine."""
     doc = yaml.safe_load((REPO_EXAMPLES / "fraud-scorer.yaml").read_text())
     doc["metadata"]["name"] = doc["spec"]["model"]["name"] = MODEL
     doc["spec"]["backend"]["artifact"] = str((REPO_EXAMPLES / doc["spec"]["backend"]["artifact"]).resolve())
     doc["spec"]["sla"].update(min_replicas=1, max_replicas=1)
-    spec = tmp_path / f"{MODEL}.yaml"
+    spec = folder / f"{MODEL}.yaml"
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-    # what a user does: upload the artifact through the API, kubectl apply the resource it prints
+    return spec
+
+
+def _apply_model(node: Node, spec: Path) -> list[str]:
+    """What a user does: upload the artifact through the leader's API (``sie operator resource``), kubectl apply the
+    ModelService it prints; the model's row once it is 1/1 READY."""
+    import subprocess
+    import sys
+
+    leader = wait_until(lambda: _leader(node), 120, 1, "a leading control pod")
     made = subprocess.run([sys.executable, "-m", "sie", "operator", "resource", "-f", str(spec), "-n", NS,
                            "--control-url", f"https://{leader['status']['podIP']}:8470"],
                           env=_api_env(node), capture_output=True, text=True, timeout=120)
@@ -296,6 +283,13 @@ def test_kubectl_apply_a_modelservice_scores_1000_requests_exactly_once(release:
     node.kubectl("apply", "-f", "-", input=made.stdout)
     row = _wait_model_ready(node, 600)
     TIMINGS["kubectl apply -> READY"] = time.monotonic() - t0
+    return row
+
+
+def test_kubectl_apply_a_modelservice_scores_1000_requests_exactly_once(release: Node, node_kafka: Settings,
+                                                                         tmp_path: Path):
+    node = release
+    row = _apply_model(node, _model_spec(tmp_path))
     assert row[3] == "1.0.0", row
     stream, tail = _traffic(node_kafka, "k")
     try:

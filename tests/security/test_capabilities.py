@@ -78,6 +78,21 @@ def test_the_capability_table_is_exactly_what_the_acl_planner_grants():
             assert cell in expected and expected[cell], f"{suffix} / {role}: the doc says {cell}, the plan {granted}"
 
 
+def test_the_topics_the_control_plane_waits_for_at_start_are_visible_to_its_principal():
+    """``sie control --no-ensure-topics`` (the chart's) waits until its topics exist; on a cluster with ACLs a topic
+    its principal may not describe looks missing, so it must wait only for what ``plan(control)`` lets it see.  It
+    waited for every system topic, ``backfill-plans`` among them, and the chart's control pod never became Ready
+    on the secured broker (tests/k8s/test_pods_secured.py)."""
+    from sie.commands.control import awaited_topics
+
+    names = Names("blue")
+    visible = {r.name for r in plan(names, "control", "p") if r.resource == "topic" and r.pattern == "literal"}
+    awaited = awaited_topics(Settings(topic_prefix="blue"))
+    assert set(awaited) <= visible, set(awaited) - visible
+    assert {"blue.specs", "blue.assignments", "blue.control-leader"} <= set(awaited)
+    assert "blue.backfill-plans" not in awaited
+
+
 @pytest.fixture()
 def cluster(kafka_settings: Settings, tmp_path: Path) -> Any:
     prefix = f"cap{uuid.uuid4().hex[:8]}"

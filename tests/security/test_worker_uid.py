@@ -238,3 +238,38 @@ def test_a_workers_password_file_the_agent_cannot_read_is_one_line_at_start(tmp_
                         worker_sasl_password_file=tmp_path / "missing")
     with pytest.raises(ConfigError, match="workers' password file .*missing: cannot copy it for SIE_WORKER_UID"):
         WorkerCommandBuilder(tmp_path / "work", base_env={}, settings=settings, worker_user=WORKER)
+
+
+#: what the chart's agent container holds (agent.workerUid): root with only these capabilities
+CHART_AGENT_CAPS = "--bounding-set=-all,+chown,+setgid,+setuid"
+_COPY_AS_THE_CHARTS_AGENT = """
+import json, os, sys
+from pathlib import Path
+from sie.kernel.settings import Settings
+from sie.workers.agent.launch import WorkerCommandBuilder
+from sie.workers.worker_user import WorkerUser
+work, secret, uid, gid = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+settings = Settings(cache_dir=work.parent / "cache", worker_sasl_username="scorer", worker_sasl_password_file=secret)
+builder = WorkerCommandBuilder(work, base_env={}, settings=settings, worker_user=WorkerUser(uid, gid))
+info = os.stat(builder.credential_file)
+caps = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff:"))
+print(json.dumps([info.st_uid, info.st_gid, oct(info.st_mode & 0o7777), caps]))
+"""
+
+
+@needs_root
+def test_an_agent_holding_only_the_charts_capabilities_copies_the_workers_credential_for_them(node_dir: Path):
+    """The chart's agent container is root with only CAP_CHOWN, CAP_SETGID and CAP_SETUID (no CAP_FOWNER): the copy
+    used to be chmod-ed after its chown to the worker uid, which only the file's owner may do, and the agent pod
+    stopped at start with "cannot copy it for SIE_WORKER_UID (Operation not permitted)" (found by
+    tests/k8s/test_pods_secured.py; root with every capability, as here, never saw it)."""
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None, "setpriv (util-linux) is part of the test image"
+    secret = _secret(node_dir / "secrets" / "workers-password", "workers-password")
+    result = subprocess.run([setpriv, CHART_AGENT_CAPS, sys.executable, "-c", _COPY_AS_THE_CHARTS_AGENT,
+                             str(node_dir / "agent" / "n1"), str(secret), str(WORKER.uid), str(WORKER.gid)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # owned by the worker, 0400, made by an agent whose effective capabilities were exactly chown, setgid, setuid
+    assert json.loads(result.stdout) == [WORKER.uid, WORKER.gid, "0o400", "00000000000000c1"]
+    assert (node_dir / "agent" / "n1" / "worker-kafka-password").read_text(encoding="utf-8") == "workers-password"
