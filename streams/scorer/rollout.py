@@ -225,6 +225,11 @@ class RolloutScorer(Scorer):
         #: every version the current table names can answer here now; else why not (``serving``)
         self._unready = ""
 
+    @property
+    def weights(self) -> WeightSource:
+        """Where the rollout's weights come from (the rollouts topic for a worker)."""
+        return self._weights
+
     def serving(self) -> bool:
         """Whether this replica may hold partitions now: it read the rollouts topic to the end, and every
         version its table names is ready here (``sie.streams.eos.stage`` asks between batches)."""
@@ -496,21 +501,36 @@ class _ModelView:
         """The shared reader stays open: its owner (the process) closes it."""
 
 
-def run_rollout_scorer(config: Any, backend_factory: Callable[[Any], Any], stop_event: Any,
-                       on_ready: Callable[[RolloutScorer], None] | None = None, weights: WeightSource | None = None,
-                       versions: VersionProvider | None = None, **scorer_kwargs: Any) -> Any:
-    """``run_scorer`` that follows the model's rollout (weights from the rollouts topic unless given).
-
-    ``backend_factory(spec)`` loads the replica's own version; ``versions`` serves the other version of a
-    rollout (default: ``InProcessVersions(backend_factory)``, no isolation: workers pass their process-based
-    provider)."""
+def build_rollout_scorer(config: Any, backend_factory: Callable[[Any], Any], weights: WeightSource | None = None,
+                         versions: VersionProvider | None = None, **scorer_kwargs: Any) -> RolloutScorer:
+    """A ``RolloutScorer`` ready to run: its own version loaded by ``backend_factory(spec)``, weights from the
+    rollouts topic unless given (read from now on), ``versions`` serving a rollout's other version (default:
+    ``InProcessVersions(backend_factory)``, no isolation: workers pass their process-based provider)."""
     backend = backend_factory(config.spec)
     source = weights or KafkaWeightSource(config.settings, config.spec.name)
     provider = versions if versions is not None else InProcessVersions(backend_factory)
-    scorer = RolloutScorer(config, RoutingTable.single(config.spec.version, backend), weights=source,
-                           versions=provider, **scorer_kwargs)
+    return RolloutScorer(config, RoutingTable.single(config.spec.version, backend), weights=source,
+                         versions=provider, **scorer_kwargs)
+
+
+def serve_rollout_scorer(scorer: RolloutScorer, stop_event: Any,
+                         on_ready: Callable[[RolloutScorer], None] | None = None) -> Any:
+    """Run ``scorer`` until ``stop_event``; its weights reader and version provider are closed after."""
     try:
         return scorer.run(stop_event, on_ready=(lambda: on_ready(scorer)) if on_ready else None)
     finally:
-        source.close()
-        provider.close()
+        close_rollout_scorer(scorer)
+
+
+def close_rollout_scorer(scorer: RolloutScorer) -> None:
+    """Close what ``build_rollout_scorer`` opened (a scorer that never ran included)."""
+    scorer.weights.close()
+    scorer.versions.close()
+
+
+def run_rollout_scorer(config: Any, backend_factory: Callable[[Any], Any], stop_event: Any,
+                       on_ready: Callable[[RolloutScorer], None] | None = None, weights: WeightSource | None = None,
+                       versions: VersionProvider | None = None, **scorer_kwargs: Any) -> Any:
+    """``run_scorer`` that follows the model's rollout: ``build_rollout_scorer``, then ``serve_rollout_scorer``."""
+    return serve_rollout_scorer(build_rollout_scorer(config, backend_factory, weights, versions, **scorer_kwargs),
+                                stop_event, on_ready)

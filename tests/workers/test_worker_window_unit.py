@@ -134,12 +134,16 @@ def _run_worker(monkeypatch, spec: Any, backend: _Backend, tmp_path) -> tuple[in
         wait_until(lambda: any(e["event"] == "progress" for e in events()), 10, message="a progress line")
         return scorer.summary()
 
-    def batch(config, load_version, stop, on_ready=None, versions=None):
-        calls["batch"] = config.instance
+    def build(config, load_version, versions=None):
+        return SimpleNamespace(instance=config.instance)
+
+    def batch(built, stop, on_ready=None):
+        calls["batch"] = built.instance
         return ScorerSummary(0, 0, 0, 0, 0, 0, 0)
 
     monkeypatch.setattr(sie.streams.llm.stage, "run_llm_scorer", window)
-    monkeypatch.setattr(sie.streams.scorer.rollout, "run_rollout_scorer", batch)
+    monkeypatch.setattr(sie.streams.scorer.rollout, "build_rollout_scorer", build)
+    monkeypatch.setattr(sie.streams.scorer.rollout, "serve_rollout_scorer", batch)
     args = worker_main.parse_args(["--spec-file", str(tmp_path / "spec.json"), "--replica-id", "llm-0",
                                    "--progress-interval", "0.01"])
     return worker_main.run_worker(args, status), events(), calls
