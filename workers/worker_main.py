@@ -316,9 +316,10 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         from sie.streams.llm.config import deferred_topic
 
         launched_url = getattr(backend, "launched_url", None)
-        window = serves_through_window(spec, launched_server=launched_url is not None)
+        launched = launched_url is not None
+        window = serves_through_window(spec, launched_server=launched)
         ensure_model_topics(settings, [topics.requests, topics.results, topics.dead_letters,
-                                       deferred_topic(spec, settings.names, launched_server=launched_url is not None)],
+                                       deferred_topic(spec, settings.names, launched_server=launched)],
                             settings.request_partitions)
         progress_stop = threading.Event()
         fatal: list[str] = []

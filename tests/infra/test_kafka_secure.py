@@ -32,7 +32,7 @@ from sie.schemas.spec import load_spec
 from sie.schemas.spec_policy import SpecPolicy
 from tests.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
 from tests.scorer_fixtures import ScorerThread
-from tests.security.test_worker_uid_e2e import node_dir  # noqa: F401  (a fixture)
+from tests.security.test_worker_uid import node_dir  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.secure_kafka]
 

@@ -14,9 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.spec import load_spec
 from tests.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
+from tests.security.test_worker_uid import node_dir  # noqa: F401  (a fixture)
 from tests.workers.test_agent_kafka import publish_assignment, replica_assignment
 
 pytestmark = [pytest.mark.kafka,
@@ -36,16 +35,6 @@ WORKER_UID = 23456
 PYENV = Path(sys.base_prefix).parent.parent if sys.base_prefix.startswith("/root/") else None
 
 
-@pytest.fixture
-def node_dir() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="sie-worker-uid-e2e-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def _uid_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
@@ -53,20 +42,20 @@ def _uid_of(pid: int) -> int:
     raise AssertionError(f"no Uid line for pid {pid}")
 
 
-def _start_agent(node_dir: Path, work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_agent(root: Path, work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     """``sie agent --worker-uid`` in a private mount namespace where the Python installation is reachable."""
-    mounts = node_dir / "pyenv"
+    mounts = root / "pyenv"
     mounts.mkdir()
     agent_cmd = [sys.executable, "-m", "sie", "agent", "--node", "n1", "--simulate-gpus", "1xA100-80GB",
                  "--work-dir", str(work), "--worker-uid", str(WORKER_UID), "--heartbeat-s", "0.5"]
     script = (f"mount --bind {PYENV} {mounts} && mount -t tmpfs -o mode=0755 tmpfs /root && "
               f"mkdir -p {PYENV} && mount --bind {mounts} {PYENV} && exec \"$@\"") if PYENV else 'exec "$@"'
-    log = node_dir / "agent.log"
+    log = root / "agent.log"
     with open(log, "wb") as out:
         agent = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
                                   *agent_cmd], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                                    "HOME": str(node_dir), **env},
-                                 cwd=str(node_dir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                                    "HOME": str(root), **env},
+                                 cwd=str(root), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return agent, log
 
 
@@ -89,7 +78,7 @@ def _worker_pid(heartbeats: TopicTail) -> int | None:
 
 
 def test_sie_agent_runs_a_real_worker_as_its_uid_scoring_with_its_own_credential_copy(
-        kafka_settings: Settings, node_dir: Path) -> None:
+        kafka_settings: Settings, node_dir: Path) -> None:  # noqa: F811
     assert shutil.which("unshare"), "util-linux unshare"
     prefix = f"t{uuid.uuid4().hex[:10]}"
     settings = kafka_settings.with_overrides(topic_prefix=prefix)
