@@ -216,6 +216,13 @@ def request_producer_config(settings: Settings, client_id: str, **overrides: Any
     })
 
 
+#: fetch long-poll of a reader that serves as a read barrier on the data path (the rollouts read by a scorer
+#: assigned partitions).  A consumer's position passes a trailing transaction marker only with the next fetch
+#: answer, so an idle reader at its end proves it with the default 500 ms long-poll only after 0.1-0.5 s, which
+#: stalled every partition of the scorer at each assignment; 50 ms (the stage consumer's own) takes ~10 ms.
+BARRIER_FETCH_WAIT_MS = 50
+
+
 def state_reader_config(settings: Settings, group_id: str, client_id: str, *, partition_eof: bool = True,
                         **overrides: Any) -> dict[str, Any]:
     """A reader of (compacted) state topics that ``assign()``s and never commits: ``group_id`` is required
