@@ -43,8 +43,11 @@ class Batcher:
     """Collects up to ``max_batch`` records, waiting at most ``max_wait_s`` once one has arrived."""
 
     def __init__(self, consumer: KafkaConsumer, max_batch: int, max_wait_s: float, idle_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic, client_config: dict[str, Any] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, client_config: dict[str, Any] | None = None,
+                 between_polls: Callable[[], None] | None = None) -> None:
         self._consumer = consumer
+        #: called after each empty wait for the first record (the stage's rebalance nudge)
+        self._between_polls = between_polls
         #: the consumer's librdkafka config: names the principal and group of an authorization failure
         self._client_config = client_config or {}
         self._max_batch = max_batch
@@ -83,6 +86,8 @@ class Batcher:
                 return []
             # consume(1, ...) returns as soon as one record is there (consume(n) would wait for n).
             self._accept(self._consumer.consume(1, max(0.001, min(left, 0.1))))
+            if not buf and self._between_polls is not None:
+                self._between_polls()
         if self._max_wait <= 0:  # adaptive: what is already fetched, no waiting (consume(n, 0) never blocks)
             if len(buf) < most:
                 self._accept(self._consumer.consume(most - len(buf), 0))

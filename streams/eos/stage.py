@@ -90,6 +90,11 @@ log = logging.getLogger("sie.eos")
 #: the longest a stage that left its group on stalls in a row waits before joining again (the first time:
 #: ``EosLimits.stall_s``, doubling per stall)
 STALL_BACKOFF_MAX_S = 120.0
+#: the rebalance nudge (``StreamLoop._nudge``): how long after a rebalance callback, how often, and the
+#: metadata request's own timeout (a loopback answer takes milliseconds)
+REBALANCE_NUDGE_S = 3.0
+NUDGE_EVERY_S = 0.05
+NUDGE_TIMEOUT_S = 1.0
 
 T = TypeVar("T")
 
@@ -222,7 +227,8 @@ class BatchProcessor(Protocol):
     def partitions_assigned(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
         """Partitions assigned in a rebalance (e.g. re-read topic metadata: partitions may have been added).
         Called on the loop's thread after the ``consume()`` that assigned them returned, before any of their
-        records is prepared (not inside librdkafka's callback: see ``StreamLoop._on_assign``)."""
+        records is prepared (not inside librdkafka's callback: see ``StreamLoop._on_assign``); never with an
+        empty list (a cooperative rebalance that gave this member nothing new)."""
 
     def committed(self, value: Any, batch_size: int) -> None:
         """After the batch committed (its outputs are visible): move counters and metrics."""
@@ -298,8 +304,31 @@ class StreamLoop(Generic[T]):
         self._gated_out = False
         #: how many times this stage left its group (or kept out of it at start) because it could not serve
         self.gate_leaves = 0
+        #: the rebalance nudge (``_nudge``): until when, and when the next metadata request may go
+        self._nudge_until = 0.0
+        self._next_nudge = 0.0
 
     # --- rebalance callbacks (run inside consume(), on the loop's thread) ----------------------------------
+    def _nudge(self) -> None:
+        """While a rebalance may still be running (``REBALANCE_NUDGE_S`` after a rebalance callback): a metadata
+        request at most every ``NUDGE_EVERY_S``.  librdkafka (classic protocol) sends a member's JoinGroup at
+        most once a second unless a metadata answer came in since (``rkcg_join_intvl``), so a member that
+        joined for the first round of a cooperative rebalance (a new replica; one told to rejoin by a heartbeat)
+        held the second round -- the one that hands over the moved partitions -- up to a second; every member
+        of the group waits for the last one to join."""
+        now = self._clock()
+        if now >= self._nudge_until or now < self._next_nudge or self._consumer is None:
+            return
+        self._next_nudge = now + NUDGE_EVERY_S
+        try:
+            self._consumer.list_topics(self.settings.topics[0], timeout=NUDGE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - only a hint; the join goes out within a second anyway
+            log.debug("%s: metadata request during a rebalance failed: %s", self.settings.name, exc)
+
+    def _rebalanced(self) -> None:
+        self._nudge_until = self._clock() + REBALANCE_NUDGE_S
+        self._next_nudge = 0.0
+
     def _on_assign(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
         """Noted only: the processor hears of it from the loop (``_hand_assigned``).  Why: a consumer call that
         takes confluent-kafka's per-thread call state (``list_topics``, ``consumer_group_metadata``) made
@@ -308,12 +337,18 @@ class StreamLoop(Generic[T]):
         when a leaving consumer was handed an assignment and its revoke in one poll)."""
         log.info("%s: assigned %s", self.settings.name, [p.partition for p in partitions])
         self._assigned.append(partitions)
+        self._rebalanced()
 
     def _hand_assigned(self, consumer: KafkaConsumer) -> None:
+        # an empty incremental assignment (a cooperative round that moved nothing here) is not handed on: a
+        # processor's assignment work (the rollouts read barrier: 0.1-0.5 s) would stall every partition held
         while self._assigned:
-            self._processor.partitions_assigned(consumer, self._assigned.pop(0))
+            partitions = self._assigned.pop(0)
+            if partitions:
+                self._processor.partitions_assigned(consumer, partitions)
 
     def _on_revoke(self, _consumer: KafkaConsumer, partitions: list[Any]) -> None:
+        self._rebalanced()
         self._dropped(partitions, lost=False)
 
     def _on_lost(self, _consumer: KafkaConsumer, partitions: list[Any]) -> None:
@@ -437,7 +472,7 @@ class StreamLoop(Generic[T]):
         planned = False  # the loop ended on a stop request (not an error): the member leaves the group
         try:
             self.batcher = batcher = Batcher(consumer, cfg.max_batch, cfg.max_wait_s, cfg.idle_s, self._clock,
-                                             client_config=cfg.consumer_config)
+                                             client_config=cfg.consumer_config, between_polls=self._nudge)
             self.eos = eos = ExactlyOnce(producer, consumer, stop, cfg.limits, observer=self._observer,
                                          fenced_hint=cfg.fenced_hint, clock=self._clock, wall_clock=self._wall,
                                          on_rewind=self._rewound, on_stalled=self._stalled)
@@ -471,6 +506,7 @@ class StreamLoop(Generic[T]):
                 collected_at = wall()
                 if self._assigned:
                     self._hand_assigned(consumer)
+                self._nudge()
                 if self._clock() >= next_tick:
                     self._processor.tick(consumer)
                     next_tick = self._clock() + cfg.tick_interval_s
