@@ -65,6 +65,10 @@ class Handover:
         self.doc = yaml.safe_load(path.read_text())
         self.post(self.doc)
         c.wait_ready(MODEL, replicas, timeout=180)
+        # one replica per node before anything is measured: a node that registered late gets its replica by a
+        # planned move ("spread"), which would otherwise overlap the first transition
+        wait_for(lambda: self.settled("1.0.0", replicas) and len(set(c.placement(MODEL).values())) == 2, 180,
+                 lambda: f"{MODEL} spread over both nodes: {c.placement(MODEL)}", interval=0.2)
         topics = c.spec_topics(MODEL)
         self.status = StatusTail(c.settings)
         self.tail = ResultTail(c.settings, topics)

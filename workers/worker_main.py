@@ -372,6 +372,8 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
         # afterwards held a hand-over's partitions 0.2-0.6 s longer (measured in bench_rollout --handover)
         scorer = None if window else build_rollout_scorer(config, lambda _spec: counter, versions=versions)
         if args.standby:  # the predecessor still serves: wait for it to release the replica's id (SIGUSR1)
+            if scorer is not None:
+                scorer.prepare_clients()  # connected now; fenced and joined once told to serve
             status.emit("standby")
             waited = time.monotonic()
             while not serve.wait(1.0):

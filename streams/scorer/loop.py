@@ -34,6 +34,7 @@ from sie.streams.eos.deadletter import dead_letter
 from sie.streams.eos.errors import RetryLater
 from sie.streams.eos.lag import consumer_lag
 from sie.streams.eos.records import Output, Prepared
+from sie.streams.eos.stage import PreparedClients
 from sie.streams.scorer.codec import Codec, Poison, Request, default_id
 from sie.streams.scorer.config import ScorerConfig
 from sie.streams.scorer.errors import DeadLetterReason, VersionLost, VersionsNotReady
@@ -106,6 +107,7 @@ class Scorer:
         #: spec.outputSchema enforced on every result (None: the spec declares none); compiled once
         self._check_outputs = compile_output_check(spec.output_schema)
         self._clients = clients or KafkaClients()
+        self._prepared: PreparedClients | None = None
         self._clock = clock
         self._wall = wall_clock
         self.metrics = metrics or ScorerMetrics.for_spec(spec)
@@ -150,6 +152,17 @@ class Scorer:
             self.metrics.close()
             self._trace.flush()
         return self.summary()
+
+    def prepare_clients(self) -> None:
+        """Create the Kafka clients now (``PreparedClients``: a standby successor); ``run`` fences and joins."""
+        cfg = self.config
+        self._prepared = PreparedClients(self._clients, cfg.producer_config(), cfg.consumer_config())
+        self._clients = self._prepared.clients
+
+    def close_prepared(self) -> None:
+        """Close prepared clients that were never taken (a standby stopped before it served)."""
+        if self._prepared is not None:
+            self._prepared.close()
 
     def summary(self) -> ScorerSummary:
         eos = self._loop.eos if self._loop else None

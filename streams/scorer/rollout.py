@@ -527,6 +527,7 @@ def close_rollout_scorer(scorer: RolloutScorer) -> None:
     """Close what ``build_rollout_scorer`` opened (a scorer that never ran included)."""
     scorer.weights.close()
     scorer.versions.close()
+    scorer.close_prepared()
 
 
 def run_rollout_scorer(config: Any, backend_factory: Callable[[Any], Any], stop_event: Any,

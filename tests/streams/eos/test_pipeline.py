@@ -506,3 +506,77 @@ def test_a_commit_that_hangs_past_stall_s_gives_the_partitions_back_while_it_han
     assert release.is_set() and loop.stall_leaves == 1  # it left while the commit hung
     assert at["subscribe"][1] - at["unsubscribe"][0] < 1.0, at  # the commit landed: it commits again, joins at once
     assert len(consumer.called("subscribe")) == 2 and consumer.committed_offsets[(TOPIC, 0)] == 40
+
+
+# --- rebalances that move nothing here, and the JoinGroup throttle (issue 34: hand-over gaps) ------------------
+def test_an_empty_incremental_assignment_is_not_handed_to_the_processor():
+    """A cooperative round that gave this member nothing new: the processor's assignment work (the rollout
+    scorer's read barrier) would stall every partition the member holds, for nothing."""
+    consumer, processor = FakeConsumer(records(1)), Recorder()
+    loop = loop_for(consumer, lambda _c: FakeProducer(consumer=consumer), processor)
+    loop._on_assign(consumer, [])
+    loop._hand_assigned(consumer)
+    assert processor.events == []
+    loop._on_assign(consumer, [TopicPartition(TOPIC, 0)])
+    loop._hand_assigned(consumer)
+    assert processor.events == [("assigned", False)]
+
+
+def test_after_a_rebalance_callback_the_loop_asks_for_metadata_every_nudge_interval_for_a_few_seconds():
+    """librdkafka sends a member's JoinGroup at most once a second unless a metadata answer came in since: the
+    nudge (StreamLoop._nudge) keeps a member that must join the next round from holding the whole group."""
+    from sie.streams.eos import stage
+
+    now = [100.0]
+    consumer = FakeConsumer(records(1))
+    settings = StageSettings(name="test", topics=[TOPIC], producer_config={"transactional.id": "t"},
+                             consumer_config={"group.id": GROUP}, max_batch=10, max_wait_s=0.0, idle_s=0.05,
+                             tick_interval_s=60.0, limits=EosLimits(backoff_s=0.0))
+    loop = StreamLoop(settings, Recorder(), clients=fake_clients(consumer=consumer).clients, clock=lambda: now[0])
+    loop._consumer = consumer
+    loop._nudge()
+    assert consumer.called("list_topics") == []  # no rebalance: no request
+    loop._on_assign(consumer, [])
+    asked = []
+    while now[0] < 100.0 + stage.REBALANCE_NUDGE_S + 1.0:
+        before = len(consumer.called("list_topics"))
+        loop._nudge()
+        if len(consumer.called("list_topics")) > before:
+            asked.append(round(now[0] - 100.0, 3))
+        now[0] += 0.01
+    assert asked[0] == 0.0 and asked[-1] < stage.REBALANCE_NUDGE_S
+    assert all(b - a >= stage.NUDGE_EVERY_S - 1e-9 for a, b in zip(asked, asked[1:]))
+    assert len(asked) == pytest.approx(stage.REBALANCE_NUDGE_S / stage.NUDGE_EVERY_S, abs=1)
+    assert all(c.args == (TOPIC,) for c in consumer.called("list_topics"))
+
+
+def test_prepared_clients_hand_out_the_clients_made_ahead_once_then_make_new_ones():
+    """A standby successor's clients are created while its predecessor serves (connections up, coordinators
+    found); creating them neither fences (init_transactions) nor joins (subscribe)."""
+    from sie.streams.eos.stage import PreparedClients
+
+    consumers = [FakeConsumer(records(1)) for _ in range(3)]
+    made: list[str] = []
+
+    def consumer_factory(_c: dict[str, Any]) -> FakeConsumer:
+        made.append("consumer")
+        return consumers[len([m for m in made if m == "consumer"]) - 1]
+
+    def producer_factory(_c: dict[str, Any]) -> FakeProducer:
+        made.append("producer")
+        return FakeProducer(consumer=consumers[0])
+
+    base = fake_clients(consumer=consumer_factory, producer=producer_factory).clients
+    prepared = PreparedClients(base, {"transactional.id": "t"}, {"group.id": GROUP})
+    assert made == ["producer", "consumer"]
+    first = prepared.clients.producer({"transactional.id": "t"})
+    assert not first.called("init_transactions") and consumers[0].called("subscribe") == []
+    assert prepared.clients.consumer({"group.id": GROUP}) is consumers[0]
+    assert prepared.clients.producer({"transactional.id": "t"}) is not first  # a restart makes a new one
+    assert prepared.clients.consumer({"group.id": GROUP}) is consumers[1]
+    prepared.close()
+    assert not consumers[0].closed  # taken: the stage closes it
+
+    unused = PreparedClients(base, {"transactional.id": "t"}, {"group.id": GROUP})
+    unused.close()
+    assert consumers[2].closed  # a standby stopped before it served
