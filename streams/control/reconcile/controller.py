@@ -11,7 +11,7 @@ restarted control plane reaches the same decision.  Order of one pass:
    registration and (empty) assignment tombstoned with a ``node_forgotten`` event (``_forget_nodes``);
 3. autoscaling: the replica count of each model (``autoscaler.decide``: backlog, throughput, p99, bounds,
    cool-down; leader only, state published with the model's status); without a backlog signal source
-   every model gets ``sla.min_replicas`` as before; then the traffic director (leader only): a hot
+   every model gets ``sla.min_replicas``; then the traffic director (leader only): a hot
    in-process replica may add a floor of one more replica, preferring the cooler node it names
    (``director`` module docstring: the count is ``max(autoscaler's, floor)``);
    then, leader only, the move back toward the spread (``rebalance``: a count floor, an exclusion and preferred
@@ -38,8 +38,8 @@ No pass acts on a view it knows is stale (``StateView``, the state feeder in pro
   ``MassOfflineGuard`` (``liveness.py``) holds their replicas where they are;
 * a NEW LEADER's passes are skipped until its takeover loaded what its predecessor published
   (``TakeoverView``; ``service.Takeover``): the state read to the end the control topics had after the
-  election fenced the old leader, and every unfinished rollout.  Before, its first pass planned without the
-  rollouts and removed the surge replica ("no longer desired"), which the next pass placed again.
+  election fenced the old leader, and every unfinished rollout (planned without them, a pass would remove a
+  surge replica as "no longer desired").
 
 A new leader's first pass over that loaded view changes no assignment its predecessor published, because
 everything a pass decides from is either published in the same transaction as the assignments it shaped or
@@ -173,8 +173,8 @@ class _ModelIndex:
     """One pass's per-model view of the heartbeats and a plan, built in one sweep.
 
     WHY: asked per model, "its READY replicas" and "its placed replicas" each scan every heartbeat and every
-    placement: models x replicas per pass (at 1,000 models and 3,000 replicas, 1.2 s of a 1.9 s pass measured by
-    bench/bench_scale.py).  Grouped once, each model's answer is a lookup.
+    placement: models x replicas per pass (bench/bench_scale.py, docs/control-plane.md).  Grouped once, each
+    model's answer is a lookup.
     """
 
     #: model -> (READY replicas on online nodes, their highest p99, their inference rates)
