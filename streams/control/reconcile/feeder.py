@@ -370,7 +370,7 @@ class StateFeeder:
     def _ends(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The high watermark of each partition now, asked through a consumer of its own: the reader's consumer
         would wait behind its own fetch long-poll on every call (a broker answers one request per connection at
-        a time): 17 partitions took 5-7 s that way, measured on a takeover."""
+        a time), seconds on a takeover of every control topic."""
         from sie.kernel.replay import end_offsets
 
         names = self._settings.names
