@@ -50,7 +50,7 @@ class ScorerConfig:
     max_wait_ms: int = 0
     # commit batch N on a committer thread while batch N+1 is collected and prepared (sie.streams.eos.cycle):
     # the commit's round trips overlap the next batch's work.  The layer's one default for every stage
-    # (cycle.PIPELINED_DEFAULT: serial, with the measurement); `sie score --pipelined` opts in
+    # (cycle.PIPELINED_DEFAULT: serial, and why); `sie score --pipelined` opts in
     pipelined: bool = PIPELINED_DEFAULT
     poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
     max_request_bytes: int | None = None  # None: settings.max_request_bytes (larger values: too_large)
