@@ -59,8 +59,8 @@ class ScorerConfig:
     metrics_port: int | None = None  # Prometheus /metrics port; None = no HTTP server
     session_timeout_ms: int = 10_000  # a SIGKILLed scorer's partitions move after this long
     # KIP-345 static membership (group.instance.id = transactional.id): a restarted/moved replica takes its
-    # dead predecessor's place at once instead of waiting out session_timeout_ms (bench_failover: worker
-    # SIGKILL -> scoring resumed 8-9 s -> ~2-3 s). A planned stop still leaves the group at once
+    # dead predecessor's place at once instead of waiting out session_timeout_ms (bench/results/failover.txt).
+    # A planned stop still leaves the group at once
     # (sie.streams.eos.transaction.leave_group): static membership only matters for a crash. Only for
     # instances whose id is unique among live scorers and stable across restarts (agent replicas).
     static_membership: bool = False

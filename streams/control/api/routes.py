@@ -189,7 +189,7 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     # The list routes answer plain JSON data as it is (JSONResponse): FastAPI's generic encoder walks every value
-    # of an answer again, 80 ms of CPU for 3,000 replicas in the leader's process (bench/bench_scale.py).
+    # of an answer again, CPU in the leader's process that grows with the cluster (bench/bench_scale.py).
     @app.get("/v1/nodes", summary="Registered nodes with liveness, tier and GPUs", response_class=JSONResponse)
     def nodes(_: Principal = Depends(viewer)) -> Any:
         snap = service.state.snapshot()
