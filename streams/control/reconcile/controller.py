@@ -771,7 +771,7 @@ class Controller:
         last = self._last_placement
         if last is not None and last[0] == inputs:
             # the same inputs give the same plan ("same inputs -> equal plan", placement module): most passes
-            # change nothing placement reads (40 % of a steady pass at 1,000 models, bench/bench_scale.py)
+            # change nothing placement reads, and placing again is a large share of a pass (bench/bench_scale.py)
             plan = PlacementPlan(last[1].placements, last[1].unplaced, inventory, last[1].preempted)
         else:
             plan = place(demands, inventory, current, excluded=excluded,
