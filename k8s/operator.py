@@ -26,13 +26,10 @@ WHY through the control plane's HTTP API and not straight onto the specs topic: 
 that already has every check (spec policy, artifacts on the cluster, tier-0, schema compatibility, rollouts,
 audit events with the caller); the operator needs no Kafka credentials at all, only an operator token.
 
-WHY the official ``kubernetes`` client and not kopf: kopf is a good framework, but its defaults fight three
-requirements here: it keeps its progress in annotations on every object (``kubectl apply`` diffs then show
-them), it elects through its own ``KopfPeering`` resources (the chart would need RBAC for them; a
-coordination Lease is what Kubernetes itself uses), and it is built on per-event handlers (create/update/
-delete with diffs), where this reconcile is one level-triggered function of (CR, cluster) run for every
-cause alike.  With the plain client this is a list+watch, a queue and one function, and the RBAC is
-exactly: its CRD (+ status, + finalizers), Events (create, patch) and Leases.
+WHY the official ``kubernetes`` client and not kopf: this reconcile is one level-triggered function of
+(CR, cluster), elected through a coordination Lease, with no bookkeeping annotations on the objects; kopf's
+defaults fight each of those (docs/kubernetes.md, "The operator").  The RBAC is exactly: its CRD (+ status,
++ finalizers), Events (create, patch) and Leases.
 
 Idempotence: a pass that finds the applied digest equal publishes nothing, so a restarted (or a second,
 briefly overlapping) operator changes nothing; Events are written when a condition changes, not per pass.

@@ -1,8 +1,8 @@
 """The shape of ``spec.backend.config``, per backend type: every key a backend reads, its type and default.
 
-Why a strict schema: an unknown key used to be accepted and ignored, so a misplaced ``max_new_tokens``
-(its place is ``sampling_params.max_new_tokens``) gave 128-token answers, and a typo ``protocl`` fell back
-to the SGLang protocol, got 404 on ``/generate`` from a vLLM server and held every request.  Now::
+Why a strict schema: an unknown key accepted and ignored turns a misplaced ``max_new_tokens`` (its place is
+``sampling_params.max_new_tokens``) into 128-token answers, and a typo ``protocl`` into the SGLang protocol
+against a vLLM server (404 on ``/generate``, every request held).  So::
 
     check_backend_config(type, config) -> [(path, reason)]      # empty: the config is good
         pydantic, extra="forbid", strict types, per backend type (TorchConfig, PythonConfig, SGLangConfig)

@@ -25,8 +25,8 @@ from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
 
 #: each command -> the module that defines it (a module's ``command``, or its ``commands``).  A process imports only
-#: the module of the command it runs: ``sie agent`` started with every module imported took 0.51 s of CPU before it
-#: did anything, 0.25 s with its own (the test suite starts hundreds of agents, control planes and CLI commands).
+#: the module of the command it runs: importing every module would about double a command's start-up CPU (the test
+#: suite starts hundreds of agents, control planes and CLI commands).
 #: ``sie --help`` imports them all.  tests/commands/test_cli.py checks this table against the modules.
 COMMANDS: dict[str, str] = {
     "kafka": "sie.commands.kafka",

@@ -50,8 +50,8 @@ class DesiredReplica:
         """Short identity of what the process runs: restart iff this changes.  Not part of it: the epoch, and
         the model's replica count (``sla.min_replicas``/``max_replicas``: the control plane's business, never
         read by a worker), so scaling a model up or down starts or stops only the replicas it adds or
-        removes instead of restarting every one it keeps (measured before: a scale-down 3 -> 2 restarted
-        the two kept replicas, a 2.0 s gap in results; bench/results/rollout_handover.txt)."""
+        removes instead of restarting every one it keeps (a restart is a gap in results:
+        bench/results/rollout_handover.txt)."""
         digest = hashlib.sha256()
         digest.update(_without_replica_count(self.spec_json).encode())
         digest.update(repr((self.gpu_indices, self.gpu_memory_mb)).encode())

@@ -3,7 +3,7 @@
 WHY a process per version (measured and compared in docs/rollouts.md, "Version isolation"): during a rollout
 every replica of a model answers both versions (the key-sticky split is made inside each batch, which keeps
 KIP-447 fencing and one transaction per batch).  Loaded into one interpreter, two builds of a python model
-are ONE module (``import churnpkg`` runs once: results were labelled 1.3.0 while 1.1.0's code answered), and
+are ONE module (``import churnpkg`` runs once: results labelled 1.3.0 would come from 1.1.0's code), and
 a version that crashes, hangs or exhausts memory takes the replica, hence the stable version, with it.  In a
 process of its own a version has its own imports, its own memory, and can be killed alone.
 

@@ -1,12 +1,11 @@
 """The agent's warm pool: worker processes started ahead of time, runtime imported, waiting for a replica.
 
 WHY: most of a cold replica start is not the model.  Starting the interpreter and importing torch, the
-backends, the scorer and the Kafka client takes seconds (bench/bench_elasticity.py measures it on this
-machine), the model load and the readiness inference of a small model take milliseconds.  A warm worker
+backends, the scorer and the Kafka client takes seconds, the model load and the readiness inference of a
+small model milliseconds (docs/elasticity.md, "Warm pool"; bench/bench_elasticity.py).  A warm worker
 has done the imports already (``worker_main --warm``) and waits on its stdin; a placement takes it
 (``PooledLauncher``) and the worker goes straight to reading the spec, applying the node's spec policy,
-loading the backend and proving readiness.  The design's account of the gain: p99 cold start 1,120 ms
--> 210 ms.
+loading the backend and proving readiness.
 
 Rules:
 

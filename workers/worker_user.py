@@ -21,7 +21,7 @@ their owner nor in their group, so ``open()`` fails with EACCES.
 | the agent lacks CAP_SETUID/CAP_SETGID/CAP_CHOWN | ``sie agent`` stops at start naming the capabilities (``check_can_switch``) |
 | the artifact cache folder belongs to another uid or is writable by others | ``sie agent`` stops at start (``own_folder``): a worker could have planted files under final names |
 | the worker's password file cannot be read by the agent | the launch fails (a crash with the reason, retried with backoff) |
-| no worker user configured (laptops, non-root agents) | workers run as the agent's uid, as before: no file separation (docs/security.md) |
+| no worker user configured (laptops, non-root agents) | workers run as the agent's uid: no file separation (docs/security.md) |
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def get_nodes(settings: Settings, control_url: str | None, output: str, timeout:
 
 def statuses_json(settings: Settings, control_url: str | None, timeout: float) -> tuple[list[dict[str, Any]], Any]:
     """Every model's last published status (the API's, or the model-status topic's).  From Kafka it reads that
-    topic alone: the specs topic as well made ``sie get replicas`` parse every spec (14 s at 1,000 models,
+    topic alone: reading the specs topic as well would parse every spec (seconds at 1,000 models,
     bench/bench_scale.py) for nothing it shows."""
     if control_url:
         return _http(settings, control_url, "/v1/models")["models"], None

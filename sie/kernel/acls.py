@@ -1,46 +1,25 @@
 """The least-privilege Kafka ACLs of each SIE role, derived from ``sie.kernel.names`` (never restated).
 
 One principal per role (``User:<name>``; SCRAM user, mTLS subject or OAuth ``sub``, whatever the cluster
-authenticates).  What each role does on Kafka, and so what it is allowed:
+authenticates): scorer, agent, control, cdc, backfill, producer, consumer.  What each role does on Kafka,
+and so what it is allowed, is that role's branch of ``plan`` (every grant says why); the table for operators
+is docs/security.md, "The roles and their ACLs".  An agent's workers are scorers (and CDC stages): they run
+as that principal (``SIE_WORKER_SASL_USERNAME``).
 
-=========  ===============================================================================================
-scorer     read its model's request topic, write its results and dead letters (describe their configs:
-           ``ensure_model_topics`` checks them), its consumer group, Write on its transactional ids
-           (PREFIXED ``<p>.scorer.<model>.``: one per replica); read ``rollouts`` (version weights).  No cluster IdempotentWrite: Write on a
-           topic implies it since Kafka 2.8 (KIP-679), and the scorer's producer is transactional.
-agent      read ``assignments``, ``artifacts`` and ``artifact-chunks`` (it fetches what its replicas need);
-           write ``nodes``, ``heartbeats``, ``replica-status``; its own reader group.  Its workers are
-           scorers (and CDC stages for connectors): give them that principal (``SIE_WORKER_SASL_USERNAME``).
-control    read every control topic, write ``assignments``/``events``/``control-leader``/``model-status``/
-           ``rollouts`` (transactionally, txn id ``<p>.control``) and ``specs``, ``connectors``, ``artifacts``,
-           ``artifact-chunks`` (the API's writes); its election and state-reader groups; describe the system
-           topics' configs (``sie control`` checks them); read the model topics (rollout gates judge what
-           each version answered; the autoscaler reads each request topic's end); describe the scorer
-           groups (the autoscaler reads each model's committed offsets; a spec with its own topics or
-           group needs those too).
-cdc        read the connector's source topics and its group, write the target request topics and the
-           connector's dead-letter topic, transactional ids ``<p>.cdc.<connector>.``; read ``specs`` (the model's
-           spec unless ``--model-spec`` gives it).
-backfill   read the model's request topic, write the backfill results and their dead letters, read and
-           write ``backfill-plans``, its group and transactional id, describe the scorer's group (it
-           paces itself by the live scorer's lag); read ``specs`` (``--model``: the applied spec).
-producer   write request topics (``sie produce``, applications); read ``specs`` (``sie produce --model`` finds
-           the model's request topic and input schema there; ``--spec FILE`` needs no read).
-consumer   read a model's results and dead letters (``sie tail results|dlq``, applications reading answers);
-           read ``specs`` (``--model`` finds the topics there).
-=========  ===============================================================================================
-
-Which CLI command runs as which role (``COMMAND_ROLES``; tests/infra/test_kafka_secure.py runs each command as
-each of these roles on the secured broker): a refused command names the role it needs and the ``sie acls apply``
+Which CLI command runs as which role: ``COMMAND_ROLES`` (tests/infra/test_kafka_secure.py runs each command
+as each role on the secured broker); a refused command names the role it needs and the ``sie acls apply``
 line that grants it (``sie.kernel.authz.needs_role``).
 
-Nothing creates topics: an administrator does (``sie topics ensure``, or a scorer's topics when its
-model is applied) with a super-user principal.  Without ``--model``/``--node``/``--connector``/``--job``
-the plan covers every one of them through PREFIXED patterns (every name starts with the cluster
-prefix); with them it is LITERAL where Kafka allows.  A spec's topics and group must pass the naming rules
-(``Names.data_topic_problem``: nothing under ``<p>.`` but the model's own names), and no data-path role is ever
-planned a grant on a system topic beyond reading ``rollouts`` (scorer) and ``backfill-plans`` (backfill).  A model name that is a dotted prefix of another
-(``fraud`` and ``fraud.v2``) shares the PREFIXED transactional-id pattern: name models accordingly.
+Invariants:
+
+* nothing creates topics: an administrator does (``sie topics ensure``) with a super-user principal;
+* without ``--model``/``--node``/``--connector``/``--job`` a plan covers every one of them through PREFIXED
+  patterns (every name starts with the cluster prefix); with them it is LITERAL where Kafka allows;
+* a spec's topics and group pass the naming rules (``Names.data_topic_problem``), and no data-path role is
+  planned a grant on a system topic beyond reading ``rollouts`` (scorer) and ``backfill-plans`` (backfill);
+* no cluster ``IdempotentWrite``: Write on a topic implies it since Kafka 2.8 (KIP-679);
+* a model name that is a dotted prefix of another (``fraud``, ``fraud.v2``) shares the PREFIXED
+  transactional-id pattern: name models accordingly.
 """
 
 from __future__ import annotations

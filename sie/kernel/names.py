@@ -193,10 +193,9 @@ class Names:
 
     @staticmethod
     def backfill_dead_letter_topic(output_topic: str) -> str:
-        """``<output topic>-dlq``: one word after the model (``<p>.model.m.backfill-dlq``).  It was
-        ``<output topic>.dlq`` before, which for model ``m`` was ``<p>.model.m.backfill.dlq``: model
-        ``m.backfill``'s own dead-letter topic (docs/connectors.md, "Backfill dead letters" says how a cluster
-        from before is handled)."""
+        """``<output topic>-dlq``: one word after the model (``<p>.model.m.backfill-dlq``).  Not
+        ``<output topic>.dlq``: for model ``m`` that is ``<p>.model.m.backfill.dlq``, model ``m.backfill``'s own
+        dead-letter topic (docs/connectors.md, "Backfill dead letters", for clusters with the older name)."""
         return f"{output_topic}-dlq"
 
     def model_of_topic(self, topic: str) -> str | None:

@@ -2,7 +2,7 @@
 operator): bounded.
 
 ``http.server.ThreadingHTTPServer`` starts a thread per connection and waits for its request forever, so 100
-idle connections held 100 threads (issue 37, item 6).  ``ProbeServer`` bounds both::
+idle connections would hold 100 threads.  ``ProbeServer`` bounds both::
 
     on accept:
         at MAX_CONNECTIONS already?  -> shut the OLDEST connection down (its thread ends), then serve this one

@@ -2,7 +2,7 @@
 
 WHY: a daemon thread that raises simply ends; nothing in Python notices.  The control plane's state
 reader, leader elector, reconcile loop and HTTP server are such threads, and one of them ending
-silently meant a control plane that kept answering ``/healthz`` while it no longer read, led or
+silently would leave a control plane answering ``/healthz`` while it no longer read, led or
 reconciled anything.  ``SupervisedThread`` runs ``target`` on a daemon thread; when ``target``
 raises, or returns although no stop was asked for, it is run again after an exponential backoff
 (``backoff_initial_s`` doubling up to ``backoff_max_s``; reset once a run lasted ``healthy_after_s``),

@@ -32,10 +32,9 @@ class TopicSpec:
 
 #: compacted control topics that every control plane (and, for assignments, every agent) replays from the beginning
 #: at start: the broker compacts only closed segments, and a segment closes at 1 GiB or after 7 days by default,
-#: so without this a replay reads every record ever written (bench/bench_scale.py: 245 records, 49 MB of
-#: assignments for 5 MB of live ones after one populate of 1,000 models).  A segment closed after an hour of
-#: writes is compacted once a tenth of the log is dirty: a replay reads the live records, about an hour of
-#: changes and the open segment (docs/control-plane.md, "Scale").
+#: so without this a replay reads every record ever written (docs/control-plane.md, "Scale").  A segment closed
+#: after an hour of writes is compacted once a tenth of the log is dirty: a replay reads the live records, about an
+#: hour of changes and the open segment.
 _REPLAYED = {"segment.ms": str(3600 * 1000), "min.cleanable.dirty.ratio": "0.1"}
 
 # name suffix -> (partitions, compacted, purpose, extra config)

@@ -195,8 +195,8 @@ class Takeover:
     WHY: the leader's pass is level-triggered, so it is only as right as the view it reads.  A standby's view
     is warm but not complete at the moment it wins: the old leader's last transactions may still be on
     their way to its feeder, and its driver holds no rollouts (a standby drives none).  A pass planned
-    without them removed the surge replica of a rollout in progress, and the next pass placed it again
-    (issue 22: the surge worker restarted, its partitions stalled 8 s).  So, once per leader epoch:
+    without them would remove the surge replica of a rollout in progress, and the next pass place it again
+    (the surge worker restarted, its partitions stalled).  So, once per leader epoch:
 
     1. a read barrier (``StateFeeder.sync``): every control topic read to the high watermark the feeder took
        after the election (the election's ``init_transactions`` fenced the old leader first, so its last
@@ -204,8 +204,8 @@ class Takeover:
     2. the rollouts topic read to its end (``Rollouts.load``).
 
     Until both are done the controller skips its passes (the reason is in ``/healthz``) and the rollouts are
-    not ticked.  ``loaded_s`` is how long that took (``sie_control_takeover_load_seconds``; measured 0.4-1.3 s
-    on a loaded 2-core machine, docs/control-plane.md).
+    not ticked.  ``loaded_s`` is how long that took (``sie_control_takeover_load_seconds``; docs/control-plane.md,
+    "What a new leader loads before it acts").
 
     ==========================================  ===========================================================
     failure while loading                       what happens
@@ -324,7 +324,7 @@ class ControlService:
                                       rate_window_s=config.backlog_window_s)
         from sie.streams.control.rollout.service import Rollouts
 
-        #: model rollouts (issue 11): driven by the leader from this loop, started/steered through the API;
+        #: model rollouts: driven by the leader from this loop, started/steered through the API;
         #: a rollout in progress holds the model's autoscaling (``Rollouts.in_progress``)
         self.rollouts = Rollouts(settings, self.elector, TransactionalPublisher(self.elector), clock=clock,
                                  registry=self.metrics.registry)

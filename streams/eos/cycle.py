@@ -61,7 +61,7 @@ Every rewind is reported to ``on_rewind`` (``StreamLoop`` drops records it had a
 those partitions: they come again after the seek).
 
 Stalled: a stage that reaches its group coordinator (so it keeps its partitions) but not its transaction
-coordinator or the leaders it writes to (a partial partition, issue 27) fails every batch and would hold its
+coordinator or the leaders it writes to (a partial partition) fails every batch and would hold its
 partitions until ``max.poll.interval.ms``.  When a batch fails, or its commit has not returned, and nothing was
 committed for ``EosLimits.stall_s`` while there was work (``idle()`` says when there was none),
 ``on_stalled(reason)`` runs BEFORE the recovery (which may wait for the broker): ``StreamLoop`` leaves the
@@ -112,13 +112,8 @@ T = TypeVar("T")
 
 #: The one default commit mode of every stage: ``StageSettings.pipelined`` (the CDC stage) and
 #: ``ScorerConfig.pipelined`` (``sie score``, the node agent's workers) both read it; ``sie score --pipelined``
-#: opts in.  Serial, by measurement: pipelining did not win where it was measured.  Same-run backlog throughput,
-#: pipelined / serial (bench_scoring.py --only null,sie,sie_other, 100,000 requests, 2026-12-02, load 14-33 on 2
-#: cores): 0.91x, 1.57x, 0.86x.  End-to-end p99 at 200/s (bench_latency.py): pipelined 1.3-1.5x lower in that
-#: loaded session's three pairs, serial 2x lower (49 vs 97 ms) in the quietest run (2026-12-01 11:51, load
-#: 0.2-4.2); at 2,000/s repeats of one mode spread 651-2,008 ms, more than the modes differ.  With no mode ahead
-#: at every rate or run, the simpler cycle is the default: each batch committed before the next is collected.
-#: Numbers: bench/results/pipelining.txt, docs/benchmarks.md.
+#: opts in.  Serial: pipelining was not ahead at every rate or in every run, so the simpler cycle is the default
+#: (bench/results/pipelining.txt).
 PIPELINED_DEFAULT = False
 
 #: how often a stage waiting on a commit looks at whether it stalled (``ExactlyOnce._wait``)

@@ -27,8 +27,7 @@ with a commit in flight while the next batch is read that would need the in-flig
 and a bounded run is a catch-up job whose throughput the commit round trip barely touches (batches are
 full).  Why fence first: a live zombie could commit past start offsets read before it is fenced (the range
 would be answered twice), and a killed one's pending offset commit makes a ``read_committed`` consumer's
-``committed()`` wait until its transaction times out (measured: a resumed backfill timed out after 30 s);
-``init_transactions`` aborts it at once.  The price: a run with nothing left starts a producer too.
+``committed()`` wait until its transaction times out; ``init_transactions`` aborts it at once.  The price: a run with nothing left starts a producer too.
 
 Failures -> what happens:
 

@@ -505,7 +505,7 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
     Call it after the last batch committed.  Why not just ``close()``: a static member
     (``group.instance.id``, KIP-345) sends no LeaveGroup when it closes (librdkafka
     ``rd_kafka_cgrp_leave_maybe``: skipped once the consumer is terminating), so its partitions
-    wait out the session timeout: 10.5 s measured with the 10 s default, with nobody scoring them.
+    wait out the session timeout with nobody scoring them.
     ``unsubscribe()`` before ``close()`` does leave, static or not: the revoke of every partition it owns
     is served here (``poll``; the stage's ``on_revoke`` finds nothing in flight, and a record the poll
     still returns is dropped: it is uncommitted, the next owner reads it again), and once the unassign is
@@ -517,8 +517,8 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
     member when the request arrived (a static member at once), but librdkafka leaves on unsubscribe only when it
     knows its member id (``rd_kafka_cgrp_unsubscribe``: ``RD_KAFKA_CGRP_HAS_JOINED``) and drops an answer that
     comes after it (``rd_kafka_cgrp_handle_JoinGroup``: no longer in wait-join).  Unsubscribed at once, the
-    member was given partitions by that join and held them until its session timed out: 11.9 s measured
-    (tests/streams/eos/test_leave_kafka.py), a worker the agent stopped while it was still joining.  Without
+    member would be given partitions by that join and hold them until its session timed out
+    (tests/streams/eos/test_leave_kafka.py: a worker the agent stops while it is still joining).  Without
     ``subscribed`` (a stall's leave, a consumer already out of its group) nothing is awaited.
 
     A crash (SIGKILL, an error out of the loop) never gets here: the member stays in the group until
@@ -534,7 +534,7 @@ def leave_group(consumer: KafkaConsumer, limit_s: float = _LEAVE_LIMIT_S, clock:
             consumer.poll(poll_s)  # the JoinGroup's answer; a record it returns is dropped (never committed)
         # unsubscribed also when still no member (a stall's leave, or the bound above ran out): after a lost
         # session librdkafka is joining again, and that join would complete with an assignment (a stalled
-        # scorer was handed partitions back that way, issue 27)
+        # scorer would be handed its partitions back)
         consumer.unsubscribe()
         while consumer.memberid():
             if clock() >= deadline:

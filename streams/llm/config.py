@@ -1,32 +1,11 @@
 """LLMConfig: the window's knobs, read once from ``spec.backend.config`` (plus the scorer's Kafka config).
 
-Spec keys (``backend: sglang``; all optional except an endpoint)::
-
-    backend:
-      type: sglang
-      config:
-        protocol: sglang | openai-completions | openai-chat     # default sglang
-        endpoints:                                               # or server_url: one endpoint
-          - http://10.0.0.5:30000                                # concurrency: max_concurrency
-          - {url: http://10.0.0.6:8000, concurrency: 32, weight: 2, reserve_p0: 4}
-        max_concurrency: 16            # per endpoint, when an endpoint does not say
-        reserve_p0: 0                  # per endpoint: slots a P1/P2 model leaves free for P0 (pool.py)
-        stream: false                  # stream the answer (SSE): time to first token is measured
-        request_timeout_s: 120         # read timeout of one generation
-        connect_timeout_s: 5
-        commit_interval_ms: 100        # the commit cadence
-        max_pending: <16 x capacity>    # records consumed and not yet committed (in flight, queued, finished)
-        endpoint_backoff_s: 0.5        # first ejection; doubles per failure up to endpoint_backoff_max_s
-        endpoint_backoff_max_s: 30
-        poison_after: 3                # 5xx answers to one request (others served meanwhile) -> dead letter
-        director: {sustain_s: 5, ...}  # the traffic director's policy (sie.streams.control.reconcile.director), on
-                                       # by default with two endpoints or more; false switches it off
-        director_interval_ms: 1000     # how often it looks
-        served_model_name / model      # OpenAI "model" field
-        prompt_template, output_mode, sampling_params, output_ranges, extra_body   (protocols.py)
-        quotas: {caller, requests_per_s, tokens_per_s, callers, policy: reject|delay,
-                 max_delay_s, max_delayed, defer, defer_over, defer_after_s,
-                 deferred_window}                                (quota.py, fair.py, defer.py)
+The keys, their types and defaults are declared once in ``sie.schemas.backend_config`` (``SGLangConfig``,
+checked at apply) and listed for users in docs/llm.md, "Backend config reference"; this module turns a checked
+config into the window's settings: endpoints (``endpoints`` or ``server_url``, each with its concurrency,
+weight and ``reserve_p0``), timeouts, the commit cadence, ``max_pending``, endpoint ejection backoff,
+``poison_after``, the traffic director's policy; prompts and outputs are ``protocols.py``'s, quotas
+``quota.py``'s.
 """
 
 from __future__ import annotations
@@ -81,8 +60,7 @@ class LLMConfig:
         earlier record of its partition is finished (the commit rule), so with a heavy-tailed generation
         time most of the window is finished records behind a slow head.  By Little's law the window must
         hold throughput x residence, and residence is about the tail of the generation time, not its
-        mean: in bench_llm (lognormal mean 1 s, p99 5 s) 2 x C held the server at 31% of its bound, 8 x C
-        at 85%, 16 x C at 100%."""
+        mean (16 x C kept the server at its bound in bench_llm: docs/llm.md)."""
         return self.max_pending or 16 * self.capacity
 
     def pool_endpoints(self) -> list[Endpoint]:

@@ -1,50 +1,22 @@
 """Per-caller quotas of the LLM window: requests/s and tokens/s, policy ``reject`` or ``delay``.
 
-    quotas:
-      caller: metadata.caller     # dotted path into the request document (outside "inputs")
-      requests_per_s: 5           # the default limits (omit: unlimited): the shared bucket's
-      tokens_per_s: 2000          # prompt + completion tokens (omit: unlimited)
-      callers: {vip: {requests_per_s: 50, tokens_per_s: 20000, token_sha256: <hex>}}
-      unknown_callers: shared     # or reject
-      policy: delay               # or reject
-      max_delay_s: 10             # delay: the longest a request waits for its caller's quota
-      max_delayed: <max_pending / 2>   # delay: requests held at once, all callers together
-      defer: true                 # delay: move a greedy caller's held requests to the deferred topic (defer.py)
-      defer_over: <max_pending / 8>    # ... when it is over quota and holds more than this many
-      defer_after_s: 1            # ... or its oldest held request waited this long
-      deferred_window: <max_pending / 4>   # deferred records in the window at most
+Configuration (``spec.backend.config.quotas``), who the caller is and the limits across replicas:
+docs/llm.md, "Quotas".  In short:
 
-**Who the caller is** (``caller``): the producer writes the request, so a name in it proves nothing.  A
-name listed in ``callers`` gets that caller's own buckets; with ``token_sha256`` only when the record's
-header ``sie.caller.token`` holds the token whose sha256 that is (a producer that may write the request
-topic but not read it cannot learn another caller's token; ``sie.*`` headers are never copied into dead
-letters or results).  Any other request (no name, an unlisted name, a listed name without its token) is
-one caller, ``SHARED``, at the default limits (``unknown_callers: shared``) or a ``quota_exceeded`` dead
-letter (``reject``).  So a fresh name per request cannot evade the limit (it is the shared bucket's), a
-producer cannot spend a token-protected caller's budget, and the state is bounded by the configuration
-(a bucket and a mean per listed caller, plus the shared ones), not by the names producers invent.
-
-A token bucket per caller and kind, holding up to one second of its rate.  A request may be sent when
-its caller's request bucket holds a whole request and its token bucket is not in debt (``wait_s`` says
-how long until then).  Sending it (``take``) takes one request and an *estimate* of its tokens (the
-caller's running mean of prompt + completion tokens; before its first answer, ``first_estimate``: the
-stage passes ``max_new_tokens``): tokens are known only after the generation, and charging nothing up
-front would let a burst of a caller's requests all pass before the first of them is charged.  ``charge`` corrects the estimate by the real count when the answer comes,
-and may take the bucket into debt (the caller's next requests wait, or are refused, until it refills).
-
-``reject``: a request that may not be sent now is finished at once as a ``quota_exceeded`` dead letter.
-``delay``: it waits in its caller's queue inside the window (``sie.streams.llm.fair``); nothing is
-dropped or dead-lettered.
-
-**Across replicas** (``set_share``): each replica enforces ``quota x share``, share = the partitions of
-the request topic assigned to it / the topic's partitions, recomputed on every rebalance.  Callers'
-requests are keyed by their own ids, so a caller's traffic spreads over the partitions about evenly and
-the replicas' shares add up to the caller's quota without shared state.  Its limit: skewed keys (one
-caller whose records all hash to one partition gets only that partition's share of its quota; a caller
-on few keys gets less than its quota, never more, up to rounding of the buckets).
+* the caller: a name listed in ``callers`` gets its own buckets (with ``token_sha256`` only when the
+  record's ``sie.caller.token`` header proves it); every other request is one caller, ``SHARED``, at the
+  default limits (or a ``quota_exceeded`` dead letter with ``unknown_callers: reject``), so invented names
+  cannot evade the limit and the state is bounded by the configuration;
+* a token bucket per caller and kind, holding one second of its rate: ``take`` charges one request and an
+  *estimate* of its tokens (the caller's running mean; ``first_estimate`` before its first answer), since
+  tokens are known only after the generation; ``charge`` corrects it by the real count, possibly into debt;
+* ``reject``: a request that may not be sent now becomes a ``quota_exceeded`` dead letter; ``delay``: it
+  waits in its caller's queue in the window (``sie.streams.llm.fair``), nothing dropped;
+* ``set_share``: each replica enforces ``quota x share`` (its partitions of the request topic / all of
+  them), recomputed on every rebalance; skewed keys get less than their quota, never more.
 
 After a crash a redone record meets the buckets as they are then: with ``reject`` its single visible
-outcome may be the other one than the lost attempt's (exactly-once holds: one outcome is ever visible).
+outcome may differ from the lost attempt's (exactly-once holds: one outcome is ever visible).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class ScorerConfig:
     max_wait_ms: int = 0
     # commit batch N on a committer thread while batch N+1 is collected and prepared (sie.streams.eos.cycle):
     # the commit's round trips overlap the next batch's work.  The layer's one default for every stage
-    # (cycle.PIPELINED_DEFAULT: serial, with the measurement); `sie score --pipelined` opts in
+    # (cycle.PIPELINED_DEFAULT: serial, and why); `sie score --pipelined` opts in
     pipelined: bool = PIPELINED_DEFAULT
     poll_timeout_ms: int = 200  # empty-consume timeout: how quickly a stop request is seen when idle
     max_request_bytes: int | None = None  # None: settings.max_request_bytes (larger values: too_large)
@@ -59,8 +59,8 @@ class ScorerConfig:
     metrics_port: int | None = None  # Prometheus /metrics port; None = no HTTP server
     session_timeout_ms: int = 10_000  # a SIGKILLed scorer's partitions move after this long
     # KIP-345 static membership (group.instance.id = transactional.id): a restarted/moved replica takes its
-    # dead predecessor's place at once instead of waiting out session_timeout_ms (bench_failover: worker
-    # SIGKILL -> scoring resumed 8-9 s -> ~2-3 s). A planned stop still leaves the group at once
+    # dead predecessor's place at once instead of waiting out session_timeout_ms (bench/results/failover.txt).
+    # A planned stop still leaves the group at once
     # (sie.streams.eos.transaction.leave_group): static membership only matters for a crash. Only for
     # instances whose id is unique among live scorers and stable across restarts (agent replicas).
     static_membership: bool = False

@@ -305,7 +305,7 @@ class ScorerMetrics:
 
     def close(self) -> None:
         """Stop the /metrics server and free its port.  ``shutdown()`` alone waits until the server loop's
-        select (every 0.5 s) returns: up to 0.5 s (0.3 s measured) of every planned stop, in which a
+        select (every 0.5 s) returns: up to 0.5 s of every planned stop, in which a
         replica handing over to its successor still held its partitions' id.  A connection wakes it."""
         server, self._server = self._server, None
         if server is None:

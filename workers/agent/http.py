@@ -1,4 +1,4 @@
-"""The agent's HTTP port (``sie agent --metrics-port``): ``/metrics`` as before, and its replicas' worker logs behind a
+"""The agent's HTTP port (``sie agent --metrics-port``): ``/metrics``, and its replicas' worker logs behind a
 token, which the control API proxies (``GET /v1/replicas/{id}/log``, ``sie logs --control-url``: like ``kubectl
 logs``, an operator reads a replica's log without a shell on its node).
 

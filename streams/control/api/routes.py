@@ -1,42 +1,10 @@
 """HTTP API of the control plane: FastAPI on uvicorn, in a thread of ``sie control``.
 
-Routes (JSON; the OpenAPI document is ``GET /openapi.json``):
-  GET    /v1/models            desired vs actual per model (ModelStatus)                      viewer
-  GET    /v1/models/{name}     one model: status, spec summary, recent events                 viewer
-  POST   /v1/models            YAML or JSON ModelService -> specs topic (202); 422 invalid     operator
-                               (field paths, spec policy); 409 a P1/P2 model asking for tier-0
-                               nodes or a schema-breaking version
-  DELETE /v1/models/{name}     delete (202), 404 unknown                                       operator
-  POST   /v1/models/{name}/scale  JSON {"replicas": N} or {"min_replicas", "max_replicas"}: the     operator
-                               applied spec re-published with that count (202, recorded like an
-                               apply); 404 unknown, 422 invalid, 409 during a rollout
-  GET    /v1/artifacts/sha256:<hex>   an uploaded artifact's manifest; 404 when absent         viewer
-  PUT    /v1/artifacts/sha256:<hex>?name=FILE   upload (streamed, chunked onto the artifacts      operator
-                               topics, checked against the digest: 422 when the bytes differ); 200 if
-                               the cluster has it already, 201 created
-  GET    /v1/connectors        CDC connectors with their phase                                 viewer
-  GET    /v1/connectors/{name} one connector: status, replica, source offsets and lag          viewer
-  POST   /v1/connectors        YAML or JSON CdcConnector -> connectors topic (202)             operator
-  POST   /v1/connectors/{name}/pause|resume   stop / restart its replica (offsets kept)        operator
-  DELETE /v1/connectors/{name} delete (202), 404 unknown                                       operator
-  GET    /v1/nodes             nodes with liveness, tier, GPUs                                 viewer
-  POST   /v1/nodes/{name}/forget  forget an offline node (202: the leader tombstones it on its     operator
-                               next pass); 404 unknown, 409 online
-  GET    /v1/replicas/{replica_id}/log  the replica's worker log, proxied from its node's agent (?lines=N,     viewer
-                               follow, previous; the caller's token is forwarded: the agent checks it)
-  GET    /v1/replicas          every desired replica with node, GPU, state, reason             viewer
-  GET    /v1/events            the latest events, cluster-wide (?limit=, at most 500)          viewer
-  GET    /v1/prometheus/targets  Prometheus http_sd: every agent's and worker's /metrics        viewer
-  GET    /v1/rollouts          every model's rollout: phase, step, weight, epoch, timeline      viewer
-  GET    /v1/rollouts/{name}   one model's rollout, 404 none                                  viewer
-  POST   /v1/rollouts/{name}/{pause|resume|promote|abort}  steer it (200), 409 not allowed   operator
-                               in its phase, 503 on a standby (the leader drives rollouts)
-  GET    /healthz              role (leader/standby), epoch, whether the state has caught up   viewer*
-  GET    /metrics              Prometheus text format                                          viewer*
-  GET    /status               the status page (static HTML + JS; it calls the routes above    none
-                               with a viewer token the user types in: ``status_page``)
-(* served without a token when listed in ``SIE_API_PUBLIC_PATHS``; an anonymous /healthz then says
-only status, role and whether the state caught up, not the error texts.)
+Routes: the decorated functions in ``create_app`` are the route table; the OpenAPI document is
+``GET /openapi.json``; the table with each route's answers is docs/control-plane.md, "HTTP API", and each
+route's role (viewer / operator) docs/security.md.  ``/healthz`` and ``/metrics`` are served without a token
+when listed in ``SIE_API_PUBLIC_PATHS`` (an anonymous /healthz then says only status, role and whether the
+state caught up, not the error texts).
 
 Every request needs ``Authorization: Bearer <token>`` (``sie.streams.control.api.auth``): none or an
 unknown token -> 401, a viewer token on a write -> 403.  Every write by an authenticated caller
@@ -221,7 +189,7 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     # The list routes answer plain JSON data as it is (JSONResponse): FastAPI's generic encoder walks every value
-    # of an answer again, 80 ms of CPU for 3,000 replicas in the leader's process (bench/bench_scale.py).
+    # of an answer again, CPU in the leader's process that grows with the cluster (bench/bench_scale.py).
     @app.get("/v1/nodes", summary="Registered nodes with liveness, tier and GPUs", response_class=JSONResponse)
     def nodes(_: Principal = Depends(viewer)) -> Any:
         snap = service.state.snapshot()

@@ -1,53 +1,21 @@
 """Placement: which replica runs on which node and GPU (SIE's ``binpack`` strategy).
 
-Decisions (WHY in brackets):
+Every rule with its reason: docs/control-plane.md, "Placement: the rules".  One plan::
 
-- Best fit by GPU memory: a shared-GPU replica goes to the GPU IN USE whose free memory after
-  placement is smallest [keeps big holes for big models: the article's 58% -> 89% utilisation]. Only
-  when no GPU in use fits is an empty GPU opened: in the eligible pool (nodes with identical labels and
-  GPU products) with the most free memory [a global best fit would drain the small-GPU pool, e.g. L4s,
-  and strand the models pinned to it], on the node that sorts first there, lowest GPU index first, so
-  empty GPUs are filled node by node [``binpack``: fill a node before the next].
-- ``gpus = N > 0`` takes N entirely free GPUs on one node, each with >= ceil(gpu_memory_mb / N) MiB; the
-  node left with the fewest entirely free GPUs wins [keeps whole nodes free for big tensor-parallel
-  models]. Its ``gpu_memory_mb`` is the full capacity of those GPUs (nobody else may use them).
-- CPU-only models (no GPU memory, no GPUs) go to the node with the least CPU left after placement.
-  Every replica also needs ``cpu`` (vs ``NodeState.cpu_count``) and host memory (vs ``NodeState.memory_mb``
-  when reported) on its node: its declared ``memory_mb`` plus the memory of the process it runs in
-  (``host_memory.process_overhead_mb``: a process of its own, or its share of a multi-model process on nodes
-  that run them; nothing on nodes whose agent predates host-memory reporting). Host memory is packed like
-  CPU, by what the placed replicas ask for, never by the node's momentary "available" reading.
-- nodeSelector: exact match on node labels. For ``nvidia.com/gpu.product`` a node WITHOUT that label
-  matches when one of its GPUs' product names contains every token of the wanted value
-  (case-insensitive, "nvidia" ignored): ``A100-80gb`` matches ``NVIDIA A100-SXM4-80GB`` [agents report
-  NVML product names; the article's specs use short names]. A present label is always compared exactly.
-- Tiers (label ``sie.io/tier``): tier-0 nodes host only P0 models. A P0 model may run anywhere but
-  PREFERS tier-0 nodes (it only spills to other nodes when tier-0 is full) [tier-0 exists for the
-  low-latency models]. ``scheduling.tier`` is a hard constraint: only nodes of that tier.
-- Anti-affinity (soft): replicas of one model go to different nodes. Only when no other node fits, a
-  replica may share a node (another GPU preferred over the same GPU); the placement carries a ``note``.
-  Anti-affinity outranks the tier-0 preference [availability first].
-- Order: P0, P1, P2; within a priority larger first (whole GPUs, GPU memory, CPU, host memory), then
-  replica id (first-fit-decreasing; deterministic whatever the input order).
-- Stability: a current placement that is still valid (node online and eligible, GPUs healthy, room)
-  is kept before anything new is placed [no churn when a model arrives].
-- Preemption (``preempt=True``; the controller's default, off for a bare ``place()``): a P0 replica that
-  finds no room evicts the cheapest set of P2 replicas, then if that is not enough P1 replicas, that frees
-  enough on ONE GPU of one node (whole-GPU replicas: enough whole GPUs of one node; CPU-only: enough CPU and
-  host memory of one node); a P1 replica may evict P2 replicas; nothing ever evicts a P0 replica.
-  Cheapest = only P2 victims before any P1, then the fewest victims, then the least memory evicted beyond
-  the need [each eviction is a drain and a restart elsewhere]. The evicted replicas are then placed again
-  like any other (elsewhere if there is room, by the same rules: an evicted P1 may in turn evict P2);
-  those that find no room are unplaced with ``preempted by ...`` leading their reason. ``plan.preempted``
-  lists every eviction (the controller publishes each as an event).
-- Exclusions: ``excluded[replica_id]`` is a set of nodes that replica must not use (the controller keeps
-  a replica that FAILED on a node off it for a cool-down). They are per replica, not per model, so they
-  are checked per node and never change the pools or another replica's options; a current placement on
-  an excluded node is not kept.
-- Preferred node (soft; ``preferred[replica_id]``: the traffic director's "add a replica on this cooler
-  node"): a replica that is not kept where it is tries that node first, by the rules above restricted to it;
-  when the node does not fit (offline, ineligible, excluded, no room) the hint is ignored and the replica is
-  placed as if there were none.  It never evicts for the hint [a hint is a wish, not a demand].
+    place(demands, inventory, current, excluded, preferred, preempt):
+        keep each current placement still valid (node online and eligible, GPUs healthy, room, not excluded)
+        for each other replica, P0, P1, P2, larger first, then by replica id (first-fit-decreasing):
+            candidates = nodes its nodeSelector (GPU products by token), tier and exclusions allow
+            preferred node first, if it fits (a soft hint: never evicts)
+            anti-affinity: a node without a replica of the model first (soft: a shared node gets a ``note``);
+                           a P0 replica prefers tier-0 nodes after that
+            gpus = N:  N entirely free GPUs on the node left with the fewest free ones
+            GPU memory: best fit among GPUs in use, else an empty GPU in the pool with the most free memory
+            CPU only:  the node with the least CPU left
+            every replica: cpu and host memory (declared + ``host_memory.process_overhead_mb``) fit the node
+            no room and preempt: evict the cheapest lower-priority set on one node (P2 before P1, fewest,
+                                 least memory beyond the need; never a P0), place the victims again
+            still no room -> Unplaced with its reason (``preempted by ...`` first for a victim)
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Host memory one replica costs on a node: its spec's ``memoryMb`` plus the memory of the process it runs in.
 
-WHY an overhead at all: a worker process holds far more than its model. One ``sie score`` process for a
-6-input linear TorchScript model is 579 MB resident (torch and its libraries, one Kafka consumer and
-producer), so a node packed by declared ``memoryMb`` alone runs out of host memory long before placement
-thinks it is full. A model added to a shared multi-model process costs only its own share (issue 16's
-target: <= 25 MB; ``bench/bench_density.py`` measures it).
+WHY an overhead at all: a worker process holds far more than its model (torch and its libraries, one Kafka
+consumer and producer), so a node packed by declared ``memoryMb`` alone runs out of host memory long before
+placement thinks it is full (docs/control-plane.md, "Placement with host memory"). A model added to a shared
+multi-model process costs only its own share (docs/density.md; ``bench/bench_density.py`` measures it).
 
 WHY one module: the rule deciding which overhead a replica pays (``process_overhead_mb``) is read by the
 placer for packing, for the reason of an unplaced replica and for preemption; a second copy would let them
@@ -25,10 +24,9 @@ from sie.streams.control.placement.inventory import NodeState
 class HostOverheads:
     """Host memory (MiB) of a worker process beyond its model's declared ``memoryMb``.
 
-    ``process_mb``: a worker process of its own (``SIE_PROCESS_OVERHEAD_MB``, default the measured 579 MB).
-    ``model_mb``: one more model in a shared multi-model process (``SIE_MODEL_OVERHEAD_MB``, default 25 MB,
-    issue 16's target, measured by ``bench/bench_density.py``). ``HostOverheads()`` counts nothing: a bare
-    ``place()`` packs declared memory only, as before overheads existed.
+    ``process_mb``: a worker process of its own (``SIE_PROCESS_OVERHEAD_MB``).
+    ``model_mb``: one more model in a shared multi-model process (``SIE_MODEL_OVERHEAD_MB``).
+    ``HostOverheads()`` counts nothing: a bare ``place()`` packs declared memory only.
     """
 
     process_mb: int = 0
@@ -64,7 +62,7 @@ def process_overhead_mb(demand: ReplicaDemand, node: NodeState, overheads: HostO
 
     - The node's agent does not say how it runs replicas (``process_slots is None``: an agent older than
       host-memory reporting): 0. What it costs is unknown there, so it is not a constraint: such a node is
-      placed exactly as before, declared ``memoryMb`` against its registered memory.
+      packed by declared ``memoryMb`` against its registered memory.
     - The replica shares a process (``shares_process``: P1/P2, torch/python, no whole GPU, on a node with
       shared processes): ``overheads.model_mb``. The shared process's own base is not split among its models
       here; an agent that wants it counted reports it as held memory (``reserved_memory_mb``).

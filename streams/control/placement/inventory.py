@@ -56,8 +56,8 @@ class NodeState:
     reported. Shown to operators, never packed against: it already excludes what running replicas use, and a
     number that moves with every heartbeat would make still-valid placements flap.
     ``process_slots``: how the node's agent runs replicas, from its heartbeat: None = not reported (an agent
-    older than host-memory reporting; placement counts no process overhead there, host memory stays as
-    before: declared ``memoryMb`` only), 0 = every replica in a worker process of its own, N > 0 = small
+    older than host-memory reporting; placement counts no process overhead there, only declared
+    ``memoryMb``), 0 = every replica in a worker process of its own, N > 0 = small
     P1/P2 models share multi-model processes of N models each (``host_memory.process_overhead_mb``).
     """
 

@@ -26,8 +26,8 @@ The rules, in the order they are checked (each decision carries the numbers behi
 4. **Wake from zero.**  A model at zero replicas with records waiting gets replicas at once (the cold
    first request the design accepts for long-tail models); the time from waking to the first committed
    result is recorded (``first_result_ms``, shown by ``sie describe model``).  A wake that could not be
-   placed (rule 3 took it back to zero) is not tried again until ``blocked_retry_s`` has passed: without
-   that, every other pass woke it, found no room and took it back, and each time said so in three events.
+   placed (rule 3 took it back to zero) is not tried again until ``blocked_retry_s`` has passed (no
+   wake / blocked / take-back cycle every other pass).
 5. **Up, fast.**  ``capacity`` = records/s one READY replica commits while it has a backlog (learned from
    the signal windows in which the replicas had work queued throughout, ``ModelSignals.busy``; an EWMA).
    Until such a window was seen (a model that never had a backlog), the replicas' own inference throughput

@@ -25,7 +25,7 @@ class ControlConfig:
     ``reconcile_interval_s``: how often the loop runs (it also runs soon after a change is seen).
     ``strategy``: only ``binpack`` exists (the article's default).
     ``preemption``: a P0 (then P1) replica that finds no room evicts the cheapest set of lower-priority
-    replicas on one node (``placement.engine`` module docstring); False: it stays unschedulable.
+    replicas on one node (docs/control-plane.md, "Placement: the rules"); False: it stays unschedulable.
     ``autoscale``: the autoscaler's policy (``autoscaler.AutoscalePolicy``); ``backlog_interval_s``: how often
     each autoscaled model's backlog is sampled, ``backlog_window_s``: the window its rates are measured over
     (``signals.BacklogSampler``).

@@ -1,71 +1,43 @@
 """The reconcile loop: desired (specs -> demands -> placement) vs published assignments, close the gap.
 
-``Controller.reconcile(now)`` is level-triggered (Kubernetes style): it ignores what changed and
-re-derives everything from the ``ClusterState`` snapshot, so running it twice changes nothing, and a
-restarted control plane reaches the same decision.  Order of one pass:
+``Controller.reconcile(now)`` is level-triggered (Kubernetes style): it ignores what changed and re-derives
+everything from the ``ClusterState`` snapshot, so running it twice changes nothing, and a restarted control
+plane reaches the same decision.  One pass (docs/control-plane.md, "The reconcile loop")::
 
-1. failures: FAILED replica reports become per-(replica, node) exclusions with a cool-down, which a
-   re-applied spec (a new version included), a deleted model or ``sie replica reset`` ends early;
-2. nodes: liveness (heartbeat timeout) and GPU health -> inventory, transitions -> events; an offline node an
-   operator asked to forget (``sie node forget``), or offline for ``node_forget_after_s``, is forgotten: its
-   registration and (empty) assignment tombstoned with a ``node_forgotten`` event (``_forget_nodes``);
-3. autoscaling: the replica count of each model (``autoscaler.decide``: backlog, throughput, p99, bounds,
-   cool-down; leader only, state published with the model's status); without a backlog signal source
-   every model gets ``sla.min_replicas`` as before; then the traffic director (leader only): a hot
-   in-process replica may add a floor of one more replica, preferring the cooler node it names
-   (``director`` module docstring: the count is ``max(autoscaler's, floor)``);
-   then, leader only, the move back toward the spread (``rebalance``: a count floor, an exclusion and preferred
-   nodes while one replica of one model moves with a planned handover);
-4. placement: ``place(demands, inventory, current)`` where ``current`` is the LAST PUBLISHED
-   assignment of every node, so healthy replicas keep their node and GPU (no restart after a
-   control-plane restart or failover); with ``preemption`` a P0/P1 replica that finds no room evicts
-   lower-priority ones (``placement.engine`` module docstring), each eviction an event;
-5. assignments: a node's Assignment is published only when its replica set differs from the last one
-   published for it (the epoch is not part of the comparison);
-6. events and ModelStatus (status only when it changed);
-7. publish everything of the pass in ONE transaction, and only while leading.
+    1. failures:    FAILED replica reports -> per-(replica, node) exclusions with a cool-down (ended early by a
+                    re-applied spec, a deleted model or ``sie replica reset``)
+    2. nodes:       liveness (heartbeat timeout), GPU health -> inventory, transitions -> events; a node to
+                    forget (``sie node forget``, or offline for ``node_forget_after_s``) -> tombstoned
+    3. counts:      ``autoscaler.decide`` per model (leader only; without a backlog signal ``sla.min_replicas``),
+                    then the traffic director's floor (``director``), then the move back toward the spread
+                    (``rebalance``)
+    4. placement:   ``place(demands, inventory, current)``, ``current`` = the LAST PUBLISHED assignments (healthy
+                    replicas keep their node and GPU); with ``preemption``, evictions (each an event)
+    5. assignments: a node's Assignment is published only when its replica set changed (epoch not compared)
+    6. events and ModelStatus (status only when it changed)
+    7. publish everything of the pass in ONE transaction, and only while leading
 
-Each step runs in its own try/except: a failing step becomes a subsystem error in ``health`` and a
-metric, never a crashed loop.  Side effects go through ``Publisher`` (a fake in unit tests).
+Each step runs in its own try/except: a failing step becomes a subsystem error in ``health`` and a metric,
+never a crashed loop.  Side effects go through ``Publisher`` (a fake in unit tests).
 
-No pass acts on a view it knows is stale (``StateView``, the state feeder in production):
+No pass acts on a view it knows is stale (``StateView``, the state feeder in production); the pass is
+SKIPPED (``ReconcileReport.skipped``):
 
-* while the state reader is not caught up, died, or stalled, the pass is SKIPPED (``ReconcileReport.skipped``);
-* after catching up (at start-up, after a reader restart) the pass is skipped until every node seen in the
-  replayed heartbeats has been heard LIVE, for at most one ``node_timeout_s``: replayed heartbeats are
-  history, and a node must not be judged offline (its replicas moved) before it had one chance to speak;
-* when many nodes go offline at once while the silence is more likely ours than theirs, the
-  ``MassOfflineGuard`` (``liveness.py``) holds their replicas where they are;
-* a NEW LEADER's passes are skipped until its takeover loaded what its predecessor published
-  (``TakeoverView``; ``service.Takeover``): the state read to the end the control topics had after the
-  election fenced the old leader, and every unfinished rollout.  Before, its first pass planned without the
-  rollouts and removed the surge replica ("no longer desired"), which the next pass placed again.
+* while the state reader is not caught up, died, or stalled;
+* after catching up, until every node of the replayed heartbeats was heard LIVE (at most one
+  ``node_timeout_s``): replayed heartbeats are history, and a node is not judged offline before it could speak;
+* for a NEW LEADER, until its takeover loaded what its predecessor published (``TakeoverView``;
+  ``service.Takeover``): the control topics to the end they had after the election, and every unfinished
+  rollout (planned without them, a pass would remove a surge replica as "no longer desired").
+And when many nodes go offline at once while the silence is more likely ours, ``MassOfflineGuard``
+(``liveness.py``) holds their replicas where they are.
 
-A new leader's first pass over that loaded view changes no assignment its predecessor published, because
-everything a pass decides from is either published in the same transaction as the assignments it shaped or
-re-derived from what agents report (tests/streams/control/test_takeover_unit.py walks every rollout phase):
-
-=============================  ===============================================================================
-what a pass depends on         where a new leader gets it
-=============================  ===============================================================================
-specs, nodes, connectors       compacted topics, read to the takeover's barrier
-assignments (``current``)      compacted topic: placement keeps every still-valid placement
-heartbeats (liveness, READY)   read live by the standby all along; a fresh process waits for a live
-                               heartbeat of every replayed node (``_stale_view``)
-FAILED reports -> cool-downs   a standby's passes build them from replica-status as the leader does; and
-                               each replica's ``cooldowns`` in ModelStatus (``_seed_term``: a fresh process
-                               replays only the reports of replicas still on that node)
-cool-down resets               ``cooldown_reset_requested`` events (read window 10 min)
-autoscaler counts              ``ModelStatus.autoscale`` (``_seed_decisions``); no backlog signal yet: hold
-director's added replica       ``ModelStatus.director`` (``_seed_director_floors``); its hot/cool tracks
-                               start afresh (a hot replica must stay hot ``sustain_s`` again)
-rollouts (phase, both specs)   the rollouts topic read to its end after the election (``Rollouts.load``)
-statuses last published        model-status (``_seed_term``: nothing re-published without a change, an
-                               unschedulable replica not announced again)
-rollout_capacity reports       not seeded: a model in a rollout gets its plan's event once more (events only)
-a rebalance move in flight     the published assignments: a replica at index count is its surge replica
-                               (``Rebalancer.adopt``), so the move goes on instead of its surge being dropped
-=============================  ===============================================================================
+A new leader's first pass changes no assignment its predecessor published: everything a pass decides from is
+published in the same transaction as the assignments it shaped, or re-derived from what agents report (the
+table of what comes from where: docs/control-plane.md, "What a new leader loads before it acts"; here
+``_seed_term`` for cool-downs and statuses, ``_seed_decisions`` for autoscaler counts, ``_seed_director_floors``
+for the director's replica, ``Rebalancer.adopt`` for a move in flight; tests/streams/control/test_takeover_unit.py
+walks every rollout phase).
 """
 
 from __future__ import annotations
@@ -173,8 +145,8 @@ class _ModelIndex:
     """One pass's per-model view of the heartbeats and a plan, built in one sweep.
 
     WHY: asked per model, "its READY replicas" and "its placed replicas" each scan every heartbeat and every
-    placement: models x replicas per pass (at 1,000 models and 3,000 replicas, 1.2 s of a 1.9 s pass measured by
-    bench/bench_scale.py).  Grouped once, each model's answer is a lookup.
+    placement: models x replicas per pass (bench/bench_scale.py, docs/control-plane.md).  Grouped once, each
+    model's answer is a lookup.
     """
 
     #: model -> (READY replicas on online nodes, their highest p99, their inference rates)
@@ -799,7 +771,7 @@ class Controller:
         last = self._last_placement
         if last is not None and last[0] == inputs:
             # the same inputs give the same plan ("same inputs -> equal plan", placement module): most passes
-            # change nothing placement reads (40 % of a steady pass at 1,000 models, bench/bench_scale.py)
+            # change nothing placement reads, and placing again is a large share of a pass (bench/bench_scale.py)
             plan = PlacementPlan(last[1].placements, last[1].unplaced, inventory, last[1].preempted)
         else:
             plan = place(demands, inventory, current, excluded=excluded,

@@ -164,8 +164,8 @@ _DECISION_FIELDS = ("desired", "action", "last_scale_at_ms", "blocked_until_ms",
 
 def _decision_identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
     """The decision's fields, and a rollout hold's reason: it changes with the rollout's steps only (not every pass,
-    as the numbers in other reasons do), and a status not re-published for it said ``rollout to 1.1.0: Surging``
-    while the rollout was at Canary 50 % (issue 38)."""
+    as the numbers in other reasons do), so a status is re-published when the rollout's step changes (else it
+    would say ``Surging`` while the rollout is at Canary 50 %)."""
     reason = str(record.get("reason") or "")
     return (*(record.get(k) for k in _DECISION_FIELDS), reason if ROLLOUT_HOLD in reason else None)
 

@@ -1,11 +1,9 @@
 """The rollout gates: does the canary do worse than the stable version, with a stated confidence?
 
-WHY not one ratio of two p99s: at 10 % of 300 requests/s a canary has ~150 answers in a 5 s step, and the
-p99 of 150 answers is its second-largest value; compared with the p99 of stable's ~1,350 it is a coin toss
-on a loaded machine (issue 22: identical code rolled back on ``p99 46.6 ms > stable 27.2 ms x 1.5 + 5 ms``).
-So each gate is a sequential test (Wald's SPRT) on the canary's answers, judged at every leader tick on the
-step's window; it says FAIL (the canary is worse, with confidence), PASS (enough evidence that it is not)
-or nothing yet::
+Why not one ratio of two p99s: a canary at 10 % has ~150 answers in a 5 s step, and the p99 of 150 answers
+is their second-largest, noise on a loaded machine.  So each gate is a sequential test (Wald's SPRT) on the
+canary's answers, judged at every leader tick on the step's window; it says FAIL (the canary is worse, with
+confidence), PASS (enough evidence that it is not) or nothing yet::
 
     judge(gates, canary, stable, steps):
         canary answered < minSamples            -> INCONCLUSIVE (nothing is judged on a handful of answers)
@@ -35,33 +33,15 @@ maxErrorRateIncrease   inference error / output violation /        stable's rate
 maxExpiryRateIncrease  expired answer (a row)                      stable's rate + increase    p0 + 4 points
 =====================  =========================================  ==========================  ==================
 
-Choices, each measured in ``bench/bench_rollout.py gates`` (``docs/rollouts.md`` "The gates"):
+Choices (the reasons and their measurements: ``docs/rollouts.md``, "The gates"):
 
-- **Like with like: the relative gate compares model-call (inference) time, not queue + inference.**
-  Both versions are scored in the same batches of the same scorer, so they share the queue time; it
-  carries no difference between versions, only the machine's noise, and a slow canary even raises the
-  stable's queue time with its own: measured, the old ratio of end-to-end p99s failed 0-2 of 20 canaries
-  3x slower per call (and 1-8 of 20 rollouts of identical code) in each of seven runs.  The SLA gate keeps queue + inference: it is about what callers wait.
-- **The median too**: on a loaded machine preemption adds tens of ms to a few calls in a hundred whatever
-  the model, so a p99 is ~2x a median for both versions and a canary 3x slower per call is only ~2x worse
-  at the p99, a close call; its median is 3x, decided in a few calls.  ``p99MaxRatio`` / ``p99SlackMs``
-  bound both quantiles.
-- **The stable's quantiles come from its last ``REFERENCE_S`` (60 s)**, not the step alone: one 10 % step
-  of 5-20 s holds ~100 stable calls, whose p99 is about their maximum, and one slow call would lift the
-  limit above a 3x slower canary (the driver passes ``VersionWindow.reference``).
-- **Evidence counts model calls, not rows**: the rows of one call share its inference time (and nearly
-  its queue time), so a call of 15 rows is one observation, not 15; each answer weighs 1 / rows in its
-  call.  Error and expiry tests count rows (a row fails on its own).
-- **Sequential, so judging every tick costs nothing**: the SPRT's error bounds hold however often it is
-  looked at (Wald; Ville's inequality for the likelihood ratio), so a truly worse canary fails as soon as
-  the evidence is there while an identical one is failed by at most ``alpha`` per test and step.  The
-  bounds assume independent observations; answers close in time are not quite (a stall hits several
-  batches), which is what ``s`` absorbs and why the bench, not the formula, is the proof.
-- **PASS needs evidence too** (``BETA`` = 5 %: a canary truly at p1 passes a step at most 5 % of the
-  time): ~73 canary calls with none over the p99 limits and ~73 answers with no error; each bad one asks
-  for ~40 more.  That is the minimum sample the stated confidence needs: a step whose interval ends before
-  waits for it, up to its deadline, where the truncated tests decide: on, unless a test's likelihood ratio
-  is nearer its fail boundary than its pass boundary (leaning worse).
+- the relative tests compare model-call (inference) time: both versions share the scorer's queue time; the SLA
+  test keeps queue + inference, what callers wait for;
+- the median too: on a loaded machine a canary 3x slower per call is only ~2x worse at the p99, 3x at the median;
+- the stable's quantiles come from its last ``REFERENCE_S`` (``VersionWindow.reference``), not the step alone;
+- evidence counts model calls, not rows (an answer weighs 1 / rows in its call); error and expiry tests count rows;
+- the SPRT's bounds hold however often it is looked at, so judging every tick costs nothing; PASS needs
+  evidence too (``BETA``): a step whose interval ends first waits for it, up to its deadline.
 
 Failures:
 
@@ -221,8 +201,7 @@ class _Sprt:
             return Verdict.PASS, llr, Verdict.PASS
         if n <= 0:  # nothing seen: not proven
             return Verdict.INCONCLUSIVE, llr, Verdict.FAIL
-        # truncated: the nearer boundary.  Measured: deciding at llr 0 instead rolled back identical code
-        # whose tests stood at a likelihood ratio of ~1.5 (2 slow calls of 70) at a 15 s deadline
+        # truncated: the nearer boundary, not the sign of the evidence (docs/rollouts.md, "The gates")
         leaning = Verdict.FAIL if llr >= (self.reject + self.accept) / 2 else Verdict.PASS
         return Verdict.INCONCLUSIVE, llr, leaning
 
