@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from sie.workers.process import LaunchSpec, SubprocessLauncher
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 def _alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.service import ControlService
-from tests.helpers import (
+from tests.support.helpers import (
     OPERATOR_TOKEN,
     REPO_ROOT,
     VIEWER_TOKEN,

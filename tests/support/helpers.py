@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from sie.kernel.settings import Settings
 
 #: the source checkout (tests read its examples/ and docs/; product code never depends on it)
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
 
 

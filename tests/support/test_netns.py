@@ -1,4 +1,4 @@
-"""The test network of tests/netns.py: nodes reach each other only as the faults allow, and nothing is left behind.
+"""The test network of tests/support/netns.py: nodes reach each other only as the faults allow, and nothing is left behind.
 
 Skipped (with the reason) where network namespaces cannot be made: not root, no iproute2/nftables.
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.netns import SUBNET, Topology, sweep_orphans, unavailable
+from tests.support.netns import SUBNET, Topology, sweep_orphans, unavailable
 
 WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"network namespaces: {WHY}")
