@@ -187,9 +187,10 @@ def run_partitions(args: argparse.Namespace) -> int:
         f"engineers' tests), load average {load_before[0]:.1f} before / {load_after[0]:.1f} after, "
         f"{time.monotonic() - started:.0f} s",
         "# command: python bench/bench_faults.py " + " ".join(sys.argv[1:]),
-        "# every node in its own network namespace (tests/support/netns.py): 3 brokers (KRaft), 2 scorers (sie score, 6 request "
-        f"partitions, session 10 s) or 2 agents + 2 control planes, the client; {rate:g} req/s to the scorers, "
-        f"{control_rate:g} req/s to the control rig's model; {args.repeats} trial(s) per case",
+        "# every node in its own network namespace (tests/support/netns.py): 3 brokers (KRaft), 2 scorers "
+        "(sie score, 6 request partitions, session 10 s) or 2 agents + 2 control planes, the client; "
+        f"{rate:g} req/s to the scorers, {control_rate:g} req/s to the control rig's model; "
+        f"{args.repeats} trial(s) per case",
         "# stall: longest gap between committed outputs of one request partition around the fault; healthy stall: the "
         "same over the partitions of the scorer that was not cut;",
         "# recovery: fault -> every partition answered a request produced after the fault; after heal: heal -> the same;",

@@ -1,4 +1,5 @@
-"""The test network of tests/support/netns.py: nodes reach each other only as the faults allow, and nothing is left behind.
+"""The test network of tests/support/netns.py: nodes reach each other only as the faults allow, and nothing is
+left behind.
 
 Skipped (with the reason) where network namespaces cannot be made: not root, no iproute2/nftables.
 """
@@ -123,7 +124,7 @@ def test_a_forward_reaches_a_nodes_loopback_even_while_it_is_cut(topo: Topology)
 def test_everything_is_removed_even_when_the_test_fails() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         with Topology(["x", "y"]) as t:
-            proc = subprocess.Popen(t.command("x", ["sleep", "600"]))
+            proc = subprocess.Popen(t.command("x", ["sleep", "600"]))  # lives until the cleanup kills it
             made = {n.netns for n in t.nodes.values()} | {t.switch}
             assert made <= _namespaces()
             raise RuntimeError("boom")
