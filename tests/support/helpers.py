@@ -35,7 +35,7 @@ def wait_until(
         if time.monotonic() >= deadline:
             text = message() if callable(message) else message
             raise AssertionError(f"timed out after {timeout:.1f}s waiting for {text}")
-        time.sleep(interval)
+        time.sleep(interval)  # the polling period between checks of the condition; the deadline above bounds it
 
 
 def unique_topic(prefix: str = "test") -> str:

@@ -66,13 +66,13 @@ def paced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def paced_3x(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A new version of ``paced`` that takes 3x as long per call: the gates bench's slow canary."""
-    time.sleep(3 * PACED_CALL_S)
+    time.sleep(3 * PACED_CALL_S)  # the model's own compute time, not synchronisation
     return echo(rows)
 
 
 def paced_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A new version of ``paced`` that cannot score 1 row in 20 (``echo_canary``): the gates bench's erring canary."""
-    time.sleep(PACED_CALL_S)
+    time.sleep(PACED_CALL_S)  # the model's own compute time, not synchronisation
     return echo_canary(rows)
 
 

@@ -88,7 +88,7 @@ class FakeAgent:
             self._producer.produce(f"{self.settings.topic_prefix}.heartbeats", key=self.node.encode(), value=encode("Heartbeat", {
                 "node": self.node, "ts_ms": now_ms, "seq": self.seq, "gpus": self.gpus, "replicas": []}), timestamp=now_ms)
             self._producer.flush(5)
-            self._stop.wait(0.5)
+            self._stop.wait(0.5)  # the fake agent's heartbeat period (pacing, not synchronisation)
 
     def stop(self) -> None:
         self._stop.set()
