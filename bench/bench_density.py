@@ -36,9 +36,9 @@ import yaml  # noqa: E402
 from sie.kernel.admin import delete_topics, ensure_model_topics  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from sie.schemas.spec import parse_spec  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
-from tests.scorer_fixtures import CommittedReader, ScorerProcess, produce_requests  # noqa: E402
-from tests.shared_fixtures import SharedHostProcess  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
+from tests.support.scorer_fixtures import CommittedReader, ScorerProcess, produce_requests  # noqa: E402
+from tests.support.shared_fixtures import SharedHostProcess  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

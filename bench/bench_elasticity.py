@@ -41,8 +41,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sie.kernel.settings import Settings  # noqa: E402
-from tests.cluster_harness import Cluster, RequestStream, ResultTail, example_input, wait_for  # noqa: E402
-from tests.helpers import TopicTail  # noqa: E402
+from tests.support.cluster_harness import Cluster, RequestStream, ResultTail, example_input, wait_for  # noqa: E402
+from tests.support.helpers import TopicTail  # noqa: E402
 from tests.test_elasticity_e2e import PACED_MODEL_ENV  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def starts(settings: Settings, count: int, warm_pool: int, root: Path, model: st
     s = settings.with_overrides(topic_prefix=prefix)
     ensure_topics(s, system_topics(prefix), replication_factor=1)
     from sie.schemas.spec import load_spec
-    from tests.helpers import REPO_ROOT
+    from tests.support.helpers import REPO_ROOT
 
     doc = load_spec(REPO_ROOT / "examples" / f"{model}.yaml").to_document()
     doc["topics"] = {kind: f"{prefix}.model.{model}.{suffix}" for kind, suffix in

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sie.kernel.settings import Settings  # noqa: E402
-from tests.cluster_harness import (  # noqa: E402
+from tests.support.cluster_harness import (  # noqa: E402
     Cluster,
     RequestStream,
     ResultTail,

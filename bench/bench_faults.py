@@ -3,7 +3,7 @@
     python bench/bench_faults.py [--repeats 1] [--rate 40] [--faults a,b,c,d,d2,e,f]
 
 Starts a 3-broker KRaft cluster on free loopback ports (model topics: replication factor 3,
-min.insync.replicas 2), then runs the faults of tests/fault_campaign.py, each ``--repeats`` times:
+min.insync.replicas 2), then runs the faults of tests/support/fault_campaign.py, each ``--repeats`` times:
 
 - (a) SIGKILL + restart of the broker leading request partition 0 of a real ``sie score`` (echo model)
 - (b) SIGKILL + restart of the scorer's transaction coordinator (leader of its __transaction_state partition)
@@ -21,13 +21,13 @@ Results: bench/results/faults.txt (its hand-written "## analysis" section is kep
 
     python bench/bench_faults.py --partitions [--repeats 3] [--rate 150] [--cases 1,4,4b,5,6,7,7b,2,3]
 
-The partition campaign (issue 27, tests/partition_campaign.py; needs root: network namespaces): every broker,
+The partition campaign (issue 27, tests/support/partition_campaign.py; needs root: network namespaces): every broker,
 scorer/agent node, control plane and the client on its own address of a private test network; the cases are
 partitions (a link cut, packets dropped between nodes) instead of crashes.  Per case also the healthy scorer's
 own partitions' stall and the time from the heal to every partition answering.  The defaults are the test's full
 profile (``SIE_FAULT_CAMPAIGN=full``: 150 req/s, 60 s flaps, 4b = the partial partition that keeps none of the
 scorer's coordinators, 7b = the flapping link of a partition leader), once each; a row over one of the campaign's
-bounds (``tests.partition_campaign.held``) says OVER BOUND and the exit status is 1.  Results:
+bounds (``tests.support.partition_campaign.held``) says OVER BOUND and the exit status is 1.  Results:
 bench/results/partitions.txt (its "## analysis" section is kept).
 """
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sie.infra.kafka.local import LocalKafka, free_base_port  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
-from tests.fault_campaign import TABLE_HEADER, ControlRig, FaultResult, ScorerRig  # noqa: E402
+from tests.support.fault_campaign import TABLE_HEADER, ControlRig, FaultResult, ScorerRig  # noqa: E402
 
 SCORER_FAULTS = {
     "a": ("(a) SIGKILL + restart: leader of request partition 0", "request_leader", "kill"),
@@ -134,9 +134,9 @@ PARTITION_CASES: dict[str, tuple[str, str, dict[str, object]]] = {
 
 
 def run_partitions(args: argparse.Namespace) -> int:
-    from tests.netns import unavailable
-    from tests.partition_campaign import TABLE_HEADER as PARTITION_HEADER
-    from tests.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet, held
+    from tests.support.netns import unavailable
+    from tests.support.partition_campaign import TABLE_HEADER as PARTITION_HEADER
+    from tests.support.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet, held
 
     why = unavailable()
     if why is not None:
@@ -187,9 +187,10 @@ def run_partitions(args: argparse.Namespace) -> int:
         f"engineers' tests), load average {load_before[0]:.1f} before / {load_after[0]:.1f} after, "
         f"{time.monotonic() - started:.0f} s",
         "# command: python bench/bench_faults.py " + " ".join(sys.argv[1:]),
-        "# every node in its own network namespace (tests/netns.py): 3 brokers (KRaft), 2 scorers (sie score, 6 request "
-        f"partitions, session 10 s) or 2 agents + 2 control planes, the client; {rate:g} req/s to the scorers, "
-        f"{control_rate:g} req/s to the control rig's model; {args.repeats} trial(s) per case",
+        "# every node in its own network namespace (tests/support/netns.py): 3 brokers (KRaft), 2 scorers "
+        "(sie score, 6 request partitions, session 10 s) or 2 agents + 2 control planes, the client; "
+        f"{rate:g} req/s to the scorers, {control_rate:g} req/s to the control rig's model; "
+        f"{args.repeats} trial(s) per case",
         "# stall: longest gap between committed outputs of one request partition around the fault; healthy stall: the "
         "same over the partitions of the scorer that was not cut;",
         "# recovery: fault -> every partition answered a request produced after the fault; after heal: heal -> the same;",

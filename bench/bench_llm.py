@@ -59,8 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson  # noqa: E402
 
 from sie.kernel.settings import Settings  # noqa: E402
-from tests.llm_fixtures import FakeLLMProcess, llm_spec  # noqa: E402
-from tests.scorer_fixtures import CommittedReader, produce_requests, topics_for  # noqa: E402
+from tests.support.llm_fixtures import FakeLLMProcess, llm_spec  # noqa: E402
+from tests.support.scorer_fixtures import CommittedReader, produce_requests, topics_for  # noqa: E402
 
 
 def backlog(n: int) -> list[tuple[bytes, bytes]]:
@@ -183,7 +183,7 @@ SAMPLING: dict = {"temperature": 0.0, "ignore_eos": True}
 
 
 def real_spec(url: str, slots: int, max_tokens: int, **config):
-    from tests.real_llm import SERVED_NAME
+    from tests.support.real_llm import SERVED_NAME
 
     return llm_spec([{"url": url, "concurrency": slots}], protocol="openai-completions", served_model_name=SERVED_NAME,
                     output_mode="text",
@@ -196,7 +196,7 @@ def run_capacity(url: str, slots: int, max_tokens: int, warmup: float, duration:
     """The server's saturated throughput with direct requests: ``slots`` threads back to back, no Kafka."""
     import httpx
 
-    from tests.real_llm import SERVED_NAME
+    from tests.support.real_llm import SERVED_NAME
 
     client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=slots + 4))
     t_start = time.monotonic() + warmup
@@ -253,7 +253,7 @@ def run_plain_loop(settings: Settings, url: str, slots: int, max_tokens: int, n:
     import httpx
     from confluent_kafka import Consumer, Producer
 
-    from tests.real_llm import SERVED_NAME
+    from tests.support.real_llm import SERVED_NAME
 
     spec = real_spec(url, slots, max_tokens)
     topics_for(settings, spec)
@@ -308,7 +308,7 @@ def run_plain_loop(settings: Settings, url: str, slots: int, max_tokens: int, n:
 
 def main_real(args: argparse.Namespace) -> int:
     """``--server vllm`` (module docstring)."""
-    from tests.real_llm import VLLMServer, vllm_install
+    from tests.support.real_llm import VLLMServer, vllm_install
 
     install, why = vllm_install()
     if install is None:

@@ -38,9 +38,9 @@ import bench_llm  # noqa: E402  (its sibling: run as a script, bench/ is on sys.
 import orjson  # noqa: E402
 
 from sie.kernel.settings import Settings  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
-from tests.llm_fixtures import llm_spec  # noqa: E402
-from tests.scorer_fixtures import CommittedReader, group_members, produce_requests, topics_for  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
+from tests.support.llm_fixtures import llm_spec  # noqa: E402
+from tests.support.scorer_fixtures import CommittedReader, group_members, produce_requests, topics_for  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:

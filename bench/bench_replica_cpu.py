@@ -31,8 +31,8 @@ import yaml  # noqa: E402
 from sie.kernel.admin import admin_client, delete_topics, group_progress  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from sie.schemas.spec import load_spec  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
-from tests.scorer_fixtures import ScorerProcess  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
+from tests.support.scorer_fixtures import ScorerProcess  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

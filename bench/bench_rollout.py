@@ -70,8 +70,8 @@ from sie.streams.control.rollout.driver import KafkaVersionWindows, RolloutDrive
 from sie.streams.control.rollout.machine import Phase  # noqa: E402
 from sie.streams.scorer import ScorerConfig  # noqa: E402
 from sie.streams.scorer.rollout import EPOCH_HEADER, run_rollout_scorer  # noqa: E402
-from tests.scorer_fixtures import echo_version_spec, load_echo_backend, prove_exactly_once, topics_for  # noqa: E402
 from tests.streams.control.rollout.test_rollout_kafka import Load, Publisher  # noqa: E402
+from tests.support.scorer_fixtures import echo_version_spec, load_echo_backend, prove_exactly_once, topics_for  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.txt"
 
@@ -266,12 +266,12 @@ class _Slot:
     def __init__(self, settings: Settings, index: int, args: argparse.Namespace, workdir: Path) -> None:
         import yaml
 
-        from tests.scorer_fixtures import ScorerProcess, echo_spec_doc
+        from tests.support.scorer_fixtures import ScorerProcess, echo_spec_doc
 
         self.name = f"bg{index}-{uuid.uuid4().hex[:6]}"
         self.settings, self.args = settings, args
         self.doc = echo_spec_doc(self.name)
-        self.doc["spec"]["backend"]["callable"] = "tests.scorer_fixtures:paced"
+        self.doc["spec"]["backend"]["callable"] = "tests.support.scorer_fixtures:paced"
         self.doc["spec"]["sla"] = {"p99_latency_ms": args.sla_ms}
         self.stable = parse_spec(self.doc, topic_prefix=settings.topic_prefix)
         topics_for(settings, self.stable, partitions=4)
@@ -294,7 +294,7 @@ class _Slot:
         self.serial += 1
         doc = json.loads(json.dumps(self.doc))
         doc["spec"]["model"]["version"] = f"1.0.{self.serial}"
-        doc["spec"]["backend"]["callable"] = f"tests.scorer_fixtures:{CANARIES[kind]}"
+        doc["spec"]["backend"]["callable"] = f"tests.support.scorer_fixtures:{CANARIES[kind]}"
         doc["spec"]["rollout"] = {"intervalSeconds": self.args.interval}  # default steps and gates
         return parse_spec(doc, topic_prefix=self.settings.topic_prefix)
 
@@ -332,7 +332,7 @@ def gates_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import tempfile
 
-    from tests.helpers import wait_until
+    from tests.support.helpers import wait_until
 
     settings = Settings().with_overrides(topic_prefix=f"bgt{uuid.uuid4().hex[:8]}")
     ensure_topics(settings, [t for t in system_topics(settings.topic_prefix)

@@ -1,7 +1,7 @@
 """The cost of serving a rollout's other version from a process of its own (``sie.workers.versions``) vs in the
 scorer's own process, same run, same model, same batches.
 
-For a python model (``churnpkg``, tests/user_models.py) and a TorchScript model, at batch sizes 1, 64 and 1,024:
+For a python model (``churnpkg``, tests/support/user_models.py) and a TorchScript model, at batch sizes 1, 64 and 1,024:
 
 A. in-process: the backend created and loaded in this process (what a replica's own version is), ``infer``;
 B. companion: ``VersionHost`` (``python -m sie.workers.version_host``), the same backend in a child process,
@@ -34,7 +34,7 @@ from sie.schemas.module_bundle import build_bundle  # noqa: E402
 from sie.schemas.spec import ModelService, load_spec  # noqa: E402
 from sie.workers.backends import backend_config_from_spec, create_backend  # noqa: E402
 from sie.workers.versions import VersionHost  # noqa: E402
-from tests.user_models import python_project, torchscript_project  # noqa: E402
+from tests.support.user_models import python_project, torchscript_project  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "versions.txt"
 SIZES = (1, 64, 1024)

@@ -2,10 +2,10 @@
 epoch's weight (``python bench/bench_rollout.py campaign --good 5 --bad 5``; results in
 bench/results/rollout_campaign.txt).
 
-Cluster (``tests/cluster_harness.py``): 2 ``sie control`` + 2 ``sie agent`` processes on one broker (started
+Cluster (``tests/support/cluster_harness.py``): 2 ``sie control`` + 2 ``sie agent`` processes on one broker (started
 here unless SIE_BOOTSTRAP_SERVERS names one).  Each rollout gets a model of its own (so its epochs are its own):
 
-    apply v1.0.0 (a user's python model, ``tests/user_models.python_project``: its code names its version in
+    apply v1.0.0 (a user's python model, ``tests/support/user_models.python_project``: its code names its version in
         every answer) with `sie apply` through the control API, 2 replicas, wait Ready
     keyed requests at --rate/s over --keys keys (keys repeat: a key's answers over time are compared)
     apply v1.1.0 with a rollout block (steps 10/50/100, --interval s each)
@@ -17,7 +17,7 @@ here unless SIE_BOOTSTRAP_SERVERS names one).  Each rollout gets a model of its 
       bad:  different code that cannot score 1 row in 20 (dead letters); no kills; it must roll back
     stop the load (a few seconds after the rollout ended), read every result and dead letter (read_committed)
     exactly once: every request one output (lost / duplicated)
-    every output: ``tests/rollout_checks.check_answers`` (its version is what its sie.routing.epoch's weight
+    every output: ``tests/support/rollout_checks.check_answers`` (its version is what its sie.routing.epoch's weight
         gives its key's bucket, no fallback, its code is its label; no key back to stable without a rollback;
         the canary answers nothing before its first canary step)
     delete the model (its replicas stop: the next run has the machine to itself)
@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import Cluster, RequestStream, http, try_get, wait_for
-from tests.rollout_checks import AnswerReport, check_answers, rollout_epochs
-from tests.scorer_fixtures import CommittedReader, exactly_once_report
-from tests.user_models import ALLOWED_MODULES, python_project
+from tests.support.cluster_harness import Cluster, RequestStream, http, try_get, wait_for
+from tests.support.rollout_checks import AnswerReport, check_answers, rollout_epochs
+from tests.support.scorer_fixtures import CommittedReader, exactly_once_report
+from tests.support.user_models import ALLOWED_MODULES, python_project
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout_campaign.txt"
 INPUTS = {"tenure": 120.0, "spend": 40.0, "tickets": 1.0}

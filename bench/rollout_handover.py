@@ -35,8 +35,17 @@ import yaml
 
 from sie.kernel.settings import Settings
 from sie.schemas.spec import parse_spec
-from tests.cluster_harness import Cluster, RequestStream, ResultTail, StatusTail, example_input, http, try_get, wait_for
-from tests.scorer_fixtures import prove_exactly_once
+from tests.support.cluster_harness import (
+    Cluster,
+    RequestStream,
+    ResultTail,
+    StatusTail,
+    example_input,
+    http,
+    try_get,
+    wait_for,
+)
+from tests.support.scorer_fixtures import prove_exactly_once
 
 MODEL = "fraud-rules"
 ROLLOUT = {"steps": [50, 100], "intervalSeconds": 3, "surgeTimeoutSeconds": 120,

@@ -31,7 +31,7 @@ step "fetching Apache Kafka from Maven Central (once per machine)"
 "$PY" -m sie kafka fetch
 
 # Optional: the observability tests need `prometheus`/`promtool` and `chromium`, the network-partition tests
-# (tests/netns.py, as root) `nft`; without them they skip, saying so. Installed from Debian's packages when this
+# (tests/support/netns.py, as root) `nft`; without them they skip, saying so. Installed from Debian's packages when this
 # runs as root with apt-get (CI does).
 step "installing Prometheus and Chromium (observability tests) and nftables (partition tests) (optional)"
 if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null \

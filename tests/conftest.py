@@ -35,11 +35,11 @@ import pytest
 from sie.infra.kafka.local import LocalKafka, free_base_port
 from sie.kernel.settings import Settings
 
-#: test files that run a real vLLM server (tests/real_llm.py), installed by scripts/real_llm/setup.sh
+#: test files that run a real vLLM server (tests/support/real_llm.py), installed by scripts/real_llm/setup.sh
 _REAL_LLM_TESTS = ("tests/streams/llm/test_real_vllm.py", "tests/streams/llm/test_real_vllm_edges.py",
                    "tests/workers/test_agent_real_vllm.py")
 #: the network-namespace partition tests (root; brokers of their own in namespaces)
-_NETNS_TESTS = ("tests/test_netns.py", "tests/test_partition_campaign.py")
+_NETNS_TESTS = ("tests/support/test_netns.py", "tests/test_partition_campaign.py")
 _KAFKA_FIXTURES = {"bootstrap_servers", "kafka_settings", "kafka_cluster3", "private_kafka", "secure_kafka"}
 #: the quick tier's tests on a broker (``smoke``): exactly once in both commit modes through the CLI's own scorer, a
 #: crash at random moments in both, a poison record, and the cluster's happy path (control plane + two agents)

@@ -26,8 +26,8 @@ import yaml
 from sie.kernel.settings import Settings
 from sie.schemas.artifact_store import ArtifactStore
 from sie.schemas.spec_store import read_specs
-from tests.cluster_harness import Cluster, StatusTail, try_get, wait_for
-from tests.helpers import EXAMPLES, consume_all, forge_artifact, produce_json
+from tests.support.cluster_harness import Cluster, StatusTail, try_get, wait_for
+from tests.support.helpers import EXAMPLES, consume_all, forge_artifact, produce_json
 
 pytestmark = pytest.mark.kafka
 

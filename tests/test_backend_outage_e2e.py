@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from sie.schemas.spec import parse_spec
-from tests.cluster_harness import REPO, Cluster, RequestStream, example_input, http, try_get, wait_for
-from tests.scorer_fixtures import CommittedReader, prove_exactly_once
+from tests.support.cluster_harness import REPO, Cluster, RequestStream, example_input, http, try_get, wait_for
+from tests.support.scorer_fixtures import CommittedReader, prove_exactly_once
 
 pytestmark = pytest.mark.kafka
 
@@ -30,14 +30,14 @@ MODEL = "fraud-rules"
 def test_a_backend_outage_shows_as_degraded_with_its_reason_and_heals(kafka_settings, tmp_path: Path) -> None:
     flag = tmp_path / "feature-store-down"
     c = Cluster(kafka_settings, tmp_path, extra_env={
-        "SIE_ALLOWED_MODULES": "models.fraud,tests.scorer_fixtures", "SIE_TEST_OUTAGE_FLAG": str(flag),
+        "SIE_ALLOWED_MODULES": "models.fraud,tests.support.scorer_fixtures", "SIE_TEST_OUTAGE_FLAG": str(flag),
         # the agent hands its workers only allow-listed variables (docs/security.md): name the test's own
         "SIE_WORKER_ENV": "SIE_TEST_OUTAGE_FLAG",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples")])})
     stream = reader = None
     try:
         path = c.write_spec(MODEL, replicas=1, resources={"cpu": 0.25},
-                            backend={"callable": "tests.scorer_fixtures:rules_or_outage"})
+                            backend={"callable": "tests.support.scorer_fixtures:rules_or_outage"})
         c.start_control("cp-1")
         c.start_agent("node-a", heartbeat_s=1.0)
         c.wait_leader(60)

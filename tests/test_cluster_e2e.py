@@ -6,7 +6,7 @@ specs -> placement -> assignments -> workers -> READY in the API -> requests sco
 failures the control plane is built for (node loss, worker crash, control-plane restart, leader loss)
 heal without losing or duplicating a result.
 
-Every test gets its own SIE_TOPIC_PREFIX (tests/cluster_harness.py); processes are stopped by PID.
+Every test gets its own SIE_TOPIC_PREFIX (tests/support/cluster_harness.py); processes are stopped by PID.
 Simulated nodes report this machine's CPUs (2 here), so the test specs ask for 0.5 / 0.25 CPU: both
 fraud-scorer replicas plus fraud-rules must fit on ONE node after the other is lost.
 """
@@ -24,7 +24,7 @@ import pytest
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import decode
 from sie.streams.control.reconcile.config import ControlConfig
-from tests.cluster_harness import (
+from tests.support.cluster_harness import (
     Cluster,
     RequestStream,
     ResultTail,
@@ -34,7 +34,7 @@ from tests.cluster_harness import (
     try_get,
     wait_for,
 )
-from tests.helpers import consume_all, leader_takeover_bound_s
+from tests.support.helpers import consume_all, leader_takeover_bound_s
 
 pytestmark = pytest.mark.kafka
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import Cluster, StatusTail, try_get, wait_for
-from tests.helpers import EXAMPLES, consume_all, create_topic, produce_json
+from tests.support.cluster_harness import Cluster, StatusTail, try_get, wait_for
+from tests.support.helpers import EXAMPLES, consume_all, create_topic, produce_json
 
 pytestmark = pytest.mark.kafka
 

@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import REPO, Cluster, RequestStream, ResultTail, example_input, http, try_get, wait_for
+from tests.support.cluster_harness import (
+    REPO,
+    Cluster,
+    RequestStream,
+    ResultTail,
+    example_input,
+    http,
+    try_get,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from sie import demo
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 SOURCE = REPO_ROOT / "sie" / "demo.py"
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import (
+from tests.support.cluster_harness import (
     REPO,
     Cluster,
     RequestStream,
@@ -33,7 +33,7 @@ from tests.cluster_harness import (
     try_get,
     wait_for,
 )
-from tests.helpers import TopicTail
+from tests.support.helpers import TopicTail
 
 pytestmark = pytest.mark.kafka
 

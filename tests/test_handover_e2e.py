@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from sie.schemas.spec import parse_spec
-from tests.cluster_harness import Cluster, RequestStream, ResultTail, StatusTail, example_input, wait_for
-from tests.scorer_fixtures import prove_exactly_once
+from tests.support.cluster_harness import Cluster, RequestStream, ResultTail, StatusTail, example_input, wait_for
+from tests.support.scorer_fixtures import prove_exactly_once
 
 pytestmark = pytest.mark.kafka
 

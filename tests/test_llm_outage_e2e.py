@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from sie.schemas.spec import parse_spec
-from tests.cluster_harness import Cluster, RequestStream, http, wait_for
-from tests.llm_fixtures import FAKE_SERVER
-from tests.scorer_fixtures import CommittedReader, prove_exactly_once
+from tests.support.cluster_harness import Cluster, RequestStream, http, wait_for
+from tests.support.llm_fixtures import FAKE_SERVER
+from tests.support.scorer_fixtures import CommittedReader, prove_exactly_once
 
 pytestmark = pytest.mark.kafka
 

@@ -34,9 +34,9 @@ import yaml
 
 from sie.commands.prometheus import prometheus_config
 from sie.kernel.settings import Settings
-from tests.cluster_harness import Cluster, RequestStream, example_input, free_port, http, wait_for
-from tests.helpers import VIEWER_TOKEN
-from tests.promql import REPO, panel_queries, readme_promql, rule_queries, selectors
+from tests.support.cluster_harness import Cluster, RequestStream, example_input, free_port, http, wait_for
+from tests.support.helpers import VIEWER_TOKEN
+from tests.support.promql import REPO, panel_queries, readme_promql, rule_queries, selectors
 
 pytestmark = pytest.mark.kafka
 

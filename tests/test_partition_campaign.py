@@ -1,7 +1,7 @@
-"""The partition campaign (issue 27) on a private test network, driver in tests/partition_campaign.py.
+"""The partition campaign (issue 27) on a private test network, driver in tests/support/partition_campaign.py.
 
 Every broker, agent node, control plane and the client in its own network namespace with its own address
-(tests/netns.py); a partition is a link taken down or the packets between two nodes dropped, then healed.
+(tests/support/netns.py); a partition is a link taken down or the packets between two nodes dropped, then healed.
 
 CI runs the bounded profile: every case once at 60 req/s, a scorer's link flapping for 24 s.
 ``SIE_FAULT_CAMPAIGN=full`` runs the full one (marker ``fault_campaign``): each scorer case three times at
@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from sie.kernel.settings import Settings
-from tests.netns import unavailable
-from tests.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet, held
+from tests.support.netns import unavailable
+from tests.support.partition_campaign import ControlNet, PartitionResult, ScorerNet, TestNet, held
 
 FULL = os.environ.get("SIE_FAULT_CAMPAIGN", "") == "full"
 WHY = unavailable()

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from sie.schemas.spec import parse_spec
-from tests.cluster_harness import Cluster, RequestStream, example_input, http, try_get, wait_for
-from tests.scorer_fixtures import prove_exactly_once
+from tests.support.cluster_harness import Cluster, RequestStream, example_input, http, try_get, wait_for
+from tests.support.scorer_fixtures import prove_exactly_once
 
 pytestmark = pytest.mark.kafka
 

@@ -1,6 +1,6 @@
 """Every key answered by exactly the version its epoch's weight gives it, through slow loads and worker kills
 (issue 34): `sie control` + two `sie agent` processes, each version's code uploaded by `sie apply` from a folder
-of its own (``tests/user_models.py``: outputs that name the code that answered), a keyed request stream
+of its own (``tests/support/user_models.py``: outputs that name the code that answered), a keyed request stream
 (keys repeat, so a key's answers over time can be compared).
 
 Both versions take ``LOAD_S`` (>= 10 s) to load, as a worker and as a companion process.  So in ``Surging`` the
@@ -14,7 +14,7 @@ weight 0, and keys the canary had answered went back to stable.
 The proof over every committed result (read_committed): every request exactly once; each result's ``version``
 is the code that produced it, and is what its key's bucket gives at the weight of the epoch stamped on it
 (``sie.routing.epoch``); no result carries a fallback; a key once answered by the canary is never answered by
-the stable version again (no rollback in these runs): ``tests/rollout_checks.check_answers``, the rules
+the stable version again (no rollback in these runs): ``tests/support/rollout_checks.check_answers``, the rules
 ``bench/rollout_campaign.py`` checks over many rollouts.
 """
 
@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 
 from sie.schemas.spec import load_spec
-from tests.cluster_harness import Cluster, RequestStream, try_get, wait_for
-from tests.rollout_checks import check_answers, rollout_epochs
-from tests.scorer_fixtures import prove_exactly_once
-from tests.user_models import ALLOWED_MODULES, python_project
+from tests.support.cluster_harness import Cluster, RequestStream, try_get, wait_for
+from tests.support.rollout_checks import check_answers, rollout_epochs
+from tests.support.scorer_fixtures import prove_exactly_once
+from tests.support.user_models import ALLOWED_MODULES, python_project
 
 pytestmark = pytest.mark.kafka
 

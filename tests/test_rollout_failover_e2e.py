@@ -37,9 +37,9 @@ import pytest
 import yaml
 
 from sie.schemas.spec import parse_spec
-from tests.cluster_harness import Cluster, Proc, RequestStream, StatusTail, example_input, try_get, wait_for
-from tests.helpers import TopicTail, leader_takeover_bound_s
-from tests.scorer_fixtures import prove_exactly_once
+from tests.support.cluster_harness import Cluster, Proc, RequestStream, StatusTail, example_input, try_get, wait_for
+from tests.support.helpers import TopicTail, leader_takeover_bound_s
+from tests.support.scorer_fixtures import prove_exactly_once
 
 pytestmark = pytest.mark.kafka
 

@@ -1,6 +1,6 @@
 """Rollouts of a user's own models, the way users ship them (issue 22): `sie control` + two `sie agent`
 processes on a real broker, each version's code and weights uploaded by `sie apply` from a folder of its own
-(``tests/user_models.py``: DIFFERENT code per version, outputs that name the code that answered), a steady
+(``tests/support/user_models.py``: DIFFERENT code per version, outputs that name the code that answered), a steady
 request stream throughout.
 
 * python ``churn-py`` 1.0.0 -> 1.1.0: Complete; every committed result's ``version`` label names the code that
@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from sie.schemas.spec import load_spec
-from tests.cluster_harness import Cluster, RequestStream, try_get, wait_for
-from tests.scorer_fixtures import prove_exactly_once
-from tests.user_models import (
+from tests.support.cluster_harness import Cluster, RequestStream, try_get, wait_for
+from tests.support.scorer_fixtures import prove_exactly_once
+from tests.support.user_models import (
     ALLOWED_MODULES,
     python_project,
     torch_module_project,

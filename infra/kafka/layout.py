@@ -6,7 +6,7 @@ Three brokers: nodes 1-3 on ``base+0/+1``, ``base+2/+3``, ``base+4/+5`` with a
 static ``controller.quorum.voters``; internal topics replicated 3 with min ISR 2.
 Every node listens on and advertises 127.0.0.1, unless ``hosts`` gives each node
 its own address (the partition campaign's brokers, each in its own network
-namespace: tests/netns.py).
+namespace: tests/support/netns.py).
 
 Settings every shape gets, and why:
 - ``group.initial.rebalance.delay.ms=0``: the default 3 s delay would add 3 s to

@@ -12,8 +12,8 @@ import yaml
 from sie.cli import main
 from sie.connectors.cdc import CdcConverter
 from sie.connectors.cdc.config import ConnectorSpecError, parse_connector_spec
-from tests.cdc_support import make_spec, record
-from tests.helpers import consume_all, unique_topic
+from tests.support.cdc_support import make_spec, record
+from tests.support.helpers import consume_all, unique_topic
 
 
 def _connector_file(tmp_path, fmt: str = "debezium-json", **extra) -> str:

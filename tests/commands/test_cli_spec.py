@@ -11,8 +11,8 @@ import pytest
 from sie.cli import main
 from sie.schemas.avro_codec import decode
 from sie.schemas.spec_store import read_spec_snapshot, read_specs, specs_topic
-from tests.helpers import consume_all
 from tests.schemas.test_spec import ARTICLE
+from tests.support.helpers import consume_all
 
 FLAT = ARTICLE / "model-spec.yaml"
 K8S = ARTICLE / "qwen2-7b-scoring.yaml"

@@ -18,9 +18,9 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
 from sie.schemas.spec_store import produce_acknowledged, publish_spec, spec_from_record
 from sie.streams.control.reconcile.status import ModelStatus
-from tests.cluster_harness import REPO
-from tests.helpers import wait_until
 from tests.streams.control.reconcile.test_control_unit import spec_record
+from tests.support.cluster_harness import REPO
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.kafka
 

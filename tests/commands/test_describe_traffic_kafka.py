@@ -10,7 +10,7 @@ import pytest
 from sie.commands._datapath import traffic
 from sie.kernel.clients import KafkaClients, transactional_producer_config
 from sie.kernel.settings import Settings
-from tests.helpers import create_topic, unique_topic
+from tests.support.helpers import create_topic, unique_topic
 
 pytestmark = pytest.mark.kafka
 

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from sie.cli import main
-from tests.helpers import REPO_ROOT, consume_all, create_topic, unique_topic, wait_until
+from tests.support.helpers import REPO_ROOT, consume_all, create_topic, unique_topic, wait_until
 
 EXAMPLES = REPO_ROOT / "examples"
 RULES = str(EXAMPLES / "fraud-rules.yaml")
@@ -184,7 +184,7 @@ def test_produce_stopped_by_sigterm_is_3_with_counts(rules_topic, kafka_settings
 def test_backfill_stopped_by_sigterm_is_3_and_resumable(kafka_settings, tmp_path):
     from sie.schemas.spec import load_spec
     from tests.connectors.test_backfill import keep_forever, produce_timed
-    from tests.scorer_fixtures import ALLOWED_MODULES, write_echo_spec
+    from tests.support.scorer_fixtures import ALLOWED_MODULES, write_echo_spec
 
     spec_path = write_echo_spec(tmp_path)
     spec = load_spec(spec_path)

@@ -13,7 +13,7 @@ import yaml
 
 from sie.cli import main
 from tests.fakes import fake_llm_server
-from tests.llm_fixtures import free_port, llm_spec_doc
+from tests.support.llm_fixtures import free_port, llm_spec_doc
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_a_spec_whose_replica_launches_its_server_is_loaded_by_validate_and_pred
     import shlex
     import sys
 
-    from tests.llm_fixtures import FAKE_SERVER
+    from tests.support.llm_fixtures import FAKE_SERVER
 
     entry = [sys.executable, str(FAKE_SERVER), "--slots", "2", "--mean-s", "0.02", "--p99-s", "0.05"]
     monkeypatch.setenv("SIE_SGLANG_SERVER_ENTRIES", shlex.join(entry))

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from sie.cli import main
-from tests.cdc_support import ORDER_MAPPING
-from tests.helpers import create_topic, wait_until
-from tests.scorer_fixtures import ALLOWED_MODULES, LoggedProcess, write_echo_spec
+from tests.support.cdc_support import ORDER_MAPPING
+from tests.support.helpers import create_topic, wait_until
+from tests.support.scorer_fixtures import ALLOWED_MODULES, LoggedProcess, write_echo_spec
 
 pytestmark = pytest.mark.kafka
 

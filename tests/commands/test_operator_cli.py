@@ -7,7 +7,7 @@ import yaml
 from sie.cli import main
 from sie.k8s.crd import CRD_PATH
 from sie.schemas.spec import load_specs, parse_spec
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 
 def test_version(capsys):

@@ -14,8 +14,8 @@ from sie.cli import main
 from sie.kernel.clients import KafkaClients
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import encode
-from tests.helpers import unique_topic, wait_until
-from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
+from tests.support.helpers import unique_topic, wait_until
+from tests.support.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
 
 
 @pytest.fixture()

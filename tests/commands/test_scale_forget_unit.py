@@ -17,8 +17,8 @@ from sie.schemas.spec_scale import ScaleError, ScaleRequest, describe_change, sc
 from sie.streams.control.api.auth import TokenStore
 from sie.streams.control.api.routes import create_app
 from sie.streams.control.service import ControlService
-from tests.helpers import OPERATOR_TOKEN, with_api_tokens
 from tests.streams.control.reconcile.test_control_unit import gpu, heartbeat, register, spec_record
+from tests.support.helpers import OPERATOR_TOKEN, with_api_tokens
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -1,6 +1,6 @@
 """`sie status --screenshot FILE` (issue 28.9): the status page captured by headless Chromium with the CLI's
 token, which never enters a URL or the page (it is put on the wire by the browser driver), against a served
-control API (no Kafka: tests/status_page_fixtures.py)."""
+control API (no Kafka: tests/support/status_page_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sie.cli import main
-from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN
-from tests.status_page_fixtures import CHROMIUM, served_control
+from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN
+from tests.support.status_page_fixtures import CHROMIUM, served_control
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install chromium)")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sie.cli import main
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 FIELDS = ["amount", "merchant_risk", "hour", "account_age_days", "is_foreign", "tx_count_24h"]
 EXAMPLE = {"amount": 2500.0, "merchant_risk": 0.85, "hour": 3, "account_age_days": 12, "is_foreign": True,
@@ -117,7 +117,7 @@ def test_admission_never_imports_code_outside_the_allow_list(tmp_path):
     from sie.workers.load_check import admission_problems
 
     spec = load_spec(churn_spec(tmp_path, "", outputs=[{"name": "y", "type": "float", "range": [0, 1]}],
-                                backend={"type": "python", "callable": "tests.scorer_fixtures:echo"}))
+                                backend={"type": "python", "callable": "tests.support.scorer_fixtures:echo"}))
     policy = SpecPolicy(allowed_modules=("tests",))
     report = admission_problems(spec, policy)
     assert report.ok and report.skipped and "'tests'" in report.skipped and "allow-list" in report.skipped

@@ -23,8 +23,14 @@ from sie.connectors.backfill_throttle import LiveLagGate, RateLimiter
 from sie.kernel.admin import ensure_model_topics
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import Names
-from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
-from tests.scorer_fixtures import ALLOWED_MODULES, CommittedReader, echo_spec, load_echo_backend, write_echo_spec
+from tests.support.helpers import REPO_ROOT, consume_all, create_topic, wait_until
+from tests.support.scorer_fixtures import (
+    ALLOWED_MODULES,
+    CommittedReader,
+    echo_spec,
+    load_echo_backend,
+    write_echo_spec,
+)
 
 REPO = REPO_ROOT
 BASE_MS = 1_700_000_000_000

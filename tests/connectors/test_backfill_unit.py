@@ -29,7 +29,7 @@ from tests.fakes.kafka_clients import (
     fake_clients,
     kafka_error,
 )
-from tests.scorer_fixtures import POISON_X, echo_spec, load_echo_backend
+from tests.support.scorer_fixtures import POISON_X, echo_spec, load_echo_backend
 
 SETTINGS = Settings()
 NAMES = SETTINGS.names

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sie.connectors.cdc import CdcDecodeError, DecodeOptions, Op, SkipReason, decode_canal
-from tests.cdc_support import encode, malformed_cases, record
+from tests.support.cdc_support import encode, malformed_cases, record
 
 
 def test_insert_casts_every_string_by_mysql_type():

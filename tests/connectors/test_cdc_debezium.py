@@ -10,7 +10,7 @@ import pytest
 
 from sie.connectors.cdc import CdcDecodeError, DecodeOptions, Op, SkipReason, decode_debezium
 from sie.connectors.cdc.casting import decode_decimal_bytes
-from tests.cdc_support import encode, malformed_cases, record, records
+from tests.support.cdc_support import encode, malformed_cases, record, records
 
 
 def test_create_with_schema_decodes_decimal_and_temporals_from_schema_names():

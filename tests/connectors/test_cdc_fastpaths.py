@@ -12,7 +12,7 @@ import pytest
 
 from sie.connectors.cdc import CdcConverter, casting, decode_debezium
 from sie.connectors.cdc.debezium import _schemas
-from tests.cdc_support import ORDER_FIELD_TYPES, make_spec, records
+from tests.support.cdc_support import ORDER_FIELD_TYPES, make_spec, records
 
 
 def _general_datetime_text(v: str) -> str | None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sie.connectors.cdc import CdcDecodeError, Op, SkipReason, decode_maxwell
-from tests.cdc_support import encode, malformed_cases, record, records
+from tests.support.cdc_support import encode, malformed_cases, record, records
 
 
 def test_insert_keeps_json_types_and_converts_ts_seconds_to_ms():

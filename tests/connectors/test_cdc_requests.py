@@ -16,7 +16,7 @@ from sie.connectors.cdc import (
     load_connector_spec,
     rows_to_requests,
 )
-from tests.cdc_support import (
+from tests.support.cdc_support import (
     ORDER_FIELD_TYPES,
     ORDER_INPUT_SCHEMA,
     encode,

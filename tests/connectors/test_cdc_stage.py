@@ -23,9 +23,9 @@ from confluent_kafka import Producer
 
 from sie.connectors.cdc import parse_connector_spec
 from sie.connectors.cdc_stage import CdcStage, CdcStageConfig
-from tests.cdc_support import ORDER_FIELD_TYPES, ORDER_INPUT_SCHEMA, ORDER_MAPPING, malformed_cases, records
-from tests.helpers import REPO_ROOT, consume_all, create_topic, wait_until
-from tests.scorer_fixtures import CommittedReader
+from tests.support.cdc_support import ORDER_FIELD_TYPES, ORDER_INPUT_SCHEMA, ORDER_MAPPING, malformed_cases, records
+from tests.support.helpers import REPO_ROOT, consume_all, create_topic, wait_until
+from tests.support.scorer_fixtures import CommittedReader
 
 pytestmark = pytest.mark.kafka
 REPO = REPO_ROOT
@@ -423,7 +423,7 @@ def test_end_to_end_canal_to_stage_to_scorer_gives_one_result_per_converted_row(
     from sie.connectors.cdc_stage import field_types_of
     from sie.kernel.admin import ensure_model_topics
     from sie.workers.backends import backend_config_from_spec, create_backend
-    from tests.scorer_fixtures import ScorerThread
+    from tests.support.scorer_fixtures import ScorerThread
 
     model = _fraud_spec_for_test(f"fraud-e2e-{uuid.uuid4().hex[:8]}")
     t = model.topics

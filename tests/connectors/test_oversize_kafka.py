@@ -11,7 +11,7 @@ import pytest
 from sie.kernel.names import Names
 from tests.connectors.test_backfill import make_spec, produce_timed, run_job
 from tests.connectors.test_cdc_stage import StageThread, Topics, canal_row_event, connector, produce
-from tests.helpers import consume_all, wait_until
+from tests.support.helpers import consume_all, wait_until
 
 pytestmark = pytest.mark.kafka
 

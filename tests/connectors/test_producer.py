@@ -11,7 +11,7 @@ from sie.cli import main
 from sie.connectors.producer import MissingKey, RateLimiter, as_request, key_of, produce_jsonl
 from sie.schemas.spec import load_spec
 from sie.schemas.validation import compile_validator
-from tests.helpers import REPO_ROOT, consume_all, create_topic, unique_topic
+from tests.support.helpers import REPO_ROOT, consume_all, create_topic, unique_topic
 
 FRAUD_SPEC = REPO_ROOT / "examples" / "fraud-scorer.yaml"
 

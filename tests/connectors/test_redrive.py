@@ -13,14 +13,14 @@ import yaml
 from sie.cli import main
 from sie.connectors.redrive import H_REDRIVE_OF, Redrive, RedriveConfig
 from sie.schemas.spec import parse_spec
-from tests.helpers import consume_all
-from tests.scorer_fixtures import CommittedReader, ScorerThread, echo_spec_doc, produce_requests, topics_for
+from tests.support.helpers import consume_all
+from tests.support.scorer_fixtures import CommittedReader, ScorerThread, echo_spec_doc, produce_requests, topics_for
 
 
 def churn_doc(name: str | None, version: str, fn: str) -> dict:
     doc = echo_spec_doc(name)
     doc["spec"]["model"]["version"] = version
-    doc["spec"]["backend"]["callable"] = f"tests.scorer_fixtures:{fn}"
+    doc["spec"]["backend"]["callable"] = f"tests.support.scorer_fixtures:{fn}"
     doc["spec"]["outputSchema"]["fields"] = [{"name": "p", "type": "float", "range": [0, 1]}]
     doc["spec"]["exampleInput"] = {"x": 0.7}
     return doc
@@ -43,7 +43,7 @@ def requests_with_and_without_ids(n: int) -> list[tuple[bytes, bytes]]:
 def read_all(settings, topic: str, expected: int):
     reader = CommittedReader(settings, topic)
     try:
-        from tests.helpers import wait_until
+        from tests.support.helpers import wait_until
 
         wait_until(lambda: reader.count() >= expected, 60, message=lambda: f"{expected} records on {topic} "
                                                                             f"(have {len(reader.records)})")

@@ -101,12 +101,12 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             words = text.split(" ")
             first = latency * state.args.ttft_frac
-            time.sleep(first)
+            time.sleep(first)  # the fake's time to the first token (what it simulates, not synchronisation)
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                      "total_tokens": prompt_tokens + len(words)}
             for n in range(1, len(words) + 1):
                 if n > 1:
-                    time.sleep((latency - first) / max(1, len(words) - 1))
+                    time.sleep((latency - first) / max(1, len(words) - 1))  # the fake's time per further token
                 piece = " ".join(words[:n]) if self.path == "/generate" else (" " if n > 1 else "") + words[n - 1]
                 last = n == len(words)
                 if self.path == "/generate":

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from sie.connectors.cdc import CdcConverter, CdcDecodeError, CdcErrorReason, rows_to_requests
 from sie.schemas.validation import compile_validator
 from sie.streams.scorer.codec import Codec, Request
-from tests.cdc_support import ORDER_FIELD_TYPES, ORDER_INPUT_SCHEMA, make_spec, records
 from tests.fuzz.strategies import JSON_VALUES, deep, mutated, to_json
+from tests.support.cdc_support import ORDER_FIELD_TYPES, ORDER_INPUT_SCHEMA, make_spec, records
 
 FORMATS = ("canal-json", "debezium-json", "maxwell-json")
 FIXTURES = {

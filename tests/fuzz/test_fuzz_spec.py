@@ -23,7 +23,7 @@ from sie.kernel.errors import SpecError
 from sie.schemas.spec import load_specs, parse_spec, read_yaml_documents
 from sie.schemas.spec_models import ModelService
 from tests.fuzz.strategies import JSON_VALUES, mutated
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"
 SEED_FILES = [EXAMPLES / "fraud-scorer.yaml", EXAMPLES / "fraud-rules.yaml", EXAMPLES / "article" / "model-spec.yaml",

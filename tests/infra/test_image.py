@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sie.kernel.settings import Settings
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
 

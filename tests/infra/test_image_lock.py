@@ -13,7 +13,7 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "infra" / "image"))
 import lock  # noqa: E402  (infra/image/lock.py: the requirements each flavour locks)

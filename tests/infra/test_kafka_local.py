@@ -14,7 +14,7 @@ from sie.infra.kafka.layout import ClusterLayout
 from sie.infra.kafka.local import ClusterState, LocalKafka, free_base_port, port_in_use
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
-from tests.helpers import consume_all, create_topic, produce_json, unique_topic, wait_until
+from tests.support.helpers import consume_all, create_topic, produce_json, unique_topic, wait_until
 
 
 def test_three_broker_layout_pairs_ports_and_lists_all_voters(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_three_broker_layout_pairs_ports_and_lists_all_voters(tmp_path: Path) ->
 
 
 def test_nodes_on_their_own_hosts_listen_on_advertise_and_vote_with_them(tmp_path: Path) -> None:
-    """The partition campaign's brokers (tests/netns.py): each on its own address, recorded with the cluster."""
+    """The partition campaign's brokers (tests/support/netns.py): each on its own address, recorded with the cluster."""
     layout = ClusterLayout(3, 30000, tmp_path, ("10.203.0.10", "10.203.0.11", "10.203.0.12"))
     assert layout.bootstrap_servers == "10.203.0.10:30000,10.203.0.11:30002,10.203.0.12:30004"
     props = layout.server_properties(layout.node(2))

@@ -30,9 +30,9 @@ from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.spec import load_spec
 from sie.schemas.spec_policy import SpecPolicy
-from tests.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
-from tests.scorer_fixtures import ScorerThread
 from tests.security.test_worker_uid import node_dir  # noqa: F401  (a fixture)
+from tests.support.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
+from tests.support.scorer_fixtures import ScorerThread
 
 pytestmark = [pytest.mark.kafka, pytest.mark.secure_kafka]
 
@@ -512,8 +512,8 @@ def test_on_a_secured_broker_the_worker_authenticates_with_its_copy_and_cannot_r
     import shutil
     import subprocess
 
-    from tests.helpers import REPO_ROOT, TopicTail, produce_json
     from tests.security.test_worker_uid_e2e import WORKER_UID, _start_agent, _stop, _uid_of, _worker_pid
+    from tests.support.helpers import REPO_ROOT, TopicTail, produce_json
     from tests.workers.test_agent_kafka import publish_assignment, replica_assignment
 
     prefix = f"sec{uuid.uuid4().hex[:8]}"

@@ -22,7 +22,15 @@ import yaml
 from sie.streams.control.service import ControlMetrics
 from sie.streams.scorer.metrics import ScorerMetrics
 from sie.workers.metrics import AgentMetrics
-from tests.promql import RULES, alert_names, panel_queries, readme_promql, recorded_names, rule_queries, selectors
+from tests.support.promql import (
+    RULES,
+    alert_names,
+    panel_queries,
+    readme_promql,
+    recorded_names,
+    rule_queries,
+    selectors,
+)
 
 RULE_TESTS = Path(__file__).resolve().parent / "sie-rules.test.yml"
 #: labels Prometheus adds to every scraped series (the control plane's http_sd target labels, job, instance)

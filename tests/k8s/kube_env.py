@@ -101,7 +101,7 @@ class KubeApiServer:
         finally:
             log.close()
         self.kubeconfig.write_text(yaml.safe_dump(self.config_for("admin", self.admin_token)))
-        from tests.helpers import wait_until
+        from tests.support.helpers import wait_until
 
         def ready() -> bool:
             assert self.proc is not None and self.proc.poll() is None, f"kube-apiserver exited: {self.log_tail()}"
@@ -134,7 +134,7 @@ class KubeApiServer:
         return result
 
     def wait_for(self, args: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        from tests.helpers import wait_until
+        from tests.support.helpers import wait_until
 
         def ok() -> subprocess.CompletedProcess[str] | None:
             result = self.kubectl(*args, check=False)

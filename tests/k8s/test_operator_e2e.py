@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import REPO, Cluster, free_port, try_get, wait_for
-from tests.helpers import consume_all
 from tests.k8s.kube_env import KubeApiServer
+from tests.support.cluster_harness import REPO, Cluster, free_port, try_get, wait_for
+from tests.support.helpers import consume_all
 
 pytestmark = pytest.mark.kafka
 

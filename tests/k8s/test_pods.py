@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.helpers import wait_until
 from tests.k8s.node_env import IMAGE_TAG, TIMINGS, Node
+from tests.support.helpers import wait_until
 
 # the first test waits for the node binaries (CI builds them in the background) and builds the image
 pytestmark = [pytest.mark.k8s_node, pytest.mark.kafka,
@@ -233,7 +233,7 @@ def _wait_model_ready(node: Node, timeout: float) -> list[str]:
 
 def _traffic(kafka: Settings, tag: str):  # -> (RequestStream, ResultTail)
     from sie.kernel.names import ModelTopics
-    from tests.cluster_harness import RequestStream, ResultTail, example_input
+    from tests.support.cluster_harness import RequestStream, ResultTail, example_input
 
     settings = kafka.with_overrides(topic_prefix="sie")
     t = ModelTopics.default_for(MODEL, "sie")

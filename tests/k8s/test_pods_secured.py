@@ -42,7 +42,6 @@ from sie.infra.kafka.security import ADMIN
 from sie.k8s.kafkausers import COMPONENTS, component_acls, strimzi_acls
 from sie.kernel.acls import plan, to_binding
 from sie.kernel.settings import Settings
-from tests.helpers import wait_until
 from tests.k8s.node_env import TIMINGS, Node
 from tests.k8s.test_pods import (
     CHART,
@@ -57,6 +56,7 @@ from tests.k8s.test_pods import (
     _traffic,
     _values,
 )
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.k8s_node, pytest.mark.kafka,
               pytest.mark.timeout(float(os.environ.get("SIE_K8S_TOOLS_WAIT_S") or 0) + 1800)]

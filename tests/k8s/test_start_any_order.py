@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sie.kernel.settings import Settings
-from tests.cluster_harness import REPO, free_port, wait_for
-from tests.helpers import OPERATOR_TOKEN, with_api_tokens
+from tests.support.cluster_harness import REPO, free_port, wait_for
+from tests.support.helpers import OPERATOR_TOKEN, with_api_tokens
 
 pytestmark = pytest.mark.kafka
 

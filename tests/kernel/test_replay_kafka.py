@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 from sie.kernel.clients import KafkaClients, state_reader_config, transactional_producer_config
 from sie.kernel.replay import read_to_end, watermarks
 from sie.kernel.settings import Settings
-from tests.helpers import create_topic, unique_topic
+from tests.support.helpers import create_topic, unique_topic
 
 pytestmark = pytest.mark.kafka
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from sie.kernel.supervised import SupervisedThread
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 def test_a_run_that_raises_is_restarted_with_growing_backoff_and_reported():

@@ -22,7 +22,7 @@ from sie.kernel.errors import ConfigError
 from sie.kernel.names import ModelTopics
 from sie.kernel.settings import Settings
 from sie.kernel.topics import TopicSpec, system_topics
-from tests.helpers import unique_topic
+from tests.support.helpers import unique_topic
 
 
 def _prefix() -> str:
@@ -128,7 +128,7 @@ def test_group_progress_reads_the_backlog_and_never_creates_a_missing_topic(kafk
     """A broker with auto.create.topics.enable creates a topic an AdminClient asks metadata for; the
     autoscaler's sampler reads before the worker creates the model's topics, so it must not."""
     from sie.kernel.admin import admin_client, group_progress
-    from tests.helpers import produce_json
+    from tests.support.helpers import produce_json
 
     missing, name = unique_topic("progress-missing"), unique_topic("progress")
     admin = admin_client(kafka_settings)

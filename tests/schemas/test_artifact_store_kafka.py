@@ -16,7 +16,7 @@ from sie.kernel.topics import system_topics
 from sie.schemas.artifact_cache import ArtifactCache, ArtifactRefused
 from sie.schemas.artifact_store import ArtifactStore, Manifest, chunk_size_for, upload_bytes
 from sie.schemas.spec_models import ArtifactRef
-from tests.helpers import forge_artifact
+from tests.support.helpers import forge_artifact
 
 pytestmark = pytest.mark.kafka
 

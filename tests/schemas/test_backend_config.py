@@ -21,7 +21,7 @@ from sie.schemas.backend_config import (
     check_backend_config,
 )
 from sie.schemas.spec import InvalidSpec, parse_spec
-from tests.llm_fixtures import llm_spec_doc
+from tests.support.llm_fixtures import llm_spec_doc
 
 REPO = Path(__file__).resolve().parents[2]
 

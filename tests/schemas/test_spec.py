@@ -12,7 +12,7 @@ import yaml
 
 from sie.kernel.errors import SpecError
 from sie.schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 ARTICLE = REPO_ROOT / "examples" / "article"
 #: sha256 of each document exactly as the article gives it: the copies in examples/article/ stay verbatim

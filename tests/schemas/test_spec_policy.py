@@ -15,7 +15,7 @@ from sie.kernel.settings import Settings
 from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
 from sie.schemas.spec_models import ModelService
 from sie.schemas.spec_policy import SpecPolicy, check_plain_data, load_local_specs, module_allowed
-from tests.helpers import EXAMPLES
+from tests.support.helpers import EXAMPLES
 
 POPEN = """\
 name: evil
@@ -167,7 +167,7 @@ def test_a_spec_from_kafka_is_checked_exactly_as_the_api_does(tmp_path: Path) ->
 
 
 def test_an_sglang_spec_cannot_choose_the_program_its_node_runs() -> None:
-    from tests.llm_fixtures import llm_spec_doc
+    from tests.support.llm_fixtures import llm_spec_doc
 
     def problems(policy: SpecPolicy, **config: object) -> list[str]:
         return policy.check(parse_spec(llm_spec_doc([], **config)))

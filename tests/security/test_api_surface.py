@@ -18,7 +18,7 @@ from sie.streams.control.api.audit import escape_text
 from sie.streams.control.api.auth import TokenStore
 from sie.streams.control.api.routes import create_app
 from sie.streams.control.service import ControlService
-from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
+from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -19,7 +19,7 @@ from sie.cli import cli
 from sie.commands._artifacts import for_cluster
 from sie.kernel.settings import Settings
 from sie.schemas.spec_policy import load_local_spec
-from tests.helpers import EXAMPLES
+from tests.support.helpers import EXAMPLES
 
 WEIGHTS = EXAMPLES / "models" / "fraud" / "fraud_scorer.safetensors"
 

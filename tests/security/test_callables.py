@@ -13,7 +13,7 @@ import pytest
 
 from sie.workers.backends import create_backend
 from sie.workers.backends.base import BackendConfig, BackendError, FieldRef
-from tests.helpers import EXAMPLES
+from tests.support.helpers import EXAMPLES
 
 WEIGHTS = EXAMPLES / "models" / "fraud" / "fraud_scorer.safetensors"
 HOSTILE = '''

@@ -31,9 +31,9 @@ from sie.schemas.spec_store import publish_spec
 from sie.streams.control.reconcile.feeder import STATE_TOPICS, StateFeeder
 from sie.streams.control.reconcile.records import ClusterState
 from sie.workers.agent import AgentConfig
-from tests.helpers import REPO_ROOT, TopicTail, wait_until
-from tests.llm_fixtures import llm_spec_doc
 from tests.security.http_stub import StubServer
+from tests.support.helpers import REPO_ROOT, TopicTail, wait_until
+from tests.support.llm_fixtures import llm_spec_doc
 from tests.workers.test_agent_kafka import publish_assignment, run_agent
 
 DOC = REPO_ROOT / "docs" / "security.md"

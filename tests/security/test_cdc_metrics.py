@@ -19,7 +19,7 @@ import yaml
 
 from sie.connectors.cdc_stage import CdcMetrics
 from sie.kernel.settings import Settings
-from tests.helpers import REPO_ROOT, create_topic, wait_until
+from tests.support.helpers import REPO_ROOT, create_topic, wait_until
 
 
 def _free_port() -> int:

@@ -17,8 +17,8 @@ from sie.schemas.spec_policy import SpecPolicy
 from sie.streams.llm.dispatch import Dispatcher
 from sie.workers.backends.base import BackendError
 from sie.workers.backends.sglang_backend import SGLangClient, SGLangHttpError
-from tests.llm_fixtures import llm_spec_doc
 from tests.security.http_stub import StubServer
+from tests.support.llm_fixtures import llm_spec_doc
 
 
 def _problems(policy: SpecPolicy, endpoints: list[Any] | None = None, **config: Any) -> list[str]:

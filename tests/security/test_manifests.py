@@ -24,7 +24,7 @@ from sie.schemas.avro_codec import encode
 from sie.schemas.spec_models import ArtifactRef
 from sie.workers.agent.artifacts import ArtifactFetcher
 from sie.workers.process import LaunchRefused
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 SHA = "ab" * 32
 GOOD = Manifest(SHA, "w.safetensors", 300_000, 49_152, 7, 1, 10, 16, 1)

@@ -17,7 +17,7 @@ import pytest
 from sie.commands.operator import _serve_health
 from sie.kernel import probe_http
 from sie.kernel.startup import Readiness, serve_readiness
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 IDLE = 100
 

@@ -23,7 +23,7 @@ from sie.schemas.spec import parse_spec
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.backends.base import BackendConfig, BackendError, FieldRef
 from sie.workers.sglang_launcher import build_launch
-from tests.llm_fixtures import llm_spec_doc
+from tests.support.llm_fixtures import llm_spec_doc
 
 TABLE = sglang_table()
 FIELD = "spec.backend.config.extra_args"

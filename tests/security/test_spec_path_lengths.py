@@ -16,7 +16,7 @@ from sie.kernel.errors import SpecError
 from sie.kernel.names import NAME_MAX, PATH_MAX, path_problem
 from sie.schemas.spec import parse_spec
 from tests.fuzz.test_fuzz_spec import check_doc
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"
 SEED = yaml.safe_load((EXAMPLES / "fraud-scorer.yaml").read_text())

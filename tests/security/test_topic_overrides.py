@@ -28,7 +28,7 @@ from sie.schemas.connector_spec import connector_name_problems, parse_connector_
 from sie.schemas.spec import parse_spec
 from sie.schemas.spec_policy import SpecPolicy
 from sie.streams.control.reconcile.records import ClusterState
-from tests.helpers import EXAMPLES
+from tests.support.helpers import EXAMPLES
 
 P = "sie"
 RULES = yaml.safe_load((EXAMPLES / "fraud-rules.yaml").read_text())

@@ -31,7 +31,7 @@ from sie.workers.agent.launch import WorkerCommandBuilder
 from sie.workers.process import SubprocessLauncher
 from sie.workers.replica import DesiredReplica
 from sie.workers.worker_user import WorkerUser, check_can_switch, own_folder
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 WORKER = WorkerUser(uid=23456, gid=23457)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root (CI runs as root)")

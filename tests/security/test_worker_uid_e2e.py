@@ -23,8 +23,8 @@ from sie.kernel.admin import ensure_topics
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.spec import load_spec
-from tests.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
 from tests.security.test_worker_uid import node_dir  # noqa: F401  (a fixture)
+from tests.support.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
 from tests.workers.test_agent_kafka import publish_assignment, replica_assignment
 
 pytestmark = [pytest.mark.kafka,

@@ -30,7 +30,7 @@ from sie.workers.process import LaunchDeferred, LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica, ReplicaState
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
 from tests.fakes.workers import FakeClock, FakeLauncher
-from tests.helpers import EXAMPLES, wait_until
+from tests.support.helpers import EXAMPLES, wait_until
 
 
 class FakeStore:

@@ -24,11 +24,11 @@ from sie.workers.gpu import host_inventory, parse_simulated_gpus
 from sie.workers.supervisor import SupervisorPolicy
 from tests.fakes.kafka_clients import FakeClients, FakeConsumer, FakeMessage, FakeProducer, fake_clients
 from tests.fakes.workers import FakeClock, FakeLauncher
-from tests.helpers import wait_until
-from tests.scorer_fixtures import echo_spec
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import echo_spec
 
 NODE = "n1"
-SETTINGS = Settings(allowed_modules=["tests.scorer_fixtures"])  # the echo test model may run here
+SETTINGS = Settings(allowed_modules=["tests.support.scorer_fixtures"])  # the echo test model may run here
 
 
 def spec_json(replica_id: str) -> str:

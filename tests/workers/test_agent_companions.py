@@ -14,7 +14,7 @@ from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent.companions import Companions
 from sie.workers.process import LaunchDeferred, LaunchRefused
 from sie.workers.replica import DesiredReplica
-from tests.scorer_fixtures import echo_version_spec
+from tests.support.scorer_fixtures import echo_version_spec
 
 
 class Commands:
@@ -23,7 +23,7 @@ class Commands:
     def __init__(self, work_dir: Path, artifacts: Any = None) -> None:
         self.work_dir = work_dir
         self.spec_policy = SpecPolicy.from_settings(Settings().with_overrides(
-            allowed_modules=["tests.scorer_fixtures"], model_roots=[work_dir]))
+            allowed_modules=["tests.support.scorer_fixtures"], model_roots=[work_dir]))
         self.artifacts = artifacts
 
     def replica_dir(self, replica_id: str) -> Path:
@@ -65,7 +65,7 @@ def test_a_companion_is_prepared_into_the_replica_folder_and_removed_when_no_lon
     companions = Companions(Commands(tmp_path))
     companions.reconcile([replica(canary)])
     written = tmp_path / "m-0" / "version-1.1.0.json"
-    assert json.loads(written.read_text())["backend"]["callable"] == "tests.scorer_fixtures:echo_canary"
+    assert json.loads(written.read_text())["backend"]["callable"] == "tests.support.scorer_fixtures:echo_canary"
     assert companions.versions_of("m-0", {}) == {"1.1.0": {"state": "waiting", "detail":
                                                            "prepared; the worker has not picked it up yet"}}
     worker = {"1.1.0": {"state": "ready", "detail": ""}}

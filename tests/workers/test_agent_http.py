@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from sie.workers.agent.http import AgentHttp, rotate_log
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 TOKEN = "sie_agent-test-token"
 

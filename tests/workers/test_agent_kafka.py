@@ -25,7 +25,7 @@ from sie.schemas.avro_codec import encode
 from sie.schemas.spec import load_spec
 from sie.workers.agent import Agent, AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
-from tests.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
+from tests.support.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
 
 pytestmark = pytest.mark.kafka
 

@@ -23,8 +23,8 @@ from sie.kernel.topics import system_topics
 from sie.schemas.spec import parse_spec
 from sie.workers.agent import AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
-from tests.helpers import consume_all, produce_json, wait_until
-from tests.llm_fixtures import FAKE_SERVER, llm_spec_doc
+from tests.support.helpers import consume_all, produce_json, wait_until
+from tests.support.llm_fixtures import FAKE_SERVER, llm_spec_doc
 from tests.workers.test_agent_kafka import cluster, pid_alive, publish_assignment, run_agent  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.kafka

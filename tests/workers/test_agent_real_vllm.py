@@ -25,9 +25,9 @@ from sie.kernel.topics import system_topics
 from sie.schemas.spec import parse_spec
 from sie.workers.agent import AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
-from tests.helpers import REPO_ROOT, consume_all, produce_json, wait_until
-from tests.llm_fixtures import llm_spec_doc
-from tests.real_llm import require_vllm
+from tests.support.helpers import REPO_ROOT, consume_all, produce_json, wait_until
+from tests.support.llm_fixtures import llm_spec_doc
+from tests.support.real_llm import require_vllm
 from tests.workers.test_agent_kafka import cluster, pid_alive, publish_assignment, run_agent  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.kafka
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.kafka
 SLOTS = 4
 N = 60
 #: long enough that the server runs SLOTS generations at once for seconds, which the 0.2 s sampling of its
-#: running gauge sees (with tests.real_llm's 8 tokens a loaded CI run finished between two samples: [0.0, 0.0])
+#: running gauge sees (with tests.support.real_llm's 8 tokens a loaded CI run finished between two samples: [0.0, 0.0])
 TOKENS = 48
 ENTRY = REPO_ROOT / "scripts" / "real_llm" / "vllm_entry.py"
 

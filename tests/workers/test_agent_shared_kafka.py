@@ -17,7 +17,7 @@ from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.workers.agent import AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
-from tests.helpers import consume_all, produce_json, wait_until
+from tests.support.helpers import consume_all, produce_json, wait_until
 from tests.workers.test_agent_kafka import cluster, publish_assignment, run_agent  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.kafka

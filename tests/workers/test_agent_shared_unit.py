@@ -20,7 +20,7 @@ from sie.workers.replica import DesiredReplica
 from sie.workers.shared.desired import HEALTH_FILE, read_desired, write_atomic
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
 from tests.fakes.workers import FakeClock, FakeLauncher
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 
 def _doc(**changes: Any) -> dict[str, Any]:

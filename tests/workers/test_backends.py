@@ -22,7 +22,7 @@ from sie.workers.backends import (
     backend_config_from_spec,
     create_backend,
 )
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 

@@ -11,7 +11,7 @@ import pytest
 
 from sie.kernel.errors import ConfigError
 from sie.workers.gpu import GpuInfo, HostInventory, host_inventory, parse_simulated_gpus, probe_gpus
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT
 

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from sie.workers.process import LaunchSpec, SubprocessLauncher
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -29,7 +29,8 @@ def _alive(pid: int) -> bool:
 def test_a_killed_worker_s_grandchildren_are_killed_with_its_group(tmp_path: Path):
     pidfile = tmp_path / "grandchild.pid"
     # the worker starts a "server" (its child, with PDEATHSIG in the real worker), which starts its own child
-    # (no PDEATHSIG, like vLLM's engine and resource_tracker) and records its pid
+    # (no PDEATHSIG, like vLLM's engine and resource_tracker) and records its pid; each only sleeps, to live until
+    # the test kills the group (their lifetime, not a synchronisation)
     script = textwrap.dedent(f"""
         import subprocess, sys, time
         server = subprocess.Popen([sys.executable, "-c",

@@ -17,7 +17,7 @@ from sie.workers.backends import BackendError, FieldRef, InferenceError, create_
 from sie.workers.backends.base import BackendConfig
 from sie.workers.backends.sglang_backend import SGLangBackend, SGLangClient, output_json_schema
 from sie.workers.sglang_launcher import build_launch, compute_mem_fraction
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 FAKE = str(REPO_ROOT / "tests" / "fakes" / "fake_sglang.py")
 

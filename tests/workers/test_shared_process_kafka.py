@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from sie.kernel.admin import ensure_model_topics
-from tests.helpers import wait_until
-from tests.scorer_fixtures import produce_requests, prove_exactly_once, requests, topics_for
-from tests.shared_fixtures import SharedHostProcess, echo_model
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import produce_requests, prove_exactly_once, requests, topics_for
+from tests.support.shared_fixtures import SharedHostProcess, echo_model
 
 pytestmark = pytest.mark.kafka
 

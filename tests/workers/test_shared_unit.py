@@ -18,7 +18,7 @@ from sie.workers.shared.desired import DESIRED_FILE, DesiredModel, read_desired,
 from sie.workers.shared.host import Host
 from sie.workers.shared.lane import LANE_FETCH_KBYTES, Lane, lane_producer_kbytes
 from sie.workers.worker_main import CountingBackend
-from tests.scorer_fixtures import echo_policy, echo_spec
+from tests.support.scorer_fixtures import echo_policy, echo_spec
 
 
 def test_desired_file_round_trip_and_errors(tmp_path) -> None:

@@ -22,8 +22,8 @@ from sie.schemas.spec import load_spec
 from sie.streams.scorer.errors import VersionLost
 from sie.workers.backends import InferenceError
 from sie.workers.versions import AgentPrepared, ProcessVersions, prepared_file, write_document
-from tests.helpers import wait_until
-from tests.user_models import python_project
+from tests.support.helpers import wait_until
+from tests.support.user_models import python_project
 
 ROWS = [{"tenure": 100.0, "spend": 1.0, "tickets": 2.0}, {"tenure": 300.0, "spend": 1.0, "tickets": 2.0}]
 

@@ -17,7 +17,7 @@ import pytest
 from sie.workers.agent import AgentConfig
 from sie.workers.supervisor import MonotonicClock, SupervisorPolicy
 from sie.workers.warm_pool import WarmPool
-from tests.helpers import consume_all, produce_json, wait_until
+from tests.support.helpers import consume_all, produce_json, wait_until
 from tests.workers.test_agent_kafka import cluster, publish_assignment, replica_assignment, run_agent  # noqa: F401
 
 pytestmark = pytest.mark.kafka

@@ -19,8 +19,8 @@ from sie.streams.llm.config import LLMConfig, launched_concurrency, serves_throu
 from sie.streams.scorer.loop import ScorerSummary
 from sie.workers import worker_main
 from sie.workers.readiness import ReadinessResult
-from tests.helpers import REPO_ROOT, wait_until
-from tests.llm_fixtures import llm_spec
+from tests.support.helpers import REPO_ROOT, wait_until
+from tests.support.llm_fixtures import llm_spec
 
 OWN = "http://127.0.0.1:40001"
 

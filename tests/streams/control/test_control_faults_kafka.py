@@ -28,8 +28,8 @@ from sie.schemas.spec import parse_spec
 from sie.schemas.spec_store import publish_spec
 from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.service import ControlService
-from tests.helpers import wait_until
 from tests.streams.control.test_control_kafka import AssignmentReader, FakeAgent, _producer
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.kafka
 

@@ -26,7 +26,7 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.service import ControlService
-from tests.helpers import (
+from tests.support.helpers import (
     OPERATOR_TOKEN,
     REPO_ROOT,
     VIEWER_TOKEN,
@@ -88,7 +88,7 @@ class FakeAgent:
             self._producer.produce(f"{self.settings.topic_prefix}.heartbeats", key=self.node.encode(), value=encode("Heartbeat", {
                 "node": self.node, "ts_ms": now_ms, "seq": self.seq, "gpus": self.gpus, "replicas": []}), timestamp=now_ms)
             self._producer.flush(5)
-            self._stop.wait(0.5)
+            self._stop.wait(0.5)  # the fake agent's heartbeat period (pacing, not synchronisation)
 
     def stop(self) -> None:
         self._stop.set()

@@ -21,7 +21,7 @@ from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
 from sie.streams.control.reconcile.feeder import StateFeeder
 from sie.streams.control.reconcile.records import ClusterState
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.kafka
 

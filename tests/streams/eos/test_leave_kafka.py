@@ -18,8 +18,8 @@ from confluent_kafka import Consumer
 
 from sie.kernel.clients import eos_consumer_config
 from sie.streams.eos.transaction import leave_group
-from tests.helpers import create_topic, unique_group, unique_topic, wait_until
-from tests.scorer_fixtures import group_assignment
+from tests.support.helpers import create_topic, unique_group, unique_topic, wait_until
+from tests.support.scorer_fixtures import group_assignment
 
 pytestmark = pytest.mark.kafka
 

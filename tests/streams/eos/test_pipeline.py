@@ -26,7 +26,7 @@ from sie.streams.eos import (
 )
 from sie.streams.eos.transaction import TransactionalProducer
 from tests.fakes.kafka_clients import FakeAdmin, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 TOPIC, OUT, GROUP = "in", "out", "g"
 

@@ -158,7 +158,7 @@ class SlowTxnProducer(HangingTxnProducer):
         time.sleep(self.delay_s)  # a slow coordinator's answer (the call under test), not a synchronisation
 
     def commit_transaction(self, timeout: float) -> None:
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s)  # the slow coordinator's second answer (the call under test)
         self.committed += 1
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.fault_campaign import txn_coordinator
-from tests.helpers import wait_until
-from tests.kafka_proxy import END_TXN, ProxiedCluster, proxied_cluster
 from tests.streams.eos.test_unknown_outcome_kafka import Requests, Stage, topics
+from tests.support.fault_campaign import txn_coordinator
+from tests.support.helpers import wait_until
+from tests.support.kafka_proxy import END_TXN, ProxiedCluster, proxied_cluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 

@@ -2,7 +2,7 @@
 
 The stage under test is the exactly-once cycle every SIE stage runs (``ExactlyOnce`` over a real read_committed
 consumer and a real transactional producer, librdkafka), echoing request records to a result topic.  Every
-client of the stage reaches the broker only through ``tests/kafka_proxy.py`` (the broker advertises the proxy),
+client of the stage reaches the broker only through ``tests/support/kafka_proxy.py`` (the broker advertises the proxy),
 which forwards each request and can drop exactly the answers of one request kind.  The test's own instruments
 (the request writer, the proof reader) bypass the proxy.
 
@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, Producer
 from sie.kernel.clients import KafkaClients, eos_consumer_config, transactional_producer_config
 from sie.streams.eos import EosLimits, ExactlyOnce, Output, Prepared, start_producer
 from sie.streams.eos.cycle import BatchStatus
-from tests.helpers import consume_all, create_topic, unique_group, unique_topic, wait_until
-from tests.kafka_proxy import END_TXN, TXN_OFFSET_COMMIT, ProxiedCluster, proxied_cluster
+from tests.support.helpers import consume_all, create_topic, unique_group, unique_topic, wait_until
+from tests.support.kafka_proxy import END_TXN, TXN_OFFSET_COMMIT, ProxiedCluster, proxied_cluster
 
 pytestmark = pytest.mark.kafka
 

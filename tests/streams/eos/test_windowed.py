@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from sie.streams.eos import EosLimits, Output, Prepared, StageSettings, StreamLoop
 from sie.streams.eos.ranges import TP
 from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 TOPIC, OUT = "in", "out"
 

@@ -14,7 +14,7 @@ from sie.streams.llm.defer import AtOrigin, DeferPolicy, Origin
 from sie.streams.llm.dispatch import Job
 from sie.streams.llm.fair import FairQueue
 from sie.streams.llm.quota import Quotas
-from tests.llm_fixtures import llm_spec
+from tests.support.llm_fixtures import llm_spec
 
 
 class Clock:

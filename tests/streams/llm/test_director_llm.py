@@ -15,8 +15,8 @@ import time
 from collections import Counter
 
 from tests.fakes.kafka_clients import NOW_MS, FakeMessage
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, question, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, question, sglang_answer
 
 RATE, SECONDS, PARTITIONS = 240, 14.0, 4
 # one shift of 70 % of its weight leaves the slowed endpoint 0.3/1.3 of 240/s: 55/s, under its 100/s by enough that

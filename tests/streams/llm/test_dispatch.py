@@ -12,7 +12,7 @@ import httpx
 from sie.streams.llm.dispatch import Dispatcher, Job
 from sie.streams.llm.pool import Endpoint, EndpointPool
 from sie.streams.llm.protocols import LLMMapping, Protocol
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 PROTO = Protocol("sglang", LLMMapping([("answer", "string")], {}), {})
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.helpers import wait_until
-from tests.llm_fixtures import FakeLLMProcess, write_llm_spec
-from tests.scorer_fixtures import (
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import FakeLLMProcess, write_llm_spec
+from tests.support.scorer_fixtures import (
     CommittedReader,
     ScorerProcess,
     group_members,

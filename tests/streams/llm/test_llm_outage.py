@@ -12,8 +12,8 @@ import time
 import httpx
 import orjson
 
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, question, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, question, sglang_answer
 
 
 class Switch:

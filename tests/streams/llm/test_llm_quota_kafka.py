@@ -10,9 +10,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.helpers import wait_until
-from tests.llm_fixtures import FakeLLMProcess, write_llm_spec
-from tests.scorer_fixtures import ScorerProcess, group_members, produce_requests, prove_exactly_once, topics_for
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import FakeLLMProcess, write_llm_spec
+from tests.support.scorer_fixtures import ScorerProcess, group_members, produce_requests, prove_exactly_once, topics_for
 
 pytestmark = pytest.mark.kafka
 
@@ -93,7 +93,7 @@ def test_with_delay_a_greedy_backlog_larger_than_the_window_is_deferred_and_the_
 
     from sie.schemas.spec import load_spec
     from sie.streams.llm.config import deferred_topic
-    from tests.scorer_fixtures import CommittedReader
+    from tests.support.scorer_fixtures import CommittedReader
 
     srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
     spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 8}], request_timeout_s=10, max_pending=32,
@@ -147,7 +147,7 @@ def test_a_scorer_killed_while_deferring_loses_and_duplicates_nothing(kafka_sett
     moved at most once (a move is committed with its source offset, or not at all)."""
     from sie.schemas.spec import load_spec
     from sie.streams.llm.config import deferred_topic
-    from tests.scorer_fixtures import CommittedReader
+    from tests.support.scorer_fixtures import CommittedReader
 
     srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
     spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 8}], request_timeout_s=10, max_pending=32,

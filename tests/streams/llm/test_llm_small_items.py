@@ -13,8 +13,8 @@ import orjson
 from sie.commands._runtime import configure_logging
 from sie.streams.control.reconcile.director import Signal, direct
 from sie.streams.llm.config import LLMConfig
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, question, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, question, sglang_answer
 
 
 def _policy(**director: object):

@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from tests.fakes.kafka_clients import FakeConsumer, kafka_error
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, question, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, question, sglang_answer
 
 
 def test_a_slow_head_holds_back_its_partition_only_and_nothing_beyond_it_is_produced():

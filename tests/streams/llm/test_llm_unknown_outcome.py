@@ -9,8 +9,8 @@ from confluent_kafka import KafkaError
 
 from sie.streams.scorer.config import ScorerConfig
 from tests.fakes.kafka_clients import kafka_error
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, question, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, question, sglang_answer
 
 ATTEMPTS = ScorerConfig.retriable_attempts  # a dataclass default: the retries of one call
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from sie.streams.llm.pool import Endpoint, EndpointPool
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 class Clock:

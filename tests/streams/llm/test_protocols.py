@@ -9,7 +9,7 @@ import pytest
 from sie.kernel.errors import ConfigError
 from sie.streams.llm.config import LLMConfig, uses_window
 from sie.streams.llm.protocols import BadOutput, Generation, LLMMapping, Protocol
-from tests.llm_fixtures import llm_spec
+from tests.support.llm_fixtures import llm_spec
 
 TEXT = [("answer", "string"), ("completion_tokens", "int")]
 JSON = [("score", "float"), ("label", "string")]

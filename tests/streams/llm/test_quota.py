@@ -14,8 +14,8 @@ from sie.kernel.errors import ConfigError
 from sie.streams.llm.dispatch import Job
 from sie.streams.llm.fair import FairQueue
 from sie.streams.llm.quota import SHARED, Quotas
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, sglang_answer
 
 
 class Clock:
@@ -211,7 +211,7 @@ def test_a_replica_enforces_its_partitions_share_of_each_quota_recomputed_on_reb
     from sie.streams.llm.stage import LLMScorer
     from sie.streams.scorer.config import ScorerConfig
     from tests.fakes.kafka_clients import cluster_metadata
-    from tests.llm_fixtures import llm_spec
+    from tests.support.llm_fixtures import llm_spec
 
     spec = llm_spec(["http://fake"], quotas={"policy": "delay", "requests_per_s": 8})
     topic = spec.topics.requests

@@ -12,8 +12,8 @@ from collections import Counter
 import orjson
 
 from sie.streams.llm.quota import SHARED, TOKEN_HEADER, Quotas
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, sglang_answer
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, sglang_answer
 
 TOKEN = b"vip-secret-token"
 VIP = {"requests_per_s": 3, "token_sha256": hashlib.sha256(TOKEN).hexdigest()}

@@ -17,7 +17,7 @@ from sie.streams.llm.protocols import LLMMapping, Protocol
 from sie.workers.backends.base import BackendConfig
 from sie.workers.sglang_launcher import build_launch
 from tests.fakes import fake_llm_server
-from tests.helpers import REPO_ROOT, wait_until
+from tests.support.helpers import REPO_ROOT, wait_until
 
 _spec = importlib.util.spec_from_file_location("vllm_entry", REPO_ROOT / "scripts" / "real_llm" / "vllm_entry.py")
 assert _spec is not None and _spec.loader is not None

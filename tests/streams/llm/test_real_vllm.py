@@ -20,10 +20,10 @@ import httpx
 import orjson
 import pytest
 
-from tests.helpers import wait_until
-from tests.llm_fixtures import free_port, write_llm_spec
-from tests.real_llm import MAX_TOKENS, SERVED_NAME, VLLMServer, require_vllm, running_sampler
-from tests.scorer_fixtures import (
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import free_port, write_llm_spec
+from tests.support.real_llm import MAX_TOKENS, SERVED_NAME, VLLMServer, require_vllm, running_sampler
+from tests.support.scorer_fixtures import (
     CommittedReader,
     ScorerProcess,
     group_members,

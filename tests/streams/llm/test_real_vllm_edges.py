@@ -22,8 +22,8 @@ from sie.cli import main
 from sie.streams.llm.dispatch import Dispatcher, Job
 from sie.streams.llm.pool import Endpoint, EndpointPool
 from sie.streams.llm.protocols import LLMMapping, Protocol, sse_lines
-from tests.helpers import REPO_ROOT
-from tests.real_llm import SERVED_NAME, VLLMServer, require_vllm
+from tests.support.helpers import REPO_ROOT
+from tests.support.real_llm import SERVED_NAME, VLLMServer, require_vllm
 
 pytestmark = pytest.mark.real_llm
 

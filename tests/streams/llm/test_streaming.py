@@ -15,8 +15,8 @@ from sie.streams.llm.dispatch import Dispatcher, Job
 from sie.streams.llm.pool import Endpoint, EndpointPool
 from sie.streams.llm.protocols import BadOutput, LLMMapping, Protocol, StreamReader
 from tests.fakes import fake_llm_server
-from tests.helpers import wait_until
-from tests.llm_fixtures import Harness, ids, question
+from tests.support.helpers import wait_until
+from tests.support.llm_fixtures import Harness, ids, question
 
 TEXT = [("answer", "string"), ("completion_tokens", "int")]
 SSE = {"content-type": "text/event-stream"}

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from sie.streams.eos import StopRequest
-from tests.cluster_harness import ResultTail
-from tests.helpers import wait_until
-from tests.scorer_fixtures import (
+from tests.streams.control.rollout.test_rollout_kafka import Load
+from tests.support.cluster_harness import ResultTail
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import (
     ALLOWED_MODULES,
     LoggedProcess,
     ScorerThread,
@@ -31,7 +32,6 @@ from tests.scorer_fixtures import (
     prove_exactly_once,
     topics_for,
 )
-from tests.streams.control.rollout.test_rollout_kafka import Load
 
 pytestmark = pytest.mark.kafka
 

@@ -9,8 +9,8 @@ import pytest
 from sie.schemas.spec import parse_spec
 from sie.schemas.spec_models import IOSchema
 from sie.schemas.validation import compile_output_check
-from tests.scorer_fixtures import echo_spec_doc
 from tests.streams.scorer.test_scorer_unit import by_topic, req, run_fake
+from tests.support.scorer_fixtures import echo_spec_doc
 
 
 def ranged_spec(output_fields=None, unknown: str | None = None):

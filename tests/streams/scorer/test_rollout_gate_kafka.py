@@ -29,9 +29,10 @@ from sie.streams.control.rollout.driver import Entry
 from sie.streams.control.rollout.machine import Phase, Policy, new_rollout
 from sie.streams.scorer.errors import VersionLost
 from sie.streams.scorer.rollout import EPOCH_HEADER, InProcessVersions, weighted_table
-from tests.cluster_harness import ResultTail
-from tests.helpers import wait_until
-from tests.scorer_fixtures import (
+from tests.streams.control.rollout.test_rollout_kafka import Load, Publisher
+from tests.support.cluster_harness import ResultTail
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import (
     ScorerThread,
     echo_version_spec,
     group_assignment,
@@ -39,7 +40,6 @@ from tests.scorer_fixtures import (
     prove_exactly_once,
     topics_for,
 )
-from tests.streams.control.rollout.test_rollout_kafka import Load, Publisher
 
 pytestmark = pytest.mark.kafka
 

@@ -20,7 +20,7 @@ from sie.streams.scorer.rollout import (
     weighted_table,
 )
 from tests.fakes.kafka_clients import FakeMessage
-from tests.scorer_fixtures import echo_spec
+from tests.support.scorer_fixtures import echo_spec
 
 STABLE, CANARY = ("1.0.0", "stable-backend"), ("1.1.0", "canary-backend")
 

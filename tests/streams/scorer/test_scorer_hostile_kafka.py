@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from sie.kernel.admin import ensure_model_topics
-from tests.helpers import wait_until
-from tests.scorer_fixtures import (
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import (
     CommittedReader,
     ScorerThread,
     echo_spec,
@@ -211,7 +211,7 @@ def test_partitions_added_to_the_request_topic_while_scoring(kafka_settings):
 def test_backend_outage_during_bisection_dead_letters_nothing_healthy(kafka_settings, tmp_path):
     """Issue 9, case 5: the model goes down in the middle of isolating one poison row; the batch is
     retried once it is back, and only the poison row becomes a dead letter."""
-    from tests.scorer_fixtures import POISON_X
+    from tests.support.scorer_fixtures import POISON_X
 
     flag = tmp_path / "down"
     spec = echo_spec()
@@ -221,7 +221,7 @@ def test_backend_outage_during_bisection_dead_letters_nothing_healthy(kafka_sett
     calls = {"n": 0}
 
     def backend_factory(spec_):
-        from tests.scorer_fixtures import load_echo_backend
+        from tests.support.scorer_fixtures import load_echo_backend
 
         real = load_echo_backend(spec_)
 
@@ -266,7 +266,7 @@ def test_inference_slower_than_the_transaction_timeout_still_commits(kafka_setti
     produce_requests(kafka_settings, spec.topics.requests, requests(30))
 
     def slow_backend(spec_):
-        from tests.scorer_fixtures import load_echo_backend
+        from tests.support.scorer_fixtures import load_echo_backend
 
         real = load_echo_backend(spec_)
 

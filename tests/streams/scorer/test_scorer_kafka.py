@@ -13,8 +13,8 @@ import random
 import orjson
 import pytest
 
-from tests.helpers import consume_all, wait_until
-from tests.scorer_fixtures import (
+from tests.support.helpers import consume_all, wait_until
+from tests.support.scorer_fixtures import (
     POISON_X,
     CommittedReader,
     ScorerProcess,

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sie.connectors.producer import RequestProducer
 from sie.kernel.tracing import TRACEPARENT, Tracing, traceparent_of
 from sie.streams.scorer.metrics import ScorerMetrics
-from tests.helpers import wait_until
-from tests.scorer_fixtures import POISON_X, ScorerThread, echo_spec, prove_exactly_once, topics_for
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import POISON_X, ScorerThread, echo_spec, prove_exactly_once, topics_for
 
 pytestmark = pytest.mark.kafka
 

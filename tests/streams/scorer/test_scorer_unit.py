@@ -24,7 +24,7 @@ from sie.streams.scorer import (
     ScorerConfig,
 )
 from tests.fakes.kafka_clients import NOW_MS, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
-from tests.scorer_fixtures import POISON_X, echo, echo_spec
+from tests.support.scorer_fixtures import POISON_X, echo, echo_spec
 
 
 def make_codec(max_bytes: int = 1024, depth: int = 8) -> Codec:

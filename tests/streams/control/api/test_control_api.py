@@ -38,7 +38,7 @@ from sie.streams.control.api.auth import (
 from sie.streams.control.api.routes import create_app
 from sie.streams.control.api.server import ApiServer
 from sie.streams.control.service import ControlService
-from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
+from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 
 ARTIFACT = "/v1/artifacts/sha256:" + "0" * 64
 ROUTES = [("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/v1/nodes"), ("GET", "/v1/replicas"),

@@ -1,6 +1,6 @@
 """The status page shows rollouts (issue 22, operator surface): versions, phase, step, stable/new weights,
 epoch and the last transition at a readable time, in headless Chromium against a served control API
-(tests/status_page_fixtures.py: ``churn`` at ``Canary(step 1/2, 50%)``)."""
+(tests/support/status_page_fixtures.py: ``churn`` at ``Canary(step 1/2, 50%)``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN
-from tests.status_page_fixtures import CHROMIUM, CHROMIUM_ARGS, served_control
+from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN
+from tests.support.status_page_fixtures import CHROMIUM, CHROMIUM_ARGS, served_control
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install chromium)")
 

@@ -30,7 +30,7 @@ from sie.schemas.avro_codec import decode, encode
 from sie.streams.control.reconcile.leader import LeaderElector, TransactionalPublisher
 from sie.streams.control.reconcile.ports import OutRecord
 from sie.streams.eos import EosLimits, Fenced
-from tests.helpers import consume_all, wait_until
+from tests.support.helpers import consume_all, wait_until
 
 pytestmark = pytest.mark.kafka
 

@@ -25,8 +25,8 @@ from sie.streams.control.reconcile.ports import OutRecord
 from sie.streams.control.reconcile.records import ClusterState
 from sie.streams.eos import EosLimits, Fenced
 from tests.fakes.kafka_clients import FakeClients, FakeConsumer, FakeMessage, FakeProducer, fake_clients, kafka_error
-from tests.helpers import wait_until
 from tests.streams.control.reconcile.test_control_unit import gpu, heartbeat, register, spec_record
+from tests.support.helpers import wait_until
 
 SETTINGS = Settings()
 NAMES = SETTINGS.names

@@ -24,7 +24,7 @@ from sie.streams.control.reconcile.observability import event_rows, model_number
 from sie.streams.control.reconcile.records import ClusterState
 from sie.streams.control.reconcile.status import ModelStatus, ReplicaView
 from sie.streams.control.service import ControlMetrics, ControlService
-from tests.helpers import VIEWER_TOKEN, with_api_tokens
+from tests.support.helpers import VIEWER_TOKEN, with_api_tokens
 
 NOW = 10_000.0
 

@@ -20,7 +20,7 @@ from sie.schemas.avro_codec import encode
 from sie.streams.control.reconcile.feeder import STATE_TOPICS, StateFeeder
 from sie.streams.control.reconcile.records import ClusterState
 from tests.fakes.kafka_clients import FakeConsumer, FakeMessage, fake_clients, kafka_error
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 SETTINGS = Settings()
 NOW_S = 1_000_000.0

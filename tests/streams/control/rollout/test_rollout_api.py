@@ -15,8 +15,8 @@ from sie.streams.control.api.auth import TokenStore
 from sie.streams.control.api.routes import create_app
 from sie.streams.control.rollout.service import Rollouts
 from sie.streams.control.service import ControlService
-from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
-from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
+from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
+from tests.support.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
 
 
 class Leader:

@@ -9,7 +9,7 @@ import pytest
 from sie.schemas.spec import parse_spec
 from sie.streams.control.rollout.driver import Entry, RolloutDriver, RolloutRefused
 from sie.streams.control.rollout.machine import Answer, Phase, RolloutError, VersionWindow
-from tests.scorer_fixtures import echo_spec_doc
+from tests.support.scorer_fixtures import echo_spec_doc
 
 
 class Clock:

@@ -24,8 +24,8 @@ from sie.streams.control.rollout.machine import Phase
 from sie.streams.eos import TransactionalProducer
 from sie.streams.scorer import ScorerConfig
 from sie.streams.scorer.rollout import EPOCH_HEADER, run_rollout_scorer, weighted_table
-from tests.helpers import wait_until
-from tests.scorer_fixtures import echo_version_spec, load_echo_backend, prove_exactly_once, topics_for
+from tests.support.helpers import wait_until
+from tests.support.scorer_fixtures import echo_version_spec, load_echo_backend, prove_exactly_once, topics_for
 
 pytestmark = pytest.mark.kafka
 
@@ -242,8 +242,8 @@ def _spawn_control(settings, instance: str, port: int):
     import subprocess
     import sys
 
-    from tests.helpers import REPO_ROOT
-    from tests.scorer_fixtures import ALLOWED_MODULES
+    from tests.support.helpers import REPO_ROOT
+    from tests.support.scorer_fixtures import ALLOWED_MODULES
 
     env = {**os.environ, "SIE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "SIE_TOPIC_PREFIX": settings.topic_prefix,
            "SIE_API_TOKENS": json.dumps([e.model_dump() for e in settings.api_tokens]),
@@ -270,8 +270,8 @@ def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka
     import yaml
 
     from sie.schemas.spec import parse_spec
-    from tests.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, leader_takeover_bound_s, with_api_tokens
-    from tests.scorer_fixtures import echo_spec_doc
+    from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, leader_takeover_bound_s, with_api_tokens
+    from tests.support.scorer_fixtures import echo_spec_doc
 
     settings = with_api_tokens(kafka_settings.with_overrides(topic_prefix=f"rk{uuid.uuid4().hex[:8]}"))
     ensure_topics(settings, system_topics(settings.topic_prefix))

@@ -52,6 +52,8 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from tests.support.helpers import wait_until
+
 #: the test subnet (a /24): it exists only inside the namespaces a ``Topology`` creates
 SUBNET = "10.203.0"
 _CLONE_NEWNET = 0x40000000
@@ -170,18 +172,20 @@ class Topology:
         self._made.append(name)
 
     def close(self) -> None:
-        """Stop flappers and forwards, SIGKILL what still runs inside, delete every namespace.  Never raises."""
+        """Stop flappers and forwards, SIGKILL what still runs inside, delete every namespace and (the last
+        topology) the guard route, whatever fails; then AssertionError if a process outlived its SIGKILL."""
         for thread, stop in self._flappers:
             stop.set()
             thread.join(10)
         for fwd in self._forwards:
             fwd.close()
-        for name in reversed(self._made):
-            _remove_netns(name)
-        self._made.clear()
-        with _guard_lock():
-            if not _live_topologies():
-                _ip("route", "del", "blackhole", f"{self.subnet}.0/24", check=False)
+        made, self._made = list(reversed(self._made)), []
+        try:
+            _remove_all(made)
+        finally:
+            with _guard_lock():
+                if not _live_topologies():
+                    _ip("route", "del", "blackhole", f"{self.subnet}.0/24", check=False)
 
     def __enter__(self) -> Topology:
         return self.build()
@@ -304,17 +308,37 @@ class Topology:
             self.unblock(name)
 
 
-def _remove_netns(name: str) -> None:
-    """SIGKILL every process inside ``name`` (a process keeps a deleted namespace alive), then delete it."""
-    for _ in range(50):
-        pids = [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
-        if not pids:
-            break
-        for pid in pids:
+def _remove_netns(name: str, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process inside ``name`` (a process keeps a deleted namespace alive) until none is left, then
+    delete it; the namespace is deleted in any case, and AssertionError names the processes that outlived
+    ``timeout_s``."""
+    left: list[int] = []
+
+    def none_left() -> bool:
+        left[:] = [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-    _ip("netns", "del", name, check=False)
+        return not left
+
+    try:
+        wait_until(none_left, timeout_s, interval=0.1,
+                   message=lambda: f"the processes in network namespace {name} to exit after SIGKILL (left: {left})")
+    finally:
+        _ip("netns", "del", name, check=False)
+
+
+def _remove_all(names: Iterable[str]) -> None:
+    """``_remove_netns`` for each of ``names``, whatever happens to the others; then one AssertionError naming
+    every namespace whose processes outlived the deadline."""
+    failures = []
+    for name in names:
+        try:
+            _remove_netns(name)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise AssertionError("; ".join(failures))
 
 
 @contextlib.contextmanager
@@ -352,12 +376,8 @@ def sweep_orphans() -> list[str]:
         names = os.listdir(_NETNS_DIR)
     except FileNotFoundError:
         return []
-    swept = []
-    for name in names:
-        m = _TAG_RE.match(name)
-        if m and not _pid_alive(int(m.group(1))):
-            _remove_netns(name)
-            swept.append(name)
+    swept = [name for name in names if (m := _TAG_RE.match(name)) and not _pid_alive(int(m.group(1)))]
+    _remove_all(swept)
     return swept
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from sie.connectors.cdc.config import CdcConnectorSpec, parse_connector_spec
 from sie.schemas.spec_models import FieldSpec, IOSchema
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cdc"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "cdc"
 
 # model input field -> "string" | "int" | "float" | "bool" (as sie.schemas.spec FieldSpec.type)
 ORDER_FIELD_TYPES = {

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sie.workers.shared.desired import HEALTH_FILE, DesiredModel, write_desired
-from tests.scorer_fixtures import ALLOWED_MODULES, LoggedProcess, echo_version_spec
+from tests.support.scorer_fixtures import ALLOWED_MODULES, LoggedProcess, echo_version_spec
 
 
 def echo_model(callable_name: str = "echo", name: str | None = None) -> Any:

@@ -27,7 +27,7 @@ import orjson
 
 from sie.kernel.settings import Settings
 from sie.streams.scorer.rollout import EPOCH_HEADER, weighted_table
-from tests.scorer_fixtures import request_id_of_dead_letter
+from tests.support.scorer_fixtures import request_id_of_dead_letter
 
 #: phases whose weight-0 epochs are a rollback: a key the canary answered may go back to stable then
 ROLLBACK_PHASES = frozenset({"RollingBack", "RolledBack"})

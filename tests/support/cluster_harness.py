@@ -8,7 +8,7 @@ engineers run `sie` processes on the same machine, so nothing here ever matches 
 Waiting is always on a condition with a deadline (HTTP API, /proc, or Kafka records), never a sleep.
 
 ``Cluster(..., hosts=topology)`` places processes on the nodes of a private test network
-(tests/netns.py): ``start_control(..., host="c1")`` runs the control plane inside node c1's network
+(tests/support/netns.py): ``start_control(..., host="c1")`` runs the control plane inside node c1's network
 namespace, its HTTP API reached through a loopback forward (``Proc.port`` is the forward's), and ``sie``
 CLI commands run on ``cli_host``.
 """
@@ -34,9 +34,17 @@ from typing import Any, Protocol
 import yaml
 
 from sie.kernel.settings import Settings
-from tests.helpers import OPERATOR_TOKEN, TopicTail, behind, end_offsets, read_up_to, wait_until, with_api_tokens
+from tests.support.helpers import (
+    OPERATOR_TOKEN,
+    TopicTail,
+    behind,
+    end_offsets,
+    read_up_to,
+    wait_until,
+    with_api_tokens,
+)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -138,7 +146,7 @@ def worker_pids(agent_pid: int) -> dict[str, int]:
 
 
 class Hosts(Protocol):
-    """Where a process runs (tests/netns.py ``Topology``): a command prefix per node, and a loopback port
+    """Where a process runs (tests/support/netns.py ``Topology``): a command prefix per node, and a loopback port
     here that reaches a port on a node's own loopback."""
 
     def prefix(self, name: str) -> list[str]: ...

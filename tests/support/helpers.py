@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from sie.kernel.settings import Settings
 
 #: the source checkout (tests read its examples/ and docs/; product code never depends on it)
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
 
 
@@ -35,7 +35,7 @@ def wait_until(
         if time.monotonic() >= deadline:
             text = message() if callable(message) else message
             raise AssertionError(f"timed out after {timeout:.1f}s waiting for {text}")
-        time.sleep(interval)
+        time.sleep(interval)  # the polling period between checks of the condition; the deadline above bounds it
 
 
 def unique_topic(prefix: str = "test") -> str:

@@ -73,6 +73,7 @@ def python_project(root: Path, version: str, *, broken: bool = False, hang: bool
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text(f'BUILT = "{version}"\n', encoding="utf-8")
     (pkg / "helpers.py").write_text(f"def weight():\n    return {version_code(version)!r}\n", encoding="utf-8")
+    # the hanging version's stuck call: the model's own behaviour under test, not a synchronisation
     hang_code = ("    import time\n    if any(r['tickets'] != 1.0 for r in rows):\n        time.sleep(600)\n"
                  if hang else "")
     fail_code = (f"    if any(int(r['tenure']) % {fails_one_in} == 3 for r in rows):\n"

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import REPO_ROOT, wait_until
+from tests.support.helpers import REPO_ROOT, wait_until
 
 VLLM_VERSION = "0.32.0"
 #: every request the tests send asks for exactly this many tokens (``ignore_eos``): a random model may pick
@@ -93,7 +93,7 @@ class VLLMServer:
 
     def __init__(self, log_dir: Path, *, max_num_seqs: int = 8, threads: int = 1, port: int | None = None,
                  install: dict[str, str] | None = None) -> None:
-        from tests.llm_fixtures import free_port
+        from tests.support.llm_fixtures import free_port
 
         self.install = install or require_vllm()
         self.max_num_seqs = max_num_seqs

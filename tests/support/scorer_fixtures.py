@@ -66,13 +66,13 @@ def paced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def paced_3x(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A new version of ``paced`` that takes 3x as long per call: the gates bench's slow canary."""
-    time.sleep(3 * PACED_CALL_S)
+    time.sleep(3 * PACED_CALL_S)  # the model's own compute time, not synchronisation
     return echo(rows)
 
 
 def paced_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A new version of ``paced`` that cannot score 1 row in 20 (``echo_canary``): the gates bench's erring canary."""
-    time.sleep(PACED_CALL_S)
+    time.sleep(PACED_CALL_S)  # the model's own compute time, not synchronisation
     return echo_canary(rows)
 
 
@@ -109,7 +109,7 @@ def echo_version_spec(name: str, version: str, callable_name: str = "echo", roll
 
     doc = echo_spec_doc(name)
     doc["spec"]["model"]["version"] = version
-    doc["spec"]["backend"]["callable"] = f"tests.scorer_fixtures:{callable_name}"
+    doc["spec"]["backend"]["callable"] = f"tests.support.scorer_fixtures:{callable_name}"
     if rollout is not None:
         doc["spec"]["rollout"] = rollout
     return parse_spec(doc)
@@ -129,7 +129,7 @@ def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = Non
             "model": {"name": name, "version": "1.0.0"},
             "priorityLevel": "P1",
             "serviceType": "scoring",
-            "backend": {"type": "python", "callable": "tests.scorer_fixtures:echo"},
+            "backend": {"type": "python", "callable": "tests.support.scorer_fixtures:echo"},
             "resources": {"gpuMemoryMb": 0, "cpu": 0.5},
             "inputSchema": {"type": "json", "fields": [{"name": "x", "type": "float"}]},
             "outputSchema": {"type": "json", "fields": [{"name": "y", "type": "float"}]},
@@ -153,7 +153,7 @@ def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms:
 
 
 #: what a node running the test model must allow (SIE_ALLOWED_MODULES): the demo's package and this module
-ALLOWED_MODULES = ("models.fraud", "tests.scorer_fixtures")
+ALLOWED_MODULES = ("models.fraud", "tests.support.scorer_fixtures")
 #: the LLM servers a test node allows (SIE_SGLANG_ENDPOINTS): the fake servers, all on loopback
 LLM_ENDPOINTS = ("127.0.0.1",)
 
@@ -181,7 +181,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from collections import Counter  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class LoggedProcess:
@@ -216,7 +216,7 @@ class ScorerProcess(LoggedProcess):
 
     def __init__(self, spec_path: Path, bootstrap: str, instance: str, log_dir: Path, *extra: str,
                  env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
-        """``prefix``: what runs the command (e.g. ``ip netns exec <node>``: tests/netns.py)."""
+        """``prefix``: what runs the command (e.g. ``ip netns exec <node>``: tests/support/netns.py)."""
         cmd = [*prefix, sys.executable, "-m", "sie", "--bootstrap-servers", bootstrap, "score", "-f", str(spec_path),
                "--instance", instance, "--max-batch", "500", "--max-wait-ms", "10", "--partitions", "4",
                "--session-timeout-ms", "6000", "--log-level", "warning", *extra]
@@ -253,7 +253,7 @@ class CommittedReader:
         self.records: list = []
 
     def count(self) -> int:
-        from tests.helpers import read_up_to
+        from tests.support.helpers import read_up_to
 
         while True:
             # consume() waits its whole timeout unless 5000 are there: short, the callers loop (wait_until, read_to_end)
@@ -266,7 +266,7 @@ class CommittedReader:
         """Read on to the end each partition has now (the last stable offset) and return the count, so a
         duplicate committed after the awaited count is counted too; AssertionError naming the partitions
         short of their end at the deadline ("nothing for 0.2 s" is not the end)."""
-        from tests.helpers import behind, end_offsets
+        from tests.support.helpers import behind, end_offsets
 
         ends = end_offsets(self._consumer, self._topic, self._partitions)
         deadline = time.monotonic() + timeout
@@ -311,8 +311,8 @@ def exactly_once_report(results: list, dead_letters: list, expected_ids: set[str
 
 
 def produce_requests(settings, topic: str, values: list[tuple[bytes | None, bytes | None]]) -> None:
-    """Fast bulk produce of raw (key, value) pairs (acks=all, idempotent: ``tests.helpers.produce_to``)."""
-    from tests.helpers import produce_to
+    """Fast bulk produce of raw (key, value) pairs (acks=all, idempotent: ``tests.support.helpers.produce_to``)."""
+    from tests.support.helpers import produce_to
 
     produce_to(settings, topic, ((key, value, None) for key, value in values))
 
@@ -345,7 +345,7 @@ import orjson  # noqa: E402
 from sie.kernel.admin import ensure_model_topics  # noqa: E402
 from sie.streams.scorer import ScorerConfig  # noqa: E402
 from sie.streams.scorer.rollout import run_rollout_scorer  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
 
 
 def requests(n: int, prefix: str = "r") -> list[tuple[bytes, bytes]]:

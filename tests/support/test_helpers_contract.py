@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 
-from tests.helpers import consume_all, create_topic, produce_json, unique_topic
-from tests.scorer_fixtures import CommittedReader
+from tests.support.helpers import consume_all, create_topic, produce_json, unique_topic
+from tests.support.scorer_fixtures import CommittedReader
 
 pytestmark = pytest.mark.kafka
 

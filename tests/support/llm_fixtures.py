@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAKE_SERVER = REPO / "tests" / "fakes" / "fake_llm_server.py"
 
 

@@ -1,10 +1,13 @@
-"""The test network of tests/netns.py: nodes reach each other only as the faults allow, and nothing is left behind.
+"""The test network of tests/support/netns.py: nodes reach each other only as the faults allow, and nothing is
+left behind.
 
 Skipped (with the reason) where network namespaces cannot be made: not root, no iproute2/nftables.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -12,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.netns import SUBNET, Topology, sweep_orphans, unavailable
+from tests.support.helpers import wait_until
+from tests.support.netns import SUBNET, Topology, _remove_netns, sweep_orphans, unavailable
 
 WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"network namespaces: {WHY}")
@@ -120,7 +124,7 @@ def test_a_forward_reaches_a_nodes_loopback_even_while_it_is_cut(topo: Topology)
 def test_everything_is_removed_even_when_the_test_fails() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         with Topology(["x", "y"]) as t:
-            proc = subprocess.Popen(t.command("x", ["sleep", "600"]))
+            proc = subprocess.Popen(t.command("x", ["sleep", "600"]))  # lives until the cleanup kills it
             made = {n.netns for n in t.nodes.values()} | {t.switch}
             assert made <= _namespaces()
             raise RuntimeError("boom")
@@ -140,3 +144,24 @@ def test_a_topology_of_a_dead_owner_is_swept_a_live_ones_is_not(topo: Topology) 
         assert topo.switch in _namespaces() and topo.switch not in swept  # ours: its owner (we) still runs
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_a_process_that_outlives_the_cleanup_deadline_is_named_and_its_namespace_still_goes() -> None:
+    """The cleanup waits for the processes inside a namespace to exit after SIGKILL, up to a deadline: past it,
+    the failure names the namespace and the processes left, and the namespace is deleted all the same."""
+    name = f"sie{os.getpid()}x0001-slow"  # our pid: a sweep by another run leaves it alone
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    proc = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])  # `ip netns exec` execs: pid is sleep's
+    try:
+        wait_until(lambda: str(proc.pid) in _pids(name), 10, message=f"sleep {proc.pid} inside {name}")
+        with pytest.raises(AssertionError, match=rf"network namespace {name} to exit .*left: \[{proc.pid}\]"):
+            _remove_netns(name, timeout_s=0)  # deadline at once: the one SIGKILL sent, its exit not yet seen
+        assert name not in _namespaces()
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _pids(name: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()

@@ -4,7 +4,7 @@ Shared by tests/test_partition_campaign.py (the bounded CI profile; ``SIE_FAULT_
 one) and bench/bench_faults.py (``--partitions``: the table in bench/results/partitions.txt and
 docs/reliability.md).
 
-Every node has its own network namespace and address on a private test network (tests/netns.py)::
+Every node has its own network namespace and address on a private test network (tests/support/netns.py)::
 
     b1 b2 b3    the brokers: a 3-broker KRaft cluster, each listening on and advertising its own address;
                 model topics with replication factor 3 and min.insync.replicas 2
@@ -53,16 +53,16 @@ import yaml
 
 from sie.infra.kafka.local import LocalKafka
 from sie.kernel.settings import Settings
-from tests.fault_campaign import (
+from tests.support.fault_campaign import (
     Load,
     Observer,
     group_coordinator,
     partition_leaders,
     txn_coordinator,
 )
-from tests.helpers import wait_until
-from tests.netns import Topology
-from tests.scorer_fixtures import ScorerProcess, echo_spec_doc
+from tests.support.helpers import wait_until
+from tests.support.netns import Topology
+from tests.support.scorer_fixtures import ScorerProcess, echo_spec_doc
 
 NODES = ("b1", "b2", "b3", "a1", "a2", "a3", "c1", "c2", "client", "obs")
 #: a healthy scorer's own partitions may stall this long while another scorer is cut off (issue 27)
@@ -453,12 +453,12 @@ class ScorerNet:
 
 
 class ControlNet:
-    """The control rig of the crash campaign (``tests.fault_campaign.ControlRig``: two ``sie control``, two
+    """The control rig of the crash campaign (``tests.support.fault_campaign.ControlRig``: two ``sie control``, two
     ``sie agent``s serving fraud-rules, 1 replica) with every process on its own node: control planes on c1/c2,
     agents (and their workers) on a1/a2, the load and the CLI on the client node."""
 
     def __init__(self, net: TestNet, root: Path, rate_per_s: float = 20.0) -> None:
-        from tests.fault_campaign import ControlRig
+        from tests.support.fault_campaign import ControlRig
 
         assert net.kafka is not None
         self.net, self.topo = net, net.topo

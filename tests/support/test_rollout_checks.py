@@ -1,4 +1,4 @@
-"""``tests/rollout_checks.check_answers`` on hand-made outputs: each rule finds what it must, and only that."""
+"""``tests/support/rollout_checks.check_answers`` on hand-made outputs: each rule finds what it must, and only that."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import orjson
 
 from sie.streams.scorer.rollout import EPOCH_HEADER, weighted_table
-from tests.rollout_checks import EpochInfo, check_answers
+from tests.support.rollout_checks import EpochInfo, check_answers
 
 STABLE, CANARY = "1.0.0", "1.1.0"
 EPOCHS = {-1: EpochInfo(0, "before"), 0: EpochInfo(0, "Surging"), 1: EpochInfo(1000, "Canary"),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "infra" / "prometheus" / "sie-rules.yml"
 DASHBOARD = REPO / "infra" / "grafana" / "sie-overview.json"
 

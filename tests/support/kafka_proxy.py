@@ -159,7 +159,7 @@ class KafkaProxy:
             frame = await self._frame(reader)
             api_key = pending.pop(struct.unpack(">i", frame[4:8])[0], -1)
             if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+                await asyncio.sleep(self.delay_s)  # the injected fault: each answer held back delay_s
             await self._flowing.wait()
             with self._lock:
                 dropped = api_key in self._drop

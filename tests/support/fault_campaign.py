@@ -10,7 +10,7 @@ Two rigs, both on a cluster whose model topics have replication factor 3 and ``m
   result and dead-letter topics.  Faults: SIGKILL + restart of the broker that leads a request partition,
   of the transaction coordinator of the scorer's transactional id, of the leader of the scorer group's
   ``__consumer_offsets`` partition; SIGSTOP of a broker for longer than the scorer's session timeout.
-- ``ControlRig``: two ``sie control`` and two ``sie agent`` processes (tests/cluster_harness.py) serving
+- ``ControlRig``: two ``sie control`` and two ``sie agent`` processes (tests/support/cluster_harness.py) serving
   fraud-rules under the same kind of load.  Faults: the leading control plane SIGSTOPped past its group
   session (the standby takes over) then resumed; an agent SIGSTOPped past the node timeout then resumed.
 
@@ -45,9 +45,9 @@ import yaml
 
 from sie.infra.kafka.local import LocalKafka
 from sie.kernel.settings import Settings
-from tests.cluster_harness import Cluster, ResultTail, StatusTail, example_input, try_get, worker_pids
-from tests.helpers import consume_all, leader_takeover_bound_s, wait_until
-from tests.scorer_fixtures import ScorerProcess, echo_spec_doc
+from tests.support.cluster_harness import Cluster, ResultTail, StatusTail, example_input, try_get, worker_pids
+from tests.support.helpers import consume_all, leader_takeover_bound_s, wait_until
+from tests.support.scorer_fixtures import ScorerProcess, echo_spec_doc
 
 #: stall and recovery bound of the control-plane faults (seconds): a fault that stalls a partition longer
 #: fails its trial.  From the configuration: the control group's session 6 s + the node timeout 6 s + a
@@ -61,12 +61,12 @@ STALL_BOUND_S = 30.0
 #: the controller's fencing (5 s) + a re-created producer's ``init_transactions``: measured up to 38 s on a
 #: loaded 2-core host (bench/results/faults.txt), so 60 s.  Without a coordinator or a hung call: 6-10 s.
 BROKER_BOUND_S = 60.0
-#: the scorer's consumer-group session timeout (tests.scorer_fixtures.ScorerProcess passes it)
+#: the scorer's consumer-group session timeout (tests.support.scorer_fixtures.ScorerProcess passes it)
 SCORER_SESSION_S = 6.0
 PARTITIONS = 4
 #: where every scorer trial keeps its logs (``ScorerRig.keep_logs``): one folder per trial, with the scorer's log
 #: (librdkafka's ``SIE_FAULT_KAFKA_DEBUG`` contexts in it) and each broker's server.log; SIE_FAULT_LOGS moves it
-FAULT_LOGS = Path(os.environ.get("SIE_FAULT_LOGS") or Path(__file__).resolve().parent.parent / ".cache" / "fault-runs")
+FAULT_LOGS = Path(os.environ.get("SIE_FAULT_LOGS") or Path(__file__).resolve().parents[2] / ".cache" / "fault-runs")
 #: the librdkafka debug contexts of the campaign's ``sie score`` (SIE_KAFKA_DEBUG): the transaction state machine,
 #: so that an unexpected outcome can be read from the kept log; SIE_FAULT_KAFKA_DEBUG="" turns it off
 SCORER_KAFKA_DEBUG = os.environ.get("SIE_FAULT_KAFKA_DEBUG", "eos")
@@ -165,7 +165,7 @@ class Load:
         if debug_log is not None:
             import logging
 
-            logger = logging.getLogger(f"tests.fault_campaign.load.{tag}.{uuid.uuid4().hex[:6]}")
+            logger = logging.getLogger(f"tests.support.fault_campaign.load.{tag}.{uuid.uuid4().hex[:6]}")
             logger.setLevel(logging.DEBUG)
             logger.propagate = False
             handler = logging.FileHandler(debug_log)
@@ -412,7 +412,7 @@ class Observer:
         """The independent read_committed proof after the load stopped: a fresh reader from the beginning of
         the result and dead-letter topics; (requests, lost, doubled), per request record (``account``);
         ``self.account_note`` describes what the load wrote twice and any doubled request."""
-        from tests.scorer_fixtures import request_id_of_dead_letter
+        from tests.support.scorer_fixtures import request_id_of_dead_letter
 
         n = self.load.stop()
         ids = set(self.load.delivered())
@@ -653,7 +653,7 @@ RULES = "fraud-rules"
 class ControlRig:
     """Two ``sie control`` (leader + standby) and two ``sie agent`` serving fraud-rules (1 replica) under load.
 
-    ``net`` (the partition campaign, tests/partition_campaign.py): every process on its own node of the test
+    ``net`` (the partition campaign, tests/support/partition_campaign.py): every process on its own node of the test
     network: the control planes on c1/c2, the agents (and their workers) on a1/a2, the load and the CLI on
     the client node."""
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from tests.helpers import OPERATOR_TOKEN, with_api_tokens
-from tests.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
+from tests.support.helpers import OPERATOR_TOKEN, with_api_tokens
+from tests.support.scorer_fixtures import ALLOWED_MODULES, echo_spec_doc
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: the flags a headless Chromium needs on these machines (no sandbox as root; no calls home)
