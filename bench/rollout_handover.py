@@ -1,7 +1,7 @@
 """Planned handovers on a real cluster: the longest gap in committed results while replicas are stopped on
 purpose (``python bench/bench_rollout.py --handover``; results in bench/results/rollout_handover.txt).
 
-Cluster (``tests/cluster_harness.py``): one ``sie control`` and two ``sie agent`` processes on the broker,
+Cluster (``tests/support/cluster_harness.py``): one ``sie control`` and two ``sie agent`` processes on the broker,
 the rules model (python, ``examples/fraud-rules.yaml``, 6 request partitions) at 2 replicas, a steady stream
 of ``--rate`` requests/s the whole time and a read_committed tail that stamps each committed output when it
 arrives.  One after the other, on the same model and stream:
