@@ -23,6 +23,7 @@ keeps it in ``sessionStorage`` (gone when the tab closes) and sends it as a bear
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route functions' annotations as objects.
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -49,16 +50,11 @@ def _read(name: str) -> bytes:
     return (STATIC / name).read_bytes()
 
 
-@router.get("")
-def page() -> Response:
-    return Response(_read(FILES[""][0]), media_type=FILES[""][1], headers=HEADERS)
+def _serve(name: str, media_type: str) -> Callable[[], Response]:
+    def serve() -> Response:
+        return Response(_read(name), media_type=media_type, headers=HEADERS)
+    return serve
 
 
-@router.get("/app.js")
-def script() -> Response:
-    return Response(_read(FILES["/app.js"][0]), media_type=FILES["/app.js"][1], headers=HEADERS)
-
-
-@router.get("/app.css")
-def stylesheet() -> Response:
-    return Response(_read(FILES["/app.css"][0]), media_type=FILES["/app.css"][1], headers=HEADERS)
+for _suffix, (_name, _media_type) in FILES.items():
+    router.add_api_route(_suffix, _serve(_name, _media_type), methods=["GET"])
