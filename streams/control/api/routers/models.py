@@ -40,7 +40,7 @@ _BODY_DOC = {"requestBody": {"required": True, "content": {
 
 
 # The list route answers plain JSON data as it is (JSONResponse): FastAPI's generic encoder walks every value
-# of an answer again, 80 ms of CPU for 3,000 replicas in the leader's process (bench/bench_scale.py).
+# of an answer again, CPU in the leader's process that grows with the cluster (bench/bench_scale.py).
 @router.get("", summary="Desired vs actual per applied model", response_class=JSONResponse)
 def models(service: Service, _: Viewer) -> Any:
     from sie.streams.control.reconcile.observability import model_numbers
