@@ -37,12 +37,12 @@ class FakeControl:
         return self.rollouts.get(name)
 
     def apply(self, document: dict[str, Any], adopt: bool = False) -> dict[str, Any]:
-        from sie.streams.control.api.routes import _ownership_problem
+        from sie.streams.control.api.routers.models import ownership_problem
 
         if self.refuse is not None:
             raise self.refuse
         spec = parse_spec(document)
-        problem = _ownership_problem(self.applied.get(spec.name), spec.owner, adopt)  # the API's own check
+        problem = ownership_problem(self.applied.get(spec.name), spec.owner, adopt)  # the API's own check
         if problem:
             raise ControlRefused(409, problem, [])
         self.posts.append(document)

@@ -14,7 +14,7 @@ import pytest
 
 from sie.k8s.operator import FINALIZER, Operator, Reconciler, cr_document, owner_mark
 from sie.schemas.spec import parse_spec
-from sie.streams.control.api import routes
+from sie.streams.control.api.routers import models as routes
 from tests.k8s.test_reconciler import ARTICLE, FakeControl
 
 
@@ -151,8 +151,8 @@ def test_the_api_checks_the_mark_before_a_delete(monkeypatch: pytest.MonkeyPatch
 
 def test_a_marked_apply_over_another_owner_is_refused_by_the_api_an_unmarked_one_is_not():
     theirs = _by_sie_apply()
-    assert routes._ownership_problem(theirs, "ModelService a/m u") is not None
-    assert routes._ownership_problem(theirs, "ModelService a/m u", adopt=True) is None
-    assert routes._ownership_problem(theirs.model_copy(update={"owner": "ModelService b/m u"}), "ModelService a/m u",
+    assert routes.ownership_problem(theirs, "ModelService a/m u") is not None
+    assert routes.ownership_problem(theirs, "ModelService a/m u", adopt=True) is None
+    assert routes.ownership_problem(theirs.model_copy(update={"owner": "ModelService b/m u"}), "ModelService a/m u",
                                      adopt=True) is not None
-    assert routes._ownership_problem(theirs.model_copy(update={"owner": "ModelService a/m u"}), None) is None
+    assert routes.ownership_problem(theirs.model_copy(update={"owner": "ModelService a/m u"}), None) is None

@@ -1,6 +1,9 @@
 """The control plane's HTTP API: what operators and the CLI call, and the status page.
 
-- ``routes``: the FastAPI app (``create_app``) and its routes.
+- ``routes``: the FastAPI app (``create_app``) and the route table read from it (``route_table``).
+- ``routers``: one ``APIRouter`` per resource (models, rollouts, nodes, replicas, artifacts, connectors, cluster).
+- ``deps``: what routes get by dependency: the service, the caller and its role, the audited write.
+- ``errors``: ``ApiError`` and the one error shape; ``answers``: the writes' answers (pydantic).
 - ``auth``: tokens and roles (``TokenStore``), the CLI's token files.
 - ``audit``: ``AuditLog``, one ``audit`` event per write on the events topic (a producer of its own).
 - ``guard``: ``RequestGuard`` (ASGI: body size, body deadline, 500s without internals) and the header deadline.

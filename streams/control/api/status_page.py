@@ -22,11 +22,13 @@ keeps it in ``sessionStorage`` (gone when the tab closes) and sends it as a bear
   HTML.  The token is never logged: the API logs only that an unknown token was refused.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: FastAPI reads the route functions' annotations as objects.
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
 
 STATIC = Path(__file__).resolve().parent / "static"
 FILES = {"": ("status.html", "text/html; charset=utf-8"),
@@ -39,20 +41,20 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "Cache-Control": "no-cache", "X-Frame-Options": "DENY"}
 
+#: ``/status`` and its script and stylesheet; no token needed (no data in them)
+router = APIRouter(prefix="/status", include_in_schema=False)
+
 
 @cache
 def _read(name: str) -> bytes:
     return (STATIC / name).read_bytes()
 
 
-def add_status_page(app: Any) -> None:
-    """Serve ``/status`` (and its script and stylesheet) from ``app``; no token needed (no data in them)."""
-    from fastapi.responses import Response
+def _serve(name: str, media_type: str) -> Callable[[], Response]:
+    def serve() -> Response:
+        return Response(_read(name), media_type=media_type, headers=HEADERS)
+    return serve
 
-    def route(name: str, media_type: str) -> Any:
-        def serve() -> Response:
-            return Response(_read(name), media_type=media_type, headers=HEADERS)
-        return serve
 
-    for suffix, (name, media_type) in FILES.items():
-        app.add_api_route(f"/status{suffix}", route(name, media_type), methods=["GET"], include_in_schema=False)
+for _suffix, (_name, _media_type) in FILES.items():
+    router.add_api_route(_suffix, _serve(_name, _media_type), methods=["GET"])
