@@ -1,0 +1,335 @@
+"""The ModelService DOCUMENT as a user writes it: every section, every key in both spellings, declared once.
+
+``sie.schemas.spec_models`` is the normalised spec the rest of SIE reads; this module is the shape of the
+YAML that becomes it, in both styles the article writes (Kubernetes ``kind: ModelService`` and the flat
+model-spec).  The CRD's ``openAPIV3Schema`` is derived from these models (``sie.k8s.crd``)::
+
+    document --(flat? reshape into the Kubernetes layout)--> ModelServiceDocument
+        every section: extra="forbid" (a typo never drops a constraint), strict types,
+                       both spellings (AliasChoices, camelCase or snake_case as the article writes it),
+                       warn-and-keep keys (image, tolerations, probes, limits) declared as fields
+        CRD: model_json_schema() + the CEL rules each section declares (``cel`` in its json_schema_extra)
+
+A ``null`` value means "not given" (as the hand-written reader treated it): ``_Section`` drops it before
+validation unless the field is declared nullable.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+
+API_VERSION: Final = "sie.lmsys.org/v1"
+KIND: Final = "ModelService"
+#: the annotation that marks a spec as applied by the Kubernetes operator for one ModelService (``ModelService.owner``)
+OWNER_ANNOTATION = "sie.lmsys.org/owner"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+FIELD_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+SERVICE_TYPE_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([eE][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$")
+TYPE_ALIASES = {
+    "string": "string", "str": "string", "text": "string",
+    "int": "int", "integer": "int", "int32": "int", "int64": "int", "long": "int",
+    "float": "float", "float32": "float", "float64": "float", "double": "float", "number": "float",
+    "bool": "bool", "boolean": "bool",
+}
+#: a list in a spec is bounded so every CEL rule's cost is bounded (the API server refuses unbounded rules)
+MAX_FIELDS = 1000
+MAX_LIST = 100
+
+_ANY: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+#: an untyped value: a mapping of anything (config, kwargs, example input) or a value of several shapes
+AnyMapping = Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_ANY})]
+Quantity = Annotated[int | float | str, WithJsonSchema({
+    "x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "pattern": QUANTITY_RE.pattern})]
+_PROBE_TEXT = ("Accepted as the article writes it and not run (warning): SIE's readiness is a real inference on "
+               "exampleInput and the agent watches the process.")
+Probe = Annotated[dict[str, Any], WithJsonSchema({"description": _PROBE_TEXT, "type": "object", **_ANY})]
+Sha256 = Annotated[str, Field(pattern="^[0-9a-fA-F]{64}$")]
+
+
+def _scalars_as_text(value: Any) -> Any:
+    """Labels and node selectors: a YAML scalar is its text (``true`` is "true", ``3`` is "3")."""
+    if not isinstance(value, dict):
+        return value
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (str, int, float)) else v
+            for k, v in value.items()}
+
+
+#: a mapping of names to text (labels, nodeSelector); YAML scalars are read as their text
+TextMap = Annotated[dict[str, str], BeforeValidator(_scalars_as_text)]
+
+
+def spelled(*spellings: str, **kwargs: Any) -> Any:
+    """A key the document may spell several ways (the first is the one the CRD's CEL rules name first)."""
+    return Field(validation_alias=AliasChoices(*spellings), **kwargs)
+
+
+def cel(*rules: dict[str, str]) -> dict[str, Any]:
+    """A section's CEL rules (the CRD's ``x-kubernetes-validations``, besides the both-spellings rules)."""
+    return {"cel": list(rules)}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        nullable = {s for name, f in cls.model_fields.items() if _is_nullable(f.annotation)
+                    for s in spellings_of(cls, name)}
+        return {k: v for k, v in data.items() if v is not None or k in nullable}
+
+
+def _is_nullable(annotation: Any) -> bool:
+    return type(None) in getattr(annotation, "__args__", ())
+
+
+def spellings_of(model: type[BaseModel], name: str) -> tuple[str, ...]:
+    """Every spelling of field ``name`` in the document, the first as declared first."""
+    alias = model.model_fields[name].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(c) for c in alias.choices)
+    return (alias,) if isinstance(alias, str) else (name,)
+
+
+class ArtifactRefDocument(_Section):
+    sha256: Sha256
+    name: str | None = None
+    size: int | None = Field(None, ge=0)
+    uri: str | None = None
+
+
+class BackendDocument(_Section):
+    model_config = ConfigDict(json_schema_extra=cel(
+        {"rule": "self.type != 'python' || has(self.callable)", "fieldPath": ".callable",
+         "message": "required for the python backend ('package.module:function')"},
+        {"rule": "self.type == 'sglang' || !has(self.modelPath)", "fieldPath": ".modelPath",
+         "message": "only the sglang backend takes a modelPath"},
+    ))
+
+    type: Literal["torch", "python", "sglang"]
+    artifact: Annotated[str | ArtifactRefDocument, WithJsonSchema({
+        "description": "torch: a path (sie apply -f uploads it), a URI with sha256, or {sha256, name, size, uri}.",
+        **_ANY})] | None = None
+    modules: Annotated[str | ArtifactRefDocument, WithJsonSchema({
+        "description": "torch/python: {sha256, name, size, uri} of the spec's own package (sie apply builds it).",
+        **_ANY})] | None = None
+    format: Literal["torchscript", "export", "safetensors"] | None = None
+    module_class: str = spelled("moduleClass", "module_class", default="", pattern=CALLABLE_RE.pattern)
+    module_kwargs: AnyMapping = spelled("moduleKwargs", "module_kwargs", default_factory=dict)
+    callable: str = Field("", pattern=CALLABLE_RE.pattern)
+    model_path: str | None = spelled("modelPath", "model_path", default=None)
+    config: AnyMapping = Field(default_factory=dict)
+    device: str = Field("auto", pattern=DEVICE_RE.pattern)
+    #: the digest of an artifact given as a URI (or a path, checked against the file)
+    sha256: Sha256 = spelled("sha256", "artifactSha256", "artifact_sha256", default="")
+
+
+class ResourcesDocument(_Section):
+    gpu_memory_mb: int = spelled("gpuMemoryMb", "gpu_memory_mb", default=0, ge=0)
+    gpus: int = Field(0, ge=0)
+    cpu: float = Field(1.0, ge=0)
+    memory_mb: int = spelled("memoryMb", "memory_mb", default=0, ge=0)
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Kubernetes style: nvidia.com/gpu, memory, cpu are scheduled; others: warning.")
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Read when there are no limits.")
+
+
+class SchedulingDocument(_Section):
+    node_selector: TextMap = spelled("nodeSelector", "node_selector", default_factory=dict)
+    tier: str | None = None
+    tolerations: list[Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_ANY})]] = Field(
+        default_factory=list, max_length=MAX_LIST,
+        description="Accepted (warning): SIE places by nodeSelector and tier only.")
+
+
+def _replicas_rule() -> dict[str, str]:
+    def get(spellings: tuple[str, ...], default: str) -> str:
+        expr = default
+        for spelling in reversed(spellings):
+            expr = f"(has(self.{spelling}) ? self.{spelling} : {expr})"
+        return expr
+
+    lo, hi = ("min_replicas", "minReplicas"), ("max_replicas", "maxReplicas")
+    # the reader defaults max to max(min, 1) when absent: only a given max can be below min
+    given = " || ".join(f"has(self.{s})" for s in hi)
+    return {"rule": f"!({given}) || {get(lo, '1')} <= {get(hi, '1')}",
+            "fieldPath": ".min_replicas", "message": "min_replicas must be <= max_replicas"}
+
+
+class SlaDocument(_Section):
+    model_config = ConfigDict(json_schema_extra=cel(_replicas_rule()))
+
+    p99_latency_ms: float | None = spelled("p99_latency_ms", "p99LatencyMs", default=None, gt=0)
+    max_queue_time_ms: float | None = spelled("max_queue_time_ms", "maxQueueTimeMs", default=None, gt=0)
+    min_qps: float | None = spelled("min_qps", "minQps", default=None, ge=0)
+    min_replicas: int = spelled("min_replicas", "minReplicas", default=1, ge=0)
+    max_replicas: int = spelled("max_replicas", "maxReplicas", default=1, ge=1)
+
+
+class FieldDocument(_Section):
+    model_config = ConfigDict(json_schema_extra=cel(
+        {"rule": "!has(self.range) || self.range[0] <= self.range[1]", "fieldPath": ".range",
+         "message": "must be [min, max] with min <= max"}))
+
+    name: str = Field(pattern=FIELD_NAME_RE.pattern)
+    type: Annotated[Literal[tuple(sorted(TYPE_ALIASES))],  # type: ignore[valid-type]
+                    BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)] = Field(
+        description="string, int, float, bool (or an alias)")
+    required: bool = True
+    nullable: bool = False
+    max_length: int | None = spelled("max_length", "maxLength", default=None, ge=1)
+    range: list[float] | None = Field(None, min_length=2, max_length=2)
+    description: str | None = None
+
+
+class IOSchemaDocument(_Section):
+    fields: list[FieldDocument] = Field(
+        default_factory=list, max_length=MAX_FIELDS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    unknown_fields: Literal["reject", "ignore", "allow"] = spelled("unknown_fields", "unknownFields", default="reject")
+    type: Literal["json"] = "json"
+
+
+class TopicsDocument(_Section):
+    requests: str = ""
+    results: str = ""
+    dead_letters: str = spelled("deadLetters", "dead_letters", default="")
+    backfill: str = ""
+
+
+class KafkaInputDocument(_Section):
+    bootstrap_servers: str | None = spelled("bootstrap_servers", "bootstrapServers", default=None)
+    topic: str | None = None
+    group_id: str | None = spelled("group_id", "groupId", default=None)
+    auto_offset_reset: Literal["earliest", "latest"] = spelled(
+        "auto_offset_reset", "autoOffsetReset", default="earliest")
+    value_deserializer: Literal["json"] = spelled("value_deserializer", "valueDeserializer", default="json")
+    #: the article sets it; SIE commits inside its transaction (a warning when true)
+    enable_auto_commit: bool = spelled("enable_auto_commit", "enableAutoCommit", default=False)
+
+
+class RolloutGatesDocument(_Section):
+    """``sie.schemas.rollout_policy`` reads and checks it; this is its shape for the CRD."""
+
+    p99MaxMs: float | None = Field(None, ge=0)  # noqa: N815 - the document's spelling
+    p99MaxRatio: float | None = Field(None, ge=0)  # noqa: N815
+    p99SlackMs: float | None = None  # noqa: N815
+    maxErrorRateIncrease: float | None = Field(None, ge=0)  # noqa: N815
+    maxExpiryRateIncrease: float | None = Field(None, ge=0)  # noqa: N815
+    minSamples: int = Field(20, ge=1)  # noqa: N815
+    confidence: float = Field(0.95, ge=0.5, lt=1)
+    inconclusiveIntervals: int = Field(0, ge=0)  # noqa: N815
+
+
+class RolloutDocument(_Section):
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=list, max_length=MAX_LIST,
+        description="Percent of requests on the new version per step: strictly rising, ending at 100.",
+        json_schema_extra={"x-kubernetes-list-type": "set", "x-kubernetes-validations": [
+            {"rule": "self.isSorted()", "message": "must be strictly rising percentages"},
+            {"rule": "size(self) == 0 || self[size(self) - 1] == 100", "message": "the last step must be 100"},
+        ]})
+    intervalSeconds: float = Field(60, gt=0)  # noqa: N815
+    surgeTimeoutSeconds: float = Field(600, gt=0)  # noqa: N815
+    gates: RolloutGatesDocument = Field(default_factory=RolloutGatesDocument)
+
+
+class ModelIdentityDocument(_Section):
+    name: str = Field("", pattern=NAME_RE.pattern, description=(
+        "The model name (names its Kafka topics); defaults to metadata.name, must equal it if given."))
+    version: str = Field(pattern=VERSION_RE.pattern, description="The version (a string: quote 1.1).")
+    image: str = Field("", description="Accepted, not pulled (warning): the agent runs the backend from the "
+                                       "artifact/model path.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integer_version(cls, data: Any) -> Any:
+        """``version: 7`` is the version "7" (a float such as 1.10 is not: YAML lost its digits)."""
+        if isinstance(data, dict) and type(data.get("version")) is int:
+            return {**data, "version": str(data["version"])}
+        return data
+
+
+class SpecDocument(_Section):
+    """``spec`` of a Kubernetes-style document; the flat style's keys, reshaped (``ModelServiceDocument``)."""
+
+    model_config = ConfigDict(json_schema_extra={"description": "The model SIE should serve: docs/contracts.md "
+                                                                "lists every field."})
+
+    priority_level: Literal["P0", "P1", "P2"] = spelled("priorityLevel", "priority_level", default="P1")
+    service_type: str = spelled("serviceType", "service_type", default="scoring", pattern=SERVICE_TYPE_RE.pattern)
+    backend: BackendDocument
+    resources: ResourcesDocument = Field(default_factory=ResourcesDocument)
+    scheduling: SchedulingDocument = Field(default_factory=SchedulingDocument)
+    input_schema: IOSchemaDocument | None = spelled("inputSchema", "input_schema", default=None)
+    output_schema: IOSchemaDocument | None = spelled("outputSchema", "output_schema", default=None)
+    sla: SlaDocument = spelled("sla", "slas", default_factory=SlaDocument)
+    max_concurrent_requests: int | None = spelled("maxConcurrentRequests", "max_concurrent_requests",
+                                                  default=None, ge=1)
+    topics: TopicsDocument = Field(default_factory=TopicsDocument)
+    kafka_input: KafkaInputDocument | None = spelled("kafka_input", "kafkaInput", default=None)
+    example_input: AnyMapping | None = spelled("exampleInput", "example_input", default=None)
+    labels: TextMap = Field(default_factory=dict)
+    rollout: RolloutDocument | None = Field(None, description="Canary steps, time per step, SLO gates: "
+                                                              "docs/rollouts.md.")
+    description: str | None = None
+    model: ModelIdentityDocument
+    livenessProbe: Probe | None = None  # noqa: N815 - Kubernetes' spelling, accepted with a warning
+    readinessProbe: Probe | None = None  # noqa: N815
+    startupProbe: Probe | None = None  # noqa: N815
+
+
+class MetadataDocument(BaseModel):
+    """What SIE reads of ``metadata`` (the API server owns the rest)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    name: str | None = None
+    namespace: str | None = None
+    labels: dict[str, Any] = Field(default_factory=dict)
+    annotations: dict[str, Any] = Field(default_factory=dict)
+
+
+#: keys of the flat article style that name the model rather than belong to ``spec``
+_FLAT_MODEL_KEYS = ("name", "version", "image")
+
+
+class ModelServiceDocument(_Section):
+    api_version: Literal["sie.lmsys.org/v1"] = spelled("apiVersion", default=API_VERSION)
+    kind: Literal["ModelService"] = KIND
+    metadata: MetadataDocument = Field(default_factory=MetadataDocument)
+    spec: SpecDocument
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_to_kubernetes(cls, data: Any) -> Any:
+        """The flat article style (no apiVersion/kind): name/version/image become ``spec.model``, a bare
+        ``backend: sglang`` a mapping, ``min_gpu_memory_mb`` ``resources.gpuMemoryMb``, the rest ``spec``."""
+        if not isinstance(data, dict) or "apiVersion" in data or "kind" in data:
+            return data
+        spec = {k: v for k, v in data.items() if k not in _FLAT_MODEL_KEYS}
+        spec["model"] = {k: data[k] for k in _FLAT_MODEL_KEYS if k in data}
+        for key in ("slas",):  # the article's flat spelling of ``sla``
+            if key in spec and "sla" not in spec:
+                spec["sla"] = spec.pop(key)
+        if isinstance(spec.get("backend"), str):
+            spec["backend"] = {"type": spec["backend"]}
+        for key in ("min_gpu_memory_mb", "minGpuMemoryMb"):
+            if key in spec:
+                resources = spec.get("resources")
+                resources = dict(resources) if isinstance(resources, dict) else {}
+                resources.setdefault("gpuMemoryMb", spec.pop(key))
+                spec["resources"] = resources
+        return {"spec": spec}
