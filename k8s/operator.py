@@ -219,7 +219,7 @@ class Reconciler:
 
     def reconcile(self, cr: dict[str, Any], owner_of_name: str | None) -> Outcome:
         """``owner_of_name``: ``namespace/name`` of the CR that owns this model name (the oldest), None if this one."""
-        from sie.schemas.spec import InvalidSpec, parse_spec
+        from sie.schemas.spec import InvalidSpec, load
 
         meta = cr["metadata"]
         name, generation = meta["name"], int(meta.get("generation") or 0)
@@ -229,8 +229,8 @@ class Reconciler:
             return self._outcome(old, {"phase": "Refused", "reason": msg}, generation,
                                  accepted=(False, "Conflict", msg))
         try:
-            spec = parse_spec(cr_document(cr), source=f"ModelService {meta.get('namespace')}/{name}",
-                              topic_prefix=self.topic_prefix)
+            spec = load(cr_document(cr), origin=f"ModelService {meta.get('namespace')}/{name}",
+                        topic_prefix=self.topic_prefix)
         except InvalidSpec as exc:
             problems = list(exc.problems)
             return self._outcome(old, {"phase": "Refused", "reason": problems[0]}, generation,
