@@ -12,7 +12,7 @@
         another CR has the name?     -> Conflict (the older one owns the model; names are cluster-wide in SIE)
         the applied model carries another owner mark (or none: sie apply)? -> Refused NotOwner; never POSTed,
                                         never deleted (the mark is ModelService.owner in SIE's spec record)
-        parse the CR as a document with THE parser (sie.schemas.spec_parse, what sie validate/apply run)
+        parse the CR as a document with THE reader (sie.schemas.spec.load, what sie validate/apply run)
             refused -> phase Refused, condition Accepted=False + an Event naming the field; done
         ask the control plane: GET /v1/models/{name} -> the applied spec's digest, phase, ready/desired
         applied digest != ours (and no rollout to our version is running or has just failed)?
@@ -64,7 +64,7 @@ import yaml
 from sie.k8s.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
-from sie.schemas.spec_parse import OWNER_ANNOTATION
+from sie.schemas.spec_document import OWNER_ANNOTATION
 
 log = logging.getLogger("sie.k8s.operator")
 

@@ -20,6 +20,17 @@ from pydantic import ValidationError
 
 from sie.kernel.errors import ConfigError, SpecError
 from sie.kernel.names import ModelTopics, Names, path_problem
+from sie.schemas.spec_document import (
+    API_VERSION,
+    CALLABLE_RE,
+    DEVICE_RE,
+    KIND,
+    NAME_RE,
+    OWNER_ANNOTATION,
+    TOPIC_RE,
+    TYPE_ALIASES,
+    VERSION_RE,
+)
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
@@ -37,22 +48,9 @@ from sie.schemas.spec_models import (
     SpecTopics,
 )
 
-API_VERSION = "sie.lmsys.org/v1"
-KIND = "ModelService"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
-VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
-TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 #: ``scheme://...``: an artifact given as a URI rather than a path on this machine (a drive letter is no scheme)
 URI_RE = re.compile(r"^[a-z][a-z0-9+.-]+://")
 _SHA256 = re.compile(SHA256_RE)
-TYPE_ALIASES = {
-    "string": "string", "str": "string", "text": "string",
-    "int": "int", "integer": "int", "int32": "int", "int64": "int", "long": "int",
-    "float": "float", "float32": "float", "float64": "float", "double": "float", "number": "float",
-    "bool": "bool", "boolean": "bool",
-}
 SUFFIX_FORMATS = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "export", ".safetensors": "safetensors"}
 DEFAULT_SGLANG_GPU_MEMORY_MB = 16384
 _MISSING = object()
@@ -393,10 +391,6 @@ def _read_backend(issues: _Issues, sec: _Section, base_dir: Path | None) -> dict
             issues.warn(mp_path, "not given; the node agent resolves the model by name from its local model directory")
         out["model_path"] = mp
     return out
-
-
-#: the annotation that marks a spec as applied by the Kubernetes operator for one ModelService (``ModelService.owner``)
-OWNER_ANNOTATION = "sie.lmsys.org/owner"
 
 
 def _module_path_problem(reference: str) -> str | None:
