@@ -19,7 +19,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 
 API_VERSION: Final = "sie.lmsys.org/v1"
 KIND: Final = "ModelService"
@@ -321,9 +330,6 @@ class ModelServiceDocument(_Section):
             return data
         spec = {k: v for k, v in data.items() if k not in _FLAT_MODEL_KEYS}
         spec["model"] = {k: data[k] for k in _FLAT_MODEL_KEYS if k in data}
-        for key in ("slas",):  # the article's flat spelling of ``sla``
-            if key in spec and "sla" not in spec:
-                spec["sla"] = spec.pop(key)
         if isinstance(spec.get("backend"), str):
             spec["backend"] = {"type": spec["backend"]}
         for key in ("min_gpu_memory_mb", "minGpuMemoryMb"):
@@ -333,3 +339,169 @@ class ModelServiceDocument(_Section):
                 resources.setdefault("gpuMemoryMb", spec.pop(key))
                 spec["resources"] = resources
         return {"spec": spec}
+
+
+# ---------------------------------------------------------------- problems, as the reader words them
+
+#: why a value was refused, by pydantic error type (``{...}`` from the error's context)
+_REASONS = {
+    "int_type": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a finite number", "finite_number": "must be a finite number",
+    "bool_type": "must be true or false", "string_type": "must be a non-empty string",
+    "dict_type": "must be a mapping", "model_type": "must be a mapping", "model_attributes_type": "must be a mapping",
+    "list_type": "must be a list", "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}", "too_long": "at most {max_length} items",
+    "too_short": "at least {min_length} items",
+}
+#: a refusal worded for one field, by (field, pydantic error type); the reader's words where they exist
+_FIELD_REASONS = {
+    ("BackendDocument.type", "missing"): "required; one of torch, python, sglang",
+    ("BackendDocument.type", "literal_error"): "unknown backend type; valid: torch, python, sglang",
+    ("SpecDocument.backend", "missing"): "required (type: one of torch, python, sglang)",
+    ("SpecDocument.priority_level", "literal_error"): "must be one of P0, P1, P2",
+    ("SpecDocument.service_type", "string_pattern_mismatch"):
+        "must be lowercase letters, digits, _ or - (a metrics label)",
+    ("ModelIdentityDocument.version", "missing"): "required (e.g. 1.2.0)",
+    ("ModelIdentityDocument.name", "string_pattern_mismatch"):
+        "must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 characters (it names Kafka topics)",
+    ("ModelIdentityDocument.version", "string_pattern_mismatch"): "must be [A-Za-z0-9._+-], at most 64 characters",
+    ("FieldDocument.name", "missing"): "required",
+    ("FieldDocument.name", "string_pattern_mismatch"): "must be a field name (letters, digits, _ . -)",
+    ("FieldDocument.type", "missing"): "required; one of string, int, float, bool",
+    ("FieldDocument.type", "literal_error"):
+        "unknown field type; valid: string, int, float, bool (aliases: "
+        + ", ".join(sorted(set(TYPE_ALIASES) - {"string", "int", "float", "bool"})) + ")",
+    ("IOSchemaDocument.unknown_fields", "literal_error"): "must be reject, ignore or allow",
+    ("IOSchemaDocument.type", "literal_error"): "only 'json' is supported",
+    ("KafkaInputDocument.auto_offset_reset", "literal_error"): "must be earliest or latest",
+    ("KafkaInputDocument.value_deserializer", "literal_error"): "only json is supported (requests are JSON objects)",
+    ("BackendDocument.device", "string_pattern_mismatch"): "must be auto, cpu, cuda or cuda:N",
+    ("BackendDocument.module_class", "string_pattern_mismatch"): "must be 'package.module:Class'",
+    ("BackendDocument.callable", "string_pattern_mismatch"): "must be 'package.module:function'",
+    ("BackendDocument.format", "literal_error"): "must be torchscript, export or safetensors",
+    ("ModelServiceDocument.api_version", "literal_error"): f"must be {API_VERSION}",
+    ("ModelServiceDocument.kind", "literal_error"): f"unknown kind; expected {KIND}",
+}
+#: keys the flat article style takes besides ``spec``'s (``ModelServiceDocument._flat_to_kubernetes``)
+_FLAT_ONLY_KEYS = (*_FLAT_MODEL_KEYS, "min_gpu_memory_mb", "minGpuMemoryMb")
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The section model inside ``X | None``, ``list[X]``, ``Annotated[X, ...]`` (else None)."""
+    while True:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return annotation
+        args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+        if getattr(annotation, "__metadata__", None) is not None:
+            annotation = annotation.__origin__
+        elif len(args) == 1 or (args and getattr(annotation, "__origin__", None) is list):
+            annotation = args[0]
+        else:
+            return None
+
+
+def _field_named(model: type[BaseModel], key: str) -> str | None:
+    for name in model.model_fields:
+        if key in spellings_of(model, name):
+            return name
+    return None
+
+
+def _walk(loc: tuple[Any, ...]) -> list[tuple[type[BaseModel], str | None]]:
+    """(section model, field name) for each step of an error location (None once the models end)."""
+    model: Any = ModelServiceDocument
+    steps: list[tuple[type[BaseModel], str | None]] = []
+    for key in loc:
+        if model is None:
+            break
+        if isinstance(key, int):
+            continue
+        name = _field_named(model, str(key))
+        steps.append((model, name))
+        model = _unwrap(model.model_fields[name].annotation) if name is not None else None
+    return steps
+
+
+def _written_path(doc: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    """Where the document wrote what ``loc`` (a location in the Kubernetes layout) names."""
+    parts = list(loc)
+    if parts and parts[0] == "spec" and "apiVersion" not in doc and "kind" not in doc:  # the flat style
+        parts = parts[1:]
+        if parts[:1] == ["model"]:
+            parts = parts[1:]
+        elif parts[:2] == ["resources", "gpuMemoryMb"]:
+            flat = [k for k in ("min_gpu_memory_mb", "minGpuMemoryMb") if k in doc]
+            resources = doc.get("resources")
+            if flat and not (isinstance(resources, dict) and "gpuMemoryMb" in resources):
+                parts = [flat[0]]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "document"
+
+
+def _section_data(doc: dict[str, Any], loc: tuple[Any, ...]) -> Any:
+    data: Any = ModelServiceDocument._flat_to_kubernetes(doc)  # type: ignore[operator]
+    for key in loc:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def document_problems(doc: Any) -> list[str]:
+    """Every shape problem of a document (either style), as ``<field path as written>: <reason> (got <value>)``.
+
+    Shape only: types, bounds, patterns, enums, unknown keys and keys given twice.  What needs more than the
+    document's shape (an artifact on this machine, the rollout policy, cross-section rules) is the reader's.
+    """
+    if not isinstance(doc, dict):
+        return [f"document: must be a mapping (a ModelService), got {type(doc).__name__}"]
+    if ("apiVersion" in doc or "kind" in doc) and doc.get("kind") != KIND:  # another resource: nothing else applies
+        return [f"kind: unknown kind; expected {KIND} (got {_got(doc.get('kind'))})"]
+    try:
+        ModelServiceDocument.model_validate(doc)
+    except ValidationError as exc:
+        errors = exc.errors()
+    else:
+        return []
+    problems: list[str] = []
+    for error in errors:
+        loc = tuple(k for k in error["loc"] if k not in ("str", "ArtifactRefDocument"))
+        if any(k in ("str", "ArtifactRefDocument") for k in error["loc"][:-1]) and error["type"] != "string_pattern_mismatch":
+            continue  # a union (artifact: a path or a ref): the reader names what is wrong with it
+        steps = _walk(loc)
+        model, name = steps[-1] if steps else (ModelServiceDocument, None)
+        kind = error["type"]
+        line = None
+        if kind == "extra_forbidden":
+            section = _section_data(doc, loc[:-1])
+            twin = next((s for f in model.model_fields for s in spellings_of(model, f)
+                         if loc[-1] in spellings_of(model, f) and s != loc[-1] and isinstance(section, dict)
+                         and s in section), None)
+            if twin is not None:
+                line = f"{_written_path(doc, loc[:-1] + (twin,))}: given twice (also as {loc[-1]!r}); keep one"
+            else:
+                known = sorted({s for f in model.model_fields for s in spellings_of(model, f)})
+                if model is SpecDocument and loc[:1] == ("spec",) and "apiVersion" not in doc and "kind" not in doc:
+                    known = sorted({*known, *_FLAT_ONLY_KEYS} - {"model"})
+                elif model is ModelServiceDocument:
+                    known = ["apiVersion", "kind", "metadata", "spec"]
+                line = f"{_written_path(doc, loc)}: unknown key; known keys: {', '.join(known)}"
+        else:
+            reason = _FIELD_REASONS.get((f"{model.__name__}.{name}", kind)) or _REASONS.get(kind)
+            if reason is None:
+                reason = "required" if kind == "missing" else str(error["msg"])
+            reason = reason.format(**{k: int(v) if isinstance(v, float) and v.is_integer() else v
+                                      for k, v in error.get("ctx", {}).items()})
+            got = "" if kind == "missing" else f" (got {_got(error.get('input'))})"
+            line = f"{_written_path(doc, loc)}: {reason}{got}"
+        if line not in problems:
+            problems.append(line)
+    return problems
