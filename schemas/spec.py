@@ -4,8 +4,13 @@ Two document styles are accepted as written in the SIE article
 (``examples/article/``): the flat model-spec (``name``, ``backend: sglang``,
 ``min_gpu_memory_mb``, ``slas``) and the Kubernetes-style
 ``apiVersion: sie.lmsys.org/v1, kind: ModelService``.  ``docs/contracts.md``
-lists every field of both.  Errors raise ``sie.kernel.errors.SpecError`` (subclass
-``InvalidSpec``) listing every problem, one per line, as
+lists every field of both.  ``load`` is the one way in::
+
+    load(path or document, policy) -> YAML (bounded, no aliases) -> sie.schemas.spec_document (the shape, declared
+    once: the CRD derives from it too) -> sie.schemas.spec_rules (what the shape cannot state) -> ModelService
+    -> the node's SpecPolicy (when given)
+
+Errors raise ``sie.kernel.errors.SpecError`` (subclass ``InvalidSpec``) listing every problem, one per line, as
 ``<field path>: <reason> (got <value>)``.
 """
 
@@ -32,7 +37,7 @@ from sie.schemas.spec_models import (
     Sla,
     SpecTopics,
 )
-from sie.schemas.spec_parse import InvalidSpec, build_spec, parse_quantity
+from sie.schemas.spec_rules import InvalidSpec, build_spec, parse_quantity
 
 if TYPE_CHECKING:
     from sie.schemas.spec_policy import SpecPolicy

@@ -10,14 +10,16 @@ model-spec).  The CRD's ``openAPIV3Schema`` is derived from these models (``sie.
                        warn-and-keep keys (image, tolerations, probes, limits) declared as fields
         CRD: model_json_schema() + the CEL rules each section declares (``cel`` in its json_schema_extra)
 
-A ``null`` value means "not given" (as the hand-written reader treated it): ``_Section`` drops it before
-validation unless the field is declared nullable.
+``key: null`` means "not given" for a key with a default, an empty section for a section, and is refused for a
+required value or a choice (``_Section._null_is_absent``).  ``document_problems`` words pydantic's errors as
+``<field path as written>: <reason> (got <value>)``; the rules the shape cannot state are
+``sie.schemas.spec_rules``'s.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_origin
 
 from pydantic import (
     AliasChoices,
@@ -55,12 +57,14 @@ MAX_LIST = 100
 _ANY: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 #: an untyped value: a mapping of anything (config, kwargs, example input) or a value of several shapes
 AnyMapping = Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_ANY})]
-Quantity = Annotated[int | float | str, WithJsonSchema({
+#: a Kubernetes quantity (2, "500m", "32Gi"): its text is read by the reader (``spec_rules.parse_quantity``)
+Quantity = Annotated[Any, WithJsonSchema({
     "x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
     "pattern": QUANTITY_RE.pattern})]
 _PROBE_TEXT = ("Accepted as the article writes it and not run (warning): SIE's readiness is a real inference on "
                "exampleInput and the agent watches the process.")
-Probe = Annotated[dict[str, Any], WithJsonSchema({"description": _PROBE_TEXT, "type": "object", **_ANY})]
+#: a key SIE accepts as written and does not act on (a warning names it): any value is kept, the CRD says its shape
+Probe = Annotated[Any, WithJsonSchema({"description": _PROBE_TEXT, "type": "object", **_ANY})]
 Sha256 = Annotated[str, Field(pattern="^[0-9a-fA-F]{64}$")]
 
 
@@ -74,6 +78,8 @@ def _scalars_as_text(value: Any) -> Any:
 
 #: a mapping of names to text (labels, nodeSelector); YAML scalars are read as their text
 TextMap = Annotated[dict[str, str], BeforeValidator(_scalars_as_text)]
+#: free text (a description): whatever YAML read, as text
+Text = Annotated[str, BeforeValidator(lambda v: v if isinstance(v, str) or v is None else str(v))]
 
 
 def spelled(*spellings: str, **kwargs: Any) -> Any:
@@ -92,11 +98,21 @@ class _Section(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_absent(cls, data: Any) -> Any:
+        """``key: null`` is "not given" for a key with a default, an empty section for a section, and refused
+        (naming the key) for a required value."""
         if not isinstance(data, dict):
             return data
-        nullable = {s for name, f in cls.model_fields.items() if _is_nullable(f.annotation)
-                    for s in spellings_of(cls, name)}
-        return {k: v for k, v in data.items() if v is not None or k in nullable}
+        out = {}
+        for key, value in data.items():
+            name = next((n for n in cls.model_fields if key in spellings_of(cls, n)), None)
+            info = cls.model_fields[name] if name is not None else None
+            if value is None and info is not None and not _is_nullable(info.annotation):
+                if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+                    value = {}
+                elif not info.is_required() and get_origin(info.annotation) is not Literal:
+                    continue  # (a choice given as null is refused, naming the choices)
+            out[key] = value
+        return out
 
 
 def _is_nullable(annotation: Any) -> bool:
@@ -111,13 +127,6 @@ def spellings_of(model: type[BaseModel], name: str) -> tuple[str, ...]:
     return (alias,) if isinstance(alias, str) else (name,)
 
 
-class ArtifactRefDocument(_Section):
-    sha256: Sha256
-    name: str | None = None
-    size: int | None = Field(None, ge=0)
-    uri: str | None = None
-
-
 class BackendDocument(_Section):
     model_config = ConfigDict(json_schema_extra=cel(
         {"rule": "self.type != 'python' || has(self.callable)", "fieldPath": ".callable",
@@ -127,10 +136,11 @@ class BackendDocument(_Section):
     ))
 
     type: Literal["torch", "python", "sglang"]
-    artifact: Annotated[str | ArtifactRefDocument, WithJsonSchema({
+    #: a path, a URI or a ref: which one, and whether it is sound, is the reader's (spec_rules) to say
+    artifact: Annotated[Any, WithJsonSchema({
         "description": "torch: a path (sie apply -f uploads it), a URI with sha256, or {sha256, name, size, uri}.",
         **_ANY})] | None = None
-    modules: Annotated[str | ArtifactRefDocument, WithJsonSchema({
+    modules: Annotated[Any, WithJsonSchema({
         "description": "torch/python: {sha256, name, size, uri} of the spec's own package (sie apply builds it).",
         **_ANY})] | None = None
     format: Literal["torchscript", "export", "safetensors"] | None = None
@@ -158,9 +168,9 @@ class ResourcesDocument(_Section):
 class SchedulingDocument(_Section):
     node_selector: TextMap = spelled("nodeSelector", "node_selector", default_factory=dict)
     tier: str | None = None
-    tolerations: list[Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_ANY})]] = Field(
-        default_factory=list, max_length=MAX_LIST,
-        description="Accepted (warning): SIE places by nodeSelector and tier only.")
+    tolerations: Annotated[Any, WithJsonSchema({
+        "type": "array", "maxItems": MAX_LIST, "items": {"type": "object", **_ANY},
+        "description": "Accepted (warning): SIE places by nodeSelector and tier only."})] = None
 
 
 def _replicas_rule() -> dict[str, str]:
@@ -200,7 +210,7 @@ class FieldDocument(_Section):
     nullable: bool = False
     max_length: int | None = spelled("max_length", "maxLength", default=None, ge=1)
     range: list[float] | None = Field(None, min_length=2, max_length=2)
-    description: str | None = None
+    description: Text | None = None
 
 
 class IOSchemaDocument(_Section):
@@ -226,7 +236,8 @@ class KafkaInputDocument(_Section):
         "auto_offset_reset", "autoOffsetReset", default="earliest")
     value_deserializer: Literal["json"] = spelled("value_deserializer", "valueDeserializer", default="json")
     #: the article sets it; SIE commits inside its transaction (a warning when true)
-    enable_auto_commit: bool = spelled("enable_auto_commit", "enableAutoCommit", default=False)
+    enable_auto_commit: Annotated[Any, WithJsonSchema({"type": "boolean"})] = spelled(
+        "enable_auto_commit", "enableAutoCommit", default=False)
 
 
 class RolloutGatesDocument(_Section):
@@ -259,8 +270,8 @@ class ModelIdentityDocument(_Section):
     name: str = Field("", pattern=NAME_RE.pattern, description=(
         "The model name (names its Kafka topics); defaults to metadata.name, must equal it if given."))
     version: str = Field(pattern=VERSION_RE.pattern, description="The version (a string: quote 1.1).")
-    image: str = Field("", description="Accepted, not pulled (warning): the agent runs the backend from the "
-                                       "artifact/model path.")
+    image: Annotated[Any, WithJsonSchema({"type": "string", "description": "Accepted, not pulled (warning): the agent "
+                                          "runs the backend from the artifact/model path."})] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -293,22 +304,20 @@ class SpecDocument(_Section):
     labels: TextMap = Field(default_factory=dict)
     rollout: RolloutDocument | None = Field(None, description="Canary steps, time per step, SLO gates: "
                                                               "docs/rollouts.md.")
-    description: str | None = None
+    description: Text | None = None
     model: ModelIdentityDocument
     livenessProbe: Probe | None = None  # noqa: N815 - Kubernetes' spelling, accepted with a warning
     readinessProbe: Probe | None = None  # noqa: N815
     startupProbe: Probe | None = None  # noqa: N815
 
 
-class MetadataDocument(BaseModel):
-    """What SIE reads of ``metadata`` (the API server owns the rest)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+class MetadataDocument(_Section):
+    """What SIE reads of ``metadata`` (the operator hands over only these)."""
 
     name: str | None = None
-    namespace: str | None = None
-    labels: dict[str, Any] = Field(default_factory=dict)
-    annotations: dict[str, Any] = Field(default_factory=dict)
+    namespace: Any = None
+    labels: TextMap = Field(default_factory=dict)
+    annotations: Any = None
 
 
 #: keys of the flat article style that name the model rather than belong to ``spec``
@@ -333,11 +342,11 @@ class ModelServiceDocument(_Section):
         if isinstance(spec.get("backend"), str):
             spec["backend"] = {"type": spec["backend"]}
         for key in ("min_gpu_memory_mb", "minGpuMemoryMb"):
+            resources = spec.get("resources")
             if key in spec:
-                resources = spec.get("resources")
-                resources = dict(resources) if isinstance(resources, dict) else {}
-                resources.setdefault("gpuMemoryMb", spec.pop(key))
-                spec["resources"] = resources
+                memory = spec.pop(key)
+                if resources is None or isinstance(resources, dict):  # (else resources is the problem named)
+                    spec["resources"] = {"gpuMemoryMb": memory, **(resources or {})}
         return {"spec": spec}
 
 
@@ -381,7 +390,28 @@ _FIELD_REASONS = {
     ("BackendDocument.format", "literal_error"): "must be torchscript, export or safetensors",
     ("ModelServiceDocument.api_version", "literal_error"): f"must be {API_VERSION}",
     ("ModelServiceDocument.kind", "literal_error"): f"unknown kind; expected {KIND}",
+    ("IOSchemaDocument.fields", "list_type"): "must be a list of fields",
+    ("BackendDocument.device", "string_type"): "must be auto, cpu, cuda or cuda:N",
+    ("BackendDocument.module_class", "string_type"): "must be 'package.module:Class'",
+    ("BackendDocument.callable", "string_type"): "must be 'package.module:function'",
+    ("BackendDocument.sha256", "string_pattern_mismatch"): "must be 64 hex digits (sha256sum FILE)",
+    ("BackendDocument.sha256", "string_type"): "must be 64 hex digits (sha256sum FILE)",
+    ("SpecDocument.example_input", "dict_type"): "must be a mapping of input fields",
+    ("SpecDocument.labels", "dict_type"): "must be a mapping of strings",
+    ("SpecDocument.labels", "string_type"): "must be a string",
+    ("MetadataDocument.labels", "dict_type"): "must be a mapping of strings",
+    ("MetadataDocument.labels", "string_type"): "must be a string",
+    ("SchedulingDocument.node_selector", "dict_type"): "must be a mapping of strings",
+    ("SchedulingDocument.node_selector", "string_type"): "must be a string",
 }
+#: fields whose every problem is one problem of the whole value, worded so
+_WHOLE_VALUE = {"FieldDocument.range": "must be [min, max] with two finite numbers",
+                "FieldDocument.name": "must be a field name (letters, digits, _ . -)"}
+#: problems the reader words itself (``sie.schemas.spec_rules``: the name may come from metadata.name)
+_WORDED_BY_THE_READER = {("SpecDocument.model", "missing"), ("ModelIdentityDocument.name", "string_type"),
+                         ("ModelIdentityDocument.version", "string_type"), ("MetadataDocument.name", "string_type"),
+                         ("ModelIdentityDocument.name", "string_pattern_mismatch"),
+                         ("ModelIdentityDocument.version", "string_pattern_mismatch")}
 #: keys the flat article style takes besides ``spec``'s (``ModelServiceDocument._flat_to_kubernetes``)
 _FLAT_ONLY_KEYS = (*_FLAT_MODEL_KEYS, "min_gpu_memory_mb", "minGpuMemoryMb")
 
@@ -473,13 +503,20 @@ def document_problems(doc: Any) -> list[str]:
         return []
     problems: list[str] = []
     for error in errors:
-        loc = tuple(k for k in error["loc"] if k not in ("str", "ArtifactRefDocument"))
-        if any(k in ("str", "ArtifactRefDocument") for k in error["loc"][:-1]) and error["type"] != "string_pattern_mismatch":
-            continue  # a union (artifact: a path or a ref): the reader names what is wrong with it
+        loc = tuple(error["loc"])
         steps = _walk(loc)
         model, name = steps[-1] if steps else (ModelServiceDocument, None)
         kind = error["type"]
-        line = None
+        if (f"{model.__name__}.{name}", kind) in _WORDED_BY_THE_READER:
+            continue
+        whole = _WHOLE_VALUE.get(f"{model.__name__}.{name}")
+        if whole is not None and kind != "missing":
+            loc = loc[:max(i for i, k in enumerate(loc) if isinstance(k, str)) + 1]  # the field, not an item of it
+            line = f"{_written_path(doc, loc)}: {whole} (got {_got(_section_data(doc, loc))})"
+            if line not in problems:
+                problems.append(line)
+            continue
+        flat = "apiVersion" not in doc and "kind" not in doc
         if kind == "extra_forbidden":
             section = _section_data(doc, loc[:-1])
             twin = next((s for f in model.model_fields for s in spellings_of(model, f)
@@ -489,18 +526,24 @@ def document_problems(doc: Any) -> list[str]:
                 line = f"{_written_path(doc, loc[:-1] + (twin,))}: given twice (also as {loc[-1]!r}); keep one"
             else:
                 known = sorted({s for f in model.model_fields for s in spellings_of(model, f)})
-                if model is SpecDocument and loc[:1] == ("spec",) and "apiVersion" not in doc and "kind" not in doc:
+                if model is SpecDocument and loc[:1] == ("spec",) and flat:
                     known = sorted({*known, *_FLAT_ONLY_KEYS} - {"model"})
                 elif model is ModelServiceDocument:
                     known = ["apiVersion", "kind", "metadata", "spec"]
                 line = f"{_written_path(doc, loc)}: unknown key; known keys: {', '.join(known)}"
         else:
             reason = _FIELD_REASONS.get((f"{model.__name__}.{name}", kind)) or _REASONS.get(kind)
+            if (model, name, kind) == (SpecDocument, "service_type", "string_pattern_mismatch") and not str(
+                    error.get("input")).strip():
+                reason = _REASONS["string_type"]
+            if (model, name, kind, flat) == (SpecDocument, "backend", "missing", True):
+                reason = "required; one of torch, python, sglang (or a mapping with type:)"
             if reason is None:
                 reason = "required" if kind == "missing" else str(error["msg"])
             reason = reason.format(**{k: int(v) if isinstance(v, float) and v.is_integer() else v
                                       for k, v in error.get("ctx", {}).items()})
-            got = "" if kind == "missing" else f" (got {_got(error.get('input'))})"
+            written = _section_data(doc, loc)  # the value as written (a validator may have changed it)
+            got = "" if kind == "missing" else f" (got {_got(error.get('input') if written is None else written)})"
             line = f"{_written_path(doc, loc)}: {reason}{got}"
         if line not in problems:
             problems.append(line)

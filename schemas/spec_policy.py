@@ -302,7 +302,7 @@ class SpecPolicy:
         format uploaded the key to the cluster."""
         import stat
 
-        from sie.schemas.spec_parse import SUFFIX_FORMATS
+        from sie.schemas.spec_rules import SUFFIX_FORMATS
 
         real = _real(Path(str(value)).expanduser())
         roots = [r for r in (*self.model_roots, _real(spec_folder)) if _within(real, r)]
@@ -336,7 +336,7 @@ class SpecPolicy:
         """``spec`` unchanged, or ``InvalidSpec`` listing every problem."""
         problems = self.check(spec)
         if problems:
-            from sie.schemas.spec_parse import InvalidSpec
+            from sie.schemas.spec_rules import InvalidSpec
 
             raise InvalidSpec(source or spec.source or spec.name, problems)
         return spec
