@@ -225,12 +225,12 @@ def main() -> None:
     from sie.connectors.cdc_stage import CdcStage, CdcStageConfig, field_types_of
     from sie.kernel.admin import ensure_model_topics, ensure_topics
     from sie.kernel.topics import TopicSpec
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-connectors-"))
     name = f"fraud-bench-{uuid.uuid4().hex[:6]}"
     path = spec_file(tmp, name)
-    spec = load_spec(path)
+    spec = load(path)
     t = spec.topics
     ensure_model_topics(settings, [t.requests, t.results, t.dead_letters, t.backfill], 3)
     source = f"bench.canal.{name}"

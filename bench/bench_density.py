@@ -35,7 +35,7 @@ import yaml  # noqa: E402
 
 from sie.kernel.admin import delete_topics, ensure_model_topics  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
-from sie.schemas.spec import parse_spec  # noqa: E402
+from sie.schemas.spec import load  # noqa: E402
 from tests.support.helpers import wait_until  # noqa: E402
 from tests.support.scorer_fixtures import CommittedReader, ScorerProcess, produce_requests  # noqa: E402
 from tests.support.shared_fixtures import SharedHostProcess  # noqa: E402
@@ -62,7 +62,7 @@ def fraud_doc(name: str) -> dict[str, Any]:
 
 
 def fraud_spec(name: str) -> Any:
-    return parse_spec(fraud_doc(name), base_dir=EXAMPLES)
+    return load(fraud_doc(name), base_dir=EXAMPLES)
 
 
 #: every topic this run created: deleted at the end (100 models are 600 partitions on a shared broker)

@@ -69,10 +69,10 @@ def starts(settings: Settings, count: int, warm_pool: int, root: Path, model: st
     prefix = f"b{uuid.uuid4().hex[:10]}"
     s = settings.with_overrides(topic_prefix=prefix)
     ensure_topics(s, system_topics(prefix), replication_factor=1)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
     from tests.support.helpers import REPO_ROOT
 
-    doc = load_spec(REPO_ROOT / "examples" / f"{model}.yaml").to_document()
+    doc = load(REPO_ROOT / "examples" / f"{model}.yaml").to_document()
     doc["topics"] = {kind: f"{prefix}.model.{model}.{suffix}" for kind, suffix in
                      (("requests", "requests"), ("results", "results"), ("dead_letters", "dlq"), ("backfill", "backfill"))}
     doc["group_id"] = f"{prefix}.scorer.{model}"

@@ -30,7 +30,7 @@ import yaml  # noqa: E402
 
 from sie.kernel.admin import admin_client, delete_topics, group_progress  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
-from sie.schemas.spec import load_spec  # noqa: E402
+from sie.schemas.spec import load  # noqa: E402
 from tests.support.helpers import wait_until  # noqa: E402
 from tests.support.scorer_fixtures import ScorerProcess  # noqa: E402
 
@@ -77,7 +77,7 @@ def measure(settings: Settings, example: str, rates: list[float], seconds: float
     lines = []
     admin = admin_client(settings)
     try:
-        spec = load_spec(path)
+        spec = load(path)
         proc = ScorerProcess(path, settings.bootstrap_servers, "cpu0", work, "--partitions", "2")
         try:
             wait_until(proc.ready, 120, message=lambda: f"{name} ready: {proc.output()[-2000:]}")

@@ -86,9 +86,9 @@ def _stop_event() -> threading.Event:
 
 
 def _load_spec(cfg: dict) -> Any:
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    return load_spec(cfg["spec_file"])
+    return load(cfg["spec_file"])
 
 
 def _load_backend(spec: Any) -> Any:

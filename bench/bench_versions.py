@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sie.schemas.module_bundle import build_bundle  # noqa: E402
-from sie.schemas.spec import ModelService, load_spec  # noqa: E402
+from sie.schemas.spec import ModelService, load  # noqa: E402
 from sie.workers.backends import backend_config_from_spec, create_backend  # noqa: E402
 from sie.workers.versions import VersionHost  # noqa: E402
 from tests.support.user_models import python_project, torchscript_project  # noqa: E402
@@ -71,14 +71,14 @@ def _prepared(kind: str, root: Path) -> tuple[ModelService, Path]:
     """The spec as a worker gets it (a python package as a module archive), and its document on disk."""
     if kind == "python":
         path = python_project(root / "src", "1.0.0")
-        spec = load_spec(path)
+        spec = load(path)
         archive, _names = build_bundle(spec.backend, [path.parent], ["churnpkg"])
         bundle = root / "modules.zip"
         bundle.write_bytes(archive)
         doc = {**spec.to_document(), "source": None}
         doc["backend"] = {**doc["backend"], "modules_path": str(bundle)}
     else:
-        spec = load_spec(torchscript_project(root / "src", "1.0.0"))
+        spec = load(torchscript_project(root / "src", "1.0.0"))
         doc = spec.to_document()
     file = root / f"{kind}.json"
     file.write_text(json.dumps(doc))

@@ -1,57 +1,37 @@
-"""The ``ModelService`` CustomResourceDefinition, generated from the spec's own pydantic models.
+"""The ``ModelService`` CustomResourceDefinition, derived from the document's own pydantic models.
 
-WHY generated: ``sie validate``/``sie apply``, the control plane's ``POST /v1/models`` and the operator read a
-ModelService through ONE parser (``sie.schemas.spec_parse``) into ONE normalised pydantic model
-(``sie.schemas.spec_models``).  A hand-written CRD schema would drift from both the day someone adds a field.
-So the CRD's structural OpenAPI schema is built here from those models, field by field::
+WHY derived: ``sie validate``/``sie apply``, the control plane's ``POST /v1/models`` and the operator read the
+same document, whose shape is declared once (``sie.schemas.spec_document``: every section, both spellings,
+types, bounds, the keys SIE accepts with a warning, the CEL rules of each section).  The CRD's structural
+OpenAPI schema is that declaration's ``model_json_schema()``, rewritten into what the API server takes::
 
-    for every document section (spec, spec.sla, spec.backend, ...):
-        for every field of its pydantic model:
-            spellings  <- SECTIONS table (camelCase first, snake_case too: the parser takes both)
-            schema     <- the field's annotation (str/int/float/bool/Literal/dict/tuple) + its constraints
-                          (ge/gt -> minimum, pattern, max_length), unless the table overrides it (a document
-                          shape the normalised model does not have: an artifact given as a path OR a ref)
-        + the document-only keys SIE accepts with a warning (tolerations, probes, image, limits)
-        + CEL rules for the cross-field checks that fit (min <= max replicas, rollout steps rising, ...)
+    for every section (a $ref to a document model):
+        properties <- each field under EVERY spelling (AliasChoices), its schema made structural:
+                      anyOf [X, null] -> X + nullable; exclusiveMinimum n -> minimum n + exclusiveMinimum;
+                      const -> enum; an untyped mapping -> x-kubernetes-preserve-unknown-fields
+        rules      <- "not both spellings" for every spelled field + the section's own CEL rules
+    + the root: apiVersion, kind, metadata, status, and the rule spec.model.name == metadata.name
 
-and ``python -m sie.k8s.crd --write`` writes it to ``infra/helm/sie/crds/``.  Three things fail when the two
-drift (``tests/k8s/test_crd.py``): a pydantic field that is neither mapped nor listed as not-in-the-document
-stops this generator; the committed YAML must equal what this module generates; and the keys the parser
-takes in every section (recorded while it reads a document that has them all) must be exactly the CRD's.
+and ``python -m sie.k8s.crd --write`` writes it to ``infra/helm/sie/crds/``; ``tests/k8s/test_crd.py`` fails
+when the committed YAML is not what this module generates.
 
-What the CRD does NOT do: it is the document's SHAPE (types, enums, bounds, unknown keys refused by the API
-server's strict field validation) and the checks CEL can express.  Semantics that need SIE (the spec policy,
-artifact on the cluster, schema compatibility, tier rules) stay in the parser and the control plane: the
-operator reports their refusals as a condition and an Event naming the field.  Warnings (``image``,
-``tolerations``, probes: SIE accepts them but does not act on them) are accepted by the CRD, as the article
-writes them, and become the ``Warnings`` condition.
+What the CRD does NOT do: it is the document's SHAPE and the checks CEL can express.  Semantics that need
+SIE (the spec policy, artifact on the cluster, schema compatibility, tier rules) stay in the reader and the
+control plane: the operator reports their refusals as a condition and an Event naming the field.  Warnings
+(``image``, ``tolerations``, probes: SIE accepts them but does not act on them) are accepted by the CRD, as
+the article writes them, and become the ``Warnings`` condition.
 """
 
 from __future__ import annotations
 
-import types
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import annotated_types
 import yaml
 from pydantic import BaseModel
 
-from sie.schemas import spec_parse
-from sie.schemas.rollout_policy import _GATE_KEYS, _KEYS
-from sie.schemas.spec_models import (
-    BackendSpec,
-    FieldSpec,
-    IOSchema,
-    KafkaInput,
-    ModelService,
-    Resources,
-    Scheduling,
-    Sla,
-    SpecTopics,
-)
+from sie.schemas import spec_document
+from sie.schemas.spec_document import SpecDocument, spellings_of
 
 GROUP = "sie.lmsys.org"
 VERSION = "v1"
@@ -61,360 +41,88 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 API_VERSION = f"{GROUP}/{VERSION}"
 CRD_PATH = Path(__file__).resolve().parent.parent / "infra" / "helm" / "sie" / "crds" / f"{CRD_NAME}.yaml"
 
-#: a list in a spec is bounded so every CEL rule's cost is bounded (the API server refuses unbounded rules)
-MAX_FIELDS = 1000
-MAX_LIST = 100
-
-_ANY: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
-_QUANTITY: dict[str, Any] = {"x-kubernetes-int-or-string": True,
-                             "anyOf": [{"type": "integer"}, {"type": "string"}],
-                             "pattern": r"^[0-9]+(\.[0-9]+)?([eE][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$"}
+#: JSON-schema keys the API server's structural schema has no use for (a default would be APPLIED by it)
+_DROPPED = {"title", "default", "additionalProperties", "cel"}
 
 
-class DriftError(Exception):
-    """The pydantic models and this table disagree: map the new field (or say why it is not in the document)."""
+def _document_models() -> dict[str, type[BaseModel]]:
+    return {name: obj for name, obj in vars(spec_document).items()
+            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == spec_document.__name__}
 
 
-@dataclass(frozen=True)
-class Section:
-    """One mapping of the document and the pydantic model its keys normalise to.
-
-    ``keys``: model field -> its spellings in the document (the parser's ``take(...)`` names, camelCase
-    first).  ``not_in_document``: model fields a document never sets, with why.  ``override``: a field
-    whose document shape differs from the normalised one.  ``extra``: document-only keys.
-    """
-
-    model: type[BaseModel] | None
-    keys: dict[str, tuple[str, ...]]
-    not_in_document: dict[str, str] = field(default_factory=dict)
-    override: dict[str, dict[str, Any]] = field(default_factory=dict)
-    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rules: tuple[dict[str, str], ...] = ()
-    description: str = ""
+def _explicit_description(model: type[BaseModel]) -> str | None:
+    """A section's description only where declared for the CRD (a docstring is for readers of the code)."""
+    extra = model.model_config.get("json_schema_extra")
+    return extra.get("description") if isinstance(extra, dict) else None  # type: ignore[return-value]
 
 
-def _desc(text: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"description": text, **schema}
-
-
-_PROBE = _desc("Accepted as the article writes it and not run (warning): SIE's readiness is a real inference "
-               "on exampleInput and the agent watches the process.", {"type": "object", **_ANY})
-
-_TYPE_ALIASES = sorted(spec_parse.TYPE_ALIASES)
-
-SECTIONS: dict[str, Section] = {
-    "spec": Section(
-        ModelService,
-        keys={
-            "priority_level": ("priorityLevel", "priority_level"),
-            "service_type": ("serviceType", "service_type"),
-            "backend": ("backend",),
-            "resources": ("resources",),
-            "scheduling": ("scheduling",),
-            "input_schema": ("inputSchema", "input_schema"),
-            "output_schema": ("outputSchema", "output_schema"),
-            "sla": ("sla", "slas"),
-            "max_concurrent_requests": ("maxConcurrentRequests", "max_concurrent_requests"),
-            "topics": ("topics",),
-            "kafka_input": ("kafka_input", "kafkaInput"),
-            "example_input": ("exampleInput", "example_input"),
-            "labels": ("labels",),
-            "rollout": ("rollout",),
-            "description": ("description",),
-        },
-        not_in_document={
-            "name": "spec.model.name (or metadata.name)",
-            "version": "spec.model.version",
-            "group_id": "derived: spec.kafka_input.group_id, else <prefix>.scorer.<name>",
-            "source": "where the spec was read from (set by the reader)",
-            "warnings": "what the parser could not honour (the Warnings condition)",
-            "owner": "metadata.annotations[sie.lmsys.org/owner], set by the operator (never from the CR spec)",
-        },
-        override={
-            "service_type": {"type": "string", "pattern": r"^[a-z][a-z0-9_-]*$"},
-            "example_input": {"type": "object", **_ANY},
-        },
-        extra={
-            "model": {"type": "object"},  # filled from the "spec.model" section below
-            "livenessProbe": _PROBE, "readinessProbe": _PROBE, "startupProbe": _PROBE,
-        },
-        description="The model SIE should serve: docs/contracts.md lists every field.",
-    ),
-    "spec.model": Section(
-        None,
-        keys={},
-        extra={
-            "name": _desc("The model name (names its Kafka topics); defaults to metadata.name, must equal it if given.",
-                          {"type": "string", "pattern": spec_parse.NAME_RE.pattern}),
-            "version": _desc("The version (a string: quote 1.1).", {"type": "string", "pattern": spec_parse.VERSION_RE.pattern}),
-            "image": _desc("Accepted, not pulled (warning): the agent runs the backend from the artifact/model path.",
-                           {"type": "string"}),
-        },
-        rules=(),
-    ),
-    "spec.backend": Section(
-        BackendSpec,
-        keys={
-            "type": ("type",),
-            "artifact": ("artifact",),
-            "modules": ("modules",),
-            "format": ("format",),
-            "module_class": ("moduleClass", "module_class"),
-            "module_kwargs": ("moduleKwargs", "module_kwargs"),
-            "callable": ("callable",),
-            "model_path": ("modelPath", "model_path"),
-            "config": ("config",),
-            "device": ("device",),
-        },
-        not_in_document={
-            "artifact_ref": "spec.backend.artifact given as {sha256, name, size, uri} or a URI",
-            "modules_path": "the agent's verified copy of spec.backend.modules",
-        },
-        override={
-            "artifact": _desc("torch: a path (sie apply -f uploads it), a URI with sha256, or {sha256, name, size, uri}.",
-                              dict(_ANY)),
-            "modules": _desc("torch/python: {sha256, name, size, uri} of the spec's own package (sie apply builds it).",
-                             dict(_ANY)),
-            "device": {"type": "string", "pattern": spec_parse.DEVICE_RE.pattern},
-            "module_class": {"type": "string", "pattern": spec_parse.CALLABLE_RE.pattern},
-            "callable": {"type": "string", "pattern": spec_parse.CALLABLE_RE.pattern},
-        },
-        extra={"sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
-               "artifactSha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
-               "artifact_sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}},
-        # (``artifact`` is a path OR a ref: an untyped field, which CEL cannot see; the parser checks it)
-        rules=(
-            {"rule": "self.type != 'python' || has(self.callable)", "fieldPath": ".callable",
-             "message": "required for the python backend ('package.module:function')"},
-            {"rule": "self.type == 'sglang' || !has(self.modelPath)", "fieldPath": ".modelPath",
-             "message": "only the sglang backend takes a modelPath"},
-        ),
-    ),
-    "spec.resources": Section(
-        Resources,
-        keys={"gpu_memory_mb": ("gpuMemoryMb", "gpu_memory_mb"), "gpus": ("gpus",), "cpu": ("cpu",),
-              "memory_mb": ("memoryMb", "memory_mb")},
-        extra={
-            "limits": _desc("Kubernetes style: nvidia.com/gpu, memory, cpu are scheduled; others: warning.",
-                            {"type": "object", "additionalProperties": _QUANTITY}),
-            "requests": _desc("Read when there are no limits.", {"type": "object", "additionalProperties": _QUANTITY}),
-        },
-    ),
-    "spec.scheduling": Section(
-        Scheduling,
-        keys={"node_selector": ("nodeSelector", "node_selector"), "tier": ("tier",)},
-        extra={"tolerations": _desc("Accepted (warning): SIE places by nodeSelector and tier only.",
-                                    {"type": "array", "maxItems": MAX_LIST, "items": {"type": "object", **_ANY}})},
-    ),
-    "spec.sla": Section(
-        Sla,
-        keys={"p99_latency_ms": ("p99_latency_ms", "p99LatencyMs"),
-              "max_queue_time_ms": ("max_queue_time_ms", "maxQueueTimeMs"),
-              "min_qps": ("min_qps", "minQps"),
-              "min_replicas": ("min_replicas", "minReplicas"),
-              "max_replicas": ("max_replicas", "maxReplicas")},
-    ),
-    "spec.inputSchema": Section(
-        IOSchema,
-        keys={"fields": ("fields",), "unknown_fields": ("unknown_fields", "unknownFields")},
-        extra={"type": {"type": "string", "enum": ["json"]}},
-    ),
-    "spec.inputSchema.fields[]": Section(
-        FieldSpec,
-        keys={"name": ("name",), "type": ("type",), "required": ("required",), "nullable": ("nullable",),
-              "max_length": ("max_length", "maxLength"), "range": ("range",), "description": ("description",)},
-        override={
-            "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.-]*$"},
-            "type": _desc("string, int, float, bool (or an alias)", {"type": "string", "enum": _TYPE_ALIASES}),
-        },
-        rules=({"rule": "!has(self.range) || self.range[0] <= self.range[1]", "fieldPath": ".range",
-                "message": "must be [min, max] with min <= max"},),
-    ),
-    "spec.topics": Section(
-        SpecTopics,
-        keys={"requests": ("requests",), "results": ("results",), "dead_letters": ("deadLetters", "dead_letters"),
-              "backfill": ("backfill",)},
-    ),
-    "spec.kafka_input": Section(
-        KafkaInput,
-        keys={"bootstrap_servers": ("bootstrap_servers", "bootstrapServers"), "topic": ("topic",),
-              "group_id": ("group_id", "groupId"), "auto_offset_reset": ("auto_offset_reset", "autoOffsetReset"),
-              "value_deserializer": ("value_deserializer", "valueDeserializer")},
-        extra={"enable_auto_commit": {"type": "boolean"}, "enableAutoCommit": {"type": "boolean"}},
-    ),
-}
-#: the output schema is read by the same reader as the input schema
-SECTIONS["spec.outputSchema"] = SECTIONS["spec.inputSchema"]
-SECTIONS["spec.outputSchema.fields[]"] = SECTIONS["spec.inputSchema.fields[]"]
-
-#: ``spec.rollout`` is a dataclass policy (``sie.schemas.rollout_policy``), read from camelCase keys
-ROLLOUT_GATES: dict[str, dict[str, Any]] = {
-    "p99MaxMs": {"type": "number", "minimum": 0, "nullable": True},
-    "p99MaxRatio": {"type": "number", "minimum": 0, "nullable": True},
-    "p99SlackMs": {"type": "number", "nullable": True},
-    "maxErrorRateIncrease": {"type": "number", "minimum": 0, "nullable": True},
-    "maxExpiryRateIncrease": {"type": "number", "minimum": 0, "nullable": True},
-    "minSamples": {"type": "integer", "minimum": 1},
-    "confidence": {"type": "number", "minimum": 0.5, "maximum": 1, "exclusiveMaximum": True},
-    "inconclusiveIntervals": {"type": "integer", "minimum": 0},
-}
-ROLLOUT: dict[str, dict[str, Any]] = {
-    "steps": _desc("Percent of requests on the new version per step: strictly rising, ending at 100.",
-                   {"type": "array", "maxItems": MAX_LIST, "x-kubernetes-list-type": "set",
-                    "items": {"type": "integer", "minimum": 1, "maximum": 100},
-                    "x-kubernetes-validations": [
-                        {"rule": "self.isSorted()", "message": "must be strictly rising percentages"},
-                        {"rule": "size(self) == 0 || self[size(self) - 1] == 100", "message": "the last step must be 100"},
-                    ]}),
-    "intervalSeconds": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
-    "surgeTimeoutSeconds": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
-    "gates": {"type": "object", "properties": ROLLOUT_GATES},
-}
-
-
-# ----------------------------------------------------------------------------------------------- schemas
-
-
-def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return annotation, False
-
-
-def annotation_schema(annotation: Any, where: str) -> dict[str, Any]:
-    """The structural schema of one field's type; raises ``DriftError`` for a type it cannot express."""
-    annotation, optional = _unwrap_optional(annotation)
-    out: dict[str, Any]
-    origin = typing.get_origin(annotation)
-    if annotation is str or annotation is Path:
-        out = {"type": "string"}
-    elif annotation is bool:
-        out = {"type": "boolean"}
-    elif annotation is int:
-        out = {"type": "integer"}
-    elif annotation is float:
-        out = {"type": "number"}
-    elif origin is Literal:
-        out = {"type": "string", "enum": list(typing.get_args(annotation))}
-    elif origin is dict:
-        _key, value = typing.get_args(annotation)
-        out = {"type": "object", "additionalProperties": {"type": "string"}} if value is str else {"type": "object", **_ANY}
-    elif origin is tuple:
-        args = typing.get_args(annotation)
-        if len(args) == 2 and args[1] is Ellipsis:
-            out = {"type": "array", "maxItems": MAX_FIELDS, "items": annotation_schema(args[0], where + "[]")}
-        else:
-            out = {"type": "array", "minItems": len(args), "maxItems": len(args),
-                   "items": annotation_schema(args[0], where + "[]")}
-    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        out = {"type": "object"}  # a nested section: its properties come from SECTIONS
-    else:
-        raise DriftError(f"{where}: no CRD schema for the type {annotation!r}; add an override in k8s/crd.py")
-    if optional:
-        out["nullable"] = True
-    return out
-
-
-def _constraints(metadata: list[Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in metadata:
-        if isinstance(item, annotated_types.Ge):
-            out["minimum"] = item.ge
-        elif isinstance(item, annotated_types.Gt):
-            out["minimum"], out["exclusiveMinimum"] = item.gt, True
-        elif isinstance(item, annotated_types.Le):
-            out["maximum"] = item.le
-        elif isinstance(item, annotated_types.MaxLen):
-            out["maxLength"] = item.max_length
-        elif getattr(item, "pattern", None):
-            out["pattern"] = item.pattern
-    return out
-
-
-def _alias_rules(section: Section) -> list[dict[str, str]]:
-    rules = []
-    for spellings in section.keys.values():
-        for other in spellings[1:]:
-            rules.append({"rule": f"!(has(self.{spellings[0]}) && has(self.{other}))",
-                          "message": f"{spellings[0]} and {other} are the same field; keep one"})
-    return rules
-
-
-def section_schema(path: str) -> dict[str, Any]:
-    """The schema of one document section, its nested sections included."""
-    section = SECTIONS[path]
+def _section(model: type[BaseModel], schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     props: dict[str, Any] = {}
-    if section.model is not None:
-        fields = section.model.model_fields
-        unmapped = set(fields) - set(section.keys) - set(section.not_in_document)
-        if unmapped:
-            raise DriftError(f"{section.model.__name__}.{sorted(unmapped)[0]} is in the spec model but not in the CRD: "
-                             f"map it in k8s/crd.py SECTIONS[{path!r}] (or say why it is not in the document), "
-                             "then run python -m sie.k8s.crd --write")
-        stale = set(section.keys) - set(fields)
-        if stale:
-            raise DriftError(f"k8s/crd.py SECTIONS[{path!r}] maps {sorted(stale)[0]}, which "
-                             f"{section.model.__name__} no longer has")
-        for name, spellings in section.keys.items():
-            info = fields[name]
-            schema = dict(section.override.get(name) or {**annotation_schema(info.annotation, f"{path}.{name}"),
-                                                         **_constraints(info.metadata)})
-            if info.description and "description" not in schema:
-                schema["description"] = info.description
-            for spelling in spellings:
-                props[spelling] = _nested(path, spelling, schema)
-    for key, schema in section.extra.items():
-        props[key] = _nested(path, key, schema)
+    rules: list[dict[str, str]] = []
+    required = set(schema.get("required", ()))
+    required_out: list[str] = []
+    for name in model.model_fields:
+        spellings = spellings_of(model, name)
+        key = next(k for k in (*spellings, name) if k in schema["properties"])
+        field_schema = _structural(schema["properties"][key], defs)
+        for spelling in spellings:
+            props[spelling] = field_schema
+        if key in required:
+            required_out.append(spellings[0])
+        rules += [{"rule": f"!(has(self.{spellings[0]}) && has(self.{other}))",
+                   "message": f"{spellings[0]} and {other} are the same field; keep one"} for other in spellings[1:]]
     out: dict[str, Any] = {"type": "object", "properties": props}
-    if section.description:
-        out["description"] = section.description
-    rules = [*_alias_rules(section), *section.rules]
-    if path == "spec.sla":
-        rules.append(_replicas_rule())
+    if (description := _explicit_description(model)) is not None:
+        out["description"] = description
+    if required_out:
+        out["required"] = required_out
+    rules += [{k: r[k] for k in ("rule", "fieldPath", "message") if k in r} for r in schema.get("cel", [])]
     if rules:
         out["x-kubernetes-validations"] = rules
     return out
 
 
-def _nested(path: str, key: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """Fill a key that is a section of its own (by its canonical path) or a list of sections."""
-    canonical = {"inputSchema": "inputSchema", "input_schema": "inputSchema", "outputSchema": "outputSchema",
-                 "output_schema": "outputSchema", "sla": "sla", "slas": "sla", "kafka_input": "kafka_input",
-                 "kafkaInput": "kafka_input"}.get(key, key)
-    child = f"{path}.{canonical}"
-    if child in SECTIONS:
-        nested = section_schema(child)
-        if "nullable" in schema:
-            nested["nullable"] = schema["nullable"]
-        return nested
-    if f"{child}[]" in SECTIONS:
-        items = section_schema(f"{child}[]")
-        items["required"] = ["name", "type"]
-        return {**schema, "items": items, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
-    if child == "spec.rollout":
-        if set(ROLLOUT) != _KEYS or set(ROLLOUT_GATES) != _GATE_KEYS:
-            raise DriftError("spec.rollout: the rollout policy's keys changed (sie.schemas.rollout_policy); "
-                             "update ROLLOUT/ROLLOUT_GATES in k8s/crd.py")
-        return {"type": "object", "nullable": True, "properties": ROLLOUT,
-                "description": "Canary steps, time per step, SLO gates: docs/rollouts.md."}
-    return schema
+def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One JSON-schema node (pydantic's) as an OpenAPI v3 structural-schema node (the API server's)."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        out = _section(_document_models()[name], defs[name], defs)
+        out.update({k: v for k, v in schema.items() if k not in _DROPPED and k != "$ref"})
+        return out
+    if "anyOf" in schema and not schema.get("x-kubernetes-int-or-string"):
+        options = [o for o in schema["anyOf"] if o != {"type": "null"}]
+        if len(options) != 1:
+            raise ValueError(f"no structural schema for a union of {options}: declare one (WithJsonSchema)")
+        out = _structural(options[0], defs)
+        out.update({k: v for k, v in schema.items() if k not in _DROPPED and k != "anyOf"})
+        if len(options) < len(schema["anyOf"]):
+            out["nullable"] = True
+        return out
+    out = {k: v for k, v in schema.items() if k not in _DROPPED}
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in out and out[bound] is not True:
+            out[plain], out[bound] = out[bound], True
+    if out.get("type") == "array" and "items" in out:
+        out["items"] = _structural(out["items"], defs)
+    if "x-kubernetes-validations" in out:
+        out["x-kubernetes-validations"] = [{k: r[k] for k in ("rule", "fieldPath", "message") if k in r}
+                                           for r in out["x-kubernetes-validations"]]
+    if out.get("type") == "object" and "properties" not in out and "x-kubernetes-preserve-unknown-fields" not in out:
+        values = schema.get("additionalProperties")
+        if isinstance(values, dict):
+            out["additionalProperties"] = _structural(values, defs)
+        else:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
 
 
-def _replicas_rule() -> dict[str, str]:
-    def get(spellings: tuple[str, ...], default: str) -> str:
-        expr = default
-        for spelling in reversed(spellings):
-            expr = f"(has(self.{spelling}) ? self.{spelling} : {expr})"
-        return expr
-
-    lo, hi = SECTIONS["spec.sla"].keys["min_replicas"], SECTIONS["spec.sla"].keys["max_replicas"]
-    # the parser defaults max to max(min, 1) when absent: only a given max can be below min
-    given = " || ".join(f"has(self.{s})" for s in hi)
-    return {"rule": f"!({given}) || {get(lo, '1')} <= {get(hi, '1')}",
-            "fieldPath": ".min_replicas", "message": "min_replicas must be <= max_replicas"}
+def spec_schema() -> dict[str, Any]:
+    """``spec`` of the CRD: the document model's JSON schema, made structural."""
+    schema = SpecDocument.model_json_schema(by_alias=True, mode="validation")
+    defs = schema.pop("$defs", {})
+    return _section(SpecDocument, schema, defs)
 
 
 CONDITION = {
@@ -456,9 +164,7 @@ STATUS: dict[str, Any] = {
 
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition as a dict (what ``--write`` dumps)."""
-    spec = section_schema("spec")
-    spec["required"] = ["model", "backend"]
-    spec["properties"]["model"]["required"] = ["version"]
+    spec = spec_schema()
     root = {
         "type": "object",
         "required": ["spec"],
@@ -483,7 +189,7 @@ def crd() -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "sie"},
-                     "annotations": {"sie.lmsys.org/generated-by": "python -m sie.k8s.crd --write (from sie.schemas.spec_models)"}},
+                     "annotations": {"sie.lmsys.org/generated-by": "python -m sie.k8s.crd --write (from sie.schemas.spec_document)"}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
@@ -496,8 +202,8 @@ def crd() -> dict[str, Any]:
 
 
 def render() -> str:
-    header = ("# GENERATED by `python -m sie.k8s.crd --write` from sie.schemas.spec_models: do not edit.\n"
-              "# tests/k8s/test_crd.py fails when this file and the spec model drift apart.\n")
+    header = ("# GENERATED by `python -m sie.k8s.crd --write` from sie.schemas.spec_document: do not edit.\n"
+              "# tests/k8s/test_crd.py fails when this file and the document model drift apart.\n")
     return header + yaml.dump(crd(), Dumper=_NoAliases, sort_keys=False, width=120)
 
 

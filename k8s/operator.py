@@ -12,7 +12,7 @@
         another CR has the name?     -> Conflict (the older one owns the model; names are cluster-wide in SIE)
         the applied model carries another owner mark (or none: sie apply)? -> Refused NotOwner; never POSTed,
                                         never deleted (the mark is ModelService.owner in SIE's spec record)
-        parse the CR as a document with THE parser (sie.schemas.spec_parse, what sie validate/apply run)
+        parse the CR as a document with THE reader (sie.schemas.spec.load, what sie validate/apply run)
             refused -> phase Refused, condition Accepted=False + an Event naming the field; done
         ask the control plane: GET /v1/models/{name} -> the applied spec's digest, phase, ready/desired
         applied digest != ours (and no rollout to our version is running or has just failed)?
@@ -61,7 +61,7 @@ import yaml
 from sie.k8s.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
-from sie.schemas.spec_parse import OWNER_ANNOTATION
+from sie.schemas.spec_document import OWNER_ANNOTATION
 
 log = logging.getLogger("sie.k8s.operator")
 
@@ -216,7 +216,7 @@ class Reconciler:
 
     def reconcile(self, cr: dict[str, Any], owner_of_name: str | None) -> Outcome:
         """``owner_of_name``: ``namespace/name`` of the CR that owns this model name (the oldest), None if this one."""
-        from sie.schemas.spec import InvalidSpec, parse_spec
+        from sie.schemas.spec import InvalidSpec, load
 
         meta = cr["metadata"]
         name, generation = meta["name"], int(meta.get("generation") or 0)
@@ -226,8 +226,8 @@ class Reconciler:
             return self._outcome(old, {"phase": "Refused", "reason": msg}, generation,
                                  accepted=(False, "Conflict", msg))
         try:
-            spec = parse_spec(cr_document(cr), source=f"ModelService {meta.get('namespace')}/{name}",
-                              topic_prefix=self.topic_prefix)
+            spec = load(cr_document(cr), origin=f"ModelService {meta.get('namespace')}/{name}",
+                        topic_prefix=self.topic_prefix)
         except InvalidSpec as exc:
             problems = list(exc.problems)
             return self._outcome(old, {"phase": "Refused", "reason": problems[0]}, generation,

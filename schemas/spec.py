@@ -4,18 +4,26 @@ Two document styles are accepted as written in the SIE article
 (``examples/article/``): the flat model-spec (``name``, ``backend: sglang``,
 ``min_gpu_memory_mb``, ``slas``) and the Kubernetes-style
 ``apiVersion: sie.lmsys.org/v1, kind: ModelService``.  ``docs/contracts.md``
-lists every field of both.  Errors raise ``sie.kernel.errors.SpecError`` (subclass
-``InvalidSpec``) listing every problem, one per line, as
+lists every field of both.  ``load`` is the one way in::
+
+    load(path or document, policy) -> YAML (bounded, no aliases) -> sie.schemas.spec_document (the shape, declared
+    once: the CRD derives from it too) -> sie.schemas.spec_rules (what the shape cannot state) -> ModelService
+    -> the node's SpecPolicy (when given)
+
+Errors raise ``sie.kernel.errors.SpecError`` (subclass ``InvalidSpec``) listing every problem, one per line, as
 ``<field path>: <reason> (got <value>)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import yaml
 
+from sie.kernel.settings import Settings
 from sie.schemas.spec_models import (
     BACKEND_TYPES,
     FIELD_TYPES,
@@ -29,7 +37,10 @@ from sie.schemas.spec_models import (
     Sla,
     SpecTopics,
 )
-from sie.schemas.spec_parse import InvalidSpec, build_spec, parse_quantity
+from sie.schemas.spec_rules import InvalidSpec, build_spec, parse_quantity
+
+if TYPE_CHECKING:
+    from sie.schemas.spec_policy import SpecPolicy
 
 __all__ = [
     "BACKEND_TYPES",
@@ -44,6 +55,7 @@ __all__ = [
     "Scheduling",
     "Sla",
     "SpecTopics",
+    "load",
     "load_spec",
     "load_specs",
     "parse_quantity",
@@ -128,43 +140,88 @@ def read_yaml_documents(text: str, source: str) -> list[Any]:
         raise InvalidSpec(source, [f"yaml ({where}): {problem}"]) from None
 
 
-def parse_spec(
-    doc: dict, source: str = "<dict>", base_dir: Path | None = None, topic_prefix: str = "sie"
-) -> ModelService:
-    """Normalise one document (either style). Relative artifact paths resolve against ``base_dir``.
+@overload
+def load(source: str | Path | Mapping[str, Any], policy: SpecPolicy | Settings | None = None, *,
+         many: Literal[False] = False, topic_prefix: str | None = None, origin: str | None = None,
+         base_dir: Path | None = None) -> ModelService: ...
+@overload
+def load(source: str | Path | Mapping[str, Any], policy: SpecPolicy | Settings | None = None, *,
+         many: Literal[True], topic_prefix: str | None = None, origin: str | None = None,
+         base_dir: Path | None = None) -> list[ModelService]: ...
+def load(source: str | Path | Mapping[str, Any], policy: SpecPolicy | Settings | None = None, *, many: bool = False,
+         topic_prefix: str | None = None, origin: str | None = None,
+         base_dir: Path | None = None) -> ModelService | list[ModelService]:
+    """THE way to read a ModelService: a YAML file (a path) or a parsed document (a mapping).
 
-    ``topic_prefix`` (``Settings.topic_prefix``) gives the default model topics
-    and consumer group when the spec does not override them.
+    ``policy``: this node's rules (``SpecPolicy``, or ``Settings`` to build it from); None = the document
+    alone (a spec read back from the cluster, or one this machine will not run).  A file's own folder
+    counts as a model root for the policy (an artifact next to the spec you apply is yours).  ``many``:
+    every document of a ``---``-separated file, else exactly one.  ``topic_prefix``: the default model
+    topics and group (the policy's prefix when it has one, else ``sie``).  ``origin``: the name problems
+    are reported under (a mapping's default ``<dict>``); ``base_dir``: where a mapping's relative artifact
+    paths resolve (a file's own folder otherwise).  Every problem is raised together as one ``InvalidSpec``.
     """
-    return build_spec(doc, source=source, base_dir=base_dir, topic_prefix=topic_prefix)
+    from sie.schemas.spec_policy import SpecPolicy, _real
+
+    if isinstance(policy, Settings):
+        policy = SpecPolicy.from_settings(policy)
+    prefix = topic_prefix if topic_prefix is not None else policy.topic_prefix if policy is not None else "sie"
+    if not isinstance(source, (str, Path)):  # a document (build_spec names anything but a mapping)
+        where = origin or "<dict>"
+        specs = [build_spec(source, source=where, base_dir=base_dir, topic_prefix=prefix)]
+    else:
+        path = Path(source)
+        where = origin or str(path)
+        specs = _read_file(path, where, prefix)
+        if policy is not None:
+            policy = replace(policy, model_roots=(*policy.model_roots, _real(path.resolve().parent)))
+    if policy is not None:
+        problems = [p for spec in specs for p in ([f"[{spec.name}] {q}" for q in policy.check(spec)]
+                                                  if len(specs) > 1 else policy.check(spec))]
+        if problems:
+            raise InvalidSpec(where, problems)
+    if many:
+        return specs
+    if len(specs) != 1:
+        raise InvalidSpec(where, [f"document: expected one ModelService, found {len(specs)}; load it with many=True"])
+    return specs[0]
 
 
-def load_specs(path: str | Path, topic_prefix: str = "sie") -> list[ModelService]:
-    """Every ModelService in a YAML file (documents separated by ``---``)."""
-    path = Path(path)
+def _read_file(path: Path, where: str, topic_prefix: str) -> list[ModelService]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InvalidSpec(str(path), [f"file: cannot read {path}: {exc.strerror or exc}"]) from None
-    docs = read_yaml_documents(text, str(path))
+        raise InvalidSpec(where, [f"file: cannot read {path}: {exc.strerror or exc}"]) from None
+    docs = read_yaml_documents(text, where)
     if not docs:
-        raise InvalidSpec(str(path), ["document: the file holds no YAML document"])
+        raise InvalidSpec(where, ["document: the file holds no YAML document"])
     specs = []
     problems: list[str] = []
     for i, doc in enumerate(docs):
-        source = str(path) if len(docs) == 1 else f"{path}#{i + 1}"
+        source = where if len(docs) == 1 else f"{where}#{i + 1}"
         try:
             specs.append(build_spec(doc, source=source, base_dir=path.resolve().parent, topic_prefix=topic_prefix))
         except InvalidSpec as exc:
             problems.extend(exc.problems if len(docs) == 1 else [f"[document {i + 1}] {p}" for p in exc.problems])
     if problems:
-        raise InvalidSpec(str(path), problems)
+        raise InvalidSpec(where, problems)
     return specs
 
 
+# ---------------------------------------------------------------- the names ``load`` replaced (tests call them)
+
+
+def parse_spec(doc: dict, source: str = "<dict>", base_dir: Path | None = None,
+               topic_prefix: str = "sie") -> ModelService:
+    """``load(doc, origin=source, base_dir=base_dir, topic_prefix=topic_prefix)``."""
+    return load(doc, origin=source, base_dir=base_dir, topic_prefix=topic_prefix)
+
+
+def load_specs(path: str | Path, topic_prefix: str = "sie") -> list[ModelService]:
+    """``load(path, many=True, topic_prefix=topic_prefix)``."""
+    return load(path, many=True, topic_prefix=topic_prefix)
+
+
 def load_spec(path: str | Path, topic_prefix: str = "sie") -> ModelService:
-    """The single ModelService in a YAML file (error if the file holds several)."""
-    specs = load_specs(path, topic_prefix=topic_prefix)
-    if len(specs) != 1:
-        raise InvalidSpec(str(path), [f"document: expected one ModelService, found {len(specs)}; use load_specs"])
-    return specs[0]
+    """``load(path, topic_prefix=topic_prefix)``."""
+    return load(path, topic_prefix=topic_prefix)

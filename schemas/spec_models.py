@@ -2,7 +2,7 @@
 
 Readers of a spec (control plane, agent, scorer, CLI) only ever see these
 classes; the two YAML styles (flat article model-spec, Kubernetes-style
-``kind: ModelService``) are reduced to them by ``sie.schemas.spec_parse``.  The
+``kind: ModelService``) are reduced to them by ``sie.schemas.spec.load``.  The
 models check only invariants that must hold wherever a spec is read back
 (e.g. from the ``specs`` topic on another machine); checks that depend on the
 machine that wrote the spec (artifact file exists) live in the parser.

@@ -302,7 +302,7 @@ class SpecPolicy:
         format uploaded the key to the cluster."""
         import stat
 
-        from sie.schemas.spec_parse import SUFFIX_FORMATS
+        from sie.schemas.spec_rules import SUFFIX_FORMATS
 
         real = _real(Path(str(value)).expanduser())
         roots = [r for r in (*self.model_roots, _real(spec_folder)) if _within(real, r)]
@@ -336,7 +336,7 @@ class SpecPolicy:
         """``spec`` unchanged, or ``InvalidSpec`` listing every problem."""
         problems = self.check(spec)
         if problems:
-            from sie.schemas.spec_parse import InvalidSpec
+            from sie.schemas.spec_rules import InvalidSpec
 
             raise InvalidSpec(source or spec.source or spec.name, problems)
         return spec
@@ -388,29 +388,14 @@ def _short(value: Any) -> str:
 
 
 def load_local_specs(path: str | Path, settings: Settings) -> list[Any]:
-    """Every spec of a file on this machine, parsed and checked against this node's policy.
+    """``sie.schemas.spec.load(path, settings, many=True)``."""
+    from sie.schemas.spec import load
 
-    The file's own folder counts as a model root here (an artifact next to the spec you are applying
-    is yours); a node that reads the spec back from Kafka checks it against its own roots only.
-    """
-    from sie.schemas.spec import load_specs
-    from sie.schemas.spec_parse import InvalidSpec
-
-    path = Path(path)
-    specs = load_specs(path, topic_prefix=settings.topic_prefix)
-    policy = SpecPolicy.from_settings(settings, extra_roots=[path.resolve().parent])
-    problems = [p for spec in specs for p in ([f"[{spec.name}] {q}" for q in policy.check(spec)]
-                                              if len(specs) > 1 else policy.check(spec))]
-    if problems:
-        raise InvalidSpec(str(path), problems)
-    return specs
+    return load(path, settings, many=True)
 
 
 def load_local_spec(path: str | Path, settings: Settings) -> Any:
-    """The single spec of a file on this machine, checked as ``load_local_specs`` does."""
-    from sie.schemas.spec_parse import InvalidSpec
+    """``sie.schemas.spec.load(path, settings)``."""
+    from sie.schemas.spec import load
 
-    specs = load_local_specs(path, settings)
-    if len(specs) != 1:
-        raise InvalidSpec(str(path), [f"document: expected one ModelService, found {len(specs)}"])
-    return specs[0]
+    return load(path, settings)

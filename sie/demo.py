@@ -219,11 +219,11 @@ class Demo:
 
     # -- 2 -----------------------------------------------------------------------------------------
     def article_specs(self) -> None:
-        from sie.schemas.spec import load_spec
+        from sie.schemas.spec import load
 
         self.step("the SIE article's two specs, validated and applied as written")
         for path in ARTICLE_SPECS:
-            spec = load_spec(path, topic_prefix=self.settings.topic_prefix)
+            spec = load(path, topic_prefix=self.settings.topic_prefix)
             self.echo(f"  {path.relative_to(EXAMPLES.parent)}: ok, {spec.name} {spec.version} ({spec.backend.type}, "
                       f"{spec.resources.gpu_memory_mb} MiB GPU memory x {max(spec.resources.gpus, 1)} GPU)")
             for warning in spec.warnings:
@@ -234,7 +234,7 @@ class Demo:
 
     # -- 3 -----------------------------------------------------------------------------------------
     def cluster(self) -> None:
-        from sie.schemas.spec import load_spec
+        from sie.schemas.spec import load
 
         self.step("control plane and two node agents (simulated GPUs: no GPU on this machine)")
         env = self.env()
@@ -252,7 +252,7 @@ class Demo:
                  60, logs)
         self.echo(f"  control plane leading at {self.http}; nodes gpu-01 (tier-0) and gpu-02 online")
         for path in DEMO_SPECS:
-            spec = load_spec(path, topic_prefix=self.settings.topic_prefix)
+            spec = load(path, topic_prefix=self.settings.topic_prefix)
             self.apply(spec)
             self.echo(f"  applied {spec.name} {spec.version}: {spec.backend.type}, {spec.priority_level}, "
                       f"{spec.sla.min_replicas} replica(s)")

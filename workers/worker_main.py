@@ -191,7 +191,7 @@ def check_spec(spec: Any, policy: Any, label: str) -> None:
     policy.enforce(spec, source=label)
     if spec.backend.modules_path is not None:  # the agent checked the archive too; a worker run by hand did not
         from sie.schemas.module_bundle import check_bundle
-        from sie.schemas.spec_parse import InvalidSpec
+        from sie.schemas.spec_rules import InvalidSpec
 
         problems = check_bundle(spec.backend.modules_path, policy.allowed_modules)
         if problems:

@@ -35,12 +35,12 @@ def _options(fn):  # noqa: ANN001, ANN202 - click decorator stack
 def _plan(settings: Settings, role: str, principal: str, models: tuple[str, ...], specs: tuple[Path, ...],
           nodes: tuple[str, ...], connector: str | None, source_topics: tuple[str, ...], job: str | None):  # noqa: ANN202
     from sie.kernel.acls import ModelScope, plan
-    from sie.schemas.spec import load_specs
+    from sie.schemas.spec import load
 
     names = settings.names
     scopes = [ModelScope.default(names, m) for m in models]
     for path in specs:
-        scopes.extend(ModelScope.of_spec(s) for s in load_specs(path, topic_prefix=settings.topic_prefix))
+        scopes.extend(ModelScope.of_spec(s) for s in load(path, many=True, topic_prefix=settings.topic_prefix))
     return plan(names, role, principal, models=scopes, nodes=nodes, connector=connector, source_topics=source_topics,
                 job=job)
 

@@ -22,9 +22,9 @@ _SPEC = click.Path(exists=True, dir_okay=False, path_type=Path)
 def _model_spec(settings: Settings, connector, model_spec: Path | None, offline: bool):
     """The target model's spec (field types for coercion): a file, else the cluster, else None (uncast)."""
     if model_spec is not None:
-        from sie.schemas.spec import load_spec
+        from sie.schemas.spec import load
 
-        spec = load_spec(model_spec, topic_prefix=settings.topic_prefix)
+        spec = load(model_spec, topic_prefix=settings.topic_prefix)
         if spec.name != connector.model:
             raise click.UsageError(f"--model-spec {model_spec} is model {spec.name!r} but connector "
                                    f"{connector.name!r} feeds {connector.model!r}")

@@ -46,11 +46,12 @@ def _read_input(text: str) -> bytes:
 def command(settings: Settings, spec_file: Path, input_text: str, device: str | None) -> None:
     """Score one request with the model of SPEC and print the result JSON (stdout); no Kafka involved."""
     from sie.commands._runtime import EXIT_PARTIAL
-    from sie.schemas.spec_policy import SpecPolicy, load_local_spec
+    from sie.schemas.spec import load
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.streams.llm.config import uses_window
     from sie.workers.load_check import load_for_predict, predict, predict_window
 
-    spec = load_local_spec(spec_file, settings)  # the model's code runs here: the node's policy first
+    spec = load(spec_file, settings)  # the model's code runs here: the node's policy first
     value = _read_input(input_text)
     if uses_window(spec):  # running servers: one request through the window's path and configured protocol
         prediction = predict_window(spec, value, settings)

@@ -19,9 +19,9 @@ from sie.kernel.settings import Settings
 def resolve_spec(settings: Settings, model: str | None, spec_file: Path | None):
     """The model's spec: from a file, or the latest one applied to the cluster (the specs topic)."""
     if spec_file is not None:
-        from sie.schemas.spec import load_spec
+        from sie.schemas.spec import load
 
-        return load_spec(spec_file, topic_prefix=settings.topic_prefix)
+        return load(spec_file, topic_prefix=settings.topic_prefix)
     if model is None:
         raise click.UsageError("give --model NAME (an applied model) or --spec FILE")
     from sie.schemas.spec_store import read_specs

@@ -59,14 +59,15 @@ def command(settings: Settings, spec_file: Path, max_batch: int, max_wait_ms: in
     prints a summary line on exit.
     """
     from sie.kernel.admin import ensure_model_topics
-    from sie.schemas.spec_policy import SpecPolicy, load_local_spec
+    from sie.schemas.spec import load
+    from sie.schemas.spec_policy import SpecPolicy
     from sie.streams.scorer import ScorerConfig, default_instance
     from sie.streams.scorer.rollout import run_rollout_scorer
     from sie.workers.backends import backend_config_from_spec, create_backend
 
     settings = settings.with_overrides(bootstrap_servers=bootstrap_servers)
-    spec = load_local_spec(spec_file, settings)
     policy = SpecPolicy.from_settings(settings, extra_roots=[spec_file.resolve().parent])
+    spec = load(spec_file, policy)
     require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)
     configure_logging(log_level)
     topics = spec.topics

@@ -35,13 +35,12 @@ _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
 def _load_by_file(settings: Settings, files: tuple[Path, ...]):
     """(file, its specs) for every file, checked against this node's spec policy; all files' problems in one
     SpecError."""
-    from sie.schemas.spec import InvalidSpec
-    from sie.schemas.spec_policy import load_local_specs
+    from sie.schemas.spec import InvalidSpec, load
 
     loaded, failures = [], []
     for path in files:
         try:
-            loaded.append((path, load_local_specs(path, settings)))
+            loaded.append((path, load(path, settings, many=True)))
         except InvalidSpec as exc:
             failures.append(str(exc))
     if failures:
@@ -133,7 +132,7 @@ def apply(settings: Settings, files: tuple[Path, ...], allow_breaking: bool, tim
             raise SieError("--allow-breaking is not offered through the API; apply without --control-url")
         api = ControlApi(settings, control_url, timeout=timeout)
         for path, specs in loaded:
-            docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))  # the order load_specs read
+            docs = read_yaml_documents(path.read_text(encoding="utf-8"), str(path))  # the order load read
             for doc, spec in zip(docs, specs):
                 if upload:
                     spec = for_cluster(spec, path, settings, ApiUploader(api))

@@ -30,11 +30,11 @@ def ensure(settings: Settings, replication_factor: int | None, prefix: str | Non
     from sie.kernel.admin import check_data_topics, ensure_topics, model_topic_specs
     from sie.kernel.names import Names
     from sie.kernel.topics import system_topics
-    from sie.schemas.spec import load_specs
+    from sie.schemas.spec import load
 
     topics = system_topics(prefix or settings.topic_prefix)
     for path in specs:
-        for spec in load_specs(path, topic_prefix=prefix or settings.topic_prefix):
+        for spec in load(path, many=True, topic_prefix=prefix or settings.topic_prefix):
             t = spec.topics
             names = [t.requests, t.results, t.dead_letters, t.backfill, settings.names.backfill_dead_letter_topic(t.backfill)]
             check_data_topics(Names(prefix or settings.topic_prefix), names)  # never a system topic as a data topic

@@ -37,7 +37,7 @@ FIELDS = st.builds(
     type=st.sampled_from(["string", "int", "float", "bool"]),
     required=st.booleans(),
     nullable=st.booleans(),
-    max_length=st.none() | st.integers(1, 50),  # spec_parse: max_length >= 1 (and the model: ge=1)
+    max_length=st.none() | st.integers(1, 50),  # the spec reader: max_length >= 1 (and the model: ge=1)
     range=ranges(),
 )
 SCHEMAS = st.builds(

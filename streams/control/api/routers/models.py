@@ -157,7 +157,7 @@ def ownership_problem(current: Any, owner: str | None, adopt: bool = False) -> s
 
 
 def _post_model(service: Any, raw: bytes, adopt: bool = False) -> dict[str, Any]:
-    from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
+    from sie.schemas.spec import InvalidSpec, load, read_yaml_documents
     from sie.streams.control.placement.engine import validate_tier_request
 
     if not raw:
@@ -170,7 +170,7 @@ def _post_model(service: Any, raw: bytes, adopt: bool = False) -> dict[str, Any]
         docs = read_yaml_documents(text, "request body")
         if len(docs) != 1 or not isinstance(docs[0], dict):
             raise InvalidSpec("request body", [f"document: expected one ModelService mapping, found {len(docs)} document(s)"])
-        spec = parse_spec(docs[0], source="request body", topic_prefix=service.settings.topic_prefix)
+        spec = load(docs[0], origin="request body", topic_prefix=service.settings.topic_prefix)
         service.spec_policy.enforce(spec, "request body")
     except InvalidSpec as exc:
         raise ApiError(422, str(exc).splitlines()[0], [problem_to_error(p) for p in exc.problems]) from None

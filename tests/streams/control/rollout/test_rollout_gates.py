@@ -267,7 +267,7 @@ def test_new_gate_fields_parse_and_round_trip():
 ])
 def test_spec_errors_name_the_gate_field(gates, msg):
     from sie.schemas.spec import parse_spec
-    from sie.schemas.spec_parse import InvalidSpec
+    from sie.schemas.spec_rules import InvalidSpec
     from tests.support.scorer_fixtures import echo_spec_doc
 
     doc = echo_spec_doc("m")
