@@ -151,8 +151,8 @@ class ArtifactStore:
     # -- look up -------------------------------------------------------------------------------------
     def manifests(self, timeout: float = 30.0) -> dict[str, Manifest]:
         """Every artifact on the cluster by sha256: the manifests topic replayed to its end."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-
+        from sie.kernel.errors import KafkaUnavailable
+        from sie.kernel.replay import read_to_end
         from sie.schemas.avro_codec import decode
 
         names = self.settings.names
@@ -160,39 +160,33 @@ class ArtifactStore:
             self.settings, self._group, names.artifact_client_id("lookup"), **_SHORT_FETCH_WAIT))
         found: dict[str, Manifest] = {}
         invalid: dict[str, str] = {}
+
+        def on_record(msg: Any) -> None:
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            digest = key.removeprefix("sha256:")
+            value = msg.value()
+            if value is None:
+                found.pop(digest, None)
+                invalid.pop(digest, None)
+                return
+            try:
+                found[digest] = Manifest.from_record(decode(value, expected=RECORD),
+                                                     self.settings.max_artifact_bytes, key_digest=digest)
+                invalid.pop(digest, None)
+            except Exception as exc:  # one unreadable record never hides the others
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                found.pop(digest, None)  # the latest record of the key is the manifest: it is not usable
+                invalid[digest] = reason
+                log.warning("%s[%d]@%d: invalid manifest skipped: %r", msg.topic(), msg.partition(),
+                            msg.offset(), reason)
+
         try:
             partitions = _topic_partitions(consumer, self.manifest_topic)
-            pending = set(partitions)  # until each reports its end (an empty one too, once its leader answers)
-            consumer.assign([TopicPartition(self.manifest_topic, p, OFFSET_BEGINNING) for p in partitions])
-            deadline = time.monotonic() + timeout
-            while pending:
-                if time.monotonic() > deadline:
-                    raise ArtifactUnavailable(f"{self.manifest_topic}: not read to its end within {timeout:g}s")
-                for msg in consumer.consume(num_messages=500, timeout=0.5):
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(msg.partition())
-                        elif error.fatal():
-                            raise ArtifactUnavailable(f"{self.manifest_topic}: {error.str()}")
-                        continue
-                    key = (msg.key() or b"").decode("utf-8", "replace")
-                    digest = key.removeprefix("sha256:")
-                    value = msg.value()
-                    if value is None:
-                        found.pop(digest, None)
-                        invalid.pop(digest, None)
-                        continue
-                    try:
-                        found[digest] = Manifest.from_record(decode(value, expected=RECORD),
-                                                             self.settings.max_artifact_bytes, key_digest=digest)
-                        invalid.pop(digest, None)
-                    except Exception as exc:  # one unreadable record never hides the others
-                        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                        found.pop(digest, None)  # the latest record of the key is the manifest: it is not usable
-                        invalid[digest] = reason
-                        log.warning("%s[%d]@%d: invalid manifest skipped: %r", msg.topic(), msg.partition(),
-                                    msg.offset(), reason)
+            # to the ends the partitions have now, by position (sie.kernel.replay): a transient refusal of the
+            # ends is retried, a broker that does not deliver them in time is ArtifactUnavailable
+            read_to_end(consumer, self.manifest_topic, on_record, timeout_s=timeout, partitions=partitions)
+        except KafkaUnavailable as exc:
+            raise ArtifactUnavailable(str(exc)) from None
         finally:
             consumer.close()
         self.invalid = invalid
