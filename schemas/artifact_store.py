@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
+from sie.kernel.clients import REPLAY_FETCH_WAIT_MS, KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
 from sie.schemas.artifact_cache import BLOCK, ArtifactRefused, ArtifactUnavailable, HashingWriter, file_sha256
 
@@ -46,8 +46,6 @@ DIGEST_HEADER = "sie.sha256"
 
 #: the smallest chunk an upload writes (``chunk_size_for`` with the smallest ``max_record_bytes``, 64 KiB, is 48 KiB)
 MIN_CHUNK_BYTES = 16 * 1024
-#: replays of the artifact topics: the broker answers a fetch after 50 ms, not librdkafka's 500 ms default
-_SHORT_FETCH_WAIT: dict[str, Any] = {"fetch.wait.max.ms": 50}
 #: no artifact has more chunks than this, whatever its manifest says (8 GiB in 16 KiB chunks)
 MAX_CHUNKS = (8 << 30) // MIN_CHUNK_BYTES
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -157,7 +155,7 @@ class ArtifactStore:
 
         names = self.settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self.settings, self._group, names.artifact_client_id("lookup"), **_SHORT_FETCH_WAIT))
+            self.settings, self._group, names.artifact_client_id("lookup"), fetch_wait_ms=REPLAY_FETCH_WAIT_MS))
         found: dict[str, Manifest] = {}
         invalid: dict[str, str] = {}
 
@@ -245,7 +243,7 @@ class ArtifactStore:
         prefix = f"sha256:{m.sha256}/"
         names = self.settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self.settings, self._group, names.artifact_client_id("fetch"), **_SHORT_FETCH_WAIT))
+            self.settings, self._group, names.artifact_client_id("fetch"), fetch_wait_ms=REPLAY_FETCH_WAIT_MS))
         received: set[int] = set()
         try:
             consumer.assign([TopicPartition(self.chunk_topic, m.chunk_partition, m.first_offset)])
@@ -315,8 +313,7 @@ class ArtifactUpload:
         self._timeout = timeout
         settings = store.settings
         self._producer = store._clients.producer(idempotent_producer_config(
-            settings, settings.names.artifact_client_id("upload"), **{
-                "message.timeout.ms": int(timeout * 1000), "linger.ms": 20}))
+            settings, settings.names.artifact_client_id("upload"), linger_ms=20, message_timeout_s=timeout))
         partitions = _topic_partitions(self._producer, store.chunk_topic)
         self.partition = store.partition_of(sha256, len(partitions))
         self._buffer = bytearray()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sie.kernel.clients import KafkaClients, admin_config
+from sie.kernel.clients import KafkaClients, quiet_admin_config
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.names import Names
 from sie.kernel.settings import Settings
@@ -80,9 +80,7 @@ class EnsureReport:
 # Every helper takes ``clients`` (``sie.kernel.clients.KafkaClients``): a component that was handed fakes
 # makes its admin calls on them too (unit tests without a broker); None = the real librdkafka clients.
 def admin_client(settings: Settings, clients: KafkaClients | None = None, **overrides: Any) -> AdminClient:
-    config = {**admin_config(settings), **overrides}
-    config.setdefault("log_level", 4)  # warnings and up; hides the info line each destroyed client prints
-    admin: AdminClient = (clients or KafkaClients()).admin(config)
+    admin: AdminClient = (clients or KafkaClients()).admin(quiet_admin_config(settings, **overrides))
     return admin
 
 

@@ -425,33 +425,11 @@ class Settings(BaseSettings):
         return value
 
     def kafka_client_config(self, **overrides: Any) -> dict[str, Any]:
-        """librdkafka configuration shared by every producer, consumer and admin client.
+        """librdkafka configuration shared by every producer, consumer and admin client
+        (``sie.kernel.clients.base_client_config``: every librdkafka key SIE sets is set there)."""
+        from sie.kernel.clients import base_client_config
 
-        ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
-        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw;
-        ``kafka_debug`` (SIE_KAFKA_DEBUG) adds librdkafka's ``debug`` contexts, logged at DEBUG.
-        """
-        from sie.kernel.kafka_log import kafka_logger
-
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers,
-                                  "logger": kafka_logger(debug=self.kafka_debug is not None)}
-        if self.kafka_debug is not None:  # SIE_KAFKA_DEBUG: librdkafka's debug lines in this process's log
-            config["debug"] = self.kafka_debug
-        passthrough = {
-            "security.protocol": self.security_protocol,
-            "sasl.mechanism": self.sasl_mechanism,
-            "sasl.username": self.sasl_username,
-            "sasl.password": self.sasl_password_value(),
-            "ssl.ca.location": self.ssl_ca_location,
-            "ssl.certificate.location": self.ssl_certificate_location,
-            "ssl.key.location": self.ssl_key_location,
-            "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
-        }
-        config.update({k: v for k, v in passthrough.items() if v is not None})
-        config.update(self.kafka_extra)
-        config.update({k: v.get_secret_value() for k, v in self.kafka_secrets.items()})
-        config.update(overrides)
-        return config
+        return base_client_config(self, **overrides)
 
     def sasl_password_value(self) -> str | None:
         """The SASL password: from ``sasl_password_file`` when set (read now, so a rotated file is picked

@@ -376,7 +376,7 @@ class KafkaWeightSource:
         self._topic = names.system_topic("rollouts")
         config = state_reader_config(settings, names.reader_group("rollout-weights", reader or model or "all"),
                                      names.reader_client_id("rollout-weights"), partition_eof=False,
-                                     **{"fetch.wait.max.ms": BARRIER_FETCH_WAIT_MS})
+                                     fetch_wait_ms=BARRIER_FETCH_WAIT_MS)
         self._consumer = (consumer_factory or KafkaClients().consumer)(config)
         md = self._consumer.list_topics(self._topic, timeout=10)
         parts = sorted(md.topics[self._topic].partitions) if self._topic in md.topics else [0]
