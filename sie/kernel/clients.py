@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sie.kernel.consumer import KafkaConsumer
+from sie.kernel.kafka_types import KafkaAdmin, KafkaProducer
 from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 
@@ -40,16 +41,16 @@ def _consumer(config: dict[str, Any]) -> KafkaConsumer:
     return cast(KafkaConsumer, Consumer(config))  # why a cast: sie.kernel.consumer
 
 
-def _producer(config: dict[str, Any]) -> Any:
+def _producer(config: dict[str, Any]) -> KafkaProducer:
     from confluent_kafka import Producer
 
-    return Producer(config)
+    return cast(KafkaProducer, Producer(config))  # why a cast: sie.kernel.kafka_types
 
 
-def _admin(config: dict[str, Any]) -> Any:
+def _admin(config: dict[str, Any]) -> KafkaAdmin:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(config)
+    return cast(KafkaAdmin, AdminClient(config))
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class KafkaClients:
     """Factories of Kafka clients (each takes a librdkafka config dict)."""
 
     consumer: Callable[[dict[str, Any]], KafkaConsumer] = _consumer
-    producer: Callable[[dict[str, Any]], Any] = _producer
-    admin: Callable[[dict[str, Any]], Any] = _admin
+    producer: Callable[[dict[str, Any]], KafkaProducer] = _producer
+    admin: Callable[[dict[str, Any]], KafkaAdmin] = _admin
 
 
 #: heartbeat of an exactly-once stage's consumer.  Classic-protocol members learn that the group rebalances

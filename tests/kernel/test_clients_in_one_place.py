@@ -159,3 +159,16 @@ def test_the_roles_moved_into_named_builders_ask_for_what_they_did() -> None:
     assert reader["fetch.wait.max.ms"] == 50 and "fetch.wait.max.ms" not in state_reader_config(settings, "g", "c")
     assert quiet_admin_config(settings)["log_level"] == 4
     assert quiet_admin_config(settings, log_level=7)["log_level"] == 7
+
+
+def test_every_client_factory_returns_a_typed_protocol_not_any() -> None:
+    """mypy checks the calls made on the clients only where the factories say what they return (issue 39)."""
+    import typing
+
+    from sie.kernel.clients import KafkaClients
+    from sie.kernel.consumer import KafkaConsumer
+    from sie.kernel.kafka_types import KafkaAdmin, KafkaProducer
+
+    hints = typing.get_type_hints(KafkaClients)
+    returns = {name: typing.get_args(hints[name])[1] for name in ("consumer", "producer", "admin")}
+    assert returns == {"consumer": KafkaConsumer, "producer": KafkaProducer, "admin": KafkaAdmin}
