@@ -408,6 +408,7 @@ class KafkaWeightSource:
         the scorer is assigned partitions: their previous owner may have answered under a newer epoch)."""
         keys = [(self._topic, p) for p in self._parts]
         with self._lock:  # one consumer, shared by the lanes of a multi-model process: one call at a time
+            started = time.monotonic()  # CATCH_UP_LIMIT_S counts the asking too
             try:
                 # transient refusals retried (sie.kernel.replay.watermarks); read from each low watermark on
                 progress = ReadProgress.from_beginning(watermarks(self._consumer, keys, timeout_s=_ENDS_S))
@@ -415,7 +416,7 @@ class KafkaWeightSource:
                 log.warning("rollouts topic: end offsets unknown (%s); reading until the %.0fs catch-up limit",
                             exc, CATCH_UP_LIMIT_S)
                 progress = ReadProgress({key: _UNKNOWN_END for key in keys})
-            self._progress, self._started = progress, time.monotonic()
+            self._progress, self._started = progress, started
 
     def wait_caught_up(self, limit_s: float) -> bool:
         """``caught_up``, waiting up to ``limit_s`` for the records to arrive."""

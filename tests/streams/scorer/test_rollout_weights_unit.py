@@ -52,3 +52,16 @@ def test_refresh_takes_the_end_now_and_the_barrier_passes_a_trailing_marker() ->
     assert source.wait_caught_up(10), "the barrier did not pass the trailing commit marker"
     assert source.latest()["epoch"] == 4
     source.close()
+
+
+def test_an_end_that_cannot_be_asked_is_waited_for_until_the_catch_up_limit(monkeypatch) -> None:
+    from sie.streams.scorer import rollout
+
+    monkeypatch.setattr(rollout, "CATCH_UP_LIMIT_S", 0.5)
+    consumer = FakeConsumer([_rollout(0, 1)],
+                            faults={"get_watermark_offsets": kafka_error(KafkaError.TOPIC_AUTHORIZATION_FAILED)})
+    source = KafkaWeightSource(SETTINGS, "m", consumer_factory=consumer.configure)
+    assert not source.caught_up(), "an unknown end was taken as reached"
+    assert source.wait_caught_up(10)  # the limit passed: it goes on with what it read
+    assert source.latest()["epoch"] == 1
+    source.close()
