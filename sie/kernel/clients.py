@@ -293,35 +293,6 @@ def quiet_admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     return {"log_level": 4, **admin_config(settings), **overrides}
 
 
-def base_client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """librdkafka configuration shared by every producer, consumer and admin client (``Settings.kafka_client_config``).
-
-    ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
-    (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw;
-    ``kafka_debug`` (SIE_KAFKA_DEBUG) adds librdkafka's ``debug`` contexts, logged at DEBUG."""
-    from sie.kernel.kafka_log import kafka_logger
-
-    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers,
-                              "logger": kafka_logger(debug=settings.kafka_debug is not None)}
-    if settings.kafka_debug is not None:  # SIE_KAFKA_DEBUG: librdkafka's debug lines in this process's log
-        config["debug"] = settings.kafka_debug
-    passthrough = {
-        "security.protocol": settings.security_protocol,
-        "sasl.mechanism": settings.sasl_mechanism,
-        "sasl.username": settings.sasl_username,
-        "sasl.password": settings.sasl_password_value(),
-        "ssl.ca.location": settings.ssl_ca_location,
-        "ssl.certificate.location": settings.ssl_certificate_location,
-        "ssl.key.location": settings.ssl_key_location,
-        "ssl.key.password": settings.ssl_key_password.get_secret_value() if settings.ssl_key_password else None,
-    }
-    config.update({k: v for k, v in passthrough.items() if v is not None})
-    config.update(settings.kafka_extra)
-    config.update({k: v.get_secret_value() for k, v in settings.kafka_secrets.items()})
-    config.update(overrides)
-    return config
-
-
 def scram_client_security(mechanism: str, user: str, password: str, ca_cert: str) -> dict[str, Any]:
     """The properties of a client that logs in to a SASL_SSL listener as ``user`` (``broker_probe_config``'s
     ``security``: ``sie kafka``'s own brokers, probed as their admin or as a user just created)."""

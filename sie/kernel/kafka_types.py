@@ -12,10 +12,11 @@ classes are C types the fakes do not subclass).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import ClusterMetadata
 

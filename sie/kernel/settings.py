@@ -252,13 +252,13 @@ class Settings(BaseSettings):
     # (streams/control/placement/host_memory.py applies them; docs/architecture.md "Placement with host memory")
     process_overhead_mb: int = Field(
         579, ge=0,
-        description="Host memory (MiB) of a worker process of its own, before any model: measured 579 MB resident "
-                    "for one `sie score` process (torch, its libraries, one Kafka consumer and producer). Counted "
+        description="Host memory (MiB) of a worker process of its own, before any model: one `sie score` process "
+                    "(torch, its libraries, one Kafka consumer and producer; docs/control-plane.md). Counted "
                     "for every replica that does not share a process (SIE_PROCESS_OVERHEAD_MB).")
     model_overhead_mb: int = Field(
         25, ge=0,
-        description="Host memory (MiB) one more model costs in a shared multi-model worker process: issue 16's "
-                    "target, which bench/bench_density.py measures (SIE_MODEL_OVERHEAD_MB).")
+        description="Host memory (MiB) one more model costs in a shared multi-model worker process: the target "
+                    "that bench/bench_density.py measures (docs/density.md; SIE_MODEL_OVERHEAD_MB).")
 
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
@@ -425,11 +425,33 @@ class Settings(BaseSettings):
         return value
 
     def kafka_client_config(self, **overrides: Any) -> dict[str, Any]:
-        """librdkafka configuration shared by every producer, consumer and admin client
-        (``sie.kernel.clients.base_client_config``: every librdkafka key SIE sets is set there)."""
-        from sie.kernel.clients import base_client_config
+        """librdkafka configuration shared by every producer, consumer and admin client.
 
-        return base_client_config(self, **overrides)
+        ``logger`` routes librdkafka's own log lines through the ``sie.kafka`` Python logger
+        (``sie.kernel.kafka_log``), so they are levelled, de-duplicated and never printed raw;
+        ``kafka_debug`` (SIE_KAFKA_DEBUG) adds librdkafka's ``debug`` contexts, logged at DEBUG.
+        """
+        from sie.kernel.kafka_log import kafka_logger
+
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers,
+                                  "logger": kafka_logger(debug=self.kafka_debug is not None)}
+        if self.kafka_debug is not None:  # SIE_KAFKA_DEBUG: librdkafka's debug lines in this process's log
+            config["debug"] = self.kafka_debug
+        passthrough = {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password_value(),
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+            "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
+        }
+        config.update({k: v for k, v in passthrough.items() if v is not None})
+        config.update(self.kafka_extra)
+        config.update({k: v.get_secret_value() for k, v in self.kafka_secrets.items()})
+        config.update(overrides)
+        return config
 
     def sasl_password_value(self) -> str | None:
         """The SASL password: from ``sasl_password_file`` when set (read now, so a rotated file is picked
@@ -460,7 +482,7 @@ class Settings(BaseSettings):
         """The environment an agent gives its workers: ``parent``'s allow-listed variables (``WORKER_ENV_NAMES``,
         ``WORKER_ENV_PREFIXES``, never a credential-like name; plus ``SIE_WORKER_ENV``) and the workers' settings
         (``worker_settings().to_env()``) without ``NOT_FOR_WORKERS``.  Model code and the SGLang server run
-        there: before, they inherited the agent's whole environment, ``SIE_API_TOKEN`` included."""
+        there, so they must not inherit the agent's whole environment (``SIE_API_TOKEN`` included)."""
         return {**worker_environment(parent, self.worker_env),
                 **{k: v for k, v in self.worker_settings().to_env().items()
                    if k not in {f"SIE_{n.upper()}" for n in NOT_FOR_WORKERS}}}

@@ -82,6 +82,10 @@ HOME = "sie/kernel/clients.py"
 ALLOWED = {
     # the broker's own server.properties for its TLS listener (ssl.keystore.location, ...): a broker, not a client
     "infra/kafka/security.py": "broker properties",
+    # Settings.kafka_client_config: the connection and security properties its fields name (bootstrap.servers,
+    # sasl.*, ssl.*), the base every builder in clients.py starts from.  It stays with the fields: settings must
+    # not import the clients module, or the pure placement engine (which reads Settings) would import Kafka
+    "sie/kernel/settings.py": "the connection base of every client",
 }
 #: librdkafka properties without a dot (every other one has one)
 _PLAIN = frozenset({"acks", "debug", "retries", "log_level"})
