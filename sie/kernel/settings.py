@@ -252,13 +252,13 @@ class Settings(BaseSettings):
     # (streams/control/placement/host_memory.py applies them; docs/architecture.md "Placement with host memory")
     process_overhead_mb: int = Field(
         579, ge=0,
-        description="Host memory (MiB) of a worker process of its own, before any model: one `sie score` process "
-                    "(torch, its libraries, one Kafka consumer and producer; docs/control-plane.md). Counted "
+        description="Host memory (MiB) of a worker process of its own, before any model: measured 579 MB resident "
+                    "for one `sie score` process (torch, its libraries, one Kafka consumer and producer). Counted "
                     "for every replica that does not share a process (SIE_PROCESS_OVERHEAD_MB).")
     model_overhead_mb: int = Field(
         25, ge=0,
-        description="Host memory (MiB) one more model costs in a shared multi-model worker process: the target "
-                    "that bench/bench_density.py measures (docs/density.md; SIE_MODEL_OVERHEAD_MB).")
+        description="Host memory (MiB) one more model costs in a shared multi-model worker process: issue 16's "
+                    "target, which bench/bench_density.py measures (SIE_MODEL_OVERHEAD_MB).")
 
     # --- Topics -------------------------------------------------------------
     topic_prefix: str = Field("sie", description="Prefix of SIE's system topics and default model topics.")
@@ -482,7 +482,7 @@ class Settings(BaseSettings):
         """The environment an agent gives its workers: ``parent``'s allow-listed variables (``WORKER_ENV_NAMES``,
         ``WORKER_ENV_PREFIXES``, never a credential-like name; plus ``SIE_WORKER_ENV``) and the workers' settings
         (``worker_settings().to_env()``) without ``NOT_FOR_WORKERS``.  Model code and the SGLang server run
-        there, so they must not inherit the agent's whole environment (``SIE_API_TOKEN`` included)."""
+        there: before, they inherited the agent's whole environment, ``SIE_API_TOKEN`` included."""
         return {**worker_environment(parent, self.worker_env),
                 **{k: v for k, v in self.worker_settings().to_env().items()
                    if k not in {f"SIE_{n.upper()}" for n in NOT_FOR_WORKERS}}}
