@@ -231,7 +231,10 @@ class ArtifactStore:
         """Write the artifact's bytes into ``sink`` (chunk ``i`` at ``i * chunk_size``).  Raises
         ``ArtifactRefused`` for a corrupt or missing chunk, ``ArtifactUnavailable`` when the broker does not
         deliver the range in time.  The caller verifies the whole file's sha256."""
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import TopicPartition
+
+        from sie.kernel.errors import KafkaUnavailable
+        from sie.kernel.replay import ReadProgress, watermarks
 
         m = manifest
         problem = m.problem(self.settings.max_artifact_bytes)
@@ -245,31 +248,31 @@ class ArtifactStore:
         consumer = self._clients.consumer(state_reader_config(
             self.settings, self._group, names.artifact_client_id("fetch"), fetch_wait_ms=REPLAY_FETCH_WAIT_MS))
         received: set[int] = set()
+        key = (self.chunk_topic, m.chunk_partition)
         try:
             consumer.assign([TopicPartition(self.chunk_topic, m.chunk_partition, m.first_offset)])
             deadline = time.monotonic() + timeout
-            done = False
-            while not done:
+            try:  # the range ends at the manifest's last offset, or where the partition ends now if before it
+                _low, high = watermarks(consumer, [key], timeout_s=min(timeout, 30.0))[key]
+            except KafkaUnavailable as exc:
+                raise ArtifactUnavailable(f"{label}: {exc}") from None
+            progress = ReadProgress({key: min(m.last_offset + 1, high)}, {key: m.first_offset})
+            while True:  # read when the position reaches the range's end (sie.kernel.replay's rule)
+                progress.check_positions(consumer)
+                if progress.done:
+                    break
                 if time.monotonic() > deadline:
                     raise ArtifactUnavailable(f"{label}: chunks not read within {timeout:g}s "
                                               f"({len(received)} of {m.chunks})")
                 for msg in consumer.consume(num_messages=64, timeout=0.5):
                     error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            done = True  # the partition ends before last_offset: chunks are gone
-                        elif error.fatal():
-                            raise ArtifactUnavailable(f"{label}: {error.str()}")
-                        continue
-                    if msg.offset() > m.last_offset:
-                        done = True
-                        break
-                    key = (msg.key() or b"").decode("utf-8", "replace")
-                    if key.startswith(prefix) and msg.value() is not None:
-                        self._write_chunk(m, label, key[len(prefix):], msg, sink, received)
-                    if msg.offset() >= m.last_offset:
-                        done = True
-                        break
+                    if error is not None and error.fatal():
+                        raise ArtifactUnavailable(f"{label}: {error.str()}")
+                    if not progress.see(msg) or msg.offset() > m.last_offset:
+                        continue  # an event, or past the range
+                    chunk_key = (msg.key() or b"").decode("utf-8", "replace")
+                    if chunk_key.startswith(prefix) and msg.value() is not None:
+                        self._write_chunk(m, label, chunk_key[len(prefix):], msg, sink, received)
         finally:
             consumer.close()
         if len(received) < m.chunks:  # received holds only real chunks: bounded by what the broker delivered

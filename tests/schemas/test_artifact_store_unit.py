@@ -45,3 +45,53 @@ def test_a_manifests_topic_not_read_to_its_end_names_the_partition_short_of_it()
     text = str(refused.value)
     assert f"{TOPIC}[0] at 1 of 5" in text and "sie topics list" in text, text
     assert consumer.closed
+
+
+CHUNKS = SETTINGS.names.system_topic("artifact-chunks")
+DATA = bytes(range(256)) * 156 + b"tail"  # 39,940 bytes: 3 chunks of 16 KiB
+CHUNK = 16_384
+
+
+def _chunk_log(digest: str, offsets: dict[int, int]) -> list[FakeMessage]:
+    """``offsets``: offset -> chunk index; other artifacts' chunks lie before and after."""
+    import hashlib
+
+    out = [FakeMessage(CHUNKS, 0, 0, key=b"sha256:" + b"f" * 64 + b"/0", value=b"x")]
+    for offset, index in offsets.items():
+        chunk = DATA[index * CHUNK:(index + 1) * CHUNK]
+        out.append(FakeMessage(CHUNKS, 0, offset, key=f"sha256:{digest}/{index}".encode(), value=chunk,
+                               headers=[("sie.sha256", hashlib.sha256(chunk).hexdigest().encode())]))
+    return out
+
+
+def _never_idle(_consumer: FakeConsumer) -> None:
+    raise AssertionError("the fetch waited for more than its range")
+
+
+def test_a_fetch_reads_its_range_to_the_manifests_last_offset_and_no_further() -> None:
+    import hashlib
+    import io
+
+    digest = hashlib.sha256(DATA).hexdigest()
+    manifest = Manifest(digest, "m.bin", len(DATA), CHUNK, 3, 0, 1, 3, 1)
+    records = _chunk_log(digest, {1: 0, 2: 1, 3: 2})
+    records.append(FakeMessage(CHUNKS, 0, 4, key=f"sha256:{digest}/0".encode(), value=b"not in the range"))
+    consumer = FakeConsumer(records, on_idle=_never_idle)
+    sink = io.BytesIO()
+    ArtifactStore(SETTINGS, clients=fake_clients(consumer=consumer).clients).fetch(manifest, sink, timeout=10)
+    assert sink.getvalue() == DATA
+    assert consumer.closed
+
+
+def test_a_range_cut_short_by_the_partitions_end_names_the_missing_chunk() -> None:
+    import hashlib
+    import io
+
+    from sie.schemas.artifact_cache import ArtifactRefused
+
+    digest = hashlib.sha256(DATA).hexdigest()
+    manifest = Manifest(digest, "m.bin", len(DATA), CHUNK, 3, 0, 1, 3, 1)
+    consumer = FakeConsumer(_chunk_log(digest, {1: 0, 2: 1}), on_idle=_never_idle)  # the partition ends at 3
+    store = ArtifactStore(SETTINGS, clients=fake_clients(consumer=consumer).clients)
+    with pytest.raises(ArtifactRefused, match=r"chunk 2 of 3 not found on .*artifact-chunks\[0\]"):
+        store.fetch(manifest, io.BytesIO(), timeout=10)
