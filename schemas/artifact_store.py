@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sie.kernel.clients import KafkaClients, idempotent_producer_config, state_reader_config
+from sie.kernel.clients import REPLAY_FETCH_WAIT_MS, KafkaClients, idempotent_producer_config, state_reader_config
 from sie.kernel.settings import Settings
 from sie.schemas.artifact_cache import BLOCK, ArtifactRefused, ArtifactUnavailable, HashingWriter, file_sha256
 
@@ -46,8 +46,6 @@ DIGEST_HEADER = "sie.sha256"
 
 #: the smallest chunk an upload writes (``chunk_size_for`` with the smallest ``max_record_bytes``, 64 KiB, is 48 KiB)
 MIN_CHUNK_BYTES = 16 * 1024
-#: replays of the artifact topics: the broker answers a fetch after 50 ms, not librdkafka's 500 ms default
-_SHORT_FETCH_WAIT: dict[str, Any] = {"fetch.wait.max.ms": 50}
 #: no artifact has more chunks than this, whatever its manifest says (8 GiB in 16 KiB chunks)
 MAX_CHUNKS = (8 << 30) // MIN_CHUNK_BYTES
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -151,48 +149,42 @@ class ArtifactStore:
     # -- look up -------------------------------------------------------------------------------------
     def manifests(self, timeout: float = 30.0) -> dict[str, Manifest]:
         """Every artifact on the cluster by sha256: the manifests topic replayed to its end."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-
+        from sie.kernel.errors import KafkaUnavailable
+        from sie.kernel.replay import read_to_end
         from sie.schemas.avro_codec import decode
 
         names = self.settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self.settings, self._group, names.artifact_client_id("lookup"), **_SHORT_FETCH_WAIT))
+            self.settings, self._group, names.artifact_client_id("lookup"), fetch_wait_ms=REPLAY_FETCH_WAIT_MS))
         found: dict[str, Manifest] = {}
         invalid: dict[str, str] = {}
+
+        def on_record(msg: Any) -> None:
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            digest = key.removeprefix("sha256:")
+            value = msg.value()
+            if value is None:
+                found.pop(digest, None)
+                invalid.pop(digest, None)
+                return
+            try:
+                found[digest] = Manifest.from_record(decode(value, expected=RECORD),
+                                                     self.settings.max_artifact_bytes, key_digest=digest)
+                invalid.pop(digest, None)
+            except Exception as exc:  # one unreadable record never hides the others
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                found.pop(digest, None)  # the latest record of the key is the manifest: it is not usable
+                invalid[digest] = reason
+                log.warning("%s[%d]@%d: invalid manifest skipped: %r", msg.topic(), msg.partition(),
+                            msg.offset(), reason)
+
         try:
             partitions = _topic_partitions(consumer, self.manifest_topic)
-            pending = set(partitions)  # until each reports its end (an empty one too, once its leader answers)
-            consumer.assign([TopicPartition(self.manifest_topic, p, OFFSET_BEGINNING) for p in partitions])
-            deadline = time.monotonic() + timeout
-            while pending:
-                if time.monotonic() > deadline:
-                    raise ArtifactUnavailable(f"{self.manifest_topic}: not read to its end within {timeout:g}s")
-                for msg in consumer.consume(num_messages=500, timeout=0.5):
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(msg.partition())
-                        elif error.fatal():
-                            raise ArtifactUnavailable(f"{self.manifest_topic}: {error.str()}")
-                        continue
-                    key = (msg.key() or b"").decode("utf-8", "replace")
-                    digest = key.removeprefix("sha256:")
-                    value = msg.value()
-                    if value is None:
-                        found.pop(digest, None)
-                        invalid.pop(digest, None)
-                        continue
-                    try:
-                        found[digest] = Manifest.from_record(decode(value, expected=RECORD),
-                                                             self.settings.max_artifact_bytes, key_digest=digest)
-                        invalid.pop(digest, None)
-                    except Exception as exc:  # one unreadable record never hides the others
-                        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                        found.pop(digest, None)  # the latest record of the key is the manifest: it is not usable
-                        invalid[digest] = reason
-                        log.warning("%s[%d]@%d: invalid manifest skipped: %r", msg.topic(), msg.partition(),
-                                    msg.offset(), reason)
+            # to the ends the partitions have now, by position (sie.kernel.replay): a transient refusal of the
+            # ends is retried, a broker that does not deliver them in time is ArtifactUnavailable
+            read_to_end(consumer, self.manifest_topic, on_record, timeout_s=timeout, partitions=partitions)
+        except KafkaUnavailable as exc:
+            raise ArtifactUnavailable(str(exc)) from None
         finally:
             consumer.close()
         self.invalid = invalid
@@ -239,7 +231,10 @@ class ArtifactStore:
         """Write the artifact's bytes into ``sink`` (chunk ``i`` at ``i * chunk_size``).  Raises
         ``ArtifactRefused`` for a corrupt or missing chunk, ``ArtifactUnavailable`` when the broker does not
         deliver the range in time.  The caller verifies the whole file's sha256."""
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import TopicPartition
+
+        from sie.kernel.errors import KafkaUnavailable
+        from sie.kernel.replay import ReadProgress, watermarks
 
         m = manifest
         problem = m.problem(self.settings.max_artifact_bytes)
@@ -251,33 +246,33 @@ class ArtifactStore:
         prefix = f"sha256:{m.sha256}/"
         names = self.settings.names
         consumer = self._clients.consumer(state_reader_config(
-            self.settings, self._group, names.artifact_client_id("fetch"), **_SHORT_FETCH_WAIT))
+            self.settings, self._group, names.artifact_client_id("fetch"), fetch_wait_ms=REPLAY_FETCH_WAIT_MS))
         received: set[int] = set()
+        key = (self.chunk_topic, m.chunk_partition)
         try:
             consumer.assign([TopicPartition(self.chunk_topic, m.chunk_partition, m.first_offset)])
             deadline = time.monotonic() + timeout
-            done = False
-            while not done:
+            try:  # the range ends at the manifest's last offset, or where the partition ends now if before it
+                _low, high = watermarks(consumer, [key], timeout_s=min(timeout, 30.0))[key]
+            except KafkaUnavailable as exc:
+                raise ArtifactUnavailable(f"{label}: {exc}") from None
+            progress = ReadProgress({key: min(m.last_offset + 1, high)}, {key: m.first_offset})
+            while True:  # read when the position reaches the range's end (sie.kernel.replay's rule)
+                progress.check_positions(consumer)
+                if progress.done:
+                    break
                 if time.monotonic() > deadline:
                     raise ArtifactUnavailable(f"{label}: chunks not read within {timeout:g}s "
                                               f"({len(received)} of {m.chunks})")
                 for msg in consumer.consume(num_messages=64, timeout=0.5):
                     error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            done = True  # the partition ends before last_offset: chunks are gone
-                        elif error.fatal():
-                            raise ArtifactUnavailable(f"{label}: {error.str()}")
-                        continue
-                    if msg.offset() > m.last_offset:
-                        done = True
-                        break
-                    key = (msg.key() or b"").decode("utf-8", "replace")
-                    if key.startswith(prefix) and msg.value() is not None:
-                        self._write_chunk(m, label, key[len(prefix):], msg, sink, received)
-                    if msg.offset() >= m.last_offset:
-                        done = True
-                        break
+                    if error is not None and error.fatal():
+                        raise ArtifactUnavailable(f"{label}: {error.str()}")
+                    if not progress.see(msg) or msg.offset() > m.last_offset:
+                        continue  # an event, or past the range
+                    chunk_key = (msg.key() or b"").decode("utf-8", "replace")
+                    if chunk_key.startswith(prefix) and msg.value() is not None:
+                        self._write_chunk(m, label, chunk_key[len(prefix):], msg, sink, received)
         finally:
             consumer.close()
         if len(received) < m.chunks:  # received holds only real chunks: bounded by what the broker delivered
@@ -321,8 +316,7 @@ class ArtifactUpload:
         self._timeout = timeout
         settings = store.settings
         self._producer = store._clients.producer(idempotent_producer_config(
-            settings, settings.names.artifact_client_id("upload"), **{
-                "message.timeout.ms": int(timeout * 1000), "linger.ms": 20}))
+            settings, settings.names.artifact_client_id("upload"), linger_ms=20, message_timeout_s=timeout))
         partitions = _topic_partitions(self._producer, store.chunk_topic)
         self.partition = store.partition_of(sha256, len(partitions))
         self._buffer = bytearray()

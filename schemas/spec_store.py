@@ -84,8 +84,7 @@ class AckedWriter:
                 clients = self._clients or KafkaClients()
                 # a record not acknowledged within the timeout fails (as a fresh producer's would), not later
                 self._producer = clients.producer(idempotent_producer_config(
-                    self._settings, self._client_id, **{"linger.ms": 0,
-                                                        "message.timeout.ms": int(self._timeout_s * 1000)}))
+                    self._settings, self._client_id, linger_ms=0, message_timeout_s=self._timeout_s))
             return self._producer
 
     def close(self, timeout: float = 10.0) -> None:
@@ -106,7 +105,7 @@ def produce_acknowledged(settings: Settings, messages: list[tuple[str, bytes | N
 
         # no duplicates or reordering on retry; a record not acknowledged within the timeout fails
         producer = KafkaClients().producer(idempotent_producer_config(
-            settings, settings.names.writer_client_id("specs"), **{"message.timeout.ms": int(timeout * 1000)}))
+            settings, settings.names.writer_client_id("specs"), message_timeout_s=timeout))
     errors: list[str] = []
     delivered: list[int] = []
     done = threading.Event()
@@ -191,7 +190,7 @@ def read_spec_snapshot(settings: Settings, timeout: float = 30.0, clients: Kafka
     """Replay the specs topic from the beginning to the end it has now (``sie.kernel.replay``)."""
     from sie.kernel.admin import admin_client, wait_for_cluster
     from sie.kernel.authz import topic_denied
-    from sie.kernel.clients import KafkaClients, admin_config, state_reader_config
+    from sie.kernel.clients import REPLAY_FETCH_WAIT_MS, KafkaClients, admin_config, state_reader_config
     from sie.kernel.replay import read_to_end
 
     topic = specs_topic(settings)
@@ -205,10 +204,9 @@ def read_spec_snapshot(settings: Settings, timeout: float = 30.0, clients: Kafka
                 raise denied
         return snapshot
     names = settings.names
-    consumer = (clients or KafkaClients()).consumer({
-        **state_reader_config(settings, names.reader_group("specs", uuid.uuid4().hex[:8]),  # never committed or joined
-                              names.reader_client_id("specs")),
-        "fetch.wait.max.ms": 50})  # an empty fetch at the end returns fast
+    consumer = (clients or KafkaClients()).consumer(state_reader_config(
+        settings, names.reader_group("specs", uuid.uuid4().hex[:8]),  # never committed or joined
+        names.reader_client_id("specs"), fetch_wait_ms=REPLAY_FETCH_WAIT_MS))  # an empty fetch at the end returns fast
     try:
         read_to_end(consumer, topic, lambda msg: snapshot.apply(
             (msg.key() or b"").decode("utf-8", "replace"), msg.value(), f"{topic}[{msg.partition()}]@{msg.offset()}"),

@@ -39,6 +39,7 @@ from sie.infra.kafka.security import (
     SecurityFiles,
     secure_server_properties,
 )
+from sie.kernel.clients import scram_client_security
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
 
@@ -285,8 +286,10 @@ class LocalKafka:
     def _probe_security(self) -> dict[str, Any] | None:
         if not self.secure:
             return None
-        return {"security.protocol": "SASL_SSL", "sasl.mechanism": MECHANISM, "sasl.username": ADMIN,
-                "sasl.password": self.security.password(ADMIN), "ssl.ca.location": str(self.security.ca_cert)}
+        return self._security_as(ADMIN)
+
+    def _security_as(self, user: str) -> dict[str, Any]:
+        return scram_client_security(MECHANISM, user, self.security.password(user), str(self.security.ca_cert))
 
     def _alive(self, node: NodeLayout, state: ClusterState | None) -> bool:
         pid = state.pids.get(node.node_id) if state else None
@@ -389,8 +392,7 @@ class LocalKafka:
                 raise SieError(f"creating SCRAM user {user} on {self.bootstrap_servers} failed: {exc}") from None
         deadline = self._clock() + timeout
         while True:  # the brokers learn new credentials from the metadata log: wait until they can log in
-            as_user = {**(self._probe_security() or {}), "sasl.username": users[-1],
-                       "sasl.password": self.security.password(users[-1])}
+            as_user = self._security_as(users[-1])
             if probe_brokers(self.bootstrap_servers, 2.0, as_user) is not None:
                 break
             if self._clock() >= deadline:

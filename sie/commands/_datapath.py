@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sie.kernel.clients import KafkaClients
 from sie.kernel.settings import Settings
 
 
@@ -40,39 +41,41 @@ def _offsets(admin: Any, tps: list[Any], spec_of: Any, timeout: float) -> dict[t
     return {(tp.topic, tp.partition): fut.result(timeout=timeout).offset for tp, fut in futures.items()}
 
 
-def _count_exact(settings: Settings, spans: dict[tuple[str, int], tuple[int, int]],
-                 timeout: float) -> dict[tuple[str, int], int]:
-    """Committed records in [start, end) of each partition (markers and aborted records are not delivered)."""
+def _count_exact(settings: Settings, spans: dict[tuple[str, int], tuple[int, int]], timeout: float,
+                 clients: KafkaClients | None = None) -> dict[tuple[str, int], int]:
+    """Committed records in [start, end) of each partition (markers and aborted records are not delivered).
+
+    A span is read when the consumer's position reaches its end (``sie.kernel.replay.ReadProgress``), never when
+    a record at ``end - 1`` arrives: a span that ends on a transaction marker or an aborted transaction has no
+    record there."""
     import uuid
 
-    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    from sie.kernel.clients import KafkaClients, state_reader_config
+    from sie.kernel.clients import state_reader_config
+    from sie.kernel.replay import ReadProgress
 
     counts: dict[tuple[str, int], int] = {}
     todo = {k: v for k, v in spans.items() if v[1] > v[0]}
     if not todo:
         return counts
     names = settings.names
-    consumer = KafkaClients().consumer(state_reader_config(
-        settings, names.reader_group("describe", uuid.uuid4().hex[:8]), names.cli_client_id("describe")))
+    consumer = (clients or KafkaClients()).consumer(state_reader_config(
+        settings, names.reader_group("describe", uuid.uuid4().hex[:8]), names.cli_client_id("describe"),
+        partition_eof=False))  # the positions decide, not end-of-partition events
+    progress = ReadProgress({k: end for k, (_start, end) in todo.items()},
+                            {k: start for k, (start, _end) in todo.items()})
     try:
         consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _end) in todo.items()])
         deadline = time.monotonic() + timeout
-        while todo and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            key = (msg.topic(), msg.partition())
-            if (err := msg.error()) is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    todo.pop(key, None)
-                continue
-            end = todo.get(key, (0, -1))[1]
-            if msg.offset() < end:
-                counts[key] = counts.get(key, 0) + 1
-            if msg.offset() + 1 >= end:
-                todo.pop(key, None)
+        while time.monotonic() < deadline:
+            progress.check_positions(consumer)
+            if progress.done:
+                break
+            for msg in consumer.consume(500, 0.2):
+                key = (msg.topic(), msg.partition())
+                if progress.see(msg) and msg.offset() < progress.ends.get(key, 0):
+                    counts[key] = counts.get(key, 0) + 1
     finally:
         consumer.close()
     return counts

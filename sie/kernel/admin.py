@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sie.kernel.clients import KafkaClients, admin_config
+from sie.kernel.clients import KafkaClients, quiet_admin_config
 from sie.kernel.errors import ConfigError, KafkaUnavailable, SieError
+from sie.kernel.kafka_types import KafkaAdmin
 from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 from sie.kernel.topics import TopicSpec
 
 if TYPE_CHECKING:
-    from confluent_kafka.admin import AdminClient, ClusterMetadata
+    from confluent_kafka.admin import ClusterMetadata
 
 
 class Action(str, Enum):
@@ -79,14 +80,12 @@ class EnsureReport:
 # ---- cluster helpers -----------------------------------------------------------------------------
 # Every helper takes ``clients`` (``sie.kernel.clients.KafkaClients``): a component that was handed fakes
 # makes its admin calls on them too (unit tests without a broker); None = the real librdkafka clients.
-def admin_client(settings: Settings, clients: KafkaClients | None = None, **overrides: Any) -> AdminClient:
-    config = {**admin_config(settings), **overrides}
-    config.setdefault("log_level", 4)  # warnings and up; hides the info line each destroyed client prints
-    admin: AdminClient = (clients or KafkaClients()).admin(config)
+def admin_client(settings: Settings, clients: KafkaClients | None = None, **overrides: Any) -> KafkaAdmin:
+    admin: KafkaAdmin = (clients or KafkaClients()).admin(quiet_admin_config(settings, **overrides))
     return admin
 
 
-def watched_admin(settings: Settings, clients: KafkaClients | None = None) -> tuple[AdminClient, list[Any]]:
+def watched_admin(settings: Settings, clients: KafkaClients | None = None) -> tuple[KafkaAdmin, list[Any]]:
     """An admin client plus the list its error callback fills with authentication failures (a refused
     SASL login shows only there, not in the failing call's exception)."""
     from sie.kernel.authz import AUTHENTICATION_ERRORS
@@ -98,7 +97,7 @@ def watched_admin(settings: Settings, clients: KafkaClients | None = None) -> tu
 
 
 def wait_for_cluster(settings: Settings, timeout: float = 30.0, clients: KafkaClients | None = None,
-                     admin: AdminClient | None = None, refused: list[Any] | None = None) -> ClusterMetadata:
+                     admin: KafkaAdmin | None = None, refused: list[Any] | None = None) -> ClusterMetadata:
     """Cluster metadata once any broker answers; KafkaUnavailable naming the servers otherwise, and
     ``NotAuthenticated`` within seconds when the cluster refuses our credentials (not after ``timeout``).
     ``admin``/``refused`` reuse a client from ``watched_admin``."""
@@ -158,7 +157,7 @@ def min_insync_for(replication: int) -> int | None:
 
 
 def topic_configs(settings: Settings, topic: str, timeout: float = 10.0, clients: KafkaClients | None = None,
-                  admin: AdminClient | None = None) -> dict[str, str]:
+                  admin: KafkaAdmin | None = None) -> dict[str, str]:
     """Effective config of a topic (``cleanup.policy``, ``min.insync.replicas``, ...)."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
@@ -169,7 +168,7 @@ def topic_configs(settings: Settings, topic: str, timeout: float = 10.0, clients
 
 
 def wait_for_topics(settings: Settings, topics: Iterable[str], timeout: float = 30.0,
-                    admin: AdminClient | None = None) -> ClusterMetadata:
+                    admin: KafkaAdmin | None = None) -> ClusterMetadata:
     """Until every partition of each topic has a leader, so a producer's first send does not fail.
 
     Returns the metadata (of every topic) in which they all appeared, as ``admin`` sees it: on a
@@ -241,7 +240,7 @@ class GroupProgress:
         return sum(max(0, end - self.committed.get(p, end)) for p, end in self.ends.items())
 
 
-def _offsets_topic_ready(admin: AdminClient, group_id: str, topic: str, timeout: float) -> bool:
+def _offsets_topic_ready(admin: KafkaAdmin, group_id: str, topic: str, timeout: float) -> bool:
     """Whether group offsets can be asked for: False when ``__consumer_offsets`` does not exist (nothing was ever
     committed on this cluster); ``SieError`` (transient: the caller asks again later) while a partition of it has no
     leader.  WHY: librdkafka's ListConsumerGroupOffsets crashed the process (SIGSEGV, confluent-kafka 2.x) against a
@@ -262,7 +261,7 @@ def _offsets_topic_ready(admin: AdminClient, group_id: str, topic: str, timeout:
     return True
 
 
-def group_progress(admin: AdminClient, group_id: str, topic: str, timeout: float = 5.0) -> GroupProgress:
+def group_progress(admin: KafkaAdmin, group_id: str, topic: str, timeout: float = 5.0) -> GroupProgress:
     """Committed offsets of ``group_id`` and the ends of ``topic`` through one admin client (read-only: the
     group is never joined).  A topic that does not exist yet has no partitions (nothing waits on it);
     anything else that fails raises ``SieError`` naming the group and topic.
@@ -383,7 +382,7 @@ def ensure_topics(
     return EnsureReport(tuple(outcomes))
 
 
-def _check_visible(admin: AdminClient, settings: Settings, missing: Sequence[TopicSpec], timeout: float) -> None:
+def _check_visible(admin: KafkaAdmin, settings: Settings, missing: Sequence[TopicSpec], timeout: float) -> None:
     """On a cluster with ACLs a topic this principal may not Describe is absent from the metadata, exactly like
     a missing one; asked for by name, Kafka says which: refuse with the missing permission instead of trying
     (and failing) to create a topic that may well exist."""
@@ -398,7 +397,7 @@ def _check_visible(admin: AdminClient, settings: Settings, missing: Sequence[Top
             raise denied
 
 
-def _set_topic_config(admin: AdminClient, topic: str, values: dict[str, str], timeout: float) -> None:
+def _set_topic_config(admin: KafkaAdmin, topic: str, values: dict[str, str], timeout: float) -> None:
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     resource = ConfigResource(

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sie.kernel.consumer import KafkaConsumer
+from sie.kernel.kafka_types import KafkaAdmin, KafkaProducer
 from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 
@@ -40,16 +41,16 @@ def _consumer(config: dict[str, Any]) -> KafkaConsumer:
     return cast(KafkaConsumer, Consumer(config))  # why a cast: sie.kernel.consumer
 
 
-def _producer(config: dict[str, Any]) -> Any:
+def _producer(config: dict[str, Any]) -> KafkaProducer:
     from confluent_kafka import Producer
 
-    return Producer(config)
+    return cast(KafkaProducer, Producer(config))  # why a cast: sie.kernel.kafka_types
 
 
-def _admin(config: dict[str, Any]) -> Any:
+def _admin(config: dict[str, Any]) -> KafkaAdmin:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(config)
+    return cast(KafkaAdmin, AdminClient(config))
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class KafkaClients:
     """Factories of Kafka clients (each takes a librdkafka config dict)."""
 
     consumer: Callable[[dict[str, Any]], KafkaConsumer] = _consumer
-    producer: Callable[[dict[str, Any]], Any] = _producer
-    admin: Callable[[dict[str, Any]], Any] = _admin
+    producer: Callable[[dict[str, Any]], KafkaProducer] = _producer
+    admin: Callable[[dict[str, Any]], KafkaAdmin] = _admin
 
 
 #: heartbeat of an exactly-once stage's consumer.  Classic-protocol members learn that the group rebalances
@@ -194,16 +195,34 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
     })
 
 
-def idempotent_producer_config(settings: Settings, client_id: str, **overrides: Any) -> dict[str, Any]:
-    """A non-transactional writer whose retries never duplicate a record (status, registrations, specs)."""
+def idempotent_producer_config(settings: Settings, client_id: str, *, linger_ms: int = 5,
+                               message_timeout_s: float | None = None, **overrides: Any) -> dict[str, Any]:
+    """A non-transactional writer whose retries never duplicate a record (status, registrations, specs).
+    ``message_timeout_s``: a record not acknowledged within it fails (as a fresh producer's would), not later."""
     return settings.kafka_client_config(**{
         "client.id": client_id,
         "enable.idempotence": True,
         "acks": "all",
-        "linger.ms": 5,
+        "linger.ms": linger_ms,
         "message.max.bytes": settings.max_record_bytes,
+        **({"message.timeout.ms": int(message_timeout_s * 1000)} if message_timeout_s is not None else {}),
         **overrides,
     })
+
+
+def failed_deliveries_only(config: dict[str, Any], on_failed: Callable[[Any, Any], None]) -> dict[str, Any]:
+    """``config`` with delivery reports of failed records only (nothing per successful record), to
+    ``on_failed(err, msg)``: a record the broker refuses (a missing ACL) fails there, not only as "N message(s)
+    failed delivery" from ``commit_transaction``."""
+    return {**config, "delivery.report.only.error": True, "on_delivery": on_failed}
+
+
+def leader_producer_config(settings: Settings, transactional_id: str, *, transaction_timeout_ms: int) -> dict[str, Any]:
+    """The control-plane leader's fenced writer: a transactional producer whose records are lz4-compressed (an
+    Assignment repeats each replica's spec document: lz4 stores and sends it ~30x smaller, a node's 85-replica
+    record 124 KB -> ~4 KB, what every agent's replay and live read fetch)."""
+    return {**transactional_producer_config(settings, transactional_id, transaction_timeout_ms=transaction_timeout_ms),
+            "compression.type": "lz4"}
 
 
 def request_producer_config(settings: Settings, client_id: str, **overrides: Any) -> dict[str, Any]:
@@ -223,10 +242,17 @@ def request_producer_config(settings: Settings, client_id: str, **overrides: Any
 BARRIER_FETCH_WAIT_MS = 50
 
 
+#: fetch long-poll of a replay (the spec snapshots, the artifact manifests and chunks): the broker answers an
+#: empty fetch at the end after 50 ms, not librdkafka's 500 ms default
+REPLAY_FETCH_WAIT_MS = 50
+
+
 def state_reader_config(settings: Settings, group_id: str, client_id: str, *, partition_eof: bool = True,
-                        **overrides: Any) -> dict[str, Any]:
+                        fetch_wait_ms: int | None = None, **overrides: Any) -> dict[str, Any]:
     """A reader of (compacted) state topics that ``assign()``s and never commits: ``group_id`` is required
-    by librdkafka but never joined; only committed records (transactional writers) are seen."""
+    by librdkafka but never joined; only committed records (transactional writers) are seen.
+    ``fetch_wait_ms``: its fetch long-poll (``REPLAY_FETCH_WAIT_MS``, ``BARRIER_FETCH_WAIT_MS``; None:
+    librdkafka's default)."""
     return settings.kafka_client_config(**{
         "group.id": group_id,
         "client.id": client_id,
@@ -234,6 +260,7 @@ def state_reader_config(settings: Settings, group_id: str, client_id: str, *, pa
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
         "enable.partition.eof": partition_eof,
+        **({"fetch.wait.max.ms": fetch_wait_ms} if fetch_wait_ms is not None else {}),
         **overrides,
     })
 
@@ -258,6 +285,19 @@ def group_member_config(settings: Settings, group_id: str, client_id: str, *, se
 
 def admin_config(settings: Settings) -> dict[str, Any]:
     return settings.kafka_client_config()
+
+
+def quiet_admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """``admin_config`` logging warnings and up (``sie.kernel.admin.admin_client``): hides the info line each
+    destroyed client prints."""
+    return {"log_level": 4, **admin_config(settings), **overrides}
+
+
+def scram_client_security(mechanism: str, user: str, password: str, ca_cert: str) -> dict[str, Any]:
+    """The properties of a client that logs in to a SASL_SSL listener as ``user`` (``broker_probe_config``'s
+    ``security``: ``sie kafka``'s own brokers, probed as their admin or as a user just created)."""
+    return {"security.protocol": "SASL_SSL", "sasl.mechanism": mechanism, "sasl.username": user,
+            "sasl.password": password, "ssl.ca.location": ca_cert}
 
 
 #: the properties of a client's config that say how it connects (an allow-list: a consumer's or producer's own

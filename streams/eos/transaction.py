@@ -54,6 +54,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from sie.kernel.authz import from_kafka_error
+from sie.kernel.clients import failed_deliveries_only
 from sie.kernel.consumer import KafkaConsumer
 from sie.kernel.errors import KafkaUnavailable
 from sie.streams.eos.bounded import BoundedWorker, CallAbandoned, Pending, call_bounded
@@ -192,8 +193,7 @@ class TransactionalProducer:
             # Delivery reports of failed records only (nothing per successful record): a record the broker
             # refuses for a missing ACL (e.g. a topic this principal may not write or create) fails only
             # there, as "N message(s) failed delivery" from commit_transaction.
-            producer = self._factory({**self._config, "delivery.report.only.error": True,
-                                      "on_delivery": self._on_failed_delivery})
+            producer = self._factory(failed_deliveries_only(self._config, self._on_failed_delivery))
             try:
                 call_bounded(lambda: producer.init_transactions(_CALL_TIMEOUT_S), "init_transactions",
                              _CALL_TIMEOUT_S + _WATCHDOG_GRACE_S, self._stop)

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sie.kernel.replay import ReadProgress, watermarks
 from sie.streams.eos.records import Prepared
 from sie.streams.scorer.errors import VersionLost, VersionsNotReady
 from sie.streams.scorer.loop import Scorer
@@ -73,6 +74,10 @@ _ROLLED_BACK = frozenset({"RolledBack", "Failed"})
 _TERMINAL = frozenset({"Complete", *_ROLLED_BACK})
 #: how long a starting replica waits to read the rollouts topic to its end before it decides with what it read
 CATCH_UP_LIMIT_S = 15.0
+#: how long ``refresh`` retries a refused end offset (``sie.kernel.replay.watermarks``)
+_ENDS_S = 10.0
+#: the end of a partition whose end offset could not be asked: never reached, ``CATCH_UP_LIMIT_S`` decides
+_UNKNOWN_END = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -371,15 +376,17 @@ class KafkaWeightSource:
         self._topic = names.system_topic("rollouts")
         config = state_reader_config(settings, names.reader_group("rollout-weights", reader or model or "all"),
                                      names.reader_client_id("rollout-weights"), partition_eof=False,
-                                     **{"fetch.wait.max.ms": BARRIER_FETCH_WAIT_MS})
+                                     fetch_wait_ms=BARRIER_FETCH_WAIT_MS)
         self._consumer = (consumer_factory or KafkaClients().consumer)(config)
         md = self._consumer.list_topics(self._topic, timeout=10)
         parts = sorted(md.topics[self._topic].partitions) if self._topic in md.topics else [0]
         self._consumer.assign([TopicPartition(self._topic, p, -2) for p in parts])
         self._parts = parts
         self._lock = threading.Lock()
-        #: partition -> the end offset it had when this reader last looked: ``caught_up`` once read to there
-        self._ends: dict[int, int] = {}
+        #: how far each partition was read against the ends it had when this reader last looked (``refresh``):
+        #: ``caught_up`` once every position reached its end (``sie.kernel.replay``'s rule: a trailing commit
+        #: marker is passed by the position, never by a record)
+        self._progress = ReadProgress({})
         self._started = 0.0
         self.refresh()
         self._model = model
@@ -399,20 +406,17 @@ class KafkaWeightSource:
     def refresh(self) -> None:
         """Take the topic's end offsets now: ``caught_up`` is False until they are read (at start, and when
         the scorer is assigned partitions: their previous owner may have answered under a newer epoch)."""
-        from confluent_kafka import TopicPartition
-
-        ends: dict[int, int] = {}
+        keys = [(self._topic, p) for p in self._parts]
         with self._lock:  # one consumer, shared by the lanes of a multi-model process: one call at a time
-            for p in self._parts:
-                try:
-                    low, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=10,
-                                                                     cached=False)
-                except Exception as exc:  # noqa: BLE001 - unknown end: the deadline in caught_up decides
-                    log.warning("rollouts topic: end of partition %d unknown (%s)", p, exc)
-                    low, high = 0, 1
-                if high > low:
-                    ends[p] = high
-            self._ends, self._started = ends, time.monotonic()
+            started = time.monotonic()  # CATCH_UP_LIMIT_S counts the asking too
+            try:
+                # transient refusals retried (sie.kernel.replay.watermarks); read from each low watermark on
+                progress = ReadProgress.from_beginning(watermarks(self._consumer, keys, timeout_s=_ENDS_S))
+            except Exception as exc:  # noqa: BLE001 - unknown ends: the deadline in caught_up decides
+                log.warning("rollouts topic: end offsets unknown (%s); reading until the %.0fs catch-up limit",
+                            exc, CATCH_UP_LIMIT_S)
+                progress = ReadProgress({key: _UNKNOWN_END for key in keys})
+            self._progress, self._started = progress, started
 
     def wait_caught_up(self, limit_s: float) -> bool:
         """``caught_up``, waiting up to ``limit_s`` for the records to arrive."""
@@ -428,24 +432,19 @@ class KafkaWeightSource:
         """Whether what the topic held at start has been read (a transaction still open then is read once it
         commits).  A reader that cannot get there within ``CATCH_UP_LIMIT_S`` says so and goes on with what
         it has (a scorer that never served would be worse: the rollout record it misses is its model's own)."""
-        if not self._ends:
-            return True
-        from confluent_kafka import TopicPartition
-
         with self._lock:
+            if self._progress.done:
+                return True
             self._drain()
             try:
-                positions = self._consumer.position([TopicPartition(self._topic, p) for p in self._ends])
+                self._progress.check_positions(self._consumer)
             except Exception:  # noqa: BLE001 - unknown: not yet
-                positions = []
-            for tp in positions:
-                if tp.offset >= self._ends.get(tp.partition, 0):
-                    self._ends.pop(tp.partition, None)
-            if self._ends and time.monotonic() - self._started > CATCH_UP_LIMIT_S:
+                pass
+            if not self._progress.done and time.monotonic() - self._started > CATCH_UP_LIMIT_S:
                 log.warning("rollouts topic: not read to its end within %.0fs (partitions %s): going on with what "
-                            "was read", CATCH_UP_LIMIT_S, sorted(self._ends))
-                self._ends.clear()
-            return not self._ends
+                            "was read", CATCH_UP_LIMIT_S, sorted(p for _t, p in self._progress.short()))
+                self._progress = ReadProgress({})
+            return self._progress.done
 
     def view(self, model: str) -> _ModelView:
         """One model's ``WeightSource`` over this shared reader (closing the view leaves the reader open)."""

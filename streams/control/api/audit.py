@@ -51,7 +51,7 @@ class AuditLog:
             with self._lock:
                 if self._producer is None:
                     self._producer = (self._clients or KafkaClients()).producer(idempotent_producer_config(
-                        self._settings, self._settings.names.control_audit_client_id, **{"message.timeout.ms": 10_000}))
+                        self._settings, self._settings.names.control_audit_client_id, message_timeout_s=10))
                 errors: list[str] = []
                 self._producer.produce(self._settings.names.system_topic("events"), key=(model or "cluster").encode(),
                                        value=value, on_delivery=lambda err, _m: errors.append(str(err)) if err else None)

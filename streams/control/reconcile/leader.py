@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sie.kernel.clients import KafkaClients, group_member_config, state_reader_config, transactional_producer_config
+from sie.kernel.clients import KafkaClients, group_member_config, leader_producer_config, state_reader_config
 from sie.kernel.supervised import SupervisedThread, ThreadStatus
 from sie.streams.control.reconcile.ports import OutRecord
 from sie.streams.eos import EosLimits, Fenced, ProducerFatal, TransactionalProducer
@@ -281,11 +281,8 @@ class LeaderElector:
 
     def _elect(self) -> None:
         """init_transactions (fences any zombie) -> read control-leader to its end -> epoch = max + 1."""
-        config = {**transactional_producer_config(self._settings, self._names.control_transactional_id,
-                                                  transaction_timeout_ms=_TXN_TIMEOUT_MS),
-                  # an Assignment repeats each replica's spec document: lz4 stores and sends it ~30x smaller (a
-                  # node's 85-replica record: 124 KB -> ~4 KB), what every agent's replay and live read fetch
-                  "compression.type": "lz4"}
+        config = leader_producer_config(self._settings, self._names.control_transactional_id,
+                                        transaction_timeout_ms=_TXN_TIMEOUT_MS)  # lz4: an Assignment is large
         producer = TransactionalProducer(config, self._clients.producer, self._limits.attempts,
                                          self._limits.backoff_s, self._stop, self._limits.hang_limit_s)
         if not producer.start(patience_s=30.0):  # stopping
