@@ -212,14 +212,14 @@ class LocalKafka:
     shape from the state file, so ``LocalKafka(settings, data_dir=d).down()``
     stops whatever runs there.
 
-    ``hosts`` and ``launcher`` (the partition campaign, tests/netns.py): node i listens on and
+    ``hosts`` and ``launcher`` (the partition campaign, tests/support/netns.py): node i listens on and
     advertises ``hosts[i]`` and is started as ``launcher(node) + java ...`` (e.g. ``ip netns exec
     <its namespace>``).  Its ports are then not checked here (they are free in its own namespace; a
     broker that cannot bind exits and ``up`` quotes its log), and ``up``/``start_broker`` probe the
     brokers from the calling thread's network, so call them from where the hosts are reachable.
 
     ``properties(node, props)``: the node's ``server.properties`` as they will be written (tests: a second
-    listener that advertises a fault-injecting proxy, tests/kafka_proxy.py).
+    listener that advertises a fault-injecting proxy, tests/support/kafka_proxy.py).
     """
 
     def __init__(
