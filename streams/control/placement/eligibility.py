@@ -6,6 +6,7 @@ Per node (static: labels, tier, GPU products; liveness and room are not looked a
     tier_allows:       a tier-0 node hosts only P0 replicas; scheduling.tier admits only nodes of that tier
     selector_matches:  every nodeSelector key equals the node's label; nvidia.com/gpu.product without the
                        label matches a GPU whose product name holds every wanted token ("nvidia" ignored)
+    prefers:           0 for the nodes tried first (tier-0 for a P0 replica), 1 for the rest
 
 Per node and moment (room left, from the plan's ledger)::
 
