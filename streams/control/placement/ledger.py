@@ -16,7 +16,6 @@ from bisect import bisect_left, insort
 from collections import Counter
 
 from sie.streams.control.placement.demand import ReplicaDemand
-from sie.streams.control.placement.eligibility import fits_host
 from sie.streams.control.placement.host_memory import HostOverheads, host_memory_mb
 from sie.streams.control.placement.inventory import NodeState
 
@@ -70,9 +69,6 @@ class Node:
     def mem_need(self, d: ReplicaDemand) -> int:
         """Host memory ``d`` holds on this node (declared + process overhead)."""
         return host_memory_mb(d, self.state, self.overheads)
-
-    def fits_host(self, d: ReplicaDemand) -> bool:
-        return fits_host(self, d)
 
     def hold(self, g: Gpu, rid: str, mb: int) -> None:
         self.pool.unindex(g)

@@ -29,7 +29,14 @@ from typing import Any
 
 from sie.streams.control.placement import explain
 from sie.streams.control.placement.demand import ReplicaDemand
-from sie.streams.control.placement.eligibility import keeps, node_eligible, per_gpu_mb, prefers, whole_gpu_fits
+from sie.streams.control.placement.eligibility import (
+    fits_host,
+    keeps,
+    node_eligible,
+    per_gpu_mb,
+    prefers,
+    whole_gpu_fits,
+)
 from sie.streams.control.placement.host_memory import HostOverheads
 from sie.streams.control.placement.inventory import ClusterInventory, NodeState
 from sie.streams.control.placement.ledger import Gpu, Node, Pool, pool_key
@@ -197,7 +204,7 @@ class Allocator:
         node = self.nodes.get(node_name)
         if node is None or d.replica_id in self.placements or node_name in self.banned(d):
             return None
-        if not self._pool_allows(d, node.pool) or not node.fits_host(d):
+        if not self._pool_allows(d, node.pool) or not fits_host(node, d):
             return None
         gpus = [g for i in gpu_indices if (g := node.gpus.get(i)) is not None]
         if len(gpus) != len(gpu_indices) or len(set(gpu_indices)) != len(gpus):
@@ -292,7 +299,7 @@ class Allocator:
                 for j in range(bisect_left(index, probe), len(index)):
                     free, name, gi = index[j]
                     node = self.nodes[name]
-                    if name in banned or not node.fits_host(d):
+                    if name in banned or not fits_host(node, d):
                         continue
                     level = 0 if not node.models[model] else (2 if node.gpus[gi].models[model] else 1)
                     cand: tuple[int | str, ...]
@@ -323,7 +330,7 @@ class Allocator:
                 free = [g for g in node.gpus.values() if whole_gpu_fits(g, per)]
                 if len(free) > most[0]:
                     most = (len(free), name)
-                if len(free) < d.gpus or not node.fits_host(d):
+                if len(free) < d.gpus or not fits_host(node, d):
                     continue
                 cand = (0 if not node.models[d.model] else 1, pref, len(free) - d.gpus, name)
                 if best is None or cand < best:
@@ -339,7 +346,7 @@ class Allocator:
         for pref, pool in pools:
             for name in pool.names:
                 node = self.nodes[name]
-                if name not in banned and node.fits_host(d):
+                if name not in banned and fits_host(node, d):
                     cand = (0 if not node.models[d.model] else 1, pref, node.cpu_free - d.cpu, name)
                     if best is None or cand < best:
                         best = cand
