@@ -7,8 +7,14 @@ the control plane, never a Kafka client.
 - ``inventory``: frozen node/GPU state (``NodeState``, ``GpuState``, ``ClusterInventory``).
 - ``demand``: ``ReplicaDemand`` and ``demands_from_spec(spec)``.
 - ``host_memory``: what a replica needs from its node's RAM besides the GPU (``HostOverheads``).
-- ``engine``: ``place(...)`` (full pass), ``Placer`` (incremental events),
-  ``PlacementPlan``/``Placement``/``Unplaced`` and ``validate_tier_request`` (409 helper).
+- ``engine``: the entry points ``place(...)`` (full pass) and ``Placer`` (incremental events); it re-exports
+  what callers import from it (``PlacementPlan``, ``node_eligible``, ``validate_tier_request``, ...).
+- ``eligibility``: which nodes and GPUs may hold a replica, a small pure function a rule (``node_eligible``,
+  ``selector_matches``, ``fits_host``, ``validate_tier_request``: the 409 helper).
+- ``plan``: choosing among the eligible nodes (the allocator: best fit, anti-affinity, keeping, evicting), on
+  its ``ledger`` of what is free; ``preemption``: which lower-priority replicas to evict.
+- ``explain``: the words of every reason and note (``unschedulable: ...``, ``preempted by ...``).
+- ``results``: the plan as values (``PlacementPlan``/``Placement``/``Unplaced``/``Preemption``/``PlanDiff``).
 - ``rollout_capacity``: which version each replica of a model in a rollout runs (``plan_capacity``).
 """
 
