@@ -42,7 +42,6 @@ walks every rollout phase).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +50,7 @@ from typing import Any
 
 from sie.kernel.names import Names
 from sie.schemas.replica_state import ReplicaState
+from sie.schemas.replica_template import ReplicaTemplate, template_from_json, template_of
 from sie.streams.control.placement.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.placement.engine import PlacementPlan, node_eligible, place
 from sie.streams.control.placement.host_memory import HostOverheads
@@ -87,6 +87,8 @@ from sie.streams.control.reconcile.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
 
 log = logging.getLogger(__name__)
+#: the template of a replica whose model has no spec any more (its Assignment entry says so with an empty document)
+_NO_TEMPLATE = template_from_json("")
 
 # ---------------------------------------------------------------------------------------- failures
 
@@ -213,10 +215,10 @@ class Controller:
         self.rollouts: RolloutView = rollouts if rollouts is not None else NoRollouts()
         #: the replica plan of each model in a rollout this pass (``rollout_capacity``; the driver's readiness gate)
         self.capacity: dict[str, CapacityPlan] = {}
-        #: (model, version) -> spec JSON of a rollout version that replicas run next to the applied spec
-        self._version_docs: dict[tuple[str, str], str] = {}
-        #: model -> (its spec object, the spec's Assignment document): ``_spec_json``
-        self._spec_docs: dict[str, tuple[Any, str]] = {}
+        #: (model, version) -> replica template of a rollout version that replicas run next to the applied spec
+        self._version_docs: dict[tuple[str, str], ReplicaTemplate] = {}
+        #: model -> (its spec object, the spec's replica template): ``_template``
+        self._spec_docs: dict[str, tuple[Any, ReplicaTemplate]] = {}
         #: the inputs of the latest placement and its plan: a pass with equal inputs reuses the plan (``_place``)
         self._last_placement: tuple[tuple[Any, ...], PlacementPlan] | None = None
         #: model -> (its spec object, the count, its replica demands): ``_model_demands``
@@ -591,7 +593,7 @@ class Controller:
         from sie.schemas.spec import ModelService
 
         plans: dict[str, CapacityPlan] = {}
-        docs: dict[tuple[str, str], str] = {}
+        docs: dict[tuple[str, str], ReplicaTemplate] = {}
         for name in sorted(snap.specs):
             ro = self.rollouts.replicas_of(name) if hasattr(self.rollouts, "replicas_of") else None
             if ro is None or ro.phase not in PLANNED_PHASES:
@@ -599,7 +601,7 @@ class Controller:
             specs = {ro.stable_version: ModelService.from_document(dict(ro.stable_spec)),
                      ro.canary_version: ModelService.from_document(dict(ro.canary_spec))}
             for version, doc in ((ro.stable_version, ro.stable_spec), (ro.canary_version, ro.canary_spec)):
-                docs[(name, version)] = json.dumps(dict(doc), sort_keys=True, separators=(",", ":"))
+                docs[(name, version)] = template_of(doc)
             others = [d for d in demands if d.model != name]
             count = desired_count(snap.specs[name], counts.get(name))
             trial = demands_from_spec(specs[ro.canary_version],
@@ -819,18 +821,18 @@ class Controller:
         return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory, plan.preempted)
 
     def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], out: list[OutRecord]) -> None:
-        spec_json = {name: self._spec_json(name, spec) for name, spec in snap.specs.items()}
+        templates = {name: self._template(name, spec) for name, spec in snap.specs.items()}
         for cache in (self._spec_docs, self._demand_cache):
-            for gone in set(cache) - set(spec_json):
+            for gone in set(cache) - set(templates):
                 del cache[gone]
-        spec_json.update(connector_documents(snap.connectors, snap.specs))
+        templates.update({m: template_from_json(doc) for m, doc in connector_documents(snap.connectors, snap.specs).items()})
         nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
         for node in sorted(nodes):
             wanted = tuple(
                 AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb),
-                                self._version_docs.get((p.model, p.version)) or spec_json.get(p.model, ""),
-                                self._companions(p.model, p.version))
+                                t.json, self._companions(p.model, p.version), t.hash)
                 for p in plan.assignments(node)
+                for t in (self._version_docs.get((p.model, p.version)) or templates.get(p.model) or _NO_TEMPLATE,)
             )
             last = published.get(node)
             if last is not None and last.replicas == wanted:
@@ -854,19 +856,20 @@ class Controller:
             self._demand_cache[name] = cached
         return cached[2]
 
-    def _spec_json(self, name: str, spec: Any) -> str:
-        """The document an Assignment carries for ``spec``, serialised once per spec record (the state holds one
-        immutable object per record read), not once per pass: 1,000 specs cost ~25 ms a pass."""
+    def _template(self, name: str, spec: Any) -> ReplicaTemplate:
+        """The replica template an Assignment carries for ``spec`` (``sie.schemas.replica_template``), made once
+        per spec record (the state holds one immutable object per record read), not once per pass: 1,000 specs
+        cost ~25 ms a pass."""
         cached = self._spec_docs.get(name)
         if cached is None or cached[0] is not spec:
-            cached = (spec, json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":")))
+            cached = (spec, template_of(spec.to_document()))
             self._spec_docs[name] = cached
         return cached[1]
 
     def _companions(self, model: str, version: str) -> tuple[str, ...]:
         """The other version's document a replica of ``model`` at ``version`` serves during its rollout (from a
         process of its own, prepared by its agent); () outside a rollout's planned phases."""
-        return tuple(doc for (m, v), doc in sorted(self._version_docs.items()) if m == model and v != version)
+        return tuple(t.json for (m, v), t in sorted(self._version_docs.items()) if m == model and v != version)
 
     def _placement_events(self, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
         before: dict[str, tuple[str, AssignedReplica]] = {}
