@@ -8,8 +8,9 @@ One rule for the CLI (``sie scale``, over Kafka) and the control API (``POST /v1
     new spec = the applied spec with ``sla.min_replicas``/``sla.max_replicas`` replaced, validated as an apply's
     publish it on the specs topic like an apply (a new ``applied_at_ms``: it is recorded like one)
 
-A scale changes no replica it keeps: the replica count is not part of a worker's target
-(``sie.workers.replica.DesiredReplica.target_hash``), so only the replicas added or removed start or drain.
+A scale changes no replica it keeps: the replica count is not part of a worker's target (the replica template
+leaves it out: ``sie.schemas.replica_template``, ``sie.workers.replica.DesiredReplica.target_hash``), so only
+the replicas added or removed start or drain.
 
 =====================================  ==========================================================
 failure                                what the caller gets

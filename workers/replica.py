@@ -13,13 +13,13 @@ shared with the control plane; it is re-exported here for the agent's code.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from sie.schemas.replica_state import ReplicaState
+from sie.schemas.replica_template import template_hash
 
 __all__ = ["ActualReplica", "DesiredReplica", "ExitInfo", "ReplicaState", "ReplicaTable"]
 
@@ -28,51 +28,35 @@ __all__ = ["ActualReplica", "DesiredReplica", "ExitInfo", "ReplicaState", "Repli
 class DesiredReplica:
     """One replica this node should run, as the control plane asked for it.
 
-    ``spec_json`` is the canonical JSON of the ModelService document; two desired
-    replicas with the same id but a different spec (a new model version, new
-    resources) are different targets, and the old process is drained before the
-    new one starts.  ``gpu_indices`` are node-local GPU indices (empty = CPU).
+    ``template_json`` is the replica template (``sie.schemas.replica_template``: the ModelService document
+    without the replica count and the rollout block), run as it is; ``template_hash`` its hash as the
+    Assignment carried it (empty: computed here).  Two desired replicas with the same id but another template
+    (a new model version, new resources) or other GPUs are different targets, and the old process is drained
+    before the new one starts.  ``gpu_indices`` are node-local GPU indices (empty = CPU).
     """
 
     replica_id: str
     model: str
     version: str
-    spec_json: str
+    template_json: str
     gpu_indices: tuple[int, ...] = ()
     gpu_memory_mb: int = 0
     epoch: int = 0
-    #: during a rollout, the other version's document(s) (JSON) the replica serves from a process of its own;
+    #: during a rollout, the other version's template(s) (JSON) the replica serves from a process of its own;
     #: not part of ``target_hash``: a rollout starting or ending restarts no worker
     companions: tuple[str, ...] = ()
+    template_hash: str = ""
 
     @cached_property
     def target_hash(self) -> str:
-        """Short identity of what the process runs: restart iff this changes.  Not part of it: the epoch, and
-        the model's replica count (``sla.min_replicas``/``max_replicas``: the control plane's business, never
-        read by a worker), so scaling a model up or down starts or stops only the replicas it adds or
-        removes instead of restarting every one it keeps (a restart is a gap in results:
-        bench/results/rollout_handover.txt)."""
+        """Short identity of what the process runs: restart iff this changes.  Not part of it: the epoch and
+        the companions; nor the model's replica count, which the template leaves out, so scaling a model up or
+        down starts or stops only the replicas it adds or removes instead of restarting every one it keeps (a
+        restart is a gap in results: bench/results/rollout_handover.txt)."""
         digest = hashlib.sha256()
-        digest.update(_without_replica_count(self.spec_json).encode())
+        digest.update((self.template_hash or template_hash(self.template_json)).encode())
         digest.update(repr((self.gpu_indices, self.gpu_memory_mb)).encode())
         return digest.hexdigest()[:12]
-
-
-#: the keys of a spec document's ``sla`` that say how many replicas to run (not how one runs)
-_REPLICA_COUNT_KEYS = ("min_replicas", "max_replicas")
-
-
-def _without_replica_count(spec_json: str) -> str:
-    """``spec_json`` without the replica count, canonical (the document as it was if it is not a model's)."""
-    try:
-        doc = json.loads(spec_json)
-    except ValueError:
-        return spec_json
-    sla = doc.get("sla") if isinstance(doc, dict) else None
-    if not isinstance(sla, dict) or not any(k in sla for k in _REPLICA_COUNT_KEYS):
-        return spec_json
-    doc["sla"] = {k: v for k, v in sla.items() if k not in _REPLICA_COUNT_KEYS}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from sie.kernel.clients import KafkaClients
 from sie.kernel.supervised import SupervisedThread
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.control.placement.host_memory import HostOverheads
-from sie.streams.control.reconcile.autoscaler import bounds
 from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.reconcile.controller import Controller, ReconcileReport
 from sie.streams.control.reconcile.feeder import StateFeeder
@@ -393,15 +392,10 @@ class ControlService:
         """Models whose count can change (min != max, P0 never below one): name -> (scorer group, request topic)."""
         if not self.elector.is_leader:
             return {}
-        from sie.streams.control.reconcile.autoscaler import ModelInputs
+        from sie.streams.control.reconcile.counts import can_scale
 
-        out = {}
-        for name, spec in self.state.snapshot().specs.items():
-            lo, hi, _ = bounds(ModelInputs(name, str(spec.priority_level), int(spec.sla.min_replicas),
-                                           int(spec.sla.max_replicas)))
-            if lo != hi:
-                out[name] = (spec.group_id, spec.topics.requests)
-        return out
+        return {name: (spec.group_id, spec.topics.requests)
+                for name, spec in self.state.snapshot().specs.items() if can_scale(spec)}
 
     # -- loop --------------------------------------------------------------------------------------
 

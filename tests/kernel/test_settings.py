@@ -34,7 +34,7 @@ def test_workers_get_the_agents_settings_not_its_environment(tmp_path) -> None:
     agent_settings = Settings(bootstrap_servers="127.0.0.1:29092", topic_prefix="blue")
     builder = WorkerCommandBuilder(tmp_path, base_env={"SIE_BOOTSTRAP_SERVERS": "127.0.0.1:9092"},
                                    settings=agent_settings)
-    launch = builder(DesiredReplica(replica_id="m-0", model="m", version="1", spec_json="{}"))
+    launch = builder(DesiredReplica(replica_id="m-0", model="m", version="1", template_json="{}"))
     assert launch.env["SIE_BOOTSTRAP_SERVERS"] == "127.0.0.1:29092"
     assert launch.env["SIE_TOPIC_PREFIX"] == "blue"
 

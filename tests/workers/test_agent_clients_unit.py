@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING
 
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import decode, encode
+from sie.schemas.replica_template import template_from_json
 from sie.workers.agent import Agent, AgentConfig
 from sie.workers.gpu import host_inventory, parse_simulated_gpus
 from sie.workers.supervisor import SupervisorPolicy
@@ -149,7 +150,8 @@ def test_follows_the_newest_assignment_of_its_node_only(world: World):
     assert world.launcher.started[0].signals == []  # a-0 is still desired: left alone
     # the worker got the assignment's spec and GPU
     spec_file = Path(world.launcher.started[1].spec.argv[world.launcher.started[1].spec.argv.index("--spec-file") + 1])
-    assert json.loads(spec_file.read_text()) == json.loads(spec_json("b-0"))
+    # the assignment carries the whole spec (a control plane before Assignment v3): the worker runs its template
+    assert json.loads(spec_file.read_text()) == json.loads(template_from_json(spec_json("b-0")).json)
     assert world.launcher.started[1].spec.env["CUDA_VISIBLE_DEVICES"] == ""  # simulated GPUs: CUDA hidden
 
 

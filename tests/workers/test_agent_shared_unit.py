@@ -30,7 +30,7 @@ def _doc(**changes: Any) -> dict[str, Any]:
 
 
 def _desired(rid: str, doc: dict[str, Any]) -> DesiredReplica:
-    return DesiredReplica(replica_id=rid, model=doc["name"], version=doc["version"], spec_json=json.dumps(doc),
+    return DesiredReplica(replica_id=rid, model=doc["name"], version=doc["version"], template_json=json.dumps(doc),
                           gpu_indices=(), gpu_memory_mb=0, epoch=1)
 
 

@@ -16,7 +16,7 @@ from tests.fakes.workers import FakeClock, FakeLauncher
 
 def replica(index: int = 0, spec_json: str = '{"v": 1}', epoch: int = 1) -> DesiredReplica:
     return DesiredReplica(
-        replica_id=f"fraud-scorer-{index}", model="fraud-scorer", version="1.0.0", spec_json=spec_json, epoch=epoch
+        replica_id=f"fraud-scorer-{index}", model="fraud-scorer", version="1.0.0", template_json=spec_json, epoch=epoch
     )
 
 

@@ -18,7 +18,7 @@ from tests.fakes.workers import FakeClock, FakeLauncher
 
 
 def replica(index: int = 0) -> DesiredReplica:
-    return DesiredReplica(replica_id=f"m-{index}", model="m", version="1", spec_json='{"v": 1}')
+    return DesiredReplica(replica_id=f"m-{index}", model="m", version="1", template_json='{"v": 1}')
 
 
 def test_default_is_any_free_port_and_off_is_none():

@@ -171,7 +171,7 @@ class WorkerCommandBuilder:
 
     def __call__(self, desired: DesiredReplica) -> LaunchSpec:
         self.replica_dir(desired.replica_id)  # before anything else: a refused id never reaches the disk
-        spec_doc = json.loads(desired.spec_json)  # fail here (a crash with a reason), not in the worker
+        spec_doc = json.loads(desired.template_json)  # fail here (a crash with a reason), not in the worker
         module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
         if module == WORKER_MODULE:  # the one preparation of a version (a companion version's too)
             spec_doc = prepare_spec(spec_doc, self.spec_policy, self.artifacts)

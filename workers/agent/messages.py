@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sie.schemas.replica_template import read_replica
 from sie.workers.replica import DesiredReplica
 from sie.workers.supervisor import ReplicaSnapshot
 
@@ -119,18 +120,22 @@ def replica_status(node: str, snapshot: ReplicaSnapshot, ts_ms: int) -> dict[str
 
 
 def desired_from_assignment(record: Mapping[str, Any]) -> list[DesiredReplica]:
-    """The replicas an Assignment asks for (duplicated replica ids: the last one wins)."""
+    """The replicas an Assignment asks for (duplicated replica ids: the last one wins).  Each runs its replica
+    template as carried; a record of a control plane before Assignment v3 carries the whole spec, whose template
+    ``read_replica`` derives (the same one, and hash, this release's control plane sends)."""
     epoch = int(record.get("epoch", 0))
     by_id: dict[str, DesiredReplica] = {}
     for item in record.get("replicas") or ():
+        template, companions = read_replica(item)
         by_id[item["replica_id"]] = DesiredReplica(
             replica_id=item["replica_id"],
             model=item["model"],
             version=item["version"],
-            spec_json=item["spec_json"],
+            template_json=template.json,
             gpu_indices=tuple(int(i) for i in item.get("gpu_indices") or ()),
             gpu_memory_mb=int(item.get("gpu_memory_mb") or 0),
             epoch=epoch,
-            companions=tuple(str(c) for c in item.get("companions") or ()),
+            companions=companions,
+            template_hash=template.hash,
         )
     return list(by_id.values())

@@ -42,7 +42,6 @@ walks every rollout phase).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -51,14 +50,16 @@ from typing import Any
 
 from sie.kernel.names import Names
 from sie.schemas.replica_state import ReplicaState
+from sie.schemas.replica_template import ReplicaTemplate, template_from_json, template_of
 from sie.streams.control.placement.demand import ReplicaDemand, demands_from_spec
 from sie.streams.control.placement.engine import PlacementPlan, node_eligible, place
 from sie.streams.control.placement.host_memory import HostOverheads
 from sie.streams.control.placement.inventory import ClusterInventory
 from sie.streams.control.placement.rollout_capacity import PLANNED_PHASES, CapacityInputs, CapacityPlan, plan_capacity
-from sie.streams.control.reconcile.autoscaler import ModelInputs, ScaleDecision, bounds, decide
+from sie.streams.control.reconcile.autoscaler import ModelInputs, ScaleDecision, decide
 from sie.streams.control.reconcile.config import ControlConfig
 from sie.streams.control.reconcile.connectors import connector_demands, connector_documents
+from sie.streams.control.reconcile.counts import can_scale, ceiling, desired_count, scale_range
 from sie.streams.control.reconcile.director import Extra, Signal, Track, direct, replica_lever
 from sie.streams.control.reconcile.liveness import GuardDecision, MassOfflineGuard
 from sie.streams.control.reconcile.ports import (
@@ -86,6 +87,8 @@ from sie.streams.control.reconcile.status import ModelStatus, build_status
 from sie.streams.eos.errors import Fenced
 
 log = logging.getLogger(__name__)
+#: the template of a replica whose model has no spec any more (its Assignment entry says so with an empty document)
+_NO_TEMPLATE = template_from_json("")
 
 # ---------------------------------------------------------------------------------------- failures
 
@@ -212,10 +215,10 @@ class Controller:
         self.rollouts: RolloutView = rollouts if rollouts is not None else NoRollouts()
         #: the replica plan of each model in a rollout this pass (``rollout_capacity``; the driver's readiness gate)
         self.capacity: dict[str, CapacityPlan] = {}
-        #: (model, version) -> spec JSON of a rollout version that replicas run next to the applied spec
-        self._version_docs: dict[tuple[str, str], str] = {}
-        #: model -> (its spec object, the spec's Assignment document): ``_spec_json``
-        self._spec_docs: dict[str, tuple[Any, str]] = {}
+        #: (model, version) -> replica template of a rollout version that replicas run next to the applied spec
+        self._version_docs: dict[tuple[str, str], ReplicaTemplate] = {}
+        #: model -> (its spec object, the spec's replica template): ``_template``
+        self._spec_docs: dict[str, tuple[Any, ReplicaTemplate]] = {}
         #: the inputs of the latest placement and its plan: a pass with equal inputs reuses the plan (``_place``)
         self._last_placement: tuple[tuple[Any, ...], PlacementPlan] | None = None
         #: model -> (its spec object, the count, its replica demands): ``_model_demands``
@@ -348,7 +351,8 @@ class Controller:
         else:
             self.rebalancer.move = None  # a standby moves nothing; a new leader adopts a move in flight (_seed_term)
         if self._rebalance.floors:
-            counts = {**counts, **{m: max(int(counts.get(m, 0)), f) for m, f in self._rebalance.floors.items()}}
+            counts = {**counts, **{m: desired_count(snap.specs[m], counts.get(m, 0), rebalance_floor=f)
+                                   for m, f in self._rebalance.floors.items() if m in snap.specs}}
         if inventory is not None:
             published = self._published_view(snap)
             plan = step("placement", lambda: self._place(snap, inventory, published, counts))
@@ -589,7 +593,7 @@ class Controller:
         from sie.schemas.spec import ModelService
 
         plans: dict[str, CapacityPlan] = {}
-        docs: dict[tuple[str, str], str] = {}
+        docs: dict[tuple[str, str], ReplicaTemplate] = {}
         for name in sorted(snap.specs):
             ro = self.rollouts.replicas_of(name) if hasattr(self.rollouts, "replicas_of") else None
             if ro is None or ro.phase not in PLANNED_PHASES:
@@ -597,10 +601,11 @@ class Controller:
             specs = {ro.stable_version: ModelService.from_document(dict(ro.stable_spec)),
                      ro.canary_version: ModelService.from_document(dict(ro.canary_spec))}
             for version, doc in ((ro.stable_version, ro.stable_spec), (ro.canary_version, ro.canary_spec)):
-                docs[(name, version)] = json.dumps(dict(doc), sort_keys=True, separators=(",", ":"))
+                docs[(name, version)] = template_of(doc)
             others = [d for d in demands if d.model != name]
-            count = max(0, counts.get(name, int(snap.specs[name].sla.min_replicas)))
-            trial = demands_from_spec(specs[ro.canary_version], count + 1)[-1]
+            count = desired_count(snap.specs[name], counts.get(name))
+            trial = demands_from_spec(specs[ro.canary_version],
+                                      desired_count(snap.specs[name], counts.get(name), surge=1))[-1]
             tried = place([*demands, trial], inventory, current, excluded=self._excluded(), overheads=self.overheads)
             blocked = ""
             if trial.replica_id not in tried.placements:
@@ -649,8 +654,7 @@ class Controller:
             if spec is None:
                 self.director_extra.pop(model, None)
                 continue
-            base = max(0, counts.get(model, int(spec.sla.min_replicas)))
-            hi = max(int(spec.sla.max_replicas), int(spec.sla.min_replicas))
+            base, hi = desired_count(spec, counts.get(model)), ceiling(spec)
             extra, decisions = replica_lever(self.director_extra.get(model), decisions, signals, base, hi, now,
                                              self.config.director, held=self.rollouts.in_progress(model))
             if extra is None:
@@ -706,7 +710,7 @@ class Controller:
         for model, extra in self.director_extra.items():
             spec = snap.specs.get(model)
             if spec is not None:
-                out[model] = max(out.get(model, int(spec.sla.min_replicas)), extra.floor)
+                out[model] = desired_count(spec, out.get(model), director_floor=extra.floor)
         return out
 
     def _capacity_events(self, now: float, out: list[OutRecord]) -> None:
@@ -741,9 +745,8 @@ class Controller:
                 elif r.state != ReplicaState.READY and r.version == ro.canary_version:
                     problems[int(idx)] = f"{r.state.value}" + (f": {r.reason}" if r.reason else "")
         decision = self.decisions.get(name)
-        minimum = int(snap.specs[name].sla.min_replicas)
-        demand = decision.needed if decision is not None and decision.needed is not None else minimum
-        return CapacityInputs(ro.phase, ro.stable_version, ro.canary_version, count, min(max(0, demand), count),
+        needed = desired_count(snap.specs[name], decision.needed if decision is not None else None)
+        return CapacityInputs(ro.phase, ro.stable_version, ro.canary_version, count, min(needed, count),
                               assigned, frozenset(ready), fits, problems, blocked, companions)
 
     def _excluded(self) -> dict[str, frozenset[str]]:
@@ -818,18 +821,18 @@ class Controller:
         return PlacementPlan(plan.placements, MappingProxyType(unplaced), plan.inventory, plan.preempted)
 
     def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], out: list[OutRecord]) -> None:
-        spec_json = {name: self._spec_json(name, spec) for name, spec in snap.specs.items()}
+        templates = {name: self._template(name, spec) for name, spec in snap.specs.items()}
         for cache in (self._spec_docs, self._demand_cache):
-            for gone in set(cache) - set(spec_json):
+            for gone in set(cache) - set(templates):
                 del cache[gone]
-        spec_json.update(connector_documents(snap.connectors, snap.specs))
+        templates.update({m: template_from_json(doc) for m, doc in connector_documents(snap.connectors, snap.specs).items()})
         nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
         for node in sorted(nodes):
             wanted = tuple(
                 AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb),
-                                self._version_docs.get((p.model, p.version)) or spec_json.get(p.model, ""),
-                                self._companions(p.model, p.version))
+                                t.json, self._companions(p.model, p.version), t.hash)
                 for p in plan.assignments(node)
+                for t in (self._version_docs.get((p.model, p.version)) or templates.get(p.model) or _NO_TEMPLATE,)
             )
             last = published.get(node)
             if last is not None and last.replicas == wanted:
@@ -845,26 +848,28 @@ class Controller:
 
     def _model_demands(self, name: str, spec: Any, count: int | None) -> list[ReplicaDemand]:
         """``demands_from_spec`` once per (spec record, count): the demands are immutable values, and 3,000 of them
-        made afresh every pass cost ~50 ms at 1,000 models."""
+        made afresh every pass cost ~50 ms at 1,000 models.  ``count`` None: ``desired_count`` without layers."""
+        count = desired_count(spec) if count is None else count
         cached = self._demand_cache.get(name)
         if cached is None or cached[0] is not spec or cached[1] != count:
             cached = (spec, count, demands_from_spec(spec, count))
             self._demand_cache[name] = cached
         return cached[2]
 
-    def _spec_json(self, name: str, spec: Any) -> str:
-        """The document an Assignment carries for ``spec``, serialised once per spec record (the state holds one
-        immutable object per record read), not once per pass: 1,000 specs cost ~25 ms a pass."""
+    def _template(self, name: str, spec: Any) -> ReplicaTemplate:
+        """The replica template an Assignment carries for ``spec`` (``sie.schemas.replica_template``), made once
+        per spec record (the state holds one immutable object per record read), not once per pass: 1,000 specs
+        cost ~25 ms a pass."""
         cached = self._spec_docs.get(name)
         if cached is None or cached[0] is not spec:
-            cached = (spec, json.dumps(spec.to_document(), sort_keys=True, separators=(",", ":")))
+            cached = (spec, template_of(spec.to_document()))
             self._spec_docs[name] = cached
         return cached[1]
 
     def _companions(self, model: str, version: str) -> tuple[str, ...]:
         """The other version's document a replica of ``model`` at ``version`` serves during its rollout (from a
         process of its own, prepared by its agent); () outside a rollout's planned phases."""
-        return tuple(doc for (m, v), doc in sorted(self._version_docs.items()) if m == model and v != version)
+        return tuple(t.json for (m, v), t in sorted(self._version_docs.items()) if m == model and v != version)
 
     def _placement_events(self, plan: PlacementPlan, published: Mapping[str, AssignmentInfo], inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
         before: dict[str, tuple[str, AssignedReplica]] = {}
@@ -1024,7 +1029,7 @@ class Controller:
         """Replica count per model.  The leader decides (and publishes each change as an event); a standby
         follows the decisions on the topic, so its API shows what the leader decided."""
         if self.signals is None:
-            return {name: max(0, int(spec.sla.min_replicas)) for name, spec in snap.specs.items()}
+            return {name: desired_count(spec) for name, spec in snap.specs.items()}
         if not leader or not self._decisions_seeded:
             self._seed_decisions(now)
             self._decisions_seeded = leader
@@ -1033,22 +1038,20 @@ class Controller:
         index: _ModelIndex | None = None  # built once, for the first model that can scale
         for name in sorted(snap.specs):
             spec = snap.specs[name]
-            sla = spec.sla
-            lo, hi, _ = bounds(ModelInputs(name, str(spec.priority_level), int(sla.min_replicas), int(sla.max_replicas)))
             previous = self.decisions.get(name)
-            if lo == hi:
+            if not can_scale(spec):
                 self.decisions.pop(name, None)  # a fixed-size model has nothing to decide
-                counts[name] = lo
+                counts[name] = desired_count(spec, scale_range(spec)[0])
                 continue
             if not leader:
-                counts[name] = previous.desired if previous is not None else max(0, int(sla.min_replicas))
+                counts[name] = desired_count(spec, previous.desired if previous is not None else None)
                 continue
             if index is None:
                 index = _ModelIndex.of(snap, now, self.config.node_timeout_s, self._last_plan)
             inputs = self._autoscale_inputs(name, spec, index)
             decision = decide(inputs, signals.get(name), previous, now, self.config.autoscale)
             self.decisions[name] = decision
-            counts[name] = decision.desired
+            counts[name] = desired_count(spec, decision.desired)
             if decision.scaled and (previous is None or decision.desired != previous.desired or decision.action == "blocked"):
                 log.info("autoscale %s: %s", name, decision.reason)
                 out.append(self._event(now, self._EVENT_OF_ACTION[decision.action], name, None, None, decision.reason))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sie.schemas.replica_state import ReplicaState, parse_state
+from sie.schemas.replica_template import read_replica
 from sie.streams.control.placement.inventory import TIER_LABEL, ClusterInventory, GpuState, NodeState
 
 log = logging.getLogger(__name__)
@@ -177,9 +178,12 @@ class AssignedReplica:
     version: str
     gpu_indices: tuple[int, ...]
     gpu_memory_mb: int
+    #: the replica template (``sie.schemas.replica_template``: the spec without counts and rollout block, JSON)
     spec_json: str
-    #: during a rollout, the other version's document (JSON) the replica serves from a process of its own
+    #: during a rollout, the other version's template (JSON) the replica serves from a process of its own
     companions: tuple[str, ...] = ()
+    #: ``template_hash(spec_json)``: with the GPUs, the replica's target (a change restarts its worker)
+    template_hash: str = ""
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -190,6 +194,7 @@ class AssignedReplica:
             "gpu_memory_mb": self.gpu_memory_mb,
             "spec_json": self.spec_json,
             "companions": list(self.companions),
+            "template_hash": self.template_hash,
         }
 
 
@@ -564,24 +569,24 @@ class ClusterState:
             )
 
 
-def assignment_from_record(record: Mapping[str, Any]) -> AssignmentInfo:
-    replicas = tuple(
-        sorted(
-            (
-                AssignedReplica(
-                    replica_id=str(r["replica_id"]),
-                    model=str(r["model"]),
-                    version=str(r["version"]),
-                    gpu_indices=tuple(int(i) for i in r.get("gpu_indices") or ()),
-                    gpu_memory_mb=int(r.get("gpu_memory_mb") or 0),
-                    spec_json=str(r.get("spec_json") or ""),
-                    companions=tuple(str(c) for c in r.get("companions") or ()),
-                )
-                for r in record.get("replicas") or ()
-            ),
-            key=lambda a: a.replica_id,
-        )
+def _assigned_replica(r: Mapping[str, Any]) -> AssignedReplica:
+    """One replica of an Assignment record; an older control plane's whole spec read as its template
+    (``read_replica``), so a record of the release before compares equal to what this one would publish."""
+    template, companions = read_replica(r)
+    return AssignedReplica(
+        replica_id=str(r["replica_id"]),
+        model=str(r["model"]),
+        version=str(r["version"]),
+        gpu_indices=tuple(int(i) for i in r.get("gpu_indices") or ()),
+        gpu_memory_mb=int(r.get("gpu_memory_mb") or 0),
+        spec_json=template.json,
+        companions=companions,
+        template_hash=template.hash,
     )
+
+
+def assignment_from_record(record: Mapping[str, Any]) -> AssignmentInfo:
+    replicas = tuple(sorted((_assigned_replica(r) for r in record.get("replicas") or ()), key=lambda a: a.replica_id))
     return AssignmentInfo(
         node=str(record["node"]),
         epoch=int(record.get("epoch") or 0),
