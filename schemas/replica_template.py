@@ -49,26 +49,31 @@ def _control_only(doc: Mapping[str, Any]) -> bool:
     return any(k in doc for k in CONTROL_KEYS) or (isinstance(sla, Mapping) and any(k in sla for k in COUNT_KEYS))
 
 
+def _canonical(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
 def template_from_json(spec_json: str) -> ReplicaTemplate:
-    """The template of a spec document's canonical JSON (``json.dumps(doc, sort_keys=True,
-    separators=(",", ":"))``): a copy without the control plane's keys, or the text itself when it has none
-    (or is not a JSON object: the agent's launch reports such a document as the replica's failure)."""
+    """The template of a spec document's canonical JSON (``_canonical``): a copy without the control plane's
+    keys, or the text itself when it has none (or is not a JSON object: the agent's launch reports such a
+    document as the replica's failure)."""
     try:
         doc = json.loads(spec_json)
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or not _control_only(doc):
         return ReplicaTemplate(spec_json, template_hash(spec_json))
-    out = {k: v for k, v in doc.items() if k not in CONTROL_KEYS}
-    if isinstance(out.get("sla"), dict):
-        out["sla"] = {k: v for k, v in out["sla"].items() if k not in COUNT_KEYS}
-    text = json.dumps(out, sort_keys=True, separators=(",", ":"))
-    return ReplicaTemplate(text, template_hash(text))
+    return template_of(doc)
 
 
 def template_of(spec_doc: Mapping[str, Any]) -> ReplicaTemplate:
-    """The template of a spec document (``ModelService.to_document()``)."""
-    return template_from_json(json.dumps(dict(spec_doc), sort_keys=True, separators=(",", ":")))
+    """The template of a spec document (``ModelService.to_document()``): serialised once, without the control
+    plane's keys."""
+    out = {k: v for k, v in spec_doc.items() if k not in CONTROL_KEYS}
+    if isinstance(out.get("sla"), Mapping):
+        out["sla"] = {k: v for k, v in out["sla"].items() if k not in COUNT_KEYS}
+    text = _canonical(out)
+    return ReplicaTemplate(text, template_hash(text))
 
 
 def read_replica(item: Mapping[str, Any]) -> tuple[ReplicaTemplate, tuple[str, ...]]:

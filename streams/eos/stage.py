@@ -70,6 +70,7 @@ from confluent_kafka import TopicPartition
 
 from sie.kernel.clients import KafkaClients, connection_config
 from sie.kernel.consumer import KafkaConsumer
+from sie.kernel.kafka_types import KafkaProducer
 from sie.streams.eos.batcher import Batcher
 from sie.streams.eos.cycle import (
     PIPELINED_DEFAULT,
@@ -174,11 +175,11 @@ class PreparedClients:
 
     def __init__(self, base: KafkaClients, producer_config: dict[str, Any], consumer_config: dict[str, Any]) -> None:
         self._base = base
-        self._producer: Any = base.producer(producer_config)
+        self._producer: KafkaProducer | None = base.producer(producer_config)
         self._consumer: KafkaConsumer | None = base.consumer(consumer_config)
         self.clients = KafkaClients(consumer=self._take_consumer, producer=self._take_producer, admin=base.admin)
 
-    def _take_producer(self, config: dict[str, Any]) -> Any:
+    def _take_producer(self, config: dict[str, Any]) -> KafkaProducer:
         producer, self._producer = self._producer, None
         return producer if producer is not None else self._base.producer(config)
 
