@@ -26,7 +26,7 @@ from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sie.streams.control.placement import (  # noqa: E402
+from sie.control.placement import (  # noqa: E402
     ClusterInventory,
     GpuState,
     NodeState,

@@ -62,15 +62,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
+from sie.control.rollout.driver import KafkaVersionWindows, RolloutDriver  # noqa: E402
+from sie.control.rollout.machine import Phase  # noqa: E402
 from sie.kernel.admin import ensure_topics  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from sie.kernel.topics import system_topics  # noqa: E402
 from sie.schemas.spec import parse_spec  # noqa: E402
-from sie.streams.control.rollout.driver import KafkaVersionWindows, RolloutDriver  # noqa: E402
-from sie.streams.control.rollout.machine import Phase  # noqa: E402
 from sie.streams.scorer import ScorerConfig  # noqa: E402
 from sie.streams.scorer.rollout import EPOCH_HEADER, run_rollout_scorer  # noqa: E402
-from tests.streams.control.rollout.test_rollout_kafka import Load, Publisher  # noqa: E402
+from tests.control.rollout.test_rollout_kafka import Load, Publisher  # noqa: E402
 from tests.support.scorer_fixtures import echo_version_spec, load_echo_backend, prove_exactly_once, topics_for  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.txt"
@@ -188,7 +188,7 @@ def main() -> int:
              f"default steps 10/20/50/100 and gates except p99MaxMs 5000 (the echo SLA's 100 ms is below this machine's "
              f"p99), intervalSeconds {args.interval:g} (default 20: shortened)",
              "the scorer runs outside agents, so Surging ends on the in-process load (no agent replica plan: "
-             "the readiness gate on a new-version replica is tested in tests/streams/control/placement/test_rollout_capacity "
+             "the readiness gate on a new-version replica is tested in tests/control/placement/test_rollout_capacity "
              "and tests/test_rollout_e2e.py)"]
 
     ok = run(settings, "echo", args)

@@ -90,7 +90,7 @@ class ControlClient:
     Redirects are never followed."""
 
     def __init__(self, settings: Settings, url: str, timeout: float = 15.0) -> None:
-        from sie.streams.control.api.auth import token_for_url
+        from sie.control.api.auth import token_for_url
 
         self.url = url.rstrip("/")
         self._token = token_for_url(settings, self.url)

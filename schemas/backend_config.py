@@ -112,7 +112,7 @@ class QuotaConfig(_Strict):
 
 
 class DirectorConfig(_Strict):
-    """``director`` as a mapping (sie.streams.control.reconcile.director.DirectorPolicy); unset: the defaults,
+    """``director`` as a mapping (sie.control.reconcile.director.DirectorPolicy); unset: the defaults,
     with the queue thresholds derived from the endpoints' slots (docs/llm.md)."""
 
     hot_utilisation_pct: float | None = None

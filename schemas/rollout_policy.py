@@ -2,7 +2,7 @@
 
 WHY in ``sie.schemas``: the policy is part of the ModelService contract, validated when a spec is parsed
 (an error names ``spec.rollout.<field>``), and read by the control plane's rollout state machine
-(``sie.streams.control.rollout.machine``), which is above this layer.  Spec form (all optional)::
+(``sie.control.rollout.machine``), which is above this layer.  Spec form (all optional)::
 
     rollout:
       steps: [10, 20, 50, 100]       # percent of requests on the new version, strictly rising, ends at 100
@@ -11,7 +11,7 @@ WHY in ``sie.schemas``: the policy is part of the ModelService contract, validat
       gates: {p99MaxMs, p99MaxRatio, p99SlackMs, maxErrorRateIncrease, maxExpiryRateIncrease, minSamples,
               confidence, inconclusiveIntervals}
 
-What the gates test and why (sequential tests, a stated confidence): ``sie.streams.control.rollout.gates``.
+What the gates test and why (sequential tests, a stated confidence): ``sie.control.rollout.gates``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _GATE_FIELDS = {"p99_max_ms": "p99MaxMs", "p99_max_ratio": "p99MaxRatio", "p99_s
 @dataclass(frozen=True)
 class Gates:
     """SLO gates of one canary step.  ``None`` switches a gate off.  Each gate is a sequential test on the
-    step's window (``sie.streams.control.rollout.gates``): it fails the canary only with ``confidence``."""
+    step's window (``sie.control.rollout.gates``): it fails the canary only with ``confidence``."""
 
     #: absolute p99 (queue + inference) the canary must hold (default: the spec's ``sla.p99LatencyMs``)
     p99_max_ms: float | None = None

@@ -150,7 +150,7 @@ class Demo:
     def api(self, path: str) -> Any:
         """GET a control-plane route with the local operator token (``sie control`` writes it at its first
         start when no token is configured; SIE_API_TOKEN wins)."""
-        from sie.streams.control.api.auth import client_token
+        from sie.control.api.auth import client_token
 
         return http_json(f"{self.http}{path}", client_token(self.settings))
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from sie.control.reconcile.config import ControlConfig
 from sie.kernel.settings import Settings
 from sie.schemas.avro_codec import decode
-from sie.streams.control.reconcile.config import ControlConfig
 from tests.support.cluster_harness import (
     Cluster,
     RequestStream,

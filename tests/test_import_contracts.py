@@ -1,14 +1,12 @@
 """The import contracts of pyproject.toml ([tool.importlinter]) hold, checked in the quick tier (issue 39): no
-broker, no install.  import-linter resolves ``sie.X`` by path, so the product is laid out under its import names
-first (the [tool.setuptools.package-dir] map), as the wheel installs it; tests/test_packaging.py checks the
-installed wheel too."""
+broker, no install.  import-linter resolves ``sie.X`` by path: ``sie/`` links the root folders in, so the repository
+itself is the tree it reads (tests/test_layout.py); tests/test_packaging.py checks the installed wheel too."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -17,11 +15,9 @@ _LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit
 
 
 def _import_tree(root: Path) -> Path:
-    """The product's sources under their import names (a copy: a test may add a module to it)."""
-    package_dir = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-dir"]
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name, folder in sorted(package_dir.items()):  # "sie" first, then its mapped subpackages
-        shutil.copytree(REPO_ROOT / folder, root.joinpath(*name.split(".")), ignore=ignore, dirs_exist_ok=True)
+    """The product's sources under their import names: a copy of sie/ with its links to the root folders followed
+    (a test may add a module to it)."""
+    shutil.copytree(REPO_ROOT / "sie", root / "sie", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return root
 
 
@@ -38,10 +34,10 @@ def test_every_import_contract_is_kept(tmp_path: Path) -> None:
 
 def test_the_placement_fence_forbids_threads(tmp_path: Path) -> None:
     tree = _import_tree(tmp_path / "tree")
-    placement = tree / "sie" / "streams" / "control" / "placement"
+    placement = tree / "sie" / "control" / "placement"
     (placement / "_threads_probe.py").write_text("import threading\nfrom concurrent.futures import Future\n")
     done = _lint(tree, tmp_path)
     assert done.returncode != 0, done.stdout
     assert "Control plane placement is pure" in done.stdout and "BROKEN" in done.stdout, done.stdout
-    assert "sie.streams.control.placement._threads_probe -> threading" in done.stdout, done.stdout
-    assert "sie.streams.control.placement._threads_probe -> concurrent" in done.stdout, done.stdout
+    assert "sie.control.placement._threads_probe -> threading" in done.stdout, done.stdout
+    assert "sie.control.placement._threads_probe -> concurrent" in done.stdout, done.stdout

@@ -59,7 +59,7 @@ def test_the_wheel_carries_what_a_run_needs_without_a_checkout(wheel: Path) -> N
                    "sie/examples/fraud-scorer.yaml", "sie/examples/article/model-spec.yaml",
                    "sie/examples/models/fraud/fraud_scorer.pt", "sie/examples/models/fraud/rules.py",
                    "sie/infra/prometheus/sie-rules.yml", "sie/infra/grafana/sie-overview.json",
-                   "sie/streams/control/api/static/status.html", "sie/streams/control/api/static/status.js"):
+                   "sie/control/api/static/status.html", "sie/control/api/static/status.js"):
         assert needed in names, f"{needed} missing from the wheel"
 
 
@@ -89,7 +89,7 @@ def test_fresh_virtualenv_imports_sie_and_no_generic_names(wheel: Path, tmp_path
                "import sie.streams, sie.workers, sie.schemas, sie.connectors, sie.infra.kafka, sie.kernel.settings;"
                "print(sie.streams.__file__)"], tmp_path)
     assert str(env_dir) in ok.stdout, f"sie.streams came from {ok.stdout.strip()}, not the fresh install"
-    for generic in ("streams", "models", "schemas", "workers", "connectors", "infra", "examples"):
+    for generic in ("streams", "control", "models", "schemas", "workers", "connectors", "infra", "examples"):
         done = subprocess.run([str(python), "-c", f"import {generic}"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, f"import {generic} did not fail"

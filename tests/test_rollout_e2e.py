@@ -1,7 +1,7 @@
 """A rollout on a real cluster: `sie control` + `sie agent` processes on a real broker, the rules model at
 1 replica under a steady request stream, a new version applied with a `rollout` block.
 
-What the unit tests (tests/streams/control/placement/test_rollout_capacity) cannot show: the surge replica is
+What the unit tests (tests/control/placement/test_rollout_capacity) cannot show: the surge replica is
 placed with the new version's spec, its agent starts a worker that proves the new version with a real
 readiness inference before it reports READY, only then does the rollout leave Surging; in Draining the
 stable replica is replaced by a new-version one, the surge replica stops last, and every request has

@@ -212,7 +212,7 @@ def admission_problems(spec: Any, policy: Any, allowed_modules: Collection[str] 
     skipped with a note (never refused: the agent's readiness inference still checks it).  What is imported
     is loaded under ``policy`` (the control plane's ``SpecPolicy``), as ``load_check``.
 
-    The API layer (``sie.streams.control``) cannot import ``sie.workers`` (layers): ``sie control`` hands this
+    The API layer (``sie.control``) cannot import ``sie.workers`` (layers): ``sie control`` hands this
     function to it.  It loads on the machine that runs it, so relative artifacts must resolve there.
     """
     blocked = [(what, top) for what, top in _code_modules(spec) if top not in set(allowed_modules)]

@@ -3,7 +3,7 @@
 Sends the bearer token (``SIE_API_TOKEN``, else the local operator token file that ``sie control``
 wrote on this machine) and verifies HTTPS against ``SIE_API_CA`` when set.  A token goes only to a loopback URL or
 over https (``SIE_API_TOKEN_OVER_HTTP`` opts into plain http), and the local token file only to this machine
-(``sie.streams.control.api.auth.token_for_url``); redirects are never followed (httpx's default).  Every failure becomes a
+(``sie.control.api.auth.token_for_url``); redirects are never followed (httpx's default).  Every failure becomes a
 ``SieError`` naming the URL and the fix; the token never appears in a message.
 """
 
@@ -27,7 +27,7 @@ class ControlApi:
     """A few calls to one control plane."""
 
     def __init__(self, settings: Settings, url: str, timeout: float = 20.0) -> None:
-        from sie.streams.control.api.auth import token_for_url
+        from sie.control.api.auth import token_for_url
 
         self.url = url.rstrip("/")
         self._settings = settings

@@ -36,8 +36,8 @@ def _http(settings: Settings, url: str, path: str) -> Any:
 def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     """Replay the given control topics to their end into a ClusterState."""
     from sie.commands._runtime import require_kafka
-    from sie.streams.control.reconcile.feeder import StateFeeder
-    from sie.streams.control.reconcile.records import ClusterState
+    from sie.control.reconcile.feeder import StateFeeder
+    from sie.control.reconcile.records import ClusterState
 
     require_kafka(settings)
     state = ClusterState()
@@ -231,7 +231,7 @@ def describe_model(settings: Settings, name: str, control_url: str | None, timeo
             spec = {"version": spec_obj.version, "priority_level": spec_obj.priority_level, "service_type": spec_obj.service_type,
                     "backend": spec_obj.backend.type, "resources": spec_obj.resources.model_dump(mode="json"),
                     "min_replicas": spec_obj.sla.min_replicas, "max_replicas": spec_obj.sla.max_replicas}
-        from sie.streams.control.reconcile.observability import event_rows
+        from sie.control.reconcile.observability import event_rows
 
         events = event_rows((e for e in state.snapshot().events if e.model == name), 15)
         model = model or {"name": name, "phase": "Pending", "reason": "no control plane has reconciled it yet", "replicas": []}

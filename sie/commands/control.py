@@ -55,12 +55,12 @@ def control(settings: Settings, http_port: int, http_host: str, instance_id: str
             node_timeout: float | None, failure_cooldown: float | None, session_timeout_ms: int,
             no_ensure_topics: bool, wait_for_kafka: bool, health_port: int | None) -> None:
     """Run the control plane: reconcile specs into per-node assignments over Kafka."""
+    from sie.control.reconcile.config import ControlConfig
+    from sie.control.service import ControlService
     from sie.kernel.admin import ensure_topics
     from sie.kernel.startup import Readiness, serve_readiness
     from sie.kernel.startup import wait_for_kafka as wait_for
     from sie.kernel.topics import system_topics
-    from sie.streams.control.reconcile.config import ControlConfig
-    from sie.streams.control.service import ControlService
 
     if not wait_for_kafka:
         require_kafka(settings)  # one line within seconds if Kafka does not answer (logs start after it)

@@ -55,10 +55,10 @@ def forget(settings: Settings, node: str, timeout: float, control_url: str | Non
 
     from sie.commands._runtime import require_kafka
     from sie.commands.cluster import NODE_TIMEOUT_S, nodes_json
+    from sie.control.reconcile.records import NODE_FORGET_KIND
     from sie.kernel.clients import KafkaClients, idempotent_producer_config
     from sie.kernel.errors import KafkaUnavailable
     from sie.schemas.avro_codec import encode
-    from sie.streams.control.reconcile.records import NODE_FORGET_KIND
 
     require_kafka(settings)
     views = {n["name"]: n for n in nodes_json(settings, None, timeout)}

@@ -39,9 +39,9 @@ def reset(settings: Settings, name: str, timeout: float) -> None:
     """End the cool-down of replica NAME (or of every replica of model NAME) so it is placed again now."""
     from sie.commands._runtime import require_kafka
     from sie.commands.cluster import statuses_json
+    from sie.control.reconcile.records import COOLDOWN_RESET_KIND
     from sie.kernel.clients import KafkaClients, idempotent_producer_config
     from sie.schemas.avro_codec import encode
-    from sie.streams.control.reconcile.records import COOLDOWN_RESET_KIND
 
     require_kafka(settings)
     models, state = statuses_json(settings, None, timeout)

@@ -30,8 +30,8 @@ def _rollouts(settings: Settings, control_url: str | None, timeout: float) -> li
         from sie.commands._api import ControlApi
 
         return list(ControlApi(settings, control_url, timeout=timeout).get("/v1/rollouts")["rollouts"])
-    from sie.streams.control.rollout.driver import Entry, read_rollouts
-    from sie.streams.control.rollout.service import describe
+    from sie.control.rollout.driver import Entry, read_rollouts
+    from sie.control.rollout.service import describe
 
     require_kafka(settings)
     return [describe(Entry.from_record(r)) for r in read_rollouts(settings, timeout_s=timeout)]

@@ -1,6 +1,6 @@
 """`sie status [--screenshot FILE]`: the control plane's status page, or a picture of it taken headless.
 
-The page (``/status``, ``sie.streams.control.api.status_page``) signs in with a token typed into its form and
+The page (``/status``, ``sie.control.api.status_page``) signs in with a token typed into its form and
 keeps it in ``sessionStorage``: no token in a URL, no cookie.  A headless capture (a report, a CI artifact,
 a README image) would otherwise need a script that types a token into the form.  ``--screenshot`` drives
 headless Chromium (Debian's ``/usr/bin/chromium``, through Playwright, which downloads no browser) and
@@ -112,7 +112,7 @@ def capture(url: str, token: str, path: Path, browser_path: str, width: int, hei
 def command(settings: Settings, control_url: str, screenshot: Path | None, browser_path: str | None, width: int,
             height: int, timeout_s: float) -> None:
     """The status page of a control plane: its address, or (--screenshot FILE) a PNG of it, taken headless."""
-    from sie.streams.control.api.auth import client_token
+    from sie.control.api.auth import client_token
 
     url = control_url.rstrip("/")
     if screenshot is None:

@@ -25,7 +25,7 @@ def command() -> None:
 @click.pass_obj
 def create(settings: Settings, name: str, role: str) -> None:
     """Create a token; print it once (store it in a secret manager or SIE_API_TOKEN)."""
-    from sie.streams.control.api.auth import add_token
+    from sie.control.api.auth import add_token
 
     token = add_token(settings.api_tokens_file, name, role)
     click.echo(f"created {role} token {name!r} in {settings.api_tokens_file} (only its hash is stored):", err=True)
@@ -36,7 +36,7 @@ def create(settings: Settings, name: str, role: str) -> None:
 @click.pass_obj
 def list_tokens(settings: Settings) -> None:
     """Names, roles and creation times of the tokens (never the tokens or their hashes)."""
-    from sie.streams.control.api.auth import read_token_entries
+    from sie.control.api.auth import read_token_entries
 
     entries = [*settings.api_tokens, *read_token_entries(settings.api_tokens_file)]
     if not entries:
@@ -51,8 +51,8 @@ def list_tokens(settings: Settings) -> None:
 @click.pass_obj
 def revoke(settings: Settings, name: str) -> None:
     """Remove a token from the tokens file (a running control plane refuses it within a second)."""
+    from sie.control.api.auth import revoke_token
     from sie.kernel.errors import SieError
-    from sie.streams.control.api.auth import revoke_token
 
     if not revoke_token(settings.api_tokens_file, name):
         raise SieError(f"no token named {name!r} in {settings.api_tokens_file} (sie token list)")

@@ -37,7 +37,7 @@ COMMAND_ROLES = {"sie produce": "producer", "sie tail": "consumer", "sie backfil
 LITERAL, PREFIXED = "literal", "prefixed"
 RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("read", "write", "describe", "describe_configs", "create", "alter_configs", "idempotent_write")
-#: the control topics the control plane replays into its state (``sie.streams.control.reconcile.feeder``)
+#: the control topics the control plane replays into its state (``sie.control.reconcile.feeder``)
 CONTROL_READS = ("specs", "nodes", "assignments", "control-leader", "heartbeats", "replica-status", "events",
                  "model-status", "connectors", "artifacts", "artifact-chunks", "rollouts")
 #: the control topics the control plane writes (the leader transactionally; the API specs, connectors,

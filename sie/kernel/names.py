@@ -320,7 +320,7 @@ class Names:
 
     @property
     def control_audit_client_id(self) -> str:
-        """The API's audit writer (``sie.streams.control.api.audit.AuditLog``), shared by every instance."""
+        """The API's audit writer (``sie.control.api.audit.AuditLog``), shared by every instance."""
         return f"{self.control_group}.audit"
 
     def agent_group(self, node: str) -> str:

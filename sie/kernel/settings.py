@@ -249,7 +249,7 @@ class Settings(BaseSettings):
                           "0.0.0.0/::, else SIE_METRICS_BIND itself.")
 
     # --- Placement: host memory a replica's process costs beyond its spec's memoryMb --------------
-    # (streams/control/placement/host_memory.py applies them; docs/architecture.md "Placement with host memory")
+    # (control/placement/host_memory.py applies them; docs/architecture.md "Placement with host memory")
     process_overhead_mb: int = Field(
         579, ge=0,
         description="Host memory (MiB) of a worker process of its own, before any model: one `sie score` process "

@@ -113,7 +113,7 @@ def _director(doc: Any, slots: list[int]) -> Any:
     below 10) could never fire at 8 slots.  ``hot_queue`` = ``hot_utilisation_pct`` % of the smallest
     endpoint's slots and ``cool_queue`` = ``cool_utilisation_pct`` % of the largest's (at most ``hot_queue``):
     with equal endpoints both say what the utilisation says, so utilisation decides."""
-    from sie.streams.control.reconcile.director import DirectorPolicy
+    from sie.control.reconcile.director import DirectorPolicy
 
     if doc is False or (doc is None and len(slots) < 2):
         return None
@@ -121,7 +121,7 @@ def _director(doc: Any, slots: list[int]) -> Any:
         doc = {}
     if not isinstance(doc, Mapping):
         raise ConfigError(f"spec.backend.config.director: a mapping of numbers, true or false (got {doc!r})")
-    from sie.streams.control.reconcile.autoscaler import policy_numbers
+    from sie.control.reconcile.autoscaler import policy_numbers
 
     try:
         numbers = policy_numbers(DirectorPolicy, doc, "director")  # unknown keys, non-numbers: errors

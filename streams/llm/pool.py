@@ -169,11 +169,11 @@ class EndpointPool:
             return backoff
 
     def signals(self, window_s: float = 10.0) -> list[Any]:
-        """Each endpoint now, as the traffic director reads it (``sie.streams.control.reconcile.director.Signal``): a
+        """Each endpoint now, as the traffic director reads it (``sie.control.reconcile.director.Signal``): a
         remote server's GPU is not visible from here, so its slot occupancy (in flight / concurrency) stands
         for utilisation and its requests in flight (sent, not answered: the server runs or queues them) for
         its queue; p99 over the answers of the last ``window_s``."""
-        from sie.streams.control.reconcile.director import Signal
+        from sie.control.reconcile.director import Signal
 
         now = self._clock()
         out = []

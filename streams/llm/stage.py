@@ -153,7 +153,7 @@ class LLMScorer:
         for endpoint in self.pool.endpoints:  # every endpoint's weight from the start, not only once it is shifted
             self.llm_metrics.weight.labels(self.metrics.model_id, endpoint.url).set(endpoint.weight)
         self.window = Window()
-        #: the traffic director (``sie.streams.control.reconcile.director``): its memory per endpoint and its decisions
+        #: the traffic director (``sie.control.reconcile.director``): its memory per endpoint and its decisions
         self._tracks: dict[str, Any] = {}
         self.director_decisions: deque[Any] = deque(maxlen=200)
         self._done: queue.SimpleQueue[Job] = queue.SimpleQueue()
@@ -342,7 +342,7 @@ class LLMScorer:
     def direct(self, now: float) -> None:
         """One look of the traffic director at the endpoints; its weight changes go to the pool at once
         (keys move between endpoints only as far as the weights say), each decision is logged with its numbers."""
-        from sie.streams.control.reconcile.director import direct
+        from sie.control.reconcile.director import direct
 
         self._tracks, decisions = direct(self.pool.signals(), self._tracks, now, self.llm.director)
         for d in decisions:

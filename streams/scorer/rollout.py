@@ -4,7 +4,7 @@ WHY here and like this: the rollout's traffic split has to keep exactly-once and
 is not a router in front of Kafka but a choice made inside the scorer's own batch: every replica of the
 model runs both versions in-process and routes each request by ``RoutingTable.route`` (crc32 of the key,
 else of the id, into 10,000 buckets).  The weights come from the rollout record on the compacted rollouts
-topic (written by the leading control plane, ``sie.streams.control.rollout.driver``) as one value
+topic (written by the leading control plane, ``sie.control.rollout.driver``) as one value
 ``(epoch, canary weight)``; a scorer picks up the newest value only at the start of a batch (``prepare``
 runs before the batch's transaction opens), so one transaction is scored under one epoch, and it stamps
 that epoch on every record the batch produces (header ``sie.routing.epoch``).

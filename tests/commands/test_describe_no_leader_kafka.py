@@ -11,14 +11,14 @@ import uuid
 
 import pytest
 
+from sie.control.reconcile.status import ModelStatus
 from sie.kernel.admin import ensure_topics
 from sie.kernel.clients import KafkaClients
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
 from sie.schemas.spec_store import produce_acknowledged, publish_spec, spec_from_record
-from sie.streams.control.reconcile.status import ModelStatus
-from tests.streams.control.reconcile.test_control_unit import spec_record
+from tests.control.reconcile.test_control_unit import spec_record
 from tests.support.cluster_harness import REPO
 from tests.support.helpers import wait_until
 

@@ -91,8 +91,8 @@ def test_replica_reset_publishes_the_request_the_control_plane_reads(cluster, ca
     assert main(["replica", "reset", f"{spec.name}-0"]) == 0
     out = capsys.readouterr().out
     assert f"reset: {spec.name}-0 (kept off node-a for" in out and "crashed 3 times" in out
-    from sie.streams.control.reconcile.feeder import StateFeeder
-    from sie.streams.control.reconcile.records import ClusterState
+    from sie.control.reconcile.feeder import StateFeeder
+    from sie.control.reconcile.records import ClusterState
 
     state = ClusterState()
     feeder = StateFeeder(settings, state, topics=("events",)).start()

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from sie.cli import cli
+from sie.control.api.auth import TokenStore
+from sie.control.api.routes import create_app
+from sie.control.service import ControlService
 from sie.kernel.settings import Settings
 from sie.schemas.spec_scale import ScaleError, ScaleRequest, describe_change, scale_request, scaled
-from sie.streams.control.api.auth import TokenStore
-from sie.streams.control.api.routes import create_app
-from sie.streams.control.service import ControlService
-from tests.streams.control.reconcile.test_control_unit import gpu, heartbeat, register, spec_record
+from tests.control.reconcile.test_control_unit import gpu, heartbeat, register, spec_record
 from tests.support.helpers import OPERATOR_TOKEN, with_api_tokens
 
 with warnings.catch_warnings():

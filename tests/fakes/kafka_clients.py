@@ -18,7 +18,7 @@ where the code under test depends on it, and nowhere else:
   their transaction commits; ``begin_transaction`` with a transaction still open fails as librdkafka does.
   A commit that timed out (a retriable ``_TIMED_OUT`` fault) goes on in the background, as librdkafka's does:
   until ``commit_transaction`` is called again and succeeds, ``abort_transaction`` and ``begin_transaction``
-  fail with ``_CONFLICT`` (measured on a SIGSTOPped broker: tests/streams/control/reconcile/test_leader_kafka).
+  fail with ``_CONFLICT`` (measured on a SIGSTOPped broker: tests/control/reconcile/test_leader_kafka).
 * ``FakeAdmin`` keeps a set of topics (metadata, configs) and the committed offsets of other groups.
 """
 

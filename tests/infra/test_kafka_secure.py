@@ -180,8 +180,8 @@ def test_control_plane_and_agent_run_as_their_principals(world: dict[str, Any], 
     """The control plane (API write -> specs -> assignment), an agent, and its worker as the scorer principal."""
     import httpx
 
-    from sie.streams.control.reconcile.config import ControlConfig
-    from sie.streams.control.service import ControlService
+    from sie.control.reconcile.config import ControlConfig
+    from sie.control.service import ControlService
     from sie.workers.agent import Agent, AgentConfig
 
     kafka, admin, spec, prefix = world["kafka"], world["admin"], world["spec"], world["prefix"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sie.streams.control.service import ControlMetrics
+from sie.control.service import ControlMetrics
 from sie.streams.scorer.metrics import ScorerMetrics
 from sie.workers.metrics import AgentMetrics
 from tests.support.promql import (

@@ -37,7 +37,7 @@ class FakeControl:
         return self.rollouts.get(name)
 
     def apply(self, document: dict[str, Any], adopt: bool = False) -> dict[str, Any]:
-        from sie.streams.control.api.routers.models import ownership_problem
+        from sie.control.api.routers.models import ownership_problem
 
         if self.refuse is not None:
             raise self.refuse

@@ -22,7 +22,7 @@ from sie.kernel.settings import Settings
 from tests.fakes.kafka_clients import FakeConsumer, FakeProducer, fake_clients
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ["sie", "streams", "connectors", "workers", "schemas", "infra", "k8s"]
+PRODUCT = ["sie", "streams", "control", "connectors", "workers", "schemas", "infra", "k8s"]
 CLIENT_CLASSES = {"Producer", "Consumer", "AdminClient", "DeserializingConsumer", "SerializingProducer"}
 
 

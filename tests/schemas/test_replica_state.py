@@ -152,7 +152,7 @@ def test_enum_is_its_symbol_in_json_str_and_avro() -> None:
 
 
 def test_model_status_record_is_unchanged_and_round_trips() -> None:
-    from sie.streams.control.reconcile.status import ModelStatus, ReplicaView
+    from sie.control.reconcile.status import ModelStatus, ReplicaView
 
     views = (
         ReplicaView("m-0", "m", "1", "node-a", (0,), 4096, S.READY, None, 0, "1"),

@@ -150,7 +150,7 @@ def test_anchors_without_aliases_still_parse() -> None:
 
 def test_a_spec_from_kafka_is_checked_exactly_as_the_api_does(tmp_path: Path) -> None:
     """The control plane's state: a spec written to the topic directly is refused with the API's reasons."""
-    from sie.streams.control.reconcile.records import ClusterState
+    from sie.control.reconcile.records import ClusterState
 
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"x")

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from sie.control.api.audit import escape_text
+from sie.control.api.auth import TokenStore
+from sie.control.api.routes import create_app, route_table
+from sie.control.service import ControlService
 from sie.kernel.settings import Settings
-from sie.streams.control.api.audit import escape_text
-from sie.streams.control.api.auth import TokenStore
-from sie.streams.control.api.routes import create_app, route_table
-from sie.streams.control.service import ControlService
 from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, with_api_tokens
 
 with warnings.catch_warnings():

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from sie.control.reconcile.feeder import STATE_TOPICS, StateFeeder
+from sie.control.reconcile.records import ClusterState
 from sie.kernel.acls import ModelScope, plan
 from sie.kernel.admin import ensure_topics, topic_configs
 from sie.kernel.names import SYSTEM_TOPICS, Names
@@ -28,8 +30,6 @@ from sie.schemas.connector_store import publish_connector
 from sie.schemas.spec import load_spec, parse_spec
 from sie.schemas.spec_policy import SpecPolicy
 from sie.schemas.spec_store import publish_spec
-from sie.streams.control.reconcile.feeder import STATE_TOPICS, StateFeeder
-from sie.streams.control.reconcile.records import ClusterState
 from sie.workers.agent import AgentConfig
 from tests.security.http_stub import StubServer
 from tests.support.helpers import REPO_ROOT, TopicTail, wait_until

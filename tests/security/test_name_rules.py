@@ -22,7 +22,7 @@ from sie.kernel.names import Names, check_instance, check_model_name, check_repl
 from sie.schemas.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("sie", "schemas", "streams", "workers", "connectors", "k8s")
+PACKAGES = ("sie", "schemas", "streams", "control", "workers", "connectors", "k8s")
 
 
 def _refused(check: Callable[[str], Any], value: str) -> bool:

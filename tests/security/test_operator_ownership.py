@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from sie.control.api.routers import models as routes
 from sie.k8s.operator import FINALIZER, Operator, Reconciler, cr_document, owner_mark
 from sie.schemas.spec import parse_spec
-from sie.streams.control.api.routers import models as routes
 from tests.k8s.test_reconciler import ARTICLE, FakeControl
 
 

@@ -19,6 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from sie.cli import cli
+from sie.control.reconcile.records import ClusterState
 from sie.kernel.acls import ModelScope, plan
 from sie.kernel.admin import ensure_model_topics
 from sie.kernel.errors import ConfigError
@@ -27,7 +28,6 @@ from sie.kernel.settings import Settings
 from sie.schemas.connector_spec import connector_name_problems, parse_connector_spec
 from sie.schemas.spec import parse_spec
 from sie.schemas.spec_policy import SpecPolicy
-from sie.streams.control.reconcile.records import ClusterState
 from tests.support.helpers import EXAMPLES
 
 P = "sie"

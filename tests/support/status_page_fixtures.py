@@ -1,6 +1,6 @@
 """A control API served over HTTP without Kafka, for browser tests of the status page: one applied model,
 ``churn``, in the middle of a rollout (1.0.0 -> 1.1.0, ``Canary(step 1/2, 50%)``), its state set directly
-as in tests/streams/control/rollout/test_rollout_api.  ``seen`` records every request's path, query and
+as in tests/control/rollout/test_rollout_api.  ``seen`` records every request's path, query and
 ``Authorization`` header (what a test may assert about tokens on the wire and in URLs)."""
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def served_control(tmp_path: Path) -> Iterator[ServedControl]:
     import httpx
     from prometheus_client import CollectorRegistry
 
+    from sie.control.api.auth import TokenStore
+    from sie.control.api.routes import create_app
+    from sie.control.api.server import ApiServer
+    from sie.control.rollout.service import Rollouts
+    from sie.control.service import ControlService
     from sie.kernel.settings import Settings
     from sie.schemas.spec import parse_spec
-    from sie.streams.control.api.auth import TokenStore
-    from sie.streams.control.api.routes import create_app
-    from sie.streams.control.api.server import ApiServer
-    from sie.streams.control.rollout.service import Rollouts
-    from sie.streams.control.service import ControlService
 
     settings = with_api_tokens(Settings(cache_dir=tmp_path / "cache", allowed_modules=list(ALLOWED_MODULES)))
     service = ControlService(settings, http_port=None)

@@ -10,16 +10,16 @@ import json
 
 from fastavro import parse_schema, schemaless_writer
 
+from sie.control.reconcile.config import ControlConfig
+from sie.control.reconcile.controller import Controller
+from sie.control.reconcile.ports import StaticLeadership
+from sie.control.reconcile.records import ClusterState, assignment_from_record
 from sie.schemas import avro_codec
 from sie.schemas.avro_codec import HISTORY_DIR, MAGIC, Codec
 from sie.schemas.replica_template import read_replica, template_from_json, template_of
 from sie.schemas.spec import ModelService
-from sie.streams.control.reconcile.config import ControlConfig
-from sie.streams.control.reconcile.controller import Controller
-from sie.streams.control.reconcile.ports import StaticLeadership
-from sie.streams.control.reconcile.records import ClusterState, assignment_from_record
 from sie.workers.agent.messages import desired_from_assignment
-from tests.streams.control.reconcile.test_control_unit import (
+from tests.control.reconcile.test_control_unit import (
     TIMEOUT,
     FakeClock,
     FakePublisher,

@@ -207,7 +207,7 @@ class Agent:
             if not self._open(stop):
                 return
             if self.config.metrics_port is not None:
-                from sie.streams.control.api.auth import TokenStore
+                from sie.control.api.auth import TokenStore
                 from sie.workers.agent.http import AgentHttp
 
                 # /metrics, and the replicas' logs behind an API token (what `sie logs --control-url` reads)

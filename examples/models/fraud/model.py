@@ -32,6 +32,8 @@ class FraudMLP(nn.Module):
 
     def __init__(self, hidden: int = 16) -> None:
         super().__init__()
+        self.feature_mean: torch.Tensor
+        self.feature_std: torch.Tensor
         self.register_buffer("feature_mean", torch.zeros(N_FEATURES))
         self.register_buffer("feature_std", torch.ones(N_FEATURES))
         self.net = nn.Sequential(nn.Linear(N_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, 1))

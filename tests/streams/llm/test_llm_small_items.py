@@ -11,7 +11,7 @@ import httpx
 import orjson
 
 from sie.commands._runtime import configure_logging
-from sie.streams.control.reconcile.director import Signal, direct
+from sie.control.reconcile.director import Signal, direct
 from sie.streams.llm.config import LLMConfig
 from tests.support.helpers import wait_until
 from tests.support.llm_fixtures import Harness, question, sglang_answer

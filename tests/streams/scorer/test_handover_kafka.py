@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sie.streams.eos import StopRequest
-from tests.streams.control.rollout.test_rollout_kafka import Load
+from tests.control.rollout.test_rollout_kafka import Load
 from tests.support.cluster_harness import ResultTail
 from tests.support.helpers import wait_until
 from tests.support.scorer_fixtures import (

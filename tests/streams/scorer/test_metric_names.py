@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from sie.connectors.cdc_stage import CdcMetrics
-from sie.streams.control.service import ControlMetrics
+from sie.control.service import ControlMetrics
 from sie.streams.llm.metrics import LLMMetrics
 from sie.streams.scorer.metrics import ScorerMetrics
 from sie.workers.metrics import AgentMetrics

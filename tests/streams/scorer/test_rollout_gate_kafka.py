@@ -22,14 +22,14 @@ import uuid
 import orjson
 import pytest
 
+from sie.control.reconcile.ports import OutRecord
+from sie.control.rollout.driver import Entry
+from sie.control.rollout.machine import Phase, Policy, new_rollout
 from sie.kernel.admin import ensure_topics
 from sie.kernel.topics import system_topics
-from sie.streams.control.reconcile.ports import OutRecord
-from sie.streams.control.rollout.driver import Entry
-from sie.streams.control.rollout.machine import Phase, Policy, new_rollout
 from sie.streams.scorer.errors import VersionLost
 from sie.streams.scorer.rollout import EPOCH_HEADER, InProcessVersions, weighted_table
-from tests.streams.control.rollout.test_rollout_kafka import Load, Publisher
+from tests.control.rollout.test_rollout_kafka import Load, Publisher
 from tests.support.cluster_harness import ResultTail
 from tests.support.helpers import wait_until
 from tests.support.scorer_fixtures import (
