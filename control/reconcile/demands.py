@@ -18,15 +18,15 @@ rollout in a planned phase        ``plan_capacity``'s versions (a surge or repla
 ================================  ============================================================
 
 Pure functions over the snapshot, the counts and a rollout's phase; ``SpecCache`` (owned by the ``Controller``)
-keeps what is derived from one spec object (its demands, its replica template), so a spec record costs its
-work once, not once per pass.
+keeps what is derived from one spec object (its demands, its replica template, a rollout document's decoded
+``ModelService``), so a spec record costs its work once, not once per pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sie.control.placement.demand import ReplicaDemand, demands_from_spec
 from sie.control.placement.engine import place
@@ -42,6 +42,9 @@ from sie.control.reconcile.records import AssignmentInfo, StateSnapshot
 from sie.schemas.replica_state import ReplicaState
 from sie.schemas.replica_template import ReplicaTemplate, template_of
 
+if TYPE_CHECKING:
+    from sie.schemas.spec import ModelService
+
 #: replica id -> (node, GPU indices) of the last published assignments
 Current = Mapping[str, tuple[str, tuple[int, ...]]]
 
@@ -49,13 +52,15 @@ Current = Mapping[str, tuple[str, tuple[int, ...]]]
 @dataclass
 class SpecCache:
     """What is derived from one spec object, made once per object (the state holds one immutable object per
-    spec record read), not once per pass: at 1,000 models, demands
+    spec record read; a rollout entry one document per version), not once per pass: at 1,000 models, demands
     made afresh cost ~50 ms a pass and templates ~25 ms."""
 
     #: model -> (its spec object, the count, its replica demands)
     demands: dict[str, tuple[Any, int | None, list[ReplicaDemand]]] = field(default_factory=dict)
     #: model -> (its spec object, the spec's replica template)
     templates: dict[str, tuple[Any, ReplicaTemplate]] = field(default_factory=dict)
+    #: (model, version) -> (a rollout's spec document, it decoded, its replica template)
+    rollout: dict[tuple[str, str], tuple[Mapping[str, Any], ModelService, ReplicaTemplate]] = field(default_factory=dict)
 
     def model_demands(self, name: str, spec: Any, count: int | None) -> list[ReplicaDemand]:
         """``demands_from_spec`` once per (spec object, count).  ``count`` None: ``desired_count`` without layers."""
@@ -73,6 +78,17 @@ class SpecCache:
             cached = (spec, template_of(spec.to_document()))
             self.templates[name] = cached
         return cached[1]
+
+    def rollout_spec(self, model: str, version: str, doc: Mapping[str, Any]) -> tuple[ModelService, ReplicaTemplate]:
+        """A rollout version's spec document decoded, and its replica template: once per document object (the
+        rollout entry keeps its two documents from ``sie rollout start`` to its end)."""
+        cached = self.rollout.get((model, version))
+        if cached is None or cached[0] is not doc:
+            from sie.schemas.spec import ModelService
+
+            cached = (doc, ModelService.from_document(dict(doc)), template_of(doc))
+            self.rollout[(model, version)] = cached
+        return cached[1], cached[2]
 
     def keep(self, models: set[str]) -> None:
         """Forget the spec objects of models no longer applied."""
@@ -108,16 +124,15 @@ def rollout_demands(snap: StateSnapshot, demands: list[ReplicaDemand], inventory
     ``excluded``: what placement keeps replicas off (``cooldowns.excluded``)."""
     plans: dict[str, CapacityPlan] = {}
     templates: dict[tuple[str, str], ReplicaTemplate] = {}
+    used: set[tuple[str, str]] = set()
     for name in sorted(snap.specs):
         ro = rollouts.replicas_of(name) if hasattr(rollouts, "replicas_of") else None
         if ro is None or ro.phase not in PLANNED_PHASES:
             continue  # no rollout, or rolling back: the applied (stable) spec is placed as ever
-        from sie.schemas.spec import ModelService
-
-        specs = {ro.stable_version: ModelService.from_document(dict(ro.stable_spec)),
-                 ro.canary_version: ModelService.from_document(dict(ro.canary_spec))}
+        specs: dict[str, ModelService] = {}
         for version, doc in ((ro.stable_version, ro.stable_spec), (ro.canary_version, ro.canary_spec)):
-            templates[(name, version)] = template_of(doc)
+            specs[version], templates[(name, version)] = cache.rollout_spec(name, version, doc)
+            used.add((name, version))
         others = [d for d in demands if d.model != name]
         count = desired_count(snap.specs[name], counts.get(name))
         trial = demands_from_spec(specs[ro.canary_version],
@@ -132,6 +147,8 @@ def rollout_demands(snap: StateSnapshot, demands: list[ReplicaDemand], inventory
         plans[name] = plan
         mine = [demands_from_spec(specs[version], idx + 1)[idx] for idx, version in enumerate(plan.versions)]
         demands = others + mine if plan.mode != "unmanaged" else demands
+    for gone in set(cache.rollout) - used:
+        del cache.rollout[gone]
     return RolloutDemands(demands, plans, templates)
 
 
