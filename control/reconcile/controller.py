@@ -53,6 +53,7 @@ from sie.control.reconcile.rebalance import RebalanceOutcome, Rebalancer
 from sie.control.reconcile.records import AssignmentInfo, ClusterState, StateSnapshot
 from sie.control.reconcile.report import ReconcileReport, StepLog, loop_health
 from sie.control.reconcile.status import ModelStatus
+from sie.control.reconcile.takeover import Term
 from sie.schemas.replica_template import ReplicaTemplate
 from sie.streams.eos.errors import Fenced
 
@@ -96,12 +97,10 @@ class Controller:
         #: model -> the replica the director added (a floor under its count, ``director`` docstring); published
         #: with the model's status (``ModelStatus.director``), from which a new leader and a standby take it
         self.director_extra: dict[str, Extra] = {}
-        self._director_seeded = False
         #: model -> why the director released its replica this pass (what that replica's ``removed`` event says)
         self._director_released: dict[str, str] = {}
         #: the autoscaler's last decision per model (this term's; seeded from the model-status topic)
         self.decisions: dict[str, ScaleDecision] = {}
-        self._decisions_seeded = False
         self._last_plan: PlacementPlan | None = None
         self.guard = MassOfflineGuard(config.node_timeout_s, config.mass_offline_fraction)
         self._guard_decision = GuardDecision()
@@ -110,16 +109,13 @@ class Controller:
         #: what this term published and the feeder may not have read back yet: node -> assignment; model -> status
         self._published: dict[str, AssignmentInfo] = {}
         self._status_published: dict[str, ModelStatus] = {}
-        self._term_seeded = False  # the current term's first acting pass seeded what it continues from
         self._unplaced_reported: dict[str, str] = {}  # replica id -> the unschedulable reason announced
         self._evicted: dict[str, str] = {}  # replica id -> why it was evicted, while it has no node again
         self._nodes = nodes.NodeMemory()
         #: the leader's move back toward the spread (``rebalance``), and what it adds to this pass's placement
         self.rebalancer = Rebalancer(config.rebalance)
         self._rebalance = RebalanceOutcome()
-        self._adopt_move = False
-        self._led_last_pass = False
-        self._term: int | None = None  # the leader epoch of this instance's current term (None: not leading)
+        self._term = Term()  # which term this instance leads, and what it seeded
         self.last_report: ReconcileReport | None = None
         self._last_acting: ReconcileReport | None = None  # the latest pass that acted (was not skipped)
         self.statuses: dict[str, ModelStatus] = {}
@@ -152,7 +148,7 @@ class Controller:
             self._observe(report, snap, now)
             return report
         self.acted = True
-        if leader and not self._term_seeded:
+        if leader and not self._term.seeded:
             self._seed_term(now)
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
@@ -190,17 +186,12 @@ class Controller:
         return report
 
     def _begin_term(self, leader: bool, epoch: int) -> None:
-        """A new term (also one won again between two passes) forgets what a previous term of ours published
-        and decided: what the topics hold once the takeover loaded them is the truth now."""
-        if leader and (not self._led_last_pass or epoch != self._term):
+        """A new term forgets what a previous term of ours published and decided: what the topics hold once the
+        takeover loaded them is the truth now (and a hot replica must stay hot ``sustain_s`` again)."""
+        if self._term.begin(leader, epoch):
             self._published.clear()
             self._unplaced_reported.clear()
-            self._decisions_seeded = False  # continue from the last decision published, not our own guesses
-            self._director_seeded = False  # ... and from the director's published floor
-            self._term_seeded = False  # ... and from the statuses, cool-downs and reports last published
-            self._director_tracks.clear()  # hysteresis memory: a hot replica must stay hot sustain_s again
-        self._led_last_pass = leader
-        self._term = epoch if leader else None
+            self._director_tracks.clear()
 
     def _counts(self, snap: StateSnapshot, inventory: ClusterInventory | None, leader: bool, now: float,
                 out: list[OutRecord], step: StepLog) -> dict[str, int]:
@@ -211,10 +202,10 @@ class Controller:
         self._director_released = {}
         if self.config.director is None:
             self.director_extra.clear()
-        elif not leader or not self._director_seeded:
+        elif not leader or not self._term.director_seeded:
             # a standby follows the leader's floors; a new leader continues them
             self.director_extra = takeover.seed_director_floors(self._status_records(), snap)
-            self._director_seeded = leader
+            self._term.director_seeded = leader
         if leader and self.config.director is not None:
             base = counts
             step("director", lambda: self._direct(snap, now, out, base))
@@ -222,8 +213,8 @@ class Controller:
         self._rebalance = RebalanceOutcome()
         if leader and inventory is not None:
             floored, found = counts, inventory
-            if self._adopt_move:
-                self._adopt_move = False
+            if self._term.adopt_move:
+                self._term.adopt_move = False
                 self.rebalancer.adopt(now, snap.specs, floored, scaling.placed_by_model(self._published_view(snap)))
             self._rebalance = step("rebalance", lambda: self._rebalance_step(snap, now, out, floored, found)) \
                 or RebalanceOutcome()
@@ -279,8 +270,7 @@ class Controller:
         self._status_published, reported, self.exclusions = takeover.seed_term(
             self._status_records(), self.exclusions, now, self.config.failure_cooldown_s)
         self._unplaced_reported.update(reported)
-        self._term_seeded = True
-        self._adopt_move = True  # a move its predecessor published goes on (``Rebalancer.adopt``)
+        self._term.seeded = self._term.adopt_move = True
 
     def _published_view(self, snap: StateSnapshot) -> dict[str, AssignmentInfo]:
         """Last published assignment per node: the topic, overlaid with what this term published."""
@@ -317,9 +307,9 @@ class Controller:
         topic, so its API shows what the leader decided."""
         if self.signals is None:
             return {name: desired_count(spec) for name, spec in snap.specs.items()}
-        if not leader or not self._decisions_seeded:
+        if not leader or not self._term.decisions_seeded:
             self.decisions = takeover.seed_decisions(self._status_records(), now)
-            self._decisions_seeded = leader
+            self._term.decisions_seeded = leader
         signals = self.signals.signals() if leader else {}
         counts, self.decisions, events = scaling.autoscale(
             snap, self.decisions, signals, leader, self._last_plan, self.rollouts.in_progress, now,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sie.control.reconcile.autoscaler import ScaleDecision
@@ -43,6 +44,31 @@ log = logging.getLogger(__name__)
 
 #: model -> its ModelStatus record as the model-status topic holds it
 StatusRecords = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass
+class Term:
+    """What this instance knows of its own term: which one it leads, and what its passes seeded from the topics
+    so far (a new term seeds each again, from what its predecessor published)."""
+
+    #: the leader epoch of this instance's current term (None: not leading); whether the last pass led
+    epoch: int | None = None
+    led_last_pass: bool = False
+    #: the term's first acting pass seeded the statuses, cool-downs and reports last published (``seed_term``)
+    seeded: bool = False
+    #: the autoscaler's decisions and the director's floors were seeded (a standby seeds them every pass)
+    decisions_seeded: bool = False
+    director_seeded: bool = False
+    #: a move its predecessor published goes on (``Rebalancer.adopt``), once, on the term's first acting pass
+    adopt_move: bool = False
+
+    def begin(self, leader: bool, epoch: int) -> bool:
+        """One pass's leadership: True when it begins a new term (also one won again between two passes)."""
+        new = leader and (not self.led_last_pass or epoch != self.epoch)
+        if new:
+            self.seeded = self.decisions_seeded = self.director_seeded = False
+        self.led_last_pass, self.epoch = leader, epoch if leader else None
+        return new
 
 
 def stale_reason(view: StateView, snap: StateSnapshot, now: float, timeout_s: float) -> str | None:

@@ -84,3 +84,16 @@ def test_decisions_and_director_floors_come_from_the_statuses_and_unreadable_one
     assert floors == {"m": Extra(3, "node-b", "m-0", NOW - 20, None)}  # "gone" is no longer applied
     assert decisions == {}
     assert "traffic director floor of n unreadable" in caplog.text and "autoscale state of m unreadable" in caplog.text
+
+
+def test_a_term_begins_when_leadership_is_won_or_its_epoch_changes():
+    term = takeover.Term()
+    assert term.begin(False, 1) is False and term.epoch is None  # a standby has no term
+    assert term.begin(True, 2) is True and term.epoch == 2
+    term.seeded = term.decisions_seeded = term.director_seeded = term.adopt_move = True
+    assert term.begin(True, 2) is False and term.seeded and term.decisions_seeded  # the same term goes on
+    assert term.begin(True, 3) is True  # won again between two passes: a new term seeds again
+    assert (term.seeded, term.decisions_seeded, term.director_seeded) == (False, False, False)
+    assert term.adopt_move  # consumed by the pass that adopts the move, not by a new term
+    term.begin(False, 3)
+    assert term.begin(True, 3) is True  # lost and won back with the same epoch: a new term all the same
