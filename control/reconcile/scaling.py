@@ -2,12 +2,12 @@
 
 One pass (``Controller``'s ``autoscale``, ``director`` and ``rebalance`` steps)::
 
-    counts, decisions  = autoscale(snap, decisions, signals, ...)   # the leader decides; a standby follows
-    director           = direct(snap, published, tracks, floors, counts, ...)   # leader: a replica on a cooler node
-    floors             = drop_unplaced_floors(plan, floors)          # after placement: a floor nobody can place
-    counts             = with_director_floors(snap, counts, floors)
-    outcome, events    = rebalance(rebalancer, snap, counts, inventory, ...)    # leader: back toward the spread
-    counts            += outcome.floors                               # a move's replacement while it warms up
+    counts, decisions, events = autoscale(snap, decisions, signals, ...)   # the leader decides; a standby follows
+    look   = direct_replicas(snap, published, tracks, floors, counts, ...)  # leader: one replica more, cooler node
+    counts = with_director_floors(snap, counts, look.floors)
+    outcome, events = rebalance(rebalancer, snap, counts, inventory, ...)   # leader: back toward the spread
+    counts = with_rebalance_floors(snap, counts, outcome.floors)            # a move's replacement while it warms
+    ... after placement: floors = drop_unplaced_floors(plan, floors)        # a floor nobody can place is lifted
 
 =================================  =====================================================================
 a model ...                        count this pass

@@ -2,6 +2,7 @@
 
 A pass (``Controller.reconcile``)::
 
+    new term = term.begin(leader, epoch)       # won, or won again: forget what an earlier term of ours kept
     wait = stale_reason(view, snap, now, node_timeout_s) or takeover.not_loaded(epoch)
     if wait: skip the pass
     on a new term's first acting pass:
