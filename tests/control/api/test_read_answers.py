@@ -74,7 +74,9 @@ def served(tmp_path: Path) -> tuple[TestClient, ControlService]:
         updated_at_ms=9, autoscale={"desired": 2, "why": "lag 4"})}
     rollout = new_rollout("fraud", "1.0.0", "1.1.0", Policy(), 1000)
     rollout = replace(rollout, events=(Event(1000, Phase.PENDING, Phase.SURGING, -1, 0, "surge"),))
-    service.rollouts = SimpleNamespace(list=lambda: [describe(Entry(rollout, {}, {}))], last_error=None)  # type: ignore[assignment]
+    stable = state.specs["fraud"].to_document()
+    entry = Entry(rollout, stable, {**stable, "version": "1.1.0"})
+    service.rollouts = SimpleNamespace(list=lambda: [describe(entry)], last_error=None)  # type: ignore[assignment]
     client = TestClient(create_app(service, TokenStore(settings), ("/healthz",), SimpleNamespace(record=print)),
                         raise_server_exceptions=False)
     return client, service
