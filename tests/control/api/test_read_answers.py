@@ -47,7 +47,7 @@ def _json(value: Any) -> bytes:
 def served(tmp_path: Path) -> tuple[TestClient, ControlService]:
     settings = with_api_tokens(Settings(cache_dir=tmp_path / "cache"))
     service = ControlService(settings, http_port=None)
-    service.clock = lambda: NOW  # type: ignore[method-assign]
+    service.clock = lambda: NOW
     state = service.state
     state.apply_node("gpu-1", {"labels": {"zone": "z1"}, "cpu_count": 31.5, "memory_mb": 256000, "simulated": True,
                                "gpus": [{"index": 0, "product": "H100", "memory_total_mb": 81559, "memory_used_mb": 7,
@@ -76,7 +76,7 @@ def served(tmp_path: Path) -> tuple[TestClient, ControlService]:
     rollout = replace(rollout, events=(Event(1000, Phase.PENDING, Phase.SURGING, -1, 0, "surge"),))
     stable = state.specs["fraud"].to_document()
     entry = Entry(rollout, stable, {**stable, "version": "1.1.0"})
-    service.rollouts = SimpleNamespace(list=lambda: [describe(entry)], last_error=None)  # type: ignore[assignment]
+    service.rollouts = SimpleNamespace(list=lambda: [describe(entry)], last_error=None)
     client = TestClient(create_app(service, TokenStore(settings), ("/healthz",), SimpleNamespace(record=print)),
                         raise_server_exceptions=False)
     return client, service
