@@ -67,7 +67,7 @@ class Prepared:
 
     #: what the version's worker loads: the document with its artifacts' verified copies named
     document: dict[str, Any]
-    #: ``document`` decoded; None without a policy (nothing on this node decoded or checked it)
+    #: ``document`` decoded; None when nobody needed it (no policy, and the caller did not decode it)
     spec: ModelService | None
 
 
@@ -112,7 +112,7 @@ def prepare(spec_doc: dict[str, Any], spec: ModelService | None, policy: Any, ar
         check_spec(spec, policy)  # before anything of the version touches the disk
     localized = localize(spec_doc, policy, artifacts)
     if localized is spec_doc:
-        return Prepared(spec_doc, spec if policy is not None else None)
+        return Prepared(spec_doc, spec)
     if policy is None:
         return Prepared(localized, None)
     local = spec_of(localized)  # a new document: the local copies are under the artifact cache, a model root

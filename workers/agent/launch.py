@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_replica_id
@@ -33,6 +33,9 @@ from sie.workers.prepare import prepare, spec_of
 from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
 from sie.workers.worker_user import CREDENTIAL_FILE, WorkerUser, adopt
+
+if TYPE_CHECKING:
+    from sie.schemas.spec_models import ModelService
 
 #: the entry points of the two kinds of replica process
 WORKER_MODULE = "sie.workers.worker_main"
@@ -173,7 +176,7 @@ class WorkerCommandBuilder:
         self.replica_dir(desired.replica_id)  # before anything else: a refused id never reaches the disk
         spec_doc = json.loads(desired.template_json)  # fail here (a crash with a reason), not in the worker
         module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
-        spec: Any = None
+        spec: ModelService | None = None
         if module == WORKER_MODULE:  # the one preparation of a version (a companion version's too)
             # the template decoded once (refused here if it is not a ModelService), handed to prepare and sharing
             spec = spec_of(spec_doc) if self.spec_policy is not None else None
