@@ -215,3 +215,34 @@ def test_a_model_whose_package_conflicts_with_a_hosted_one_goes_to_another_proce
         {"a-0", "c-0", "fraud-rules-0"}
     # the replica's folder travels with it (the agent prepares a rollout's other version there)
     assert read_desired(rig["dir"] / "shared" / "shared-1")["b-0"].dir == str(rig["dir"] / "replicas" / "b-0")
+
+
+def test_the_builder_decodes_the_template_once_for_the_policy_and_for_sharing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from sie.schemas.spec_models import ModelService
+
+    class Policy:
+        allowed_modules = ()
+
+        def __init__(self) -> None:
+            self.checked: list[Any] = []
+
+        def check(self, spec: Any) -> list[str]:
+            self.checked.append(spec)
+            return [] if spec.priority_level != "P0" else ["priorityLevel: P0 is not allowed on this node"]
+
+    decoded: list[str] = []
+    real = ModelService.from_document.__func__
+    monkeypatch.setattr(ModelService, "from_document",
+                        classmethod(lambda cls, doc: decoded.append(doc["name"]) or real(cls, doc)))
+    policy = Policy()
+    builder = WorkerCommandBuilder(tmp_path, base_env={}, shared_processes=4, spec_policy=policy)
+    launch = builder(_desired("fraud-rules-0", _doc()))
+    assert launch.shared_spec is not None and decoded == ["fraud-rules"]  # checked and judged from one decode
+    assert [s.name for s in policy.checked] == ["fraud-rules"]
+    from sie.workers.process import LaunchRefused
+
+    with pytest.raises(LaunchRefused, match="P0 is not allowed"):
+        builder(_desired("p0-0", _doc(priority_level="P0")))
+    with pytest.raises(LaunchRefused, match="not a ModelService document"):
+        builder(_desired("junk-0", {"name": "junk", "version": "1"}))

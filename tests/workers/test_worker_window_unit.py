@@ -114,7 +114,7 @@ def _run_worker(monkeypatch, spec: Any, backend: _Backend, tmp_path) -> tuple[in
 
     calls: dict[str, Any] = {}
     monkeypatch.setattr(signal, "signal", lambda *a: None)
-    monkeypatch.setattr(worker_main, "_load_spec", lambda path: spec)
+    monkeypatch.setattr(worker_main, "read_spec_file", lambda path: spec)
     monkeypatch.setattr(worker_main, "check_spec", lambda *a: None)
     monkeypatch.setattr(worker_main, "load_proven", lambda s, c: (backend, ReadinessResult({"answer": "x"}, 1.5)))
     monkeypatch.setattr(worker_main, "_backend_config", lambda *a: None)
