@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sie.schemas.replica_state import ReplicaState
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_models import may_share_process
 from sie.workers.agent.launch import WorkerCommandBuilder, may_share
 from sie.workers.agent.shared import SharedLauncher, SharedProcesses
@@ -24,7 +24,7 @@ from tests.support.helpers import REPO_ROOT
 
 
 def _doc(**changes: Any) -> dict[str, Any]:
-    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc = load(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
     doc.update(changes)
     return doc
 
