@@ -101,7 +101,7 @@ class CountingBackend:
         self.device = getattr(inner, "device", "cpu")
         self.records = 0
         #: when the inference call in progress started (None: none is): a multi-model process's watchdog
-        #: (sie.workers.shared) reads it to tell a hung model from a slow one
+        #: (sie.workers.multimodel) reads it to tell a hung model from a slow one
         self.busy_since: float | None = None
         self._lock = threading.Lock()
         self._clock = clock

@@ -12,19 +12,19 @@ from typing import Any
 import pytest
 
 from sie.schemas.replica_state import ReplicaState
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_models import may_share_process
 from sie.workers.agent.launch import WorkerCommandBuilder, may_share
 from sie.workers.agent.shared import SharedLauncher, SharedProcesses
+from sie.workers.multimodel.desired import HEALTH_FILE, read_desired, write_atomic
 from sie.workers.replica import DesiredReplica
-from sie.workers.shared.desired import HEALTH_FILE, read_desired, write_atomic
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
 from tests.fakes.workers import FakeClock, FakeLauncher
 from tests.support.helpers import REPO_ROOT
 
 
 def _doc(**changes: Any) -> dict[str, Any]:
-    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc = load(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
     doc.update(changes)
     return doc
 
@@ -78,7 +78,7 @@ def test_replicas_fill_a_process_then_a_second_one_starts(rig: dict[str, Any]) -
     assert [h.process_id for h in handles] == ["shared-0", "shared-0", "shared-1"]
     assert handles[0].pid == handles[1].pid == inner.started[0].pid
     argv = inner.started[0].spec.argv
-    assert argv[argv.index("-m") + 1] == "sie.workers.shared" and "--state-dir" in argv
+    assert argv[argv.index("-m") + 1] == "sie.workers.multimodel" and "--state-dir" in argv
     assert set(read_desired(rig["dir"] / "shared" / "shared-0")) == {"m0-0", "m1-0"}
     assert pool.by_replica() == {"m0-0": "shared-0", "m1-0": "shared-0", "m2-0": "shared-1"}
     # a launch that may not share goes to the dedicated launcher

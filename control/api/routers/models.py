@@ -1,6 +1,6 @@
 """``/v1/models``: apply a ModelService, read what the cluster does with it, scale it, delete it.
 
-  apply (POST/PUT)   body -> ``read_yaml_documents`` -> ``parse_spec`` + spec policy -> tier check ->
+  apply (POST/PUT)   body -> ``read_yaml_documents`` -> ``load`` + spec policy -> tier check ->
                      ownership mark -> schema compatibility -> artifacts uploaded? -> a rollout (new version whose
                      spec asks for one) or ``publish_spec`` -> 202
   scale              ``ScaleRequest`` -> applied spec ``scaled`` -> ``publish_spec`` -> 202

@@ -16,7 +16,7 @@ from sie.control.reconcile.config import ControlConfig
 from sie.control.reconcile.controller import Controller
 from sie.control.reconcile.ports import OutRecord, StaticLeadership
 from sie.control.reconcile.records import ClusterState
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.streams.eos import Fenced
 
 TIMEOUT = 6.0
@@ -68,7 +68,7 @@ def spec_record(name: str, gpu_mb: int = 4096, replicas: int = 1, priority: str 
             **spec_extra,
         },
     }
-    spec = parse_spec(doc)
+    spec = load(doc)
     return {"name": name, "version": spec.version, "spec_json": json.dumps(spec.to_document()), "applied_at_ms": 0}
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from sie.control.rollout.driver import Entry, RolloutDriver, RolloutRefused
 from sie.control.rollout.machine import Answer, Phase, RolloutError, VersionWindow
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.scorer_fixtures import echo_spec_doc
 
 
@@ -33,14 +33,14 @@ class Windows:
 
 def specs(rollout=None, breaking=False):
     doc = echo_spec_doc("m")
-    old = parse_spec(doc)
+    old = load(doc)
     doc["spec"]["model"]["version"] = "1.1.0"
     if rollout is not None:
         doc["spec"]["rollout"] = rollout
     if breaking:
         doc["spec"]["inputSchema"]["fields"].append({"name": "z", "type": "float"})  # new required input
         doc["spec"]["exampleInput"] = {"x": 1.0, "z": 1.0}
-    return old, parse_spec(doc)
+    return old, load(doc)
 
 
 def drive(driver, clock, seconds, step=0.5):
