@@ -108,14 +108,18 @@ class ClusterInventory:
     """All known nodes, sorted by name (the order every tie-break uses, so plans are deterministic)."""
 
     nodes: tuple[NodeState, ...] = ()
+    #: name -> node, for ``get`` (asked per node and model by a pass: a scan would make it nodes x nodes)
+    _by_name: Mapping[str, NodeState] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         nodes = tuple(sorted(self.nodes, key=lambda n: n.name))
-        names = [n.name for n in nodes]
-        if len(set(names)) != len(names):
+        by_name = {n.name: n for n in nodes}
+        if len(by_name) != len(nodes):
+            names = [n.name for n in nodes]
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"ClusterInventory: duplicate node names {dupes}")
         object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "_by_name", MappingProxyType(by_name))
 
     @classmethod
     def of(cls, nodes: Iterable[NodeState]) -> ClusterInventory:
@@ -125,10 +129,7 @@ class ClusterInventory:
         return tuple(n.name for n in self.nodes)
 
     def get(self, name: str) -> NodeState | None:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        return None
+        return self._by_name.get(name)
 
     def node(self, name: str) -> NodeState:
         n = self.get(name)

@@ -162,6 +162,7 @@ class Rebalancer:
 
     def _start(self, now: float, specs: Mapping[str, Any], counts: Mapping[str, int], statuses: Mapping[str, Any],
                online: list[str], busy: set[str], eligible: Callable[[str, str], bool], out: RebalanceOutcome) -> None:
+        online = sorted(online)
         for name in sorted(specs):
             if self._resting.get(name, float("-inf")) > now or name in busy:
                 continue
@@ -174,16 +175,18 @@ class Rebalancer:
                 continue  # settle first: only a model fully READY is moved
             per_node = Counter(r.node for r in mine)
             crowded, held = per_node.most_common(1)[0]
-            targets = sorted(n for n in online if per_node.get(n, 0) == 0 and eligible(name, n))
-            if held < 2 or not targets:
+            if held < 2:
+                continue  # one replica per node already: no node is asked whether it could take one
+            target = next((n for n in online if per_node.get(n, 0) == 0 and eligible(name, n)), None)
+            if target is None:
                 continue
             victim = max((r.replica_id for r in mine if r.node == crowded), key=lambda rid: _index(rid, name) or 0)
             surge = f"{name}-{count}"
-            self.move = Move(name, count, crowded, targets[0], victim, surge, "surge", now)
+            self.move = Move(name, count, crowded, target, victim, surge, "surge", now)
             self._last_start = now
-            out.events.append((name, surge, f"spread: {held} replicas of {name} on {crowded} while {targets[0]} holds "
+            out.events.append((name, surge, f"spread: {held} replicas of {name} on {crowded} while {target} holds "
                                             f"none; moving {victim} there with a planned handover: first {surge} "
-                                            f"starts on {targets[0]} (READY before anything drains)"))
+                                            f"starts on {target} (READY before anything drains)"))
             return
 
     def _continue(self, now: float, specs: Mapping[str, Any], counts: Mapping[str, int], statuses: Mapping[str, Any],
