@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sie.control.reconcile.records import Clock, ClusterState
-from sie.kernel.clients import KafkaClients, state_reader_config
+from sie.kernel.clients import BARRIER_FETCH_WAIT_MS, KafkaClients, state_reader_config
 from sie.kernel.names import SYSTEM_TOPICS
 from sie.kernel.supervised import SupervisedThread, ThreadStatus
 
@@ -298,8 +298,11 @@ class StateFeeder:
         self._behind.clear()
         self._polled_at = None
         names = self._settings.names
+        # a read barrier (a new leader's first pass waits on it): an idle partition's position passes the last
+        # commit marker only with the next fetch answer, so the long-poll is the barrier's own (sie.kernel.clients)
         consumer = self._clients.consumer(state_reader_config(
-            self._settings, names.control_state_group, names.control_state_client_id))
+            self._settings, names.control_state_group, names.control_state_client_id,
+            fetch_wait_ms=BARRIER_FETCH_WAIT_MS))
         try:
             # the replay: each partition read to the end it had at start, by the kernel's one rule (the position
             # passes commit markers and aborted records that no record shows: sie.kernel.replay)

@@ -239,6 +239,7 @@ def request_producer_config(settings: Settings, client_id: str, **overrides: Any
 #: assigned partitions).  A consumer's position passes a trailing transaction marker only with the next fetch
 #: answer, so an idle reader at its end proves it with the default 500 ms long-poll only after 0.1-0.5 s, which
 #: stalled every partition of the scorer at each assignment; 50 ms (the stage consumer's own) takes ~10 ms.
+#: The control plane's state reader is one too: a new leader's read barrier (``ReadBarrier``) waited 0.3-0.7 s.
 BARRIER_FETCH_WAIT_MS = 50
 
 

@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from sie.control.reconcile.feeder import STATE_TOPICS, StateFeeder
 from sie.control.reconcile.records import ClusterState
+from sie.kernel.clients import BARRIER_FETCH_WAIT_MS
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
@@ -138,6 +139,8 @@ def test_reads_every_state_topic_with_a_reader_that_never_joins_or_commits(feeds
     assert config["isolation.level"] == "read_committed"  # a zombie leader's aborted writes never count
     assert config["enable.auto.commit"] is False and config["group.id"] == SETTINGS.names.control_state_group
     assert config["client.id"] == SETTINGS.names.control_state_client_id
+    # a new leader's read barrier: an idle partition proves its end with the next fetch answer, so a short long-poll
+    assert config["fetch.wait.max.ms"] == BARRIER_FETCH_WAIT_MS
     assert not f.consumer.called("subscribe")
     assert {t for t, _p in f.starts()} == {topic(s) for s in STATE_TOPICS}
 
