@@ -5,7 +5,7 @@
 
 Against the broker in SIE_BOOTSTRAP_SERVERS (default 127.0.0.1:9092).  What it measures, all in one run:
 
-1. resident memory (VmRSS from /proc/<pid>/status) of ONE ``python -m sie.workers.shared`` process hosting
+1. resident memory (VmRSS from /proc/<pid>/status) of ONE ``python -m sie.workers.multimodel`` process hosting
    1, 10, 50, 100 copies of the demo fraud model (examples/fraud-scorer.yaml: TorchScript, ~1k
    parameters, each copy its own topics, consumer group, transactional producer, loaded module);
 2. the same of 1..3 dedicated ``sie score`` processes (one model each), extrapolated to N models by
@@ -37,8 +37,8 @@ from sie.kernel.admin import delete_topics, ensure_model_topics  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from sie.schemas.spec import load  # noqa: E402
 from tests.support.helpers import wait_until  # noqa: E402
+from tests.support.multimodel_fixtures import SharedHostProcess  # noqa: E402
 from tests.support.scorer_fixtures import CommittedReader, ScorerProcess, produce_requests  # noqa: E402
-from tests.support.shared_fixtures import SharedHostProcess  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

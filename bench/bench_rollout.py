@@ -67,7 +67,7 @@ from sie.control.rollout.machine import Phase  # noqa: E402
 from sie.kernel.admin import ensure_topics  # noqa: E402
 from sie.kernel.settings import Settings  # noqa: E402
 from sie.kernel.topics import system_topics  # noqa: E402
-from sie.schemas.spec import parse_spec  # noqa: E402
+from sie.schemas.spec import load  # noqa: E402
 from sie.streams.scorer import ScorerConfig  # noqa: E402
 from sie.streams.scorer.rollout import EPOCH_HEADER, run_rollout_scorer  # noqa: E402
 from tests.control.rollout.test_rollout_kafka import Load, Publisher  # noqa: E402
@@ -273,7 +273,7 @@ class _Slot:
         self.doc = echo_spec_doc(self.name)
         self.doc["spec"]["backend"]["callable"] = "tests.support.scorer_fixtures:paced"
         self.doc["spec"]["sla"] = {"p99_latency_ms": args.sla_ms}
-        self.stable = parse_spec(self.doc, topic_prefix=settings.topic_prefix)
+        self.stable = load(self.doc, topic_prefix=settings.topic_prefix)
         topics_for(settings, self.stable, partitions=4)
         path = workdir / f"{self.name}.yaml"
         path.write_text(yaml.safe_dump(self.doc), encoding="utf-8")
@@ -296,7 +296,7 @@ class _Slot:
         doc["spec"]["model"]["version"] = f"1.0.{self.serial}"
         doc["spec"]["backend"]["callable"] = f"tests.support.scorer_fixtures:{CANARIES[kind]}"
         doc["spec"]["rollout"] = {"intervalSeconds": self.args.interval}  # default steps and gates
-        return parse_spec(doc, topic_prefix=self.settings.topic_prefix)
+        return load(doc, topic_prefix=self.settings.topic_prefix)
 
 
 def _outcome(kind: str, slot: _Slot, rollout: Any, legacy: str | None, started: float) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from sie.kernel.settings import Settings
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import (
     Cluster,
     RequestStream,
@@ -180,7 +180,7 @@ def run(settings: Settings, rate: float, steady_s: float) -> dict[str, Any]:
         sent = h.stream.stop()
         tag = h.stream.tag
         h.stream = None
-        spec = parse_spec(h.doc, topic_prefix=h.c.prefix)
+        spec = load(h.doc, topic_prefix=h.c.prefix)
         results, dead = prove_exactly_once(h.c.settings, spec, {f"{tag}-{n}" for n in range(sent)}, timeout=120)
         out["exactly_once"] = f"{len(results) + len(dead)} answers for {sent} requests, {len(dead)} dead letters"
     finally:

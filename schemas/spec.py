@@ -56,10 +56,7 @@ __all__ = [
     "Sla",
     "SpecTopics",
     "load",
-    "load_spec",
-    "load_specs",
     "parse_quantity",
-    "parse_spec",
     "read_yaml_documents",
 ]
 
@@ -207,21 +204,3 @@ def _read_file(path: Path, where: str, topic_prefix: str) -> list[ModelService]:
         raise InvalidSpec(where, problems)
     return specs
 
-
-# ---------------------------------------------------------------- the names ``load`` replaced (tests call them)
-
-
-def parse_spec(doc: dict, source: str = "<dict>", base_dir: Path | None = None,
-               topic_prefix: str = "sie") -> ModelService:
-    """``load(doc, origin=source, base_dir=base_dir, topic_prefix=topic_prefix)``."""
-    return load(doc, origin=source, base_dir=base_dir, topic_prefix=topic_prefix)
-
-
-def load_specs(path: str | Path, topic_prefix: str = "sie") -> list[ModelService]:
-    """``load(path, many=True, topic_prefix=topic_prefix)``."""
-    return load(path, many=True, topic_prefix=topic_prefix)
-
-
-def load_spec(path: str | Path, topic_prefix: str = "sie") -> ModelService:
-    """``load(path, topic_prefix=topic_prefix)``."""
-    return load(path, topic_prefix=topic_prefix)

@@ -386,16 +386,3 @@ def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
-
-def load_local_specs(path: str | Path, settings: Settings) -> list[Any]:
-    """``sie.schemas.spec.load(path, settings, many=True)``."""
-    from sie.schemas.spec import load
-
-    return load(path, settings, many=True)
-
-
-def load_local_spec(path: str | Path, settings: Settings) -> Any:
-    """``sie.schemas.spec.load(path, settings)``."""
-    from sie.schemas.spec import load
-
-    return load(path, settings)

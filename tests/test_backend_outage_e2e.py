@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import REPO, Cluster, RequestStream, example_input, http, try_get, wait_for
 from tests.support.scorer_fixtures import CommittedReader, prove_exactly_once
 
@@ -45,7 +45,7 @@ def test_a_backend_outage_shows_as_degraded_with_its_reason_and_heals(kafka_sett
         status, body = http(c.api(), "POST", "/v1/models", yaml.safe_dump(doc))
         assert status == 202, body
         c.wait_ready(MODEL, 1, timeout=120)
-        spec = parse_spec(doc, topic_prefix=c.prefix)
+        spec = load(doc, topic_prefix=c.prefix)
         tag = f"out{uuid.uuid4().hex[:6]}"
         reader = CommittedReader(c.settings, spec.topics.results)
         stream = RequestStream(c.settings, spec.topics.requests, example_input(path), tag, rate_per_s=10).start()

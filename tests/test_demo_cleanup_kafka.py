@@ -14,7 +14,7 @@ from sie.demo import DEMO_SPECS, Demo
 from sie.kernel.admin import ensure_topics
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_store import read_specs
 
 pytestmark = pytest.mark.kafka
@@ -26,7 +26,7 @@ def _demo(settings: Settings, keep: bool, monkeypatch: pytest.MonkeyPatch, fail:
 
     def cluster() -> None:  # what the real step applies, without starting processes
         for path in DEMO_SPECS:
-            demo.apply(load_spec(path, topic_prefix=settings.topic_prefix))
+            demo.apply(load(path, topic_prefix=settings.topic_prefix))
 
     def scoring() -> None:
         if fail:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import Cluster, RequestStream, ResultTail, StatusTail, example_input, wait_for
 from tests.support.scorer_fixtures import prove_exactly_once
 
@@ -71,7 +71,7 @@ def test_replicas_removed_or_replaced_on_purpose_hand_their_partitions_over_with
         c.start_agent("node-b")
         c.wait_leader(60)
         doc = yaml.safe_load(path.read_text())
-        group_id = parse_spec(doc, topic_prefix=c.prefix).group_id
+        group_id = load(doc, topic_prefix=c.prefix).group_id
         c.post_model(doc)
         c.wait_ready(MODEL, 3, timeout=180)
         # placed before node-b registered, the replicas are moved back toward the spread first (a surge replica
@@ -129,7 +129,7 @@ def test_replicas_removed_or_replaced_on_purpose_hand_their_partitions_over_with
         sent = stream.stop()
         tag = stream.tag
         stream = None
-        spec = parse_spec(doc, topic_prefix=c.prefix)
+        spec = load(doc, topic_prefix=c.prefix)
         prove_exactly_once(c.settings, spec, {f"{tag}-{n}" for n in range(sent)}, timeout=120)
 
         # sie delete: the workers stop and leave; no static member lingers in the group for its session

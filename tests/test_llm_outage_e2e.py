@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import Cluster, RequestStream, http, wait_for
 from tests.support.llm_fixtures import FAKE_SERVER
 from tests.support.scorer_fixtures import CommittedReader, prove_exactly_once
@@ -61,7 +61,7 @@ def test_an_llm_outage_shows_as_degraded_within_seconds_and_every_held_request_i
         status, body = http(c.api(), "POST", "/v1/models", yaml.safe_dump(doc))
         assert status == 202, body
         c.wait_ready(MODEL, 1, timeout=180)
-        spec = parse_spec(doc, topic_prefix=c.prefix)
+        spec = load(doc, topic_prefix=c.prefix)
         tag = f"llm{uuid.uuid4().hex[:6]}"
         reader = CommittedReader(c.settings, spec.topics.results)
         stream = Questions(c.settings, spec.topics.requests, {}, tag, rate_per_s=5).start()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import Cluster, RequestStream, example_input, http, try_get, wait_for
 from tests.support.scorer_fixtures import prove_exactly_once
 
@@ -60,7 +60,7 @@ def test_an_agent_rollout_waits_for_a_ready_surge_replica_and_drains_one_at_a_ti
     stream = None
     try:
         doc, path = _running(c)
-        spec = parse_spec(doc, topic_prefix=c.prefix)
+        spec = load(doc, topic_prefix=c.prefix)
         tag = f"ro{uuid.uuid4().hex[:6]}"
         stream = RequestStream(c.settings, spec.topics.requests, example_input(path), tag, rate_per_s=20).start()
         final = _roll(c, doc, ROLLOUT)

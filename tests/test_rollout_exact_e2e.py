@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import Cluster, RequestStream, try_get, wait_for
 from tests.support.rollout_checks import check_answers, rollout_epochs
 from tests.support.scorer_fixtures import prove_exactly_once
@@ -135,7 +135,7 @@ def test_slow_companions_and_worker_kills_in_every_phase_answer_nothing_off_thei
         tag = stream.tag
         sent = stream.stop()
         stream = None
-        spec = load_spec(v1, topic_prefix=c.prefix)
+        spec = load(v1, topic_prefix=c.prefix)
         results, dead = prove_exactly_once(c.settings, spec, {f"{tag}-{n}" for n in range(sent)}, timeout=120)
         assert not dead, [d.headers() for d in dead[:3]]
         report = check_answers(results, dead, rollout_epochs(c.settings, "churn-py"), "1.0.0", "1.1.0")

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import Cluster, Proc, RequestStream, StatusTail, example_input, try_get, wait_for
 from tests.support.helpers import TopicTail, leader_takeover_bound_s
 from tests.support.scorer_fixtures import prove_exactly_once
@@ -195,7 +195,7 @@ def test_a_leader_sigkilled_at_each_rollout_phase_restarts_no_replica(kafka_sett
         assert done.returncode == 0, done.stdout + done.stderr
         c.wait_ready(MODEL, 2, timeout=120)
         doc = yaml.safe_load(path.read_text())
-        spec = parse_spec(doc, topic_prefix=c.prefix)
+        spec = load(doc, topic_prefix=c.prefix)
         tag = f"fo{uuid.uuid4().hex[:6]}"
         stream = RequestStream(c.settings, spec.topics.requests, example_input(path), tag, rate_per_s=20).start()
         kills = Kills(c, watch)

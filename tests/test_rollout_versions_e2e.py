@@ -25,7 +25,7 @@ import orjson
 import pytest
 import yaml
 
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from tests.support.cluster_harness import Cluster, RequestStream, try_get, wait_for
 from tests.support.scorer_fixtures import prove_exactly_once
 from tests.support.user_models import (
@@ -88,7 +88,7 @@ def _stream(c: Cluster, model: str) -> RequestStream:
 def _answers(c: Cluster, spec_file: Path, stream: RequestStream) -> list[dict[str, Any]]:
     """Every request answered exactly once (read_committed); the committed results."""
     sent = stream.stop()
-    spec = load_spec(spec_file, topic_prefix=c.prefix)
+    spec = load(spec_file, topic_prefix=c.prefix)
     results, dead = prove_exactly_once(c.settings, spec, {f"{stream.tag}-{n}" for n in range(sent)}, timeout=120)
     assert not dead, [d.headers() for d in dead[:3]]
     return [orjson.loads(r.value()) for r in results]

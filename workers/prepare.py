@@ -4,13 +4,14 @@ A version runs on a node in two ways: as a replica's own version (the agent laun
 during a rollout, as a *companion* next to a replica of the other version (``sie.workers.versions``).  Both
 are prepared here, identically, before any of the version's code is imported::
 
-    check    the node's spec policy on the document as it came over Kafka (refused: the field is named)
+    decode   the document as it came over Kafka, once (``spec_of``; the agent hands the ModelService in)
+    check    the node's spec policy on it (refused: the field is named)
     localize each artifact named by content (``artifactRef``, ``modules``) fetched and verified by the
              node's ``ArtifactFetcher`` (deferred while it is fetched); the document then names the
              verified copies in the node's artifact cache (``artifact``, ``modulesPath``)
     bundle   a module archive is checked against the node's allowed modules (``check_bundle``)
-    check    the policy again on the localized document (its local copies lie under the artifact cache,
-             a model root)
+    check    the policy again on the localized document, decoded once (its local copies lie under the
+             artifact cache, a model root): the document the version's worker loads
 
 Outcomes:
 
@@ -28,28 +29,46 @@ loads it, proving it with a real inference (``load_proven``) before it serves an
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sie.workers.process import LaunchDeferred, LaunchRefused
 
-__all__ = ["check_document", "localize", "prepare_spec"]
-
-
-def check_document(spec_doc: Any, policy: Any) -> None:
-    """The node's spec policy on a ModelService document, exactly as the API applies it (``LaunchRefused``
-    names the field)."""
+if TYPE_CHECKING:
     from sie.schemas.spec_models import ModelService
 
-    if policy is None:
-        return
+__all__ = ["Prepared", "check_spec", "localize", "prepare", "prepare_spec", "spec_of"]
+
+
+def spec_of(spec_doc: Any) -> ModelService:
+    """A replica's template or a companion version's document, as it came over Kafka (a stored spec, validated
+    when it was applied), decoded into the ModelService it describes: once, where the node reads it.
+    ``LaunchRefused`` when it is not one."""
+    from sie.schemas.spec_models import ModelService
+
     try:
-        spec = ModelService.from_document(spec_doc)
+        return ModelService.from_document(spec_doc)
     except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
         raise LaunchRefused(f"spec refused: not a ModelService document: {str(exc).splitlines()[0]}") from None
+
+
+def check_spec(spec: ModelService, policy: Any) -> None:
+    """The node's spec policy on a ModelService, exactly as the API applies it (``LaunchRefused`` names the
+    field)."""
     problems = policy.check(spec)
     if problems:
         raise LaunchRefused("spec refused: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A version prepared for this node."""
+
+    #: what the version's worker loads: the document with its artifacts' verified copies named
+    document: dict[str, Any]
+    #: ``document`` decoded; None when nobody needed it (no policy, and the caller did not decode it)
+    spec: ModelService | None
 
 
 def localize(spec_doc: dict[str, Any], policy: Any, artifacts: Any) -> dict[str, Any]:
@@ -85,10 +104,22 @@ def localize(spec_doc: dict[str, Any], policy: Any, artifacts: Any) -> dict[str,
     return {**spec_doc, "backend": backend}
 
 
-def prepare_spec(spec_doc: dict[str, Any], policy: Any, artifacts: Any) -> dict[str, Any]:
-    """Check, localize, check again (module docstring): the document a worker of this version may load."""
-    check_document(spec_doc, policy)  # before anything of the version touches the disk
+def prepare(spec_doc: dict[str, Any], spec: ModelService | None, policy: Any, artifacts: Any) -> Prepared:
+    """Check, localize, check again (module docstring).  ``spec``: ``spec_doc`` decoded by the caller (None: it
+    is decoded here when a policy needs it)."""
+    if policy is not None:
+        spec = spec if spec is not None else spec_of(spec_doc)
+        check_spec(spec, policy)  # before anything of the version touches the disk
     localized = localize(spec_doc, policy, artifacts)
-    if localized is not spec_doc:
-        check_document(localized, policy)  # the local copies are under the artifact cache, a model root
-    return localized
+    if localized is spec_doc:
+        return Prepared(spec_doc, spec)
+    if policy is None:
+        return Prepared(localized, None)
+    local = spec_of(localized)  # a new document: the local copies are under the artifact cache, a model root
+    check_spec(local, policy)
+    return Prepared(localized, local)
+
+
+def prepare_spec(spec_doc: dict[str, Any], policy: Any, artifacts: Any) -> dict[str, Any]:
+    """The document a worker of this version may load (``prepare`` of a document nobody decoded yet)."""
+    return prepare(spec_doc, None, policy, artifacts).document

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -46,14 +45,13 @@ def _emit(out: BinaryIO, doc: dict[str, Any]) -> None:
 def _load(args: argparse.Namespace) -> tuple[Any, float]:
     """The version's backend, checked, loaded and proven (the worker's own path: ``worker_main``)."""
     from sie.kernel.settings import Settings
-    from sie.schemas.spec import ModelService
     from sie.schemas.spec_policy import SpecPolicy
     from sie.workers.backends import backend_config_from_spec
-    from sie.workers.worker_main import check_spec, load_proven
+    from sie.workers.worker_main import check_spec, load_proven, read_spec_file
 
     settings = Settings()
     policy = SpecPolicy.from_settings(settings)
-    spec = ModelService.from_document(json.loads(args.spec_file.read_text(encoding="utf-8")))
+    spec = read_spec_file(args.spec_file)
     check_spec(spec, policy, args.label)
     config = backend_config_from_spec(spec, policy)
     indices = [int(i) for i in args.gpu_indices.split(",") if i.strip()]

@@ -80,7 +80,8 @@ from typing import Any
 
 from sie.schemas.worker_status import StatusWriter
 
-__all__ = ["CountingBackend", "StatusWriter", "check_spec", "companion_versions", "load_proven", "main", "run_worker"]
+__all__ = ["CountingBackend", "StatusWriter", "check_spec", "companion_versions", "load_proven", "main",
+           "read_spec_file", "run_worker"]
 
 log = logging.getLogger("sie.worker")
 
@@ -100,7 +101,7 @@ class CountingBackend:
         self.device = getattr(inner, "device", "cpu")
         self.records = 0
         #: when the inference call in progress started (None: none is): a multi-model process's watchdog
-        #: (sie.workers.shared) reads it to tell a hung model from a slow one
+        #: (sie.workers.multimodel) reads it to tell a hung model from a slow one
         self.busy_since: float | None = None
         self._lock = threading.Lock()
         self._clock = clock
@@ -159,11 +160,12 @@ def _progress_loop(
         status.emit("progress", **{"records": counter.records, "rate": counter.rate(), **extra()})
 
 
-def _load_spec(path: Path) -> Any:
+def read_spec_file(path: Path) -> Any:
+    """The spec file the agent wrote for this process (``--spec-file``): its one decode on this side of the
+    process boundary (a replica's worker, a companion version's host)."""
     from sie.schemas.spec import ModelService
 
-    with open(path, encoding="utf-8") as f:
-        return ModelService.from_document(json.load(f))
+    return ModelService.from_document(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _backend_config(spec: Any, args: argparse.Namespace, policy: Any = None) -> Any:
@@ -299,7 +301,7 @@ def run_worker(args: argparse.Namespace, status: StatusWriter) -> int:
     signal.signal(signal.SIGUSR1, lambda _s, _f: serve.set())
 
     settings = Settings()
-    spec = _load_spec(args.spec_file)
+    spec = read_spec_file(args.spec_file)
     # The spec came over Kafka: check it against this node's policy before importing or opening anything
     # (the agent did too; a worker started by hand with a spec file gets the same check).
     policy = SpecPolicy.from_settings(settings)

@@ -1,6 +1,5 @@
 """The fixed-shape answers of the control API's writes, declared once: a route builds its body from one of these
-and the OpenAPI document shows it (``response_model``).  Reads that return the reconciler's records as they are
-(``ModelStatus.to_record``, ``NodeView.to_json``, rollouts, manifests) keep their records' own shapes."""
+and the OpenAPI document shows it (``response_model``).  The reads' shapes are in ``views``."""
 
 from __future__ import annotations
 

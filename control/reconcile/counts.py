@@ -1,6 +1,6 @@
 """A model's replica count: ``desired_count``, the one rule every count of the reconcile loop goes through.
 
-A pass decides a count in layers (``controller`` step 3); each site passes the layers it has::
+A pass decides a count in layers (step 3, ``scaling``); each site passes the layers it has::
 
     base    = the autoscaler's count when there is one, else max(0, sla.min_replicas)
     count   = max(0, base, director_floor, rebalance_floor)     floors only raise a count
@@ -17,7 +17,7 @@ layer               rule                                                        
                     None (the spec's minimum)
 ``director_floor``  one replica more than the count, on a cooler node, at most ``ceiling``  ``director.replica_lever``
 ``rebalance_floor`` a move's replacement replica (count + 1) while it warms up              ``rebalance.Rebalancer``
-``surge``           the trial replica a rollout places to see whether a surge fits        ``controller``
+``surge``           the trial replica a rollout places to see whether a surge fits        ``demands``
 ==================  =====================================================================  =========================
 
 Pure functions over a spec (duck-typed: ``spec.sla.min_replicas``/``max_replicas``, ``spec.priority_level``);

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sie.control.reconcile.ports import OutRecord
@@ -36,6 +36,7 @@ from sie.control.rollout.machine import (
 
 if TYPE_CHECKING:
     from sie.kernel.clients import KafkaClients
+    from sie.schemas.spec import ModelService
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,32 @@ class Windows(Protocol):
 
 @dataclass(frozen=True)
 class Entry:
-    """A rollout with the two spec documents it moves between (scorers load either from here)."""
+    """A rollout with the two spec documents it moves between (scorers load either from here) and the two
+    ModelServices they describe: decoded once, when the entry is read or begun (``decoded``), and carried on
+    through every step (``replace``); the documents stay as stored, for the records."""
 
     rollout: Rollout
     stable_spec: Mapping[str, Any]
     canary_spec: Mapping[str, Any]
+    #: (stable, canary) as ModelServices; None: decoded from the documents at construction
+    decoded: tuple[ModelService, ModelService] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.decoded is None:
+            from sie.schemas.spec import ModelService
+
+            object.__setattr__(self, "decoded", (ModelService.from_document(dict(self.stable_spec)),
+                                                 ModelService.from_document(dict(self.canary_spec))))
+
+    @property
+    def stable(self) -> ModelService:
+        assert self.decoded is not None  # set by __post_init__
+        return self.decoded[0]
+
+    @property
+    def canary(self) -> ModelService:
+        assert self.decoded is not None
+        return self.decoded[1]
 
     def to_record(self, now_ms: int) -> dict[str, Any]:
         r = self.rollout
@@ -133,7 +155,7 @@ class RolloutDriver:
         now = self._now()
         stable_doc, canary_doc = stable_spec.to_document(), canary_spec.to_document()
         rollout = new_rollout(stable_spec.name, stable_spec.version, canary_spec.version, policy_for(canary_doc), now)
-        entry = Entry(rollout, stable_doc, canary_doc)
+        entry = Entry(rollout, stable_doc, canary_doc, (stable_spec, canary_spec))
         return entry, self._records(entry, None, now)
 
     def tick(self) -> list[tuple[Entry, list[OutRecord]]]:
@@ -143,7 +165,7 @@ class RolloutDriver:
         for entry in list(self.entries.values()):
             new = self._advance(entry.rollout, now)
             if new is not entry.rollout:
-                updated = Entry(new, entry.stable_spec, entry.canary_spec)
+                updated = replace(entry, rollout=new)
                 changed.append((updated, self._records(updated, entry.rollout, now)))
         return changed
 
@@ -156,7 +178,7 @@ class RolloutDriver:
             raise RolloutError(f"rollout action: must be pause, resume, promote or abort (got {action!r})")
         now = self._now()
         new = getattr(entry.rollout, action)(now, who=who)
-        updated = Entry(new, entry.stable_spec, entry.canary_spec)
+        updated = replace(entry, rollout=new)
         return updated, self._records(updated, entry.rollout, now)
 
     def run_once(self, publisher: Any) -> int:

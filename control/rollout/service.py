@@ -57,15 +57,12 @@ class Rollouts:
     def __init__(self, settings: Any, leadership: Any, publisher: Any, clock: Callable[[], float] = time.time,
                  windows: Any = None, reader: Callable[[Any], list[dict[str, Any]]] = read_rollouts,
                  registry: Any = None) -> None:
-        from sie.schemas.spec import ModelService
-
         self._settings = settings
         self._leadership = leadership
         self._publisher = publisher
         self._reader = reader
         self._lock = threading.RLock()
-        self._windows = windows or ModelWindows(
-            settings, lambda model: ModelService.from_document(dict(self.driver.entries[model].stable_spec)))
+        self._windows = windows or ModelWindows(settings, lambda model: self.driver.entries[model].stable)
         self.driver = RolloutDriver(self._windows, clock=clock)
         #: the leader epoch whose rollouts the driver holds (None: none loaded, or a standby)
         self._loaded_epoch: int | None = None

@@ -171,7 +171,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
     """Transactional producer (stable ``transactional.id`` per instance/job: a restart fences the zombie).
 
     ``buffer_kbytes`` caps what the producer may queue (librdkafka's default is 1 GiB per producer): a
-    multi-model worker process (``sie.workers.shared``) runs one producer per model and bounds each."""
+    multi-model worker process (``sie.workers.multimodel``) runs one producer per model and bounds each."""
     return settings.kafka_client_config(**{
         "client.id": Names.stage_client_id(transactional_id, "producer"),
         "transactional.id": transactional_id,

@@ -278,7 +278,7 @@ class Settings(BaseSettings):
         description="Larger request values are dead-lettered as too_large; smaller than max_record_bytes so a "
                     "request's result (its metadata copied in) has room.")
 
-    # --- Multi-model worker processes (sie.workers.shared, docs/density.md) -------------------------------
+    # --- Multi-model worker processes (sie.workers.multimodel, docs/density.md) -------------------------------
     shared_processes: int = Field(
         0, ge=0, description="Models one shared multi-model worker process of a node agent hosts (P1/P2 torch/python "
                              "models without whole GPUs; docs/density.md). 0 (default): every replica runs in a "

@@ -71,7 +71,7 @@ class ScorerConfig:
     transaction_timeout_ms: int | None = None
     fetch_queue_kbytes: int = 16_384  # prefetch bound: memory stays bounded whatever the backlog
     # what the transactional producer may queue; None: librdkafka's default (1 GiB). A multi-model process
-    # (sie.workers.shared) bounds it per model, since it runs one producer per model it hosts
+    # (sie.workers.multimodel) bounds it per model, since it runs one producer per model it hosts
     producer_buffer_kbytes: int | None = None
     retriable_attempts: int = 8  # bounded retries of one Kafka call on a retriable error
     retry_backoff_s: float = 0.1

@@ -120,7 +120,8 @@ def weighted_table(stable: tuple[str, Any], canary: tuple[str, Any], canary_bp: 
 
 
 class WeightSource(Protocol):
-    """Where a scorer gets its model's newest rollout record without blocking (None: no rollout known)."""
+    """Where a scorer gets its model's newest rollout record without blocking (None: no rollout known).  A new
+    record is a new dict (never one changed in place): the scorer decodes each record once (``_decode``)."""
 
     def latest(self) -> dict[str, Any] | None: ...
 
@@ -223,6 +224,8 @@ class RolloutScorer(Scorer):
         self._own = RouteEntry(own, BUCKETS, routing.entries[0].backend)
         self._applied: tuple[Any, ...] | None = None
         self._ws: WeightSet | None = None
+        #: the last record read and its weight set (None: unreadable): a record is decoded once, not every batch
+        self._read: tuple[dict[str, Any], WeightSet | None] | None = None
         self._unreadable: dict[str, Any] | None = None
         self.epoch = 0
         #: the weights source has read its topic to the end it had at start (``WeightSource.caught_up``)
@@ -287,21 +290,29 @@ class RolloutScorer(Scorer):
         super().tick(consumer)
         self.apply_latest()
 
+    def _decode(self, record: dict[str, Any]) -> WeightSet | None:
+        """The weight set of a record read, or None for one no replica can follow (whoever may write the rollouts
+        topic wrote it): refused once, with the reason; the replica keeps its table instead of failing every
+        batch on the same record."""
+        try:
+            return WeightSet.from_record(record)
+        except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            if self._unreadable != record:
+                self._unreadable = record
+                log.error("model %s: unreadable rollout record refused (%s: %s); keeps serving as before",
+                          self.config.spec.name, type(exc).__name__, " ".join(str(exc).split())[:300])
+            return None
+
     def apply_latest(self) -> None:
         """Swap in the table the newest weight set names, if every version it names can answer here now
         (else ``unready`` says which cannot, and the table is left as it was: no batch is served meanwhile)."""
         record = self._weights.latest()
         if record is None or record.get("model") != self.config.spec.name:
             return
-        try:
-            ws = WeightSet.from_record(record)
-        except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-            # a record no replica can follow (whoever may write the rollouts topic wrote it): refused once, with
-            # the reason; the replica keeps its table instead of failing every batch on the same record
-            if self._unreadable != record:
-                self._unreadable = record
-                log.error("model %s: unreadable rollout record refused (%s: %s); keeps serving as before",
-                          self.config.spec.name, type(exc).__name__, " ".join(str(exc).split())[:300])
+        if self._read is None or self._read[0] is not record:
+            self._read = (record, self._decode(record))
+        ws = self._read[1]
+        if ws is None:
             return
         own = self._own.version
         if ws.phase in _TERMINAL and own not in (ws.stable_version, ws.canary_version):

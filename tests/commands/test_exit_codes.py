@@ -182,12 +182,12 @@ def test_produce_stopped_by_sigterm_is_3_with_counts(rules_topic, kafka_settings
 # --- backfill ------------------------------------------------------------------------------------------------
 
 def test_backfill_stopped_by_sigterm_is_3_and_resumable(kafka_settings, tmp_path):
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
     from tests.connectors.test_backfill import keep_forever, produce_timed
     from tests.support.scorer_fixtures import ALLOWED_MODULES, write_echo_spec
 
     spec_path = write_echo_spec(tmp_path)
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     keep_forever(kafka_settings, spec.topics.requests, 1)
     produce_timed(kafka_settings, spec.topics.requests, 300, 1)
     log = tmp_path / "backfill.log"

@@ -6,7 +6,7 @@ import yaml
 
 from sie.cli import main
 from sie.k8s.crd import CRD_PATH
-from sie.schemas.spec import load_specs, parse_spec
+from sie.schemas.spec import load
 from tests.support.helpers import REPO_ROOT
 
 
@@ -25,7 +25,7 @@ def test_resource_of_the_flat_article_spec_parses_back_to_it(capsys):
     assert main(["operator", "resource", "-f", str(spec_file), "-n", "models", "--no-upload"]) == 0
     resource = yaml.safe_load(capsys.readouterr().out)
     assert (resource["kind"], resource["metadata"]) == ("ModelService", {"name": "qwen2-7b-scoring", "namespace": "models"})
-    (original,) = load_specs(spec_file)
-    back = parse_spec(resource)
+    (original,) = load(spec_file, many=True)
+    back = load(resource)
     assert {k: v for k, v in back.to_document().items() if k not in ("source", "warnings")} == \
         {k: v for k, v in original.to_document().items() if k not in ("source", "warnings")}

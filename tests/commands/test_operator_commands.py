@@ -31,9 +31,9 @@ def cluster(kafka_settings, monkeypatch, tmp_path):
     path = tmp_path / "echo.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     assert main(["apply", "-f", str(path)]) == 0
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(path, topic_prefix=prefix)
+    spec = load(path, topic_prefix=prefix)
     from sie.kernel.admin import ensure_model_topics
 
     t = spec.topics

@@ -112,12 +112,12 @@ def test_predict_reports_an_invalid_request_as_its_dead_letter(capsys):
 
 
 def test_admission_never_imports_code_outside_the_allow_list(tmp_path):
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
     from sie.schemas.spec_policy import SpecPolicy
     from sie.workers.load_check import admission_problems
 
-    spec = load_spec(churn_spec(tmp_path, "", outputs=[{"name": "y", "type": "float", "range": [0, 1]}],
-                                backend={"type": "python", "callable": "tests.support.scorer_fixtures:echo"}))
+    spec = load(churn_spec(tmp_path, "", outputs=[{"name": "y", "type": "float", "range": [0, 1]}],
+                           backend={"type": "python", "callable": "tests.support.scorer_fixtures:echo"}))
     policy = SpecPolicy(allowed_modules=("tests",))
     report = admission_problems(spec, policy)
     assert report.ok and report.skipped and "'tests'" in report.skipped and "allow-list" in report.skipped

@@ -251,9 +251,9 @@ def _done(log: Path) -> int:
 def test_sigkill_mid_range_then_resume_gives_exactly_one_result_per_record(kafka_settings, bootstrap_servers,
                                                                           tmp_path):
     spec_path = write_echo_spec(tmp_path)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     keep_forever(kafka_settings, spec.topics.requests, 2)
     n = 600
     produce_timed(kafka_settings, spec.topics.requests, n, 2)

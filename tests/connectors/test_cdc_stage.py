@@ -410,12 +410,12 @@ def test_sigkill_mid_stream_then_restart_gives_every_request_exactly_once(kafka_
 
 # --- end to end: canal -> stage -> scorer -> results -------------------------------------------------------
 def _fraud_spec_for_test(name: str):
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
     doc = yaml.safe_load((REPO / "examples" / "fraud-scorer.yaml").read_text())
     doc["metadata"]["name"] = name
     doc["spec"]["model"]["name"] = name
-    return parse_spec(doc, source=str(REPO / "examples" / "fraud-scorer.yaml"), base_dir=REPO / "examples")
+    return load(doc, origin=str(REPO / "examples" / "fraud-scorer.yaml"), base_dir=REPO / "examples")
 
 
 def test_end_to_end_canal_to_stage_to_scorer_gives_one_result_per_converted_row(kafka_settings):

@@ -9,7 +9,7 @@ import pytest
 
 from sie.cli import main
 from sie.connectors.producer import MissingKey, RateLimiter, as_request, key_of, produce_jsonl
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.validation import compile_validator
 from tests.support.helpers import REPO_ROOT, consume_all, create_topic, unique_topic
 
@@ -17,7 +17,7 @@ FRAUD_SPEC = REPO_ROOT / "examples" / "fraud-scorer.yaml"
 
 
 def _valid_inputs(i: int) -> dict:
-    spec = load_spec(FRAUD_SPEC)
+    spec = load(FRAUD_SPEC)
     return {**spec.example_input, "amount": float(i)}
 
 
@@ -68,7 +68,7 @@ def test_rate_limiter_spaces_acquisitions() -> None:
 def test_produce_jsonl_sends_valid_and_reports_every_rejection(kafka_settings) -> None:
     topic = unique_topic("produce")
     create_topic(kafka_settings, topic, partitions=3)
-    spec = load_spec(FRAUD_SPEC)
+    spec = load(FRAUD_SPEC)
     lines = [orjson.dumps({"id": f"r{i}", "inputs": _valid_inputs(i)}) for i in range(20)]
     lines.insert(5, b"{not json")
     lines.insert(9, orjson.dumps({"id": "bad", "inputs": {**_valid_inputs(1), "amount": "lots"}}))

@@ -12,7 +12,7 @@ import yaml
 
 from sie.cli import main
 from sie.connectors.redrive import H_REDRIVE_OF, Redrive, RedriveConfig
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.helpers import consume_all
 from tests.support.scorer_fixtures import CommittedReader, ScorerThread, echo_spec_doc, produce_requests, topics_for
 
@@ -27,7 +27,7 @@ def churn_doc(name: str | None, version: str, fn: str) -> dict:
 
 
 def churn_spec(name: str | None, version: str, fn: str):
-    return parse_spec(churn_doc(name, version, fn))
+    return load(churn_doc(name, version, fn))
 
 
 def requests_with_and_without_ids(n: int) -> list[tuple[bytes, bytes]]:

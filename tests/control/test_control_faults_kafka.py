@@ -26,7 +26,7 @@ from sie.kernel.admin import delete_topics, ensure_topics
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_store import publish_spec
 from tests.control.test_control_kafka import AssignmentReader, FakeAgent, _producer
 from tests.support.helpers import wait_until
@@ -62,7 +62,7 @@ def apply(settings: Settings, name: str, replicas: int = 1) -> None:
                     "backend": {"type": "python", "callable": "models.fraud.rules:score"},
                     "resources": {"gpuMemoryMb": 4096, "cpu": 1},
                     "sla": {"min_replicas": replicas, "max_replicas": replicas}}}
-    publish_spec(settings, parse_spec(doc, topic_prefix=settings.topic_prefix), timeout=15, ensure_topic=False)
+    publish_spec(settings, load(doc, topic_prefix=settings.topic_prefix), timeout=15, ensure_topic=False)
 
 
 def control(settings: Settings, running: list[Any], instance: str = "solo") -> ControlService:

@@ -211,12 +211,12 @@ def test_a_spec_written_to_the_topic_directly_is_refused_and_never_placed(settin
     with the API's reasons (model phase Invalid) and places nothing."""
     import json as _json
 
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
     agent = FakeAgent(settings, "node-1").start()
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"x")
-    doc = parse_spec({"name": "evil", "version": "1", "backend": {
+    doc = load({"name": "evil", "version": "1", "backend": {
         "type": "torch", "artifact": str(weights), "format": "safetensors",
         "moduleClass": "models.fraud.model:FraudMLP"}}, topic_prefix=settings.topic_prefix).to_document()
     doc["backend"]["module_class"] = "subprocess:Popen"

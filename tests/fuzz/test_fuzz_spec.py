@@ -1,5 +1,5 @@
-"""Fuzz ModelService spec parsing: YAML text (``load_specs``, ``read_yaml_documents``) and documents
-(``parse_spec``, what the control plane's API does with a request body after YAML parsing).
+"""Fuzz ModelService spec parsing: YAML text (``load(path, many=True)``, ``read_yaml_documents``) and documents
+(``load(document)``, what the control plane's API does with a request body after YAML parsing).
 
 Property: every input yields ``ModelService``(s) or a ``SpecError`` whose lines name the field - never
 another exception.  Seeds are the shipped example specs, mutated.
@@ -20,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sie.kernel.errors import SpecError
-from sie.schemas.spec import load_specs, parse_spec, read_yaml_documents
+from sie.schemas.spec import load, read_yaml_documents
 from sie.schemas.spec_models import ModelService
 from tests.fuzz.strategies import JSON_VALUES, mutated
 from tests.support.helpers import REPO_ROOT
@@ -36,7 +36,7 @@ YAML_CHARS = st.sampled_from(list(":-[]{}&*!|>'\"#,?%@` \n\t") + ["\n  ", ": ", 
 
 def check_doc(doc, base_dir: Path | None = EXAMPLES) -> None:
     try:
-        spec = parse_spec(doc, source="fuzz", base_dir=base_dir)
+        spec = load(doc, origin="fuzz", base_dir=base_dir)
     except SpecError as exc:
         problems = getattr(exc, "problems", None)
         assert problems, str(exc)
@@ -50,7 +50,7 @@ def check_text(text: str, base_dir: Path = EXAMPLES) -> None:
     path = _TMP / "spec.yaml"  # one file, rewritten: examples run one at a time
     path.write_text(text, encoding="utf-8")
     try:
-        specs = load_specs(path)
+        specs = load(path, many=True)
     except SpecError as exc:
         assert str(exc).startswith(str(path)), str(exc)
     else:
@@ -116,7 +116,7 @@ def test_quantity_too_large_for_a_float_is_a_spec_error_not_overflow_error(key, 
     doc, base_dir = SEED_DOCS[0]
     doc = {**doc, "spec": {**doc["spec"], "resources": {"limits": {key: value}}}}
     with pytest.raises(SpecError, match=f"resources.limits.{key}"):
-        parse_spec(doc, source="fuzz", base_dir=base_dir)
+        load(doc, origin="fuzz", base_dir=base_dir)
 
 
 def test_yaml_nested_beyond_the_parsers_recursion():

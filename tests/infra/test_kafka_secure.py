@@ -28,7 +28,7 @@ from sie.kernel.authz import NotAuthenticated, NotAuthorized
 from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_policy import SpecPolicy
 from tests.security.test_worker_uid import node_dir  # noqa: F401  (a fixture)
 from tests.support.helpers import EXAMPLES, OPERATOR_TOKEN, consume_all, wait_until, with_api_tokens
@@ -66,7 +66,7 @@ def world(secure_kafka: Any) -> dict[str, Any]:
     prefix = f"sec{uuid.uuid4().hex[:8]}"
     admin = secure_kafka.settings_for_clients().with_overrides(topic_prefix=prefix)
     ensure_topics(admin, system_topics(prefix))
-    spec = load_spec(RULES, topic_prefix=prefix)
+    spec = load(RULES, topic_prefix=prefix)
     t = spec.topics
     ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill, Names.backfill_dead_letter_topic(t.backfill)], 2)
     return {"kafka": secure_kafka, "prefix": prefix, "admin": admin, "spec": spec}
@@ -519,7 +519,7 @@ def test_on_a_secured_broker_the_worker_authenticates_with_its_copy_and_cannot_r
     prefix = f"sec{uuid.uuid4().hex[:8]}"
     admin = secure_kafka.settings_for_clients().with_overrides(topic_prefix=prefix)
     ensure_topics(admin, system_topics(prefix))
-    spec = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml", topic_prefix=prefix)
+    spec = load(REPO_ROOT / "examples" / "fraud-rules.yaml", topic_prefix=prefix)
     t = spec.topics
     ensure_model_topics(admin, [t.requests, t.results, t.dead_letters, t.backfill,
                                 Names.backfill_dead_letter_topic(t.backfill)], 2)

@@ -16,7 +16,7 @@ import yaml
 
 from sie.k8s.crd import CRD_PATH
 from sie.k8s.resource import to_resource
-from sie.schemas.spec import load_specs, parse_spec
+from sie.schemas.spec import load
 from tests.k8s.kube_env import REPO, KubeApiServer
 
 CHART = REPO / "infra" / "helm" / "sie"
@@ -155,7 +155,7 @@ def test_the_article_modelservice_applies_as_written_and_round_trips(crd_install
     assert stored["spec"] == original["spec"]  # nothing pruned, nothing defaulted away
     back = {"apiVersion": stored["apiVersion"], "kind": stored["kind"],
             "metadata": {"name": stored["metadata"]["name"]}, "spec": stored["spec"]}
-    _same_spec(parse_spec(back), parse_spec(original))
+    _same_spec(load(back), load(original))
     listed = kube.kubectl("get", "crd", "modelservices.sie.lmsys.org").stdout
     assert "modelservices.sie.lmsys.org" in listed
     assert "modelservices" in kube.kubectl("api-resources", "--api-group=sie.lmsys.org").stdout
@@ -164,12 +164,12 @@ def test_the_article_modelservice_applies_as_written_and_round_trips(crd_install
 
 def test_the_flat_article_spec_round_trips_through_a_resource(crd_installed: KubeApiServer):
     kube = crd_installed
-    (spec,) = load_specs(ARTICLE / "model-spec.yaml")
+    (spec,) = load(ARTICLE / "model-spec.yaml", many=True)
     resource = to_resource(spec, namespace="default")
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(resource))
     stored = _get(kube, "default", spec.name)
-    back = parse_spec({"apiVersion": stored["apiVersion"], "kind": stored["kind"],
-                       "metadata": {"name": spec.name}, "spec": stored["spec"]})
+    back = load({"apiVersion": stored["apiVersion"], "kind": stored["kind"],
+                 "metadata": {"name": spec.name}, "spec": stored["spec"]})
     _same_spec(back, spec)
     kube.kubectl("delete", "modelservice", spec.name, "-n", "default")
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, create_model
 
 from sie.k8s import crd
 from sie.schemas import spec_document
-from sie.schemas.spec import InvalidSpec, parse_spec
+from sie.schemas.spec import InvalidSpec, load
 from sie.schemas.spec_models import (
     BackendSpec,
     FieldSpec,
@@ -221,7 +221,7 @@ def test_a_document_the_reader_accepts_fits_the_crd_shape(path):
             walk(sub, schema["properties"][key], f"{where}.{key}")
 
     for doc in yaml.safe_load_all(path.read_text()):
-        parse_spec(doc, base_dir=path.parent)
+        load(doc, base_dir=path.parent)
         walk(doc["spec"], root["properties"]["spec"], "spec")
 
 
@@ -242,4 +242,4 @@ def test_the_article_document_fits_the_crd_shape(name):
 
     walk(doc["spec"], root["properties"]["spec"], "spec")
     with pytest.raises(InvalidSpec):  # and the parser still refuses what the CRD cannot (sanity of the fixture)
-        parse_spec({**doc, "spec": {**doc["spec"], "sla": {"min_replicas": 3, "max_replicas": 2}}})
+        load({**doc, "spec": {**doc["spec"], "sla": {"min_replicas": 3, "max_replicas": 2}}})

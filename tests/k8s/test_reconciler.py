@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from sie.k8s.operator import ControlRefused, ControlUnavailable, Reconciler, cr_document, same_status
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.k8s.kube_env import REPO
 
 ARTICLE = yaml.safe_load((REPO / "examples" / "article" / "qwen2-7b-scoring.yaml").read_text())
@@ -41,7 +41,7 @@ class FakeControl:
 
         if self.refuse is not None:
             raise self.refuse
-        spec = parse_spec(document)
+        spec = load(document)
         problem = ownership_problem(self.applied.get(spec.name), spec.owner, adopt)  # the API's own check
         if problem:
             raise ControlRefused(409, problem, [])

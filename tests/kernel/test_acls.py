@@ -48,11 +48,11 @@ def test_scorer_is_literal_per_model_and_prefixed_cluster_wide() -> None:
 
 
 def test_a_spec_with_its_own_topics_and_group_is_planned_as_written() -> None:
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
-    spec = parse_spec({"name": "m", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"},
-                       "topics": {"requests": "in.m", "results": "out.m"},
-                       "kafka_input": {"topic": "in.m", "group_id": "legacy-group"}})
+    spec = load({"name": "m", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"},
+                 "topics": {"requests": "in.m", "results": "out.m"},
+                 "kafka_input": {"topic": "in.m", "group_id": "legacy-group"}})
     rules = {(r.operation, r.name) for r in plan(Names("sie"), "scorer", "s", models=[ModelScope.of_spec(spec)])}
     assert {("read", "in.m"), ("write", "out.m"), ("read", "legacy-group")} <= rules
 

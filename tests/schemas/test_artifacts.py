@@ -23,7 +23,7 @@ from sie.schemas.artifact_cache import (
     safe_uri,
 )
 from sie.schemas.module_bundle import build_bundle, check_bundle, module_of
-from sie.schemas.spec import InvalidSpec, parse_spec
+from sie.schemas.spec import InvalidSpec, load
 from sie.schemas.spec_models import ArtifactRef
 from sie.schemas.spec_policy import SpecPolicy
 
@@ -41,28 +41,28 @@ def _torch_doc(artifact: Any, **backend: Any) -> dict[str, Any]:
 
 def test_a_uri_artifact_needs_its_sha256() -> None:
     with pytest.raises(InvalidSpec) as err:
-        parse_spec(_torch_doc("https://models.example.com/m.safetensors"))
+        load(_torch_doc("https://models.example.com/m.safetensors"))
     assert "backend.sha256: required with an artifact URI" in str(err.value)
-    spec = parse_spec(_torch_doc("https://models.example.com/m.safetensors", sha256=SHA.upper()))
+    spec = load(_torch_doc("https://models.example.com/m.safetensors", sha256=SHA.upper()))
     ref = spec.backend.artifact_ref
     assert ref == ArtifactRef(sha256=SHA, name="m.safetensors", uri="https://models.example.com/m.safetensors")
     assert spec.backend.artifact is None and spec.backend.format == "safetensors"
 
 
 def test_an_uploaded_artifact_is_a_mapping_by_sha256() -> None:
-    spec = parse_spec(_torch_doc({"sha256": SHA, "name": "w.safetensors", "size": 12}))
+    spec = load(_torch_doc({"sha256": SHA, "name": "w.safetensors", "size": 12}))
     assert spec.backend.artifact_ref == ArtifactRef(sha256=SHA, name="w.safetensors", size=12)
     with pytest.raises(InvalidSpec) as err:
-        parse_spec(_torch_doc({"sha256": "xyz", "name": "w.safetensors"}))
+        load(_torch_doc({"sha256": "xyz", "name": "w.safetensors"}))
     assert "backend.artifact.sha256: must be 64 hex digits" in str(err.value)
     with pytest.raises(InvalidSpec) as err:
-        parse_spec(_torch_doc({"sha256": SHA}))  # no name, no format: nothing tells the format
+        load(_torch_doc({"sha256": SHA}))  # no name, no format: nothing tells the format
     assert "cannot infer the format" in str(err.value)
 
 
 def test_a_relative_path_without_a_spec_file_says_what_to_do() -> None:
     with pytest.raises(InvalidSpec) as err:
-        parse_spec(_torch_doc("weights/m.safetensors"))  # e.g. POST /v1/models: there is no file
+        load(_torch_doc("weights/m.safetensors"))  # e.g. POST /v1/models: there is no file
     text = str(err.value)
     assert "needs a spec file to resolve it against" in text and "sie apply -f" in text
     assert "relative to the spec file)" not in text
@@ -72,19 +72,19 @@ def test_a_local_artifact_with_the_wrong_sha256_is_refused(tmp_path: Path) -> No
     weights = tmp_path / "m.safetensors"
     weights.write_bytes(b"weights")
     with pytest.raises(InvalidSpec) as err:
-        parse_spec(_torch_doc("m.safetensors", sha256=SHA), base_dir=tmp_path)
+        load(_torch_doc("m.safetensors", sha256=SHA), base_dir=tmp_path)
     assert f"has sha256 {hashlib.sha256(b'weights').hexdigest()}" in str(err.value)
-    spec = parse_spec(_torch_doc("m.safetensors", sha256=hashlib.sha256(b"weights").hexdigest()), base_dir=tmp_path)
+    spec = load(_torch_doc("m.safetensors", sha256=hashlib.sha256(b"weights").hexdigest()), base_dir=tmp_path)
     assert spec.backend.artifact == weights
 
 
 def test_modules_are_named_by_sha256_for_python_and_torch_only() -> None:
     doc = {"name": "r", "version": "1", "backend": {"type": "python", "callable": "churn:score",
                                                     "modules": {"sha256": SHA, "size": 10}}}
-    assert parse_spec(doc).backend.modules == ArtifactRef(sha256=SHA, name="modules.zip", size=10)
+    assert load(doc).backend.modules == ArtifactRef(sha256=SHA, name="modules.zip", size=10)
     doc["backend"] = {"type": "sglang", "modelPath": "/m", "modules": {"sha256": SHA}}
     with pytest.raises(InvalidSpec, match="backend.modules: not used by the sglang backend"):
-        parse_spec(doc)
+        load(doc)
 
 
 # -------------------------------------------------------------------------------------------- policy
@@ -93,14 +93,14 @@ def test_modules_are_named_by_sha256_for_python_and_torch_only() -> None:
 def test_artifact_uris_must_come_from_an_allowed_source(tmp_path: Path) -> None:
     settings = Settings(cache_dir=tmp_path, artifact_sources="https://models.example.com/prod/,s3://models/")
     policy = SpecPolicy.from_settings(settings)
-    ok = parse_spec(_torch_doc("s3://models/fraud/m.safetensors", sha256=SHA))
+    ok = load(_torch_doc("s3://models/fraud/m.safetensors", sha256=SHA))
     assert policy.check(ok) == []
     for uri in ("https://evil.example.com/m.safetensors", "https://models.example.com/prodx/m.safetensors",
                 "https://user:secret@models.example.com/prod/m.safetensors"):
-        problems = policy.check(parse_spec(_torch_doc(uri, sha256=SHA)))
+        problems = policy.check(load(_torch_doc(uri, sha256=SHA)))
         assert len(problems) == 1 and problems[0].startswith("spec.backend.artifact.uri: ")
         assert "secret" not in problems[0]
-    outside = policy.check(parse_spec(_torch_doc("file:///etc/m.safetensors", sha256=SHA)))
+    outside = policy.check(load(_torch_doc("file:///etc/m.safetensors", sha256=SHA)))
     assert "outside this node's model roots" in outside[0]
 
 

@@ -20,7 +20,7 @@ from sie.schemas.backend_config import (
     TorchConfig,
     check_backend_config,
 )
-from sie.schemas.spec import InvalidSpec, parse_spec
+from sie.schemas.spec import InvalidSpec, load
 from tests.support.llm_fixtures import llm_spec_doc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def _problems(**config: object) -> list[str]:
     doc = llm_spec_doc(["http://127.0.0.1:8000"], protocol="openai-completions")
     doc["spec"]["backend"]["config"].update(config)
     try:
-        parse_spec(doc)
+        load(doc)
     except InvalidSpec as exc:
         return list(exc.problems)
     return []

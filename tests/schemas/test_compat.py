@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sie.schemas.compat import Break, check_compatibility, check_spec_compatibility
-from sie.schemas.spec import FieldSpec, IOSchema, load_spec
+from sie.schemas.spec import FieldSpec, IOSchema, load
 from tests.schemas.test_spec import ARTICLE
 
 
@@ -80,7 +80,7 @@ def test_bad_kind():
 
 
 def test_spec_level_check_on_article_spec():
-    old = load_spec(ARTICLE / "model-spec.yaml")
+    old = load(ARTICLE / "model-spec.yaml")
     assert check_spec_compatibility(old, old) == []
     doc = old.to_document()
     doc["output_schema"]["fields"][0]["range"] = [0.0, 100.0]

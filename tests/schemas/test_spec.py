@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sie.kernel.errors import SpecError
-from sie.schemas.spec import InvalidSpec, ModelService, load_spec, load_specs, parse_quantity, parse_spec
+from sie.schemas.spec import InvalidSpec, ModelService, load, parse_quantity
 from tests.support.helpers import REPO_ROOT
 
 ARTICLE = REPO_ROOT / "examples" / "article"
@@ -72,7 +72,7 @@ def test_article_copies_are_verbatim():
 
 
 def test_flat_article_spec_maps_every_field():
-    spec = load_spec(ARTICLE / "model-spec.yaml")
+    spec = load(ARTICLE / "model-spec.yaml")
     assert spec.model_id == "qwen2-7b-scoring:1.2.0"
     assert spec.backend.type == "sglang"
     assert spec.resources.gpu_memory_mb == 12288
@@ -88,7 +88,7 @@ def test_flat_article_spec_maps_every_field():
 
 
 def test_k8s_article_spec_maps_every_field_and_warns():
-    spec = load_spec(ARTICLE / "qwen2-7b-scoring.yaml")
+    spec = load(ARTICLE / "qwen2-7b-scoring.yaml")
     assert spec.model_id == "qwen2-7b-scoring:1.2.0"
     assert spec.scheduling.node_selector == {"nvidia.com/gpu.product": "A100-80gb"}
     assert spec.resources.memory_mb == 32 * 1024
@@ -124,16 +124,16 @@ def test_k8s_article_spec_maps_every_field_and_warns():
 def test_sglang_gpu_memory_derived_from_parameter_count():
     doc = yaml.safe_load((ARTICLE / "qwen2-7b-scoring.yaml").read_text())
     # 7B params * 2 bytes / tp 2 * 1.5 = 10.5 GiB, rounded up to 11 GiB
-    assert parse_spec(doc).resources.gpu_memory_mb == 11 * 1024
+    assert load(doc).resources.gpu_memory_mb == 11 * 1024
     doc["spec"]["resources"]["gpuMemoryMb"] = 20000
-    spec = parse_spec(doc)
+    spec = load(doc)
     assert spec.resources.gpu_memory_mb == 20000
     assert not any(w.startswith("spec.resources.gpuMemoryMb") for w in spec.warnings)
 
 
 def test_roundtrip_through_document(torch_doc, tmp_path):
-    for spec in (load_spec(ARTICLE / "model-spec.yaml"), load_spec(ARTICLE / "qwen2-7b-scoring.yaml"),
-                 parse_spec(torch_doc, base_dir=tmp_path)):
+    for spec in (load(ARTICLE / "model-spec.yaml"), load(ARTICLE / "qwen2-7b-scoring.yaml"),
+                 load(torch_doc, base_dir=tmp_path)):
         doc = spec.to_document()
         assert ModelService.from_document(doc) == spec
         import json
@@ -142,7 +142,7 @@ def test_roundtrip_through_document(torch_doc, tmp_path):
 
 
 def test_spec_is_frozen(torch_doc, tmp_path):
-    spec = parse_spec(torch_doc, base_dir=tmp_path)
+    spec = load(torch_doc, base_dir=tmp_path)
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.name = "other"  # type: ignore[misc]
 
@@ -151,7 +151,7 @@ def test_spec_is_frozen(torch_doc, tmp_path):
 
 
 def test_torch_extension_fields(torch_doc, tmp_path):
-    spec = parse_spec(torch_doc, base_dir=tmp_path)
+    spec = load(torch_doc, base_dir=tmp_path)
     assert spec.backend.artifact == (tmp_path / "models" / "fraud.pt").resolve()
     assert spec.backend.format == "torchscript"
     assert spec.priority_level == "P0"
@@ -167,7 +167,7 @@ def test_snake_case_aliases_and_topic_overrides(torch_doc, tmp_path):
     s["input_schema"] = s.pop("inputSchema")
     s["topics"] = {"requests": "a.req", "results": "a.res", "deadLetters": "a.dlq", "backfill": "a.bf"}
     s["scheduling"] = {"node_selector": {"zone": "eu"}, "tier": "tier-0"}
-    spec = parse_spec(torch_doc, base_dir=tmp_path, topic_prefix="t1")
+    spec = load(torch_doc, base_dir=tmp_path, topic_prefix="t1")
     assert spec.priority_level == "P0"
     assert (spec.topics.requests, spec.topics.results, spec.topics.dead_letters, spec.topics.backfill) == (
         "a.req", "a.res", "a.dlq", "a.bf")
@@ -176,7 +176,7 @@ def test_snake_case_aliases_and_topic_overrides(torch_doc, tmp_path):
 
 
 def test_topic_prefix_changes_defaults():
-    spec = load_spec(ARTICLE / "model-spec.yaml", topic_prefix="test-abc")
+    spec = load(ARTICLE / "model-spec.yaml", topic_prefix="test-abc")
     assert spec.topics.requests == "test-abc.model.qwen2-7b-scoring.requests"
     assert spec.topics.dead_letters == "test-abc.model.qwen2-7b-scoring.dlq"
 
@@ -187,18 +187,18 @@ def test_topic_prefix_changes_defaults():
 def test_torch_format_inferred_from_suffix(tmp_path, torch_doc, suffix, fmt):
     (tmp_path / f"m{suffix}").write_bytes(b"x")
     torch_doc["spec"]["backend"] = {"type": "torch", "artifact": f"m{suffix}", "moduleClass": "pkg.mod:Net"}
-    assert parse_spec(torch_doc, base_dir=tmp_path).backend.format == fmt
+    assert load(torch_doc, base_dir=tmp_path).backend.format == fmt
 
 
 def test_python_backend(torch_doc, tmp_path):
     torch_doc["spec"]["backend"] = {"type": "python", "callable": "models.rules:score", "device": "cpu"}
-    spec = parse_spec(torch_doc, base_dir=tmp_path)
+    spec = load(torch_doc, base_dir=tmp_path)
     assert spec.backend.callable == "models.rules:score" and spec.backend.device == "cpu"
 
 
 def test_missing_example_input_warns_for_torch(torch_doc, tmp_path):
     del torch_doc["spec"]["exampleInput"]
-    spec = parse_spec(torch_doc, base_dir=tmp_path)
+    spec = load(torch_doc, base_dir=tmp_path)
     assert any(w.startswith("spec.exampleInput: absent") for w in spec.warnings)
 
 
@@ -215,9 +215,9 @@ def test_kubernetes_quantities():
 def test_multi_document_file(tmp_path):
     text = (ARTICLE / "model-spec.yaml").read_text()
     path = _write(tmp_path, text + "\n---\n" + text.replace("qwen2-7b-scoring", "other-model"))
-    assert [s.name for s in load_specs(path)] == ["qwen2-7b-scoring", "other-model"]
+    assert [s.name for s in load(path, many=True)] == ["qwen2-7b-scoring", "other-model"]
     with pytest.raises(SpecError, match="expected one ModelService"):
-        load_spec(path)
+        load(path)
 
 
 # ---------------------------------------------------------------- errors: every problem, with its path
@@ -226,13 +226,13 @@ def test_multi_document_file(tmp_path):
 def test_invalid_yaml_names_the_line(tmp_path):
     path = _write(tmp_path, "name: a\nversion: [1\nbackend: torch\n")
     with pytest.raises(SpecError, match=r"line \d+"):
-        load_spec(path)
+        load(path)
 
 
 def test_duplicate_yaml_key_is_an_error(tmp_path):
     path = _write(tmp_path, "name: a\nname: b\nversion: '1'\nbackend: sglang\n")
     with pytest.raises(SpecError, match=r"duplicate key 'name'.*line"):
-        load_spec(path)
+        load(path)
 
 
 @pytest.mark.parametrize("key", ["? - name: score\n  : 1\n", "? {a: 1}\n  : 1\n"])
@@ -241,29 +241,29 @@ def test_a_list_or_mapping_as_a_yaml_key_is_an_error_naming_the_line(tmp_path, k
     raise TypeError (unhashable list), not a spec error."""
     path = _write(tmp_path, "name: a\nversion: '1'\nbackend: sglang\nslas:\n  " + key)
     with pytest.raises(SpecError, match=r"line 5.*a key must be a plain name"):
-        load_spec(path)
+        load(path)
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(SpecError, match="cannot read"):
-        load_spec(tmp_path / "nope.yaml")
+        load(tmp_path / "nope.yaml")
 
 
 def test_unknown_kind():
     with pytest.raises(SpecError, match=r"kind: unknown kind; expected ModelService \(got 'Deployment'\)"):
-        parse_spec({"apiVersion": "apps/v1", "kind": "Deployment"})
+        load({"apiVersion": "apps/v1", "kind": "Deployment"})
 
 
 def test_wrong_api_version(torch_doc, tmp_path):
     torch_doc["apiVersion"] = "sie.lmsys.org/v2"
     with pytest.raises(SpecError) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert _problems(exc) == ("apiVersion: must be sie.lmsys.org/v1 (got 'sie.lmsys.org/v2')",)
 
 
 def test_missing_name_and_version_flat():
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec({"backend": "sglang", "min_gpu_memory_mb": 1})
+        load({"backend": "sglang", "min_gpu_memory_mb": 1})
     assert "name: required (the model name)" in _problems(exc)
     assert "version: required (e.g. 1.2.0)" in _problems(exc)
 
@@ -271,35 +271,35 @@ def test_missing_name_and_version_flat():
 def test_negative_gpu_memory(torch_doc, tmp_path):
     torch_doc["spec"]["resources"]["gpuMemoryMb"] = -5
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert "spec.resources.gpuMemoryMb: must be >= 0 (got -5)" in _problems(exc)
     assert "spec.resources.gpuMemoryMb: must be >= 0 (got -5)" in str(exc.value)
 
 
 def test_negative_flat_memory():
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec({"name": "a", "version": "1", "backend": "sglang", "min_gpu_memory_mb": -1})
+        load({"name": "a", "version": "1", "backend": "sglang", "min_gpu_memory_mb": -1})
     assert _problems(exc) == ("min_gpu_memory_mb: must be >= 0 (got -1)",)
 
 
 def test_unknown_backend_lists_valid_ones(torch_doc, tmp_path):
     torch_doc["spec"]["backend"] = {"type": "tensorrt"}
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert "spec.backend.type: unknown backend type; valid: torch, python, sglang (got 'tensorrt')" in _problems(exc)
 
 
 def test_range_min_greater_than_max(torch_doc, tmp_path):
     torch_doc["spec"]["inputSchema"]["fields"][0]["range"] = [10, 1]
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert "spec.inputSchema.fields[0].range: min 10 > max 1 (got [10, 1])" in _problems(exc)
 
 
 def test_unknown_field_type(torch_doc, tmp_path):
     torch_doc["spec"]["inputSchema"]["fields"][1]["type"] = "complex"
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     (problem,) = _problems(exc)
     assert problem.startswith("spec.inputSchema.fields[1].type: unknown field type; valid: string, int, float, bool")
     assert problem.endswith("(got 'complex')")
@@ -308,28 +308,28 @@ def test_unknown_field_type(torch_doc, tmp_path):
 def test_duplicate_field_names(torch_doc, tmp_path):
     torch_doc["spec"]["inputSchema"]["fields"].append({"name": "amount", "type": "int"})
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert any(p.startswith("spec.inputSchema.fields[2].name: duplicate field name") for p in _problems(exc))
 
 
 def test_torch_without_artifact(torch_doc, tmp_path):
     del torch_doc["spec"]["backend"]["artifact"]
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert any(p.startswith("spec.backend.artifact: required for the torch backend") for p in _problems(exc))
 
 
 def test_python_without_callable(torch_doc, tmp_path):
     torch_doc["spec"]["backend"] = {"type": "python"}
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert any(p.startswith("spec.backend.callable: required for the python backend") for p in _problems(exc))
 
 
 def test_missing_artifact_file_shows_path(torch_doc, tmp_path):
     torch_doc["spec"]["backend"]["artifact"] = "models/missing.pt"
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     (problem,) = _problems(exc)
     assert problem.startswith(f"spec.backend.artifact: file not found: {tmp_path.resolve() / 'models' / 'missing.pt'}")
 
@@ -338,20 +338,20 @@ def test_safetensors_needs_module_class(torch_doc, tmp_path):
     (tmp_path / "w.safetensors").write_bytes(b"x")
     torch_doc["spec"]["backend"] = {"type": "torch", "artifact": "w.safetensors"}
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert any(p.startswith("spec.backend.moduleClass: required with a safetensors artifact") for p in _problems(exc))
 
 
 @pytest.mark.parametrize("name", ["Fraud", "fraud scorer", "-x", "a/b", ""])
 def test_model_name_must_be_topic_safe(name):
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec({"name": name, "version": "1", "backend": "sglang", "min_gpu_memory_mb": 1})
+        load({"name": name, "version": "1", "backend": "sglang", "min_gpu_memory_mb": 1})
     assert _problems(exc)[0].startswith("name: must be lowercase [a-z0-9._-]")
 
 
 def test_float_version_must_be_quoted():
     with pytest.raises(InvalidSpec, match=r"version: must be a string; quote it"):
-        parse_spec({"name": "a", "version": 1.1, "backend": "sglang"})
+        load({"name": "a", "version": 1.1, "backend": "sglang"})
 
 
 def test_unknown_keys_are_errors_at_every_level(torch_doc, tmp_path):
@@ -359,7 +359,7 @@ def test_unknown_keys_are_errors_at_every_level(torch_doc, tmp_path):
     torch_doc["spec"]["replicas"] = 3
     torch_doc["spec"]["sla"]["p95_latency_ms"] = 3
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     paths = {p.split(":")[0] for p in _problems(exc)}
     assert paths == {"statuss", "spec.replicas", "spec.sla.p95_latency_ms"}
 
@@ -367,7 +367,7 @@ def test_unknown_keys_are_errors_at_every_level(torch_doc, tmp_path):
 def test_kafka_input_rules(torch_doc, tmp_path):
     torch_doc["spec"]["kafka_input"] = {"topic": "in", "auto_offset_reset": "smallest", "value_deserializer": "avro"}
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert set(_problems(exc)) == {
         "spec.kafka_input.auto_offset_reset: must be earliest or latest (got 'smallest')",
         "spec.kafka_input.value_deserializer: only json is supported (requests are JSON objects) (got 'avro')",
@@ -377,7 +377,7 @@ def test_kafka_input_rules(torch_doc, tmp_path):
 def test_example_input_must_match_input_schema(torch_doc, tmp_path):
     torch_doc["spec"]["exampleInput"] = {"amount": "lots", "country": "DE"}
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
     assert _problems(exc) == (
         "spec.exampleInput: does not match inputSchema: inputs.amount: must be a number (got 'lots')",
     )
@@ -388,7 +388,7 @@ def test_all_problems_reported_together(torch_doc, tmp_path):
     torch_doc["spec"]["priorityLevel"] = "P9"
     torch_doc["spec"]["sla"]["min_replicas"] = 5
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(torch_doc, source="fraud.yaml", base_dir=tmp_path)
+        load(torch_doc, origin="fraud.yaml", base_dir=tmp_path)
     lines = str(exc.value).splitlines()
     assert lines[0] == "fraud.yaml: invalid ModelService spec (3 problems)"
     assert set(lines[1:]) == {
@@ -401,9 +401,9 @@ def test_all_problems_reported_together(torch_doc, tmp_path):
 def test_metadata_name_must_match_model_name(torch_doc, tmp_path):
     torch_doc["metadata"]["name"] = "other"
     with pytest.raises(InvalidSpec, match=r"metadata.name: must equal spec.model.name"):
-        parse_spec(torch_doc, base_dir=tmp_path)
+        load(torch_doc, base_dir=tmp_path)
 
 
 def test_non_mapping_document():
     with pytest.raises(InvalidSpec, match="must be a mapping"):
-        parse_spec(["a"])  # type: ignore[arg-type]
+        load(["a"])  # type: ignore[arg-type]

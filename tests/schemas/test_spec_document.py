@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sie.schemas.spec import InvalidSpec, parse_spec
+from sie.schemas.spec import InvalidSpec, load
 from sie.schemas.spec_document import ModelServiceDocument, document_problems
 from tests.schemas.golden.record import SOURCES, golden_path
 
@@ -63,7 +63,7 @@ def _with(doc: dict[str, Any], where: tuple[Any, ...], value: Any) -> dict[str, 
 
 def _reader_problems(doc: dict[str, Any]) -> list[str]:
     try:
-        parse_spec(doc)
+        load(doc)
     except InvalidSpec as exc:
         return list(exc.problems)
     return []

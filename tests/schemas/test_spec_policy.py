@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from sie.cli import cli
 from sie.kernel.settings import Settings
-from sie.schemas.spec import InvalidSpec, parse_spec, read_yaml_documents
+from sie.schemas.spec import InvalidSpec, load, read_yaml_documents
 from sie.schemas.spec_models import ModelService
-from sie.schemas.spec_policy import SpecPolicy, check_plain_data, load_local_specs, module_allowed
+from sie.schemas.spec_policy import SpecPolicy, check_plain_data, module_allowed
 from tests.support.helpers import EXAMPLES
 
 POPEN = """\
@@ -87,15 +87,15 @@ def test_artifacts_must_resolve_under_a_model_root(tmp_path: Path) -> None:
 def test_the_default_roots_let_the_demo_run() -> None:
     settings = Settings()
     for name in ("fraud-rules.yaml", "fraud-scorer.yaml"):
-        assert load_local_specs(EXAMPLES / name, settings)
+        assert load(EXAMPLES / name, settings, many=True)
     policy = SpecPolicy.from_settings(settings)  # a node reading the demo's specs back from Kafka
     for name in ("fraud-rules.yaml", "fraud-scorer.yaml"):
-        for spec in load_local_specs(EXAMPLES / name, settings):
+        for spec in load(EXAMPLES / name, settings, many=True):
             assert policy.check(ModelService.from_document(spec.to_document())) == []
     safetensors = EXAMPLES / "models" / "fraud" / "fraud_scorer.safetensors"
     doc = {"name": "s", "version": "1", "backend": {"type": "torch", "artifact": str(safetensors),
                                                    "moduleClass": "models.fraud.model:FraudMLP"}}
-    assert policy.check(parse_spec(doc)) == []
+    assert policy.check(load(doc)) == []
 
 
 @pytest.mark.parametrize("value, reason", [
@@ -156,7 +156,7 @@ def test_a_spec_from_kafka_is_checked_exactly_as_the_api_does(tmp_path: Path) ->
     weights.write_bytes(b"x")
     doc = {"name": "evil", "version": "1", "backend": {"type": "torch", "artifact": str(weights), "format": "safetensors",
                                                       "moduleClass": "models.fraud.model:FraudMLP"}}
-    spec = parse_spec(doc).model_copy(update={"backend": parse_spec(doc).backend.model_copy(
+    spec = load(doc).model_copy(update={"backend": load(doc).backend.model_copy(
         update={"module_class": "subprocess:Popen", "module_kwargs": {"args": "id", "shell": True}})})
     policy = SpecPolicy.from_settings(Settings(cache_dir=tmp_path / "c"))
     state = ClusterState(spec_policy=policy)
@@ -170,7 +170,7 @@ def test_an_sglang_spec_cannot_choose_the_program_its_node_runs() -> None:
     from tests.support.llm_fixtures import llm_spec_doc
 
     def problems(policy: SpecPolicy, **config: object) -> list[str]:
-        return policy.check(parse_spec(llm_spec_doc([], **config)))
+        return policy.check(load(llm_spec_doc([], **config)))
 
     default = SpecPolicy()
     assert problems(default) == []  # no server_entry: `python -m sglang.launch_server`

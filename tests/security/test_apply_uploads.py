@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from sie.cli import cli
 from sie.commands._artifacts import for_cluster
 from sie.kernel.settings import Settings
-from sie.schemas.spec_policy import load_local_spec
+from sie.schemas.spec import load
 from tests.support.helpers import EXAMPLES
 
 WEIGHTS = EXAMPLES / "models" / "fraud" / "fraud_scorer.safetensors"
@@ -69,7 +69,7 @@ def test_only_model_artifact_files_outside_dot_folders_are_uploaded(home: Path, 
                                                                     fmt: str, reason: str):
     settings = Settings(cache_dir=tmp_path / "cache")
     spec_file = _spec(home, artifact, fmt)
-    spec = load_local_spec(spec_file, settings)  # the spec policy itself lets it through: it is under the folder
+    spec = load(spec_file, settings)  # the spec policy itself lets it through: it is under the folder
     uploader = RecordingUploader()
     with pytest.raises(click.ClickException, match="spec.backend.artifact: ") as refused:
         for_cluster(spec, spec_file, settings, uploader)
@@ -80,7 +80,7 @@ def test_a_model_artifact_next_to_the_spec_is_uploaded(home: Path, tmp_path: Pat
     settings = Settings(cache_dir=tmp_path / "cache")
     spec_file = _spec(home, "models/w.safetensors")
     uploader = RecordingUploader()
-    uploaded = for_cluster(load_local_spec(spec_file, settings), spec_file, settings, uploader)
+    uploaded = for_cluster(load(spec_file, settings), spec_file, settings, uploader)
     assert uploader.uploads[0] == "w.safetensors" and uploaded.backend.artifact_ref is not None
 
 

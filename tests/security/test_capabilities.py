@@ -27,7 +27,7 @@ from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.connector_spec import parse_connector_spec
 from sie.schemas.connector_store import publish_connector
-from sie.schemas.spec import load_spec, parse_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_policy import SpecPolicy
 from sie.schemas.spec_store import publish_spec
 from sie.workers.agent import AgentConfig
@@ -105,16 +105,16 @@ def cluster(kafka_settings: Settings, tmp_path: Path) -> Any:
 
 def _hostile_specs(prefix: str, url: str) -> dict[str, Any]:
     """Specs a principal with Write on specs (or assignments) could write, each refused for one named reason."""
-    rules = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml", topic_prefix=prefix).to_document()
+    rules = load(REPO_ROOT / "examples" / "fraud-rules.yaml", topic_prefix=prefix).to_document()
     own = {"requests": f"{prefix}.model.sysover.requests", "backfill": f"{prefix}.model.sysover.backfill"}
     return {
         "sysover": ({**rules, "name": "sysover", "group_id": f"{prefix}.control",
                      "topics": {**own, "results": f"{prefix}.specs", "dead_letters": f"{prefix}.assignments"}},
                     f"spec.topics.results: {prefix}.specs is SIE's system topic"),
-        "abbrev": (parse_spec(llm_spec_doc([], name="abbrev", extra_args=["--trust-remote"]),
-                              topic_prefix=prefix).to_document(),
+        "abbrev": (load(llm_spec_doc([], name="abbrev", extra_args=["--trust-remote"]),
+                        topic_prefix=prefix).to_document(),
                    "'--trust-remote' abbreviates --trust-remote-code"),
-        "exfil": (parse_spec(llm_spec_doc([url + "/collect"], name="exfil"), topic_prefix=prefix).to_document(),
+        "exfil": (load(llm_spec_doc([url + "/collect"], name="exfil"), topic_prefix=prefix).to_document(),
                   "is not under this node's LLM endpoints"),
         "popen": ({**rules, "name": "popen", "topics": {k: v.replace("fraud-rules", "popen")
                                                         for k, v in rules["topics"].items()},
@@ -163,8 +163,8 @@ def test_malicious_records_on_the_control_topics_end_as_named_refusals(cluster: 
         feeder.stop()
 
     # --- Write on <p>.assignments: the same specs, and a replica id that is a path ----------------------
-    fine = hostile["popen"][0] | {"name": "fine", "backend": load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml",
-                                                                       topic_prefix=prefix).to_document()["backend"]}
+    fine = hostile["popen"][0] | {"name": "fine", "backend": load(REPO_ROOT / "examples" / "fraud-rules.yaml",
+                                                                  topic_prefix=prefix).to_document()["backend"]}
     replicas = [{"replica_id": f"{name}-0", "model": name, "version": doc["version"], "gpu_indices": [],
                  "gpu_memory_mb": 0, "spec_json": json.dumps(doc)} for name, (doc, _r) in hostile.items()]
     replicas.append({"replica_id": "../../../escaped", "model": "fine", "version": fine["version"], "gpu_indices": [],

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sie.kernel.settings import Settings
-from sie.schemas.spec import InvalidSpec, parse_spec
+from sie.schemas.spec import InvalidSpec, load
 from sie.schemas.spec_policy import SpecPolicy
 from sie.streams.llm.dispatch import Dispatcher
 from sie.workers.backends.base import BackendError
@@ -22,7 +22,7 @@ from tests.support.llm_fixtures import llm_spec_doc
 
 
 def _problems(policy: SpecPolicy, endpoints: list[Any] | None = None, **config: Any) -> list[str]:
-    return policy.check(parse_spec(llm_spec_doc(endpoints or [], **config)))
+    return policy.check(load(llm_spec_doc(endpoints or [], **config)))
 
 
 @pytest.mark.parametrize(("named", "reason"), [
@@ -49,7 +49,7 @@ def test_a_url_that_is_not_a_server_is_a_spec_error_where_parsed(named: dict[str
     """Refused by the parser (``sie validate``), naming the field, never a traceback (issue 41 item 3)."""
     config = {k: v for k, v in named.items() if k != "endpoints"}
     with pytest.raises(InvalidSpec) as err:
-        parse_spec(llm_spec_doc(named.get("endpoints") or [], **config))
+        load(llm_spec_doc(named.get("endpoints") or [], **config))
     assert any(p.startswith("spec.backend.config.") and reason in p for p in err.value.problems), err.value.problems
     assert "pw" not in str(err.value)
 

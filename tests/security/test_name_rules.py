@@ -19,7 +19,7 @@ import yaml
 
 from sie.kernel.errors import ConfigError, SpecError
 from sie.kernel.names import Names, check_instance, check_model_name, check_replica_id
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sie", "schemas", "streams", "control", "workers", "connectors", "k8s")
@@ -61,7 +61,7 @@ def _seed() -> dict[str, Any]:
                                    ("spec", "serviceType")])
 def test_the_spec_parser_refuses_a_name_ending_in_a_newline_naming_the_field(where: tuple[str, ...]):
     doc = _seed()
-    parse_spec(copy.deepcopy(doc), source="t", base_dir=ROOT / "examples")  # the seed itself passes
+    load(copy.deepcopy(doc), origin="t", base_dir=ROOT / "examples")  # the seed itself passes
     target = doc
     for part in where[:-1]:
         target = target[part]
@@ -69,7 +69,7 @@ def test_the_spec_parser_refuses_a_name_ending_in_a_newline_naming_the_field(whe
     if where[-1] == "name":  # metadata.name and model.name must agree; both get the newline
         doc["metadata"]["name"] = doc["spec"]["model"]["name"] = target[where[-1]]
     with pytest.raises(SpecError) as refused:
-        parse_spec(doc, source="t", base_dir=ROOT / "examples")
+        load(doc, origin="t", base_dir=ROOT / "examples")
     assert where[-1] in str(refused.value), str(refused.value)
 
 

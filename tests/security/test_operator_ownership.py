@@ -14,7 +14,7 @@ import pytest
 
 from sie.control.api.routers import models as routes
 from sie.k8s.operator import FINALIZER, Operator, Reconciler, cr_document, owner_mark
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.k8s.test_reconciler import ARTICLE, FakeControl
 
 
@@ -27,7 +27,7 @@ def _cr(namespace: str = "team-a", uid: str = "u-a") -> dict[str, Any]:
 def _by_sie_apply() -> Any:
     doc = copy.deepcopy(ARTICLE)
     doc["metadata"].pop("namespace", None)
-    return parse_spec(doc)  # no owner mark: what sie apply / the API publish
+    return load(doc)  # no owner mark: what sie apply / the API publish
 
 
 class DeletingControl(FakeControl):

@@ -13,14 +13,14 @@ import pytest
 
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_replica_id
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.workers.agent.launch import WorkerCommandBuilder
 from sie.workers.process import LaunchRefused
 from sie.workers.replica import DesiredReplica
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
 from tests.fakes.workers import FakeClock, FakeLauncher
 
-SPEC = parse_spec({"name": "ok", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"}})
+SPEC = load({"name": "ok", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"}})
 HOSTILE = ["../../escaped", "/tmp/sie-absolute-escape", "a/../../b", ".hidden", "..", "a/b", "x\ny", "", "c" * 201,
            "back\\slash"]
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sie.kernel.errors import ConfigError
 from sie.kernel.settings import Settings
 from sie.schemas.sglang_args import ALLOWED_DESTS, FIXED, TRUST_REMOTE_CODE, allowed_dests, sglang_table
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.backends.base import BackendConfig, BackendError, FieldRef
 from sie.workers.sglang_launcher import build_launch
@@ -34,7 +34,7 @@ DANGEROUS = {"trust_remote_code", "enable_custom_logit_processor", "config", "mo
 
 
 def _problems(policy: SpecPolicy, extra: list[str], **config: Any) -> list[str]:
-    return policy.check(parse_spec(llm_spec_doc([], extra_args=extra, **config)))
+    return policy.check(load(llm_spec_doc([], extra_args=extra, **config)))
 
 
 def _sglang_like_parser() -> argparse.ArgumentParser:

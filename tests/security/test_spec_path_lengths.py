@@ -14,7 +14,7 @@ import yaml
 from sie.cli import main
 from sie.kernel.errors import SpecError
 from sie.kernel.names import NAME_MAX, PATH_MAX, path_problem
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.fuzz.test_fuzz_spec import check_doc
 from tests.support.helpers import REPO_ROOT
 
@@ -41,7 +41,7 @@ LONG = "a" * (NAME_MAX + 1)
 def test_a_too_long_name_is_a_spec_error_naming_the_field(backend: dict[str, Any], field: str):
     doc = _with_backend(**backend)
     with pytest.raises(SpecError) as refused:
-        parse_spec(doc, source="t", base_dir=EXAMPLES)
+        load(doc, origin="t", base_dir=EXAMPLES)
     assert field in str(refused.value) and "Errno" not in str(refused.value), str(refused.value)
     check_doc(_with_backend(**backend))  # the fuzz property: a SpecError whose every line names a field
 

@@ -26,7 +26,7 @@ from sie.kernel.errors import ConfigError
 from sie.kernel.names import Names
 from sie.kernel.settings import Settings
 from sie.schemas.connector_spec import connector_name_problems, parse_connector_spec
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_policy import SpecPolicy
 from tests.support.helpers import EXAMPLES
 
@@ -57,7 +57,7 @@ EVIL = [
 
 @pytest.mark.parametrize(("topics", "kafka_input", "reason"), EVIL)
 def test_the_spec_policy_refuses_system_and_foreign_names_with_the_field(topics, kafka_input, reason):
-    spec = parse_spec(_doc(topics, kafka_input), topic_prefix=P)
+    spec = load(_doc(topics, kafka_input), topic_prefix=P)
     problems = SpecPolicy(topic_prefix=P).check(spec)
     assert any(p.startswith(reason) for p in problems), problems
 
@@ -74,12 +74,12 @@ def test_own_defaults_and_the_teams_own_topics_pass():
     for topics, kafka_input in (({"results": own.results}, None),
                                 ({"requests": "team.orders", "results": "team.scores", "deadLetters": "team.dlq"},
                                  {"group_id": "team-scorer"})):
-        assert SpecPolicy(topic_prefix=P).check(parse_spec(_doc(topics, kafka_input), topic_prefix=P)) == []
+        assert SpecPolicy(topic_prefix=P).check(load(_doc(topics, kafka_input), topic_prefix=P)) == []
 
 
 @pytest.mark.parametrize(("topics", "kafka_input", "reason"), EVIL)
 def test_the_acl_planner_never_grants_a_system_topic_for_a_crafted_spec(topics, kafka_input, reason):
-    spec = parse_spec(_doc(topics, kafka_input), topic_prefix=P)
+    spec = load(_doc(topics, kafka_input), topic_prefix=P)
     for role in ("scorer", "backfill", "producer"):
         with pytest.raises(ConfigError, match="refusing to plan ACLs"):
             plan(Names(P), role, "p", models=[ModelScope.of_spec(spec)])
@@ -146,7 +146,7 @@ def test_the_control_plane_keeps_crafted_specs_and_connectors_off_its_desired_st
     from sie.schemas.connector_store import connector_record
 
     state = ClusterState(spec_policy=SpecPolicy.from_settings(Settings(cache_dir=tmp_path)))
-    evil = parse_spec(_doc({"results": f"{P}.specs"}), topic_prefix=P)
+    evil = load(_doc({"results": f"{P}.specs"}), topic_prefix=P)
     state.apply_spec(evil.name, {"spec_json": json.dumps(evil.to_document()), "deleted": False})
     assert evil.name not in state.specs
     assert "spec.topics.results: sie.specs is SIE's system topic" in state.spec_errors[evil.name]

@@ -22,7 +22,7 @@ import pytest
 from sie.kernel.admin import ensure_topics
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from tests.security.test_worker_uid import node_dir  # noqa: F401  (a fixture)
 from tests.support.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
 from tests.workers.test_agent_kafka import publish_assignment, replica_assignment
@@ -83,7 +83,7 @@ def test_sie_agent_runs_a_real_worker_as_its_uid_scoring_with_its_own_credential
     prefix = f"t{uuid.uuid4().hex[:10]}"
     settings = kafka_settings.with_overrides(topic_prefix=prefix)
     ensure_topics(settings, system_topics(prefix), replication_factor=1)
-    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc = load(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
     doc["topics"] = {"requests": f"{prefix}.model.fraud-rules.requests",
                      "results": f"{prefix}.model.fraud-rules.results",
                      "dead_letters": f"{prefix}.model.fraud-rules.dlq",

@@ -454,7 +454,7 @@ class ScorerRig:
         """``scorer_env``: more environment for the ``sie score`` process (e.g. ``SIE_KAFKA_EXTRA`` to try other
         librdkafka settings against the same faults)."""
         from sie.kernel.admin import ensure_model_topics, topic_configs
-        from sie.schemas.spec import parse_spec
+        from sie.schemas.spec import load
 
         self.kafka = kafka
         self.settings = kafka.settings_for_clients().with_overrides(request_partitions=PARTITIONS)
@@ -462,7 +462,7 @@ class ScorerRig:
         Path(root).mkdir(parents=True, exist_ok=True)
         self.spec_path = Path(root) / f"{doc['metadata']['name']}.yaml"
         self.spec_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-        self.spec = parse_spec(doc, topic_prefix=self.settings.topic_prefix)
+        self.spec = load(doc, topic_prefix=self.settings.topic_prefix)
         t = self.spec.topics
         self.topics = {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters}
         report = ensure_model_topics(self.settings, list(self.topics.values()), PARTITIONS)

@@ -43,9 +43,9 @@ def llm_spec_doc(endpoints: list[Any], name: str | None = None, protocol: str = 
 
 def llm_spec(endpoints: list[Any], name: str | None = None, protocol: str = "sglang", sla: dict | None = None,
              **config: Any):
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
-    return parse_spec(llm_spec_doc(endpoints, name, protocol, sla, **config))
+    return load(llm_spec_doc(endpoints, name, protocol, sla, **config))
 
 
 def write_llm_spec(directory: Path, endpoints: list[Any], **kw: Any) -> Path:

@@ -190,7 +190,7 @@ class ScorerNet:
     def __init__(self, net: TestNet, root: Path, rate_per_s: float = 60.0,
                  scorer_env: dict[str, str] | None = None) -> None:
         from sie.kernel.admin import ensure_model_topics
-        from sie.schemas.spec import parse_spec
+        from sie.schemas.spec import load
 
         self.net, self.topo = net, net.topo
         self.settings = net.settings.with_overrides(request_partitions=PARTITIONS)
@@ -199,7 +199,7 @@ class ScorerNet:
         self.root.mkdir(parents=True, exist_ok=True)
         spec_path = self.root / f"{doc['metadata']['name']}.yaml"
         spec_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-        self.spec = parse_spec(doc, topic_prefix=self.settings.topic_prefix)
+        self.spec = load(doc, topic_prefix=self.settings.topic_prefix)
         t = self.spec.topics
         self.topics = {"requests": t.requests, "results": t.results, "dead_letters": t.dead_letters}
         report = ensure_model_topics(self.settings, list(self.topics.values()), PARTITIONS)

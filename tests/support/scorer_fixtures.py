@@ -105,14 +105,14 @@ def rules_or_outage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def echo_version_spec(name: str, version: str, callable_name: str = "echo", rollout: dict | None = None):
     """``echo_spec`` at another version / with another callable of this module / a rollout block."""
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
     doc = echo_spec_doc(name)
     doc["spec"]["model"]["version"] = version
     doc["spec"]["backend"]["callable"] = f"tests.support.scorer_fixtures:{callable_name}"
     if rollout is not None:
         doc["spec"]["rollout"] = rollout
-    return parse_spec(doc)
+    return load(doc)
 
 
 def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = None) -> dict[str, Any]:
@@ -140,9 +140,9 @@ def echo_spec_doc(name: str | None = None, max_queue_time_ms: float | None = Non
 
 
 def echo_spec(name: str | None = None, max_queue_time_ms: float | None = None):
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
-    return parse_spec(echo_spec_doc(name, max_queue_time_ms))
+    return load(echo_spec_doc(name, max_queue_time_ms))
 
 
 def write_echo_spec(directory: Path, name: str | None = None, max_queue_time_ms: float | None = None) -> Path:

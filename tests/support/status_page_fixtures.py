@@ -60,7 +60,7 @@ def served_control(tmp_path: Path) -> Iterator[ServedControl]:
     from sie.control.rollout.service import Rollouts
     from sie.control.service import ControlService
     from sie.kernel.settings import Settings
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
     settings = with_api_tokens(Settings(cache_dir=tmp_path / "cache", allowed_modules=list(ALLOWED_MODULES)))
     service = ControlService(settings, http_port=None)
@@ -68,7 +68,7 @@ def served_control(tmp_path: Path) -> Iterator[ServedControl]:
     service.rollouts = Rollouts(settings, _Leader(), _Published(), reader=lambda _s: [], registry=service.registry)
     service.rollouts.tick()  # leads: resumes (nothing stored) and drives
     doc = echo_spec_doc("churn")
-    stable = parse_spec(doc)
+    stable = load(doc)
     service.state.apply_spec("churn", {"name": "churn", "version": "1.0.0", "spec_json": json.dumps(stable.to_document()),
                                        "applied_at_ms": 1, "deleted": False})
     app = create_app(service, TokenStore(settings), (), _Audit())

@@ -20,7 +20,7 @@ from sie.kernel.settings import Settings
 from sie.schemas.artifact_cache import ArtifactRefused, ArtifactUnavailable
 from sie.schemas.artifact_store import Manifest
 from sie.schemas.connector_spec import connector_replica_doc, parse_connector_spec
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_models import ArtifactRef
 from sie.schemas.spec_policy import SpecPolicy
 from sie.workers.agent.artifacts import ArtifactFetcher
@@ -207,7 +207,7 @@ def test_the_worker_gets_the_verified_copies_and_no_working_directory_on_its_pat
     (cache / bsha / "modules.zip").write_bytes(bundle)
     (cache / wsha).mkdir(parents=True)
     (cache / wsha / "w.pt").write_bytes(b"x")
-    doc = load_spec(EXAMPLES / "fraud-scorer.yaml").to_document()
+    doc = load(EXAMPLES / "fraud-scorer.yaml").to_document()
     doc["backend"].update(artifact=None, artifact_ref={"sha256": wsha, "name": "w.pt"},
                           modules={"sha256": bsha, "name": "modules.zip"})
     builder = _builder(settings, tmp_path, FakeFetcher({bsha: cache / bsha / "modules.zip", wsha: cache / wsha / "w.pt"}))

@@ -22,7 +22,7 @@ from sie.kernel.admin import ensure_topics
 from sie.kernel.settings import Settings
 from sie.kernel.topics import system_topics
 from sie.schemas.avro_codec import encode
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.workers.agent import Agent, AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
 from tests.support.helpers import REPO_ROOT, TopicTail, consume_all, produce_json, wait_until
@@ -36,7 +36,7 @@ def cluster(kafka_settings: Settings, tmp_path: Any) -> Iterator[dict[str, Any]]
     prefix = f"t{uuid.uuid4().hex[:10]}"
     settings = kafka_settings.with_overrides(topic_prefix=prefix)
     ensure_topics(settings, system_topics(prefix), replication_factor=1)
-    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc = load(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
     doc["topics"] = {
         "requests": f"{prefix}.model.fraud-rules.requests",
         "results": f"{prefix}.model.fraud-rules.results",

@@ -20,7 +20,7 @@ import pytest
 
 from sie.kernel.admin import delete_topics
 from sie.kernel.topics import system_topics
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.workers.agent import AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
 from tests.support.helpers import consume_all, produce_json, wait_until
@@ -40,7 +40,7 @@ def _spec_doc(prefix: str) -> dict[str, Any]:
     config.update(server_entry=[sys.executable, str(FAKE_SERVER), "--slots", str(SLOTS), "--mean-s", "0.15",
                                 "--p99-s", "0.5"],
                   extra_args=["--max-running-requests", str(SLOTS)], commit_interval_ms=50)
-    spec = parse_spec(doc).to_document()
+    spec = load(doc).to_document()
     spec["topics"] = {kind: f"{prefix}.model.llm-agent.{kind}" for kind in ("requests", "results", "dead_letters",
                                                                            "backfill")}
     spec["group_id"] = f"{prefix}.scorer.llm-agent"

@@ -22,7 +22,7 @@ import pytest
 
 from sie.kernel.admin import delete_topics
 from sie.kernel.topics import system_topics
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.workers.agent import AgentConfig
 from sie.workers.supervisor import SupervisorPolicy
 from tests.support.helpers import REPO_ROOT, consume_all, produce_json, wait_until
@@ -51,7 +51,7 @@ def _spec_doc(prefix: str, install: dict[str, str]) -> dict[str, Any]:
                   extra_args=["--max-running-requests", str(SLOTS), "--dtype", "float32"], max_seq_len=512,
                   sampling_params={"max_new_tokens": TOKENS}, extra_body={"ignore_eos": True},
                   output_mode="text", startup_timeout_s=600, commit_interval_ms=50)
-    spec = parse_spec(doc).to_document()
+    spec = load(doc).to_document()
     spec["topics"] = {kind: f"{prefix}.model.llm-vllm.{kind}" for kind in ("requests", "results", "dead_letters",
                                                                            "backfill")}
     spec["group_id"] = f"{prefix}.scorer.llm-vllm"

@@ -12,19 +12,19 @@ from typing import Any
 import pytest
 
 from sie.schemas.replica_state import ReplicaState
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_models import may_share_process
 from sie.workers.agent.launch import WorkerCommandBuilder, may_share
 from sie.workers.agent.shared import SharedLauncher, SharedProcesses
+from sie.workers.multimodel.desired import HEALTH_FILE, read_desired, write_atomic
 from sie.workers.replica import DesiredReplica
-from sie.workers.shared.desired import HEALTH_FILE, read_desired, write_atomic
 from sie.workers.supervisor import Supervisor, SupervisorPolicy
 from tests.fakes.workers import FakeClock, FakeLauncher
 from tests.support.helpers import REPO_ROOT
 
 
 def _doc(**changes: Any) -> dict[str, Any]:
-    doc = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
+    doc = load(REPO_ROOT / "examples" / "fraud-rules.yaml").to_document()
     doc.update(changes)
     return doc
 
@@ -78,7 +78,7 @@ def test_replicas_fill_a_process_then_a_second_one_starts(rig: dict[str, Any]) -
     assert [h.process_id for h in handles] == ["shared-0", "shared-0", "shared-1"]
     assert handles[0].pid == handles[1].pid == inner.started[0].pid
     argv = inner.started[0].spec.argv
-    assert argv[argv.index("-m") + 1] == "sie.workers.shared" and "--state-dir" in argv
+    assert argv[argv.index("-m") + 1] == "sie.workers.multimodel" and "--state-dir" in argv
     assert set(read_desired(rig["dir"] / "shared" / "shared-0")) == {"m0-0", "m1-0"}
     assert pool.by_replica() == {"m0-0": "shared-0", "m1-0": "shared-0", "m2-0": "shared-1"}
     # a launch that may not share goes to the dedicated launcher
@@ -215,3 +215,34 @@ def test_a_model_whose_package_conflicts_with_a_hosted_one_goes_to_another_proce
         {"a-0", "c-0", "fraud-rules-0"}
     # the replica's folder travels with it (the agent prepares a rollout's other version there)
     assert read_desired(rig["dir"] / "shared" / "shared-1")["b-0"].dir == str(rig["dir"] / "replicas" / "b-0")
+
+
+def test_the_builder_decodes_the_template_once_for_the_policy_and_for_sharing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from sie.schemas.spec_models import ModelService
+
+    class Policy:
+        allowed_modules = ()
+
+        def __init__(self) -> None:
+            self.checked: list[Any] = []
+
+        def check(self, spec: Any) -> list[str]:
+            self.checked.append(spec)
+            return [] if spec.priority_level != "P0" else ["priorityLevel: P0 is not allowed on this node"]
+
+    decoded: list[str] = []
+    real = ModelService.from_document.__func__
+    monkeypatch.setattr(ModelService, "from_document",
+                        classmethod(lambda cls, doc: decoded.append(doc["name"]) or real(cls, doc)))
+    policy = Policy()
+    builder = WorkerCommandBuilder(tmp_path, base_env={}, shared_processes=4, spec_policy=policy)
+    launch = builder(_desired("fraud-rules-0", _doc()))
+    assert launch.shared_spec is not None and decoded == ["fraud-rules"]  # checked and judged from one decode
+    assert [s.name for s in policy.checked] == ["fraud-rules"]
+    from sie.workers.process import LaunchRefused
+
+    with pytest.raises(LaunchRefused, match="P0 is not allowed"):
+        builder(_desired("p0-0", _doc(priority_level="P0")))
+    with pytest.raises(LaunchRefused, match="not a ModelService document"):
+        builder(_desired("junk-0", {"name": "junk", "version": "1"}))

@@ -491,11 +491,11 @@ def test_a_spec_the_node_policy_refuses_fails_at_once_and_never_launches(tmp_pat
     reason, not a crash loop, and no process is ever started."""
     import json
 
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
     from sie.schemas.spec_policy import SpecPolicy
     from sie.workers.agent.launch import WorkerCommandBuilder
 
-    good = parse_spec({"name": "ok", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"}})
+    good = load({"name": "ok", "version": "1", "backend": {"type": "python", "callable": "models.fraud.rules:score"}})
     evil_doc = good.to_document()
     evil_doc["backend"]["callable"] = "os:system"
     builder = WorkerCommandBuilder(tmp_path, base_env={}, spec_policy=SpecPolicy(("models.fraud",), (tmp_path,)))

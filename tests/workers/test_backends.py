@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.workers.backends import (
     BackendConfig,
     BackendError,
@@ -143,7 +143,7 @@ def test_empty_batch_returns_empty_list() -> None:
 
 
 def test_demo_spec_loads_through_spec_api() -> None:
-    spec = load_spec(ROOT / "examples" / "fraud-scorer.yaml")
+    spec = load(ROOT / "examples" / "fraud-scorer.yaml")
     backend = loaded(backend_config_from_spec(spec))
     assert backend.infer([dict(spec.example_input)])[0]["fraud_probability"] > 0.5
 
@@ -306,7 +306,7 @@ def test_python_backend_rules_happy_path() -> None:
 
 
 def test_python_rules_spec_loads_through_spec_api() -> None:
-    spec = load_spec(ROOT / "examples" / "fraud-rules.yaml")
+    spec = load(ROOT / "examples" / "fraud-rules.yaml")
     backend = loaded(backend_config_from_spec(spec))
     assert backend.infer([dict(spec.example_input)])[0]["risk_score"] > 0.5
 

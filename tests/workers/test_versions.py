@@ -18,7 +18,7 @@ import pytest
 
 from sie.kernel.settings import Settings
 from sie.schemas.module_bundle import build_bundle
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.streams.scorer.errors import VersionLost
 from sie.workers.backends import InferenceError
 from sie.workers.versions import AgentPrepared, ProcessVersions, prepared_file, write_document
@@ -36,7 +36,7 @@ def _env(root: Path) -> dict[str, str]:
 def _prepare(root: Path, replica_dir: Path, version: str, **project: Any) -> dict[str, Any]:
     """What the agent writes for a companion: the spec with its package as a verified module archive."""
     spec_file = python_project(root / "src", version, **project)
-    spec = load_spec(spec_file)
+    spec = load(spec_file)
     archive, _names = build_bundle(spec.backend, [spec_file.parent], ["churnpkg"])
     bundle = root / "bundles" / version / "modules.zip"
     bundle.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +175,7 @@ def test_sie_score_prepares_a_companion_itself_with_the_agents_preparation(tmp_p
 
     policy = SpecPolicy.from_settings(Settings().with_overrides(allowed_modules=["churnpkg"],
                                                                 model_roots=[tmp_path]))
-    spec = load_spec(python_project(tmp_path / "src", "1.1.0"))
+    spec = load(python_project(tmp_path / "src", "1.1.0"))
     source = SelfPrepared(tmp_path / "prepared", policy, artifacts=None)
     path = source.prepared("1.1.0", spec.to_document())
     assert path == tmp_path / "prepared" / "version-1.1.0.json"

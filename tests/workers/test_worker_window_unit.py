@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sie.kernel.errors import ConfigError
-from sie.schemas.spec import load_spec
+from sie.schemas.spec import load
 from sie.schemas.worker_status import StatusWriter
 from sie.streams.llm.config import LLMConfig, launched_concurrency, serves_through_window, with_launched_server
 from sie.streams.scorer.loop import ScorerSummary
@@ -37,7 +37,7 @@ def test_the_rule_takes_every_sglang_spec_once_a_server_answers_for_it():
     assert not serves_through_window(launched)  # nothing named and nothing launched: no endpoint to send to
     assert serves_through_window(launched, launched_server=True)
     assert serves_through_window(llm_spec(["http://x"]))  # the servers it names (sie score, a worker)
-    rules = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml")
+    rules = load(REPO_ROOT / "examples" / "fraud-rules.yaml")
     assert not serves_through_window(rules, launched_server=True)  # not an LLM: the batch scorer
 
 
@@ -114,7 +114,7 @@ def _run_worker(monkeypatch, spec: Any, backend: _Backend, tmp_path) -> tuple[in
 
     calls: dict[str, Any] = {}
     monkeypatch.setattr(signal, "signal", lambda *a: None)
-    monkeypatch.setattr(worker_main, "_load_spec", lambda path: spec)
+    monkeypatch.setattr(worker_main, "read_spec_file", lambda path: spec)
     monkeypatch.setattr(worker_main, "check_spec", lambda *a: None)
     monkeypatch.setattr(worker_main, "load_proven", lambda s, c: (backend, ReadinessResult({"answer": "x"}, 1.5)))
     monkeypatch.setattr(worker_main, "_backend_config", lambda *a: None)
@@ -162,6 +162,6 @@ def test_a_worker_serves_its_own_sglang_server_through_the_window(monkeypatch, t
 
 
 def test_a_worker_without_a_launched_server_or_endpoints_keeps_the_batch_scorer(monkeypatch, tmp_path):
-    spec = load_spec(REPO_ROOT / "examples" / "fraud-rules.yaml")
+    spec = load(REPO_ROOT / "examples" / "fraud-rules.yaml")
     code, _events, calls = _run_worker(monkeypatch, spec, _Backend(None), tmp_path)
     assert code == 0 and calls == {"batch": "llm-0"}

@@ -5,7 +5,7 @@ directory (one file per target hash) and the worker reads it with
 ``--spec-file``: no size limit on argv, and the file is there for an operator
 to inspect next to the replica's log.
 
-A replica's version is prepared by ``sie.workers.prepare.prepare_spec`` (policy, artifacts named by content
+A replica's version is prepared by ``sie.workers.prepare.prepare`` (policy, artifacts named by content
 fetched and verified by ``sie.workers.agent.artifacts``, module archive checked): the launch is deferred
 while they are fetched, refused when their bytes are, and the worker's copy of the spec names the verified
 files in the node's artifact cache (``artifact``, ``modulesPath``).  A companion version of a rollout is
@@ -22,17 +22,20 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sie.kernel.errors import ConfigError
 from sie.kernel.names import check_replica_id
 from sie.kernel.settings import Settings, worker_environment
 from sie.schemas.connector_spec import is_connector_doc
 from sie.workers.agent.http import rotate_log
-from sie.workers.prepare import prepare_spec
+from sie.workers.prepare import prepare, spec_of
 from sie.workers.process import LaunchRefused, LaunchSpec
 from sie.workers.replica import DesiredReplica
 from sie.workers.worker_user import CREDENTIAL_FILE, WorkerUser, adopt
+
+if TYPE_CHECKING:
+    from sie.schemas.spec_models import ModelService
 
 #: the entry points of the two kinds of replica process
 WORKER_MODULE = "sie.workers.worker_main"
@@ -173,8 +176,12 @@ class WorkerCommandBuilder:
         self.replica_dir(desired.replica_id)  # before anything else: a refused id never reaches the disk
         spec_doc = json.loads(desired.template_json)  # fail here (a crash with a reason), not in the worker
         module = CONNECTOR_MODULE if is_connector_doc(spec_doc) else WORKER_MODULE
+        spec: ModelService | None = None
         if module == WORKER_MODULE:  # the one preparation of a version (a companion version's too)
-            spec_doc = prepare_spec(spec_doc, self.spec_policy, self.artifacts)
+            # the template decoded once (refused here if it is not a ModelService), handed to prepare and sharing
+            spec = spec_of(spec_doc) if self.spec_policy is not None else None
+            prepared = prepare(spec_doc, spec, self.spec_policy, self.artifacts)
+            spec_doc, spec = prepared.document, prepared.spec
         directory = self.replica_dir(desired.replica_id)
         directory.mkdir(parents=True, exist_ok=True)
         rotate_log(directory)  # the process before keeps its log as worker.previous.log (`sie logs --previous`)
@@ -193,7 +200,8 @@ class WorkerCommandBuilder:
             "--replica-id", desired.replica_id,
             "--progress-interval", str(self.progress_interval_s),
         )
-        shared = module == WORKER_MODULE and self.shared_processes > 0 and may_share(spec_doc)
+        shared = (module == WORKER_MODULE and self.shared_processes > 0
+                  and may_share(spec if spec is not None else spec_doc))
         if module == WORKER_MODULE:  # a connector replica is CPU-only and serves no /metrics of its own
             # a shared replica is served by its process's /metrics (``sie.workers.agent.shared``)
             port = None if shared else self.metrics_ports.port_for(desired.replica_id, self._live_replicas())
@@ -207,13 +215,15 @@ class WorkerCommandBuilder:
                           shared_spec=spec_doc if shared else None)
 
 
-def may_share(spec_doc: dict[str, Any]) -> bool:
+def may_share(spec: Any) -> bool:
     """May this model's replica run in a shared multi-model process (``may_share_process``, the rule
-    placement counts memory by)?  A document that does not parse never shares."""
+    placement counts memory by)?  ``spec``: the ModelService, or a document not decoded yet (one that does not
+    decode never shares)."""
     from sie.schemas.spec_models import ModelService, may_share_process
 
-    try:
-        spec = ModelService.from_document(spec_doc)
-    except (ValueError, TypeError):
-        return False
+    if not isinstance(spec, ModelService):
+        try:
+            spec = spec_of(spec)
+        except LaunchRefused:
+            return False
     return may_share_process(spec.priority_level, spec.backend.type, spec.resources.gpus)

@@ -4,7 +4,7 @@ WHY a launcher: the supervisor's state machine (``sie.workers.supervisor``) only
 ``ProcessLauncher`` and the ``ProcessHandle`` it returns.  ``SharedLauncher`` takes the launches the command
 builder marked as shareable (``LaunchSpec.shared_spec``: P1/P2 torch/python models without whole GPUs,
 ``sie.schemas.spec_models.may_share_process``) and, instead of spawning a worker, writes the replica into
-the ``models.json`` of a shared process (``python -m sie.workers.shared``) with a free slot, starting one
+the ``models.json`` of a shared process (``python -m sie.workers.multimodel``) with a free slot, starting one
 when none has room.  Every other launch goes to the launcher it wraps, unchanged.  So restarts, backoff,
 drain, liveness and crash reasons stay the supervisor's, one rule for dedicated and shared replicas.
 
@@ -36,14 +36,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sie.workers.multimodel.desired import HEALTH_FILE, DesiredModel, write_desired
 from sie.workers.process import LaunchSpec, ProcessHandle, ProcessLauncher, SubprocessLauncher
 from sie.workers.replica import ExitInfo
-from sie.workers.shared.desired import HEALTH_FILE, DesiredModel, write_desired
 
 log = logging.getLogger("sie.agent.shared")
 
 #: the entry point of a shared process
-SHARED_MODULE = "sie.workers.shared"
+SHARED_MODULE = "sie.workers.multimodel"
 
 
 @dataclass

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from sie.control.api.deps import Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses
 from sie.control.api.routers.models import ARTIFACT_PATH
+from sie.control.api.views import ArtifactManifest, ArtifactUploaded
 
 router = APIRouter(prefix="/v1/artifacts", responses=error_responses(401, 422))
 
@@ -37,7 +38,8 @@ def _parse_artifact_ref(ref: str) -> str:
     return match.group(1)
 
 
-@router.get("/{ref}", summary="An uploaded artifact's manifest (size, chunks)", responses=error_responses(404))
+@router.get("/{ref}", summary="An uploaded artifact's manifest (size, chunks)", response_model=ArtifactManifest,
+            responses=error_responses(404))
 def get_artifact(ref: str, service: Service, _: Viewer) -> dict[str, Any]:
     sha = _parse_artifact_ref(ref)
     manifest = service.artifacts.known(sha)
@@ -48,7 +50,7 @@ def get_artifact(ref: str, service: Service, _: Viewer) -> dict[str, Any]:
 
 
 @router.put("/{ref}", summary="Upload an artifact (raw bytes; checked against the sha256 in the path)",
-            responses=error_responses(403, 503),
+            response_model=ArtifactUploaded, responses=error_responses(403, 503),
             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                 "schema": {"type": "string", "format": "binary"}}}}})
 async def put_artifact(ref: str, request: Request, service: Service, write: Writer,

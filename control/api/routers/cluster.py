@@ -9,6 +9,7 @@ from fastapi.responses import Response
 from sie.control.api.auth import Principal
 from sie.control.api.deps import Require, Service, Viewer
 from sie.control.api.errors import ApiError, error_responses
+from sie.control.api.views import EventList, Health, TargetGroup
 
 router = APIRouter(responses=error_responses(401))
 
@@ -20,7 +21,7 @@ def openapi(request: Request, _: Viewer) -> dict[str, Any]:
     return document
 
 
-@router.get("/healthz", summary="Role, epoch and whether this instance's state caught up")
+@router.get("/healthz", summary="Role, epoch and whether this instance's state caught up", response_model=Health)
 def healthz(service: Service,
             principal: Annotated[Principal | None, Depends(Require("viewer", public="/healthz"))]) -> dict[str, Any]:
     health: dict[str, Any] = service.health()
@@ -29,14 +30,16 @@ def healthz(service: Service,
     return health
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                             "description": "The Prometheus text exposition format"}})
 def metrics(service: Service,
             _: Annotated[Principal | None, Depends(Require("viewer", public="/metrics"))]) -> Response:
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 @router.get("/v1/events", summary="The latest events of the cluster (placements, failures, audit)",
-            responses=error_responses(422))
+            response_model=EventList, responses=error_responses(422))
 def events(service: Service, _: Viewer, limit: int = 50) -> dict[str, Any]:
     from sie.control.reconcile.observability import event_rows
 
@@ -46,7 +49,8 @@ def events(service: Service, _: Viewer, limit: int = 50) -> dict[str, Any]:
     return {"events": event_rows(service.state.snapshot().events, limit)}
 
 
-@router.get("/v1/prometheus/targets", summary="Prometheus http_sd: the /metrics endpoints of agents and workers")
+@router.get("/v1/prometheus/targets", summary="Prometheus http_sd: the /metrics endpoints of agents and workers",
+            response_model=list[TargetGroup])
 def prometheus_targets(service: Service, _: Viewer) -> list[dict[str, Any]]:
     from sie.control.reconcile.observability import prometheus_targets
 

@@ -15,6 +15,7 @@ from sie.control.api.answers import ConnectorApplied, ConnectorState, Deleted
 from sie.control.api.deps import Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses, problem_to_error
 from sie.control.api.routers.models import PUBLISH_TIMEOUT_S
+from sie.control.api.views import ConnectorList, ConnectorView, InvalidConnector
 
 router = APIRouter(prefix="/v1/connectors", responses=error_responses(401))
 WRITE_ERRORS = error_responses(403, 404)
@@ -36,14 +37,16 @@ def _current(service: Any, name: str) -> Any:
     return info
 
 
-@router.get("", summary="CDC connectors applied through the control plane, with their phase")
+@router.get("", summary="CDC connectors applied through the control plane, with their phase",
+            response_model=ConnectorList)
 def connectors(service: Service, _: Viewer) -> dict[str, Any]:
     snap = service.state.snapshot()
     names = sorted(set(snap.connectors) | set(snap.connector_errors))
     return {"connectors": [c for c in (_status_of(service, n) for n in names) if c is not None]}
 
 
-@router.get("/{name}", summary="One connector: status, replica, source offsets and lag", responses=error_responses(404))
+@router.get("/{name}", summary="One connector: status, replica, source offsets and lag",
+            response_model=ConnectorView | InvalidConnector, responses=error_responses(404))
 def connector(name: str, service: Service, _: Viewer) -> dict[str, Any]:
     from sie.control.reconcile.connectors import connector_offsets
 

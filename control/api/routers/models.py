@@ -1,6 +1,6 @@
 """``/v1/models``: apply a ModelService, read what the cluster does with it, scale it, delete it.
 
-  apply (POST/PUT)   body -> ``read_yaml_documents`` -> ``parse_spec`` + spec policy -> tier check ->
+  apply (POST/PUT)   body -> ``read_yaml_documents`` -> ``load`` + spec policy -> tier check ->
                      ownership mark -> schema compatibility -> artifacts uploaded? -> a rollout (new version whose
                      spec asks for one) or ``publish_spec`` -> 202
   scale              ``ScaleRequest`` -> applied spec ``scaled`` -> ``publish_spec`` -> 202
@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from sie.control.api.answers import Applied, Deleted, RolloutStarted, Scaled
 from sie.control.api.deps import Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses, problem_to_error
+from sie.control.api.views import ModelList, ModelView
 
 router = APIRouter(prefix="/v1/models", responses=error_responses(401))
 WRITE_ERRORS = error_responses(403, 404, 409, 422)
@@ -39,10 +40,8 @@ _BODY_DOC = {"requestBody": {"required": True, "content": {
     "description": "One ModelService document (YAML or JSON, at most 1 MiB)."}}
 
 
-# The list route answers plain JSON data as it is (JSONResponse): FastAPI's generic encoder walks every value
-# of an answer again, CPU in the leader's process that grows with the cluster (bench/bench_scale.py).
-@router.get("", summary="Desired vs actual per applied model", response_class=JSONResponse)
-def models(service: Service, _: Viewer) -> Any:
+@router.get("", summary="Desired vs actual per applied model", response_model=ModelList)
+def models(service: Service, _: Viewer) -> dict[str, Any]:
     from sie.control.reconcile.observability import model_numbers
 
     snap = service.state.snapshot()
@@ -51,11 +50,11 @@ def models(service: Service, _: Viewer) -> Any:
     events: dict[str | None, list[Any]] = {}
     for e in snap.events:
         events.setdefault(e.model, []).append(e)
-    return JSONResponse({"models": [m for m in (model_json(service, n, numbers, snap, events) for n in names)
-                                    if m is not None]})
+    return {"models": [m for m in (model_json(service, n, numbers, snap, events) for n in names) if m is not None]}
 
 
-@router.get("/{name}", summary="One model: status, spec summary, recent events", responses=error_responses(404))
+@router.get("/{name}", summary="One model: status, spec summary, recent events", response_model=ModelView,
+            responses=error_responses(404))
 def model(name: str, service: Service, _: Viewer) -> dict[str, Any]:
     found = model_json(service, name)
     if found is None:

@@ -10,16 +10,16 @@ from sie.control.api.answers import Accepted
 from sie.control.api.deps import Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses
 from sie.control.api.routers.models import PUBLISH_TIMEOUT_S
+from sie.control.api.views import NodeList
 
 router = APIRouter(prefix="/v1/nodes", responses=error_responses(401))
 
 
-# plain JSON data as it is (JSONResponse), not walked again by FastAPI's encoder (see routers.models)
-@router.get("", summary="Registered nodes with liveness, tier and GPUs", response_class=JSONResponse)
-def nodes(service: Service, _: Viewer) -> Any:
+@router.get("", summary="Registered nodes with liveness, tier and GPUs", response_model=NodeList)
+def nodes(service: Service, _: Viewer) -> dict[str, Any]:
     snap = service.state.snapshot()
     views = snap.node_views(service.clock(), service.config.node_timeout_s)
-    return JSONResponse({"nodes": [v.to_json() for v in views]})
+    return {"nodes": [v.to_json() for v in views]}
 
 
 @router.post("/{name}/forget", status_code=202, summary="Forget an offline node (inventory, status, alerts)",

@@ -15,23 +15,25 @@
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from sie.control.api.deps import Service, Viewer
 from sie.control.api.errors import ApiError, error_responses
+from sie.control.api.views import ReplicaList
 
 router = APIRouter(prefix="/v1/replicas", responses=error_responses(401))
 
 
-# plain JSON data as it is (JSONResponse), not walked again by FastAPI's encoder (see routers.models)
-@router.get("", summary="Every desired replica: node, GPUs, state, reason", response_class=JSONResponse)
-def replicas(service: Service, _: Viewer) -> Any:
+@router.get("", summary="Every desired replica: node, GPUs, state, reason", response_model=ReplicaList)
+def replicas(service: Service, _: Viewer) -> dict[str, Any]:
     items = [r.to_record() for s in service.controller.statuses.values() for r in s.replicas]
-    return JSONResponse({"replicas": sorted(items, key=lambda r: r["replica_id"])})
+    return {"replicas": sorted(items, key=lambda r: r["replica_id"])}
 
 
 @router.get("/{replica_id}/log", summary="A replica's worker log, from its node's agent (like kubectl logs)",
-            response_class=StreamingResponse, responses=error_responses(404, 503))
+            response_class=StreamingResponse, responses={**error_responses(404, 503), 200: {
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+                "description": "The worker's log lines, streamed while ``follow``"}})
 async def replica_log(replica_id: str, request: Request, service: Service, _: Viewer, lines: int = 100,
                       follow: bool = False, previous: bool = False) -> Any:
     return await _proxy_log(service, replica_id, request.headers.get("authorization") or "",

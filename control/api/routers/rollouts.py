@@ -10,16 +10,18 @@ from fastapi import APIRouter
 
 from sie.control.api.deps import Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses
+from sie.control.api.views import RolloutList, RolloutView
 
 router = APIRouter(prefix="/v1/rollouts", responses=error_responses(401))
 
 
-@router.get("", summary="Every model's rollout: phase, step, canary weight, epoch, timeline")
+@router.get("", summary="Every model's rollout: phase, step, canary weight, epoch, timeline",
+            response_model=RolloutList)
 def rollouts(service: Service, _: Viewer) -> dict[str, Any]:
     return {"rollouts": service.rollouts.list()}
 
 
-@router.get("/{name}", summary="One model's rollout", responses=error_responses(404))
+@router.get("/{name}", summary="One model's rollout", response_model=RolloutView, responses=error_responses(404))
 def rollout(name: str, service: Service, _: Viewer) -> dict[str, Any]:
     found: list[dict[str, Any]] = [r for r in service.rollouts.list() if r["model"] == name]
     if not found:
@@ -28,7 +30,7 @@ def rollout(name: str, service: Service, _: Viewer) -> dict[str, Any]:
 
 
 @router.post("/{name}/{action}", summary="pause, resume, promote or abort a model's rollout",
-             responses=error_responses(403, 404, 409, 422, 503))
+             response_model=RolloutView, responses=error_responses(403, 404, 409, 422, 503))
 async def rollout_action(name: str, action: str, service: Service, write: Writer) -> dict[str, Any]:
     return await write.run(f"rollout {action}", name, lambda: _rollout_action(service, name, action, write.principal.name),
                            outcome=lambda b: f"accepted: {b['label']}")

@@ -51,3 +51,27 @@ def test_the_docs_table_names_exactly_the_routes_of_the_app(tmp_path: Path) -> N
     assert routes - documented == set(), f"routes missing from docs/control-plane.md: {sorted(routes - documented)}"
     assert documented - routes == set(), f"docs/control-plane.md names routes that do not exist: " \
                                          f"{sorted(documented - routes)}"
+
+
+def test_every_get_route_declares_its_answer_in_the_openapi_document(tmp_path: Path) -> None:
+    """Each GET route's 200 answer has a schema: a response model for JSON (a named component, or a list of
+    one), a text media type for the Prometheus metrics and a replica's log."""
+    settings = Settings(cache_dir=tmp_path / "cache")
+    document = create_app(ControlService(settings, http_port=None), TokenStore(settings), ()).openapi()
+    components = document["components"]["schemas"]
+    texts = {"/metrics", "/v1/replicas/{replica_id}/log"}
+    gets = {path: item["get"] for path, item in document["paths"].items() if "get" in item}
+    assert texts < set(gets) and {"/v1/models", "/v1/replicas", "/healthz", "/v1/rollouts/{name}"} < set(gets)
+    for path, operation in gets.items():
+        content = operation["responses"]["200"]["content"]
+        if path in texts:
+            assert list(content) == ["text/plain"], path
+            continue
+        schema = content["application/json"]["schema"]
+        refs = [schema.get("$ref"), schema.get("items", {}).get("$ref")] + [s.get("$ref") for s in schema.get("anyOf", ())]
+        named = [r.rsplit("/", 1)[1] for r in refs if r]
+        assert named and all(components[n].get("properties") for n in named), (path, schema)
+    # the open-ended parts stay open; the rest is declared key by key
+    replica = components["ReplicaRow"]
+    assert set(replica["required"]) >= {"replica_id", "node", "state", "reason", "cooldowns"}
+    assert components["Health"]["required"] == ["status", "role", "state_caught_up"]  # what anyone may see

@@ -16,7 +16,7 @@ from sie.control.reconcile.config import ControlConfig
 from sie.control.reconcile.controller import Controller
 from sie.control.reconcile.ports import OutRecord, StaticLeadership
 from sie.control.reconcile.records import ClusterState
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.streams.eos import Fenced
 
 TIMEOUT = 6.0
@@ -68,7 +68,7 @@ def spec_record(name: str, gpu_mb: int = 4096, replicas: int = 1, priority: str 
             **spec_extra,
         },
     }
-    spec = parse_spec(doc)
+    spec = load(doc)
     return {"name": name, "version": spec.version, "spec_json": json.dumps(spec.to_document()), "applied_at_ms": 0}
 
 
@@ -136,7 +136,7 @@ def test_a_pass_with_the_inputs_of_the_last_placement_reuses_its_plan(world, mon
     """Placement is a pure function of demands, inventory, current placements, exclusions and hints: a pass whose
     inputs equal the last one's reuses its plan, and any change of them (a node's CPU, a new spec, a published
     assignment) places afresh.  A node's momentary available memory is never packed against: not an input."""
-    import sie.control.reconcile.controller as mod
+    import sie.control.reconcile.assignments as mod
 
     clock, state, pub, _, ctl = world
     calls: list[int] = []
@@ -340,7 +340,7 @@ def test_deleted_model_empties_its_nodes_and_tombstones_status(world):
 def test_a_failing_subsystem_becomes_an_error_not_a_crash(world, monkeypatch):
     clock, state, pub, _, ctl = world
     state.apply_spec("alpha", spec_record("alpha"))
-    import sie.control.reconcile.controller as mod
+    import sie.control.reconcile.publishing as mod
 
     monkeypatch.setattr(mod, "build_status", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     rep = ctl.reconcile(clock())

@@ -5,10 +5,10 @@ replica reach placement as ``desired_count`` says)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
-from sie.control.reconcile import controller as controller_module
 from sie.control.reconcile.config import ControlConfig
 from sie.control.reconcile.controller import Controller
 from sie.control.reconcile.counts import can_scale, ceiling, desired_count, scale_range
@@ -102,12 +102,19 @@ def test_every_count_of_a_pass_goes_through_desired_count(world, monkeypatch):
     clock, state, pub, ctl = world
     state.apply_spec("a", spec_record("a", 1024, replicas=2))
     state.apply_spec("b", spec_record("b", 1024, replicas=1))
-    real = controller_module.desired_count
+    real = desired_count
 
     def plus_one(spec, autoscaled=None, **layers):
         return real(spec, autoscaled, **layers) + 1
 
-    monkeypatch.setattr(controller_module, "desired_count", plus_one)
+    # every module of the control plane that calls the rule (the controller and its step modules)
+    sites = [m for name, m in sorted(sys.modules.items())
+             if name.startswith("sie.control.") and name != "sie.control.reconcile.counts"
+             and getattr(m, "desired_count", None) is real]
+    assert {"sie.control.reconcile.controller", "sie.control.reconcile.scaling",
+            "sie.control.reconcile.demands"} <= {m.__name__ for m in sites}
+    for module in sites:
+        monkeypatch.setattr(module, "desired_count", plus_one)
     ctl.reconcile(clock())
     replicas = set().union(*assigned(pub).values())
     assert {r for r in replicas if r.startswith("a-")} == {"a-0", "a-1", "a-2"}

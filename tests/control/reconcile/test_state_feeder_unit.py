@@ -354,10 +354,10 @@ def spec_record(name: str) -> bytes:
     doc = {"apiVersion": "sie.lmsys.org/v1", "kind": "ModelService", "metadata": {"name": name},
            "spec": {"model": {"name": name, "version": "1.0.0"},
                     "backend": {"type": "python", "callable": "models.fraud.rules:score"}}}
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
     from sie.schemas.spec_store import spec_record as record_of
 
-    return encode("ModelSpecRecord", record_of(parse_spec(doc, source="test"), 0))
+    return encode("ModelSpecRecord", record_of(load(doc, origin="test"), 0))
 
 
 def test_a_live_spec_wakes_the_loop_and_the_replay_does_not(feeds):

@@ -52,9 +52,9 @@ def env(tmp_path: Path):
     service.rollouts = Rollouts(settings, leadership, published, reader=lambda _s: [], registry=service.registry)
     service.rollouts.tick()  # becomes leader: resumes (nothing stored) and drives
     doc = echo_spec_doc("m")
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
 
-    stable = parse_spec(doc)
+    stable = load(doc)
     service.state.apply_spec("m", {"name": "m", "version": "1.0.0", "spec_json": json.dumps(stable.to_document()),
                                    "applied_at_ms": 1, "deleted": False})
     audit = Audit()

@@ -8,7 +8,7 @@ import pytest
 
 from sie.control.rollout.driver import Entry, RolloutDriver, RolloutRefused
 from sie.control.rollout.machine import Answer, Phase, RolloutError, VersionWindow
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from tests.support.scorer_fixtures import echo_spec_doc
 
 
@@ -33,14 +33,14 @@ class Windows:
 
 def specs(rollout=None, breaking=False):
     doc = echo_spec_doc("m")
-    old = parse_spec(doc)
+    old = load(doc)
     doc["spec"]["model"]["version"] = "1.1.0"
     if rollout is not None:
         doc["spec"]["rollout"] = rollout
     if breaking:
         doc["spec"]["inputSchema"]["fields"].append({"name": "z", "type": "float"})  # new required input
         doc["spec"]["exampleInput"] = {"x": 1.0, "z": 1.0}
-    return old, parse_spec(doc)
+    return old, load(doc)
 
 
 def drive(driver, clock, seconds, step=0.5):
@@ -239,3 +239,34 @@ def test_a_step_where_one_replica_still_serves_both_is_not_rolled_back_for_want_
     plans["m"] = planned(phase="Canary", stable_replica=("waiting", "lost (its process exited); restarting"))
     drive(driver, clock, 6)
     assert driver.get("m").rollout.phase is Phase.CANARY  # the surge replica serves both: no verdict yet
+
+
+def test_an_entry_decodes_its_two_specs_once_when_read_and_never_while_it_moves(monkeypatch):
+    from sie.schemas.spec import ModelService
+
+    decoded: list[str] = []
+    real = ModelService.from_document.__func__
+
+    def counting(cls, doc):
+        decoded.append(doc["version"])
+        return real(cls, doc)
+
+    clock, windows = Clock(), Windows()
+    first = RolloutDriver(windows, clock=clock)
+    stable, canary = specs({"steps": [10, 50, 100], "intervalSeconds": 4})
+    monkeypatch.setattr(ModelService, "from_document", classmethod(counting))
+    entry, _ = first.begin(stable, canary)
+    assert entry.stable is stable and entry.canary is canary  # begun from the API's specs: nothing to decode
+    first.commit(entry)
+    drive(first, clock, 3)
+    first.commit(first.act("m", "pause", "op")[0])
+    assert decoded == [] and first.get("m").rollout.phase is Phase.PAUSED
+    second = RolloutDriver(windows, clock=clock)
+    second.load([first.get("m").to_record(int(clock.t * 1000))])  # read from the rollouts topic: decoded once
+    assert decoded == ["1.0.0", "1.1.0"]
+    resumed = second.get("m")
+    assert (resumed.stable.version, resumed.canary.version) == ("1.0.0", "1.1.0")
+    second.commit(second.act("m", "resume", "op")[0])
+    drive(second, clock, 20)
+    assert second.get("m").rollout.phase is Phase.COMPLETE and decoded == ["1.0.0", "1.1.0"]
+    assert second.get("m").stable is resumed.stable  # carried through every step

@@ -266,14 +266,14 @@ def test_new_gate_fields_parse_and_round_trip():
     ({"p99MaxRatio": -1}, "spec.rollout.gates.p99MaxRatio: must be >= 0"),
 ])
 def test_spec_errors_name_the_gate_field(gates, msg):
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
     from sie.schemas.spec_rules import InvalidSpec
     from tests.support.scorer_fixtures import echo_spec_doc
 
     doc = echo_spec_doc("m")
     doc["spec"]["rollout"] = {"gates": gates}
     with pytest.raises(InvalidSpec) as exc:
-        parse_spec(doc)
+        load(doc)
     assert msg in str(exc.value), str(exc.value)
 
 

@@ -269,7 +269,7 @@ def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka
 
     import yaml
 
-    from sie.schemas.spec import parse_spec
+    from sie.schemas.spec import load
     from tests.support.helpers import OPERATOR_TOKEN, VIEWER_TOKEN, leader_takeover_bound_s, with_api_tokens
     from tests.support.scorer_fixtures import echo_spec_doc
 
@@ -277,7 +277,7 @@ def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka
     ensure_topics(settings, system_topics(settings.topic_prefix))
     name = f"rk-{uuid.uuid4().hex[:8]}"
     doc = echo_spec_doc(name)
-    stable = parse_spec(doc, topic_prefix=settings.topic_prefix)
+    stable = load(doc, topic_prefix=settings.topic_prefix)
     canary_doc = {**doc, "spec": {**doc["spec"], "model": {"name": name, "version": "1.1.0"},
                                   "rollout": {"steps": [10, 50, 100], "intervalSeconds": 4,
                                               "gates": ROLLOUT["gates"]}}}
@@ -292,7 +292,7 @@ def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka
     config = ScorerConfig(settings=settings, spec=stable, instance="rk-0", max_wait_ms=10, session_timeout_ms=6000)
     thread = threading.Thread(target=run_rollout_scorer, args=(config, load_echo_backend, stop),
                               kwargs={"on_ready": lambda _s: ready.set()}, daemon=True)
-    load = None
+    traffic = None
 
     def role(port):
         status, body = _http(port, "GET", "/healthz", token=VIEWER_TOKEN)
@@ -312,7 +312,7 @@ def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka
                    message="the leader sees 1.0.0")
         thread.start()
         wait_until(ready.is_set, 30, message="scorer ready")
-        load = Load(settings, stable.topics.requests)
+        traffic = Load(settings, stable.topics.requests)
         status, body = _http(ports[leader], "POST", "/v1/models", yaml.safe_dump(canary_doc), OPERATOR_TOKEN)
         assert status == 202 and body["rollout"] == "Pending", body
         wait_until(lambda: (r := rollout_at(ports[leader])) and r["phase"] == "Canary", 30,
@@ -322,12 +322,12 @@ def test_a_leader_sigkilled_mid_rollout_is_replaced_by_one_that_resumes_it(kafka
         wait_until(lambda: role(ports[standby]) == "leader", 2 * leader_takeover_bound_s(), message="takeover")
         final = wait_until(lambda: (r := rollout_at(ports[standby])) and r["phase"] in ("Complete", "RolledBack")
                            and r, 90, message=lambda: f"the new leader finishes the rollout ({rollout_at(ports[standby])})")
-        ids = load.stop()
-        load = None
+        ids = traffic.stop()
+        traffic = None
         results, dead = prove_exactly_once(settings, stable, ids, timeout=60)
     finally:
-        if load is not None:
-            load.stop()
+        if traffic is not None:
+            traffic.stop()
         stop.set()
         for p in procs.values():
             if p.poll() is None:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sie.schemas.spec import InvalidSpec, load_specs
+from sie.schemas.spec import InvalidSpec, load
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -30,7 +30,7 @@ def portable(doc: Any) -> Any:
 
 def golden_of(path: Path) -> dict[str, Any]:
     try:
-        specs = load_specs(path)
+        specs = load(path, many=True)
     except InvalidSpec as exc:
         return {"invalid": [portable(p) for p in exc.problems]}
     return {"specs": [portable(s.model_dump(mode="json")) for s in specs]}

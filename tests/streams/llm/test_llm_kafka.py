@@ -40,9 +40,9 @@ def test_sigkill_rebalance_and_a_dead_endpoint_answer_each_request_exactly_once(
     b_srv = FakeLLMProcess("--slots", "16", "--mean-s", "0.2", "--p99-s", "1.0", "--seed", "2", log_dir=tmp_path)
     spec_path = write_llm_spec(tmp_path, [{"url": a_srv.url, "concurrency": 16}, {"url": b_srv.url, "concurrency": 16}],
                                request_timeout_s=10, endpoint_backoff_s=0.2, endpoint_backoff_max_s=2)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     values, ids = _workload(2000)
     produce_requests(kafka_settings, spec.topics.requests, values)

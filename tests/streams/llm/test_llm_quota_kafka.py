@@ -31,9 +31,9 @@ def test_a_caller_over_its_tokens_quota_is_delayed_or_rejected_and_the_other_kee
     srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
     spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 16}], request_timeout_s=10,
                                quotas={"policy": policy, "callers": {"greedy": {"tokens_per_s": TOKENS_PER_S}}})
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     scorer = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "a", tmp_path)
     try:
@@ -91,14 +91,14 @@ def test_with_delay_a_greedy_backlog_larger_than_the_window_is_deferred_and_the_
     commits their offsets), so the consumer reaches the polite caller's requests behind them in Kafka."""
     import time
 
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
     from sie.streams.llm.config import deferred_topic
     from tests.support.scorer_fixtures import CommittedReader
 
     srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
     spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 8}], request_timeout_s=10, max_pending=32,
                                quotas={"policy": "delay", "callers": {"greedy": {"tokens_per_s": TOKENS_PER_S}}})
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     deferred = deferred_topic(spec, kafka_settings.names)
     assert deferred is not None
     topics_for(kafka_settings, spec)
@@ -145,14 +145,14 @@ def test_a_scorer_killed_while_deferring_loses_and_duplicates_nothing(kafka_sett
     """SIGKILL while the greedy caller's requests are being moved to the deferred topic and read back: the
     next scorer redoes only what was not committed; every request is answered once and each request was
     moved at most once (a move is committed with its source offset, or not at all)."""
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
     from sie.streams.llm.config import deferred_topic
     from tests.support.scorer_fixtures import CommittedReader
 
     srv = FakeLLMProcess("--slots", "32", "--mean-s", "0.05", "--p99-s", "0.2", log_dir=tmp_path)
     spec_path = write_llm_spec(tmp_path, [{"url": srv.url, "concurrency": 8}], request_timeout_s=10, max_pending=32,
                                quotas={"policy": "delay", "callers": {"greedy": {"tokens_per_s": TOKENS_PER_S * 4}}})
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     deferred = deferred_topic(spec, kafka_settings.names)
     assert deferred is not None
     topics_for(kafka_settings, spec)

@@ -90,9 +90,9 @@ def _metric(text: str, name: str) -> float:
 def test_streaming_on_real_vllm_times_the_first_token_and_answers_exactly_once(servers, kafka_settings, tmp_path):
     a = servers["a"]
     spec_path = _spec(tmp_path, [{"url": a.url, "concurrency": SLOTS}], stream=True)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     values, ids = _workload(80)
     produce_requests(kafka_settings, spec.topics.requests, values)
@@ -131,9 +131,9 @@ def test_quotas_on_real_vllm_delay_or_reject_the_greedy_caller_with_real_token_c
     a = servers["a"]
     spec_path = _spec(tmp_path, [{"url": a.url, "concurrency": SLOTS}],
                       quotas={"policy": policy, "callers": {"greedy": {"tokens_per_s": 60}}})
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     scorer = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "q", tmp_path)
     try:
@@ -179,9 +179,9 @@ def test_the_director_shifts_weight_away_from_a_real_server_that_stalls(servers,
     port = free_port()
     spec_path = _spec(tmp_path, [{"url": a.url, "concurrency": SLOTS}, {"url": b.url, "concurrency": SLOTS}],
                       director=director, director_interval_ms=250)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     scorer = ScorerProcess(spec_path, kafka_settings.bootstrap_servers, "d", tmp_path, "--metrics-port", str(port))
     before = {name: servers[name].metrics().get("vllm:request_success_total", 0.0) for name in ("a", "b")}
@@ -240,9 +240,9 @@ def test_window_on_real_vllm_survives_a_scorer_sigkill_a_server_sigkill_and_its_
     a, b = servers["a"], servers["b"]
     spec_path = _spec(tmp_path, [{"url": a.url, "concurrency": SLOTS}, {"url": b.url, "concurrency": SLOTS}],
                       director=False)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     values, ids = _workload(1000)
     reader = CommittedReader(kafka_settings, spec.topics.results)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sie.schemas.spec import parse_spec
+from sie.schemas.spec import load
 from sie.schemas.spec_models import IOSchema
 from sie.schemas.validation import compile_output_check
 from tests.streams.scorer.test_scorer_unit import by_topic, req, run_fake
@@ -19,7 +19,7 @@ def ranged_spec(output_fields=None, unknown: str | None = None):
     if unknown:
         schema["unknownFields"] = unknown
     doc["spec"]["outputSchema"] = schema
-    return parse_spec(doc)
+    return load(doc)
 
 
 class Returns:

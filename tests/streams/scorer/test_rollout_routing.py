@@ -356,3 +356,26 @@ def test_newly_assigned_partitions_are_scored_only_after_the_rollouts_topic_is_r
 
     scorer.partitions_assigned(Consumer(), [])
     assert source.calls == ["refresh", "wait"]
+
+
+def test_a_rollout_record_is_decoded_once_not_at_every_batch(monkeypatch):
+    from sie.streams.scorer import rollout as rollout_module
+
+    scorer, source, spec, canary_doc, loaded = make_scorer()
+    decoded: list[int] = []
+    real = WeightSet.from_record
+
+    def counting(rec):
+        decoded.append(rec["epoch"])
+        return real(rec)
+
+    monkeypatch.setattr(rollout_module.WeightSet, "from_record", staticmethod(counting))
+    source.record = record(spec, canary_doc, "Canary", 5000, 3)
+    for _ in range(4):
+        got = answered(scorer.prepare(batch(spec, 20)))
+        assert {e for _v, e in got.values()} == {b"3"}
+    assert decoded == [3] and loaded == ["1.1.0"]
+    source.record = record(spec, canary_doc, "Canary", 10_000, 4)  # a new record: decoded once more
+    assert {v for v, _e in answered(scorer.prepare(batch(spec, 20))).values()} == {"1.1.0"}
+    scorer.prepare(batch(spec, 20))
+    assert decoded == [3, 4]

@@ -120,9 +120,9 @@ def _mixed_workload(n: int, poison_every: int = 500) -> tuple[list[tuple[bytes, 
 @MODES
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, tmp_path, mode):
     spec_path = write_echo_spec(tmp_path)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     total = 50_000
     values, ids = _mixed_workload(total)
@@ -154,9 +154,9 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(kafka_settings, 
 @MODES
 def test_adding_and_removing_a_scorer_mid_stream_keeps_exactly_once(kafka_settings, tmp_path, mode):
     spec_path = write_echo_spec(tmp_path)
-    from sie.schemas.spec import load_spec
+    from sie.schemas.spec import load
 
-    spec = load_spec(spec_path)
+    spec = load(spec_path)
     topics_for(kafka_settings, spec)
     values, ids = _mixed_workload(30_000)
     reader = CommittedReader(kafka_settings, spec.topics.results)

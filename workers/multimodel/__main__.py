@@ -1,4 +1,4 @@
-"""``python -m sie.workers.shared --state-dir DIR``: a multi-model worker process (sie.workers.shared.host).
+"""``python -m sie.workers.multimodel --state-dir DIR``: a multi-model worker process (sie.workers.multimodel.host).
 
 It hosts the models DIR/models.json names (rewritten atomically by the agent or an operator, read on
 every tick) and reports in DIR/health.json; SIGTERM drains every model (each commits its batch in flight)
@@ -18,7 +18,7 @@ from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m sie.workers.shared", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sie.workers.multimodel", description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", type=Path, required=True, help="where models.json is read and health.json written")
     parser.add_argument("--metrics-port", type=int, default=None, help="/metrics of every hosted model (0: any free port)")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between reconcile/watchdog ticks")
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sie.kernel.settings import Settings
-    from sie.workers.shared.host import Host
+    from sie.workers.multimodel.host import Host
 
     stop = threading.Event()
 

@@ -1,4 +1,4 @@
-"""A multi-model worker process (``python -m sie.workers.shared``) as a child process, for the Kafka tests
+"""A multi-model worker process (``python -m sie.workers.multimodel``) as a child process, for the Kafka tests
 and bench/bench_density.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sie.workers.shared.desired import HEALTH_FILE, DesiredModel, write_desired
+from sie.workers.multimodel.desired import HEALTH_FILE, DesiredModel, write_desired
 from tests.support.scorer_fixtures import ALLOWED_MODULES, LoggedProcess, echo_version_spec
 
 
@@ -28,7 +28,7 @@ class SharedHostProcess(LoggedProcess):
         state_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_BOOTSTRAP_SERVERS": bootstrap,
                "SIE_ALLOWED_MODULES": ",".join(ALLOWED_MODULES), **(env or {})}
-        cmd = [sys.executable, "-m", "sie.workers.shared", "--state-dir", str(state_dir), "--interval", "0.2",
+        cmd = [sys.executable, "-m", "sie.workers.multimodel", "--state-dir", str(state_dir), "--interval", "0.2",
                "--log-level", "warning", *extra]
         super().__init__(cmd, state_dir / f"host-{time.monotonic_ns()}.log", env)
 

@@ -14,9 +14,9 @@ from sie.kernel.settings import Settings
 from sie.schemas.replica_state import ReplicaState
 from sie.streams.scorer import ScorerConfig
 from sie.streams.scorer.metrics import ScorerMetrics
-from sie.workers.shared.desired import DESIRED_FILE, DesiredModel, read_desired, write_desired
-from sie.workers.shared.host import Host
-from sie.workers.shared.lane import LANE_FETCH_KBYTES, Lane, lane_producer_kbytes
+from sie.workers.multimodel.desired import DESIRED_FILE, DesiredModel, read_desired, write_desired
+from sie.workers.multimodel.host import Host
+from sie.workers.multimodel.lane import LANE_FETCH_KBYTES, Lane, lane_producer_kbytes
 from sie.workers.worker_main import CountingBackend
 from tests.support.scorer_fixtures import echo_policy, echo_spec
 

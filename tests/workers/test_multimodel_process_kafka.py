@@ -1,4 +1,4 @@
-"""Multi-model worker processes (sie.workers.shared) on the real broker.
+"""Multi-model worker processes (sie.workers.multimodel) on the real broker.
 
 Every model hosted in one process keeps the single scorer's proof: a read_committed reader of its result
 and dead-letter topics finds every request id exactly once, across SIGKILLs of the whole process; a model
@@ -15,8 +15,8 @@ import pytest
 
 from sie.kernel.admin import ensure_model_topics
 from tests.support.helpers import wait_until
+from tests.support.multimodel_fixtures import SharedHostProcess, echo_model
 from tests.support.scorer_fixtures import produce_requests, prove_exactly_once, requests, topics_for
-from tests.support.shared_fixtures import SharedHostProcess, echo_model
 
 pytestmark = pytest.mark.kafka
 

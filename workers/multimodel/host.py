@@ -2,12 +2,12 @@
 
 WHY: one ``sie score`` process for a 6-input linear TorchScript model holds ~580 MB resident, nearly all
 of it the runtime (Python, torch, librdkafka); the model is kilobytes.  A ``Host`` pays for the runtime
-once and runs each model as a ``Lane`` (``sie.workers.shared.lane``): its own consumer group, its own
+once and runs each model as a ``Lane`` (``sie.workers.multimodel.lane``): its own consumer group, its own
 transactional producer, its own exactly-once scorer thread, metrics and dead letters.
 
 The host's loop (every ``interval_s``, on the main thread)::
 
-    reconcile: read the desired-models file (sie.workers.shared.desired); start lanes for new replica ids,
+    reconcile: read the desired-models file (sie.workers.multimodel.desired); start lanes for new replica ids,
                drain lanes no longer wanted, replace a lane whose spec changed (drained first, then started:
                the same transactional.id must not be used by two live lanes on purpose)
     watch:     a lane whose inference call ran past its deadline (or that never finished starting) is
@@ -39,8 +39,8 @@ from sie.kernel.probe_http import start_metrics_server as start_http_server  # b
 from sie.kernel.settings import Settings
 from sie.schemas.replica_state import ReplicaState
 from sie.schemas.spec_models import SHARED_PROCESS_BACKENDS
-from sie.workers.shared.desired import HEALTH_FILE, DesiredModel, read_desired, write_atomic
-from sie.workers.shared.lane import Lane
+from sie.workers.multimodel.desired import HEALTH_FILE, DesiredModel, read_desired, write_atomic
+from sie.workers.multimodel.lane import Lane
 
 log = logging.getLogger("sie.shared")
 
