@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 PRIORITIES = ("P0", "P1", "P2")
+#: a model's label choosing between packing and spreading its replicas (docs/control-plane.md, "Pack or spread")
+PLACEMENT_LABEL = "sie.lmsys.org/placement"
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,8 @@ class ReplicaDemand:
     """One replica to place. ``gpus > 0`` = that many whole GPUs; else ``gpu_memory_mb`` on one shared GPU;
     both 0 = CPU-only model. ``node_selector`` is a sorted tuple of (key, value) pairs (hashable).
     ``memory_mb`` is the spec's declared host memory (0 = not declared); ``backend`` its backend type ("" for
-    what is not a model, e.g. a connector), which decides whether it may share a worker process."""
+    what is not a model, e.g. a connector), which decides whether it may share a worker process.  ``spread``:
+    place it where the fewest replicas are (True) or fill nodes and GPUs first (False, ``binpack``)."""
 
     model: str
     index: int
@@ -32,6 +35,7 @@ class ReplicaDemand:
     node_selector: tuple[tuple[str, str], ...] = ()
     tier: str | None = None
     backend: str = ""
+    spread: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -67,7 +71,19 @@ def make_demands(model: str, replicas: int = 1, **fields: Any) -> list[ReplicaDe
     return [ReplicaDemand(model=model, index=i, **fields) for i in range(replicas)]
 
 
-def demands_from_spec(spec: Any, replicas: int | None = None) -> list[ReplicaDemand]:
+def spreads_on_place(spec: Any, pack_tiers: Iterable[str] = ()) -> bool:
+    """Whether a new replica of ``spec`` is spread over the nodes rather than packed: the label
+    ``sie.lmsys.org/placement: pack|spread`` decides; else a model asking for a tier in ``pack_tiers`` packs;
+    else CPU-only models spread and GPU models pack (whole GPUs and GPU memory kept in big holes)."""
+    label = (getattr(spec, "labels", None) or {}).get(PLACEMENT_LABEL)
+    if label in ("spread", "pack"):
+        return bool(label == "spread")
+    if spec.scheduling.tier and spec.scheduling.tier in tuple(pack_tiers):
+        return False
+    return not int(spec.resources.gpus) and not int(spec.resources.gpu_memory_mb)
+
+
+def demands_from_spec(spec: Any, replicas: int | None = None, pack_tiers: Iterable[str] = ()) -> list[ReplicaDemand]:
     """The replicas to place now for a ModelService: ``replicas`` of them (the autoscaler's count), or
     ``sla.min_replicas`` when not given.  Ids are ``<model>-0 .. <model>-(n-1)``: scaling down removes the
     highest index, so the replicas that stay keep their ids and places.  Reads only the agreed attributes of
@@ -88,4 +104,5 @@ def demands_from_spec(spec: Any, replicas: int | None = None) -> list[ReplicaDem
         node_selector=tuple(dict(sched.node_selector or {}).items()),
         tier=sched.tier,
         backend=str(spec.backend.type),
+        spread=spreads_on_place(spec, pack_tiers),
     )

@@ -57,7 +57,7 @@ def pool_key(state: NodeState) -> tuple[tuple[tuple[str, str], ...], tuple[str, 
 
 
 class Node:
-    __slots__ = ("state", "pool", "overheads", "cpu_free", "mem_free", "gpus", "models")
+    __slots__ = ("state", "pool", "overheads", "cpu_free", "mem_free", "gpus", "models", "replicas")
 
     def __init__(self, state: NodeState, pool: Pool, overheads: HostOverheads) -> None:
         self.state, self.pool, self.overheads = state, pool, overheads
@@ -65,6 +65,7 @@ class Node:
         self.mem_free: int | None = state.memory_mb or None
         self.gpus = {g.index: Gpu(state.name, g.index, g.capacity_mb) for g in state.gpus if g.healthy}
         self.models: Counter[str] = Counter()
+        self.replicas = 0  # held by this plan, of every model: what a spreading search balances
 
     def mem_need(self, d: ReplicaDemand) -> int:
         """Host memory ``d`` holds on this node (declared + process overhead)."""

@@ -150,6 +150,7 @@ class Allocator:
         if node.mem_free is not None:
             node.mem_free += node.mem_need(d)
         node.models[d.model] -= 1
+        node.replicas -= 1
         for gi in p.gpu_indices:
             g = node.gpus.get(gi)
             if g is not None:
@@ -166,6 +167,7 @@ class Allocator:
         if node.mem_free is not None:
             node.mem_free -= node.mem_need(d)
         node.models[d.model] += 1
+        node.replicas += 1
         p = Placement(
             replica_id=d.replica_id,
             model=d.model,
@@ -287,7 +289,10 @@ class Allocator:
     def _place_shared(self, d: ReplicaDemand, pools: Pools) -> Placement | Unplaced:
         """Best fit among GPUs already in use; only when none fits, open an empty GPU, taken from the most
         abundant eligible pool (most free MiB) so scarce pools (e.g. L4 nodes that some models pin) are
-        not drained by models that could run anywhere."""
+        not drained by models that could run anywhere.  A spreading replica takes the other end instead
+        (``_spread_shared``)."""
+        if d.spread:
+            return self._spread_shared(d, pools)
         need, model = d.gpu_memory_mb, d.model
         banned = self.banned(d)
         probe = (need, "", -1)
@@ -316,6 +321,27 @@ class Allocator:
         node = self.nodes[best[-2]]
         return self._commit(d, node, [node.gpus[best[-1]]])
 
+    def _spread_shared(self, d: ReplicaDemand, pools: Pools) -> Placement | Unplaced:
+        """A spreading replica's GPU: on the node holding the fewest replicas, the GPU with the most memory
+        left after it (every GPU of the eligible pools is looked at: spreading asks for it, packing does not)."""
+        need, banned = d.gpu_memory_mb, self.banned(d)
+        best: tuple[Any, ...] | None = None
+        for pref, pool in pools:
+            for index in (pool.used, pool.empty):
+                for j in range(bisect_left(index, (need, "", -1)), len(index)):
+                    free, name, gi = index[j]
+                    node = self.nodes[name]
+                    if name in banned or not fits_host(node, d):
+                        continue
+                    level = 0 if not node.models[d.model] else (2 if node.gpus[gi].models[d.model] else 1)
+                    cand = (level, pref, node.replicas, need - free, name, gi)
+                    if best is None or cand < best:
+                        best = cand
+        if best is None:
+            return self._fail(d, explain.gpu_memory(self, d, pools))
+        node = self.nodes[best[-2]]
+        return self._commit(d, node, [node.gpus[best[-1]]])
+
     def _place_whole(self, d: ReplicaDemand, pools: Pools) -> Placement | Unplaced:
         per = per_gpu_mb(d)
         best: tuple[Any, ...] | None = None
@@ -332,13 +358,15 @@ class Allocator:
                     most = (len(free), name)
                 if len(free) < d.gpus or not fits_host(node, d):
                     continue
-                cand = (0 if not node.models[d.model] else 1, pref, len(free) - d.gpus, name)
+                left = len(free) - d.gpus
+                cand = (0 if not node.models[d.model] else 1, pref,
+                        *((node.replicas, -left) if d.spread else (left,)), name)
                 if best is None or cand < best:
                     best = cand
                     chosen = sorted(free, key=lambda g: (g.capacity, g.index))[: d.gpus]
         if best is None:
             return self._fail(d, explain.whole_gpus(self, d, pools, per, most))
-        return self._commit(d, self.nodes[best[3]], sorted(chosen, key=lambda g: g.index))
+        return self._commit(d, self.nodes[best[-1]], sorted(chosen, key=lambda g: g.index))
 
     def _place_cpu(self, d: ReplicaDemand, pools: Pools) -> Placement | Unplaced:
         best: tuple[Any, ...] | None = None
@@ -347,12 +375,14 @@ class Allocator:
             for name in pool.names:
                 node = self.nodes[name]
                 if name not in banned and fits_host(node, d):
-                    cand = (0 if not node.models[d.model] else 1, pref, node.cpu_free - d.cpu, name)
+                    room = node.cpu_free - d.cpu
+                    cand = (0 if not node.models[d.model] else 1, pref,
+                            *((node.replicas, -room) if d.spread else (room,)), name)
                     if best is None or cand < best:
                         best = cand
         if best is None:
             return self._fail(d, explain.host(self, d, pools, what=None))
-        return self._commit(d, self.nodes[best[3]], [])
+        return self._commit(d, self.nodes[best[-1]], [])
 
     # -- preemption
 

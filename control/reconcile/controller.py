@@ -88,7 +88,7 @@ class Controller:
         self.capacity: dict[str, CapacityPlan] = {}
         #: (model, version) -> replica template of a rollout version that replicas run next to the applied spec
         self._version_docs: dict[tuple[str, str], ReplicaTemplate] = {}
-        self._specs = SpecCache()  # demands and templates, once per spec object
+        self._specs = SpecCache(pack_tiers=config.rebalance.pack_tiers)  # demands and templates, once per spec object
         self._memo = PlacementMemo()  # a pass with the last placement's inputs reuses its plan
         self._capacity_reported: dict[str, str] = {}
         #: the traffic director's memory per model and replica, and its decisions (newest last)

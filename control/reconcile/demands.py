@@ -61,13 +61,15 @@ class SpecCache:
     templates: dict[str, tuple[Any, ReplicaTemplate]] = field(default_factory=dict)
     #: (model, version) -> (a rollout's spec document, it decoded, its replica template)
     rollout: dict[tuple[str, str], tuple[Mapping[str, Any], ModelService, ReplicaTemplate]] = field(default_factory=dict)
+    #: node tiers whose models pack rather than spread (``control.rebalance.pack_tiers``; docs: "Pack or spread")
+    pack_tiers: tuple[str, ...] = ()
 
     def model_demands(self, name: str, spec: Any, count: int | None) -> list[ReplicaDemand]:
         """``demands_from_spec`` once per (spec object, count).  ``count`` None: ``desired_count`` without layers."""
         count = desired_count(spec) if count is None else count
         cached = self.demands.get(name)
         if cached is None or cached[0] is not spec or cached[1] != count:
-            cached = (spec, count, demands_from_spec(spec, count))
+            cached = (spec, count, demands_from_spec(spec, count, self.pack_tiers))
             self.demands[name] = cached
         return cached[2]
 
@@ -136,7 +138,7 @@ def rollout_demands(snap: StateSnapshot, demands: list[ReplicaDemand], inventory
         others = [d for d in demands if d.model != name]
         count = desired_count(snap.specs[name], counts.get(name))
         trial = demands_from_spec(specs[ro.canary_version],
-                                  desired_count(snap.specs[name], counts.get(name), surge=1))[-1]
+                                  desired_count(snap.specs[name], counts.get(name), surge=1), cache.pack_tiers)[-1]
         tried = place([*demands, trial], inventory, current, excluded=dict(excluded), overheads=overheads)
         blocked = ""
         if trial.replica_id not in tried.placements:
@@ -145,7 +147,8 @@ def rollout_demands(snap: StateSnapshot, demands: list[ReplicaDemand], inventory
             blocked = "; ".join(failed) or tried.unplaced[trial.replica_id].reason
         plan = plan_capacity(capacity_inputs(snap, name, ro, count, not blocked, blocked, published, decisions))
         plans[name] = plan
-        mine = [demands_from_spec(specs[version], idx + 1)[idx] for idx, version in enumerate(plan.versions)]
+        mine = [demands_from_spec(specs[version], idx + 1, cache.pack_tiers)[idx]
+                for idx, version in enumerate(plan.versions)]
         demands = others + mine if plan.mode != "unmanaged" else demands
     for gone in set(cache.rollout) - used:
         del cache.rollout[gone]

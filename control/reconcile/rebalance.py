@@ -45,12 +45,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sie.control.placement.demand import PLACEMENT_LABEL
 from sie.schemas.replica_state import ReplicaState
 
 #: the longest a model rests after moves abandoned in a row (its rest doubles from ``backoff_s``)
 MAX_REST_S = 3600.0
-#: a model's label choosing between spreading (default) and packing its replicas
-PLACEMENT_LABEL = "sie.lmsys.org/placement"
 
 
 @dataclass(frozen=True)
