@@ -10,6 +10,7 @@ names what it needs:
   ``Operator``    the caller, an operator token (403 for a viewer; a refused write is audited)
   ``Writer``      an operator's write: runs the work in a thread and audits what came of it
   ``Client``      the caller's address, as audit lines show it
+  ``Limit``, ``After``, ``ModelFilter``, ``NodeFilter``  the list routes' query parameters (``listing``)
 
 | failure                                   | answer                                                  |
 |-------------------------------------------|---------------------------------------------------------|
@@ -24,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from sie.control.api.audit import AuditLog, escape_text
 from sie.control.api.auth import Principal
 from sie.control.api.errors import ApiError
-from sie.control.api.listing import ListCache
+from sie.control.api.listing import MAX_LIMIT, ListCache
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +130,12 @@ def writer(principal: Operator, audit: Audit, client: Client) -> Write:
 
 
 Writer = Annotated[Write, Depends(writer)]
+
+
+#: the query parameters the list routes share, declared once (FastAPI checks the limit: 422 naming it)
+Limit = Annotated[int | None, Query(ge=1, le=MAX_LIMIT, description="At most this many items (a page); the answer "
+                                    "then has `next` (pass it as `after` for the next page; null: no more) and `total`")]
+After = Annotated[str | None, Query(description="Only the items after this name (exclusive): the `next` of the page "
+                                                "before")]
+ModelFilter = Annotated[str | None, Query(description="Only this model's")]
+NodeFilter = Annotated[str | None, Query(description="Only the replicas on this node")]

@@ -1,6 +1,7 @@
 """Filtered, paged reads of the list routes (``GET /v1/replicas``, ``/v1/models``, ``/v1/nodes``), cheap at size.
 
-  query    ?model= ?node= ?state= / ?phase= / ?status= ?limit= ?after=  (each checked where decoded: ``check_query``)
+  query    ?model= ?node= ?state= / ?phase= / ?status= ?limit= ?after=  (each checked where decoded: ``check_query``,
+           the enums here and the limit by FastAPI, ``deps.Limit``; no FastAPI import here: the CLI shares the enums)
   replicas ?model=m      -> that model's status only (its records, sorted by replica id)
            otherwise     -> ``ReplicaIndex`` of the published statuses: every record sorted by replica id, by node,
                             and the JSON of the whole answer, each built once per statuses object (a model whose
@@ -27,9 +28,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
-
-from fastapi import Query
+from typing import Any, TypeVar
 
 from sie.control.api.errors import ApiError
 from sie.kernel.errors import ConfigError
@@ -42,14 +41,6 @@ MAX_LIMIT = 10_000
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
 T = TypeVar("T")
-
-#: the query parameters the list routes share, declared once (FastAPI checks the limit: 422 naming it)
-Limit = Annotated[int | None, Query(ge=1, le=MAX_LIMIT, description="At most this many items (a page); the answer "
-                                    "then has `next` (pass it as `after` for the next page; null: no more) and `total`")]
-After = Annotated[str | None, Query(description="Only the items after this name (exclusive): the `next` of the page "
-                                                "before")]
-ModelFilter = Annotated[str | None, Query(description="Only this model's")]
-NodeFilter = Annotated[str | None, Query(description="Only the replicas on this node")]
 
 
 class ModelPhase(StrEnum):

@@ -26,9 +26,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from sie.control.api.answers import Applied, Deleted, RolloutStarted, Scaled
-from sie.control.api.deps import Service, Viewer, Writer
+from sie.control.api.deps import After, Limit, ModelFilter, Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses, problem_to_error
-from sie.control.api.listing import After, Limit, ModelFilter, ModelPhase, check_query, page
+from sie.control.api.listing import ModelPhase, check_query, page
 from sie.control.api.views import ModelList, ModelView
 
 router = APIRouter(prefix="/v1/models", responses=error_responses(401))

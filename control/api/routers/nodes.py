@@ -8,9 +8,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from sie.control.api.answers import Accepted
-from sie.control.api.deps import Service, Viewer, Writer
+from sie.control.api.deps import After, Limit, Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses
-from sie.control.api.listing import After, Limit, NodeStatus, check_query, page
+from sie.control.api.listing import NodeStatus, check_query, page
 from sie.control.api.routers.models import PUBLISH_TIMEOUT_S
 from sie.control.api.views import NodeList
 

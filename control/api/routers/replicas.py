@@ -19,9 +19,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import TypeAdapter
 
-from sie.control.api.deps import Lists, Service, Viewer
+from sie.control.api.deps import After, Limit, Lists, ModelFilter, NodeFilter, Service, Viewer
 from sie.control.api.errors import ApiError, error_responses
-from sie.control.api.listing import After, Limit, ModelFilter, NodeFilter, check_query, page
+from sie.control.api.listing import check_query, page
 from sie.control.api.views import ReplicaList
 from sie.schemas.replica_state import ReplicaState
 
