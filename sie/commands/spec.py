@@ -221,7 +221,7 @@ MODEL_PHASES = [p.value for p in ModelPhase]
 def get_models(settings: Settings, output: str, timeout: float, control_url: str | None, model: str | None,
                phase: str | None, limit: int | None, after: str | None) -> None:
     """Applied models: the latest spec per model on the specs topic."""
-    from sie.commands.cluster import api_page, checked_name, read_page, say_next
+    from sie.commands.cluster import api_page, checked_name, json_text, read_page, say_next
     from sie.schemas.spec_store import read_spec_snapshot
 
     model, after = checked_name("model", model, "model"), checked_name("model", after, "after")
@@ -233,7 +233,7 @@ def get_models(settings: Settings, output: str, timeout: float, control_url: str
         models = list(answer)
         say_next("sie get models", next_name, **more)
         if output == "json":
-            click.echo(json.dumps(models, indent=2))
+            click.echo(json_text(models))
             return
         table = [("NAME", "VERSION", "BACKEND", "PRIORITY", "PHASE", "READY")]
         for m in models:
