@@ -15,8 +15,8 @@ the Kubernetes operator and bench/bench_scale.py read those.
 
 | failure                                              | answer |
 |------------------------------------------------------|--------|
-| a model or node name, or an ``after``, that breaks the names rules (``sie.kernel.names``) | 422 naming the parameter and the rule |
-| a state, phase or status not of its enum; a limit outside 1..10000 | 422 naming the parameter and the values allowed (FastAPI) |
+| a model or node name, an ``after``, that breaks its names rule (``sie.kernel.names``) | 422 naming parameter and rule |
+| a state, phase or status not of its enum; a limit outside 1..10000 | 422 naming parameter and what is allowed |
 | a filter that matches nothing                        | 200 with an empty list (not 404: a list read) |
 """
 
@@ -141,7 +141,7 @@ class ListCache:
         """The index of ``statuses`` (the controller's published dict): the one built before while every
         ``ModelStatus`` in it is the same object (a pass publishes a new dict, or replaces a changed model's
         status), else a new one."""
-        current = tuple(statuses.values())
+        current = _values(statuses)
         with self._lock:  # one request builds it, the others wait for it rather than build it too
             index = self._index
             if index is None or len(index.statuses) != len(current) or \
@@ -155,3 +155,13 @@ class ListCache:
             if index.body is None:
                 index.body = dump({"replicas": index.rows})
             return index.body
+
+
+def _values(statuses: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The statuses, read while a controller may replace one in place (a dict changed during the read: read again)."""
+    for _ in range(10):
+        try:
+            return tuple(statuses.values())
+        except RuntimeError:
+            continue
+    return tuple(dict(statuses).values())

@@ -50,7 +50,7 @@ class ReplicaRow(TypedDict):
 
 class ReplicaList(TypedDict):
     replicas: list[ReplicaRow]
-    #: with ``?limit=``: the last replica id of this page (pass it as ``after`` for the next), None when there is no more
+    #: with ``?limit=``: the last replica id of this page (``after`` of the next), None when there is no more
     next: NotRequired[str | None]
     #: with ``?limit=``: how many replicas match the filters, all pages together
     total: NotRequired[int]
@@ -125,7 +125,7 @@ class ModelView(TypedDict):
 
 class ModelList(TypedDict):
     models: list[ModelView]
-    #: with ``?limit=``: the last model name of this page (pass it as ``after`` for the next), None when there is no more
+    #: with ``?limit=``: the last model name of this page (``after`` of the next), None when there is no more
     next: NotRequired[str | None]
     #: with ``?limit=``: how many models match the filters, all pages together
     total: NotRequired[int]
@@ -162,7 +162,7 @@ class NodeRow(TypedDict):
 
 class NodeList(TypedDict):
     nodes: list[NodeRow]
-    #: with ``?limit=``: the last node name of this page (pass it as ``after`` for the next), None when there is no more
+    #: with ``?limit=``: the last node name of this page (``after`` of the next), None when there is no more
     next: NotRequired[str | None]
     #: with ``?limit=``: how many nodes match the filters, all pages together
     total: NotRequired[int]

@@ -17,8 +17,8 @@ from sie.control.api.views import NodeList
 router = APIRouter(prefix="/v1/nodes", responses=error_responses(401))
 
 
-@router.get("", summary="Registered nodes with liveness, tier and GPUs (filter: status; paged)", response_model=NodeList,
-            responses=error_responses(422))
+@router.get("", summary="Registered nodes with liveness, tier and GPUs (filter: status; paged)",
+            response_model=NodeList, responses=error_responses(422))
 def nodes(service: Service, _: Viewer,
           status: Annotated[NodeStatus | None, Query(description="Only the online or the offline nodes")] = None,
           limit: Limit = None, after: After = None) -> dict[str, Any]:
