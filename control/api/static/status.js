@@ -236,7 +236,7 @@ async function signIn(event) {
   const value = $("token").value.trim();
   $("token").value = "";
   if (!value) { $("login-error").textContent = "Paste a token first."; return; }
-  const response = await fetch("/v1/nodes", { headers: { Authorization: "Bearer " + value }, cache: "no-store" });
+  const response = await fetch("/v1/nodes?limit=1", { headers: { Authorization: "Bearer " + value }, cache: "no-store" });
   if (!response.ok) {
     $("login-error").textContent = response.status === 401 ? "This token is not valid here." : "HTTP " + response.status;
     return;
