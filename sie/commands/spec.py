@@ -222,6 +222,7 @@ def get_models(settings: Settings, output: str, timeout: float, control_url: str
                phase: str | None, limit: int | None, after: str | None) -> None:
     """Applied models: the latest spec per model on the specs topic."""
     from sie.commands.cluster import api_page, checked_name, json_text, read_page, say_next
+    from sie.commands.cluster import table as table_text
     from sie.schemas.spec_store import read_spec_snapshot
 
     model, after = checked_name("model", model, "model"), checked_name("model", after, "after")
@@ -240,9 +241,7 @@ def get_models(settings: Settings, output: str, timeout: float, control_url: str
             spec = m.get("spec") or {}
             table.append((m["name"], spec.get("version", "-"), spec.get("backend", "-"), spec.get("priority_level", "-"),
                           m.get("phase", "-"), f"{m.get('ready_replicas', 0)}/{m.get('desired_replicas', 0)}"))
-        widths = [max(len(str(r[i])) for r in table) for i in range(len(table[0]))]
-        for row in table:
-            click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        table_text([tuple(map(str, row)) for row in table])
         if not models:
             click.echo("(no models match)" if model or phase or after else "(no models applied)")
         return
@@ -269,9 +268,7 @@ def get_models(settings: Settings, output: str, timeout: float, control_url: str
         gpu = f"{s.resources.gpu_memory_mb}MB" + (f" x{s.resources.gpus}" if s.resources.gpus else "")
         rows.append((s.name, s.version, s.backend.type, s.priority_level, gpu,
                      f"{s.sla.min_replicas}-{s.sla.max_replicas}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    table_text(rows)
     if not specs:
         click.echo("(no models match)" if model or phase or after else "(no models applied)")
 
