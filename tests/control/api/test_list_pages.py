@@ -151,6 +151,14 @@ def test_the_unfiltered_list_is_built_once_per_statuses_and_follows_a_change(
     after_pass = _get(client, "/v1/replicas")["replicas"]
     assert after_pass == _records(service) and len(after_pass) == sum(MODELS.values()) + 1
     assert lists._index is not index
+    # the next pass: new status objects for every model, equal replicas but one model's: only its records are new
+    kept = lists._index.per_model
+    statuses = {n: _status(n, len(s.replicas), s.phase, salt=2 if n == "a" else 0) if n != "fraud" else s
+                for n, s in statuses.items()}
+    service.controller.statuses = statuses
+    assert _get(client, "/v1/replicas")["replicas"] == _records(service)
+    now = lists._index.per_model
+    assert [n for n in now if now[n][1] is not kept[n][1]] == ["a"]
     # the same dict, changed in place (a controller that updates only the models that changed)
     statuses["zeta"] = _status("zeta", 2, salt=2)
     statuses.pop("a-1")
@@ -230,3 +238,22 @@ def test_the_openapi_document_lists_the_parameters(served: tuple[TestClient, Con
     assert named == {"/v1/replicas": {"model", "node", "state", "limit", "after"},
                      "/v1/models": {"model", "phase", "limit", "after"},
                      "/v1/nodes": {"status", "limit", "after"}}
+
+
+def test_the_cached_answer_is_the_bytes_the_response_model_writes(served: tuple[TestClient, ControlService]) -> None:
+    """The unfiltered list is dumped by orjson once per statuses; it must be what pydantic's dump of the response
+    model gives (what FastAPI answers for a filtered list): non-ASCII, escapes, control characters, cool-downs."""
+    from pydantic import TypeAdapter
+
+    from sie.control.api.views import ReplicaList
+
+    client, service = served
+    odd = ReplicaView("odd-0", "odd", "1.0.0-\u00fc", "gpu-1", (0, 3), 81559, ReplicaState.CRASHED,
+                      reason='exit 1: "quoted"\n\ttab \\ back \x01\x1f \u2028 \U0001f600 </script>', restarts=7,
+                      cooldowns=({"node": "gpu-2", "until_ms": 1_796_000_000_123, "reason": "fa\u00efled"},),
+                      other_version="1.1.0 ready", process="pid-1")
+    service.controller.statuses = {**service.controller.statuses,
+                                   "odd": ModelStatus("odd", "1.0.0", "P1", "scoring", "Degraded", None, 1, 0, (odd,))}
+    body = client.get("/v1/replicas", headers=AUTH).content
+    adapter = TypeAdapter(ReplicaList)
+    assert body == adapter.dump_json(adapter.validate_python({"replicas": _records(service)}))
