@@ -2,7 +2,10 @@
 
 - ``routes``: the FastAPI app (``create_app``) and the route table read from it (``route_table``).
 - ``routers``: one ``APIRouter`` per resource (models, rollouts, nodes, replicas, artifacts, connectors, cluster).
-- ``deps``: what routes get by dependency: the service, the caller and its role, the audited write.
+- ``deps``: what routes get by dependency: the service, the caller and its role, the audited write, the list
+  routes' query parameters.
+- ``listing``: filtered, paged lists (``page``, the query checks, the phase and status enums) and the replica index
+  built once per published statuses (``ListCache``).
 - ``errors``: ``ApiError`` and the one error shape; ``answers``: the writes' answers (pydantic).
 - ``auth``: tokens and roles (``TokenStore``), the CLI's token files.
 - ``audit``: ``AuditLog``, one ``audit`` event per write on the events topic (a producer of its own).

@@ -1,13 +1,16 @@
 """What the control API's routes receive as FastAPI dependencies instead of closure captures.
 
 ``create_app`` puts the instance's handles on ``app.state`` (``service``: the ``ControlService``; ``tokens``: the
-``TokenStore``; ``audit``: the ``AuditLog``; ``public_paths``); a route names what it needs:
+``TokenStore``; ``audit``: the ``AuditLog``; ``public_paths``; ``lists``: the list routes' ``ListCache``); a route
+names what it needs:
 
   ``Service``     the ControlService (state, controller, rollouts, artifacts, settings)
+  ``Lists``       what the list routes keep between requests (``listing.ListCache``)
   ``Viewer``      the caller, any valid token (401 without one)
   ``Operator``    the caller, an operator token (403 for a viewer; a refused write is audited)
   ``Writer``      an operator's write: runs the work in a thread and audits what came of it
   ``Client``      the caller's address, as audit lines show it
+  ``Limit``, ``After``, ``ModelFilter``, ``NodeFilter``  the list routes' query parameters (``listing``)
 
 | failure                                   | answer                                                  |
 |-------------------------------------------|---------------------------------------------------------|
@@ -22,13 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from sie.control.api.audit import AuditLog, escape_text
 from sie.control.api.auth import Principal
 from sie.control.api.errors import ApiError
+from sie.control.api.listing import MAX_LIMIT, ListCache
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,11 @@ bearer = HTTPBearer(auto_error=False, description="An API token (sie token creat
 
 def get_service(request: Request) -> Any:
     return request.app.state.service
+
+
+def get_lists(request: Request) -> ListCache:
+    lists: ListCache = request.app.state.lists
+    return lists
 
 
 def get_audit(request: Request) -> AuditLog:
@@ -84,6 +93,7 @@ viewer = Require("viewer")
 operator = Require("operator")
 
 Service = Annotated[Any, Depends(get_service)]
+Lists = Annotated[ListCache, Depends(get_lists)]
 Viewer = Annotated[Principal, Depends(viewer)]
 Operator = Annotated[Principal, Depends(operator)]
 Audit = Annotated[AuditLog, Depends(get_audit)]
@@ -120,3 +130,12 @@ def writer(principal: Operator, audit: Audit, client: Client) -> Write:
 
 
 Writer = Annotated[Write, Depends(writer)]
+
+
+#: the query parameters the list routes share, declared once (FastAPI checks the limit: 422 naming it)
+Limit = Annotated[int | None, Query(ge=1, le=MAX_LIMIT, description="At most this many items (a page); the answer "
+                                    "then has `next` (pass it as `after` for the next page; null: no more) and `total`")]
+After = Annotated[str | None, Query(description="Only the items after this name (exclusive): the `next` of the page "
+                                                "before")]
+ModelFilter = Annotated[str | None, Query(description="Only this model's")]
+NodeFilter = Annotated[str | None, Query(description="Only the replicas on this node")]

@@ -71,7 +71,9 @@ def install_error_handlers(app: Any) -> None:
     async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors = [{"field": ".".join(map(str, e.get("loc", ()))), "reason": str(e.get("msg", ""))} for e in exc.errors()]
-        return JSONResponse({"error": "invalid request", "errors": errors}, status_code=422)
+        said = "; ".join(f"{e['field']}: {e['reason']}" for e in errors[:3])  # the parameter and what it allows
+        return JSONResponse({"error": f"invalid request: {said}" if said else "invalid request", "errors": errors},
+                            status_code=422)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

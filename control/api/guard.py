@@ -100,15 +100,30 @@ class RequestGuard:
             await reply(500, f"internal error (ref {ref}); the control plane's log has the details")
 
 
+def _no_delay(transport: Any) -> None:
+    """TCP_NODELAY on an accepted connection: h11 writes a response's headers and its body separately, and with
+    Nagle's algorithm on the body waited for the ACK of the headers, which the client delays by up to 40 ms: every
+    request after the first on a kept-alive connection (the status page's, a script's) took 40 ms more."""
+    import socket
+
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # a connection already reset: nothing to speed up
+            pass
+
+
 def guarded_h11() -> Any:
     """uvicorn's h11 protocol plus a deadline for a request's headers: uvicorn itself waits forever for
     the first request of a connection, so a client sending nothing (or a byte a minute) would hold a
-    connection slot for good."""
+    connection slot for good; and TCP_NODELAY on each connection (``_no_delay``)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport: Any) -> None:
+            _no_delay(transport)
             super().connection_made(transport)
             self._arm_header_deadline()
 

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from sie.control.api.audit import AuditLog
 from sie.control.api.guard import RequestGuard
+from sie.control.api.listing import ListCache
 from sie.control.api.routers.models import ARTIFACT_PATH
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def create_app(service: Any, tokens: Any, public_paths: tuple[str, ...] = (), au
     app.state.tokens = tokens
     app.state.public_paths = public_paths
     app.state.audit = audit or AuditLog(service.settings)
+    app.state.lists = ListCache()
     install_error_handlers(app)
     for module in (cluster, models, rollouts, nodes, replicas, artifacts, connectors, status_page):
         app.include_router(module.router)

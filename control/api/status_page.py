@@ -4,7 +4,10 @@ Three static files (``static/status.{html,js,css}``), no build step: the script 
 (``/v1/nodes``, ``/v1/models``, ``/v1/replicas``, ``/v1/events``, ``/v1/rollouts``, ``/healthz``) every few
 seconds and draws nodes and GPUs, models (desired/ready, phase, lag, p99 against the budget), rollouts
 (versions, phase, step, stable/new weights, epoch, the last transition at its UTC time), replicas (state,
-reason) and the latest events.
+reason) and the latest events.  Models, nodes and replicas come a page at a time (``?limit=&after=``, 100 rows;
+``/status?page=N`` for another size) with buttons to the next and previous pages, and a form filters models and
+replicas by model and replicas by state (``?model=``, ``?state=``): a refresh costs a page's rows, not the
+cluster's (10,000 models, 30,000 replicas).
 
 How the browser authenticates (WHY a token form and ``sessionStorage``, not a cookie): the files
 themselves hold no data and are served to anyone; every number on the page comes from a route that

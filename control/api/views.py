@@ -50,6 +50,10 @@ class ReplicaRow(TypedDict):
 
 class ReplicaList(TypedDict):
     replicas: list[ReplicaRow]
+    #: with ``?limit=``: the last replica id of this page (``after`` of the next), None when there is no more
+    next: NotRequired[str | None]
+    #: with ``?limit=``: how many replicas match the filters, all pages together
+    total: NotRequired[int]
 
 
 class EventRow(TypedDict):
@@ -121,6 +125,10 @@ class ModelView(TypedDict):
 
 class ModelList(TypedDict):
     models: list[ModelView]
+    #: with ``?limit=``: the last model name of this page (``after`` of the next), None when there is no more
+    next: NotRequired[str | None]
+    #: with ``?limit=``: how many models match the filters, all pages together
+    total: NotRequired[int]
 
 
 # ---------------------------------------------------------------------------------- nodes
@@ -154,6 +162,10 @@ class NodeRow(TypedDict):
 
 class NodeList(TypedDict):
     nodes: list[NodeRow]
+    #: with ``?limit=``: the last node name of this page (``after`` of the next), None when there is no more
+    next: NotRequired[str | None]
+    #: with ``?limit=``: how many nodes match the filters, all pages together
+    total: NotRequired[int]
 
 
 # ---------------------------------------------------------------------------------- rollouts

@@ -15,6 +15,13 @@ from sie.kernel.errors import SieError
 from sie.kernel.settings import Settings
 
 
+def _json(content: bytes) -> Any:
+    """An answer's JSON; orjson: a list of 30,000 replicas (8 MB) parses in a third of the time ``json`` takes."""
+    import orjson
+
+    return orjson.loads(content)
+
+
 class ApiRefused(SieError):
     """The control plane answered with an error status; ``status`` and ``body`` say which."""
 
@@ -47,6 +54,10 @@ class ControlApi:
         name the certificate is checked against when the URL names another address (SIE_API_TLS_SERVER_NAME)."""
         import ssl
 
+        if not self.url.startswith("https://"):
+            # plain http: no certificate to verify (redirects are never followed), and httpx's default verification
+            # loads the CA bundle, ~0.1 s of each command's start
+            return False, {}
         verify: Any = ssl.create_default_context(cafile=str(self._settings.api_ca)) if self._settings.api_ca else True
         name = self._settings.api_tls_server_name
         return verify, ({"sni_hostname": name} if name and self.url.startswith("https://") else {})
@@ -64,7 +75,7 @@ class ControlApi:
             raise SieError(f"control plane {self.url} did not answer {method} {path} ({type(exc).__name__}: {exc}); "
                            "check --control-url / SIE_CONTROL_URL (and SIE_API_CA for https)") from None
         try:
-            payload = response.json()
+            payload = _json(response.content)
         except ValueError:
             payload = {"error": response.text[:200]}
         if response.status_code < 400:

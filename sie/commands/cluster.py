@@ -5,26 +5,101 @@ model-status topic the leader publishes, recent events), so it works when no con
 reachable; ``--control-url http://host:8470`` asks a control plane's HTTP API instead (same JSON),
 with the bearer token of ``SIE_API_TOKEN`` (``sie.commands._api``).
 ``get nodes``/``get replicas`` are added to the ``get`` group of ``sie.commands.spec``.
+
+Filters and pages (``--model``, ``--node``, ``--state``/``--phase``/``--status``, ``--limit N``, ``--after NAME``):
+sent to the API (``GET /v1/replicas?model=...&limit=...``: the control plane filters and pages, ``sie.control.api.
+listing``), and applied here to what Kafka (or a control plane of a release before, which answers everything) gave;
+a page is the items sorted by name after ``--after`` (exclusive), and stderr says how to get the next one.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import click
 
 from sie.commands.spec import get
+from sie.control.api.listing import MAX_LIMIT, NodeStatus  # no web stack: the API's enums and page size
 from sie.kernel.errors import KafkaUnavailable, SieError
 from sie.kernel.settings import Settings
+from sie.schemas.replica_state import ReplicaState
 
 _URL = click.option("--control-url", default=None, envvar="SIE_CONTROL_URL",
                     help="Ask this control plane's HTTP API instead of reading Kafka (token: SIE_API_TOKEN).")
 _OUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 _TIMEOUT = click.option("--timeout", type=float, default=20.0, show_default=True, help="Seconds to read Kafka.")
 NODE_TIMEOUT_S = 6.0
+_LIMIT = click.option("--limit", type=click.IntRange(1, MAX_LIMIT), default=None, metavar="N",
+                      help="Show one page of at most N (sorted by name); stderr says how to get the next.  "
+                           "[default: everything]")
+_AFTER = click.option("--after", default=None, metavar="NAME",
+                      help="Start after NAME (exclusive): the name the page before said to go on from.")
+_MODEL = click.option("--model", default=None, metavar="NAME", help="Only this model's.")
+
+
+def checked_name(kind: str, value: str | None, option: str) -> str | None:
+    """``value`` of ``option`` if it is a valid ``kind`` name (``model``, ``replica``, ``node``: the rules the API
+    checks, ``sie.control.api.listing.check_query``), else a usage error (exit 2) naming the rule."""
+    from sie.control.api.errors import ApiError
+    from sie.control.api.listing import check_query
+
+    try:
+        return check_query(option, value, kind)
+    except ApiError as exc:
+        raise click.BadParameter(exc.errors[0]["reason"], param_hint=f"'--{option}'") from None
+
+
+def read_page(items: Sequence[Mapping[str, Any]], key: str, limit: int | None, after: str | None,
+              **filters: str | None) -> tuple[list[Mapping[str, Any]], str | None]:
+    """The items matching ``filters`` (a field -> the value it must have; None: any), then the page after
+    ``after`` of at most ``limit`` (``sie.control.api.listing.page``, the API's rule): (page, the key to go on from or
+    None).  Idempotent: what a control plane filtered and paged already stays as it is."""
+    from sie.control.api.listing import page
+
+    wanted = {k: v for k, v in filters.items() if v is not None}
+    chosen = [i for i in items if all(i.get(k) == v for k, v in wanted.items())] if wanted else list(items)
+    chosen.sort(key=lambda i: str(i[key]))
+    found = page(chosen, lambda i: str(i[key]), limit, after)
+    return list(found["items"]), found.get("next")
+
+
+def json_text(items: Any) -> str:
+    """``-o json``: indented by two, as ``json.dumps(items, indent=2)`` writes it but for non-ASCII text, which stays
+    UTF-8; orjson: ``json`` indents in Python (0.2 s for 30,000 replicas), orjson in a hundredth of that."""
+    import orjson
+
+    return orjson.dumps(items, option=orjson.OPT_INDENT_2).decode()
+
+
+def _query(**params: Any) -> str:
+    given = {k: v for k, v in params.items() if v is not None}
+    return "?" + urlencode(given) if given else ""
+
+
+def say_next(command: str, next_name: str | None, **options: Any) -> None:
+    """On stderr, the command line of the next page (the same filters), when there is one."""
+    if next_name is None:
+        return
+    shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items() if v is not None)
+    click.echo(f"(more: {command} {shown} --after {next_name})".replace("  ", " "), err=True)
+
+
+def api_page(settings: Settings, control_url: str, path: str, field: str, key: str, limit: int | None,
+             after: str | None, filters: Mapping[str, str | None], timeout: float = 20.0,
+             fields: Mapping[str, str] | None = None) -> tuple[list[Mapping[str, Any]], str | None]:
+    """One page from ``GET path?filters&limit&after``: the control plane's when it paged (its answer has ``next``);
+    a control plane of a release before answers everything, which is then filtered and paged here (``fields``: a
+    query parameter -> the item's field it filters, where the names differ: ``model`` is a model's ``name``)."""
+    from sie.commands._api import ControlApi
+
+    answer = ControlApi(settings, control_url, timeout=timeout).get(path + _query(**filters, limit=limit, after=after))
+    items = answer[field]
+    if limit is not None and "next" in answer:
+        return items, answer["next"]
+    return read_page(items, key, limit, after, **{(fields or {}).get(k, k): v for k, v in filters.items()})
 
 
 def _http(settings: Settings, url: str, path: str) -> Any:
@@ -53,10 +128,10 @@ def _read_state(settings: Settings, topics: tuple[str, ...], timeout: float):
     return state
 
 
-def _table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+def table(rows: Sequence[tuple[str, ...]]) -> None:
+    """The rows in columns, written at once (30,000 replicas: one format and one write, not one per cell and row)."""
+    line = "  ".join(f"{{:<{max(map(len, column))}}}" for column in zip(*rows))
+    click.echo("\n".join(line.format(*row).rstrip() for row in rows))
 
 
 def _ago(ms: int | None) -> str:
@@ -81,15 +156,27 @@ def nodes_json(settings: Settings, control_url: str | None, timeout: float) -> l
 @_URL
 @_OUT
 @_TIMEOUT
+@click.option("--status", type=click.Choice([s.value for s in NodeStatus]), default=None,
+              help="Only the online or offline nodes.")
+@_LIMIT
+@_AFTER
 @click.pass_obj
-def get_nodes(settings: Settings, control_url: str | None, output: str, timeout: float) -> None:
+def get_nodes(settings: Settings, control_url: str | None, output: str, timeout: float, status: str | None,
+              limit: int | None, after: str | None) -> None:
     """Registered nodes: online/offline (heartbeat within 6 s), tier, CPU, GPUs."""
-    nodes = nodes_json(settings, control_url, timeout)
+    after = checked_name("node", after, "after")
+    if control_url:
+        nodes, next_name = api_page(settings, control_url, "/v1/nodes", "nodes", "name", limit, after,
+                                    {"status": status})
+    else:
+        nodes, next_name = read_page(nodes_json(settings, None, timeout), "name", limit, after, status=status)
+    say_next("sie get nodes", next_name, control_url=control_url, status=status,
+             output=output if output != "table" else None, limit=limit)
     if output == "json":
-        click.echo(json.dumps(nodes, indent=2))
+        click.echo(json_text(nodes))
         return
     if not nodes:
-        click.echo("(no nodes registered)")
+        click.echo("(no nodes match)" if status or after else "(no nodes registered)")
         return
     rows = [("NAME", "STATUS", "TIER", "CPU", "GPUS", "LAST HEARTBEAT")]
     for n in nodes:
@@ -98,7 +185,7 @@ def get_nodes(settings: Settings, control_url: str | None, output: str, timeout:
             for g in n["gpus"]
         ) or "-"
         rows.append((n["name"], n["status"], n["tier"] or "-", f"{n['cpu']:g}", gpus, _ago(n["last_heartbeat_ms"])))
-    _table(rows)
+    table(rows)
     if any(g["simulated"] for n in nodes for g in n["gpus"]):
         click.echo("(* simulated GPU)")
 
@@ -120,16 +207,34 @@ def statuses_json(settings: Settings, control_url: str | None, timeout: float) -
 @_URL
 @_OUT
 @_TIMEOUT
+@_MODEL
+@click.option("--node", default=None, metavar="NAME", help="Only the replicas on this node.")
+@click.option("--state", type=click.Choice([s.value for s in ReplicaState]), default=None,
+              help="Only the replicas in this state.")
+@_LIMIT
+@_AFTER
 @click.pass_obj
-def get_replicas(settings: Settings, control_url: str | None, output: str, timeout: float) -> None:
+def get_replicas(settings: Settings, control_url: str | None, output: str, timeout: float, model: str | None,
+                 node: str | None, state: str | None, limit: int | None, after: str | None) -> None:
     """Every desired replica: model, version, node, GPU, worker process, state and reason."""
-    models, _ = statuses_json(settings, control_url, timeout)
-    replicas = sorted((r for m in models for r in m.get("replicas") or ()), key=lambda r: r["replica_id"])
+    model, node = checked_name("model", model, "model"), checked_name("node", node, "node")
+    after = checked_name("replica", after, "after")
+    filters = {"model": model, "node": node, "state": state}
+    if control_url:  # the control plane filters and pages (a release before: everything, done here)
+        replicas, next_name = api_page(settings, control_url, "/v1/replicas", "replicas", "replica_id", limit, after,
+                                       filters)
+    else:  # the model-status topic: every model's status (a model's alone is not readable from it)
+        models, _ = statuses_json(settings, None, timeout)
+        rows = [r for m in models if model is None or m.get("name") == model for r in m.get("replicas") or ()]
+        replicas, next_name = read_page(rows, "replica_id", limit, after, **filters)
+    say_next("sie get replicas", next_name, control_url=control_url, **filters,
+             output=output if output != "table" else None, limit=limit)
     if output == "json":
-        click.echo(json.dumps(replicas, indent=2))
+        click.echo(json_text(replicas))
         return
     if not replicas:
-        click.echo("(no replicas: no model applied, or no control plane has reconciled yet)")
+        click.echo("(no replicas match)" if any(filters.values()) or after else
+                   "(no replicas: no model applied, or no control plane has reconciled yet)")
         return
     rows = [("REPLICA", "MODEL", "VERSION", "NODE", "GPU", "PROCESS", "STATE", "REASON")]
     for r in replicas:
@@ -139,7 +244,7 @@ def get_replicas(settings: Settings, control_url: str | None, output: str, timeo
             reason = f"{reason}; serves {r['other_version']}" if reason else f"serves {r['other_version']}"
         rows.append((r["replica_id"], r["model"], r["version"], r["node"] or "-", gpus or "-", r.get("process") or "-",
                      r["state"], reason))
-    _table(rows)
+    table(rows)
 
 
 # ---------------------------------------------------------------------------------------- describe

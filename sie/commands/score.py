@@ -10,22 +10,37 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from sie.commands._runtime import configure_logging, require_kafka, stop_on_signals
 from sie.kernel.settings import Settings
-from sie.streams.scorer.config import ScorerConfig
+
+
+class _ScorerDefault(click.Option):
+    """An option whose default is ``ScorerConfig``'s field of the same name, read when ``sie score`` runs or shows its
+    help: not when ``sie --help`` lists the commands (the scorer's package imports numpy, Kafka's client and the
+    metrics, a third of a second of start-up for every ``sie`` command that lists or loads this module)."""
+
+    def __init__(self, *args: Any, field: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._field = field
+
+    def get_default(self, ctx: click.Context, call: bool = True) -> Any:
+        from sie.streams.scorer.config import ScorerConfig
+
+        return getattr(ScorerConfig, self._field)
 
 
 @click.command("score")
 @click.option("-f", "--file", "spec_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="ModelService spec (YAML or JSON).")
-@click.option("--max-batch", type=click.IntRange(min=1), default=ScorerConfig.max_batch, show_default=True,
+@click.option("--max-batch", type=click.IntRange(min=1), cls=_ScorerDefault, field="max_batch", show_default=True,
               help="Records per batch (= per transaction and per backend.infer call).")
-@click.option("--max-wait-ms", type=click.IntRange(min=0), default=ScorerConfig.max_wait_ms, show_default=True,
+@click.option("--max-wait-ms", type=click.IntRange(min=0), cls=_ScorerDefault, field="max_wait_ms", show_default=True,
               help="How long a started batch may wait to fill up (0: adaptive, what is already fetched).")
-@click.option("--pipelined/--serial", default=ScorerConfig.pipelined, show_default=True,
+@click.option("--pipelined/--serial", cls=_ScorerDefault, field="pipelined", show_default=True,
               help="Commit a batch while the next one is scored (--serial: one batch at a time).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus /metrics here (0 = any free port; the ready line prints the one bound).")

@@ -24,6 +24,7 @@ from pathlib import Path
 import click
 
 from sie.commands._runtime import require_kafka
+from sie.control.api.listing import MAX_LIMIT, ModelPhase
 from sie.kernel.errors import SieError, SpecError
 from sie.kernel.settings import Settings
 
@@ -200,39 +201,65 @@ def get() -> None:
     """Show what is applied on the cluster."""
 
 
+#: a model's phases, the API's (``sie.control.api.listing``: no web stack)
+MODEL_PHASES = [p.value for p in ModelPhase]
+
+
 @get.command("models")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--timeout", type=float, default=30.0, show_default=True)
 @_URL
+@click.option("--model", default=None, metavar="NAME", help="Only this model.")
+@click.option("--phase", type=click.Choice(MODEL_PHASES), default=None,
+              help="Only the models in this phase (from Kafka: the model-status topic is read as well).")
+@click.option("--limit", type=click.IntRange(1, MAX_LIMIT), default=None, metavar="N",
+              help="Show one page of at most N (sorted by name); stderr says how to get the next.  "
+                   "[default: everything]")
+@click.option("--after", default=None, metavar="NAME", help="Start after NAME (exclusive): the name the page before "
+                                                             "said to go on from.")
 @click.pass_obj
-def get_models(settings: Settings, output: str, timeout: float, control_url: str | None) -> None:
+def get_models(settings: Settings, output: str, timeout: float, control_url: str | None, model: str | None,
+               phase: str | None, limit: int | None, after: str | None) -> None:
     """Applied models: the latest spec per model on the specs topic."""
+    from sie.commands.cluster import api_page, checked_name, json_text, read_page, say_next
+    from sie.commands.cluster import table as table_text
     from sie.schemas.spec_store import read_spec_snapshot
 
+    model, after = checked_name("model", model, "model"), checked_name("model", after, "after")
+    more = {"control_url": control_url, "model": model, "phase": phase,
+            "output": output if output != "table" else None, "limit": limit}
     if control_url:
-        from sie.commands._api import ControlApi
-
-        models = ControlApi(settings, control_url, timeout=timeout).get("/v1/models")["models"]
+        answer, next_name = api_page(settings, control_url, "/v1/models", "models", "name", limit, after,
+                                     {"model": model, "phase": phase}, timeout, {"model": "name"})
+        models = list(answer)
+        say_next("sie get models", next_name, **more)
         if output == "json":
-            click.echo(json.dumps(models, indent=2))
+            click.echo(json_text(models))
             return
         table = [("NAME", "VERSION", "BACKEND", "PRIORITY", "PHASE", "READY")]
         for m in models:
             spec = m.get("spec") or {}
             table.append((m["name"], spec.get("version", "-"), spec.get("backend", "-"), spec.get("priority_level", "-"),
                           m.get("phase", "-"), f"{m.get('ready_replicas', 0)}/{m.get('desired_replicas', 0)}"))
-        widths = [max(len(str(r[i])) for r in table) for i in range(len(table[0]))]
-        for row in table:
-            click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        table_text([tuple(map(str, row)) for row in table])
         if not models:
-            click.echo("(no models applied)")
+            click.echo("(no models match)" if model or phase or after else "(no models applied)")
         return
 
     require_kafka(settings)
     snapshot = read_spec_snapshot(settings, timeout=timeout)
     for problem in snapshot.problems:
         click.echo(f"warning: {problem}", err=True)
-    specs = [snapshot.specs[n] for n in sorted(snapshot.specs)]
+    applied: list[dict[str, str]] = [{"name": n} for n in sorted(snapshot.specs)]
+    if phase is not None:  # the phase is the leader's: its last published status, else Pending
+        from sie.commands.cluster import statuses_json
+
+        statuses, _ = statuses_json(settings, None, timeout)
+        phases = {str(m["name"]): str(m.get("phase")) for m in statuses}
+        applied = [{"name": r["name"], "phase": phases.get(r["name"], "Pending")} for r in applied]
+    chosen, next_name = read_page(applied, "name", limit, after, name=model, phase=phase)
+    say_next("sie get models", next_name, **more)
+    specs = [snapshot.specs[str(r["name"])] for r in chosen]
     if output == "json":
         click.echo(json.dumps([s.to_document() for s in specs], indent=2))
         return
@@ -241,11 +268,9 @@ def get_models(settings: Settings, output: str, timeout: float, control_url: str
         gpu = f"{s.resources.gpu_memory_mb}MB" + (f" x{s.resources.gpus}" if s.resources.gpus else "")
         rows.append((s.name, s.version, s.backend.type, s.priority_level, gpu,
                      f"{s.sla.min_replicas}-{s.sla.max_replicas}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    table_text(rows)
     if not specs:
-        click.echo("(no models applied)")
+        click.echo("(no models match)" if model or phase or after else "(no models applied)")
 
 
 @click.group("delete")

@@ -1,5 +1,8 @@
 """``/v1/models``: apply a ModelService, read what the cluster does with it, scale it, delete it.
 
+  list (GET)         names (statuses, specs, spec errors) sorted -> ?model= ?phase= (the phase without building an
+                     answer) -> a page (``listing.page``) -> ``model_json`` of the page's models only
+
   apply (POST/PUT)   body -> ``read_yaml_documents`` -> ``load`` + spec policy -> tier check ->
                      ownership mark -> schema compatibility -> artifacts uploaded? -> a rollout (new version whose
                      spec asks for one) or ``publish_spec`` -> 202
@@ -17,14 +20,15 @@
 
 # No ``from __future__ import annotations``: FastAPI reads the route functions' annotations as objects.
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from sie.control.api.answers import Applied, Deleted, RolloutStarted, Scaled
-from sie.control.api.deps import Service, Viewer, Writer
+from sie.control.api.deps import After, Limit, ModelFilter, Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses, problem_to_error
+from sie.control.api.listing import ModelPhase, check_query, page
 from sie.control.api.views import ModelList, ModelView
 
 router = APIRouter(prefix="/v1/models", responses=error_responses(401))
@@ -40,17 +44,34 @@ _BODY_DOC = {"requestBody": {"required": True, "content": {
     "description": "One ModelService document (YAML or JSON, at most 1 MiB)."}}
 
 
-@router.get("", summary="Desired vs actual per applied model", response_model=ModelList)
-def models(service: Service, _: Viewer) -> dict[str, Any]:
+@router.get("", summary="Desired vs actual per applied model (filter: model, phase; paged)", response_model=ModelList,
+            responses=error_responses(422))
+def models(service: Service, _: Viewer, model: ModelFilter = None,
+           phase: Annotated[ModelPhase | None, Query(description="Only the models in this phase")] = None,
+           limit: Limit = None, after: After = None) -> dict[str, Any]:
     from sie.control.reconcile.observability import model_numbers
 
+    model, after = check_query("model", model, "model"), check_query("after", after, "model")
+    statuses = service.controller.statuses
     snap = service.state.snapshot()
-    names = sorted(set(service.controller.statuses) | set(snap.specs) | set(snap.spec_errors))
+    if model is not None:
+        names = [model] if model in statuses or model in snap.specs or model in snap.spec_errors else []
+    else:
+        names = sorted(set(statuses) | set(snap.specs) | set(snap.spec_errors))
+    if phase is not None:
+        names = [n for n in names if _phase(statuses.get(n), n, snap) == phase.value]
+    found = page(names, str, limit, after, names)
     numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
     events: dict[str | None, list[Any]] = {}
     for e in snap.events:
         events.setdefault(e.model, []).append(e)
-    return {"models": [m for m in (model_json(service, n, numbers, snap, events) for n in names) if m is not None]}
+    chosen = (model_json(service, n, numbers, snap, events) for n in found.pop("items"))
+    return {"models": [m for m in chosen if m is not None], **found}
+
+
+def _phase(status: Any, name: str, snap: Any) -> str:
+    """The phase ``model_json`` shows for ``name``, without building its answer."""
+    return str(status.phase) if status is not None else "Invalid" if name in snap.spec_errors else "Pending"
 
 
 @router.get("/{name}", summary="One model: status, spec summary, recent events", response_model=ModelView,
@@ -120,20 +141,7 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
     else:
         out = {"name": name, "phase": "Pending", "reason": "not reconciled yet"}
     if spec is not None:
-        out["spec"] = {
-            "version": spec.version,
-            "priority_level": spec.priority_level,
-            "service_type": spec.service_type,
-            "backend": spec.backend.type,
-            "resources": spec.resources.model_dump(mode="json"),
-            "scheduling": spec.scheduling.model_dump(mode="json"),
-            "min_replicas": spec.sla.min_replicas,
-            "max_replicas": spec.sla.max_replicas,
-            "p99_latency_ms": spec.sla.p99_latency_ms,
-            "topics": spec.topics.model_dump(mode="json"),
-            "digest": spec.digest(),
-            "owner": spec.owner,
-        }
+        out["spec"] = spec_summary(spec)
     if numbers is None:
         numbers = model_numbers(snap, service.clock(), service.config.node_timeout_s)
     # from the workers, through their agents' heartbeats: lag (sum), recent p99 (worst replica)
@@ -141,6 +149,38 @@ def model_json(service: Any, name: str, numbers: dict[str, dict[str, Any]] | Non
     mine = events.get(name, []) if events is not None else [e for e in snap.events if e.model == name]
     out["events"] = event_rows(mine, 20)
     return out
+
+
+#: spec object id -> (the spec, its summary): a spec's digest and dumps are computed once per applied spec object,
+#: not once per read (``GET /v1/models`` at 10,000 models); the spec is held, so its id names no other object
+_SUMMARIES: dict[int, tuple[Any, dict[str, Any]]] = {}
+#: summaries kept at most (then the cache starts over: specs replaced by newer ones are not kept forever)
+_SUMMARIES_MAX = 50_000
+
+
+def spec_summary(spec: Any) -> dict[str, Any]:
+    """What a model's answer shows of its applied spec (a fresh dict: the caller may add to its answer)."""
+    kept = _SUMMARIES.get(id(spec))
+    if kept is not None and kept[0] is spec:
+        return dict(kept[1])
+    summary = {
+        "version": spec.version,
+        "priority_level": spec.priority_level,
+        "service_type": spec.service_type,
+        "backend": spec.backend.type,
+        "resources": spec.resources.model_dump(mode="json"),
+        "scheduling": spec.scheduling.model_dump(mode="json"),
+        "min_replicas": spec.sla.min_replicas,
+        "max_replicas": spec.sla.max_replicas,
+        "p99_latency_ms": spec.sla.p99_latency_ms,
+        "topics": spec.topics.model_dump(mode="json"),
+        "digest": spec.digest(),
+        "owner": spec.owner,
+    }
+    if len(_SUMMARIES) >= _SUMMARIES_MAX:
+        _SUMMARIES.clear()
+    _SUMMARIES[id(spec)] = (spec, summary)
+    return dict(summary)
 
 
 def ownership_problem(current: Any, owner: str | None, adopt: bool = False) -> str | None:

@@ -1,25 +1,34 @@
-"""``/v1/nodes``: the registered nodes, and forgetting an offline one (the leader does it on its next pass)."""
+"""``/v1/nodes``: the registered nodes (filtered by status and paged: ``listing``), and forgetting an offline one
+(the leader does it on its next pass)."""
 
 # No ``from __future__ import annotations``: FastAPI reads the route functions' annotations as objects.
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from sie.control.api.answers import Accepted
-from sie.control.api.deps import Service, Viewer, Writer
+from sie.control.api.deps import After, Limit, Service, Viewer, Writer
 from sie.control.api.errors import ApiError, error_responses
+from sie.control.api.listing import NodeStatus, check_query, page
 from sie.control.api.routers.models import PUBLISH_TIMEOUT_S
 from sie.control.api.views import NodeList
 
 router = APIRouter(prefix="/v1/nodes", responses=error_responses(401))
 
 
-@router.get("", summary="Registered nodes with liveness, tier and GPUs", response_model=NodeList)
-def nodes(service: Service, _: Viewer) -> dict[str, Any]:
+@router.get("", summary="Registered nodes with liveness, tier and GPUs (filter: status; paged)",
+            response_model=NodeList, responses=error_responses(422))
+def nodes(service: Service, _: Viewer,
+          status: Annotated[NodeStatus | None, Query(description="Only the online or the offline nodes")] = None,
+          limit: Limit = None, after: After = None) -> dict[str, Any]:
+    after = check_query("after", after, "node")
     snap = service.state.snapshot()
-    views = snap.node_views(service.clock(), service.config.node_timeout_s)
-    return {"nodes": [v.to_json() for v in views]}
+    views = snap.node_views(service.clock(), service.config.node_timeout_s)  # sorted by name
+    if status is not None:
+        views = [v for v in views if v.online == (status is NodeStatus.ONLINE)]
+    found = page(views, lambda v: str(v.name), limit, after)
+    return {"nodes": [v.to_json() for v in found.pop("items")], **found}
 
 
 @router.post("/{name}/forget", status_code=202, summary="Forget an offline node (inventory, status, alerts)",

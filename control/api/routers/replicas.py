@@ -1,4 +1,5 @@
-"""``/v1/replicas``: every desired replica, and a replica's worker log proxied from its node's agent.
+"""``/v1/replicas``: the desired replicas (filtered and paged: ``listing``), and a replica's worker log proxied from
+its node's agent.
 
   log: replica -> its node (``controller.statuses``) -> the agent's HTTP address (its heartbeat) ->
        ``GET http://<agent>/v1/replicas/<id>/log`` with the caller's token (the agent checks it) -> streamed through
@@ -12,22 +13,51 @@
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route functions' annotations as objects.
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import TypeAdapter
 
-from sie.control.api.deps import Service, Viewer
+from sie.control.api.deps import After, Limit, Lists, ModelFilter, NodeFilter, Service, Viewer
 from sie.control.api.errors import ApiError, error_responses
-from sie.control.api.views import ReplicaList
+from sie.control.api.listing import check_query, page
+from sie.control.api.views import ReplicaList, ReplicaRow
+from sie.schemas.replica_state import ReplicaState
 
 router = APIRouter(prefix="/v1/replicas", responses=error_responses(401))
+_ROWS = TypeAdapter(list[ReplicaRow])
 
 
-@router.get("", summary="Every desired replica: node, GPUs, state, reason", response_model=ReplicaList)
-def replicas(service: Service, _: Viewer) -> dict[str, Any]:
-    items = [r.to_record() for s in service.controller.statuses.values() for r in s.replicas]
-    return {"replicas": sorted(items, key=lambda r: r["replica_id"])}
+def _check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model's replica records as the response model validates them (an invalid one: a 500, as before)."""
+    checked: list[dict[str, Any]] = _ROWS.validate_python(rows)  # type: ignore[assignment]
+    return checked
+
+
+@router.get("", summary="The desired replicas: node, GPUs, state, reason (filter: model, node, state; paged)",
+            response_model=ReplicaList, responses=error_responses(422))
+def replicas(service: Service, lists: Lists, _: Viewer, model: ModelFilter = None, node: NodeFilter = None,
+             state: Annotated[ReplicaState | None, Query(description="Only the replicas in this state")] = None,
+             limit: Limit = None, after: After = None) -> Any:
+    model, node = check_query("model", model, "model"), check_query("node", node, "node")
+    after = check_query("after", after, "replica")
+    statuses = service.controller.statuses
+    keys: list[str] | None = None
+    if model is not None:  # that model's status only: no record of any other model is built
+        status = statuses.get(model)
+        rows = sorted((r.to_record() for r in status.replicas), key=lambda r: r["replica_id"]) if status else []
+        if node is not None:
+            rows = [r for r in rows if r["node"] == node]
+    else:
+        index = lists.replicas(statuses, _check)
+        if node is None and state is None and limit is None and after is None:
+            return Response(lists.replicas_json(index), media_type="application/json")  # dumped once
+        rows, keys = (index.by_node.get(node, []), None) if node is not None else (index.rows, index.ids)
+    if state is not None:
+        rows, keys = [r for r in rows if r["state"] == state.value], None
+    found = page(rows, lambda r: str(r["replica_id"]), limit, after, keys)
+    return {"replicas": found.pop("items"), **found}
 
 
 @router.get("/{replica_id}/log", summary="A replica's worker log, from its node's agent (like kubectl logs)",

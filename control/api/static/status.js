@@ -8,8 +8,18 @@ const REFRESH_MS = (() => {
   const asked = Number(new URLSearchParams(location.search).get("refresh_ms"));
   return asked >= 250 && asked <= 60000 ? asked : 2000;
 })();
+// ?page=N (10..10000): rows per table. The models, nodes and replicas come a page at a time (the API's limit/after),
+// so a refresh costs the same at 10,000 models as at 10: a page's rows, not the whole cluster's
+const PAGE = (() => {
+  const asked = Number(new URLSearchParams(location.search).get("page"));
+  return asked >= 10 && asked <= 10000 ? asked : 100;
+})();
 const TOKEN_KEY = "sie.status.token";
 let timer = null;
+// per paged table: the `after` of each page the user went through; the last one is the page shown (null: the first)
+const pages = { models: [null], nodes: [null], replicas: [null] };
+// what the filter form asks for: a model (models and replicas), a replica state
+const filter = { model: "", state: "" };
 
 const $ = (id) => document.getElementById(id);
 
@@ -18,8 +28,40 @@ function token() { return sessionStorage.getItem(TOKEN_KEY); }
 async function api(path) {
   const response = await fetch(path, { headers: { Authorization: "Bearer " + token() }, cache: "no-store" });
   if (response.status === 401) { throw Object.assign(new Error("token refused"), { unauthorized: true }); }
-  if (!response.ok) { throw new Error(path + ": HTTP " + response.status); }
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));  // the API's one error shape names what is wrong
+    throw new Error(path.split("?")[0] + ": " + (body.error || "HTTP " + response.status));
+  }
   return response.json();
+}
+
+// the path of the page shown of a paged table, with the filters that apply to it
+function listPath(table, filters) {
+  const query = new URLSearchParams({ limit: String(PAGE) });
+  const after = pages[table][pages[table].length - 1];
+  if (after !== null) { query.set("after", after); }
+  for (const [key, value] of Object.entries(filters)) { if (value) { query.set(key, value); } }
+  return "/v1/" + table + "?" + query.toString();
+}
+
+// "models 101-200 of 10000" and the buttons to the pages before and after
+function drawPager(table, answer) {
+  const pager = document.querySelector(".pager[data-for=" + table + "]");
+  const shown = answer[table].length, first = (pages[table].length - 1) * PAGE;
+  pager.querySelector(".count").textContent = shown ? table + " " + (first + 1) + "\u2013" + (first + shown) + " of " +
+    answer.total : answer.total ? "no more " + table : "no " + table + (filter.model || filter.state ? " match the filter" : "");
+  pager.querySelector(".prev").hidden = pages[table].length === 1;
+  pager.querySelector(".next").hidden = answer.next === null || answer.next === undefined;
+  pager.dataset.next = answer.next ?? "";
+}
+
+function turn(table, forward) {
+  if (forward) {
+    pages[table].push(document.querySelector(".pager[data-for=" + table + "]").dataset.next);
+  } else if (pages[table].length > 1) {
+    pages[table].pop();
+  }
+  refresh();
 }
 
 function cell(row, text, cls) {
@@ -146,13 +188,17 @@ function drawEvents(events) {
 async function refresh() {
   try {
     const [health, nodes, models, replicas, events, rollouts] = await Promise.all([
-      api("/healthz"), api("/v1/nodes"), api("/v1/models"), api("/v1/replicas"), api("/v1/events?limit=30"),
+      api("/healthz"), api(listPath("nodes", {})), api(listPath("models", { model: filter.model })),
+      api(listPath("replicas", { model: filter.model, state: filter.state })), api("/v1/events?limit=30"),
       api("/v1/rollouts")]);
     $("cluster").textContent = health.instance + " (" + health.role + ", epoch " + health.epoch + ")" +
       (health.ok ? "" : " " + health.status);
     drawModels(models.models);
     drawNodes(nodes.nodes);
     drawReplicas(replicas.replicas);
+    for (const [table, answer] of [["models", models], ["nodes", nodes], ["replicas", replicas]]) {
+      drawPager(table, answer);
+    }
     drawEvents(events.events);
     drawRollouts(rollouts.rollouts);
     $("error").textContent = "";
@@ -190,7 +236,7 @@ async function signIn(event) {
   const value = $("token").value.trim();
   $("token").value = "";
   if (!value) { $("login-error").textContent = "Paste a token first."; return; }
-  const response = await fetch("/v1/nodes", { headers: { Authorization: "Bearer " + value }, cache: "no-store" });
+  const response = await fetch("/v1/nodes?limit=1", { headers: { Authorization: "Bearer " + value }, cache: "no-store" });
   if (!response.ok) {
     $("login-error").textContent = response.status === 401 ? "This token is not valid here." : "HTTP " + response.status;
     return;
@@ -203,5 +249,17 @@ async function signIn(event) {
 document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", signIn);
   $("signout").addEventListener("click", () => signOut(""));
+  $("filter-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    filter.model = $("filter-model").value.trim();
+    filter.state = $("filter-state").value;
+    pages.models = [null];
+    pages.replicas = [null];
+    refresh();
+  });
+  for (const pager of document.querySelectorAll(".pager")) {
+    pager.querySelector(".prev").addEventListener("click", () => turn(pager.dataset.for, false));
+    pager.querySelector(".next").addEventListener("click", () => turn(pager.dataset.for, true));
+  }
   if (token()) { start(); } else { show(false); }
 });
