@@ -71,15 +71,25 @@ def make_demands(model: str, replicas: int = 1, **fields: Any) -> list[ReplicaDe
     return [ReplicaDemand(model=model, index=i, **fields) for i in range(replicas)]
 
 
-def spreads_on_place(spec: Any, pack_tiers: Iterable[str] = ()) -> bool:
-    """Whether a new replica of ``spec`` is spread over the nodes rather than packed: the label
-    ``sie.lmsys.org/placement: pack|spread`` decides; else a model asking for a tier in ``pack_tiers`` packs;
-    else CPU-only models spread and GPU models pack (whole GPUs and GPU memory kept in big holes)."""
+def asked_placement(spec: Any, pack_tiers: Iterable[str] = ()) -> bool | None:
+    """What ``spec`` asks for, spread (True) or pack (False): the label ``sie.lmsys.org/placement: pack|spread``
+    decides; else a model asking for a tier in ``pack_tiers`` packs; else None (the caller's default).  Placing new
+    replicas (``spreads_on_place``) and moving them back ("Spread restored") differ only in that default."""
     label = (getattr(spec, "labels", None) or {}).get(PLACEMENT_LABEL)
     if label in ("spread", "pack"):
         return bool(label == "spread")
     if spec.scheduling.tier and spec.scheduling.tier in tuple(pack_tiers):
         return False
+    return None
+
+
+def spreads_on_place(spec: Any, pack_tiers: Iterable[str] = ()) -> bool:
+    """Whether a new replica of ``spec`` is spread over the nodes rather than packed: as asked
+    (``asked_placement``); else CPU-only models spread and GPU models pack (whole GPUs and GPU memory kept in big
+    holes)."""
+    asked = asked_placement(spec, pack_tiers)
+    if asked is not None:
+        return asked
     return not int(spec.resources.gpus) and not int(spec.resources.gpu_memory_mb)
 
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sie.control.placement.demand import PLACEMENT_LABEL
+from sie.control.placement.demand import asked_placement
 from sie.schemas.replica_state import ReplicaState
 
 #: the longest a model rests after moves abandoned in a row (its rest doubles from ``backoff_s``)
@@ -90,11 +90,10 @@ class RebalanceOutcome:
 
 
 def spreads(spec: Any, policy: RebalancePolicy) -> bool:
-    """Whether ``spec``'s replicas are spread (moved back toward one per node) rather than packed."""
-    label = (spec.labels or {}).get(PLACEMENT_LABEL)
-    if label in ("spread", "pack"):
-        return label == "spread"
-    return spec.scheduling.tier not in policy.pack_tiers if spec.scheduling.tier else True
+    """Whether ``spec``'s replicas are spread (moved back toward one per node) rather than packed: as asked
+    (``asked_placement``), else spread."""
+    asked = asked_placement(spec, policy.pack_tiers)
+    return True if asked is None else asked
 
 
 class Rebalancer:
