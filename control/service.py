@@ -63,7 +63,9 @@ class ControlMetrics:
                                  registry=self.registry)
         self.model_phase = Gauge("sie_control_model_phase", "1 for the model's current phase, 0 for the others",
                                  [*model, "phase"], registry=self.registry)
-        self._models_seen: dict[str, str] = {}  # model -> priority level of the series exported
+        #: model -> the status its series were last set from (a status object kept by the pass is not set again)
+        self._observed: dict[str, Any] = {}
+        self._replica_states: dict[ReplicaState, int] = {}  # replicas per state, over ``_observed``
         self.leader = Gauge("sie_control_leader", "1 while this instance leads", registry=self.registry)
         self.epoch = Gauge("sie_control_leader_epoch", "Leader epoch this instance knows", registry=self.registry)
         self.reconcile_seconds = Histogram(
@@ -75,6 +77,13 @@ class ControlMetrics:
                                      "for a core)", registry=self.registry)
         self.placements = Counter("sie_control_placement_events_total", "Placement decisions published", ["kind"], registry=self.registry)
         self.errors = Counter("sie_control_errors_total", "Reconcile subsystem failures", ["subsystem"], registry=self.registry)
+        self.planned = Gauge("sie_control_reconcile_planned_models",
+                             "Models the last pass planned (all of them on a full pass)", registry=self.registry)
+        self.checks = Counter("sie_control_incremental_checks_total",
+                              "Full passes that checked the state kept between passes", registry=self.registry)
+        self.mismatches = Counter("sie_control_incremental_mismatches_total",
+                                  "Kept values a check found differing from a pass from scratch (repaired)",
+                                  registry=self.registry)
         self.unplaced = Gauge("sie_control_replicas_unplaced", "Desired replicas without a node", registry=self.registry)
         self.guard = Gauge("sie_control_liveness_guard", "1 while the mass-offline guard holds nodes online",
                            registry=self.registry)
@@ -104,16 +113,17 @@ class ControlMetrics:
         self.guard.set(1 if report.guard else 0)
         self.stale.set(1 if report.skipped else 0)
         self.models.set(len(snap.specs))
+        self.planned.set(len(snap.specs) if report.planned is None else len(report.planned))
+        if report.checked:
+            self.checks.inc()
+        if report.mismatched:
+            self.mismatches.inc(report.mismatched)
         online = sum(1 for n in snap.nodes if snap.node_online(n, now, timeout_s))
         self.nodes.labels("online").set(online)
         self.nodes.labels("offline").set(len(snap.nodes) - online)
-        counts: dict[ReplicaState, int] = {}
-        for status in report.statuses.values():
-            for r in status.replicas:
-                counts[r.state] = counts.get(r.state, 0) + 1
-        for state in ReplicaState:
-            self.replicas.labels(state.value).set(counts.get(state, 0))
         self._observe_models(report.statuses)
+        for state in ReplicaState:
+            self.replicas.labels(state.value).set(self._replica_states.get(state, 0))
         if report.plan is not None:
             self.unplaced.set(len(report.plan.unplaced))
         for event in report.of("events"):
@@ -148,22 +158,37 @@ class ControlMetrics:
                     self.preemptions.labels(pre.victim_priority, pre.by_priority).inc()
 
     def _observe_models(self, statuses: Any) -> None:
-        """Per-model gauges; the series of a model that is gone (or changed priority) are removed."""
-        seen: dict[str, str] = {}
+        """Per-model gauges and replicas per state, set from the statuses that changed since the last pass (a
+        pass keeps the status object of a model nothing touched); the series of a model that is gone (or
+        changed priority) are removed."""
+        last = self._observed
+        states = self._replica_states
+        for name in set(last) - set(statuses):
+            self._forget_model(name, last[name])
         for name, status in statuses.items():
+            before = last.get(name)
+            if before is status:
+                continue
+            if before is not None:
+                self._forget_model(name, before, keep_series=(before.priority_level or "") == (status.priority_level or ""))
             priority = status.priority_level or ""
-            seen[name] = priority
             self.model_desired.labels(name, priority).set(status.desired_replicas)
             self.model_ready.labels(name, priority).set(status.ready_replicas)
             for phase in MODEL_PHASES:
                 self.model_phase.labels(name, priority, phase).set(1 if status.phase == phase else 0)
-        for name, priority in self._models_seen.items():
-            if seen.get(name) != priority:
-                self.model_desired.remove(name, priority)
-                self.model_ready.remove(name, priority)
-                for phase in MODEL_PHASES:
-                    self.model_phase.remove(name, priority, phase)
-        self._models_seen = seen
+            for r in status.replicas:
+                states[r.state] = states.get(r.state, 0) + 1
+        self._observed = dict(statuses)
+
+    def _forget_model(self, name: str, status: Any, keep_series: bool = False) -> None:
+        for r in status.replicas:
+            self._replica_states[r.state] -= 1
+        if not keep_series:
+            priority = status.priority_level or ""
+            self.model_desired.remove(name, priority)
+            self.model_ready.remove(name, priority)
+            for phase in MODEL_PHASES:
+                self.model_phase.remove(name, priority, phase)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
@@ -433,7 +458,8 @@ class ControlService:
         subsystems: dict[str, dict[str, Any]] = {
             "state_feeder": self.feeder.status(),
             "leader_elector": self.elector.status(),
-            "reconcile_loop": {**loop.to_json(), **controller["reconcile"]} if loop.ok else
+            "reconcile_loop": {**loop.to_json(), **controller["reconcile"], "incremental": controller["incremental"]}
+                              if loop.ok else
                               {**loop.to_json(), "detail": f"loop thread {loop.state}: {loop.last_error}"},
             "liveness_guard": controller["liveness_guard"],
             "backlog_sampler": self.sampler.status(),

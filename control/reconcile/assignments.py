@@ -23,7 +23,7 @@ of a pass (bench/bench_scale.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,12 +101,17 @@ def templates_of(snap: StateSnapshot, cache: SpecCache) -> dict[str, ReplicaTemp
 
 def assignment_records(plan: PlacementPlan, published: Mapping[str, AssignmentInfo],
                        templates: Mapping[str, ReplicaTemplate],
-                       versions: Mapping[tuple[str, str], ReplicaTemplate]) -> list[OutRecord]:
+                       versions: Mapping[tuple[str, str], ReplicaTemplate],
+                       only: Collection[str] | None = None) -> list[OutRecord]:
     """An Assignment record per node whose replica set changed (table).  ``templates``: model -> its applied
     spec's (or connector's) template; ``versions``: (model, version) -> the template of a rollout version,
-    which wins, and whose other version a replica serves as its companion."""
+    which wins, and whose other version a replica serves as its companion.  ``only``: compare only these
+    nodes (the others are known equal, ``incremental``)."""
     out: list[OutRecord] = []
-    nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
+    if only is None:
+        nodes = set(plan.by_node) | {n for n, a in published.items() if a.replicas}
+    else:
+        nodes = {n for n in only if n in plan.by_node or (n in published and published[n].replicas)}
     for node in sorted(nodes):
         wanted = tuple(
             AssignedReplica(p.replica_id, p.model, p.version, tuple(p.gpu_indices), int(p.gpu_memory_mb),

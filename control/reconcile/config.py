@@ -53,6 +53,9 @@ class ControlConfig:
     node_forget_after_s: float = 86400.0
     #: moving replicas back toward the spread (``rebalance.RebalancePolicy``; ``enabled: false`` packs every model)
     rebalance: RebalancePolicy = RebalancePolicy()
+    #: how often a pass plans every model and checks the state kept between passes against it (``incremental``);
+    #: the passes between plan only the models whose inputs changed
+    full_check_s: float = 60.0
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError
@@ -63,7 +66,7 @@ class ControlConfig:
             raise ConfigError(f"control.node_timeout_s: must be > 0 (got {self.node_timeout_s})")
         if self.node_forget_after_s < 0:
             raise ConfigError(f"control.node_forget_after_s: must be >= 0, 0 = never (got {self.node_forget_after_s})")
-        for key in ("backlog_interval_s", "backlog_window_s"):
+        for key in ("backlog_interval_s", "backlog_window_s", "full_check_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"control.{key}: must be > 0 (got {getattr(self, key)})")
 
@@ -88,7 +91,7 @@ class ControlConfig:
             values["strategy"] = strategy
         control = doc.get("control") or {}
         for key in ("node_timeout_s", "failure_cooldown_s", "reconcile_interval_s", "mass_offline_fraction",
-                    "backlog_interval_s", "backlog_window_s", "node_forget_after_s"):
+                    "backlog_interval_s", "backlog_window_s", "node_forget_after_s", "full_check_s"):
             if key in control:
                 try:
                     values[key] = float(control[key])

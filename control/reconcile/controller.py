@@ -1,8 +1,9 @@
 """The reconcile loop: desired (specs -> demands -> placement) vs published assignments, close the gap.
 
-``Controller.reconcile(now)`` is level-triggered (Kubernetes style): it ignores what changed and re-derives
-everything from the ``ClusterState`` snapshot, so running it twice changes nothing, and a restarted control
-plane reaches the same decision.  One pass (docs/control-plane.md, "The reconcile loop"), each step a module
+``Controller.reconcile(now)`` is level-triggered (Kubernetes style): its answer depends only on the
+``ClusterState`` snapshot, so running it twice changes nothing, and a restarted control plane reaches the same
+decision.  It plans only the models whose inputs changed and keeps the rest of what the last pass derived; a
+periodic full pass checks the kept state against a pass from scratch (``incremental``).  One pass (docs/control-plane.md, "The reconcile loop"), each step a module
 of pure functions over the snapshot; the ``Controller`` keeps what persists between passes and hands it in::
 
     step            module                   what
@@ -40,13 +41,21 @@ from sie.control.placement.host_memory import HostOverheads
 from sie.control.placement.inventory import ClusterInventory
 from sie.control.placement.rollout_capacity import CapacityPlan
 from sie.control.reconcile import cooldowns, narration, nodes, ports, publishing, scaling, takeover
-from sie.control.reconcile.assignments import PlacementMemo, assignment_records, current_of, preferred, templates_of
+from sie.control.reconcile.assignments import (
+    PlacementMemo,
+    assignment_records,
+    current_of,
+    placement_view,
+    preferred,
+    templates_of,
+)
 from sie.control.reconcile.autoscaler import ScaleDecision
 from sie.control.reconcile.config import ControlConfig
 from sie.control.reconcile.cooldowns import Cooldown
-from sie.control.reconcile.counts import desired_count
+from sie.control.reconcile.counts import can_scale, desired_count
 from sie.control.reconcile.demands import SpecCache, demands, rollout_demands
 from sie.control.reconcile.director import Extra, Track
+from sie.control.reconcile.incremental import Derived, PassScope
 from sie.control.reconcile.liveness import GuardDecision, MassOfflineGuard
 from sie.control.reconcile.ports import OutRecord
 from sie.control.reconcile.rebalance import RebalanceOutcome, Rebalancer
@@ -120,6 +129,18 @@ class Controller:
         self._last_acting: ReconcileReport | None = None  # the latest pass that acted (was not skipped)
         self.statuses: dict[str, ModelStatus] = {}
         self.acted = False  # True once a pass acted (was not skipped for a stale view)
+        #: what is kept between passes so a pass plans only what changed (``incremental``)
+        self.derived = Derived()
+        self._role: tuple[bool, int] | None = None  # (leading, epoch) of the last pass: a change plans everything
+        #: what the last placement read (the shortcut that keeps its plan when none of it changed)
+        self._placed_inputs: tuple[Any, ...] | None = None
+        self._last_published: dict[str, AssignmentInfo] = {}
+        self._last_specs: Mapping[str, Any] = {}
+        self._last_exclusions: dict[tuple[str, str], Cooldown] = {}
+        self._last_floors: dict[str, Extra] = {}
+        self._status_changed: set[str] = set()
+        self._memo_before: Any = None
+        self._redo = False  # the last pass's publish failed: the next one plans everything
 
     # -- the pass ----------------------------------------------------------------------------------
 
@@ -139,9 +160,10 @@ class Controller:
         self._begin_term(leader, epoch)
         # before the snapshot: the takeover's read barrier must cover what this pass reads
         loading = self.takeover.not_loaded(epoch) if leader else None
-        snap = self.state.snapshot()
+        snap, taken = self.state.snapshot_and_changes()
         wait = takeover.stale_reason(self.view, snap, now, self.config.node_timeout_s) or loading
         if wait is not None:
+            self.derived.keep(taken)
             durations["total"] = time.perf_counter() - started
             report = ReconcileReport(now, leader, (), None, self.statuses, {}, durations, skipped=wait)
             self.last_report = report
@@ -150,6 +172,12 @@ class Controller:
         self.acted = True
         if leader and not self._term.seeded:
             self._seed_term(now)
+        role, self._role = self._role, (leader, epoch)
+        mismatches = self.derived.mismatches
+        # a new role, or a pass whose records were not published: what is kept may not be what the topics hold
+        redo, self._redo = self._redo, False
+        scope = self.derived.begin(taken, now, self.config.full_check_s, self._unfinished_rollouts(),
+                                   redo or role != (leader, epoch))
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -158,21 +186,26 @@ class Controller:
         inventory = step("nodes", lambda: self._inventory(snap, now, out))
         if inventory is not None:
             found = inventory
+            # online as placement sees it (the mass-offline guard may hold a node) and as statuses do (its heartbeats)
+            scope.models |= self.derived.placed_on(self.derived.flipped(
+                {n.name: (n.online, snap.node_online(n.name, now, self.config.node_timeout_s)) for n in found.nodes}))
             step("forget", lambda: self._forget_nodes(snap, found, now, out))
-        counts = self._counts(snap, inventory, leader, now, out, step)
+        counts = self._counts(snap, inventory, leader, now, out, step, scope)
         if inventory is not None:
             published = self._published_view(snap)
-            plan = step("placement", lambda: self._place(snap, inventory, published, counts))
+            plan = step("placement", lambda: self._place(snap, inventory, published, counts, scope))
             if plan is not None:
                 placed = plan
-                step("assignments", lambda: self._assignments(snap, placed, published, out))
-                step("events", lambda: self._placement_events(placed, published, inventory, now, out))
+                only = self._changed_nodes(snap, placed, published, scope)
+                step("assignments", lambda: self._assignments(snap, placed, published, out, only))
+                step("events", lambda: self._placement_events(placed, published, inventory, now, out, only))
                 step("capacity", lambda: self._capacity_events(now, out))
                 if self.director_extra:
                     step("director_unplaced", lambda: self._drop_unplaced_floors(placed, now, out))
         if plan is not None:
             self._last_plan = placed = plan
-            statuses = step("status", lambda: self._statuses(snap, placed, now, out)) or {}
+            statuses = step("status", lambda: self._statuses(snap, placed, now, out, scope)) or {}
+        self._last_specs = snap.specs
         published_records = self._publish(leader, out, statuses, now, errors, durations)
         self.statuses = statuses or self.statuses
         durations["total"] = time.perf_counter() - started
@@ -180,7 +213,9 @@ class Controller:
         durations["cpu"] = time.thread_time() - cpu_started
         report = ReconcileReport(now, leader, published_records, plan, statuses, errors, durations,
                                  guard=self._guard_decision.reason,
-                                 decisions={n: d for n, d in self.decisions.items() if n in snap.specs})
+                                 decisions={n: d for n, d in self.decisions.items() if n in snap.specs},
+                                 planned=None if scope.full else frozenset(scope.models), checked=scope.check,
+                                 mismatched=self.derived.mismatches - mismatches)
         self.last_report = self._last_acting = report
         self._observe(report, snap, now)
         return report
@@ -194,9 +229,9 @@ class Controller:
             self._director_tracks.clear()
 
     def _counts(self, snap: StateSnapshot, inventory: ClusterInventory | None, leader: bool, now: float,
-                out: list[OutRecord], step: StepLog) -> dict[str, int]:
+                out: list[OutRecord], step: StepLog, scope: PassScope) -> dict[str, int]:
         """Step 3: the autoscaler's counts, the director's floors under them, then a rebalance move's."""
-        counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out))
+        counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out, scope))
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
             counts = {name: d.desired for name, d in self.decisions.items()}
         self._director_released = {}
@@ -208,7 +243,7 @@ class Controller:
             self._term.director_seeded = leader
         if leader and self.config.director is not None:
             base = counts
-            step("director", lambda: self._direct(snap, now, out, base))
+            step("director", lambda: self._direct(snap, now, out, base, scope))
         counts = scaling.with_director_floors(snap, counts, self.director_extra)
         self._rebalance = RebalanceOutcome()
         if leader and inventory is not None:
@@ -216,7 +251,7 @@ class Controller:
             if self._term.adopt_move:
                 self._term.adopt_move = False
                 self.rebalancer.adopt(now, snap.specs, floored, scaling.placed_by_model(self._published_view(snap)))
-            self._rebalance = step("rebalance", lambda: self._rebalance_step(snap, now, out, floored, found)) \
+            self._rebalance = step("rebalance", lambda: self._rebalance_step(snap, now, out, floored, found, scope)) \
                 or RebalanceOutcome()
         else:
             self.rebalancer.move = None  # a standby moves nothing; a new leader adopts a move in flight (_seed_term)
@@ -237,9 +272,11 @@ class Controller:
             published = tuple(out)
             self._remember(out, statuses)
         except Fenced as exc:
+            self._redo = True
             self.leadership.step_down(f"fenced while publishing: {exc}")
             errors["publish"] = f"fenced: {exc}"
         except Exception as exc:
+            self._redo = True
             errors["publish"] = f"{type(exc).__name__}: {exc}"
             log.warning("publish failed (retried next pass): %s", exc)
         durations["publish"] = time.perf_counter() - t0
@@ -254,7 +291,8 @@ class Controller:
 
     def health(self) -> dict[str, Any]:
         """The reconcile loop and the mass-offline guard, as ``/healthz`` shows them."""
-        return {"reconcile": loop_health(self.last_report, self._last_acting), "liveness_guard": self.guard.status()}
+        return {"reconcile": loop_health(self.last_report, self._last_acting), "liveness_guard": self.guard.status(),
+                "incremental": self.derived.health()}
 
     def cooldowns(self) -> dict[str, list[dict[str, Any]]]:
         """Replica id -> its cool-downs (node, until_ms, reason): what ``ModelStatus`` shows."""
@@ -284,8 +322,11 @@ class Controller:
     def _failures(self, snap: StateSnapshot, now: float, out: list[OutRecord]) -> None:
         self.exclusions, cleared = cooldowns.clear(self.exclusions, snap, now)
         out.extend(cleared)
+        failures = self.state.drain_failures()
+        if not failures:
+            return
         assigned = {(a.replica_id, node) for node, info in self._published_view(snap).items() for a in info.replicas}
-        self.exclusions, failed = cooldowns.record_failures(self.exclusions, self.state.drain_failures(), assigned,
+        self.exclusions, failed = cooldowns.record_failures(self.exclusions, failures, assigned,
                                                             snap, now, self.config.failure_cooldown_s)
         out.extend(failed)
 
@@ -302,41 +343,134 @@ class Controller:
         for name in nodes.read_back(snap, self._nodes):
             self._published.pop(name, None)
 
-    def _autoscale(self, snap: StateSnapshot, now: float, leader: bool, out: list[OutRecord]) -> dict[str, int]:
+    def _autoscale(self, snap: StateSnapshot, now: float, leader: bool, out: list[OutRecord],
+                   scope: PassScope) -> dict[str, int]:
         """The leader decides (and publishes each change as an event); a standby follows the decisions on the
-        topic, so its API shows what the leader decided."""
+        topic, so its API shows what the leader decided.  Only the models in scope and the ones that can scale
+        are decided again; the others keep their count (``incremental``)."""
+        kept = self.derived
         if self.signals is None:
-            return {name: desired_count(spec) for name, spec in snap.specs.items()}
-        if not leader or not self._term.decisions_seeded:
-            self.decisions = takeover.seed_decisions(self._status_records(), now)
-            self._term.decisions_seeded = leader
-        signals = self.signals.signals() if leader else {}
-        counts, self.decisions, events = scaling.autoscale(
-            snap, self.decisions, signals, leader, self._last_plan, self.rollouts.in_progress, now,
-            self.config.node_timeout_s, self.config.autoscale)
-        out.extend(events)
-        return counts
+            names = scope.names()
+            fresh = {name: desired_count(snap.specs[name]) for name in (snap.specs if names is None else names)
+                     if name in snap.specs}
+        else:
+            if not leader or not self._term.decisions_seeded:
+                self.decisions = takeover.seed_decisions(self._status_records(), now)
+                self._term.decisions_seeded = leader
+                scope.full = True  # the seeded decisions may differ for any model
+            names = scope.names()
+            if names is not None:
+                names = names | kept.scalable
+            signals = self.signals.signals() if leader else {}
+            fresh, self.decisions, events = scaling.autoscale(
+                snap, self.decisions, signals, leader, self._last_plan, self.rollouts.in_progress, now,
+                self.config.node_timeout_s, self.config.autoscale, names)
+            out.extend(events)
+        if names is None:
+            if scope.check:  # the models an incremental pass would have decided again are not compared
+                again = scope.models | kept.scalable
+                differ = {m for m in set(fresh) | set(kept.counts) if m not in again and fresh.get(m) != kept.counts.get(m)}
+                if differ:
+                    kept.mismatch("counts", differ)
+            kept.counts = fresh
+            kept.scalable = {name for name, spec in snap.specs.items() if can_scale(spec)}
+        else:
+            for name in names:
+                kept.counts.pop(name, None)
+                spec = snap.specs.get(name)
+                if spec is not None and can_scale(spec):
+                    kept.scalable.add(name)
+                else:
+                    kept.scalable.discard(name)
+            kept.counts.update(fresh)
+        if leader:
+            scope.models |= kept.scalable  # their decisions (in their statuses) move with their signals
+        return dict(kept.counts)
 
-    def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int]) -> None:
+    def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int],
+                scope: PassScope) -> None:
+        """The director looks at the models in scope and the ones it tracks or holds a replica for."""
         assert self.config.director is not None
+        kept = self.derived
+        names = scope.names()
+        if names is not None:
+            names = names | kept.director_hot | set(self.director_extra) | kept.placed_on(scope.gpus)
         look = scaling.direct_replicas(snap, self._published_view(snap), self._director_tracks, self.director_extra,
                                        counts, self.rollouts.in_progress, now, self.config.node_timeout_s,
-                                       self.config.director)
+                                       self.config.director, names, kept.models_on)
+        if names is None:
+            kept.director_hot = set()
+        for model in look.tracks if names is None else names:
+            if any(t.hot_since is not None for t in look.tracks.get(model, {}).values()):
+                kept.director_hot.add(model)
+            else:
+                kept.director_hot.discard(model)
         self._director_tracks, self.director_extra = look.tracks, look.floors
         self._director_released.update(look.released)
         self.director_decisions = [*self.director_decisions, *look.decisions][-100:]
         out.extend(look.events)
 
     def _rebalance_step(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int],
-                        inventory: ClusterInventory) -> RebalanceOutcome:
+                        inventory: ClusterInventory, scope: PassScope) -> RebalanceOutcome:
+        """Models are tried for a move when in scope, when their status changed last pass, or while they wait
+        for a target or a rest to end (``Rebalancer``)."""
+        names = scope.names()
+        if names is not None:
+            names = names | self._status_changed
         outcome, events = scaling.rebalance(
             self.rebalancer, snap, counts, inventory, self.statuses, self.rollouts.in_progress, self.director_extra,
-            lambda model: self._specs.model_demands(model, snap.specs[model], counts.get(model)), now)
+            lambda model: self._specs.model_demands(model, snap.specs[model], counts.get(model)), now, names)
         out.extend(events)
         return outcome
 
+    def _unfinished_rollouts(self) -> set[str] | None:
+        """The models with an unfinished rollout (always in scope); None: this rollout view cannot say."""
+        unfinished = getattr(self.rollouts, "unfinished", None)
+        return set(unfinished()) if unfinished is not None else None
+
+    def _placement_inputs(self, snap: StateSnapshot, inventory: ClusterInventory,
+                          published: Mapping[str, AssignmentInfo], counts: Mapping[str, int]) -> tuple[Any, ...]:
+        """What placement reads, as values compared without building the demands: the spec objects (one per
+        record read), the counts, the inventory, the published assignments (one object per record read), the
+        cool-downs, the director's and the rebalancer's hints; and whether a rollout plans replicas."""
+        return (snap.specs, dict(counts), placement_view(inventory), published, dict(self.exclusions),
+                dict(self.director_extra), dict(self._rebalance.preferred), dict(self._rebalance.excluded),
+                bool(self.derived.rolling), snap.connectors)
+
+    def _same_placement_inputs(self, inputs: tuple[Any, ...]) -> bool:
+        last = self._placed_inputs
+        if last is None or self._memo.plan is None or inputs[8] or last[8]:
+            return False
+        specs, last_specs = inputs[0], last[0]
+        if len(specs) != len(last_specs) or any(specs.get(m) is not s for m, s in last_specs.items()):
+            return False
+        published, last_published = inputs[3], last[3]
+        if len(published) != len(last_published) or any(published.get(n) is not a for n, a in last_published.items()):
+            return False
+        return inputs[1:3] == last[1:3] and inputs[4:8] == last[4:8] and inputs[9] == last[9]
+
     def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
-               counts: Mapping[str, int] | None = None) -> PlacementPlan:
+               counts: Mapping[str, int] | None = None, scope: PassScope | None = None) -> PlacementPlan:
+        """The last plan when nothing placement reads changed (no demand is built), else ``place`` (its memo)."""
+        inputs = self._placement_inputs(snap, inventory, published, counts or {})
+        same = self._same_placement_inputs(inputs)
+        self._placed_inputs = inputs
+        if same and scope is not None and not scope.full and self._memo.plan is not None:
+            kept = self._memo.plan
+            plan = PlacementPlan(kept.placements, kept.unplaced, inventory, kept.preempted)
+            if "by_node" in kept.__dict__:  # the same placements over the same nodes (``placement_view``)
+                plan.__dict__["by_node"] = kept.__dict__["by_node"]
+            plan, self._evicted = narration.explain_preemptions(narration.explain_exclusions(plan, self.exclusions),
+                                                                self._evicted)
+            return plan
+        plan = self._place_afresh(snap, inventory, published, counts)
+        if same and scope is not None and scope.check and plan.placements is not self._memo_before:
+            self.derived.mismatch("placement", {p.model for p in plan.placements.values()})
+        return plan
+
+    def _place_afresh(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
+                      counts: Mapping[str, int] | None = None) -> PlacementPlan:
+        self._memo_before = self._memo.plan.placements if self._memo.plan is not None else None
         current = current_of(published)
         excluded = cooldowns.excluded(self.exclusions, self._rebalance.excluded)
         wanted = rollout_demands(snap, demands(snap, counts, self._specs), inventory, current, counts or {},
@@ -349,15 +483,35 @@ class Controller:
         plan, self._evicted = narration.explain_preemptions(narration.explain_exclusions(plan, self.exclusions), self._evicted)
         return plan
 
+    def _changed_nodes(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo],
+                       scope: PassScope) -> set[str] | None:
+        """The nodes whose Assignment may differ from the plan (None: all): with the plan of the last pass, the
+        ones whose published record changed since (a read-back, another writer) and the ones holding a model
+        whose spec changed (its template)."""
+        last, self._last_published = self._last_published, dict(published)
+        kept = self.derived.indexed is not None and self.derived.indexed[0] is plan.placements
+        if scope.full or not kept or len(last) != len(published):
+            return None
+        only = {n for n, a in published.items() if last.get(n) is not a}
+        respecified = {m for m in scope.models if snap.specs.get(m) is not self._last_specs.get(m)}
+        if respecified:
+            only |= {n for n, models in self.derived.models_on.items() if models & respecified}
+        return only
+
     def _assignments(self, snap: StateSnapshot, plan: PlacementPlan, published: Mapping[str, AssignmentInfo],
-                     out: list[OutRecord]) -> None:
-        out.extend(assignment_records(plan, published, templates_of(snap, self._specs), self._version_docs))
+                     out: list[OutRecord], only: set[str] | None = None) -> None:
+        if only is not None and not only:
+            return
+        out.extend(assignment_records(plan, published, templates_of(snap, self._specs), self._version_docs, only))
 
     def _placement_events(self, plan: PlacementPlan, published: Mapping[str, AssignmentInfo],
-                          inventory: ClusterInventory, now: float, out: list[OutRecord]) -> None:
+                          inventory: ClusterInventory, now: float, out: list[OutRecord],
+                          only: set[str] | None = None) -> None:
+        if only is not None and not only and not plan.unplaced:
+            return
         events, self._unplaced_reported = narration.placement_events(
             plan, published, inventory, self.exclusions, self.decisions, self._director_released,
-            self._unplaced_reported, now)
+            self._unplaced_reported, now, only)
         out.extend(events)
 
     def _capacity_events(self, now: float, out: list[OutRecord]) -> None:
@@ -368,9 +522,33 @@ class Controller:
         self.director_extra, events = scaling.drop_unplaced_floors(plan, self.director_extra, now)
         out.extend(events)
 
-    def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord]) -> dict[str, ModelStatus]:
+    def _statuses(self, snap: StateSnapshot, plan: PlacementPlan, now: float, out: list[OutRecord],
+                  scope: PassScope | None = None) -> dict[str, ModelStatus]:
+        """Each model's status: the ones in scope (and whose placements, cool-downs or director floor changed)
+        built again, the others kept from the last pass; on the periodic check, all built and compared."""
+        scope = scope if scope is not None else PassScope(full=True)
+        moved = self.derived.index(plan)
+        last_exclusions, self._last_exclusions = self._last_exclusions, dict(self.exclusions)
+        last_floors, self._last_floors = self._last_floors, dict(self.director_extra)
+        changed = scope.models | moved
+        changed |= {cd.model for k, cd in self.exclusions.items() if last_exclusions.get(k) != cd}
+        changed |= {cd.model for k, cd in last_exclusions.items() if k not in self.exclusions}
+        changed |= {m for m in set(last_floors) | set(self.director_extra) if last_floors.get(m) != self.director_extra.get(m)}
+        names = None if scope.full else changed
+        cooldowns_now = self.cooldowns()
+        ids = self.derived.replica_ids(plan)
         statuses, records = publishing.model_statuses(snap, plan, now, self.config.node_timeout_s, self.leadership.epoch,
-                                                      self.cooldowns(), self.decisions, self.director_extra,
-                                                      self._status_published)
+                                                      cooldowns_now, self.decisions, self.director_extra,
+                                                      self._status_published, names, self.statuses, ids)
+        if scope.check:
+            self.derived.checks += 1
+            kept, _ = publishing.model_statuses(snap, plan, now, self.config.node_timeout_s, self.leadership.epoch,
+                                                cooldowns_now, self.decisions, self.director_extra,
+                                                self._status_published, changed, self.statuses, ids)
+            differ = {m for m in set(kept) | set(statuses) if not statuses[m].same_as(kept.get(m))} \
+                if set(kept) == set(statuses) else set(kept) ^ set(statuses)
+            if differ:
+                self.derived.mismatch("statuses", differ)
+        self._status_changed = {r.key for r in records}
         out.extend(records)
         return statuses

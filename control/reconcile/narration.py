@@ -24,7 +24,7 @@ replicas evicted) is passed in and returned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -69,16 +69,20 @@ def why_moved(rid: str, node: str, gpus: tuple[int, ...], inventory: ClusterInve
 
 def placement_events(plan: PlacementPlan, published: Mapping[str, AssignmentInfo], inventory: ClusterInventory,
                      exclusions: Exclusions, decisions: Mapping[str, ScaleDecision], released: Mapping[str, str],
-                     reported: Mapping[str, str], now: float) -> tuple[list[OutRecord], dict[str, str]]:
+                     reported: Mapping[str, str], now: float, only: Collection[str] | None = None,
+                     ) -> tuple[list[OutRecord], dict[str, str]]:
     """The events of ``plan`` against the ``published`` assignments (table), and the unschedulable reasons
     announced so far (``reported``: replica id -> reason, updated).  ``released``: model -> why the traffic
-    director released its replica this pass; ``decisions``: the autoscaler's, for a removal's reason."""
+    director released its replica this pass; ``decisions``: the autoscaler's, for a removal's reason.
+    ``only``: with the last pass's plan, the nodes whose published record changed (the others are told)."""
     out: list[OutRecord] = []
     reported = dict(reported)
     before: dict[str, tuple[str, AssignedReplica]] = {}
-    for node in sorted(published):
+    for node in sorted(published if only is None else (n for n in only if n in published)):
         for a in published[node].replicas:
             before.setdefault(a.replica_id, (node, a))
+    placements = plan.placements if only is None else {
+        rid: p for node in only for p in plan.by_node.get(node, ()) for rid in (p.replica_id,)}
     for rid, pre in sorted(plan.preempted.items()):
         if rid not in before:
             continue  # evicted in the plan only (never published there): nothing to drain
@@ -86,7 +90,7 @@ def placement_events(plan: PlacementPlan, published: Mapping[str, AssignmentInfo
         after = (f"re-placed on {now_at.node}" if now_at is not None else
                  "unschedulable: no other node has room")
         out.append(event(now, "preempted", pre.victim_model, rid, pre.node, f"{pre.describe()}; drained; {after}"))
-    for rid, p in sorted(plan.placements.items()):
+    for rid, p in sorted(placements.items()):
         old = before.get(rid)
         where = f"{p.node}" + (f" gpu {','.join(map(str, p.gpu_indices))}" if p.gpu_indices else " (cpu)")
         if old is None:
@@ -104,16 +108,15 @@ def placement_events(plan: PlacementPlan, published: Mapping[str, AssignmentInfo
                   f"{u.reason} (was on {old[0]}: {why_moved(rid, old[0], old[1].gpu_indices, inventory, exclusions)})")
         out.append(event(now, "unschedulable", u.model, rid, None, detail))
         reported[rid] = u.reason
-    wanted = set(plan.placements) | set(plan.unplaced)
     for rid, (node, a) in sorted(before.items()):
-        if rid not in wanted:
+        if rid not in plan.placements and rid not in plan.unplaced:
             decision = decisions.get(a.model)
             why = (released.get(a.model)
                    or (f"scaled down ({decision.reason})" if decision is not None and decision.scaled
                        else "no longer desired"))
             out.append(event(now, "removed", a.model, rid, node, f"{rid} removed from {node}: {why}"))
     for rid in list(reported):
-        if rid not in wanted:
+        if rid not in plan.placements and rid not in plan.unplaced:
             del reported[rid]
     return out, reported
 

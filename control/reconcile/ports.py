@@ -97,10 +97,16 @@ class RolloutView(Protocol):
         """The rollout's phase and versions while the controller plans its replicas (None: no rollout)."""
         ...
 
+    # optional: ``unfinished() -> set[str]``, the models with an unfinished rollout (the incremental pass keeps
+    # them in scope); a view without it makes every pass plan every model
+
 
 class NoRollouts:
     def in_progress(self, model: str) -> str | None:
         return None
+
+    def unfinished(self) -> set[str]:
+        return set()
 
     def replicas_of(self, model: str) -> RolloutReplicas | None:
         return None

@@ -21,7 +21,7 @@ passed in and returned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,18 +49,31 @@ def published_view(assignments: Mapping[str, AssignmentInfo], mine: Mapping[str,
 
 def model_statuses(snap: StateSnapshot, plan: PlacementPlan, now: float, timeout_s: float, epoch: int,
                    cooldowns: Mapping[str, list[dict[str, Any]]], decisions: Mapping[str, ScaleDecision],
-                   floors: Mapping[str, Extra], published: Mapping[str, ModelStatus]
-                   ) -> tuple[dict[str, ModelStatus], list[OutRecord]]:
+                   floors: Mapping[str, Extra], published: Mapping[str, ModelStatus],
+                   names: Collection[str] | None = None, previous: Mapping[str, ModelStatus] | None = None,
+                   ids: Mapping[str, Sequence[str]] | None = None) -> tuple[dict[str, ModelStatus], list[OutRecord]]:
     """Every applied (or refused) model's ``ModelStatus`` with its autoscaler decision and director floor, and
-    a record for each that differs from the ``published`` one (a tombstone for each model gone)."""
+    a record for each that differs from the ``published`` one (a tombstone for each model gone).  ``names``:
+    build only these, keep the others' from ``previous`` (``incremental``); ``ids``: model -> its replica ids
+    in ``plan`` when the caller grouped them."""
+    if ids is None:
+        grouped: dict[str, list[str]] = {}  # model -> its replicas in the plan (one sweep, not one per model)
+        for rid, p in plan.placements.items():
+            grouped.setdefault(p.model, []).append(rid)
+        for rid, u in plan.unplaced.items():
+            grouped.setdefault(u.model, []).append(rid)
+        ids = grouped
     statuses: dict[str, ModelStatus] = {}
     out: list[OutRecord] = []
-    ids: dict[str, list[str]] = {}  # model -> its replicas in the plan (one sweep, not one per model)
-    for rid, p in plan.placements.items():
-        ids.setdefault(p.model, []).append(rid)
-    for rid, u in plan.unplaced.items():
-        ids.setdefault(u.model, []).append(rid)
-    for name in sorted(set(snap.specs) | set(snap.spec_errors)):
+    if names is None or previous is None:
+        todo = sorted(set(snap.specs) | set(snap.spec_errors))
+    else:
+        statuses = dict(previous)
+        todo = sorted(names)
+        for name in todo:
+            statuses.pop(name, None)
+        todo = [n for n in todo if n in snap.specs or n in snap.spec_errors]
+    for name in todo:
         statuses[name] = build_status(name, snap.specs.get(name), snap.spec_errors.get(name), plan, snap, now,
                                       timeout_s, epoch, cooldowns, ids.get(name, ()))
         decision = decisions.get(name)
@@ -71,7 +84,12 @@ def model_statuses(snap: StateSnapshot, plan: PlacementPlan, now: float, timeout
             statuses[name] = replace(statuses[name], director=extra.to_record())
         if not statuses[name].same_as(published.get(name)):
             out.append(OutRecord("model-status", name, "ModelStatus", statuses[name].to_record()))
-    for name in sorted(set(published) - set(statuses)):
+    if names is not None and previous is not None:
+        # a model deleted is in ``names`` (its spec record was read): its published status is tombstoned
+        gone = [n for n in names if n in published and n not in statuses]
+    else:
+        gone = sorted(set(published) - set(statuses))
+    for name in sorted(gone):
         out.append(OutRecord("model-status", name, "ModelStatus", None))
     return statuses, out
 

@@ -41,7 +41,7 @@ the leader changes                                 a new leader adopts the move 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,13 +106,18 @@ class Rebalancer:
         self._last_start = float("-inf")
         self._resting: dict[str, float] = {}  # model -> until when it is not tried
         self._failures: dict[str, int] = {}  # model -> moves abandoned in a row
+        #: models a scope-limited pass must try again though no record of theirs changes: crowded with no target
+        #: yet, resting, held by a rollout or a director replica, or not tried because a move was under way
+        self.waiting: set[str] = set()
 
     def step(self, now: float, specs: Mapping[str, Any], counts: Mapping[str, int], statuses: Mapping[str, Any],
              online: list[str], busy: set[str], eligible: Callable[[str, str], bool] = lambda _m, _n: True,
-             ) -> RebalanceOutcome:
+             names: Collection[str] | None = None) -> RebalanceOutcome:
         """One pass: ``counts`` the models' replica counts before any floor, ``statuses`` the last pass's
         ``ModelStatus`` per model, ``online`` the online nodes, ``busy`` models with a rollout or a director
-        replica (never moved), ``eligible(model, node)`` the node's static eligibility (selector, tier)."""
+        replica (never moved), ``eligible(model, node)`` the node's static eligibility (selector, tier).
+        ``names``: the models whose inputs changed (None: all); a move is looked for among them and the
+        ``waiting`` ones."""
         out = RebalanceOutcome()
         if not self.policy.enabled:
             self.move = None
@@ -120,7 +125,9 @@ class Rebalancer:
         if self.move is not None:
             self._continue(now, specs, counts, statuses, busy, out)
         if self.move is None and now - self._last_start >= self.policy.min_interval_s:
-            self._start(now, specs, counts, statuses, online, busy, eligible, out)
+            self._start(now, specs, counts, statuses, online, busy, eligible, out, names)
+        elif names is not None:
+            self.waiting |= set(names)  # tried when a move may start again
         move = self.move
         if move is not None:
             out.floors[move.model] = move.count + 1
@@ -159,10 +166,14 @@ class Rebalancer:
     # -- steps ---------------------------------------------------------------------------------------------------
 
     def _start(self, now: float, specs: Mapping[str, Any], counts: Mapping[str, int], statuses: Mapping[str, Any],
-               online: list[str], busy: set[str], eligible: Callable[[str, str], bool], out: RebalanceOutcome) -> None:
+               online: list[str], busy: set[str], eligible: Callable[[str, str], bool], out: RebalanceOutcome,
+               names: Collection[str] | None = None) -> None:
         online = sorted(online)
-        for name in sorted(specs):
+        considered = sorted(specs) if names is None else sorted((set(names) | self.waiting) & set(specs))
+        self.waiting = set()
+        for at, name in enumerate(considered):
             if self._resting.get(name, float("-inf")) > now or name in busy:
+                self.waiting.add(name)
                 continue
             count = int(counts.get(name, 0))
             status = statuses.get(name)
@@ -170,18 +181,20 @@ class Rebalancer:
                 continue
             mine = [r for r in status.replicas if (i := _index(r.replica_id, name)) is not None and i < count]
             if len(mine) != count or any(r.state != ReplicaState.READY or not r.node for r in mine):
-                continue  # settle first: only a model fully READY is moved
+                continue  # settle first: only a model fully READY is moved (its status changes when it is)
             per_node = Counter(r.node for r in mine)
             crowded, held = per_node.most_common(1)[0]
             if held < 2:
                 continue  # one replica per node already: no node is asked whether it could take one
             target = next((n for n in online if per_node.get(n, 0) == 0 and eligible(name, n)), None)
             if target is None:
+                self.waiting.add(name)  # a node may come online or free up
                 continue
             victim = max((r.replica_id for r in mine if r.node == crowded), key=lambda rid: _index(rid, name) or 0)
             surge = f"{name}-{count}"
             self.move = Move(name, count, crowded, target, victim, surge, "surge", now)
             self._last_start = now
+            self.waiting |= set(considered[at + 1:])
             out.events.append((name, surge, f"spread: {held} replicas of {name} on {crowded} while {target} holds "
                                             f"none; moving {victim} there with a planned handover: first {surge} "
                                             f"starts on {target} (READY before anything drains)"))

@@ -288,6 +288,31 @@ def _optional_int(value: Any) -> int | None:
 
 
 @dataclass
+class Changes:
+    """What the records read since the last acting pass touched (``ClusterState.take_changes``): the incremental
+    pass plans only these (``incremental``).  ``everything``: a record whose effect is not tracked per model or
+    node (a connector, a cool-down reset, a node forgotten; the first pass of all): plan everything."""
+
+    #: models whose spec, replica reports (heartbeat or replica-status) or assignment entries changed
+    models: set[str] = field(default_factory=set)
+    #: nodes whose registration or Assignment changed
+    nodes: set[str] = field(default_factory=set)
+    everything: bool = False
+    #: nodes whose GPUs' utilisation changed (the traffic director's signal)
+    gpus: set[str] = field(default_factory=set)
+
+    def merge(self, other: Changes) -> Changes:
+        return Changes(self.models | other.models, self.nodes | other.nodes, self.everything or other.everything,
+                       self.gpus | other.gpus)
+
+
+def _report_key(r: ReplicaReport) -> tuple[Any, ...]:
+    """What a heartbeat says of a replica, but when (``at`` moves with every heartbeat)."""
+    return (r.model, r.version, r.state, r.reason, r.restarts, r.pid, r.metrics_address, r.lag, r.p99_ms, r.records,
+            r.inference_rps, r.process, r.outage, r.outage_since, r.versions)
+
+
+@dataclass
 class ClusterState:
     """Specs, nodes, heartbeats, replica status, published assignments and recent events.
 
@@ -329,6 +354,8 @@ class ClusterState:
         #: the positions of ``events`` (a re-read record is found in O(1), not by a scan of the 500 kept: a cold
         #: start replays 10 minutes of events, thousands at 1,000 models)
         self._event_positions: set[tuple[int, int]] = {e.position for e in self.events if e.position is not None}
+        #: what the records applied since the last ``take_changes`` touched (the first pass plans everything)
+        self._changes = Changes(everything=True)
 
     # -- apply (one per topic) ----------------------------------------------------------------------
 
@@ -337,6 +364,7 @@ class ClusterState:
         from sie.schemas.spec import ModelService
 
         with self._lock:
+            self._changes.models.add(name)
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
                 self.spec_errors.pop(name, None)
@@ -365,6 +393,7 @@ class ClusterState:
         from sie.schemas.connector_store import connector_from_record
 
         with self._lock:
+            self._changes.everything = True  # a connector's replicas are few: not tracked per connector
             try:
                 info = connector_from_record(dict(record)) if record is not None else None
             except Exception as exc:  # a connector we cannot read is a status, not a crash
@@ -385,6 +414,7 @@ class ClusterState:
 
     def apply_node(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
+            self._changes.nodes.add(name)
             if record is None:
                 self.nodes.pop(name, None)
                 return
@@ -437,6 +467,9 @@ class ClusterState:
         gpus = tuple(_gpu(g) for g in record.get("gpus") or ())
         with self._lock:
             old = self.heartbeats.get(node)
+            self._heartbeat_changes(old, reports)
+            if old is None or [g.utilization_pct for g in old.gpus] != [g.utilization_pct for g in gpus]:
+                self._changes.gpus.add(node)
             # one node's heartbeats share a partition (key = node): the one read last is the newest
             self.heartbeats[node] = HeartbeatInfo(
                 node,
@@ -457,6 +490,15 @@ class ClusterState:
                 if r.state == ReplicaState.FAILED:
                     self.failures.append(r)
 
+    def _heartbeat_changes(self, old: HeartbeatInfo | None, reports: tuple[ReplicaReport, ...]) -> None:
+        """The models whose replicas this heartbeat reports differently from the node's last one (O(its replicas))."""
+        before = {r.replica_id: _report_key(r) for r in old.replicas} if old is not None else {}
+        for r in reports:
+            if before.pop(r.replica_id, None) != _report_key(r):
+                self._changes.models.add(r.model)
+        for _rid, key in before.items():  # no longer reported
+            self._changes.models.add(key[0])
+
     def apply_replica_status(self, record: Mapping[str, Any]) -> None:
         report = ReplicaReport(
             replica_id=str(record["replica_id"]),
@@ -471,6 +513,7 @@ class ClusterState:
             at=float(record.get("ts_ms") or 0) / 1000.0,
         )
         with self._lock:
+            self._changes.models.add(report.model)
             old = self.replica_status.get(report.replica_id)
             if old is None or report.at >= old.at:
                 self.replica_status[report.replica_id] = report
@@ -479,10 +522,16 @@ class ClusterState:
 
     def apply_assignment(self, node: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
-            if record is None:
+            old = self.assignments.get(node)
+            new = assignment_from_record(record) if record is not None else None
+            if new is None:
                 self.assignments.pop(node, None)
-                return
-            self.assignments[node] = assignment_from_record(record)
+            else:
+                self.assignments[node] = new
+            changed = set(old.replicas if old else ()) ^ set(new.replicas if new else ())
+            if changed or (old is None) != (new is None):
+                self._changes.nodes.add(node)
+                self._changes.models.update(a.model for a in changed)
 
     def apply_leader_epoch(self, record: Mapping[str, Any] | None) -> None:
         if record is None:
@@ -512,6 +561,8 @@ class ClusterState:
             self.events.append(event)
             if position is not None:
                 self._event_positions.add(position)
+            if event.kind in (COOLDOWN_RESET_KIND, NODE_FORGET_KIND, NODE_FORGOTTEN_KIND):
+                self._changes.everything = True
             if event.kind == COOLDOWN_RESET_KIND and event.replica_id:
                 rid = str(event.replica_id)
                 self.cooldown_resets[rid] = max(event.at, self.cooldown_resets.get(rid, 0.0))
@@ -536,6 +587,7 @@ class ClusterState:
 
     def apply_model_status(self, name: str, record: Mapping[str, Any] | None) -> None:
         with self._lock:
+            self._changes.models.add(name)  # a standby follows the leader's decisions and floors from it
             if record is None:
                 self.model_status.pop(name, None)
             else:
@@ -548,6 +600,17 @@ class ClusterState:
         with self._lock:
             out, self.failures = self.failures, []
             return out
+
+    def take_changes(self) -> Changes:
+        """What the records applied since the last call touched, and start anew."""
+        with self._lock:
+            out, self._changes = self._changes, Changes()
+            return out
+
+    def snapshot_and_changes(self) -> tuple[StateSnapshot, Changes]:
+        """A snapshot and what changed up to it, atomically (a record applied between the two would be lost)."""
+        with self._lock:
+            return self.snapshot(), self.take_changes()
 
     def snapshot(self) -> StateSnapshot:
         with self._lock:

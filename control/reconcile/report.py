@@ -48,6 +48,11 @@ class ReconcileReport:
     guard: str | None = None
     #: the autoscaler's decision per autoscaled model this pass
     decisions: Mapping[str, ScaleDecision] = field(default_factory=dict)
+    #: the models this pass planned (None: all of them, a full pass); whether it was the periodic check, and
+    #: how many of the kept values it found differing from a pass from scratch (``incremental``)
+    planned: frozenset[str] | None = None
+    checked: bool = False
+    mismatched: int = 0
 
     def of(self, topic: str) -> list[OutRecord]:
         return [r for r in self.published if r.topic == topic]

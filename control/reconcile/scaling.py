@@ -25,7 +25,7 @@ director's tracks and floors, the ``Rebalancer``) is the ``Controller``'s, passe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,15 +101,19 @@ def autoscale_inputs(name: str, spec: Any, index: ModelIndex, rollout: str | Non
 
 def autoscale(snap: StateSnapshot, decisions: Mapping[str, ScaleDecision], signals: Mapping[str, ModelSignals],
               leader: bool, last_plan: PlacementPlan | None, in_progress: InProgress, now: float, timeout_s: float,
-              policy: AutoscalePolicy) -> tuple[dict[str, int], dict[str, ScaleDecision], list[OutRecord]]:
+              policy: AutoscalePolicy, names: Collection[str] | None = None,
+              ) -> tuple[dict[str, int], dict[str, ScaleDecision], list[OutRecord]]:
     """(count per model, the decisions now, their events) (module docstring's table).  The leader decides from
-    ``signals`` and the last pass's plan; a standby follows ``decisions`` (the ones on the topic)."""
+    ``signals`` and the last pass's plan; a standby follows ``decisions`` (the ones on the topic).  ``names``:
+    only these models (the counts of the others are the caller's, ``incremental``)."""
     decisions = dict(decisions)
     out: list[OutRecord] = []
     counts: dict[str, int] = {}
     index: ModelIndex | None = None  # built once, for the first model that can scale
-    for name in sorted(snap.specs):
-        spec = snap.specs[name]
+    for name in sorted(snap.specs if names is None else names):
+        spec = snap.specs.get(name)
+        if spec is None:
+            continue
         previous = decisions.get(name)
         if not can_scale(spec):
             decisions.pop(name, None)  # a fixed-size model has nothing to decide
@@ -145,17 +149,25 @@ class DirectorPass:
 
 
 def director_signals(snap: StateSnapshot, published: Mapping[str, AssignmentInfo], now: float,
-                     timeout_s: float) -> dict[str, list[Signal]]:
+                     timeout_s: float, names: Collection[str] | None = None,
+                     models_on: Mapping[str, set[str]] | None = None) -> dict[str, list[Signal]]:
     """model -> a ``Signal`` per READY replica on an online node (the GPU utilisation of the replica's GPUs as
-    published, its scorer's lag as the queue, its p99)."""
+    published, its scorer's lag as the queue, its p99).  ``names``: only these models, read from the nodes
+    ``models_on`` places them on (node -> models) and the nodes that report them."""
+    beats = snap.heartbeats
+    if names is not None:
+        wanted = set(names)
+        nodes = {n for n, models in (models_on or {}).items() if models & wanted}
+        beats = {n: beats[n] for n in nodes if n in beats}
+        published = {n: published[n] for n in nodes if n in published}
     where = {a.replica_id: (node, a.gpu_indices) for node, info in published.items() for a in info.replicas}
     by_model: dict[str, list[Signal]] = {}
-    for node, hb in sorted(snap.heartbeats.items()):
+    for node, hb in sorted(beats.items()):
         if not snap.node_online(node, now, timeout_s):
             continue
         util = {g.index: g.utilization_pct for g in hb.gpus}
         for r in hb.replicas:
-            if r.state != ReplicaState.READY or r.model not in snap.specs:
+            if r.state != ReplicaState.READY or r.model not in snap.specs or (names is not None and r.model not in wanted):
                 continue
             gpus = where.get(r.replica_id, (node, ()))[1]
             used = [util[i] for i in gpus if i in util]
@@ -167,15 +179,18 @@ def director_signals(snap: StateSnapshot, published: Mapping[str, AssignmentInfo
 
 def direct_replicas(snap: StateSnapshot, published: Mapping[str, AssignmentInfo], tracks: Mapping[str, dict[str, Track]],
                     floors: Mapping[str, Extra], counts: Mapping[str, int], in_progress: InProgress, now: float,
-                    timeout_s: float, policy: DirectorPolicy) -> DirectorPass:
+                    timeout_s: float, policy: DirectorPolicy, names: Collection[str] | None = None,
+                    models_on: Mapping[str, set[str]] | None = None) -> DirectorPass:
     """The traffic director over each model's READY replicas.  In-process scorers share a model's partitions
     by Kafka's group assignment, so the director's lever is a replica on a cooler node: ``replica_lever``
     holds one more replica as a floor under the autoscaler's count (``counts``), bounded by the spec's
     maximum, never while a rollout of the model is in progress, released by the director's hysteresis.
-    Each decision is a ``director`` event with the numbers behind it (``sie describe model`` lists it)."""
-    by_model = director_signals(snap, published, now, timeout_s)
+    Each decision is a ``director`` event with the numbers behind it (``sie describe model`` lists it).
+    ``names``: look only at these models (the others' tracks and floors are kept, ``incremental``)."""
+    by_model = director_signals(snap, published, now, timeout_s, names, models_on)
     result = DirectorPass(dict(tracks), dict(floors))
-    for model in sorted(set(by_model) | set(floors)):
+    looked = set(by_model) | set(floors) if names is None else (set(by_model) | set(floors)) & set(names)
+    for model in sorted(looked):
         signals = by_model.get(model, [])
         decisions: list[Any] = []
         if len(signals) >= 2:  # one replica: nothing is cooler than it (the autoscaler adds replicas on backlog)
@@ -197,7 +212,8 @@ def direct_replicas(snap: StateSnapshot, published: Mapping[str, AssignmentInfo]
             log.info("traffic director %s: %s", model, d.reason)
             result.events.append(event(now, "director", model, d.name, d.node, f"{d.action}: {d.reason}"))
     for gone in set(result.tracks) - set(by_model):
-        del result.tracks[gone]
+        if names is None or gone in names:
+            del result.tracks[gone]
     return result
 
 
@@ -245,18 +261,20 @@ def placed_by_model(published: Mapping[str, AssignmentInfo]) -> dict[str, dict[s
 
 def rebalance(rebalancer: Rebalancer, snap: StateSnapshot, counts: Mapping[str, int], inventory: ClusterInventory,
               statuses: Mapping[str, Any], in_progress: InProgress, floors: Mapping[str, Extra],
-              demands_of: Callable[[str], list[Any]], now: float) -> tuple[RebalanceOutcome, list[OutRecord]]:
+              demands_of: Callable[[str], list[Any]], now: float, names: Collection[str] | None = None,
+              ) -> tuple[RebalanceOutcome, list[OutRecord]]:
     """The move back toward the spread (``rebalance`` module): floors, exclusions and preferred nodes for this
     pass's placement, and a ``rebalance`` event per step.  Never moved: a model in a rollout or with a director
     ``floors`` replica; ``demands_of(model)``: its replica demands (for a node's static eligibility)."""
-    busy = {name for name in snap.specs if in_progress(name) is not None} | set(floors)
+    busy = {name for name in (snap.specs if names is None else set(names) | rebalancer.waiting)
+            if name in snap.specs and in_progress(name) is not None} | set(floors)
     online = [n.name for n in inventory.nodes if n.online]
 
     def eligible(model: str, node: str) -> bool:
         state, demands = inventory.get(node), demands_of(model)
         return state is not None and bool(demands) and node_eligible(demands[0], state)
 
-    outcome = rebalancer.step(now, snap.specs, counts, statuses, online, busy, eligible)
+    outcome = rebalancer.step(now, snap.specs, counts, statuses, online, busy, eligible, names)
     out = []
     for model, rid, detail in outcome.events:
         log.info("rebalance %s: %s", model, detail)

@@ -146,6 +146,11 @@ class Rollouts:
             entry = self.driver.get(model)
             return entry is not None and not entry.rollout.terminal
 
+    def unfinished(self) -> set[str]:
+        """The models with an unfinished rollout (the controller plans them every pass)."""
+        with self._lock:
+            return {model for model, e in self.driver.entries.items() if not e.rollout.terminal}
+
     def in_progress(self, model: str) -> str | None:
         """Why a rollout holds ``model``'s autoscaling (the controller's ``RolloutView``; None: no unfinished
         rollout): scaling while a canary's gates compare versions would change what they compare."""

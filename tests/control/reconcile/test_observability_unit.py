@@ -109,7 +109,7 @@ def _status(name: str, states: list[ReplicaState], priority: str = "P0") -> Mode
 
 
 def _observe(metrics: ControlMetrics, statuses: dict, nodes: int = 0) -> str:
-    report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, statuses=statuses, plan=None,
+    report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, planned=None, checked=False, mismatched=0, statuses=statuses, plan=None,
                              errors={}, of=lambda _topic: [], decisions={})
     snap = SimpleNamespace(specs=statuses, nodes={f"n{i}": None for i in range(nodes)},
                            node_online=lambda name, now, timeout: name != "n0")
@@ -169,7 +169,7 @@ def test_elasticity_metrics_backlog_scale_events_and_preemptions():
     events = [SimpleNamespace(value={"kind": "scaled_up", "model": "paced", "replica_id": None}),
               SimpleNamespace(value={"kind": "preempted", "model": "bulk", "replica_id": "bulk-1"})]
     plan = SimpleNamespace(unplaced={}, preempted={"bulk-1": SimpleNamespace(victim_priority="P2", by_priority="P0")})
-    report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, plan=plan, errors={},
+    report = SimpleNamespace(durations={}, leader=True, guard=None, skipped=None, planned=None, checked=False, mismatched=0, plan=plan, errors={},
                              statuses={"paced": _status("paced", [ReplicaState.READY] * 3)},
                              of=lambda topic: events if topic == "events" else [], decisions={"paced": up})
     snap = SimpleNamespace(specs=report.statuses, nodes={}, node_online=lambda *a: True)
