@@ -19,7 +19,8 @@ Every rule with its reason: docs/control-plane.md, "Placement: the rules".  One 
 
 Who decides what: ``eligibility`` (which nodes and GPUs may hold a replica), ``plan`` (choosing among them,
 keeping, evicting: the allocator; ``preemption`` picks the victims), ``explain`` (every reason's words),
-``results`` (the plan as values).  Here: the full pass ``place`` and the incremental ``Placer``.
+``results`` (the plan as values).  Here: the full pass ``place``, the incremental ``Placer``, and ``Replanner``
+(the reconcile pass's: a full pass whose allocator is kept, then only some models placed again).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from sie.control.placement.results import (
 
 __all__ = [
     "TIER0_ONLY_P0", "UNSCHEDULABLE_PREFIX", "Current", "Excluded", "Placement", "PlacementPlan", "PlanDiff",
-    "PlanStats", "PlanUpdate", "Placer", "Preemption", "Unplaced", "node_eligible", "place", "selector_matches",
-    "validate_tier_request",
+    "PlanStats", "PlanUpdate", "Placer", "Preemption", "Replanner", "Unplaced", "node_eligible", "place",
+    "selector_matches", "validate_tier_request",
 ]
 
 
@@ -72,6 +73,66 @@ def place(
     -> the node it should go to when it fits there (a soft hint, module docstring). Same inputs (in any
     order) -> equal plan."""
     return full_pass(demands, inventory, current, excluded, preempt, overheads, preferred).plan()
+
+
+class Replanner:
+    """A full pass, then passes that place only the models whose demands changed, on its kept allocator::
+
+        place_all(demands, ...)          = place(demands, ...), the allocator kept
+        replace({model: demands}, inv)   = release each model's replicas, keep each one's old slot when it is
+                                           still valid, place the rest in order (preempting as the full pass
+                                           does), re-evaluate every unplaced replica
+
+    The other models keep their placements, as a full pass with this plan as ``current`` keeps every valid one.
+    Where capacity is short a full pass may keep a changed model's slot and move another model's replica
+    instead; ``replace`` moves the changed model's.  Valid only while the inventory, exclusions, hints and
+    overheads are the ones ``place_all`` used: the caller places afresh when any changed.
+    """
+
+    def __init__(self) -> None:
+        self._alloc: Allocator | None = None
+        self._ids: dict[str, list[str]] = {}  # model -> its demanded replica ids
+
+    @property
+    def ready(self) -> bool:
+        return self._alloc is not None
+
+    def place_all(self, demands: Iterable[ReplicaDemand], inventory: ClusterInventory, current: Current | None = None,
+                  excluded: Excluded | None = None, preempt: bool = False, overheads: HostOverheads | None = None,
+                  preferred: Mapping[str, str] | None = None) -> PlacementPlan:
+        demands = unique(demands)
+        self._alloc = full_pass(demands, inventory, current, excluded, preempt, overheads, preferred)
+        self._ids = {}
+        for d in demands:
+            self._ids.setdefault(d.model, []).append(d.replica_id)
+        return self._alloc.plan()
+
+    def replace(self, demands: Mapping[str, list[ReplicaDemand]], inventory: ClusterInventory) -> PlacementPlan:
+        """Place again the models of ``demands`` (model -> its demands now; empty: it is gone)."""
+        alloc = self._alloc
+        if alloc is None:
+            raise RuntimeError("Replanner.replace before place_all")
+        alloc.preempted = {}
+        slots: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for model in sorted(demands):
+            for rid in self._ids.pop(model, ()):
+                p = alloc.placements.get(rid)
+                if p is not None:
+                    slots[rid] = p.slot
+                    alloc.release(rid)
+                alloc.forget_unplaced(rid)
+            if demands[model]:
+                self._ids[model] = [d.replica_id for d in demands[model]]
+        pending = []
+        for d in ordered(unique(d for wanted in demands.values() for d in wanted)):
+            slot = slots.get(d.replica_id)
+            if slot is None or alloc.keep(d, *slot) is None:
+                pending.append(d)
+        for d in pending:
+            alloc.place(d)
+        alloc.refresh_unplaced()
+        plan = alloc.plan()
+        return PlacementPlan(plan.placements, plan.unplaced, inventory, plan.preempted)
 
 
 class Placer:

@@ -24,11 +24,11 @@ of a pass (bench/bench_scale.py).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sie.control.placement.demand import ReplicaDemand
-from sie.control.placement.engine import PlacementPlan, place
+from sie.control.placement.engine import PlacementPlan, Replanner
 from sie.control.placement.host_memory import HostOverheads
 from sie.control.placement.inventory import ClusterInventory
 from sie.control.reconcile.connectors import connector_documents
@@ -71,10 +71,11 @@ def placement_view(inventory: ClusterInventory) -> tuple[Any, ...]:
 
 @dataclass
 class PlacementMemo:
-    """The inputs of the latest placement and its plan."""
+    """The inputs of the latest placement and its plan, and the allocator behind it (``Replanner``)."""
 
     inputs: tuple[Any, ...] | None = None
     plan: PlacementPlan | None = None
+    replanner: Replanner = field(default_factory=Replanner)
 
     def place(self, demands: list[ReplicaDemand], inventory: ClusterInventory, current: Current,
               excluded: Mapping[str, frozenset[str]], preferred: Mapping[str, str], preempt: bool,
@@ -84,10 +85,17 @@ class PlacementMemo:
         inputs = (demands, placement_view(inventory), current, excluded, preferred)
         if self.plan is not None and self.inputs == inputs:
             return PlacementPlan(self.plan.placements, self.plan.unplaced, inventory, self.plan.preempted)
-        plan = place(demands, inventory, current, excluded=excluded, preempt=preempt, overheads=overheads,
-                     preferred=preferred)
+        plan = self.replanner.place_all(demands, inventory, current, excluded=excluded, preempt=preempt,
+                                        overheads=overheads, preferred=preferred)
         self.inputs, self.plan = inputs, plan
         return plan
+
+    def replace(self, demands: Mapping[str, list[ReplicaDemand]], inventory: ClusterInventory) -> PlacementPlan:
+        """Place only the models of ``demands`` again (``Replanner.replace``); the next ``place`` places afresh
+        unless its inputs equal the ones it last placed with."""
+        self.plan = self.replanner.replace(demands, inventory)
+        self.inputs = None
+        return self.plan
 
 
 def templates_of(snap: StateSnapshot, cache: SpecCache) -> dict[str, ReplicaTemplate]:

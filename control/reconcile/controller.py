@@ -140,6 +140,7 @@ class Controller:
         self._last_floors: dict[str, Extra] = {}
         self._status_changed: set[str] = set()
         self._memo_before: Any = None
+        self._moved: tuple[set[str], set[str]] = (set(), set())
         self._redo = False  # the last pass's publish failed: the next one plans everything
 
     # -- the pass ----------------------------------------------------------------------------------
@@ -196,6 +197,9 @@ class Controller:
             plan = step("placement", lambda: self._place(snap, inventory, published, counts, scope))
             if plan is not None:
                 placed = plan
+                self._moved = self.derived.index(placed)  # the models and nodes whose placements changed
+                if self._memo.plan is not None and self._memo.plan.placements is placed.placements:
+                    self._memo.plan.__dict__["by_node"] = placed.by_node
                 only = self._changed_nodes(snap, placed, published, scope)
                 step("assignments", lambda: self._assignments(snap, placed, published, out, only))
                 step("events", lambda: self._placement_events(placed, published, inventory, now, out, only))
@@ -435,7 +439,7 @@ class Controller:
         cool-downs, the director's and the rebalancer's hints; and whether a rollout plans replicas."""
         return (snap.specs, dict(counts), placement_view(inventory), published, dict(self.exclusions),
                 dict(self.director_extra), dict(self._rebalance.preferred), dict(self._rebalance.excluded),
-                bool(self.derived.rolling), snap.connectors)
+                bool(self.derived.rolling) or self._unfinished_rollouts() is None, snap.connectors)
 
     def _same_placement_inputs(self, inputs: tuple[Any, ...]) -> bool:
         last = self._placed_inputs
@@ -449,13 +453,39 @@ class Controller:
             return False
         return inputs[1:3] == last[1:3] and inputs[4:8] == last[4:8] and inputs[9] == last[9]
 
+    def _replaceable(self, inputs: tuple[Any, ...], last: tuple[Any, ...] | None) -> set[str] | None:
+        """The models to place again on the last plan, when only specs and counts changed (and the published
+        assignments agree with that plan); None: place afresh (nodes, cool-downs, hints, connectors or a rollout
+        changed, or the topic holds what this plan does not)."""
+        plan = self._memo.plan
+        if last is None or plan is None or not self._memo.replanner.ready or inputs[8] or last[8] or inputs[9]:
+            return None  # (a connector's replicas follow its model's spec: placed afresh with it)
+        if inputs[2] != last[2] or inputs[4:8] != last[4:8] or inputs[9] != last[9]:
+            return None
+        published, last_published = inputs[3], last[3]
+        for node in set(published) | set(last_published):
+            info = published.get(node)
+            if info is last_published.get(node):
+                continue
+            mine = {(p.replica_id, tuple(p.gpu_indices)) for p in plan.by_node.get(node, ())}
+            if mine != {(a.replica_id, a.gpu_indices) for a in (info.replicas if info is not None else ())}:
+                return None
+        specs, last_specs, counts, last_counts = inputs[0], last[0], inputs[1], last[1]
+        changed = {m for m in set(specs) | set(last_specs) if specs.get(m) is not last_specs.get(m)} \
+            if len(specs) != len(last_specs) or any(specs.get(m) is not s for m, s in last_specs.items()) else set()
+        if counts != last_counts:
+            changed |= {m for m in set(counts) | set(last_counts) if counts.get(m) != last_counts.get(m)}
+        return changed
+
     def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
                counts: Mapping[str, int] | None = None, scope: PassScope | None = None) -> PlacementPlan:
         """The last plan when nothing placement reads changed (no demand is built), else ``place`` (its memo)."""
         inputs = self._placement_inputs(snap, inventory, published, counts or {})
+        last = self._placed_inputs
         same = self._same_placement_inputs(inputs)
         self._placed_inputs = inputs
-        if same and scope is not None and not scope.full and self._memo.plan is not None:
+        changed = None if scope is None or scope.full or same else self._replaceable(inputs, last)
+        if (same or changed == set()) and scope is not None and not scope.full and self._memo.plan is not None:
             kept = self._memo.plan
             plan = PlacementPlan(kept.placements, kept.unplaced, inventory, kept.preempted)
             if "by_node" in kept.__dict__:  # the same placements over the same nodes (``placement_view``)
@@ -463,9 +493,24 @@ class Controller:
             plan, self._evicted = narration.explain_preemptions(narration.explain_exclusions(plan, self.exclusions),
                                                                 self._evicted)
             return plan
+        if changed:
+            wanted = {m: self._specs.model_demands(m, snap.specs[m], (counts or {}).get(m)) if m in snap.specs else []
+                      for m in changed}
+            plan = self._memo.replace(wanted, inventory)
+            self.capacity, self._version_docs = {}, {}
+            plan, self._evicted = narration.explain_preemptions(narration.explain_exclusions(plan, self.exclusions),
+                                                                self._evicted)
+            return plan
+        before = self._memo.plan
+        # the check compares when an incremental pass would have kept the plan as it is
+        keeps = scope is not None and scope.check and before is not None and (same or self._replaceable(inputs, last) == set())
         plan = self._place_afresh(snap, inventory, published, counts)
-        if same and scope is not None and scope.check and plan.placements is not self._memo_before:
-            self.derived.mismatch("placement", {p.model for p in plan.placements.values()})
+        if keeps and before is not None and plan.placements is not before.placements:
+            # placed from scratch with the kept plan as the published one: every valid placement is kept
+            differ = {p.model for rid, p in plan.placements.items() if _where(before.placements.get(rid)) != _where(p)}
+            differ |= {p.model for rid, p in before.placements.items() if rid not in plan.placements}
+            if differ:
+                self.derived.mismatch("placement", differ)
         return plan
 
     def _place_afresh(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
@@ -489,11 +534,12 @@ class Controller:
         ones whose published record changed since (a read-back, another writer) and the ones holding a model
         whose spec changed (its template)."""
         last, self._last_published = self._last_published, dict(published)
-        kept = self.derived.indexed is not None and self.derived.indexed[0] is plan.placements
-        if scope.full or not kept or len(last) != len(published):
-            return None
-        only = {n for n, a in published.items() if last.get(n) is not a}
+        if scope.full or len(last) != len(published) or snap.connectors:
+            return None  # (a connector's template follows its model's spec)
+        only = {n for n, a in published.items() if last.get(n) is not a} | self._moved[1]
+        # a new spec, or a rollout's versions, change the templates and companions its replicas carry
         respecified = {m for m in scope.models if snap.specs.get(m) is not self._last_specs.get(m)}
+        respecified |= self.derived.rolling | self.derived.rolling_changed
         if respecified:
             only |= {n for n, models in self.derived.models_on.items() if models & respecified}
         return only
@@ -527,7 +573,7 @@ class Controller:
         """Each model's status: the ones in scope (and whose placements, cool-downs or director floor changed)
         built again, the others kept from the last pass; on the periodic check, all built and compared."""
         scope = scope if scope is not None else PassScope(full=True)
-        moved = self.derived.index(plan)
+        moved = self._moved[0]
         last_exclusions, self._last_exclusions = self._last_exclusions, dict(self.exclusions)
         last_floors, self._last_floors = self._last_floors, dict(self.director_extra)
         changed = scope.models | moved
@@ -552,3 +598,8 @@ class Controller:
         self._status_changed = {r.key for r in records}
         out.extend(records)
         return statuses
+
+
+def _where(p: Any) -> tuple[Any, ...] | None:
+    """What a placement decides (its ``note`` depends on the order replicas were committed in)."""
+    return None if p is None else (p.node, tuple(p.gpu_indices), p.version, p.gpu_memory_mb)

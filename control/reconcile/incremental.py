@@ -11,10 +11,12 @@ only the models in scope::
               view of rollouts is unknown, or the periodic check is due (``ControlConfig.full_check_s``)
     dirty   = changed models + unfinished rollouts + rollouts that ended + models on nodes that went online or
               offline + models whose count, floor, decision or cool-downs changed
-    the steps plan ``dirty`` (everything when ``full``) and keep the rest of what the last pass derived
-    check   = on a full pass, the statuses and counts the kept state gives are compared with the ones derived
-              from scratch: a mismatch is logged, counted (``sie_control_incremental_mismatches_total``) and
-              repaired (the from-scratch values win)
+    the steps plan ``dirty`` (everything when ``full``) and keep the rest of what the last pass derived:
+              placement re-places only models whose spec or count changed (``Replanner``), Assignments and
+              events cover only nodes whose placements or published records changed
+    check   = on a full pass, the statuses, counts and placements the kept state gives are compared with the
+              ones derived from scratch: a mismatch is logged, counted
+              (``sie_control_incremental_mismatches_total``) and repaired (the from-scratch values win)
 
 =======================================  ====================================================================
 a change                                 what it puts in scope
@@ -33,8 +35,9 @@ nothing                                  nothing: the pass keeps the last plan, 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sie.control.placement.engine import PlacementPlan
@@ -73,14 +76,18 @@ class Derived:
     #: the plan the index below was built from, and node -> models with a replica placed there
     indexed: Any = None
     models_on: dict[str, set[str]] = field(default_factory=dict)
-    #: unfinished rollouts, as the last pass saw them
+    #: unfinished rollouts, as the last pass saw them, and the ones that began or ended at this pass
     rolling: set[str] = field(default_factory=set)
+    rolling_changed: set[str] = field(default_factory=set)
     #: models with a replica the traffic director tracks as hot (looked at every pass)
     director_hot: set[str] = field(default_factory=set)
     #: model -> its count before any floor (the autoscaler's, or the spec's), and the models that can scale
     counts: dict[str, int] = field(default_factory=dict)
     scalable: set[str] = field(default_factory=set)
-    _ids: Any = None
+    #: node -> replica id -> its placement, and sorted (``by_node``); model -> its placed replica ids
+    held_on: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sorted_on: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    ids_of: dict[str, set[str]] = field(default_factory=dict)
     checks: int = 0
     mismatches: int = 0
     last_mismatch: str = ""
@@ -95,7 +102,8 @@ class Derived:
             self.checked_at = now
         models = set(changes.models)
         if rolling is not None:
-            models |= rolling | (self.rolling ^ rolling)
+            self.rolling_changed = self.rolling ^ rolling
+            models |= rolling | self.rolling_changed
             self.rolling = set(rolling)
         for node in changes.nodes:
             models |= self.models_on.get(node, set())
@@ -117,33 +125,52 @@ class Derived:
             out |= self.models_on.get(n, set())
         return out
 
-    def index(self, plan: PlacementPlan) -> set[str]:
-        """Index ``plan``'s placements by node (once per placements object); the models whose placements or
-        unplaced replicas differ from the last indexed plan's (all of them the first time)."""
+    def index(self, plan: PlacementPlan) -> tuple[set[str], set[str]]:
+        """Follow ``plan``'s placements by node and by model, updated by what changed since the last indexed plan
+        (a pass that keeps its plan changes nothing here): (the models whose placements or unplaced replicas
+        differ, the nodes whose placements differ); all of them the first time.  Sets ``plan.by_node``."""
         placements, unplaced = plan.placements, dict(plan.unplaced)
+        before_u = self.indexed[2] if self.indexed is not None else {}
         if self.indexed is not None and self.indexed[0] is placements:
-            before_u = self.indexed[2]
             self.indexed = (placements, self.indexed[1], unplaced)
-            return _differ(before_u, unplaced)
-        before_p, before_u = (self.indexed[1], self.indexed[2]) if self.indexed is not None else ({}, {})
-        models_on: dict[str, set[str]] = {}
-        for p in placements.values():
-            models_on.setdefault(p.node, set()).add(p.model)
-        self.models_on = models_on
+            self._by_node(plan)
+            return _differ(before_u, unplaced), set()
+        before = self.indexed[1] if self.indexed is not None else {}
+        moved: list[tuple[Any, Any]] = [(before.get(rid), p) for rid, p in placements.items()
+                                        if (w := before.get(rid)) is not p and w != p]
+        moved += [(p, None) for rid, p in before.items() if rid not in placements]
+        nodes: set[str] = set()
+        models: set[str] = set()
+        for old, new in moved:
+            if old is not None:
+                self.held_on.get(old.node, {}).pop(old.replica_id, None)
+                self.ids_of.get(old.model, set()).discard(old.replica_id)
+                nodes.add(old.node)
+                models.add(old.model)
+            if new is not None:
+                self.held_on.setdefault(new.node, {})[new.replica_id] = new
+                self.ids_of.setdefault(new.model, set()).add(new.replica_id)
+                nodes.add(new.node)
+                models.add(new.model)
+        for node in nodes:
+            held = self.held_on.get(node, {})
+            self.sorted_on[node] = tuple(held[rid] for rid in sorted(held))
+            self.models_on[node] = {p.model for p in held.values()}
         self.indexed = (placements, dict(placements), unplaced)
-        return _differ(before_p, placements) | _differ(before_u, unplaced)
+        self._by_node(plan)
+        return models | _differ(before_u, unplaced), nodes
 
-    def replica_ids(self, plan: PlacementPlan) -> dict[str, list[str]]:
-        """model -> its replica ids in ``plan`` (placed ones grouped once per placements object)."""
-        cached = self._ids
-        if cached is None or cached[0] is not plan.placements:
-            grouped: dict[str, list[str]] = {}
-            for rid, p in plan.placements.items():
-                grouped.setdefault(p.model, []).append(rid)
-            self._ids = cached = (plan.placements, grouped)
+    def _by_node(self, plan: PlacementPlan) -> None:
+        """``plan.by_node`` from the followed placements (every inventory node present, as ``by_node`` has it)."""
+        by_node = {n.name: self.sorted_on.get(n.name, ()) for n in plan.inventory.nodes}
+        by_node.update((k, v) for k, v in self.sorted_on.items() if v)
+        plan.__dict__["by_node"] = MappingProxyType(by_node)
+
+    def replica_ids(self, plan: PlacementPlan) -> Mapping[str, Collection[str]]:
+        """model -> its replica ids in ``plan`` (the followed placed ones, and the unplaced)."""
         if not plan.unplaced:
-            return cached[1]
-        ids = dict(cached[1])
+            return self.ids_of
+        ids: dict[str, Collection[str]] = dict(self.ids_of)
         for rid, u in plan.unplaced.items():
             ids[u.model] = [*ids.get(u.model, ()), rid]
         return ids

@@ -51,7 +51,7 @@ def model_statuses(snap: StateSnapshot, plan: PlacementPlan, now: float, timeout
                    cooldowns: Mapping[str, list[dict[str, Any]]], decisions: Mapping[str, ScaleDecision],
                    floors: Mapping[str, Extra], published: Mapping[str, ModelStatus],
                    names: Collection[str] | None = None, previous: Mapping[str, ModelStatus] | None = None,
-                   ids: Mapping[str, Sequence[str]] | None = None) -> tuple[dict[str, ModelStatus], list[OutRecord]]:
+                   ids: Mapping[str, Collection[str]] | None = None) -> tuple[dict[str, ModelStatus], list[OutRecord]]:
     """Every applied (or refused) model's ``ModelStatus`` with its autoscaler decision and director floor, and
     a record for each that differs from the ``published`` one (a tombstone for each model gone).  ``names``:
     build only these, keep the others' from ``previous`` (``incremental``); ``ids``: model -> its replica ids

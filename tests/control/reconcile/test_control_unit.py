@@ -135,13 +135,17 @@ def test_two_models_publish_assignments_per_node_with_epoch(world):
 def test_a_pass_with_the_inputs_of_the_last_placement_reuses_its_plan(world, monkeypatch):
     """Placement is a pure function of demands, inventory, current placements, exclusions and hints: a pass whose
     inputs equal the last one's reuses its plan, and any change of them (a node's CPU, a new spec, a published
-    assignment) places afresh.  A node's momentary available memory is never packed against: not an input."""
-    import sie.control.reconcile.assignments as mod
+    assignment) places afresh.  A node's momentary available memory is never packed against: not an input.
+    A new spec alone places only its model again, on the kept plan (``Replanner.replace``)."""
+    from sie.control.placement.engine import Replanner
 
     clock, state, pub, _, ctl = world
     calls: list[int] = []
-    real = mod.place
-    monkeypatch.setattr(mod, "place", lambda *a, **k: calls.append(1) or real(*a, **k))
+    partial: list[set[str]] = []
+    real, real_replace = Replanner.place_all, Replanner.replace
+    monkeypatch.setattr(Replanner, "place_all", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(Replanner, "replace", lambda self, demands, inv: partial.append(set(demands))
+                        or real_replace(self, demands, inv))
 
     def beat(**extra: Any) -> None:
         for node in ("node-a", "node-b"):
@@ -166,7 +170,8 @@ def test_a_pass_with_the_inputs_of_the_last_placement_reuses_its_plan(world, mon
     assert len(calls) == placed + 1 and again.plan.placements == first.plan.placements
     state.apply_spec("beta", spec_record("beta"))
     ctl.reconcile(clock())
-    assert len(calls) == placed + 2 and any("beta-0" in ids for ids in assigned(pub).values())
+    assert len(calls) == placed + 1 and partial == [{"beta"}]
+    assert any("beta-0" in ids for ids in assigned(pub).values())
 
 
 def test_same_state_twice_publishes_nothing(world):
