@@ -22,7 +22,6 @@ the Kubernetes operator and bench/bench_scale.py read those.
 
 from __future__ import annotations
 
-import re
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
@@ -32,13 +31,10 @@ from typing import Any, TypeVar
 
 from sie.control.api.errors import ApiError
 from sie.kernel.errors import ConfigError
-from sie.kernel.names import check_model_name, check_replica_id
+from sie.kernel.names import NODE_NAME_RE, check_model_name, check_replica_id
 
 #: the most items one page may ask for
 MAX_LIMIT = 10_000
-#: node names: the agent's ``--node`` (a Kafka key, a Kubernetes node or host name); ``sie.kernel.names`` has no
-#: rule of its own for them, so the filter admits the characters of a host or Kubernetes node name (an allow-list)
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
 T = TypeVar("T")
 

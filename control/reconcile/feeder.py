@@ -22,7 +22,7 @@ from typing import Any
 
 from sie.control.reconcile.records import Clock, ClusterState
 from sie.kernel.clients import BARRIER_FETCH_WAIT_MS, KafkaClients, state_reader_config
-from sie.kernel.names import SYSTEM_TOPICS
+from sie.kernel.names import SYSTEM_TOPICS, check_node_name
 from sie.kernel.supervised import SupervisedThread, ThreadStatus
 
 log = logging.getLogger(__name__)
@@ -441,6 +441,10 @@ class StateFeeder:
             key = raw_key.decode("utf-8") if raw_key else ""
             value = msg.value()
             record = decode_value(value, RECORD_OF_TOPIC.get(suffix or "")) if value is not None else None
+            if suffix in ("nodes", "assignments"):
+                check_node_name(key, f"{suffix} record key")  # a node name from data: refused where decoded
+            elif suffix == "heartbeats" and record is not None:
+                check_node_name(record.get("node"), "heartbeat node")
             if suffix == "specs":
                 self._state.apply_spec(key, record)
             elif suffix == "nodes":

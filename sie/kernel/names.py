@@ -57,6 +57,9 @@ MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
 #: replica ids (``<model>-<n>``, ``cdc:<connector>-<n>``): a folder under the agent's work directory, a process
 #: name, a Kafka key; never a path separator, never a leading dot
 REPLICA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+#: node names (the agent's ``--node``): the key of the node's records on Kafka, a folder under the agent's work
+#: directory, a host or Kubernetes node name; never a path separator, never a leading dot
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 #: a Kafka topic name (Kafka's own rule, as the spec parser checks it)
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -66,6 +69,14 @@ def check_model_name(name: object, what: str = "model name") -> str:
     if not isinstance(name, str) or not MODEL_NAME_RE.fullmatch(name):
         raise ConfigError(f"{what}: must be lowercase [a-z0-9._-], start with a letter or digit, at most 200 "
                           f"characters (got {_shown(name)})")
+    return name
+
+
+def check_node_name(name: object, what: str = "node name") -> str:
+    """``name`` if it can name a node (its records' key, its work folder), else a ``ConfigError`` naming the rule."""
+    if not isinstance(name, str) or not NODE_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{what}: must match {NODE_NAME_RE.pattern} (a host or Kubernetes node name: letters, "
+                          f"digits, '.', '_', ':', '-'; no '/', no leading '.'; got {_shown(name)})")
     return name
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from sie.kernel.errors import ConfigError, SpecError
-from sie.kernel.names import Names, check_instance, check_model_name, check_replica_id
+from sie.kernel.names import Names, check_instance, check_model_name, check_node_name, check_replica_id
 from sie.schemas.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +36,7 @@ def _refused(check: Callable[[str], Any], value: str) -> bool:
 CHECKS: dict[str, Callable[[str], Any]] = {
     "model name": check_model_name,
     "replica id": check_replica_id,
+    "node name": check_node_name,
     "instance": check_instance,
     "data topic": lambda t: Names().data_topic_problem("churn", t),
 }
@@ -45,7 +46,7 @@ CHECKS: dict[str, Callable[[str], Any]] = {
 def test_a_trailing_newline_never_passes_a_name_rule(rule: str):
     check = CHECKS[rule]
     good = {"model name": "churn", "replica id": "churn-0", "instance": "churn-0",
-            "data topic": "orders.scored"}[rule]
+            "data topic": "orders.scored", "node name": "gpu-node-7.example.internal"}[rule]
     assert not _refused(check, good), f"{rule}: {good!r} must pass"
     for bad in (good + "\n", good + "\r\n", "\n" + good):
         assert _refused(check, bad), f"{rule}: {bad!r} passed"
@@ -112,3 +113,16 @@ def test_no_anchored_pattern_is_used_with_match_or_search_anywhere():
     found = [hit for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
              for hit in _match_calls_on_anchored_patterns(path)]
     assert found == [], "use .fullmatch for a whole-name rule (a '$' lets a trailing newline through): " + ", ".join(found)
+
+
+@pytest.mark.parametrize("node", ["../etc", "a/b", ".hidden", "", "x" * 254, "node a", "ノード"])
+def test_a_node_name_that_is_not_a_host_name_is_refused_by_the_agent_and_the_state_reader(node: str):
+    """A node name is a Kafka key and a folder under the agent's work directory (``<work-dir>/<node>/``)."""
+    from sie.workers.agent.loop import AgentConfig
+
+    with pytest.raises(ConfigError, match=r"sie agent --node: must match"):
+        AgentConfig(node=node)
+    with pytest.raises(ConfigError, match="nodes record key"):
+        check_node_name(node, "nodes record key")
+    for good in ("node-a", "ip-10-0-0-7.ec2.internal", "k8s-worker:1"):
+        assert AgentConfig(node=good).node == good

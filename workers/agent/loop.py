@@ -82,6 +82,11 @@ class AgentConfig:
     #: a taken pool worker is replaced this long after (its import would compete with the replica's start)
     warm_pool_refill_s: float = 3.0
 
+    def __post_init__(self) -> None:
+        from sie.kernel.names import check_node_name
+
+        check_node_name(self.node, "sie agent --node")  # a Kafka key and a folder: refused now, by its rule
+
     def node_work_dir(self, settings: Settings) -> Path:
         return (self.work_dir or settings.cache_dir / "agent") / self.node
 

@@ -229,6 +229,19 @@ def test_a_record_whose_key_or_value_cannot_be_read_is_skipped_with_its_coordina
     assert f.feeder.thread_status().restarts == 0  # the feed never stopped
 
 
+def test_a_node_name_that_breaks_its_rule_is_skipped_where_it_is_decoded(feeds):
+    """A node's name is a folder and a key: a registration, an Assignment or a heartbeat naming ``../x`` (written
+    past the agents) is skipped and counted; the good records around it are applied."""
+    f = feed(feeds, [
+        msg("nodes", 0, 0, "../x", registration("../x")),
+        msg("heartbeats", 0, 0, "../x", heartbeat("../x", RECENT_MS)),
+        msg("nodes", 0, 1, "node-a", registration("node-a")),
+    ])
+    wait_until(f.feeder.caught_up.is_set, message="caught up")
+    assert f.feeder.skipped == 2 and set(f.state.nodes) == {"node-a"} and "../x" not in f.state.heartbeats
+    assert "node name" in f.feeder.last_skipped or "must match" in f.feeder.last_skipped
+
+
 def test_the_undecodable_key_is_shown_escaped_never_raw(feeds):
     f = feed(feeds, [FakeMessage(topic("specs"), 0, 0, b"bad\xffkey", b"x")])
     wait_until(f.feeder.caught_up.is_set, message="caught up")
