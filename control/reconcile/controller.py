@@ -142,6 +142,7 @@ class Controller:
         self._memo_before: Any = None
         self._moved: tuple[set[str], set[str]] = (set(), set())
         self._redo = False  # the last pass's publish failed: the next one plans everything
+        self._standby_follows = False
 
     # -- the pass ----------------------------------------------------------------------------------
 
@@ -174,6 +175,8 @@ class Controller:
         if leader and not self._term.seeded:
             self._seed_term(now)
         role, self._role = self._role, (leader, epoch)
+        # a standby seeds the leader's decisions and floors from every status record once, then follows changes
+        self._standby_follows = not leader and role == (leader, epoch)
         mismatches = self.derived.mismatches
         # a new role, or a pass whose records were not published: what is kept may not be what the topics hold
         redo, self._redo = self._redo, False
@@ -241,6 +244,10 @@ class Controller:
         self._director_released = {}
         if self.config.director is None:
             self.director_extra.clear()
+        elif not leader and self._standby_follows and not scope.full:
+            # a standby follows the leader's floors: those of the models whose status record changed
+            floors = takeover.seed_director_floors(self._status_records(scope.models), snap)
+            self.director_extra = {m: e for m, e in self.director_extra.items() if m not in scope.models} | floors
         elif not leader or not self._term.director_seeded:
             # a standby follows the leader's floors; a new leader continues them
             self.director_extra = takeover.seed_director_floors(self._status_records(), snap)
@@ -304,9 +311,12 @@ class Controller:
 
     # -- the steps: each hands the state it keeps to a module of pure functions, and keeps the answer -----
 
-    def _status_records(self) -> dict[str, Any]:
+    def _status_records(self, names: set[str] | None = None) -> dict[str, Any]:
+        """The model-status records on the topic (``names``: only these models')."""
         with self.state._lock:  # noqa: SLF001 - the one place that seeds from the topic
-            return dict(self.state.model_status)
+            if names is None:
+                return dict(self.state.model_status)
+            return {m: self.state.model_status[m] for m in names if m in self.state.model_status}
 
     def _seed_term(self, now: float) -> None:
         self._status_published, reported, self.exclusions = takeover.seed_term(
@@ -358,7 +368,11 @@ class Controller:
             fresh = {name: desired_count(snap.specs[name]) for name in (snap.specs if names is None else names)
                      if name in snap.specs}
         else:
-            if not leader or not self._term.decisions_seeded:
+            if not leader and self._standby_follows and not scope.full:
+                # a standby follows the leader's decisions: those of the models whose status record changed
+                self.decisions = {m: d for m, d in self.decisions.items() if m not in scope.models} | \
+                    takeover.seed_decisions(self._status_records(scope.models), now)
+            elif not leader or not self._term.decisions_seeded:
                 self.decisions = takeover.seed_decisions(self._status_records(), now)
                 self._term.decisions_seeded = leader
                 scope.full = True  # the seeded decisions may differ for any model
