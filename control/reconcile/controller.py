@@ -412,7 +412,7 @@ class Controller:
         kept = self.derived
         names = scope.names()
         if names is not None:
-            names = names | kept.director_hot | set(self.director_extra) | kept.placed_on(scope.gpus)
+            names = names | scope.signals | kept.director_hot | set(self.director_extra) | kept.placed_on(scope.gpus)
         look = scaling.direct_replicas(snap, self._published_view(snap), self._director_tracks, self.director_extra,
                                        counts, self.rollouts.in_progress, now, self.config.node_timeout_s,
                                        self.config.director, names, kept.models_on)

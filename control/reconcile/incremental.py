@@ -22,7 +22,8 @@ only the models in scope::
 a change                                 what it puts in scope
 =======================================  ====================================================================
 spec applied or deleted                  the model
-heartbeat                                the models of the replicas it reports differently (not its time)
+heartbeat                                the models of the replicas it reports differently (not its time; a
+                                         replica's lag or p99 only for the traffic director)
 replica-status, model-status             the model
 Assignment read                          the models whose entries changed, the node
 node registration                        the node (placement compares the inventory every pass)
@@ -52,8 +53,10 @@ class PassScope:
 
     full: bool
     models: set[str] = field(default_factory=set)
-    #: nodes whose GPU utilisation changed (what the traffic director reads besides the replicas' reports)
+    #: nodes whose GPU utilisation changed, models whose replicas' lag or p99 changed (what the traffic director
+    #: reads; nothing else in a pass does)
     gpus: set[str] = field(default_factory=set)
+    signals: set[str] = field(default_factory=set)
     #: this full pass is the periodic check (compare the kept state with the one derived from scratch)
     check: bool = False
 
@@ -107,7 +110,8 @@ class Derived:
             self.rolling = set(rolling)
         for node in changes.nodes:
             models |= self.models_on.get(node, set())
-        return PassScope(full, models, set(changes.gpus), check and not force_full and not changes.everything)
+        return PassScope(full, models, set(changes.gpus), set(changes.signals),
+                         check and not force_full and not changes.everything)
 
     def keep(self, taken: Changes) -> None:
         """A skipped pass's changes wait for the next acting one."""

@@ -298,18 +298,21 @@ class Changes:
     #: nodes whose registration or Assignment changed
     nodes: set[str] = field(default_factory=set)
     everything: bool = False
-    #: nodes whose GPUs' utilisation changed (the traffic director's signal)
+    #: nodes whose GPUs' utilisation changed, models whose replicas' lag or p99 changed (the director's signals)
     gpus: set[str] = field(default_factory=set)
+    signals: set[str] = field(default_factory=set)
 
     def merge(self, other: Changes) -> Changes:
         return Changes(self.models | other.models, self.nodes | other.nodes, self.everything or other.everything,
-                       self.gpus | other.gpus)
+                       self.gpus | other.gpus, self.signals | other.signals)
 
 
-def _report_key(r: ReplicaReport) -> tuple[Any, ...]:
-    """What a heartbeat says of a replica, but when (``at`` moves with every heartbeat)."""
-    return (r.model, r.version, r.state, r.reason, r.restarts, r.pid, r.metrics_address, r.lag, r.p99_ms, r.records,
-            r.inference_rps, r.process, r.outage, r.outage_since, r.versions)
+def _report_key(r: ReplicaReport) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What a heartbeat says of a replica that a status shows, and what the traffic director reads (its lag and
+    p99).  Not its time (it moves with every heartbeat), nor the counters only the autoscaler reads (its models
+    are planned every pass) or the API shows from the state itself."""
+    return ((r.model, r.version, r.state, r.reason, r.restarts, r.process, r.outage, r.outage_since, r.versions),
+            (r.lag, r.p99_ms))
 
 
 @dataclass
@@ -355,6 +358,8 @@ class ClusterState:
         #: start replays 10 minutes of events, thousands at 1,000 models)
         self._event_positions: set[tuple[int, int]] = {e.position for e in self.events if e.position is not None}
         self._node_states: dict[str, Any] = {}  # ``StateSnapshot.inventory``'s, shared by the snapshots
+        #: node -> replica id -> ``_report_key`` of its latest heartbeat's report
+        self._report_keys: dict[str, dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]]] = {}
         #: what the records applied since the last ``take_changes`` touched (the first pass plans everything)
         self._changes = Changes(everything=True)
 
@@ -468,7 +473,7 @@ class ClusterState:
         gpus = tuple(_gpu(g) for g in record.get("gpus") or ())
         with self._lock:
             old = self.heartbeats.get(node)
-            self._heartbeat_changes(old, reports)
+            self._heartbeat_changes(node, reports)
             if old is None or [g.utilization_pct for g in old.gpus] != [g.utilization_pct for g in gpus]:
                 self._changes.gpus.add(node)
             # one node's heartbeats share a partition (key = node): the one read last is the newest
@@ -491,14 +496,22 @@ class ClusterState:
                 if r.state == ReplicaState.FAILED:
                     self.failures.append(r)
 
-    def _heartbeat_changes(self, old: HeartbeatInfo | None, reports: tuple[ReplicaReport, ...]) -> None:
-        """The models whose replicas this heartbeat reports differently from the node's last one (O(its replicas))."""
-        before = {r.replica_id: _report_key(r) for r in old.replicas} if old is not None else {}
+    def _heartbeat_changes(self, node: str, reports: tuple[ReplicaReport, ...]) -> None:
+        """The models whose replicas this heartbeat reports differently from the node's last one (O(its replicas);
+        the last one's keys are kept, not made again)."""
+        before = self._report_keys.get(node, {})
+        now: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         for r in reports:
-            if before.pop(r.replica_id, None) != _report_key(r):
+            key = now[r.replica_id] = _report_key(r)
+            old = before.get(r.replica_id)
+            if old is None or old[0] != key[0]:
                 self._changes.models.add(r.model)
-        for _rid, key in before.items():  # no longer reported
-            self._changes.models.add(key[0])
+            elif old[1] != key[1]:
+                self._changes.signals.add(r.model)
+        for rid, key in before.items():
+            if rid not in now:  # no longer reported
+                self._changes.models.add(key[0][0])
+        self._report_keys[node] = now
 
     def apply_replica_status(self, record: Mapping[str, Any]) -> None:
         report = ReplicaReport(
@@ -580,6 +593,7 @@ class ClusterState:
         hb = self.heartbeats.get(node)
         if hb is not None and (hb.alive_at or 0.0) <= at:
             del self.heartbeats[node]
+            self._report_keys.pop(node, None)
         info = self.nodes.get(node)
         if info is not None and info.started_at <= at:
             del self.nodes[node]

@@ -168,5 +168,9 @@ def test_the_journal_names_what_records_touched():
     assert state.take_changes().models == set()  # the same reports at a later time
     heartbeat(state, "node-a", 3.0, [gpu(0)], [report("alpha-0", "STARTING")])
     assert state.take_changes().models == {"alpha", "beta"}  # one changed, one no longer reported
+    lagging = {**report("alpha-0", "STARTING"), "lag": 500}
+    heartbeat(state, "node-a", 4.0, [gpu(0)], [lagging])
+    changes = state.take_changes()
+    assert (changes.models, changes.signals) == (set(), {"alpha"})  # the director's signal, not a status input
     state.apply_event({"ts_ms": 0, "kind": "cooldown_reset_requested", "replica_id": "alpha-0"})
     assert state.take_changes().everything
