@@ -414,13 +414,13 @@ class ControlService:
             pass
 
     def _autoscaled_models(self) -> dict[str, tuple[str, str]]:
-        """Models whose count can change (min != max, P0 never below one): name -> (scorer group, request topic)."""
+        """Models whose count can change (min != max, P0 never below one): name -> (scorer group, request topic);
+        the leader's passes keep the set (``Derived.scalable``), so a sample reads no other model."""
         if not self.elector.is_leader:
             return {}
-        from sie.control.reconcile.counts import can_scale
-
+        specs = self.state.specs
         return {name: (spec.group_id, spec.topics.requests)
-                for name, spec in self.state.snapshot().specs.items() if can_scale(spec)}
+                for name in sorted(self.controller.derived.scalable) if (spec := specs.get(name)) is not None}
 
     # -- loop --------------------------------------------------------------------------------------
 

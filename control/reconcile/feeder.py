@@ -40,6 +40,35 @@ RECORD_OF_TOPIC = {
 }
 
 
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro long (zig-zag varint) at ``pos``: (its value, the position after it)."""
+    shift = result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def heartbeat_head(value: bytes, current: bytes) -> tuple[str, int, int, bytes] | None:
+    """(node, ts_ms, seq, everything else) of a heartbeat written with the ``current`` schema (its fingerprint:
+    node, ts_ms and seq lead it), without decoding the rest; None for anything else."""
+    if len(value) < 10 or value[2:10] != current or value[:2] != b"\xc3\x01":
+        return None
+    try:
+        size, pos = _varint(value, 10)
+        node = value[pos:pos + size].decode("utf-8")
+        ts_ms, pos = _varint(value, pos + size)
+        seq, pos = _varint(value, pos)
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+    return node, ts_ms, seq, value[pos:]
+
+
 def decode_value(value: bytes, expected: str | None = None) -> dict[str, Any]:
     """Avro single-object bytes -> record dict (the codec may return ``(name, record)``); with ``expected``,
     a record of another type is an error."""
@@ -154,6 +183,11 @@ class StateFeeder:
         #: called (with the topic suffix) after a live record of a ``WAKE_TOPICS`` topic was applied
         self._on_change = on_change
         self._topics = {settings.names.system_topic(s): s for s in topics if s in SYSTEM_TOPICS}
+        from sie.schemas import avro_codec
+
+        #: the current Heartbeat schema's fingerprint, and each node's last live heartbeat after its seq
+        self._heartbeat_fp = avro_codec.default_codec().fingerprint("Heartbeat")
+        self._heartbeat_rest: dict[str, bytes] = {}
         self.caught_up = threading.Event()
         #: the feeder's clock when the current run caught up (None while not caught up)
         self.caught_up_at: float | None = None
@@ -441,6 +475,8 @@ class StateFeeder:
             key = raw_key.decode("utf-8") if raw_key else ""
             value = msg.value()
             record = decode_value(value, RECORD_OF_TOPIC.get(suffix or "")) if value is not None else None
+            if suffix == "heartbeats" and live and value is not None and self._unchanged_heartbeat(value):
+                return  # the node's last heartbeat again: only its time moved
             if suffix in ("nodes", "assignments"):
                 check_node_name(key, f"{suffix} record key")  # a node name from data: refused where decoded
             elif suffix == "heartbeats" and record is not None:
@@ -462,6 +498,7 @@ class StateFeeder:
             elif suffix == "heartbeats":
                 if live:
                     self._state.apply_heartbeat(record, seen_at=self._clock())
+                    self._remember_heartbeat(value)
                 else:
                     self._state.apply_heartbeat(record, seen_at=None, replayed_at=self._replayed_at(msg))
             elif suffix == "replica-status":
@@ -473,6 +510,21 @@ class StateFeeder:
             return
         if live and suffix in WAKE_TOPICS and self._on_change is not None:
             self._on_change(suffix)
+
+    def _unchanged_heartbeat(self, value: bytes) -> bool:
+        """A live heartbeat byte-equal to the node's last one but for its time and sequence: the state keeps the
+        last one with the new time (``touch_heartbeat``), nothing is decoded.  At 1,000 nodes every 2 s, decoding
+        and folding unchanged heartbeats was most of a steady leader's CPU."""
+        head = heartbeat_head(value, self._heartbeat_fp)
+        if head is None or self._heartbeat_rest.get(head[0]) != head[3]:
+            return False
+        node, ts_ms, seq, _ = head
+        return self._state.touch_heartbeat(node, self._clock(), ts_ms / 1000.0, seq)
+
+    def _remember_heartbeat(self, value: bytes) -> None:
+        head = heartbeat_head(value, self._heartbeat_fp)
+        if head is not None:
+            self._heartbeat_rest[head[0]] = head[3]
 
     def _skip(self, msg: Any, suffix: str | None, exc: Exception) -> None:
         raw_key = msg.key()

@@ -513,6 +513,27 @@ class ClusterState:
                 self._changes.models.add(key[0][0])
         self._report_keys[node] = now
 
+    def touch_heartbeat(self, node: str, seen_at: float, sent_at: float, seq: int) -> bool:
+        """A live heartbeat that says what the node's last one said (the feeder compared their bytes): only its
+        time and sequence move.  False (the caller applies the whole record): no heartbeat of the node kept, the
+        node was forgotten, or the last one reports a FAILED replica (each report of it is a failure to record)."""
+        with self._lock:
+            hb = self.heartbeats.get(node)
+            if hb is None or node in self.forgotten:
+                return False
+            failed = hb.__dict__.get("_failed")
+            if failed is None:
+                failed = any(r.state == ReplicaState.FAILED for r in hb.replicas)
+                object.__setattr__(hb, "_failed", failed)
+            if failed:
+                return False
+            touched = replace(hb, seen_at=seen_at, sent_at=sent_at, seq=seq)
+            for cached in ("_by_id", "_failed"):  # same replicas, same answers
+                if cached in hb.__dict__:
+                    object.__setattr__(touched, cached, hb.__dict__[cached])
+            self.heartbeats[node] = touched
+            return True
+
     def apply_replica_status(self, record: Mapping[str, Any]) -> None:
         report = ReplicaReport(
             replica_id=str(record["replica_id"]),
