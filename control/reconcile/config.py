@@ -55,7 +55,7 @@ class ControlConfig:
     rebalance: RebalancePolicy = RebalancePolicy()
     #: how often a pass plans every model and checks the state kept between passes against it (``incremental``);
     #: the passes between plan only the models whose inputs changed
-    full_check_s: float = 60.0
+    full_check_s: float = 300.0
 
     def __post_init__(self) -> None:
         from sie.kernel.errors import ConfigError

@@ -99,7 +99,9 @@ class Derived:
               force_full: bool) -> PassScope:
         """This pass's scope from the journal (the module's table); the pending changes are consumed."""
         changes, self.pending = self.pending.merge(taken), Changes()
-        check = now - self.checked_at >= check_every_s
+        # due, and not on a pass carrying an operator's apply (it would wait behind the check) unless overdue
+        overdue = now - self.checked_at
+        check = overdue >= check_every_s and (not changes.applied or overdue >= 2 * check_every_s)
         full = changes.everything or rolling is None or force_full or check
         if check:
             self.checked_at = now

@@ -301,10 +301,12 @@ class Changes:
     #: nodes whose GPUs' utilisation changed, models whose replicas' lag or p99 changed (the director's signals)
     gpus: set[str] = field(default_factory=set)
     signals: set[str] = field(default_factory=set)
+    #: a spec or connector record was read (an operator's change: the periodic check waits for a pass without one)
+    applied: bool = False
 
     def merge(self, other: Changes) -> Changes:
         return Changes(self.models | other.models, self.nodes | other.nodes, self.everything or other.everything,
-                       self.gpus | other.gpus, self.signals | other.signals)
+                       self.gpus | other.gpus, self.signals | other.signals, self.applied or other.applied)
 
 
 def _report_key(r: ReplicaReport) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -371,6 +373,7 @@ class ClusterState:
 
         with self._lock:
             self._changes.models.add(name)
+            self._changes.applied = True
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
                 self.spec_errors.pop(name, None)
@@ -399,7 +402,7 @@ class ClusterState:
         from sie.schemas.connector_store import connector_from_record
 
         with self._lock:
-            self._changes.everything = True  # a connector's replicas are few: not tracked per connector
+            self._changes.everything = self._changes.applied = True  # a connector's replicas are few: not tracked
             try:
                 info = connector_from_record(dict(record)) if record is not None else None
             except Exception as exc:  # a connector we cannot read is a status, not a crash

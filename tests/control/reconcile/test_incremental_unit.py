@@ -174,3 +174,16 @@ def test_the_journal_names_what_records_touched():
     assert (changes.models, changes.signals) == (set(), {"alpha"})  # the director's signal, not a status input
     state.apply_event({"ts_ms": 0, "kind": "cooldown_reset_requested", "replica_id": "alpha-0"})
     assert state.take_changes().everything
+
+
+def test_a_due_check_waits_for_a_pass_without_an_apply_at_most_one_more_period(ready):
+    clock, state, pub, ctl = ready
+    state.apply_spec("delta", spec_record("delta", 2048))
+    rep = ctl.reconcile(clock.advance(CHECK_S))
+    assert not rep.checked and "delta" in rep.planned  # the apply does not wait behind a full pass
+    rep = ctl.reconcile(clock.advance(1))
+    assert rep.checked and rep.mismatched == 0
+    for step in range(3):  # an apply on every pass: the check runs once overdue by a whole period
+        state.apply_spec("delta", spec_record("delta", 2048 + step))
+        rep = ctl.reconcile(clock.advance(CHECK_S))
+        assert rep.checked == (step == 1), step

@@ -196,3 +196,25 @@ def test_repeats_interleaved_with_other_events_are_one_row_each_at_their_latest_
     assert [(r["kind"], r["count"], r["first_ts_ms"], r["ts_ms"]) for r in rows] == [
         ("unschedulable", 2, 2000, 4000), ("scale_blocked", 3, 1000, 5000), ("placed", 1, 6000, 6000)]
     assert [r["kind"] for r in event_rows(state.snapshot().events, 2)] == ["scale_blocked", "placed"]
+
+
+def test_the_heap_keeper_freezes_after_the_first_acting_pass_and_then_once_a_period(monkeypatch):
+    import gc
+
+    from sie.control.service import HeapKeeper
+
+    calls: list[str] = []
+    for name in ("unfreeze", "collect", "freeze"):
+        monkeypatch.setattr(gc, name, lambda *a, _n=name: calls.append(_n))
+    now = [0.0]
+    keeper = HeapKeeper(every_s=600.0, clock=lambda: now[0])
+    keeper.after_pass(acted=False)
+    assert calls == []  # nothing loaded yet
+    keeper.after_pass(acted=True)
+    assert calls == ["unfreeze", "collect", "freeze"]
+    now[0] = 599.0
+    keeper.after_pass(acted=True)
+    assert len(calls) == 3
+    now[0] = 600.0
+    keeper.after_pass(acted=True)
+    assert calls[3:] == ["unfreeze", "collect", "freeze"]
