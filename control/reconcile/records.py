@@ -165,8 +165,10 @@ class HeartbeatInfo:
     @property
     def alive_at(self) -> float | None:
         """The latest proof of life, live or replayed."""
-        stamps = [t for t in (self.seen_at, self.replayed_at) if t is not None]
-        return max(stamps) if stamps else None
+        seen, replayed = self.seen_at, self.replayed_at
+        if seen is None or replayed is None:
+            return seen if replayed is None else replayed
+        return seen if seen >= replayed else replayed
 
 
 @dataclass(frozen=True)
@@ -726,12 +728,18 @@ class StateSnapshot:
     #: node -> (its registration, what else its state is made of, the NodeState): ``inventory`` builds a node's
     #: state once per value (at 1,000 nodes x 8 GPUs, building them every pass was most of the nodes step)
     _node_states: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: (node, now, timeout) -> online: asked for every replica of a status and every node of a pass
+    _online: dict[tuple[str, float, float], bool] = field(default_factory=dict, compare=False, repr=False)
 
     def node_online(self, name: str, now: float, timeout_s: float) -> bool:
         """A heartbeat of the node was seen (live, or replayed at its broker time) within ``timeout_s``."""
-        hb = self.heartbeats.get(name)
-        alive_at = hb.alive_at if hb is not None else None
-        return alive_at is not None and now - alive_at <= timeout_s
+        key = (name, now, timeout_s)
+        online = self._online.get(key)
+        if online is None:
+            hb = self.heartbeats.get(name)
+            alive_at = hb.alive_at if hb is not None else None
+            online = self._online[key] = alive_at is not None and now - alive_at <= timeout_s
+        return online
 
     def heard_live(self, name: str, now: float, timeout_s: float) -> bool:
         """A heartbeat of the node was READ live within ``timeout_s`` (replayed ones do not count)."""

@@ -150,16 +150,24 @@ class DirectorPass:
 
 def director_signals(snap: StateSnapshot, published: Mapping[str, AssignmentInfo], now: float,
                      timeout_s: float, names: Collection[str] | None = None,
-                     models_on: Mapping[str, set[str]] | None = None) -> dict[str, list[Signal]]:
+                     models_on: Mapping[str, set[str]] | None = None, hot_queue: float | None = None,
+                     keep: Collection[str] = ()) -> dict[str, list[Signal]]:
     """model -> a ``Signal`` per READY replica on an online node (the GPU utilisation of the replica's GPUs as
     published, its scorer's lag as the queue, its p99).  ``names``: only these models, read from the nodes
-    ``models_on`` places them on (node -> models) and the nodes that report them."""
+    ``models_on`` places them on (node -> models) and the nodes that report them.  ``hot_queue``: only the
+    models with a replica whose queue is above it (none of the others can be hot), and the ``keep`` ones."""
     beats = snap.heartbeats
     if names is not None:
         wanted = set(names)
         nodes = {n for n, models in (models_on or {}).items() if models & wanted}
         beats = {n: beats[n] for n in nodes if n in beats}
         published = {n: published[n] for n in nodes if n in published}
+    if hot_queue is not None:  # only models with a replica whose queue could make it hot, and the ``keep`` ones
+        queued = {r.model for hb in beats.values() for r in hb.replicas if r.lag is not None and r.lag > hot_queue}
+        wanted = (queued | set(keep or ())) & (set(names) if names is not None else queued | set(keep or ()))
+        names = wanted
+        if not wanted:
+            return {}
     where = {a.replica_id: (node, a.gpu_indices) for node, info in published.items() for a in info.replicas}
     by_model: dict[str, list[Signal]] = {}
     for node, hb in sorted(beats.items()):
@@ -187,7 +195,8 @@ def direct_replicas(snap: StateSnapshot, published: Mapping[str, AssignmentInfo]
     maximum, never while a rollout of the model is in progress, released by the director's hysteresis.
     Each decision is a ``director`` event with the numbers behind it (``sie describe model`` lists it).
     ``names``: look only at these models (the others' tracks and floors are kept, ``incremental``)."""
-    by_model = director_signals(snap, published, now, timeout_s, names, models_on)
+    # a model none of whose replicas could be hot and that holds no floor decides nothing: not looked at
+    by_model = director_signals(snap, published, now, timeout_s, names, models_on, policy.hot_queue, set(floors))
     result = DirectorPass(dict(tracks), dict(floors))
     looked = set(by_model) | set(floors) if names is None else (set(by_model) | set(floors)) & set(names)
     for model in sorted(looked):
