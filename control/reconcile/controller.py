@@ -141,6 +141,8 @@ class Controller:
         self._status_changed: set[str] = set()
         self._memo_before: Any = None
         self._moved: tuple[set[str], set[str]] = (set(), set())
+        #: models whose spec record was read since the last placement (the journal's; cleared when it placed)
+        self._specced: set[str] = set()
         self._redo = False  # the last pass's publish failed: the next one plans everything
         self._standby_follows = False
 
@@ -162,7 +164,7 @@ class Controller:
         self._begin_term(leader, epoch)
         # before the snapshot: the takeover's read barrier must cover what this pass reads
         loading = self.takeover.not_loaded(epoch) if leader else None
-        snap, taken = self.state.snapshot_and_changes()
+        snap, taken = self.state.snapshot_and_changes(self)
         wait = takeover.stale_reason(self.view, snap, now, self.config.node_timeout_s) or loading
         if wait is not None:
             self.derived.keep(taken)
@@ -459,13 +461,17 @@ class Controller:
         last = self._placed_inputs
         if last is None or self._memo.plan is None or inputs[8] or last[8]:
             return False
-        specs, last_specs = inputs[0], last[0]
-        if len(specs) != len(last_specs) or any(specs.get(m) is not s for m, s in last_specs.items()):
+        if self._respecified(inputs[0], last[0]):
             return False
         published, last_published = inputs[3], last[3]
         if len(published) != len(last_published) or any(published.get(n) is not a for n, a in last_published.items()):
             return False
         return inputs[1:3] == last[1:3] and inputs[4:8] == last[4:8] and inputs[9] == last[9]
+
+    def _respecified(self, specs: Mapping[str, Any], last: Mapping[str, Any]) -> set[str]:
+        """The models whose spec object differs from the last placement's: among those whose spec record was read
+        since (the journal), so a pass with none compares nothing."""
+        return {m for m in self._specced if specs.get(m) is not last.get(m)}
 
     def _replaceable(self, inputs: tuple[Any, ...], last: tuple[Any, ...] | None) -> set[str] | None:
         """The models to place again on the last plan, when only specs and counts changed (and the published
@@ -484,16 +490,23 @@ class Controller:
             mine = {(p.replica_id, tuple(p.gpu_indices)) for p in plan.by_node.get(node, ())}
             if mine != {(a.replica_id, a.gpu_indices) for a in (info.replicas if info is not None else ())}:
                 return None
-        specs, last_specs, counts, last_counts = inputs[0], last[0], inputs[1], last[1]
-        changed = {m for m in set(specs) | set(last_specs) if specs.get(m) is not last_specs.get(m)} \
-            if len(specs) != len(last_specs) or any(specs.get(m) is not s for m, s in last_specs.items()) else set()
+        counts, last_counts = inputs[1], last[1]
+        changed = self._respecified(inputs[0], last[0])
         if counts != last_counts:
             changed |= {m for m in set(counts) | set(last_counts) if counts.get(m) != last_counts.get(m)}
         return changed
 
     def _place(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
                counts: Mapping[str, int] | None = None, scope: PassScope | None = None) -> PlacementPlan:
-        """The last plan when nothing placement reads changed (no demand is built), else ``place`` (its memo)."""
+        """The last plan when nothing placement reads changed (no demand is built), the last plan with only the
+        changed models placed again (``Replanner``), else ``place`` (its memo)."""
+        plan = self._placement(snap, inventory, published, counts, scope)
+        self._specced = set()
+        return plan
+
+    def _placement(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
+                   counts: Mapping[str, int] | None = None, scope: PassScope | None = None) -> PlacementPlan:
+        self._specced |= scope.specs if scope is not None else set(snap.specs) | set(self._placed_inputs[0] if self._placed_inputs else ())
         inputs = self._placement_inputs(snap, inventory, published, counts or {})
         last = self._placed_inputs
         same = self._same_placement_inputs(inputs)
@@ -501,7 +514,8 @@ class Controller:
         changed = None if scope is None or scope.full or same else self._replaceable(inputs, last)
         if (same or changed == set()) and scope is not None and not scope.full and self._memo.plan is not None:
             kept = self._memo.plan
-            plan = PlacementPlan(kept.placements, kept.unplaced, inventory, kept.preempted)
+            # the last plan again; its evictions were that pass's (``explain_preemptions`` keeps saying why)
+            plan = PlacementPlan(kept.placements, kept.unplaced, inventory)
             if "by_node" in kept.__dict__:  # the same placements over the same nodes (``placement_view``)
                 plan.__dict__["by_node"] = kept.__dict__["by_node"]
             plan, self._evicted = narration.explain_preemptions(narration.explain_exclusions(plan, self.exclusions),

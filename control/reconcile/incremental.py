@@ -57,6 +57,8 @@ class PassScope:
     #: reads; nothing else in a pass does)
     gpus: set[str] = field(default_factory=set)
     signals: set[str] = field(default_factory=set)
+    #: the models whose spec record was read
+    specs: set[str] = field(default_factory=set)
     #: this full pass is the periodic check (compare the kept state with the one derived from scratch)
     check: bool = False
 
@@ -112,7 +114,7 @@ class Derived:
             self.rolling = set(rolling)
         for node in changes.nodes:
             models |= self.models_on.get(node, set())
-        return PassScope(full, models, set(changes.gpus), set(changes.signals),
+        return PassScope(full, models, set(changes.gpus), set(changes.signals), set(changes.specs),
                          check and not force_full and not changes.everything)
 
     def keep(self, taken: Changes) -> None:

@@ -305,10 +305,13 @@ class Changes:
     signals: set[str] = field(default_factory=set)
     #: a spec or connector record was read (an operator's change: the periodic check waits for a pass without one)
     applied: bool = False
+    #: the models whose spec record was read
+    specs: set[str] = field(default_factory=set)
 
     def merge(self, other: Changes) -> Changes:
         return Changes(self.models | other.models, self.nodes | other.nodes, self.everything or other.everything,
-                       self.gpus | other.gpus, self.signals | other.signals, self.applied or other.applied)
+                       self.gpus | other.gpus, self.signals | other.signals, self.applied or other.applied,
+                       self.specs | other.specs)
 
 
 def _report_key(r: ReplicaReport) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -364,8 +367,9 @@ class ClusterState:
         self._node_states: dict[str, Any] = {}  # ``StateSnapshot.inventory``'s, shared by the snapshots
         #: node -> replica id -> ``_report_key`` of its latest heartbeat's report
         self._report_keys: dict[str, dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]]] = {}
-        #: what the records applied since the last ``take_changes`` touched (the first pass plans everything)
-        self._changes = Changes(everything=True)
+        #: what the records applied since the last ``take_changes`` touched, and each reader's share of it
+        self._changes = Changes()
+        self._readers: dict[int | None, Changes] = {}
 
     # -- apply (one per topic) ----------------------------------------------------------------------
 
@@ -375,6 +379,7 @@ class ClusterState:
 
         with self._lock:
             self._changes.models.add(name)
+            self._changes.specs.add(name)
             self._changes.applied = True
             if record is None or record.get("deleted"):
                 self.specs.pop(name, None)
@@ -642,16 +647,23 @@ class ClusterState:
             out, self.failures = self.failures, []
             return out
 
-    def take_changes(self) -> Changes:
-        """What the records applied since the last call touched, and start anew."""
+    def take_changes(self, reader: Any = None) -> Changes:
+        """What the records applied since ``reader``'s last call touched, and start anew for it.  Each reader (a
+        controller; None is one too) has its own: one reading does not take the changes from another.  A
+        reader's first call says everything changed."""
         with self._lock:
-            out, self._changes = self._changes, Changes()
+            fresh, self._changes = self._changes, Changes()
+            key = id(reader) if reader is not None else None
+            for k in self._readers:
+                self._readers[k] = self._readers[k].merge(fresh)
+            out = self._readers.get(key, Changes(everything=True).merge(fresh))
+            self._readers[key] = Changes()
             return out
 
-    def snapshot_and_changes(self) -> tuple[StateSnapshot, Changes]:
+    def snapshot_and_changes(self, reader: Any = None) -> tuple[StateSnapshot, Changes]:
         """A snapshot and what changed up to it, atomically (a record applied between the two would be lost)."""
         with self._lock:
-            return self.snapshot(), self.take_changes()
+            return self.snapshot(), self.take_changes(reader)
 
     def snapshot(self) -> StateSnapshot:
         with self._lock:
