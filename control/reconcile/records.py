@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -656,7 +657,11 @@ class ClusterState:
             key = id(reader) if reader is not None else None
             for k in self._readers:
                 self._readers[k] = self._readers[k].merge(fresh)
-            out = self._readers.get(key, Changes(everything=True).merge(fresh))
+            out = self._readers.get(key)
+            if out is None:
+                out = Changes(everything=True)
+                if reader is not None:  # a reader that is gone stops collecting
+                    weakref.finalize(reader, self._readers.pop, key, None)
             self._readers[key] = Changes()
             return out
 
