@@ -394,18 +394,20 @@ class Controller:
                     kept.mismatch("counts", differ)
             kept.counts = fresh
             kept.scalable = {name for name, spec in snap.specs.items() if can_scale(spec)}
-        else:
+        elif names:  # a new dict when any count may change: the one handed out last pass is compared by identity
+            counts = dict(kept.counts)
             for name in names:
-                kept.counts.pop(name, None)
+                counts.pop(name, None)
                 spec = snap.specs.get(name)
                 if spec is not None and can_scale(spec):
                     kept.scalable.add(name)
                 else:
                     kept.scalable.discard(name)
-            kept.counts.update(fresh)
+            counts.update(fresh)
+            kept.counts = counts if counts != kept.counts else kept.counts
         if leader:
             scope.models |= kept.scalable  # their decisions (in their statuses) move with their signals
-        return dict(kept.counts)
+        return kept.counts
 
     def _direct(self, snap: StateSnapshot, now: float, out: list[OutRecord], counts: Mapping[str, int],
                 scope: PassScope) -> None:
@@ -453,7 +455,7 @@ class Controller:
         """What placement reads, as values compared without building the demands: the spec objects (one per
         record read), the counts, the inventory, the published assignments (one object per record read), the
         cool-downs, the director's and the rebalancer's hints; and whether a rollout plans replicas."""
-        return (snap.specs, dict(counts), placement_view(inventory), published, dict(self.exclusions),
+        return (snap.specs, counts, placement_view(inventory), published, dict(self.exclusions),
                 dict(self.director_extra), dict(self._rebalance.preferred), dict(self._rebalance.excluded),
                 bool(self.derived.rolling) or self._unfinished_rollouts() is None, snap.connectors)
 

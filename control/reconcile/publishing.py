@@ -67,6 +67,8 @@ def model_statuses(snap: StateSnapshot, plan: PlacementPlan, now: float, timeout
     out: list[OutRecord] = []
     if names is None or previous is None:
         todo = sorted(set(snap.specs) | set(snap.spec_errors))
+    elif not names:  # nothing in scope: the last statuses, as they are (never changed in place)
+        return previous if isinstance(previous, dict) else dict(previous), out
     else:
         statuses = dict(previous)
         todo = sorted(names)

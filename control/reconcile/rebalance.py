@@ -169,7 +169,7 @@ class Rebalancer:
                online: list[str], busy: set[str], eligible: Callable[[str, str], bool], out: RebalanceOutcome,
                names: Collection[str] | None = None) -> None:
         online = sorted(online)
-        considered = sorted(specs) if names is None else sorted((set(names) | self.waiting) & set(specs))
+        considered = sorted(specs) if names is None else sorted(m for m in set(names) | self.waiting if m in specs)
         self.waiting = set()
         for at, name in enumerate(considered):
             if self._resting.get(name, float("-inf")) > now or name in busy:
