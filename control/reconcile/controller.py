@@ -139,7 +139,6 @@ class Controller:
         self._last_exclusions: dict[tuple[str, str], Cooldown] = {}
         self._last_floors: dict[str, Extra] = {}
         self._status_changed: set[str] = set()
-        self._memo_before: Any = None
         self._moved: tuple[set[str], set[str]] = (set(), set())
         #: models whose spec record was read since the last placement (the journal's; cleared when it placed)
         self._specced: set[str] = set()
@@ -238,7 +237,7 @@ class Controller:
             self._director_tracks.clear()
 
     def _counts(self, snap: StateSnapshot, inventory: ClusterInventory | None, leader: bool, now: float,
-                out: list[OutRecord], step: StepLog, scope: PassScope) -> dict[str, int]:
+                out: list[OutRecord], step: StepLog, scope: PassScope) -> Mapping[str, int]:
         """Step 3: the autoscaler's counts, the director's floors under them, then a rebalance move's."""
         counts = step("autoscale", lambda: self._autoscale(snap, now, leader, out, scope))
         if counts is None:  # the autoscaler failed: keep the last counts rather than fall back to the minimum
@@ -508,7 +507,10 @@ class Controller:
 
     def _placement(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
                    counts: Mapping[str, int] | None = None, scope: PassScope | None = None) -> PlacementPlan:
-        self._specced |= scope.specs if scope is not None else set(snap.specs) | set(self._placed_inputs[0] if self._placed_inputs else ())
+        if scope is not None:
+            self._specced |= scope.specs
+        else:  # a caller without a journal: every spec may have changed
+            self._specced |= set(snap.specs) | set(self._placed_inputs[0] if self._placed_inputs else ())
         inputs = self._placement_inputs(snap, inventory, published, counts or {})
         last = self._placed_inputs
         same = self._same_placement_inputs(inputs)
@@ -545,7 +547,6 @@ class Controller:
 
     def _place_afresh(self, snap: StateSnapshot, inventory: ClusterInventory, published: Mapping[str, AssignmentInfo],
                       counts: Mapping[str, int] | None = None) -> PlacementPlan:
-        self._memo_before = self._memo.plan.placements if self._memo.plan is not None else None
         current = current_of(published)
         excluded = cooldowns.excluded(self.exclusions, self._rebalance.excluded)
         wanted = rollout_demands(snap, demands(snap, counts, self._specs), inventory, current, counts or {},

@@ -62,9 +62,6 @@ class PassScope:
     #: this full pass is the periodic check (compare the kept state with the one derived from scratch)
     check: bool = False
 
-    def covers(self, model: str) -> bool:
-        return self.full or model in self.models
-
     def names(self) -> set[str] | None:
         """The models to plan, or None for all of them."""
         return None if self.full else self.models

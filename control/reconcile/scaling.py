@@ -241,11 +241,11 @@ def drop_unplaced_floors(plan: PlacementPlan, floors: Mapping[str, Extra], now: 
     return kept, out
 
 
-def with_director_floors(snap: StateSnapshot, counts: Mapping[str, int], floors: Mapping[str, Extra]) -> dict[str, int]:
+def with_director_floors(snap: StateSnapshot, counts: Mapping[str, int], floors: Mapping[str, Extra]) -> Mapping[str, int]:
     """Each model's count with the director's floor under it (``director`` docstring: max of the two); ``counts``
     itself when there is none (it is never changed in place)."""
     if not floors:
-        return counts  # type: ignore[return-value]
+        return counts
     out = dict(counts)
     for model, extra in floors.items():
         spec = snap.specs.get(model)
@@ -254,10 +254,10 @@ def with_director_floors(snap: StateSnapshot, counts: Mapping[str, int], floors:
     return out
 
 
-def with_rebalance_floors(snap: StateSnapshot, counts: Mapping[str, int], floors: Mapping[str, int]) -> dict[str, int]:
+def with_rebalance_floors(snap: StateSnapshot, counts: Mapping[str, int], floors: Mapping[str, int]) -> Mapping[str, int]:
     """Each model's count with a move's replacement replica under it (``rebalance`` docstring)."""
     if not floors:
-        return counts  # type: ignore[return-value]  # never changed in place
+        return counts  # never changed in place
     return {**counts, **{m: desired_count(snap.specs[m], counts.get(m, 0), rebalance_floor=f)
                          for m, f in floors.items() if m in snap.specs}}
 
