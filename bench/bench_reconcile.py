@@ -57,6 +57,13 @@ class ReadBack:
                 self.state.apply_model_status(r.key, r.value)
 
 
+class Silent:
+    """A standby's publisher: a standby never publishes (the controller does not call it)."""
+
+    def publish(self, records: list[OutRecord]) -> None:
+        raise AssertionError("a standby published")
+
+
 def spec_record(i: int, version: str = "1.0.0") -> tuple[str, dict[str, Any]]:
     name = f"model-{i:05d}"
     spec = load(model_doc(name, i, 3, version))
@@ -95,6 +102,8 @@ def run(nodes: int, models: int) -> dict[str, Any]:
     ready = sum(1 for st in ctl.statuses.values() if st.phase == "Ready")
     assert ready == models, f"{ready} of {models} models Ready after populate"
     out: dict[str, Any] = {"size": f"{nodes}x{models}", "populate_s": populate}
+    standby_lead = StaticLeadership(False, 0)
+    standby = Controller(state, Silent(), standby_lead, ControlConfig(node_timeout_s=6.0))
     for phase in ("steady", "change"):
         cpu, steps = [], {}
         for k in range(PASSES):
@@ -108,11 +117,26 @@ def run(nodes: int, models: int) -> dict[str, Any]:
             gc.collect()
             report = ctl.reconcile(now)
             assert not report.errors, report.errors
+            standby.reconcile(now)
             cpu.append(report.durations["cpu"])
             for step, d in report.durations.items():
                 steps.setdefault(step, []).append(d)
         out[phase] = {"cpu_mean_s": statistics.mean(cpu), "cpu_p90_s": sorted(cpu)[int(0.9 * len(cpu))],
                       "steps_ms": {s: 1000 * statistics.mean(v) for s, v in steps.items() if s not in ("cpu", "total")}}
+    # takeover: the standby that followed every pass above leads (the old leader is gone) and acts once
+    now += 1.0
+    seq += 1
+    for node in names:
+        heartbeat(state, node, now, seq)
+    standby_lead.leader, standby_lead.current_epoch = True, 2
+    standby.publisher = ReadBack(state)
+    gc.collect()
+    report = standby.reconcile(now)
+    assert not report.errors and report.skipped is None, (report.errors, report.skipped)
+    changed = [r for r in report.published if r.topic == "assignments"]
+    assert not changed, f"the new leader's first pass changed {len(changed)} assignments"
+    out["takeover"] = {"cpu_s": report.durations["cpu"], "steps_ms": {
+        s: 1000 * d for s, d in report.durations.items() if s not in ("cpu", "total")}}
     return out
 
 
@@ -127,6 +151,9 @@ def main() -> None:
             print(f"{r['size']:>10} {phase:<6} pass CPU mean {r[phase]['cpu_mean_s'] * 1000:7.1f} ms  "
                   f"p90 {r[phase]['cpu_p90_s'] * 1000:7.1f} ms   " + "  ".join(f"{s} {ms:.1f}" for s, ms in top),
                   flush=True)
+        top = sorted(r["takeover"]["steps_ms"].items(), key=lambda kv: -kv[1])[:6]
+        print(f"{r['size']:>10} a new leader's first pass CPU {r['takeover']['cpu_s'] * 1000:7.1f} ms   "
+              + "  ".join(f"{s} {ms:.1f}" for s, ms in top), flush=True)
         print(f"{r['size']:>10} populate {r['populate_s']:.1f} s", flush=True)
     for a, b in zip(results, results[1:]):
         for phase in ("steady", "change"):

@@ -173,16 +173,21 @@ class Controller:
             self._observe(report, snap, now)
             return report
         self.acted = True
-        if leader and not self._term.seeded:
-            self._seed_term(now)
         role, self._role = self._role, (leader, epoch)
+        # a standby's passes planned what the topics hold and noted where that differs from what they published:
+        # its first pass as leader plans only that and what changed (``incremental``, "A standby that leads")
+        continuing = leader and role is not None and not role[0] and not self._redo
         # a standby seeds the leader's decisions and floors from every status record once, then follows changes
         self._standby_follows = not leader and role == (leader, epoch)
         mismatches = self.derived.mismatches
         # a new role, or a pass whose records were not published: what is kept may not be what the topics hold
         redo, self._redo = self._redo, False
         scope = self.derived.begin(taken, now, self.config.full_check_s, self._unfinished_rollouts(),
-                                   redo or role != (leader, epoch))
+                                   redo or (role != (leader, epoch) and not continuing), continuing)
+        if not leader or (continuing and not self._term.seeded):
+            self._follow_statuses(scope)
+        if leader and not self._term.seeded:
+            self._seed_term(now, continuing)
         out: list[OutRecord] = []
         plan: PlacementPlan | None = None
         statuses: dict[str, ModelStatus] = {}
@@ -216,6 +221,8 @@ class Controller:
         self._last_specs = snap.specs
         published_records = self._publish(leader, out, statuses, now, errors, durations)
         self.statuses = statuses or self.statuses
+        if errors and not leader:
+            self._redo = True  # what a standby noted as unpublished may be wrong: its next pass plans everything
         durations["total"] = time.perf_counter() - started
         # the CPU this pass's thread used: on a starved machine "total" is mostly waiting for a core
         durations["cpu"] = time.thread_time() - cpu_started
@@ -251,7 +258,10 @@ class Controller:
             self.director_extra = {m: e for m, e in self.director_extra.items() if m not in scope.models} | floors
         elif not leader or not self._term.director_seeded:
             # a standby follows the leader's floors; a new leader continues them
-            self.director_extra = takeover.seed_director_floors(self._status_records(), snap)
+            floors = takeover.seed_director_floors(self._status_records(), snap)
+            scope.models |= {m for m in set(floors) | set(self.director_extra)
+                             if floors.get(m) != self.director_extra.get(m)}
+            self.director_extra = floors
             self._term.director_seeded = leader
         if leader and self.config.director is not None:
             base = counts
@@ -276,6 +286,7 @@ class Controller:
             return ()
         if not out:
             self._remember([], statuses)
+            self.derived.published_all()
             return ()
         t0 = time.perf_counter()
         published: tuple[OutRecord, ...] = ()
@@ -283,6 +294,7 @@ class Controller:
             self.publisher.publish(publishing.stamp(out, self.leadership.epoch, now))
             published = tuple(out)
             self._remember(out, statuses)
+            self.derived.published_all()
         except Fenced as exc:
             self._redo = True
             self.leadership.step_down(f"fenced while publishing: {exc}")
@@ -319,11 +331,24 @@ class Controller:
                 return dict(self.state.model_status)
             return {m: self.state.model_status[m] for m in names if m in self.state.model_status}
 
-    def _seed_term(self, now: float) -> None:
+    def _seed_term(self, now: float, continuing: bool) -> None:
+        """A new term's statuses last published: the ones a standby followed (``continuing``), else all read."""
+        last = self._status_published if continuing else takeover.parse_statuses(self._status_records())
         self._status_published, reported, self.exclusions = takeover.seed_term(
-            self._status_records(), self.exclusions, now, self.config.failure_cooldown_s)
+            last, self.exclusions, now, self.config.failure_cooldown_s)
         self._unplaced_reported.update(reported)
         self._term.seeded = self._term.adopt_move = True
+
+    def _follow_statuses(self, scope: PassScope) -> None:
+        """A standby keeps the statuses the leader published (what its own are compared with): all of them on a
+        full pass, else those of the models in scope (a changed status record puts its model there)."""
+        if scope.full:
+            self._status_published = takeover.parse_statuses(self._status_records())
+            return
+        records = self._status_records(scope.models)
+        for name in scope.models:
+            self._status_published.pop(name, None)
+        self._status_published.update(takeover.parse_statuses(records))
 
     def _published_view(self, snap: StateSnapshot) -> dict[str, AssignmentInfo]:
         """Last published assignment per node: the topic, overlaid with what this term published."""
@@ -374,9 +399,13 @@ class Controller:
                 self.decisions = {m: d for m, d in self.decisions.items() if m not in scope.models} | \
                     takeover.seed_decisions(self._status_records(scope.models), now)
             elif not leader or not self._term.decisions_seeded:
-                self.decisions = takeover.seed_decisions(self._status_records(), now)
+                seeded = takeover.seed_decisions(self._status_records(), now)
+                if scope.continues:  # a standby followed them: the models with a decision are decided again
+                    scope.models |= set(seeded) | set(self.decisions)
+                else:
+                    scope.full = True  # the seeded decisions may differ for any model
+                self.decisions = seeded
                 self._term.decisions_seeded = leader
-                scope.full = True  # the seeded decisions may differ for any model
             names = scope.names()
             if names is not None:
                 names = names | kept.scalable
@@ -413,7 +442,7 @@ class Controller:
         """The director looks at the models in scope and the ones it tracks or holds a replica for."""
         assert self.config.director is not None
         kept = self.derived
-        names = scope.names()
+        names = None if scope.continues else scope.names()  # a standby tracked no replica: all are looked at
         if names is not None:
             names = names | scope.signals | kept.director_hot | set(self.director_extra) | kept.placed_on(scope.gpus)
         look = scaling.direct_replicas(snap, self._published_view(snap), self._director_tracks, self.director_extra,
@@ -435,7 +464,7 @@ class Controller:
                         inventory: ClusterInventory, scope: PassScope) -> RebalanceOutcome:
         """Models are tried for a move when in scope, when their status changed last pass, or while they wait
         for a target or a rest to end (``Rebalancer``)."""
-        names = scope.names()
+        names = None if scope.continues else scope.names()  # a standby kept no model waiting: all are tried
         if names is not None:
             names = names | self._status_changed
         outcome, events = scaling.rebalance(
@@ -567,7 +596,7 @@ class Controller:
         last, self._last_published = self._last_published, dict(published)
         if scope.full or len(last) != len(published) or snap.connectors:
             return None  # (a connector's template follows its model's spec)
-        only = {n for n, a in published.items() if last.get(n) is not a} | self._moved[1]
+        only = {n for n, a in published.items() if last.get(n) is not a} | self._moved[1] | self.derived.unsynced_nodes
         # a new spec, or a rollout's versions, change the templates and companions its replicas carry
         respecified = {m for m in scope.models if snap.specs.get(m) is not self._last_specs.get(m)}
         respecified |= self.derived.rolling | self.derived.rolling_changed
@@ -579,7 +608,10 @@ class Controller:
                      out: list[OutRecord], only: set[str] | None = None) -> None:
         if only is not None and not only:
             return
-        out.extend(assignment_records(plan, published, templates_of(snap, self._specs), self._version_docs, only))
+        records = assignment_records(plan, published, templates_of(snap, self._specs), self._version_docs, only)
+        self.derived.unsynced_nodes = (set() if only is None else self.derived.unsynced_nodes - only) | \
+            {r.key for r in records}
+        out.extend(records)
 
     def _placement_events(self, plan: PlacementPlan, published: Mapping[str, AssignmentInfo],
                           inventory: ClusterInventory, now: float, out: list[OutRecord],
@@ -607,7 +639,7 @@ class Controller:
         moved = self._moved[0]
         last_exclusions, self._last_exclusions = self._last_exclusions, dict(self.exclusions)
         last_floors, self._last_floors = self._last_floors, dict(self.director_extra)
-        changed = scope.models | moved
+        changed = scope.models | moved | self.derived.unsynced_models
         changed |= {cd.model for k, cd in self.exclusions.items() if last_exclusions.get(k) != cd}
         changed |= {cd.model for k, cd in last_exclusions.items() if k not in self.exclusions}
         changed |= {m for m in set(last_floors) | set(self.director_extra) if last_floors.get(m) != self.director_extra.get(m)}
@@ -627,6 +659,8 @@ class Controller:
             if differ:
                 self.derived.mismatch("statuses", differ)
         self._status_changed = {r.key for r in records}
+        self.derived.unsynced_models = (set() if names is None else self.derived.unsynced_models - names) | \
+            self._status_changed
         out.extend(records)
         return statuses
 

@@ -29,6 +29,9 @@ Assignment read                          the models whose entries changed, the n
 node registration                        the node (placement compares the inventory every pass)
 node online <-> offline                  the models placed there
 connector, reset, node forget            everything (a full pass)
+a new term                               everything, but for a standby that leads: what changed since its last
+                                         pass, what it noted the topics lack (``unsynced_*``), the models with a
+                                         decision or floor; the director and rebalancer look at every model
 nothing                                  nothing: the pass keeps the last plan, statuses and counts
 =======================================  ====================================================================
 """
@@ -61,6 +64,9 @@ class PassScope:
     specs: set[str] = field(default_factory=set)
     #: this full pass is the periodic check (compare the kept state with the one derived from scratch)
     check: bool = False
+    #: the first pass of a term that continues a standby's state: the leader-only steps (the director, the
+    #: rebalancer), which a standby does not run, look at every model
+    continues: bool = False
 
     def names(self) -> set[str] | None:
         """The models to plan, or None for all of them."""
@@ -90,12 +96,16 @@ class Derived:
     held_on: dict[str, dict[str, Any]] = field(default_factory=dict)
     sorted_on: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     ids_of: dict[str, set[str]] = field(default_factory=dict)
+    #: what the last passes planned and the topics do not hold (a standby's: the leader did not publish it yet);
+    #: kept in scope until they agree; empty once a leader published its pass
+    unsynced_nodes: set[str] = field(default_factory=set)
+    unsynced_models: set[str] = field(default_factory=set)
     checks: int = 0
     mismatches: int = 0
     last_mismatch: str = ""
 
     def begin(self, taken: Changes, now: float, check_every_s: float, rolling: set[str] | None,
-              force_full: bool) -> PassScope:
+              force_full: bool, continues: bool = False) -> PassScope:
         """This pass's scope from the journal (the module's table); the pending changes are consumed."""
         changes, self.pending = self.pending.merge(taken), Changes()
         # due, and not on a pass carrying an operator's apply (it would wait behind the check) unless overdue
@@ -112,7 +122,11 @@ class Derived:
         for node in changes.nodes:
             models |= self.models_on.get(node, set())
         return PassScope(full, models, set(changes.gpus), set(changes.signals), set(changes.specs),
-                         check and not force_full and not changes.everything)
+                         check and not force_full and not changes.everything, continues and not full)
+
+    def published_all(self) -> None:
+        """A leader published its pass: the topics hold what it planned."""
+        self.unsynced_nodes, self.unsynced_models = set(), set()
 
     def keep(self, taken: Changes) -> None:
         """A skipped pass's changes wait for the next acting one."""

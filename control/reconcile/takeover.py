@@ -6,7 +6,9 @@ A pass (``Controller.reconcile``)::
     wait = stale_reason(view, snap, now, node_timeout_s) or takeover.not_loaded(epoch)
     if wait: skip the pass
     on a new term's first acting pass:
-        published statuses, unschedulable reasons, cool-downs = seed_term(model-status records, exclusions)
+        published statuses, unschedulable reasons, cool-downs = seed_term(statuses, exclusions)
+            statuses = the ones a standby followed (its passes parse each changed model-status record), or
+                       parse_statuses(model-status records) when this instance was not a standby last pass
     autoscaler counts  = seed_decisions(model-status records)    (a new term; a standby every pass)
     director's floors  = seed_director_floors(model-status records) (a new term; a standby every pass)
 
@@ -122,23 +124,27 @@ def seed_director_floors(records: StatusRecords, snap: StateSnapshot) -> dict[st
     return floors
 
 
-def seed_term(records: StatusRecords, exclusions: Exclusions, now: float, cooldown_s: float
-              ) -> tuple[dict[str, ModelStatus], dict[str, str], dict[tuple[str, str], Cooldown]]:
-    """What a new term continues from, of the statuses last published: (the statuses, compared with which
-    nothing is re-published without a change; the unschedulable reasons, not announced again; ``exclusions``
-    with their replicas' running cool-downs added).  WHY the cool-downs: a standby's passes built the same from
-    FAILED reports, but a fresh process replays only those of replicas still on that node: a replica FAILED on
-    node-a and moved to node-b would otherwise be free to go back within its cool-down."""
+def parse_statuses(records: StatusRecords) -> dict[str, ModelStatus]:
+    """The statuses of the model-status records (one unreadable is left out: the table)."""
     published: dict[str, ModelStatus] = {}
-    reported: dict[str, str] = {}
-    seeded = dict(exclusions)
     for name, rec in records.items():
         try:
-            status = ModelStatus.from_record(rec)
+            published[name] = ModelStatus.from_record(rec)
         except Exception as exc:
             log.warning("model status of %s unreadable (it is published again): %s", name, exc)
-            continue
-        published[name] = status
+    return published
+
+
+def seed_term(published: Mapping[str, ModelStatus], exclusions: Exclusions, now: float, cooldown_s: float
+              ) -> tuple[dict[str, ModelStatus], dict[str, str], dict[tuple[str, str], Cooldown]]:
+    """What a new term continues from, of the statuses last published (``parse_statuses``): (the statuses,
+    compared with which nothing is re-published without a change; the unschedulable reasons, not announced
+    again; ``exclusions`` with their replicas' running cool-downs added).  WHY the cool-downs: a standby's passes
+    built the same from FAILED reports, but a fresh process replays only those of replicas still on that node: a
+    replica FAILED on node-a and moved to node-b would otherwise be free to go back within its cool-down."""
+    reported: dict[str, str] = {}
+    seeded = dict(exclusions)
+    for status in published.values():
         for view in status.replicas:
             if view.state == ReplicaState.UNSCHEDULABLE and view.reason:
                 reported[view.replica_id] = view.reason
@@ -148,4 +154,4 @@ def seed_term(records: StatusRecords, exclusions: Exclusions, now: float, cooldo
                 if until > now and key not in seeded:
                     # since: the FAILED report (until = report + cooldown_s), for cooldowns.clear
                     seeded[key] = Cooldown(until, str(cd["reason"]), view.model, until - cooldown_s)
-    return published, reported, seeded
+    return dict(published), reported, seeded

@@ -197,7 +197,7 @@ class Agents:
         for node in NODES:
             if node in self.silent:
                 continue
-            reps = [{"replica_id": rid, "model": "m", "version": run[0],
+            reps = [{"replica_id": rid, "model": rid.rsplit("-", 1)[0], "version": run[0],
                      "state": "FAILED" if (n, rid) in self.failed else
                      "STARTING" if rid in self.hold and run[0] == NEW else "READY",
                      "reason": self.failed.get((n, rid)),
@@ -512,7 +512,7 @@ def test_the_traffic_director_replica_survives_a_failover():
         real_beat()
         # the replicas' load: GPU utilisation and scorer lag in each node's heartbeat
         for node in NODES:
-            reps = [{"replica_id": rid, "model": "m", "version": run[0], "state": "READY",
+            reps = [{"replica_id": rid, "model": rid.rsplit("-", 1)[0], "version": run[0], "state": "READY",
                      "lag": 400 if rid in hot else 3, "p99_ms": 900.0 if rid in hot else 30.0}
                     for (n, rid), run in sorted(world.agents.running.items()) if n == node]
             busy = any(r["replica_id"] in hot for r in reps)

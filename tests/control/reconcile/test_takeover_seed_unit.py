@@ -62,11 +62,12 @@ def test_a_new_term_seeds_statuses_reasons_and_running_cooldowns(caplog):
     }
     mine = {("alpha-0", "node-a"): Cooldown(NOW + 50, "seen here", "alpha", NOW - 10)}
     with caplog.at_level(logging.WARNING):
-        statuses, reported, exclusions = takeover.seed_term(records, mine, NOW, 60.0)
+        parsed = takeover.parse_statuses(records)
+        statuses, reported, exclusions = takeover.seed_term(parsed, mine, NOW, 60.0)
     assert set(statuses) == {"alpha"} and statuses["alpha"].replicas[0].replica_id == "alpha-0"
     assert reported == {"alpha-0": "unschedulable: no room"}
     assert exclusions == mine  # a cool-down this process already holds is kept as it is
-    _, _, exclusions = takeover.seed_term(records, {}, NOW, 60.0)
+    _, _, exclusions = takeover.seed_term(parsed, {}, NOW, 60.0)
     assert exclusions == {("alpha-0", "node-a"): Cooldown(NOW + 30, "ImportError", "alpha", NOW - 30)}
     assert "model status of broken unreadable" in caplog.text
 
