@@ -8,6 +8,7 @@ as ``bench_scale.py`` (half on a shared GPU, half CPU-only; 3 replicas each) on 
     steady:   PASSES passes, between two of them half the nodes heartbeat (unchanged content, as at rest)
     change:   PASSES passes, between two of them half the nodes heartbeat and one model is re-applied with a
               new version (its replicas restart READY at it on the next heartbeat)
+    takeover: a standby that ran a pass after each of the leader's above leads: its first pass
 
 and prints the CPU of a pass (thread time) and its biggest steps.  ``bench_scale.py`` measures the same leader
 through the real broker with simulated agents; this one isolates the pass and reaches 10,000 models in minutes.
@@ -158,6 +159,7 @@ def main() -> None:
     for a, b in zip(results, results[1:]):
         for phase in ("steady", "change"):
             print(f"{a['size']} -> {b['size']} {phase}: pass CPU x{b[phase]['cpu_mean_s'] / a[phase]['cpu_mean_s']:.2f}")
+        print(f"{a['size']} -> {b['size']} a new leader's first pass: CPU x{b['takeover']['cpu_s'] / a['takeover']['cpu_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ keeping, evicting: the allocator; ``preemption`` picks the victims), ``explain``
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from sie.control.placement.demand import ReplicaDemand
 from sie.control.placement.eligibility import (
@@ -92,6 +93,10 @@ class Replanner:
     def __init__(self) -> None:
         self._alloc: Allocator | None = None
         self._ids: dict[str, list[str]] = {}  # model -> its demanded replica ids
+        #: (the placements of the plan before, those of the last ``replace``, the replica ids it placed or
+        #: released): what a follower of the plans compares instead of every placement (None after ``place_all``)
+        self.delta: tuple[Mapping[str, Any], Mapping[str, Any], frozenset[str]] | None = None
+        self._last: Mapping[str, Any] | None = None
 
     @property
     def ready(self) -> bool:
@@ -105,7 +110,9 @@ class Replanner:
         self._ids = {}
         for d in demands:
             self._ids.setdefault(d.model, []).append(d.replica_id)
-        return self._alloc.plan()
+        plan = self._alloc.plan()
+        self.delta, self._last = None, plan.placements
+        return plan
 
     def replace(self, demands: Mapping[str, list[ReplicaDemand]], inventory: ClusterInventory) -> PlacementPlan:
         """Place again the models of ``demands`` (model -> its demands now; empty: it is gone)."""
@@ -113,6 +120,7 @@ class Replanner:
         if alloc is None:
             raise RuntimeError("Replanner.replace before place_all")
         alloc.preempted = {}
+        alloc.touched = set()
         slots: dict[str, tuple[str, tuple[int, ...]]] = {}
         for model in sorted(demands):
             for rid in self._ids.pop(model, ()):
@@ -132,6 +140,8 @@ class Replanner:
             alloc.place(d)
         alloc.refresh_unplaced()
         plan = alloc.plan()
+        self.delta = None if self._last is None else (self._last, plan.placements, frozenset(alloc.touched))
+        self._last = plan.placements
         return PlacementPlan(plan.placements, plan.unplaced, inventory, plan.preempted)
 
 

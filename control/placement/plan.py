@@ -77,6 +77,8 @@ class Allocator:
         self.nodes: dict[str, Node] = {}
         self.pools: dict[tuple[Any, ...], Pool] = {}
         self.placements: dict[str, Placement] = {}
+        #: replica ids whose placement was committed or released since the owner last cleared it (``Replanner``)
+        self.touched: set[str] = set()
         self.unplaced: dict[str, Unplaced] = {}
         self.demands: dict[str, ReplicaDemand] = {}  # of placed replicas
         self.unplaced_demands: dict[str, ReplicaDemand] = {}
@@ -144,6 +146,7 @@ class Allocator:
 
     def release(self, rid: str) -> None:
         p = self.placements.pop(rid)
+        self.touched.add(rid)
         d = self.demands.pop(rid)
         node = self.nodes[p.node]
         node.cpu_free += d.cpu
@@ -179,6 +182,7 @@ class Allocator:
             note=note,
         )
         self.placements[d.replica_id] = p
+        self.touched.add(d.replica_id)
         self.demands[d.replica_id] = d
         self.forget_unplaced(d.replica_id)
         return p

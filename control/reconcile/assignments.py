@@ -23,7 +23,7 @@ of a pass (bench/bench_scale.py).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,13 +98,33 @@ class PlacementMemo:
         return self.plan
 
 
-def templates_of(snap: StateSnapshot, cache: SpecCache) -> dict[str, ReplicaTemplate]:
-    """model -> the replica template its Assignment entries carry: each applied spec's (``cache``, which forgets
-    the specs no longer applied), then each connector's."""
-    templates = {name: cache.template(name, spec) for name, spec in snap.specs.items()}
-    cache.keep(set(templates))
-    templates.update({m: template_from_json(doc) for m, doc in connector_documents(snap.connectors, snap.specs).items()})
-    return templates
+class Templates(Mapping[str, ReplicaTemplate]):
+    """model -> the replica template its Assignment entries carry, made when asked for (a pass writes the
+    Assignments of a few nodes: building all 10,000 was most of a pass after one apply): a connector's, else its
+    applied spec's (``SpecCache``)."""
+
+    def __init__(self, snap: StateSnapshot, cache: SpecCache) -> None:
+        self._specs, self._cache = snap.specs, cache
+        self._connectors = {m: template_from_json(doc)
+                            for m, doc in connector_documents(snap.connectors, snap.specs).items()}
+        cache.trim(self._specs)
+
+    def __getitem__(self, model: str) -> ReplicaTemplate:
+        connector = self._connectors.get(model)
+        if connector is not None:
+            return connector
+        return self._cache.template(model, self._specs[model])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(set(self._specs) | set(self._connectors))
+
+    def __len__(self) -> int:
+        return len(set(self._specs) | set(self._connectors))
+
+
+def templates_of(snap: StateSnapshot, cache: SpecCache) -> Templates:
+    """model -> the replica template its Assignment entries carry (``Templates``)."""
+    return Templates(snap, cache)
 
 
 def assignment_records(plan: PlacementPlan, published: Mapping[str, AssignmentInfo],

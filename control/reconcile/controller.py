@@ -206,7 +206,8 @@ class Controller:
             plan = step("placement", lambda: self._place(snap, inventory, published, counts, scope))
             if plan is not None:
                 placed = plan
-                self._moved = self.derived.index(placed)  # the models and nodes whose placements changed
+                # the models and nodes whose placements changed (after a re-placement, among the replicas it touched)
+                self._moved = self.derived.index(placed, self._memo.replanner.delta)
                 if self._memo.plan is not None and self._memo.plan.placements is placed.placements:
                     self._memo.plan.__dict__["by_node"] = placed.by_node
                 only = self._changed_nodes(snap, placed, published, scope)
@@ -284,8 +285,7 @@ class Controller:
         """Step 7: every record of the pass in one transaction, only while leading; what was published."""
         if not leader:
             return ()
-        if not out:
-            self._remember([], statuses)
+        if not out:  # nothing to remember: what this term published is as it was
             self.derived.published_all()
             return ()
         t0 = time.perf_counter()

@@ -24,7 +24,7 @@ keeps what is derived from one spec object (its demands, its replica template, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -92,11 +92,17 @@ class SpecCache:
             self.rollout[(model, version)] = cached
         return cached[1], cached[2]
 
-    def keep(self, models: set[str]) -> None:
+    def keep(self, models: Collection[str]) -> None:
         """Forget the spec objects of models no longer applied."""
         for cache in (self.templates, self.demands):
-            for gone in set(cache) - models:
+            for gone in set(cache) - set(models):
                 del cache[gone]
+
+    def trim(self, models: Collection[str]) -> None:
+        """``keep`` once a cache holds more models than are applied (then some are no longer applied): neither
+        holds more entries than there are models, and a pass pays for the sweep only after deletes."""
+        if len(self.templates) > len(models) or len(self.demands) > len(models):
+            self.keep(models)
 
 
 def demands(snap: StateSnapshot, counts: Mapping[str, int] | None, cache: SpecCache) -> list[ReplicaDemand]:

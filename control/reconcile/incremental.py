@@ -144,20 +144,34 @@ class Derived:
             out |= self.models_on.get(n, set())
         return out
 
-    def index(self, plan: PlacementPlan) -> tuple[set[str], set[str]]:
+    def index(self, plan: PlacementPlan, delta: tuple[Mapping[str, Any], Mapping[str, Any], frozenset[str]] | None = None
+              ) -> tuple[set[str], set[str]]:
         """Follow ``plan``'s placements by node and by model, updated by what changed since the last indexed plan
         (a pass that keeps its plan changes nothing here): (the models whose placements or unplaced replicas
-        differ, the nodes whose placements differ); all of them the first time.  Sets ``plan.by_node``."""
+        differ, the nodes whose placements differ); all of them the first time.  Sets ``plan.by_node``.
+        ``delta``: ``Replanner.delta``; when it leads from the last indexed plan to this one, only the replica ids
+        it names are compared."""
         placements, unplaced = plan.placements, dict(plan.unplaced)
         before_u = self.indexed[2] if self.indexed is not None else {}
         if self.indexed is not None and self.indexed[0] is placements:
             self.indexed = (placements, self.indexed[1], unplaced)
             self._by_node(plan)
             return _differ(before_u, unplaced), set()
-        before = self.indexed[1] if self.indexed is not None else {}
-        moved: list[tuple[Any, Any]] = [(before.get(rid), p) for rid, p in placements.items()
-                                        if (w := before.get(rid)) is not p and w != p]
-        moved += [(p, None) for rid, p in before.items() if rid not in placements]
+        before: dict[str, Any] = self.indexed[1] if self.indexed is not None else {}
+        moved: list[tuple[Any, Any]]
+        if delta is not None and self.indexed is not None and delta[0] is self.indexed[0] and delta[1] is placements:
+            moved = [(w, p) for rid in delta[2] if (w := before.get(rid)) is not (p := placements.get(rid)) and w != p]
+            copy = before  # this index's own copy, brought up to ``placements``
+            for rid in delta[2]:
+                p = placements.get(rid)
+                if p is None:
+                    copy.pop(rid, None)
+                else:
+                    copy[rid] = p
+        else:
+            moved = [(before.get(rid), p) for rid, p in placements.items() if (w := before.get(rid)) is not p and w != p]
+            moved += [(p, None) for rid, p in before.items() if rid not in placements]
+            copy = dict(placements)
         nodes: set[str] = set()
         models: set[str] = set()
         for old, new in moved:
@@ -175,7 +189,7 @@ class Derived:
             held = self.held_on.get(node, {})
             self.sorted_on[node] = tuple(held[rid] for rid in sorted(held))
             self.models_on[node] = {p.model for p in held.values()}
-        self.indexed = (placements, dict(placements), unplaced)
+        self.indexed = (placements, copy, unplaced)
         self._by_node(plan)
         return models | _differ(before_u, unplaced), nodes
 
