@@ -462,7 +462,16 @@ class ControlService:
             one_pass(self.controller, self.rollouts, self.clock())
             self._heap.after_pass(self.controller.acted)
             self._observe_threads()
-            self._wake.wait(self.config.reconcile_interval_s)
+            self._wake.wait(self.next_wait(self.clock()))
+
+    def next_wait(self, now: float) -> float:
+        """How long the loop waits for a wake before its next pass: the interval, or less when a silent node
+        turns offline sooner (its replicas move up to one interval earlier than a pass at the interval would)."""
+        wait = self.config.reconcile_interval_s
+        due = self.state.next_offline_at(now, self.config.node_timeout_s)
+        if due is not None:
+            wait = min(wait, max(0.0, due - now) + 0.01)  # offline once the silence is longer than the timeout
+        return wait
 
     def _observe_threads(self) -> None:
         threads = {"state_feeder": self.feeder.thread_status(), "leader_elector": self.elector.thread_status(),

@@ -698,6 +698,15 @@ class ClusterState:
 
     # -- queries ------------------------------------------------------------------------------------
 
+    def next_offline_at(self, now: float, timeout_s: float) -> float | None:
+        """When the next node already silent for more than half ``timeout_s`` turns offline, unless it is heard
+        before (None: no node is that silent).  The reconcile loop runs a pass then rather than at its next
+        interval; a node heard from every heartbeat interval (a third of the timeout) is never a candidate."""
+        with self._lock:
+            due = [alive + timeout_s for hb in self.heartbeats.values()
+                   if (alive := hb.alive_at) is not None and timeout_s / 2 < now - alive <= timeout_s]
+        return min(due) if due else None
+
     def drain_failures(self) -> list[ReplicaReport]:
         """FAILED reports seen since the last call (the controller turns them into exclusions)."""
         with self._lock:

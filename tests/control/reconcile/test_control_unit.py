@@ -689,3 +689,29 @@ def test_a_replayed_heartbeat_proves_life_at_its_broker_time_as_one_shot_readers
     assert snap.node_online("recent", 1000.0, TIMEOUT) and not snap.node_online("old", 1000.0, TIMEOUT)
     assert not snap.heard_live("recent", 1000.0, TIMEOUT)  # but it was not heard live: the controller waits for that
     assert not snap.node_online("never", 1000.0, TIMEOUT)
+
+
+def test_the_loop_runs_a_pass_when_a_silent_node_turns_offline_not_at_its_next_interval():
+    """A node silent for more than half the timeout turns offline at a known time: the loop waits until then
+    (not its whole interval), so its replicas move as soon as it counts as offline.  Nodes heard recently
+    (every heartbeat interval) never shorten the wait."""
+    from types import SimpleNamespace
+
+    from sie.control.service import ControlService
+
+    state, now = ClusterState(), 1000.0
+    for node, last in (("fresh", now - 1.0), ("silent", now - 5.5), ("gone", now - 9.0)):
+        register(state, node, [gpu(0)])
+        heartbeat(state, node, last, [gpu(0)])
+    assert state.next_offline_at(now, 6.0) == pytest.approx(now + 0.5)  # silent: 5.5 s of its 6 s
+    service = SimpleNamespace(state=state, config=ControlConfig(node_timeout_s=6.0, reconcile_interval_s=1.0))
+    assert ControlService.next_wait(service, now) == pytest.approx(0.51)  # type: ignore[arg-type]
+    heartbeat(state, "silent", now, [gpu(0)])  # heard again: nothing is due, the interval it is
+    assert state.next_offline_at(now, 6.0) is None
+    assert ControlService.next_wait(service, now) == 1.0  # type: ignore[arg-type]
+    ctl = Controller(state, FakePublisher(), StaticLeadership(True, 1), ControlConfig(node_timeout_s=6.0))
+    heartbeat(state, "silent", now - 5.5, [gpu(0)])
+    before = ctl.reconcile(now + 0.49)
+    after = ctl.reconcile(now + 0.51)
+    online = {n.name: n.online for n in after.plan.inventory.nodes}
+    assert {n.name: n.online for n in before.plan.inventory.nodes}["silent"] and not online["silent"]
