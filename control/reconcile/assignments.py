@@ -5,7 +5,7 @@ One pass::
     current  = current_of(published)                      # healthy replicas keep their node and GPUs
     inputs   = (demands, placement_view(inventory), current, excluded, preferred)
     plan     = memo.plan if inputs == memo.inputs else place(*inputs, preempt, overheads)
-    records  = assignment_records(plan, published, templates_of(snap), rollout templates)   # changed nodes only
+    records  = assignment_records(plan, published, Templates(snap, cache), rollout templates)   # changed nodes only
 
 ==========================================  ================================================================
 a node ...                                  its Assignment record this pass
@@ -120,11 +120,6 @@ class Templates(Mapping[str, ReplicaTemplate]):
 
     def __len__(self) -> int:
         return len(set(self._specs) | set(self._connectors))
-
-
-def templates_of(snap: StateSnapshot, cache: SpecCache) -> Templates:
-    """model -> the replica template its Assignment entries carry (``Templates``)."""
-    return Templates(snap, cache)
 
 
 def assignment_records(plan: PlacementPlan, published: Mapping[str, AssignmentInfo],

@@ -43,11 +43,11 @@ from sie.control.placement.rollout_capacity import CapacityPlan
 from sie.control.reconcile import cooldowns, narration, nodes, ports, publishing, scaling, takeover
 from sie.control.reconcile.assignments import (
     PlacementMemo,
+    Templates,
     assignment_records,
     current_of,
     placement_view,
     preferred,
-    templates_of,
 )
 from sie.control.reconcile.autoscaler import ScaleDecision
 from sie.control.reconcile.config import ControlConfig
@@ -608,7 +608,7 @@ class Controller:
                      out: list[OutRecord], only: set[str] | None = None) -> None:
         if only is not None and not only:
             return
-        records = assignment_records(plan, published, templates_of(snap, self._specs), self._version_docs, only)
+        records = assignment_records(plan, published, Templates(snap, self._specs), self._version_docs, only)
         self.derived.unsynced_nodes = (set() if only is None else self.derived.unsynced_nodes - only) | \
             {r.key for r in records}
         out.extend(records)

@@ -56,7 +56,7 @@ def test_an_assignment_only_for_a_node_whose_replicas_changed():
     state = ClusterState()
     state.apply_spec("m", spec_record("m", replicas=2))
     snap = state.snapshot()
-    templates = assignments.templates_of(snap, SpecCache())
+    templates = assignments.Templates(snap, SpecCache())
     t = templates["m"]
     assert t == template_of(snap.specs["m"].to_document())
     plan = PlacementPlan(MappingProxyType({"m-0": Placement("m-0", "m", "1.0.0", "a", (0,), 4096),
